@@ -1,0 +1,39 @@
+"""Apache Airflow provider for LLM batch inference with Ray Data and vLLM.
+
+This module is imported by Airflow's provider manager and, on the Ray cluster, as the parent of
+the shipped ``pipeline`` package, so it imports nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "get_provider_info"]
+
+
+def get_provider_info() -> dict:
+    """Provider metadata read by Airflow's ProvidersManager (``airflow providers list``)."""
+    return {
+        "package-name": "airflow-provider-raybatch",
+        "name": "Ray Batch LLM",
+        "description": "Run LLM batch inference (Ray Data + vLLM) on a Ray cluster as an Airflow task.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Ray",
+                "external-doc-url": "https://docs.ray.io/en/latest/cluster/running-applications/job-submission/",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [
+            {"integration-name": "Ray", "python-modules": ["airflow_provider_raybatch.operators.llm_batch"]}
+        ],
+        "sensors": [{"integration-name": "Ray", "python-modules": ["airflow_provider_raybatch.sensors.ray"]}],
+        "hooks": [{"integration-name": "Ray", "python-modules": ["airflow_provider_raybatch.hooks.ray"]}],
+        "triggers": [
+            {"integration-name": "Ray", "python-modules": ["airflow_provider_raybatch.triggers.ray"]}
+        ],
+        "connection-types": [
+            {"connection-type": "ray", "hook-class-name": "airflow_provider_raybatch.hooks.ray.RayHook"}
+        ],
+    }

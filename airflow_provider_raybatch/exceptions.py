@@ -1,0 +1,57 @@
+"""Exception types of the provider.
+
+Plain Python on purpose: the spec and its errors are also imported on the Ray cluster, where
+Airflow is not installed. Airflow fails a task on any exception, so nothing here needs
+``AirflowException``.
+"""
+
+from __future__ import annotations
+
+
+class RayBatchError(Exception):
+    """Base class of every error this provider raises."""
+
+
+class BatchSpecError(RayBatchError, ValueError):
+    """A parameter of the batch job is invalid; the message names the parameter and the fix."""
+
+
+class RayHookError(RayBatchError):
+    """The Ray Jobs API answered with an error, or could not be reached."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class RayAuthError(RayHookError):
+    """The Ray cluster rejected the request's credentials (HTTP 401 or 403)."""
+
+
+class RayJobNotFoundError(RayHookError):
+    """No job with the given submission id exists on the cluster."""
+
+
+class RayJobAlreadyExistsError(RayHookError):
+    """A job with the given submission id was submitted before."""
+
+
+class RayJobFailedError(RayBatchError):
+    """The Ray job ended FAILED or STOPPED."""
+
+    def __init__(self, message: str, *, job_id: str, status: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+
+
+class RayJobTimeoutError(RayBatchError):
+    """Waiting for the Ray job took longer than allowed."""
+
+    def __init__(self, message: str, *, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class RayTriggerEventError(RayBatchError):
+    """A trigger event arrived that the operator cannot understand."""

@@ -1,0 +1,316 @@
+"""The batch job spec: one pydantic model shared by the operator and the pipeline on the cluster.
+
+The operator builds a :class:`BatchInferenceSpec` after templating and ships ``model_dump_json()``;
+the pipeline rebuilds it with ``model_validate_json``. Both sides run the same rules, so nothing is
+checked twice by hand. Imports: pydantic and the standard library only (the cluster side has no
+Airflow, the Airflow side has no Ray).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+
+from airflow_provider_raybatch.exceptions import BatchSpecError
+
+InputFormat = Literal["jsonl", "csv", "parquet"]
+OutputFormat = Literal["parquet", "jsonl"]
+
+#: Columns the pipeline adds to every output row; input columns may not be kept under these names.
+GENERATED_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens")
+#: Column of the errors output that says why a row failed.
+ERROR_COLUMN = "error"
+#: Column added when the input has no id column: ``<file name>:<row number>``.
+DERIVED_ID_COLUMN = "row_id"
+
+_SUFFIX_FORMATS: dict[str, InputFormat] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+_SUPPORTED_SCHEMES = ("", "file", "s3")
+# SamplingParams fields of vLLM (0.25 - 0.32) that make sense per batch; the private ones and the
+# engine-internal ones (output_kind, skip_clone, ...) are left out on purpose.
+VLLM_SAMPLING_PARAMS = frozenset(
+    {
+        "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+        "top_k", "min_p", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos", "max_tokens",
+        "min_tokens", "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens",
+        "spaces_between_special_tokens", "include_stop_str_in_output", "logit_bias",
+        "allowed_token_ids", "extra_args", "structured_outputs", "thinking_token_budget",
+    }
+)  # fmt: skip
+STRUCTURED_OUTPUT_KINDS = frozenset({"json", "regex", "choice", "grammar", "json_object", "structural_tag"})
+STRUCTURED_OUTPUT_OPTIONS = frozenset(
+    {"disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"}
+)
+_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.][A-Za-z_]\w*)$")
+
+ColumnName = Annotated[str, Field(min_length=1)]
+
+
+def infer_input_format(uri: str) -> InputFormat:
+    """The input format named by a URI's suffix, e.g. ``.csv`` -> ``csv``."""
+    path = uri.split("?", 1)[0].rstrip("/")
+    for suffix, fmt in _SUFFIX_FORMATS.items():
+        if path.lower().endswith(suffix):
+            return fmt
+    raise BatchSpecError(
+        f"input_format cannot be inferred from input_uri={uri!r}: its suffix is none of "
+        f"{sorted(_SUFFIX_FORMATS)}. Pass input_format='jsonl', 'csv' or 'parquet'."
+    )
+
+
+def template_fields(template: str) -> list[str]:
+    """Column names a user template refers to, in order; raises for positional or nested fields."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise BatchSpecError(f"user_template={template!r} is not a valid format string: {err}.") from err
+    names: list[str] = []
+    for _, field_name, _, _ in parsed:
+        if field_name is None:
+            continue
+        if field_name == "" or field_name.isdigit():
+            raise BatchSpecError(
+                f"user_template={template!r} has a positional field {{{field_name}}}; "
+                "name a column instead, e.g. {Company}."
+            )
+        if any(c in field_name for c in ".[]"):
+            raise BatchSpecError(
+                f"user_template={template!r} field {{{field_name}}} uses attribute or index access; "
+                "refer to whole columns only, or build the text in a preprocess function."
+            )
+        names.append(field_name)
+    return names
+
+
+class BatchInferenceSpec(BaseModel):
+    """Everything the pipeline needs to run one batch; the field descriptions are the documentation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, description="Hugging Face id or path of the model the cluster loads.")
+    input_uri: str = Field(min_length=1, description="File or folder the job reads: a local path or s3://.")
+    output_uri: str = Field(min_length=1, description="Folder the job writes outputs, errors and manifest to.")
+    input_format: InputFormat | None = Field(
+        default=None, description="jsonl, csv or parquet; inferred from input_uri's suffix when unset."
+    )
+    output_format: OutputFormat = Field(default="parquet", description="Format of outputs and errors.")
+    messages_column: str | None = Field(
+        default=None, description="Column holding OpenAI-style chat messages, passed through as they are."
+    )
+    system_prompt: str | None = Field(default=None, description="System message put before the user message.")
+    user_template: str | None = Field(
+        default=None,
+        description="User message rendered from each row with str.format, e.g. 'Industry of {Company}?'.",
+    )
+    preprocess: str | None = Field(
+        default=None, description="Dotted path of a row -> row function applied before the prompt is built."
+    )
+    postprocess: str | None = Field(
+        default=None, description="Dotted path of a row -> row function applied to each output row."
+    )
+    sampling_params: dict[str, Any] = Field(  # Any: vLLM SamplingParams values are of many types.
+        default_factory=dict, description="vLLM SamplingParams, e.g. max_tokens, structured_outputs."
+    )
+    engine_kwargs: dict[str, Any] = Field(  # Any: passed as they are to vLLM's engine arguments.
+        default_factory=dict, description="vLLM engine arguments, e.g. max_model_len."
+    )
+    batch_size: PositiveInt = Field(default=64, description="Rows per batch sent to one engine replica.")
+    concurrency: PositiveInt | tuple[PositiveInt, PositiveInt] = Field(
+        default=1, description="Engine replicas: an int, or (min, max) for an autoscaling pool."
+    )
+    accelerator_type: str | None = Field(default=None, description="Ray accelerator type, e.g. 'H100'.")
+    replica_resources: dict[str, float] | None = Field(
+        default=None,
+        description="Resources one engine replica reserves, e.g. {'CPU': 1} for vLLM's CPU build; "
+        "unset: Ray Data LLM's default of one GPU per tensor x pipeline parallel rank.",
+    )
+    id_column: str | None = Field(
+        default=None,
+        description=f"Column that identifies a row; unset: '{DERIVED_ID_COLUMN}' = <file>:<row number>.",
+    )
+    keep_columns: list[ColumnName] | None = Field(
+        default=None, description="Input columns copied to the output; unset: all of them."
+    )
+
+    @field_validator("input_uri", "output_uri")
+    @classmethod
+    def _check_uri(cls, value: str, info: Any) -> str:  # Any: pydantic's ValidationInfo.
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        if scheme not in _SUPPORTED_SCHEMES:
+            raise ValueError(
+                f"{info.field_name}={value!r} uses scheme {scheme!r}; use a local path or s3://bucket/key."
+            )
+        return value
+
+    @field_validator("preprocess", "postprocess")
+    @classmethod
+    def _check_dotted_path(cls, value: str | None, info: Any) -> str | None:  # Any: ValidationInfo.
+        if value is not None and not _DOTTED_PATH.match(value):
+            raise ValueError(
+                f"{info.field_name}={value!r} is not a dotted path; use 'my_module.my_function' "
+                "or 'my_package.my_module:my_function'."
+            )
+        return value
+
+    @field_validator("sampling_params")
+    @classmethod
+    def _check_sampling_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - VLLM_SAMPLING_PARAMS)
+        if unknown:
+            raise ValueError(
+                f"sampling_params has unknown keys {unknown}; allowed: {sorted(VLLM_SAMPLING_PARAMS)}."
+            )
+        max_tokens = value.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"sampling_params['max_tokens']={max_tokens!r} must be an int >= 1.")
+        temperature = value.get("temperature")
+        if temperature is not None and (not isinstance(temperature, int | float) or temperature < 0):
+            raise ValueError(f"sampling_params['temperature']={temperature!r} must be a number >= 0.")
+        structured = value.get("structured_outputs")
+        if structured is not None:
+            _check_structured_outputs(structured)
+        _check_json_serializable("sampling_params", value)
+        return value
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _check_engine_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "max_num_seqs"):
+            if key in value and (not isinstance(value[key], int) or value[key] < 1):
+                raise ValueError(f"engine_kwargs['{key}']={value[key]!r} must be an int >= 1.")
+        if "model" in value:
+            raise ValueError("engine_kwargs['model'] is not allowed; pass the model as model=....")
+        _check_json_serializable("engine_kwargs", value)
+        return value
+
+    @field_validator("concurrency")
+    @classmethod
+    def _check_concurrency(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+        if isinstance(value, tuple) and value[0] > value[1]:
+            raise ValueError(
+                f"concurrency={value!r} is invalid: min must be <= max. "
+                "Pass an int or a (min, max) tuple with 1 <= min <= max."
+            )
+        return value
+
+    @field_validator("replica_resources")
+    @classmethod
+    def _check_replica_resources(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and (not value or any(amount <= 0 for amount in value.values())):
+            raise ValueError(
+                f"replica_resources={value!r} must map resource names to amounts > 0, e.g. {{'CPU': 1}}."
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_prompt_and_columns(self) -> BatchInferenceSpec:
+        if (self.messages_column is None) == (self.user_template is None):
+            raise ValueError(
+                "exactly one of messages_column and user_template must be set: pass messages_column="
+                "'messages' for rows that carry chat messages, or user_template='... {Column} ...'."
+            )
+        if self.system_prompt is not None and self.user_template is None:
+            raise ValueError("system_prompt is only used with user_template; put it in the messages instead.")
+        if self.user_template is not None:
+            template_fields(self.user_template)
+        reserved = {*GENERATED_COLUMNS, ERROR_COLUMN}
+        clashes = sorted(reserved & set(self.keep_columns or []))
+        if clashes:
+            raise ValueError(f"keep_columns={self.keep_columns!r} names output columns {clashes}; drop them.")
+        if self.id_column in reserved:
+            raise ValueError(f"id_column={self.id_column!r} is an output column name; pick another column.")
+        if self.input_format is None:
+            infer_input_format(self.input_uri)
+        if self.input_uri.rstrip("/") == self.output_uri.rstrip("/"):
+            raise ValueError(f"output_uri={self.output_uri!r} must differ from input_uri.")
+        return self
+
+    @classmethod
+    def build(cls, **params: Any) -> BatchInferenceSpec:  # Any: the operator's templated values.
+        """Validate ``params`` into a spec, turning pydantic's report into one :class:`BatchSpecError`."""
+        try:
+            return cls(**params)
+        except ValidationError as err:
+            raise BatchSpecError(_describe(err)) from err
+
+    @classmethod
+    def from_json(cls, payload: str) -> BatchInferenceSpec:
+        """Rebuild a spec shipped with :meth:`model_dump_json` (the pipeline's side)."""
+        try:
+            return cls.model_validate_json(payload)
+        except ValidationError as err:
+            raise BatchSpecError(_describe(err)) from err
+
+    @property
+    def resolved_input_format(self) -> InputFormat:
+        """``input_format``, or the one named by the input's suffix."""
+        return self.input_format or infer_input_format(self.input_uri)
+
+    @property
+    def structured_choices(self) -> list[str] | None:
+        """The labels of a ``choice`` structured output, if the spec constrains output to one."""
+        structured = self.sampling_params.get("structured_outputs") or {}
+        return list(structured["choice"]) if "choice" in structured else None
+
+    def fingerprint(self) -> str:
+        """A stable hash of everything that shapes the output; equal specs give equal fingerprints."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _check_structured_outputs(structured: Any) -> None:  # Any: user input of unknown shape.
+    if not isinstance(structured, dict):
+        raise ValueError(f"sampling_params['structured_outputs']={structured!r} must be a dict, e.g. {{'choice': [...]}}.")
+    unknown = sorted(set(structured) - STRUCTURED_OUTPUT_KINDS - STRUCTURED_OUTPUT_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"sampling_params['structured_outputs'] has unknown keys {unknown}; "
+            f"use one of {sorted(STRUCTURED_OUTPUT_KINDS)}."
+        )
+    kinds = sorted(set(structured) & STRUCTURED_OUTPUT_KINDS)
+    if len(kinds) != 1:
+        raise ValueError(
+            f"sampling_params['structured_outputs'] must set exactly one of {sorted(STRUCTURED_OUTPUT_KINDS)}, "
+            f"got {kinds}."
+        )
+    if "choice" in structured:
+        choice = structured["choice"]
+        if not isinstance(choice, list | tuple) or not choice or not all(isinstance(c, str) and c for c in choice):
+            raise ValueError(
+                f"sampling_params['structured_outputs']['choice']={choice!r} must be a non-empty list of "
+                "non-empty strings."
+            )
+
+
+def _check_json_serializable(name: str, value: Any) -> None:  # Any: checked here.
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be JSON-serializable to ship to the cluster: {err}.") from err
+
+
+def _describe(err: ValidationError) -> str:
+    """One readable line per problem, each naming the parameter."""
+    lines = []
+    for problem in err.errors():
+        location = ".".join(str(part) for part in problem["loc"]) or "spec"
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown parameter; check its spelling"
+        shown = repr(problem.get("input"))
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        prefix = f"{location}: " if location not in message else ""
+        lines.append(f"{prefix}{message}" + ("" if location in message else f" (got {shown})"))
+    return "Invalid batch job spec: " + "; ".join(lines)

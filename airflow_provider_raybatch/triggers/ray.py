@@ -1,0 +1,99 @@
+"""RayJobTrigger: wait for a Ray job in the triggerer, without blocking its event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_raybatch.exceptions import RayAuthError, RayHookError, RayJobNotFoundError
+from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
+from airflow_provider_raybatch.utils.events import job_event
+
+# Transient API failures tolerated in a row before the wait gives up (a head restart takes a while).
+MAX_CONSECUTIVE_POLL_ERRORS = 6
+
+
+def event_for_job(info: JobInfo) -> dict[str, str]:
+    """The event a terminal job state maps to."""
+    status = {JobStatus.SUCCEEDED: "success", JobStatus.STOPPED: "cancelled"}.get(info.status, "error")
+    message = f"Ray job {info.job_id} finished: {info.status.value}."
+    if info.message:
+        message += f" {info.message}"
+    return job_event(status, info.job_id, message, info.status.value.lower())
+
+
+class RayJobTrigger(BaseTrigger):
+    """Poll a Ray job until it ends, then fire one event (see :mod:`airflow_provider_raybatch.utils.events`).
+
+    :param job_id: Submission id of the Ray job.
+    :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
+    :param poll_interval_seconds: Seconds between status calls. Default 10.
+    :param timeout_seconds: Give up (and stop the job) after this long; None waits forever.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        ray_conn_id: str = RayHook.default_conn_name,
+        poll_interval_seconds: float = 10.0,
+        timeout_seconds: float | None = None,
+    ) -> None:
+        super().__init__()
+        if poll_interval_seconds <= 0:
+            raise ValueError(f"poll_interval_seconds={poll_interval_seconds!r} must be > 0.")
+        self.job_id = job_id
+        self.ray_conn_id = ray_conn_id
+        self.poll_interval_seconds = float(poll_interval_seconds)
+        self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:  # Any: JSON-able constructor arguments.
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_id": self.job_id,
+                "ray_conn_id": self.ray_conn_id,
+                "poll_interval_seconds": self.poll_interval_seconds,
+                "timeout_seconds": self.timeout_seconds,
+            },
+        )
+
+    def _hook(self) -> RayHook:
+        return RayHook(ray_conn_id=self.ray_conn_id)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self._hook()
+        deadline = None if self.timeout_seconds is None else time.monotonic() + self.timeout_seconds
+        errors_in_a_row = 0
+        while True:
+            try:
+                info = await hook.a_get_job_info(self.job_id)
+                errors_in_a_row = 0
+            except (RayAuthError, RayJobNotFoundError) as err:
+                yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
+                return
+            except RayHookError as err:
+                errors_in_a_row += 1
+                self.log.warning("Polling Ray job %s failed (%d in a row): %s", self.job_id, errors_in_a_row, err)
+                if errors_in_a_row >= MAX_CONSECUTIVE_POLL_ERRORS:
+                    yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
+                    return
+            else:
+                if info.status.is_terminal:
+                    yield TriggerEvent(event_for_job(info))
+                    return
+                self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
+            if deadline is not None and time.monotonic() >= deadline:
+                await hook.a_stop_job(self.job_id)
+                message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s; stopped it."
+                yield TriggerEvent(job_event("error", self.job_id, message, "timeout"))
+                return
+            await asyncio.sleep(self.poll_interval_seconds)
+
+    async def on_kill(self) -> None:
+        """The task was marked failed, cleared or succeeded while deferred: stop its Ray job."""
+        stopped = await self._hook().a_stop_job(self.job_id)
+        self.log.info("Task killed while deferred; stop of Ray job %s requested: %s.", self.job_id, stopped)

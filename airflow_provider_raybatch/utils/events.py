@@ -1,0 +1,39 @@
+"""The one shape of trigger events in this provider, and its check on the receiving side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEventError
+
+EVENT_STATUSES = frozenset({"success", "error", "cancelled"})
+EVENT_KEYS = ("status", "job_id", "message", "termination_reason")
+
+
+def job_event(status: str, job_id: str, message: str, termination_reason: str) -> dict[str, str]:
+    """Build an event payload; every trigger of the provider emits exactly these keys."""
+    if status not in EVENT_STATUSES:
+        raise ValueError(f"status={status!r} is not one of {sorted(EVENT_STATUSES)}.")
+    return {"status": status, "job_id": job_id, "message": message, "termination_reason": termination_reason}
+
+
+def validate_event(event: Any) -> dict[str, str]:  # Any: whatever the triggerer handed back.
+    """Reject a missing or malformed event with a clear message before the operator acts on it."""
+    if not isinstance(event, dict):
+        raise RayTriggerEventError(f"Expected a trigger event dict, got {type(event).__name__}: {event!r}.")
+    missing = [key for key in EVENT_KEYS if key not in event]
+    if missing:
+        raise RayTriggerEventError(f"Trigger event lacks keys {missing}: {event!r}.")
+    if event["status"] not in EVENT_STATUSES:
+        raise RayTriggerEventError(
+            f"Trigger event status {event['status']!r} is not one of {sorted(EVENT_STATUSES)}."
+        )
+    return event
+
+
+def job_failed_error(event: dict[str, str], log_tail: str) -> RayJobFailedError:
+    """The exception that fails a task whose job ended badly: Ray's message plus the driver log's end."""
+    message = event["message"]
+    if log_tail:
+        message += f"\n--- last lines of the Ray job's driver log ---\n{log_tail}"
+    return RayJobFailedError(message, job_id=event["job_id"], status=event["termination_reason"])
