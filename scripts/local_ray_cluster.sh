@@ -11,6 +11,7 @@ STATE=${RAYBATCH_STATE:-$ROOT/.demo}
 PORT=${RAYBATCH_DASHBOARD_PORT:-8265}
 GCS_PORT=${RAYBATCH_GCS_PORT:-6379}
 NUM_CPUS=${RAYBATCH_NUM_CPUS:-8}
+CLIENT_PORT=${RAYBATCH_CLIENT_PORT:-10001}
 export PATH=$ROOT/.venvs/ray/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS_ENABLED=0
 
@@ -24,7 +25,7 @@ case "${1:-}" in
       exit 0
     fi
     ray start --head --port="$GCS_PORT" --num-cpus="$NUM_CPUS" --dashboard-host=127.0.0.1 \
-      --dashboard-port="$PORT" --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
+      --dashboard-port="$PORT" --ray-client-server-port="$CLIENT_PORT" --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
       || { cat "$STATE/ray_start.log"; exit 1; }
     for _ in $(seq 60); do
       curl -fsS -o /dev/null "http://127.0.0.1:$PORT/api/version" 2>/dev/null && break

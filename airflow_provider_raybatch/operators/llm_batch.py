@@ -139,7 +139,9 @@ class RayLLMBatchOperator(BaseOperator):
         params = {name: getattr(self, name) for name in BatchInferenceSpec.model_fields}
         for name in _JSON_PARAMS:
             value = params[name]
-            if isinstance(value, str) and value.strip()[:1] in ("{", "[", "("):
+            if isinstance(value, str) and value.strip() in ("", "null", "None"):
+                params[name] = None  # an unset Param rendered through a template
+            elif isinstance(value, str) and value.strip()[:1] in ("{", "[", "("):
                 try:
                     params[name] = json.loads(value.replace("(", "[").replace(")", "]"))
                 except json.JSONDecodeError as err:

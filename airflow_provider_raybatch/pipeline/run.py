@@ -166,6 +166,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
         _user_function(dotted_path)  # fail fast, before any work, if the author's module is missing
+    storage.check_model_source(spec.model)
 
     prepared = _read_records(spec).map(_prepare_row, fn_kwargs={"spec": spec}).materialize()
     rejected = prepared.filter(lambda row: row["error"] is not None)

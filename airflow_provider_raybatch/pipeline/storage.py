@@ -76,6 +76,21 @@ def relative_name(path: str, input_uri: str) -> str:
     return path[len(base) + 1 :]
 
 
+def check_model_source(model: str) -> None:
+    """Fail before any engine starts when a local model folder is missing or holds no config.json.
+
+    Otherwise vLLM's own error surfaces minutes later from inside an actor, after retries.
+    Hub ids and s3:// sources are left to vLLM.
+    """
+    if "://" in model or not (model.startswith(("/", "./", "../", "~")) or posixpath.exists(model)):
+        return
+    path = posixpath.expanduser(model)
+    if not posixpath.isdir(path):
+        raise FileNotFoundError(f"model={model!r}: no such folder on the Ray cluster's driver node.")
+    if not posixpath.exists(posixpath.join(path, "config.json")):
+        raise FileNotFoundError(f"model={model!r}: folder has no config.json, so it is not a model folder.")
+
+
 def clear_previous_run(layout: OutputLayout) -> None:
     """Remove an earlier run's files, manifest first, so a reader never sees old and new mixed."""
     from pyarrow import fs
