@@ -23,5 +23,8 @@ def manifest_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
     for line in reversed(log.splitlines()):
         _, marker, payload = line.partition(MANIFEST_LOG_MARKER)
         if marker:
-            return json.loads(payload)
+            try:
+                return json.loads(payload)
+            except json.JSONDecodeError:
+                continue  # a line cut short in the log; an earlier complete one may follow
     return None

@@ -76,9 +76,14 @@ def template_fields(template: str) -> list[str]:
     except ValueError as err:
         raise BatchSpecError(f"user_template={template!r} is not a valid format string: {err}.") from err
     names: list[str] = []
-    for _, field_name, _, _ in parsed:
+    for _, field_name, format_spec, _ in parsed:
         if field_name is None:
             continue
+        if format_spec and "{" in format_spec:
+            raise BatchSpecError(
+                f"user_template={template!r} field {{{field_name}}} nests a field in its format spec; "
+                "use plain {Column} fields, or build the text in a preprocess function."
+            )
         if field_name == "" or field_name.isdigit():
             raise BatchSpecError(
                 f"user_template={template!r} has a positional field {{{field_name}}}; "

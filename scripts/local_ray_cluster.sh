@@ -15,12 +15,15 @@ CLIENT_PORT=${RAYBATCH_CLIENT_PORT:-10001}
 export PATH=$ROOT/.venvs/ray/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS_ENABLED=0
 
+# Any HTTP answer (401 included: token auth guards every route) means the dashboard is up.
+dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/api/version")" != 000 ]; }
+
 case "${1:-}" in
   start)
     mkdir -p "$STATE"
     [ -s "$STATE/auth_token" ] || python -c "import secrets; print(secrets.token_hex(32), end='')" > "$STATE/auth_token"
     chmod 600 "$STATE/auth_token"
-    if curl -fsS -o /dev/null "http://127.0.0.1:$PORT/api/version" 2>/dev/null; then
+    if dashboard_up; then
       echo "Ray head already up at http://127.0.0.1:$PORT"
       exit 0
     fi
@@ -28,7 +31,7 @@ case "${1:-}" in
       --dashboard-port="$PORT" --ray-client-server-port="$CLIENT_PORT" --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
       || { cat "$STATE/ray_start.log"; exit 1; }
     for _ in $(seq 60); do
-      curl -fsS -o /dev/null "http://127.0.0.1:$PORT/api/version" 2>/dev/null && break
+      dashboard_up && break
       sleep 1
     done
     echo "Ray head up at http://127.0.0.1:$PORT (token in $STATE/auth_token)"

@@ -104,8 +104,10 @@ class RayConnectionSettings:
         else:
             scheme = conn.schema or extra.get("scheme") or "http"
         base_url = f"{scheme}://{host}"
-        if conn.port or ":" not in host:
-            base_url += f":{conn.port or DEFAULT_PORT}"
+        if conn.port:
+            base_url += f":{conn.port}"
+        elif ":" not in host and scheme == "http":
+            base_url += f":{DEFAULT_PORT}"  # https without a port means an ingress on 443
         headers = {str(k): str(v) for k, v in (extra.get("headers") or {}).items()}
         token = conn.password or extra.get("token")
         if token and not any(k.lower() == "authorization" for k in headers):
@@ -141,7 +143,9 @@ def _raise_for_response(request: _Request, response: httpx.Response) -> None:
     status = response.status_code
     if status < 400 or status in request.accepted_statuses:
         return
-    body = response.text.strip()[:500]
+    text = response.text.strip()
+    # Ray answers errors with a whole server traceback; its last line is the one that says why.
+    body = (text.splitlines() or [""])[-1][:500]
     where = f"{request.method} {request.path}"
     if status == 401:
         raise RayAuthError(
@@ -156,8 +160,8 @@ def _raise_for_response(request: _Request, response: httpx.Response) -> None:
         )
     if status == 404 and request.path.startswith("/api/jobs/"):
         raise RayJobNotFoundError(f"Ray job not found ({where} -> 404): {body}", status_code=status)
-    if status == 400 and "already exists" in body:
-        raise RayJobAlreadyExistsError(f"{where} -> 400: {body}", status_code=status)
+    if status in (400, 500) and "already exists" in text:
+        raise RayJobAlreadyExistsError(f"{where} -> {status}: {body}", status_code=status)
     raise RayHookError(f"Ray Jobs API error ({where} -> {status}): {body}", status_code=status)
 
 

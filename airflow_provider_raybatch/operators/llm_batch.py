@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shlex
 import sys
 import time
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 # Spec fields that take a dict or list; after templating they may arrive as JSON text.
 _JSON_PARAMS = ("sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency")
+_TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
 
 
 class RayLLMBatchOperator(BaseOperator):
@@ -139,16 +141,21 @@ class RayLLMBatchOperator(BaseOperator):
         params = {name: getattr(self, name) for name in BatchInferenceSpec.model_fields}
         for name in _JSON_PARAMS:
             value = params[name]
-            if isinstance(value, str) and value.strip() in ("", "null", "None"):
-                params[name] = None  # an unset Param rendered through a template
-            elif isinstance(value, str) and value.strip()[:1] in ("{", "[", "("):
+            if not isinstance(value, str):
+                continue
+            text = value.strip()
+            if text in ("", "null", "None"):
+                del params[name]  # an unset Param rendered through a template: the spec's default
+            elif name == "concurrency" and _TUPLE_TEXT.match(text):
+                params[name] = tuple(int(part) for part in re.findall(r"\d+", text))
+            elif name == "concurrency" and text.isdigit():
+                params[name] = int(text)
+            elif text[:1] in ("{", "["):
                 try:
-                    params[name] = json.loads(value.replace("(", "[").replace(")", "]"))
+                    params[name] = json.loads(text)
                 except json.JSONDecodeError as err:
                     raise BatchSpecError(f"{name}={value!r} is text but not valid JSON: {err.msg}.") from err
-            elif isinstance(value, str) and name == "concurrency" and value.strip().isdigit():
-                params[name] = int(value)
-        if isinstance(params["concurrency"], list):
+        if isinstance(params.get("concurrency"), list):
             params["concurrency"] = tuple(params["concurrency"])
         return BatchInferenceSpec.build(**params)
 

@@ -45,6 +45,7 @@ def _bad(source: str, error: str) -> Record:
 
 
 def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark some editors write
     for number, raw_line in enumerate(data.splitlines(), start=1):
         source = f"{name}:{number}"
         if not raw_line.strip():

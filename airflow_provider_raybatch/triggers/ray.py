@@ -87,8 +87,12 @@ class RayJobTrigger(BaseTrigger):
                     return
                 self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
             if deadline is not None and time.monotonic() >= deadline:
-                await hook.a_stop_job(self.job_id)
-                message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s; stopped it."
+                message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s"
+                try:
+                    await hook.a_stop_job(self.job_id)
+                    message += "; stopped it."
+                except RayHookError as err:
+                    message += f"; stopping it failed: {err}"
                 yield TriggerEvent(job_event("error", self.job_id, message, "timeout"))
                 return
             await asyncio.sleep(self.poll_interval_seconds)

@@ -1,0 +1,119 @@
+"""Tests of airflow_provider_raybatch/pipeline/rows.py: one record per input row, never a lost row.
+
+Only the JSONL reader and the unreadable-file path run here; CSV and Parquet need pyarrow, which the
+Airflow side does not install.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from decimal import Decimal
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
+
+
+def rows_of(data: bytes, name: str = "part/in.jsonl") -> list[dict]:
+    return list(parse_file(name, data, "jsonl"))
+
+
+def test_good_jsonl_rows() -> None:
+    records = rows_of(b'{"Company": "Acme", "n": 1}\n{"Company": "Umbrella", "n": null}\n')
+
+    assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2"]
+    assert [r["error"] for r in records] == [None, None]
+    assert [json.loads(r["row"]) for r in records] == [
+        {"Company": "Acme", "n": 1},
+        {"Company": "Umbrella", "n": None},
+    ]
+
+
+def test_records_have_exactly_source_row_error() -> None:
+    for record in rows_of(b'{"a": 1}\nnot json\n'):
+        assert set(record) == {"source", "row", "error"}
+
+
+def test_blank_lines_are_skipped_but_numbering_follows_the_file() -> None:
+    records = rows_of(b'\n{"a": 1}\n\n   \n\t\r\n{"a": 2}\n\n')
+
+    assert [r["source"] for r in records] == ["part/in.jsonl:2", "part/in.jsonl:6"]
+    assert all(r["error"] is None for r in records)
+
+
+def test_crlf_line_endings() -> None:
+    records = rows_of(b'{"a": 1}\r\n{"a": 2}\r\n')
+
+    assert [json.loads(r["row"]) for r in records] == [{"a": 1}, {"a": 2}]
+    assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2"]
+
+
+def test_no_trailing_newline_keeps_the_last_row() -> None:
+    assert len(rows_of(b'{"a": 1}\n{"a": 2}')) == 2
+
+
+def test_malformed_json_becomes_an_error_record_with_its_line_number() -> None:
+    records = rows_of(b'{"a": 1}\n{"a": 2,,}\n{"a": 3}\n')
+
+    assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2", "part/in.jsonl:3"]
+    bad = records[1]
+    assert bad["row"] is None
+    assert bad["error"].startswith("malformed JSON on line 2: ")
+    assert "column" in bad["error"]
+    assert records[0]["error"] is None and records[2]["error"] is None
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"), [(b"[1, 2]", "list"), (b'"text"', "str"), (b"42", "int"), (b"null", "NoneType")]
+)
+def test_non_object_line_is_an_error(line: bytes, kind: str) -> None:
+    [record] = rows_of(line + b"\n", name="x.jsonl")
+
+    assert record == {"source": "x.jsonl:1", "row": None, "error": f"line 1 is a JSON {kind}, not an object"}
+
+
+def test_invalid_utf8_is_an_error_for_that_line_only() -> None:
+    records = rows_of(b'{"a": "ok"}\n{"a": "\xff\xfe"}\n{"a": "fine"}\n')
+
+    assert records[1]["row"] is None
+    assert records[1]["error"].startswith("invalid UTF-8 at byte ")
+    assert "of line 2" in records[1]["error"]
+    assert [r["error"] is None for r in records] == [True, False, True]
+
+
+def test_non_ascii_text_is_kept_as_is() -> None:
+    [record] = rows_of('{"Company": "Société Générale", "emoji": "🚀"}\n'.encode())
+
+    assert "Société Générale" in record["row"]
+    assert json.loads(record["row"]) == {"Company": "Société Générale", "emoji": "🚀"}
+
+
+def test_row_to_json_handles_non_json_cells() -> None:
+    text = row_to_json(
+        {
+            "when": datetime(2026, 1, 2, 3, 4, 5),
+            "day": date(2026, 1, 2),
+            "price": Decimal("1.10"),
+            "blob": b"caf\xc3\xa9",
+            "other": frozenset(),
+        }
+    )
+
+    assert json.loads(text) == {
+        "when": "2026-01-02T03:04:05",
+        "day": "2026-01-02",
+        "price": "1.10",
+        "blob": "café",
+        "other": "frozenset()",
+    }
+
+
+def test_unreadable_file_becomes_one_error_record() -> None:
+    records = list(parse_file("part/in.parquet", b"\x00\x01 definitely not parquet \xff", "parquet"))
+
+    # Without pyarrow (the Airflow venv) or with a corrupt file alike, the whole file is one error row.
+    assert records == [
+        {"source": "part/in.parquet:0", "row": None, "error": records[0]["error"]},
+    ]
+    assert records[0]["error"].startswith("cannot read parquet file: ")

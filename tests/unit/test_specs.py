@@ -1,0 +1,383 @@
+"""Tests of airflow_provider_raybatch/specs.py: the batch job spec and its rules."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchError
+from airflow_provider_raybatch.specs import BatchInferenceSpec, infer_input_format, template_fields
+
+BASE: dict[str, Any] = {  # Any: spec parameter values.
+    "model": "Qwen/Qwen2.5-0.5B-Instruct",
+    "input_uri": "s3://bucket/in/companies.jsonl",
+    "output_uri": "s3://bucket/out/run-1/",
+    "user_template": "Industry of {Company}?",
+}
+
+
+def build(**overrides: Any) -> BatchInferenceSpec:  # Any: spec parameter values.
+    params = {**BASE, **overrides}
+    for key in [k for k, v in overrides.items() if v is _DROP]:
+        del params[key]
+    return BatchInferenceSpec.build(**params)
+
+
+_DROP = object()
+
+
+# -- valid specs --------------------------------------------------------------------------------
+
+
+def test_minimal_spec_builds_with_defaults() -> None:
+    spec = build()
+
+    assert spec.model == BASE["model"]
+    assert spec.user_template == "Industry of {Company}?"
+    assert spec.output_format == "parquet"
+    assert spec.batch_size == 64
+    assert spec.concurrency == 1
+    assert spec.sampling_params == {}
+    assert spec.engine_kwargs == {}
+    assert spec.resolved_input_format == "jsonl"
+
+
+def test_full_spec_builds() -> None:
+    spec = build(
+        input_uri="/data/in/",
+        input_format="csv",
+        output_uri="/data/out",
+        output_format="jsonl",
+        system_prompt="Answer with one word.",
+        preprocess="my_pkg.fns:clean",
+        postprocess="my_pkg.fns.tidy",
+        sampling_params={"max_tokens": 16, "temperature": 0, "structured_outputs": {"choice": ["a", "b"]}},
+        engine_kwargs={"max_model_len": 2048, "tensor_parallel_size": 2, "enforce_eager": True},
+        batch_size=8,
+        concurrency=(1, 4),
+        accelerator_type="H100",
+        replica_resources={"CPU": 1},
+        id_column="Id",
+        keep_columns=["Company", "Country"],
+    )
+
+    assert spec.concurrency == (1, 4)
+    assert spec.resolved_input_format == "csv"
+    assert spec.keep_columns == ["Company", "Country"]
+
+
+def test_messages_column_spec_builds_without_template() -> None:
+    spec = build(user_template=_DROP, messages_column="messages")
+
+    assert spec.messages_column == "messages"
+    assert spec.user_template is None
+
+
+def test_spec_error_is_a_value_error_of_the_provider() -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(batch_size=0)
+
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, RayBatchError)
+    assert str(info.value).startswith("Invalid batch job spec: ")
+
+
+def test_spec_is_frozen() -> None:
+    spec = build()
+
+    with pytest.raises(Exception, match="frozen"):
+        spec.model = "other"  # type: ignore[misc]
+
+
+# -- invalid specs: each message names the field ------------------------------------------------
+
+INVALID_CASES = [
+    pytest.param({"concurrency": (3, 1)}, ["concurrency", "min must be <= max"], id="concurrency-min-gt-max"),
+    pytest.param({"concurrency": 0}, ["concurrency"], id="concurrency-zero"),
+    pytest.param({"batch_size": 0}, ["batch_size"], id="batch-size-zero"),
+    pytest.param(
+        {"sampling_params": {"temprature": 0.2}}, ["sampling_params", "temprature"], id="unknown-sampling-key"
+    ),
+    pytest.param({"sampling_params": {"max_tokens": 0}}, ["max_tokens", ">= 1"], id="max-tokens-zero"),
+    pytest.param({"sampling_params": {"max_tokens": "8"}}, ["max_tokens"], id="max-tokens-text"),
+    pytest.param({"sampling_params": {"temperature": -1}}, ["temperature"], id="negative-temperature"),
+    pytest.param(
+        {"sampling_params": {"structured_outputs": {"choice": ["a"], "regex": "a|b"}}},
+        ["structured_outputs", "exactly one", "choice", "regex"],
+        id="structured-two-kinds",
+    ),
+    pytest.param(
+        {"sampling_params": {"structured_outputs": {"disable_any_whitespace": True}}},
+        ["structured_outputs", "exactly one"],
+        id="structured-no-kind",
+    ),
+    pytest.param(
+        {"sampling_params": {"structured_outputs": {"choice": []}}},
+        ["structured_outputs", "choice", "non-empty"],
+        id="structured-empty-choice",
+    ),
+    pytest.param(
+        {"sampling_params": {"structured_outputs": {"choice": ["a", ""]}}},
+        ["choice", "non-empty strings"],
+        id="structured-empty-label",
+    ),
+    pytest.param(
+        {"sampling_params": {"structured_outputs": {"choise": ["a"]}}},
+        ["structured_outputs", "choise"],
+        id="structured-unknown-key",
+    ),
+    pytest.param(
+        {"sampling_params": {"structured_outputs": ["a", "b"]}},
+        ["structured_outputs", "must be a dict"],
+        id="structured-not-dict",
+    ),
+    pytest.param(
+        {"messages_column": "messages"}, ["messages_column", "user_template"], id="both-prompt-sources"
+    ),
+    pytest.param({"user_template": _DROP}, ["messages_column", "user_template"], id="no-prompt-source"),
+    pytest.param(
+        {"user_template": _DROP, "messages_column": "messages", "system_prompt": "Be brief."},
+        ["system_prompt", "user_template"],
+        id="system-prompt-without-template",
+    ),
+    pytest.param(
+        {"user_template": "Industry of {}?"}, ["user_template", "positional"], id="template-empty-field"
+    ),
+    pytest.param(
+        {"user_template": "Industry of {0}?"}, ["user_template", "positional"], id="template-index-field"
+    ),
+    pytest.param(
+        {"user_template": "Industry of {a.b}?"}, ["user_template", "{a.b}"], id="template-attribute"
+    ),
+    pytest.param(
+        {"user_template": "Industry of {a[0]}?"}, ["user_template", "{a[0]}"], id="template-index-access"
+    ),
+    pytest.param(
+        {"user_template": "Industry of {Company?"},
+        ["user_template", "not a valid format"],
+        id="template-unclosed",
+    ),
+    pytest.param(
+        {"keep_columns": ["Company", "generated_text"]},
+        ["keep_columns", "generated_text"],
+        id="keep-generated-column",
+    ),
+    pytest.param({"keep_columns": ["error"]}, ["keep_columns", "error"], id="keep-error-column"),
+    pytest.param({"keep_columns": [""]}, ["keep_columns"], id="keep-empty-name"),
+    pytest.param({"id_column": "error"}, ["id_column", "'error'"], id="id-column-error"),
+    pytest.param({"id_column": "num_generated_tokens"}, ["id_column"], id="id-column-generated"),
+    pytest.param({"modle": "typo"}, ["modle", "unknown parameter"], id="unknown-parameter"),
+    pytest.param({"input_uri": "gs://bucket/in.jsonl"}, ["input_uri", "'gs'"], id="gs-input"),
+    pytest.param({"output_uri": "https://host/out"}, ["output_uri", "'https'"], id="https-output"),
+    pytest.param({"input_uri": "data/input"}, ["input_format", "data/input"], id="uninferrable-format"),
+    pytest.param({"input_format": "xml"}, ["input_format"], id="unknown-input-format"),
+    pytest.param({"output_format": "csv"}, ["output_format"], id="unknown-output-format"),
+    pytest.param({"output_uri": BASE["input_uri"]}, ["output_uri", "differ"], id="output-is-input"),
+    pytest.param(
+        {"input_uri": "s3://bucket/in/", "input_format": "jsonl", "output_uri": "s3://bucket/in"},
+        ["output_uri", "differ"],
+        id="output-is-input-trailing-slash",
+    ),
+    pytest.param(
+        {"engine_kwargs": {"tensor_parallel_size": 0}}, ["tensor_parallel_size", ">= 1"], id="tp-zero"
+    ),
+    pytest.param({"engine_kwargs": {"max_model_len": "2k"}}, ["max_model_len"], id="max-model-len-text"),
+    pytest.param({"engine_kwargs": {"model": "other"}}, ["engine_kwargs['model']"], id="engine-model"),
+    pytest.param(
+        {"engine_kwargs": {"hf_overrides": {1, 2}}},
+        ["engine_kwargs", "JSON-serializable"],
+        id="engine-not-json",
+    ),
+    pytest.param(
+        {"sampling_params": {"logit_bias": object()}},
+        ["sampling_params", "JSON-serializable"],
+        id="sampling-not-json",
+    ),
+    pytest.param({"preprocess": "not a path"}, ["preprocess", "dotted path"], id="preprocess-not-dotted"),
+    pytest.param(
+        {"postprocess": "module_only"}, ["postprocess", "dotted path"], id="postprocess-no-function"
+    ),
+    pytest.param({"replica_resources": {}}, ["replica_resources"], id="replica-resources-empty"),
+    pytest.param({"replica_resources": {"CPU": 0}}, ["replica_resources"], id="replica-resources-zero"),
+    pytest.param({"model": ""}, ["model"], id="empty-model"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), INVALID_CASES)
+def test_invalid_spec_raises_naming_the_field(overrides: dict[str, Any], expected: list[str]) -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(**overrides)
+
+    message = str(info.value)
+    for fragment in expected:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_several_problems_are_reported_together() -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(batch_size=0, sampling_params={"max_tokens": 0}, input_uri="gs://b/x.jsonl")
+
+    message = str(info.value)
+    assert "batch_size" in message
+    assert "max_tokens" in message
+    assert "input_uri" in message
+
+
+def test_long_inputs_are_shortened_in_the_message() -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(sampling_params={"bogus": "x" * 10_000})
+
+    assert len(str(info.value)) < 2_000
+
+
+def test_uninferrable_format_is_fine_with_explicit_input_format() -> None:
+    spec = build(input_uri="data/input", input_format="parquet")
+
+    assert spec.resolved_input_format == "parquet"
+
+
+@pytest.mark.parametrize(
+    "uri", ["/abs/in.csv", "rel/in.csv", "file:///abs/in.csv", "s3://b/in.csv", "S3://b/in.csv"]
+)
+def test_supported_uri_schemes(uri: str) -> None:
+    assert build(input_uri=uri).input_uri == uri
+
+
+# -- input format -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("in.jsonl", "jsonl"),
+        ("in.ndjson", "jsonl"),
+        ("s3://b/in.json", "jsonl"),
+        ("IN.JSONL", "jsonl"),
+        ("in.csv", "csv"),
+        ("s3://b/in.parquet", "parquet"),
+        ("in.pq", "parquet"),
+        ("s3://b/in.parquet?versionId=3", "parquet"),
+        ("s3://b/in.csv?x=a.jsonl", "csv"),
+        ("data/in.csv/", "csv"),
+    ],
+)
+def test_infer_input_format(uri: str, expected: str) -> None:
+    assert infer_input_format(uri) == expected
+
+
+@pytest.mark.parametrize("uri", ["data/input", "in.txt", "s3://b/in.csv.gz", "s3://b/folder/?x=in.csv"])
+def test_infer_input_format_raises_naming_input_format(uri: str) -> None:
+    with pytest.raises(BatchSpecError, match="input_format"):
+        infer_input_format(uri)
+
+
+# -- template fields ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("Industry of {Company} in {Country}?", ["Company", "Country"]),
+        ("{b} then {a} then {b}", ["b", "a", "b"]),
+        ("Who is {Customer Id}?", ["Customer Id"]),
+        ("{name!r:>10}", ["name"]),
+        ("{{literal}} and {x}", ["x"]),
+        ("no fields at all", []),
+        ("", []),
+    ],
+)
+def test_template_fields(template: str, expected: list[str]) -> None:
+    assert template_fields(template) == expected
+
+
+@pytest.mark.parametrize("template", ["{}", "{0}", "{a.b}", "{a[x]}", "{a"])
+def test_template_fields_rejects(template: str) -> None:
+    with pytest.raises(BatchSpecError, match="user_template"):
+        template_fields(template)
+
+
+def test_template_fields_does_not_miss_fields_nested_in_a_format_spec() -> None:
+    """``{a:{w}}`` needs a column ``w`` too; the spec must either list it or refuse the template.
+
+    Otherwise the spec validates and every row later fails rendering with a bare KeyError('w').
+    """
+    template = "{a:>{w}}"
+    try:
+        names = template_fields(template)
+    except BatchSpecError:
+        return
+    assert "w" in names, (
+        f"template_fields({template!r}) returned {names}, silently dropping the nested field 'w'"
+    )
+
+
+# -- fingerprint, round trip, derived properties ------------------------------------------------
+
+
+def test_fingerprint_equal_for_equal_specs() -> None:
+    first = build(sampling_params={"max_tokens": 8, "temperature": 0.0})
+    second = build(sampling_params={"temperature": 0.0, "max_tokens": 8})
+
+    assert first.fingerprint() == second.fingerprint()
+    assert re.fullmatch(r"[0-9a-f]{16}", first.fingerprint())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model": "other/model"},
+        {"user_template": "Sector of {Company}?"},
+        {"batch_size": 32},
+        {"sampling_params": {"max_tokens": 9}},
+        {"engine_kwargs": {"max_model_len": 1024}},
+        {"output_uri": "s3://bucket/out/run-2/"},
+        {"concurrency": (1, 2)},
+    ],
+)
+def test_fingerprint_changes_with_any_field(change: dict[str, Any]) -> None:
+    assert build(**change).fingerprint() != build().fingerprint()
+
+
+def test_json_round_trip_is_equal() -> None:
+    spec = build(
+        input_format="jsonl",
+        system_prompt="Réponds en un mot: 'oui' ou \"non\".",
+        sampling_params={"max_tokens": 4, "structured_outputs": {"choice": ["oui", "non"]}, "stop": ["\n"]},
+        engine_kwargs={"max_model_len": 512},
+        concurrency=(2, 3),
+        replica_resources={"CPU": 1.5},
+        keep_columns=["Company"],
+        id_column="Id",
+        preprocess="fns:pre",
+    )
+
+    rebuilt = BatchInferenceSpec.from_json(spec.model_dump_json())
+
+    assert rebuilt == spec
+    assert rebuilt.concurrency == (2, 3)
+    assert rebuilt.fingerprint() == spec.fingerprint()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "{not json",
+        '{"model": "m", "input_uri": "in.jsonl", "output_uri": "out"}',
+        '{"model": "m", "input_uri": "in.jsonl", "output_uri": "out", "user_template": "{x}", "extra": 1}',
+    ],
+)
+def test_from_json_raises_spec_error(payload: str) -> None:
+    with pytest.raises(BatchSpecError, match="Invalid batch job spec"):
+        BatchInferenceSpec.from_json(payload)
+
+
+def test_structured_choices() -> None:
+    assert build(sampling_params={"structured_outputs": {"choice": ["a", "b"]}}).structured_choices == [
+        "a",
+        "b",
+    ]
+    assert build(sampling_params={"structured_outputs": {"regex": "a|b"}}).structured_choices is None
+    assert build(sampling_params={"max_tokens": 3}).structured_choices is None
+    assert build().structured_choices is None

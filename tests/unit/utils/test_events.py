@@ -1,0 +1,85 @@
+"""Tests of airflow_provider_raybatch/utils/events.py: the one event shape and its check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEventError
+from airflow_provider_raybatch.utils.events import (
+    EVENT_KEYS,
+    EVENT_STATUSES,
+    job_event,
+    job_failed_error,
+    validate_event,
+)
+
+
+def test_job_event_has_exactly_the_event_keys() -> None:
+    event = job_event("success", "job-1", "Ray job job-1 finished: SUCCEEDED.", "succeeded")
+
+    assert tuple(event) == EVENT_KEYS
+    assert event == {
+        "status": "success",
+        "job_id": "job-1",
+        "message": "Ray job job-1 finished: SUCCEEDED.",
+        "termination_reason": "succeeded",
+    }
+
+
+def test_job_event_rejects_unknown_status() -> None:
+    with pytest.raises(ValueError, match="'failed'"):
+        job_event("failed", "job-1", "m", "failed")
+
+
+@pytest.mark.parametrize("status", sorted(EVENT_STATUSES))
+def test_validate_event_accepts_every_status(status: str) -> None:
+    event = job_event(status, "job-1", "m", "r")
+
+    assert validate_event(event) == event
+
+
+@pytest.mark.parametrize("event", [None, "success", ["success"], 3])
+def test_validate_event_rejects_non_dicts(event: Any) -> None:  # Any: the malformed input.
+    with pytest.raises(RayTriggerEventError, match="Expected a trigger event dict"):
+        validate_event(event)
+
+
+@pytest.mark.parametrize("missing", EVENT_KEYS)
+def test_validate_event_names_missing_keys(missing: str) -> None:
+    event = job_event("error", "job-1", "m", "failed")
+    del event[missing]
+
+    with pytest.raises(RayTriggerEventError, match=f"lacks keys \\['{missing}'\\]"):
+        validate_event(event)
+
+
+def test_validate_event_rejects_unknown_status() -> None:
+    event = {**job_event("error", "job-1", "m", "failed"), "status": "failed"}
+
+    with pytest.raises(RayTriggerEventError, match="'failed'"):
+        validate_event(event)
+
+
+def test_job_failed_error_carries_job_status_and_log_tail() -> None:
+    event = job_event("error", "job-7", "Ray job job-7 finished: FAILED.", "failed")
+
+    error = job_failed_error(event, "Traceback (most recent call last):\nValueError: boom")
+
+    assert isinstance(error, RayJobFailedError)
+    assert error.job_id == "job-7"
+    assert error.status == "failed"
+    message = str(error)
+    assert message.startswith("Ray job job-7 finished: FAILED.")
+    assert "last lines of the Ray job's driver log" in message
+    assert message.endswith("ValueError: boom")
+
+
+def test_job_failed_error_without_log_tail_is_just_the_message() -> None:
+    event = job_event("cancelled", "job-8", "Ray job job-8 finished: STOPPED.", "stopped")
+
+    error = job_failed_error(event, "")
+
+    assert str(error) == "Ray job job-8 finished: STOPPED."
+    assert error.status == "stopped"
