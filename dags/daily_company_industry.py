@@ -50,7 +50,7 @@ def daily_company_industry() -> None:
         output_uri="{{ params.data_root }}/company_industry/{{ ds }}",
         system_prompt="You classify companies by industry. Answer with the label only.",
         user_template="What industry is this company in: {Company}",
-        sampling_params={"temperature": 0, "max_tokens": 8, "structured_outputs": {"choice": INDUSTRIES}},
+        sampling_params={"temperature": 0, "max_tokens": 16, "structured_outputs": {"choice": INDUSTRIES}},
         engine_kwargs="{{ params.engine_kwargs | tojson }}",
         replica_resources="{{ params.replica_resources | tojson }}",
         id_column="Customer Id",
@@ -58,7 +58,7 @@ def daily_company_industry() -> None:
         batch_size=64,
     )
 
-    @task
+    @task(multiple_outputs=False)
     def log_industry_counts(manifest: dict[str, Any]) -> dict[str, int]:
         """Log how many customers fell into each industry, largest first."""
         counts: dict[str, int] = manifest.get("generated_text_counts", {})

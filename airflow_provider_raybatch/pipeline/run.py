@@ -80,6 +80,14 @@ def _output_row(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]
     """Engine result -> the user's output row, or an error row if the postprocess fails on it."""
     if row.get(_INFERENCE_ERROR):
         return {"ok": False, "record": _error_record(row, f"inference failed: {row[_INFERENCE_ERROR]}")}
+    choices = spec.structured_choices
+    if choices is not None and row["generated_text"] not in choices:
+        # Constrained decoding cut short by max_tokens leaves a label prefix such as 'Finan'.
+        reason = (
+            f"output {row['generated_text']!r} is not one of the choices after "
+            f"{row['num_generated_tokens']} tokens; raise sampling_params['max_tokens']"
+        )
+        return {"ok": False, "record": _error_record(row, reason)}
     source_row = json.loads(row["row"])
     columns = spec.keep_columns if spec.keep_columns is not None else list(source_row)
     output = {spec.id_column or DERIVED_ID_COLUMN: row["id"]}

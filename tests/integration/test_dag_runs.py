@@ -1,0 +1,92 @@
+"""The example DAG through real Airflow (`airflow dags test`, deferrable path) on the local cluster."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+sys.path.insert(0, str(ROOT / "dags"))
+sys.path.insert(0, str(ROOT / "scripts"))
+from daily_company_industry import INDUSTRIES  # noqa: E402
+from make_sample_customers import write_customers_csv  # noqa: E402
+
+DAG_ID = "daily_company_industry"
+
+
+def _conf(model: Path, data_root: Path) -> dict:
+    return {
+        "model": str(model),
+        "data_root": str(data_root),
+        "engine_kwargs": CPU_ENGINE_KWARGS,
+        "replica_resources": CPU_REPLICA,
+    }
+
+
+def _xcoms(home: Path, day: str) -> dict[tuple[str, str], object]:
+    with sqlite3.connect(home / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT x.task_id, x.key, x.value FROM xcom x JOIN dag_run r ON x.dag_run_id = r.id "
+            "WHERE x.dag_id = ? AND date(r.logical_date) = ?",
+            (DAG_ID, day),
+        ).fetchall()
+    return {(task_id, key): json.loads(value) for task_id, key, value in rows}
+
+
+def test_daily_dag_classifies_every_customer(airflow_env, tiny_model, tmp_path) -> None:
+    day, rows = "2026-11-19", 200
+    write_customers_csv(tmp_path / "customers" / day / "customers.csv", day, rows)
+
+    result = airflow_env.dags_test(DAG_ID, day, _conf(tiny_model, tmp_path))
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    assert "state=success" in log, log[-4000:]
+    # The task deferred: the trigger, not the worker, waited for the job.
+    assert "RayJobTrigger" in log
+
+    xcoms = _xcoms(airflow_env.home, day)
+    output_uri = str(tmp_path / "company_industry" / day)
+    assert xcoms[("classify_industry", "return_value")] == output_uri
+    assert xcoms[("classify_industry", "output_uri")] == output_uri
+    assert str(xcoms[("classify_industry", "job_id")]).startswith("raybatch-daily_company_industry-classify_industry-")
+    manifest = xcoms[("classify_industry", "manifest")]
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows, rows, 0)
+    assert set(manifest["generated_text_counts"]) <= set(INDUSTRIES)
+    assert xcoms[("log_industry_counts", "return_value")] == manifest["generated_text_counts"]
+
+    outputs = pq.read_table(f"{output_uri}/outputs").to_pylist()
+    assert len(outputs) == rows
+    assert len({row["Customer Id"] for row in outputs}) == rows
+    assert {row["generated_text"] for row in outputs} <= set(INDUSTRIES)
+    for industry, count in manifest["generated_text_counts"].items():
+        assert f"industry {industry}" in log and str(count) in log
+
+
+def test_missing_model_fails_the_task_with_a_clear_message(airflow_env, tmp_path) -> None:
+    day = "2026-11-18"
+    write_customers_csv(tmp_path / "customers" / day / "customers.csv", day, 10)
+
+    result = airflow_env.dags_test(DAG_ID, day, _conf(tmp_path / "no-such-model", tmp_path), timeout=300)
+    log = result.stdout + result.stderr
+    assert "state=failed" in log, log[-4000:]
+    assert "finished: FAILED" in log
+    assert f"model='{tmp_path / 'no-such-model'}': no such folder" in log
+    assert not (tmp_path / "company_industry" / day / "manifest.json").exists()
+
+
+def test_invalid_parameter_fails_before_anything_is_submitted(airflow_env, tiny_model, tmp_path) -> None:
+    conf = {**_conf(tiny_model, tmp_path), "engine_kwargs": {"max_model_len": 0}}
+    result = airflow_env.dags_test(DAG_ID, "2026-11-17", conf, timeout=300)
+    log = result.stdout + result.stderr
+    assert "state=failed" in log, log[-4000:]
+    assert "engine_kwargs['max_model_len']=0 must be an int >= 1" in log
+    assert "Submitted Ray job" not in log
