@@ -38,7 +38,7 @@ JSON
 )
 DAG_START=$(date +%s)
 .venvs/airflow/bin/airflow dags test daily_company_industry "$DAY" --conf "$CONF" 2>&1 | tee "$STATE/dags_test.log" \
-  | grep -E "Submitted Ray job|rows in|classified|industry |DagRun Finished|ERROR" || true
+  | grep -E "Submitted Ray job|Pausing task as DEFERRED|done: [0-9]+ rows in|classified|\] industry |DagRun Finished|ERROR" || true
 DAG_END=$(date +%s)
 grep -q "DagRun Finished.*state=success" "$STATE/dags_test.log" || { echo "DAG run failed; see $STATE/dags_test.log" >&2; exit 1; }
 
