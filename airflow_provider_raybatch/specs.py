@@ -147,6 +147,17 @@ class BatchInferenceSpec(BaseModel):
     keep_columns: list[ColumnName] | None = Field(
         default=None, description="Input columns copied to the output; unset: all of them."
     )
+    run_key: str = Field(
+        default="manual",
+        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$",  # a folder name: never '.' or '..'
+        description="Identity of the logical run (the operator derives it from dag, run, task and map "
+        "index): retries of one run share its staging folder and resume from it.",
+    )
+    keep_versions: bool = Field(
+        default=False,
+        description="Keep earlier committed versions under output_uri/versions/ instead of deleting "
+        "them once a rerun of the same output commits.",
+    )
 
     @field_validator("input_uri", "output_uri")
     @classmethod
@@ -269,8 +280,13 @@ class BatchInferenceSpec(BaseModel):
         return list(structured["choice"]) if "choice" in structured else None
 
     def fingerprint(self) -> str:
-        """A stable hash of everything that shapes the output; equal specs give equal fingerprints."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """A stable hash of everything that shapes the output; equal specs give equal fingerprints.
+
+        ``run_key`` and ``keep_versions`` say where and how long, not what, so they are left out:
+        a retry with the same parameters may resume what an earlier try staged.
+        """
+        shaping = self.model_dump(mode="json", exclude={"run_key", "keep_versions"})
+        canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

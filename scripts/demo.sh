@@ -48,8 +48,9 @@ import json, sys
 import pyarrow.parquet as pq
 out, dag_seconds = sys.argv[1], int(sys.argv[2])
 manifest = json.load(open(f"{out}/manifest.json"))
-table = pq.read_table(f"{out}/outputs")
-print(f"\nOutput: {out}/outputs ({table.num_rows} rows), errors: {out}/errors, manifest: {out}/manifest.json")
+table = pq.read_table(manifest["outputs_uri"])
+print(f"\nOutput: {manifest['outputs_uri']} ({table.num_rows} rows)\nErrors: {manifest['errors_uri']}\n"
+      f"Manifest: {out}/manifest.json")
 print(f"rows in {manifest['rows_in']}, out {manifest['rows_out']}, failed {manifest['rows_failed']}; "
       f"Ray job {manifest['wall_seconds']:.1f} s ({manifest['rows_in'] / manifest['wall_seconds']:.1f} rows/s); "
       f"DAG run {dag_seconds} s")

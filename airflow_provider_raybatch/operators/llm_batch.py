@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 
 import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobNotFoundError
-from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job
@@ -31,7 +31,18 @@ if TYPE_CHECKING:
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 # Spec fields that take a dict or list; after templating they may arrive as JSON text.
 _JSON_PARAMS = ("sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency")
+#: Key under which the job id is kept in Airflow's task state store across tries.
+JOB_ID_STATE_KEY = "raybatch_job_id"
+#: How long a superseded job may take to stop before a new job takes over its staging folder.
+STOP_WAIT_SECONDS = 120.0
+#: Ray job metadata key holding the spec fingerprint the job was submitted with.
+FINGERPRINT_KEY = "raybatch_spec_fingerprint"
 _TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
+
+
+def _try_number(job: JobInfo) -> int:
+    value = job.metadata.get("airflow_try_number", "")
+    return int(value) if value.isdigit() else 0
 
 
 class RayLLMBatchOperator(BaseOperator):
@@ -52,6 +63,10 @@ class RayLLMBatchOperator(BaseOperator):
     :param runtime_env: Extra Ray runtime_env for the job (``env_vars``, ``pip``, more ``py_modules``).
         The pipeline module and the modules of ``preprocess`` / ``postprocess`` are added to it.
     :param entrypoint_resources: Custom resources the job's driver needs, e.g. ``{"head": 1}``.
+    :param keep_versions: Keep earlier committed versions of ``output_uri`` (default: a rerun replaces them).
+    :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
+        parameters takes that job's result instead of paying for the same rows again (default).
+        Set False to always run again, e.g. after the input was corrected in place.
     :param deferrable: Wait in the triggerer (default) rather than in a worker slot.
     :param poll_interval_seconds: Seconds between job status checks. Default 10.
     """
@@ -97,6 +112,8 @@ class RayLLMBatchOperator(BaseOperator):
         replica_resources: dict[str, float] | str | None = None,
         id_column: str | None = None,
         keep_columns: list[str] | str | None = None,
+        keep_versions: bool = False,
+        reuse_earlier_result: bool = True,
         ray_conn_id: str = RayHook.default_conn_name,
         runtime_env: dict[str, Any] | None = None,  # Any: Ray runtime_env values.
         entrypoint_resources: dict[str, float] | None = None,
@@ -123,6 +140,8 @@ class RayLLMBatchOperator(BaseOperator):
         self.replica_resources = replica_resources
         self.id_column = id_column
         self.keep_columns = keep_columns
+        self.keep_versions = keep_versions
+        self.reuse_earlier_result = reuse_earlier_result
         self.ray_conn_id = ray_conn_id
         self.runtime_env = runtime_env or {}
         self.entrypoint_resources = entrypoint_resources
@@ -136,9 +155,13 @@ class RayLLMBatchOperator(BaseOperator):
 
     # -- spec ------------------------------------------------------------------------------------
 
-    def build_spec(self) -> BatchInferenceSpec:
-        """The validated job spec from the (rendered) parameters; raises BatchSpecError naming the field."""
-        params = {name: getattr(self, name) for name in BatchInferenceSpec.model_fields}
+    def build_spec(self, run_key: str = "manual") -> BatchInferenceSpec:
+        """The validated job spec from the (rendered) parameters; raises BatchSpecError naming the field.
+
+        :param run_key: the logical run's identity (:meth:`TaskTry.run_key`); retries share it.
+        """
+        params = {name: getattr(self, name) for name in BatchInferenceSpec.model_fields if name != "run_key"}
+        params["run_key"] = run_key
         for name in _JSON_PARAMS:
             value = params[name]
             if not isinstance(value, str):
@@ -191,12 +214,32 @@ class RayLLMBatchOperator(BaseOperator):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> str | None:
-        spec = self.build_spec()
-        self.log.info("Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri)
         ti = context["ti"]
         task_try = TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number)
+        spec = self.build_spec(run_key=task_try.run_key())
+        self.log.info("Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri)
         hook = self.hook
-        self.job_id = self._submit_or_attach(hook, spec, task_try)
+        previous = self._previous_job(hook, task_try, context)
+        if previous is not None and previous.metadata.get(FINGERPRINT_KEY) != spec.fingerprint():
+            # The parameters changed since that job (a clear after editing the prompt): its rows are
+            # not this spec's rows, so neither attach to it nor take its result.
+            if not previous.status.is_terminal:
+                self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
+            previous = None
+        if previous is not None and previous.status == JobStatus.SUCCEEDED and self.reuse_earlier_result:
+            self.log.info("Ray job %s of an earlier try succeeded; taking its result.", previous.job_id)
+            self.job_id = previous.job_id
+            return self.execute_complete(context, event_for_job(previous))
+        if previous is not None and not previous.status.is_terminal:
+            self.log.info("Ray job %s of an earlier try is %s; attaching to it.", previous.job_id,
+                          previous.status.value)  # fmt: skip
+            self.job_id = previous.job_id
+        else:
+            # A failed or stopped earlier job left its finished rows in staging: the new job resumes.
+            self.job_id = self._submit(hook, spec, task_try)
+            store = context.get("task_state_store")
+            if store is not None:
+                store.set(JOB_ID_STATE_KEY, self.job_id)
         # Record the job id the instant it exists so it can be stopped or found even if the worker dies.
         ti.xcom_push(key="job_id", value=self.job_id)
         if self.deferrable:
@@ -213,20 +256,28 @@ class RayLLMBatchOperator(BaseOperator):
             )
         return self.execute_complete(context, self._wait_in_worker(hook, self.job_id))
 
-    def _submit_or_attach(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry) -> str:
-        submission_id = task_try.submission_id()
-        try:
-            existing = hook.get_job_info(submission_id)
-        except RayJobNotFoundError:
-            existing = None
-        if existing is not None:
-            self.log.info("Ray job %s exists already (%s); attaching to it.", submission_id, existing.status.value)
-            return submission_id
+    def _previous_job(self, hook: RayHook, task_try: TaskTry, context: Context) -> JobInfo | None:
+        """The newest Ray job of this logical run (any earlier try, or this one), if there is one.
+
+        Airflow's task state store (where the installed Airflow has it) names it directly; otherwise,
+        or if the worker died before recording it, the job metadata found by listing does.
+        """
+        ours = {job.job_id: job for job in hook.list_jobs() if task_try.owns(job.metadata)}
+        store = context.get("task_state_store")
+        recorded = store.get(JOB_ID_STATE_KEY) if store is not None else None
+        if recorded and str(recorded) not in ours:
+            try:
+                ours[str(recorded)] = hook.get_job_info(str(recorded))
+            except RayJobNotFoundError:
+                self.log.warning("Recorded Ray job %s is unknown to the cluster.", recorded)
+        return max(ours.values(), key=_try_number, default=None)
+
+    def _submit(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry) -> str:
         job_id = hook.submit_job(
             self.entrypoint(spec),
-            submission_id=submission_id,
+            submission_id=task_try.submission_id(),
             runtime_env=self._runtime_env(hook, spec),
-            metadata={**task_try.metadata(), "raybatch_spec_fingerprint": spec.fingerprint()},
+            metadata={**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
             entrypoint_resources=self.entrypoint_resources,
         )
         self.log.info("Submitted Ray job %s to %s.", job_id, hook.dashboard_url)
@@ -267,11 +318,19 @@ class RayLLMBatchOperator(BaseOperator):
         )  # fmt: skip
         return manifest["output_uri"]
 
-    def _stop_job(self, hook: RayHook, job_id: str) -> None:
+    def _stop_job(self, hook: RayHook, job_id: str, wait_seconds: float = 0) -> None:
+        """Stop a job if it still runs; with ``wait_seconds``, also wait (bounded) until it has ended.
+
+        Waiting matters before a new job takes over the same staging folder.
+        """
         try:
-            if hook.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-                hook.stop_job(job_id)
-                self.log.info("Stopped Ray job %s.", job_id)
+            if hook.get_job_status(job_id).is_terminal:
+                return
+            hook.stop_job(job_id)
+            self.log.info("Stopping Ray job %s.", job_id)
+            deadline = time.monotonic() + wait_seconds
+            while time.monotonic() < deadline and not hook.get_job_status(job_id).is_terminal:
+                time.sleep(1)
         except Exception as err:  # noqa: BLE001 - best effort while the task is already failing.
             self.log.warning("Could not stop Ray job %s: %s", job_id, err)
 

@@ -36,9 +36,9 @@ def _render_user_message(spec: BatchInferenceSpec, row: dict[str, Any]) -> str: 
     values = {}
     for column in template_fields(template):
         if column not in row:
-            raise ValueError(f"user_template needs column {column!r}, which the row lacks")
+            raise ValueError(f"missing column: user_template needs column {column!r}, which the row lacks")
         if _is_missing(row[column]) or str(row[column]).strip() == "":
-            raise ValueError(f"column {column!r} used by user_template is empty")
+            raise ValueError(f"empty prompt: column {column!r} used by user_template is empty")
         values[column] = row[column]
     return template.format(**values)
 
@@ -50,14 +50,14 @@ def _messages_from_column(spec: BatchInferenceSpec, row: dict[str, Any]) -> list
         try:
             messages = json.loads(messages)
         except json.JSONDecodeError as err:
-            raise ValueError(f"column {column!r} is text but not JSON messages: {err.msg}") from err
+            raise ValueError(f"bad messages: column {column!r} is text but not JSON: {err.msg}") from err
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"column {column!r} must hold a non-empty list of chat messages")
+        raise ValueError(f"bad messages: column {column!r} must hold a non-empty list of chat messages")
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise ValueError(f"message {index} of column {column!r} needs 'role' and 'content'")
+            raise ValueError(f"bad messages: message {index} of column {column!r} needs 'role' and 'content'")
     if not any(str(m["content"]).strip() for m in messages):
-        raise ValueError(f"every message of column {column!r} is empty")
+        raise ValueError(f"empty prompt: every message of column {column!r} is empty")
     return messages
 
 
@@ -77,5 +77,5 @@ def row_id(spec: BatchInferenceSpec, row: dict[str, Any], source: str) -> str:  
         return source
     value = row.get(spec.id_column)
     if _is_missing(value) or str(value) == "":
-        raise ValueError(f"id column {spec.id_column!r} is missing or empty")
+        raise ValueError(f"missing id: id column {spec.id_column!r} is missing or empty")
     return str(value)

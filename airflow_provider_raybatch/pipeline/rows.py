@@ -53,15 +53,15 @@ def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
         try:
             line = raw_line.decode("utf-8")
         except UnicodeDecodeError as err:
-            yield _bad(source, f"invalid UTF-8 at byte {err.start} of line {number}")
+            yield _bad(source, f"invalid UTF-8: byte {err.start} of line {number}")
             continue
         try:
             value = json.loads(line)
         except json.JSONDecodeError as err:
-            yield _bad(source, f"malformed JSON on line {number}: {err.msg} at column {err.colno}")
+            yield _bad(source, f"malformed JSON: line {number}, column {err.colno}: {err.msg}")
             continue
         if not isinstance(value, dict):
-            yield _bad(source, f"line {number} is a JSON {type(value).__name__}, not an object")
+            yield _bad(source, f"not a JSON object: line {number} is a JSON {type(value).__name__}")
             continue
         yield _ok(source, value)
 
@@ -86,6 +86,6 @@ def parse_file(name: str, data: bytes, input_format: InputFormat) -> Iterator[Re
 
             table = pq.read_table(io.BytesIO(data))
     except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
-        yield _bad(f"{name}:0", f"cannot read {input_format} file: {type(err).__name__}: {err}")
+        yield _bad(f"{name}:0", f"unreadable file: not valid {input_format}: {type(err).__name__}: {err}")
         return
     yield from _table_records(name, table)

@@ -1,8 +1,9 @@
-"""Run one batch on the Ray cluster: read, prompt, generate with ray.data.llm, write, report.
+"""Run one batch on the Ray cluster: read, prompt, generate with ray.data.llm, stage, commit.
 
 Every input row ends in exactly one of two places: the outputs (id, kept columns, generated text,
-token counts) or the errors (id, source, reason, the input row as JSON). The manifest, written
-last, adds them up.
+token counts) or the errors (id, source, reason, the input row as JSON). Result rows stream into
+staging as they finish, so a retry after a crash resumes instead of starting over (see
+:mod:`~airflow_provider_raybatch.pipeline.commit`). The manifest, written last, adds them up.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline import commit, storage
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
 from airflow_provider_raybatch.specs import DERIVED_ID_COLUMN, ERROR_COLUMN, GENERATED_COLUMNS, BatchInferenceSpec
 
 if TYPE_CHECKING:
@@ -42,23 +44,35 @@ def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, 
     if record["error"] is not None:
         return {**prepared, "error": record["error"]}
     row = json.loads(record["row"])
-    try:
-        if spec.preprocess:
+    if spec.preprocess:
+        try:
             row = _user_function(spec.preprocess)(dict(row))
-            prepared["row"] = row_to_json(row)
+        except Exception as err:  # noqa: BLE001 - the author's code failing on a row fails that row only.
+            return {**prepared, "error": f"preprocess failed: {spec.preprocess}: {type(err).__name__}: {err}"}
+        prepared["row"] = row_to_json(row)
+    try:
         prepared["id"] = row_id(spec, row, record["source"])
         prepared["messages"] = json.dumps(build_messages(spec, row), ensure_ascii=False)
-    except Exception as err:  # noqa: BLE001 - a bad row becomes an error row, never a failed job.
-        reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-        if spec.preprocess and not isinstance(err, ValueError):
-            reason = f"preprocess {spec.preprocess} failed: {reason}"
-        return {**prepared, "error": reason}
+    except ValueError as err:  # the reasons prompts.py gives, e.g. "empty prompt: ..."
+        return {**prepared, "error": str(err)}
     return {**prepared, "error": None}
 
 
 @functools.cache
 def _user_function(dotted_path: str) -> RowFunction:
     return load_callable(dotted_path)
+
+
+def _source_order(source: str) -> tuple[str, int]:
+    name, _, number = source.rpartition(":")
+    return name, int(number) if number.isdigit() else 0
+
+
+def _mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[str, Any]:
+    first = first_sources.get(row["id"])
+    if row["error"] is None and first is not None and first != row["source"]:
+        return {**row, "error": f"duplicate id: {row['id']!r} first seen at {first}"}
+    return row
 
 
 def _engine_request(row: dict[str, Any], sampling_params: dict[str, Any]) -> dict[str, Any]:
@@ -76,18 +90,18 @@ def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _output_row(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
-    """Engine result -> the user's output row, or an error row if the postprocess fails on it."""
+def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+    """Engine result -> the staged row: the user's output row, or an error row with its reason."""
     if row.get(_INFERENCE_ERROR):
-        return {"ok": False, "record": _error_record(row, f"inference failed: {row[_INFERENCE_ERROR]}")}
+        return _staged_error(row, f"inference failed: {row[_INFERENCE_ERROR]}")
     choices = spec.structured_choices
     if choices is not None and row["generated_text"] not in choices:
         # Constrained decoding cut short by max_tokens leaves a label prefix such as 'Finan'.
-        reason = (
-            f"output {row['generated_text']!r} is not one of the choices after "
-            f"{row['num_generated_tokens']} tokens; raise sampling_params['max_tokens']"
+        return _staged_error(
+            row,
+            f"output not a choice: {row['generated_text']!r} after {row['num_generated_tokens']} tokens; "
+            "raise sampling_params['max_tokens']",
         )
-        return {"ok": False, "record": _error_record(row, reason)}
     source_row = json.loads(row["row"])
     columns = spec.keep_columns if spec.keep_columns is not None else list(source_row)
     output = {spec.id_column or DERIVED_ID_COLUMN: row["id"]}
@@ -97,16 +111,17 @@ def _output_row(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]
         try:
             output = _user_function(spec.postprocess)(output)
         except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
-            return {"ok": False, "record": _error_record(row, f"postprocess {spec.postprocess} failed: {err}")}
-    return {"ok": True, "record": row_to_json(output)}
+            return _staged_error(row, f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}")
+    return {"source": row["source"], "ok": True, "record": row_to_json(output)}
 
 
-def _error_record(row: dict[str, Any], reason: str) -> str:
-    return json.dumps({"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": row["row"]})
+def _staged_error(row: dict[str, Any], reason: str) -> dict[str, Any]:
+    record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": row["row"]}
+    return {"source": row["source"], "ok": False, "record": json.dumps(record, ensure_ascii=False)}
 
 
-def _decode(row: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(row["record"])
+def _rejected_result(row: dict[str, Any]) -> dict[str, Any]:
+    return _staged_error(row, row["error"])
 
 
 # -- the batch --------------------------------------------------------------------------------
@@ -123,6 +138,28 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
     return files.flat_map(
         _parse_file_row, fn_kwargs={"input_uri": spec.input_uri, "input_format": spec.resolved_input_format}
     )
+
+
+def _first_sources_of_duplicates(prepared: Dataset) -> dict[str, str]:
+    """For each id that occurs more than once among good rows: the source of its first occurrence.
+
+    One streaming pass over the (materialized) ids in the driver: a shuffle (groupby) costs tens of
+    seconds of Ray Data overhead on a small cluster, and this needs memory for the ids only.
+    """
+    first: dict[str, str] = {}
+    repeated: set[str] = set()
+    columns = prepared.select_columns(["id", "source", "error"])
+    for batch in columns.iter_batches(batch_format="pyarrow", batch_size=65536):
+        for row_id, source, error in zip(*(batch.column(c).to_pylist() for c in ("id", "source", "error"))):
+            if error is not None:
+                continue
+            if row_id in first:
+                repeated.add(row_id)
+                if _source_order(source) < _source_order(first[row_id]):
+                    first[row_id] = source
+            else:
+                first[row_id] = source
+    return {row_id: first[row_id] for row_id in repeated}
 
 
 def _processor(spec: BatchInferenceSpec) -> Any:  # Any: ray.data.llm.Processor.
@@ -176,63 +213,59 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         _user_function(dotted_path)  # fail fast, before any work, if the author's module is missing
     storage.check_model_source(spec.model)
 
+    layout = storage.OutputLayout(spec.output_uri, spec.run_key)
+    done_sources = commit.open_staging(layout, spec)
     prepared = _read_records(spec).map(_prepare_row, fn_kwargs={"spec": spec}).materialize()
-    rejected = prepared.filter(lambda row: row["error"] is not None)
-    accepted = prepared.filter(lambda row: row["error"] is None)
     rows_in = prepared.count()
-    log.info("Read %d rows from %s.", rows_in, spec.input_uri)
+    first_sources = _first_sources_of_duplicates(prepared)
+    if first_sources:
+        prepared = prepared.map(_mark_duplicate, fn_kwargs={"first_sources": first_sources}).materialize()
+    if done_sources:
+        done_ref = ray.put(done_sources)
+        prepared = prepared.filter(lambda row: row["source"] not in ray.get(done_ref)).materialize()
+    todo = prepared.count()
+    log.info("Read %d rows from %s; %d staged by an earlier try, %d to do.", rows_in, spec.input_uri,
+             len(done_sources), todo)  # fmt: skip
 
-    generated = _processor(spec)(accepted)
-    results = generated.map(_output_row, fn_kwargs={"spec": spec}).materialize()
-    outputs = results.filter(lambda row: row["ok"]).map(_decode)
-    errors = rejected.map(
-        lambda row: {"record": _error_record(row, row["error"])}
-    ).union(results.filter(lambda row: not row["ok"])).map(_decode).materialize()
-    outputs = outputs.materialize()
-
-    layout = storage.OutputLayout(spec.output_uri, spec.output_format)
-    storage.clear_previous_run(layout)
-    storage.write_dataset(outputs, layout.outputs_uri, spec.output_format)
-    storage.write_dataset(errors, layout.errors_uri, spec.output_format)
-
-    rows_out, rows_failed = outputs.count(), errors.count()
+    accepted = prepared.filter(lambda row: row["error"] is None)
+    rejected = prepared.filter(lambda row: row["error"] is not None)
+    sink = StagedPartsSink(layout.staging_uri, spec.output_format, count_labels=spec.structured_choices is not None)
+    if rejected.count():
+        rejected.map(_rejected_result).write_datasink(sink)
+    if accepted.count():  # nothing left for the engine (all resumed, or all bad): do not start one
+        # Streamed: parts land in staging as blocks finish, which is what a retry resumes from.
+        # (Kept apart from the rejected rows: a union would hold the blocks back until the end.)
+        # One block per engine batch: a file's rows arrive as one block, and a block is the unit that
+        # flows downstream, so without this nothing reaches staging until the whole file is done.
+        accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
+        _processor(spec)(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+    committed = commit.write_version(layout, spec, rows_in)
     manifest = {
         "status": "complete",
+        "version": committed.version,
         "model": spec.model,
         "input_uri": spec.input_uri,
         "output_uri": spec.output_uri,
-        "outputs_uri": layout.outputs_uri,
-        "errors_uri": layout.errors_uri,
+        "outputs_uri": committed.outputs_uri,
+        "errors_uri": committed.errors_uri,
         "output_format": spec.output_format,
         "rows_in": rows_in,
-        "rows_out": rows_out,
-        "rows_failed": rows_failed,
-        "errors_by_reason": _errors_by_reason(errors) if rows_failed else {},
-        "tokens_in": int(outputs.sum("num_input_tokens") or 0) if rows_out else 0,
-        "tokens_out": int(outputs.sum("num_generated_tokens") or 0) if rows_out else 0,
+        "rows_out": committed.rows_out,
+        "rows_failed": committed.rows_failed,
+        "rows_duplicate": committed.errors_by_reason.get("duplicate id", 0),
+        "rows_resumed": len(done_sources),
+        "errors_by_reason": committed.errors_by_reason,
+        "tokens_in": committed.tokens_in,
+        "tokens_out": committed.tokens_out,
         "started_at": started_at.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
         "wall_seconds": round(time.perf_counter() - clock, 3),
+        "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
         "versions": _versions(),
     }
-    if spec.structured_choices and rows_out:
-        manifest["generated_text_counts"] = _value_counts(outputs, "generated_text")
-    storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
+    if committed.generated_text_counts is not None:
+        manifest["generated_text_counts"] = committed.generated_text_counts
+    commit.publish(layout, manifest, keep_versions=spec.keep_versions)
     print(manifest_log_line(manifest), flush=True)
     return manifest
-
-
-def _value_counts(dataset: Dataset, column: str) -> dict[str, int]:
-    counts = dataset.groupby(column).count().take_all()
-    return {str(row[column]): int(row["count()"]) for row in sorted(counts, key=lambda r: str(r[column]))}
-
-
-def _errors_by_reason(errors: Dataset) -> dict[str, int]:
-    """Error counts by the reason's leading words (the part before the first ':' or quote)."""
-    kinds = errors.map(lambda row: {"kind": _reason_kind(row[ERROR_COLUMN])})
-    return _value_counts(kinds, "kind")
-
-
-def _reason_kind(reason: str) -> str:
-    return reason.split(":", 1)[0].split("'", 1)[0].strip()[:80]

@@ -2,22 +2,27 @@
 
 Layout under ``output_uri``::
 
-    outputs/   the generated rows (Parquet or JSONL files written by Ray Data)
-    errors/    the rows that failed, with the reason
-    manifest.json  written last: its presence means the folder holds one complete run
+    manifest.json                 the commit point: names the current version; written last
+    versions/<version>/outputs/   the generated rows of a committed run
+    versions/<version>/errors/    the rows that failed, with the reason
+    _staging/<run_key>/           parts streamed out while a run is in progress (see sink.py),
+                                  resumed by a retry; spec.json says which spec staged them
+
+Readers follow ``manifest.json`` to ``outputs_uri``: they see the previous complete version or the
+new complete version, never a partial one. Replacing ``manifest.json`` is atomic (a rename on local
+disk, one PUT on S3).
 """
 
 from __future__ import annotations
 
 import posixpath
+import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import Any
 
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.specs import InputFormat, OutputFormat, infer_input_format
-
-if TYPE_CHECKING:
-    from ray.data import Dataset
 
 _FORMAT_EXTENSIONS: dict[str, list[str]] = {
     "jsonl": ["jsonl", "ndjson", "json"],
@@ -26,28 +31,40 @@ _FORMAT_EXTENSIONS: dict[str, list[str]] = {
 }
 
 
+def join(*parts: str) -> str:
+    """Join URI parts with single slashes (works for local paths and s3:// URIs alike)."""
+    return "/".join([parts[0].rstrip("/"), *(p.strip("/") for p in parts[1:])])
+
+
 @dataclass(frozen=True)
 class OutputLayout:
+    """The URIs of one output folder (see the module docstring)."""
+
     output_uri: str
-    output_format: OutputFormat
-
-    def _join(self, name: str) -> str:
-        return self.output_uri.rstrip("/") + "/" + name
-
-    @property
-    def outputs_uri(self) -> str:
-        return self._join("outputs")
-
-    @property
-    def errors_uri(self) -> str:
-        return self._join("errors")
+    run_key: str
 
     @property
     def manifest_uri(self) -> str:
-        return self._join(MANIFEST_FILE_NAME)
+        return join(self.output_uri, MANIFEST_FILE_NAME)
+
+    @property
+    def staging_uri(self) -> str:
+        return join(self.output_uri, "_staging", self.run_key)
+
+    @property
+    def staged_spec_uri(self) -> str:
+        return join(self.staging_uri, "spec.json")
+
+    def version_uri(self, version: str) -> str:
+        return join(self.output_uri, "versions", version)
+
+    def new_version(self) -> str:
+        """A version name that sorts by commit time and never repeats."""
+        return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{self.run_key[-12:]}-{uuid.uuid4().hex[:6]}"
 
 
-def _filesystem(uri: str) -> tuple[Any, str]:  # Any: pyarrow.fs.FileSystem.
+def filesystem(uri: str) -> tuple[Any, str]:  # Any: pyarrow.fs.FileSystem.
+    """The pyarrow filesystem of a URI and the path within it."""
     from pyarrow import fs
 
     if "://" not in uri:
@@ -91,23 +108,46 @@ def check_model_source(model: str) -> None:
         raise FileNotFoundError(f"model={model!r}: folder has no config.json, so it is not a model folder.")
 
 
-def clear_previous_run(layout: OutputLayout) -> None:
-    """Remove an earlier run's files, manifest first, so a reader never sees old and new mixed."""
+def exists(uri: str) -> bool:
     from pyarrow import fs
 
-    filesystem, manifest_path = _filesystem(layout.manifest_uri)
-    if filesystem.get_file_info(manifest_path).type != fs.FileType.NotFound:
-        filesystem.delete_file(manifest_path)
-    for uri in (layout.outputs_uri, layout.errors_uri):
-        filesystem, path = _filesystem(uri)
-        if filesystem.get_file_info(path).type == fs.FileType.Directory:
-            filesystem.delete_dir(path)
+    filesystem_, path = filesystem(uri)
+    return filesystem_.get_file_info(path).type != fs.FileType.NotFound
 
 
-def write_dataset(dataset: Dataset, uri: str, output_format: OutputFormat) -> None:
+def delete_tree(uri: str) -> None:
+    """Delete a folder and everything under it; a missing folder is fine."""
+    from pyarrow import fs
+
+    filesystem_, path = filesystem(uri)
+    if filesystem_.get_file_info(path).type == fs.FileType.Directory:
+        filesystem_.delete_dir(path)
+
+
+def delete_file(uri: str) -> None:
+    """Delete one file; a missing file is fine (a retried cleanup)."""
+    from pyarrow import fs
+
+    filesystem_, path = filesystem(uri)
+    if filesystem_.get_file_info(path).type == fs.FileType.File:
+        filesystem_.delete_file(path)
+
+
+def list_files(uri: str) -> list[str]:
+    """Paths of the files under a folder (recursively), sorted; empty when the folder is missing."""
+    from pyarrow import fs
+
+    filesystem_, path = filesystem(uri)
+    if filesystem_.get_file_info(path).type != fs.FileType.Directory:
+        return []
+    infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
+    return sorted(info.path for info in infos if info.type == fs.FileType.File)
+
+
+def write_dataset(dataset: Any, uri: str, output_format: OutputFormat) -> None:  # Any: ray Dataset.
     """Write a dataset as files under ``uri``; the folder exists afterwards even when it is empty."""
-    filesystem, path = _filesystem(uri)
-    filesystem.create_dir(path, recursive=True)
+    filesystem_, path = filesystem(uri)
+    filesystem_.create_dir(path, recursive=True)
     if dataset.count() == 0:
         return
     if output_format == "parquet":
@@ -116,14 +156,48 @@ def write_dataset(dataset: Dataset, uri: str, output_format: OutputFormat) -> No
         dataset.write_json(uri)  # one JSON object per line
 
 
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a file so that readers see the old or the new content, never a torn one."""
+    from pyarrow import fs
+
+    filesystem_, path = filesystem(uri)
+    filesystem_.create_dir(posixpath.dirname(path), recursive=True)
+    if not isinstance(filesystem_, fs.LocalFileSystem):  # an object store replaces an object in one PUT
+        with filesystem_.open_output_stream(path) as stream:
+            stream.write(data)
+        return
+    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with filesystem_.open_output_stream(temporary) as stream:
+            stream.write(data)
+        filesystem_.move(temporary, path)  # rename(2): atomic on one filesystem
+    finally:
+        if filesystem_.get_file_info(temporary).type != fs.FileType.NotFound:
+            filesystem_.delete_file(temporary)
+
+
 def write_text(uri: str, text: str) -> None:
-    filesystem, path = _filesystem(uri)
-    filesystem.create_dir(posixpath.dirname(path), recursive=True)
-    with filesystem.open_output_stream(path) as stream:
-        stream.write(text.encode())
+    """:func:`write_bytes` for text."""
+    write_bytes(uri, text.encode())
+
+
+def move_tree(source_uri: str, target_uri: str) -> None:
+    """Move a folder: one rename on local disk; file by file (copy, then delete) on an object store."""
+    from pyarrow import fs
+
+    filesystem_, source = filesystem(source_uri)
+    _, target = filesystem(target_uri)
+    filesystem_.create_dir(posixpath.dirname(target), recursive=True)
+    if isinstance(filesystem_, fs.LocalFileSystem):
+        filesystem_.move(source, target)
+        return
+    for path in list_files(source_uri):
+        destination = target + path[len(source) :]
+        filesystem_.copy_file(path, destination)
+    filesystem_.delete_dir(source)
 
 
 def read_text(uri: str) -> str:
-    filesystem, path = _filesystem(uri)
-    with filesystem.open_input_stream(path) as stream:
+    filesystem_, path = filesystem(uri)
+    with filesystem_.open_input_stream(path) as stream:
         return stream.read().decode()

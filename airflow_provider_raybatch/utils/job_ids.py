@@ -9,6 +9,7 @@ from dataclasses import dataclass
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 SUBMISSION_ID_PREFIX = "raybatch"
 _MAX_PART_LENGTH = 40
+_RUN_KEYS = ("airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,16 @@ class TaskTry:
         digest = hashlib.sha256(exact.encode()).hexdigest()[:10]
         parts = [_clean(self.dag_id), _clean(self.task_id), _clean(self.run_id)]
         return "-".join([SUBMISSION_ID_PREFIX, *parts, f"m{self.map_index}", f"t{self.try_number}", digest])
+
+    def run_key(self) -> str:
+        """The logical run's identity, without the try: every retry of it shares this key."""
+        exact = "\x1f".join(map(str, (self.dag_id, self.run_id, self.task_id, self.map_index)))
+        return f"{_clean(self.task_id)[:24]}-m{self.map_index}-{hashlib.sha256(exact.encode()).hexdigest()[:16]}"
+
+    def owns(self, metadata: dict[str, str]) -> bool:
+        """Whether a Ray job's metadata says it belongs to this logical run (any try)."""
+        mine = self.metadata()
+        return all(metadata.get(key) == mine[key] for key in _RUN_KEYS)
 
     def metadata(self) -> dict[str, str]:
         """Ray job metadata (string values only) that lets our jobs be found by listing."""

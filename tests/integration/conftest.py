@@ -109,3 +109,29 @@ def airflow_env(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathF
     }
     subprocess.run([str(AIRFLOW_BIN), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
     return AirflowEnv(env=env, home=home)
+
+
+def submit_pipeline(operator, run_key: str, submission_id: str) -> str:
+    """Submit the operator's pipeline job exactly as the operator would (spec, entrypoint, runtime_env)."""
+    from airflow_provider_raybatch.hooks.ray import RayHook
+
+    hook = RayHook()
+    spec = operator.build_spec(run_key=run_key)
+    return hook.submit_job(
+        operator.entrypoint(spec), submission_id=submission_id, runtime_env=operator._runtime_env(hook, spec)
+    )
+
+
+def wait_for_job(job_id: str, timeout: float = 840):
+    """Poll until the job ends; returns its JobStatus."""
+    import time
+
+    from airflow_provider_raybatch.hooks.ray import RayHook
+
+    hook = RayHook()
+    deadline = time.monotonic() + timeout
+    while not (status := hook.get_job_status(job_id)).is_terminal:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Ray job {job_id} still {status.value} after {timeout} s")
+        time.sleep(1)
+    return status

@@ -63,7 +63,8 @@ def test_daily_dag_classifies_every_customer(airflow_env, tiny_model, tmp_path) 
     assert set(manifest["generated_text_counts"]) <= set(INDUSTRIES)
     assert xcoms[("log_industry_counts", "return_value")] == manifest["generated_text_counts"]
 
-    outputs = pq.read_table(f"{output_uri}/outputs").to_pylist()
+    assert manifest["outputs_uri"].startswith(f"{output_uri}/versions/")
+    outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
     assert len(outputs) == rows
     assert len({row["Customer Id"] for row in outputs}) == rows
     assert {row["generated_text"] for row in outputs} <= set(INDUSTRIES)

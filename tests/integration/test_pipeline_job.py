@@ -1,14 +1,14 @@
-"""The pipeline as a real Ray job on the local cluster with vLLM's CPU engine.
+"""The pipeline as a real Ray job on the local cluster with vLLM's CPU engine, on dirty input.
 
 Submitted exactly as the operator submits it (its spec, entrypoint and runtime_env), without Airflow
-around it, on JSONL input whose rows carry chat messages, some of them bad.
+around it. Every kind of bad row lands in the errors with its reason; good rows finish; counts add up.
 """
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +17,7 @@ import pytest
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -25,35 +25,46 @@ LABELS = ["positive", "negative", "neutral"]
 GOOD_ROWS = 40
 
 
-def _write_input(path: Path) -> dict[str, str]:
-    """GOOD_ROWS good tickets plus one bad row of each kind; returns {source or id: expected reason}."""
-    lines = [
-        json.dumps({"ticket_id": f"T{i:03d}", "channel": "email", "messages": [
-            {"role": "system", "content": "Classify the sentiment of the ticket."},
-            {"role": "user", "content": f"Ticket {i}: my order arrived {'late' if i % 2 else 'early'}."},
-        ]})
-        for i in range(GOOD_ROWS)
-    ]  # fmt: skip
-    lines.insert(5, '{"ticket_id": "T-broken", "messages": [')  # malformed JSON, line 6
-    lines.append(json.dumps({"ticket_id": "T-empty", "messages": []}))
-    lines.append(json.dumps({"ticket_id": "T-long", "messages": [{"role": "user", "content": "word " * 2000}]}))
-    path.write_text("\n".join(lines) + "\n")
+def _ticket(i: int | str, text: str) -> dict:
+    return {"ticket_id": f"T{i:03d}" if isinstance(i, int) else i, "channel": "email", "messages": [
+        {"role": "system", "content": "Classify the sentiment of the ticket."},
+        {"role": "user", "content": text},
+    ]}  # fmt: skip
+
+
+def write_dirty_corpus(path: Path) -> dict[str, str]:
+    """GOOD_ROWS good tickets plus one bad row of each kind; returns {error id: expected reason kind}."""
+    lines = [json.dumps(_ticket(i, f"Ticket {i}: my order arrived {'late' if i % 2 else 'early'}.")) for i in range(GOOD_ROWS)]
+    bad = [
+        '{"ticket_id": "T-broken", "messages": [',  # line 41: malformed JSON
+        '["not", "an", "object"]',  # line 42
+        json.dumps({"ticket_id": "T-nomsg", "channel": "email"}),  # missing field
+        json.dumps({"ticket_id": "T-typed", "messages": 42}),  # wrong type
+        json.dumps({"ticket_id": "T-empty", "messages": [{"role": "user", "content": "  "}]}),
+        json.dumps(_ticket("T-long", "word " * 2000)),  # longer than max_model_len
+        json.dumps(_ticket("T000", "a second ticket with an id seen before")),  # duplicate id, line 47
+        json.dumps({"channel": "email", "messages": [{"role": "user", "content": "no id"}]}),  # line 48
+    ]
+    data = ("\n".join(lines + bad) + "\n").encode() + b'{"ticket_id": "T-utf8", "note": "\xff\xfe"}\n'  # line 49
+    path.write_bytes(data)
     return {
-        "tickets.jsonl:6": "malformed JSON on line 6",
-        "T-empty": "must hold a non-empty list of chat messages",
+        "tickets.jsonl:41": "malformed JSON",
+        "tickets.jsonl:42": "not a JSON object",
+        "T-nomsg": "bad messages",
+        "T-typed": "bad messages",
+        "T-empty": "empty prompt",
         "T-long": "inference failed",
+        "T000": "duplicate id",
+        "tickets.jsonl:48": "missing id",
+        "tickets.jsonl:49": "invalid UTF-8",
     }
 
 
-def test_pipeline_job_writes_every_row_once_with_a_choice_label(ray_connection, tiny_model, tmp_path) -> None:
-    input_path = tmp_path / "in" / "tickets.jsonl"
-    input_path.parent.mkdir()
-    expected_errors = _write_input(input_path)
-    output_uri = str(tmp_path / "out")
-    operator = RayLLMBatchOperator(
+def make_operator(model: Path, input_uri: str, output_uri: str, **overrides) -> RayLLMBatchOperator:
+    params = dict(
         task_id="classify",
-        model=str(tiny_model),
-        input_uri=str(input_path),
+        model=str(model),
+        input_uri=input_uri,
         output_uri=output_uri,
         messages_column="messages",
         id_column="ticket_id",
@@ -63,35 +74,42 @@ def test_pipeline_job_writes_every_row_once_with_a_choice_label(ray_connection, 
         replica_resources=CPU_REPLICA,
         batch_size=16,
     )
-    spec = operator.build_spec()
-    hook = RayHook()
-    job_id = hook.submit_job(
-        operator.entrypoint(spec),
-        submission_id=f"pipeline-test-{uuid.uuid4().hex[:8]}",
-        runtime_env=operator._runtime_env(hook, spec),
-    )
-    deadline = time.monotonic() + 840
-    while not (status := hook.get_job_status(job_id)).is_terminal and time.monotonic() < deadline:
-        time.sleep(2)
-    assert status == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)
+    return RayLLMBatchOperator(**{**params, **overrides})
 
-    outputs = pq.read_table(f"{output_uri}/outputs").to_pylist()
-    errors = pq.read_table(f"{output_uri}/errors").to_pylist()
-    assert sorted(row["ticket_id"] for row in outputs) == [f"T{i:03d}" for i in range(GOOD_ROWS)]
-    assert set(outputs[0]) == {"ticket_id", "channel", "generated_text", "num_input_tokens", "num_generated_tokens"}
-    assert {row["generated_text"] for row in outputs} <= set(LABELS)
-    assert all(row["channel"] == "email" and row["num_input_tokens"] > 0 for row in outputs)
-    reasons = {row["id"]: row["error"] for row in errors}
-    assert sorted(reasons) == sorted(expected_errors)
-    for key, reason in expected_errors.items():
-        assert reason in reasons[key], reasons[key]
+
+def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_model, tmp_path) -> None:
+    input_path = tmp_path / "in" / "tickets.jsonl"
+    input_path.parent.mkdir()
+    expected_errors = write_dirty_corpus(input_path)
+    output_uri = str(tmp_path / "out")
+    operator = make_operator(tiny_model, str(input_path), output_uri)
+    job_id = submit_pipeline(operator, "dirty", f"pipeline-test-{uuid.uuid4().hex[:8]}")
+    hook = RayHook()
+    assert wait_for_job(job_id) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)
 
     manifest = json.loads(Path(output_uri, "manifest.json").read_text())
     assert manifest == manifest_from_log(hook.get_job_logs(job_id))
-    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (GOOD_ROWS + 3, GOOD_ROWS, 3)
+    outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
+    errors = pq.read_table(manifest["errors_uri"]).to_pylist()
+
+    # Good rows: each exactly once (the first T000 is good; its duplicate is an error), with a label.
+    assert sorted(row["ticket_id"] for row in outputs) == [f"T{i:03d}" for i in range(GOOD_ROWS)]
+    assert set(outputs[0]) == {"ticket_id", "channel", "generated_text", "num_input_tokens", "num_generated_tokens"}
+    assert {row["generated_text"] for row in outputs} <= set(LABELS)
+    # Bad rows: each with the row's id (or file:line where it has none) and its reason.
+    reasons = {row["id"]: row["error"] for row in errors}
+    assert len(errors) == len(expected_errors) == len(reasons)
+    assert {key: reasons[key].split(":", 1)[0] for key in reasons} == expected_errors
+    assert "first seen at tickets.jsonl:1" in reasons["T000"]
+
+    rows_in = GOOD_ROWS + len(expected_errors)
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows_in, GOOD_ROWS, 9)
+    assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"]
+    assert manifest["rows_duplicate"] == 1
+    assert manifest["errors_by_reason"] == dict(Counter(expected_errors.values()))
     assert manifest["tokens_in"] == sum(row["num_input_tokens"] for row in outputs)
     assert manifest["tokens_out"] == sum(row["num_generated_tokens"] for row in outputs)
     assert sum(manifest["generated_text_counts"].values()) == GOOD_ROWS
-    assert sum(manifest["errors_by_reason"].values()) == 3
-    assert manifest["spec_fingerprint"] == spec.fingerprint()
+    assert manifest["spec_fingerprint"] == operator.build_spec().fingerprint()
     assert manifest["versions"]["vllm"] and manifest["versions"]["ray"] == "2.60.0"
+    assert not (tmp_path / "out" / "_staging").exists() or not any((tmp_path / "out" / "_staging").iterdir())

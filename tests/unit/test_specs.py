@@ -381,3 +381,72 @@ def test_structured_choices() -> None:
     assert build(sampling_params={"structured_outputs": {"regex": "a|b"}}).structured_choices is None
     assert build(sampling_params={"max_tokens": 3}).structured_choices is None
     assert build().structured_choices is None
+
+
+# -- run_key and keep_versions --------------------------------------------------------------------
+
+
+def test_run_key_and_keep_versions_defaults() -> None:
+    spec = build()
+
+    assert spec.run_key == "manual"
+    assert spec.keep_versions is False
+
+
+@pytest.mark.parametrize("run_key", ["a", "classify-m-1-0123456789abcdef", "A.b_c-9", "x" * 128])
+def test_valid_run_keys(run_key: str) -> None:
+    assert build(run_key=run_key).run_key == run_key
+
+
+@pytest.mark.parametrize(
+    "run_key",
+    ["", "has space", "a/b", "../up", "a\\b", "ünï", "x" * 129, "new\nline", "s3://b"],
+)
+def test_invalid_run_key_names_the_field(run_key: str) -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(run_key=run_key)
+
+    message = str(info.value)
+    assert "run_key" in message
+    assert "pattern" in message, message
+
+
+def test_run_key_must_be_text() -> None:
+    with pytest.raises(BatchSpecError, match="run_key"):
+        build(run_key=7)
+
+
+@pytest.mark.parametrize("run_key", [".", ".."])
+def test_run_key_rejects_dot_folder_names(run_key: str) -> None:
+    """run_key is a path segment: staging lives in ``<output_uri>/_staging/<run_key>``.
+
+    "." and ".." match the pattern ``^[A-Za-z0-9_.-]{1,128}$``, but on local disk "_staging/.."
+    resolves to the output folder itself and "_staging/." to every run's staging. ``commit.publish``
+    ends with ``storage.delete_tree(layout.staging_uri)``, so run_key=".." deletes the whole output
+    folder, the manifest it has just written included (and "." every other run's staging). The spec
+    must refuse them (see also tests/unit/pipeline/test_commit.py).
+    """
+    with pytest.raises(BatchSpecError, match="run_key"):
+        build(run_key=run_key)
+
+
+def test_fingerprint_ignores_run_key_and_keep_versions() -> None:
+    plain = build()
+
+    assert build(run_key="classify-m-1-0123456789abcdef").fingerprint() == plain.fingerprint()
+    assert build(keep_versions=True).fingerprint() == plain.fingerprint()
+    assert build(run_key="other", keep_versions=True).fingerprint() == plain.fingerprint()
+
+
+def test_fingerprint_still_changes_with_what_shapes_the_output() -> None:
+    """Excluding run_key must not exclude anything else (a guard against a too-broad exclude)."""
+    assert build(run_key="k", system_prompt="Be terse.").fingerprint() != build(run_key="k").fingerprint()
+
+
+def test_json_round_trip_keeps_run_key_and_keep_versions() -> None:
+    spec = build(run_key="classify-m2-0123456789abcdef", keep_versions=True)
+
+    rebuilt = BatchInferenceSpec.from_json(spec.model_dump_json())
+
+    assert rebuilt == spec
+    assert (rebuilt.run_key, rebuilt.keep_versions) == ("classify-m2-0123456789abcdef", True)

@@ -6,6 +6,7 @@ import json
 import shlex
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,12 @@ from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobFailedErr
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
-from airflow_provider_raybatch.operators.llm_batch import PIPELINE_MODULE, RayLLMBatchOperator
+from airflow_provider_raybatch.operators.llm_batch import (
+    FINGERPRINT_KEY,
+    JOB_ID_STATE_KEY,
+    PIPELINE_MODULE,
+    RayLLMBatchOperator,
+)
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from airflow_provider_raybatch.utils.events import job_event
@@ -72,6 +78,33 @@ def test_build_spec_from_plain_values() -> None:
         concurrency=(1, 2),
         keep_columns=["Company"],
     )
+
+
+def test_build_spec_run_key_and_keep_versions() -> None:
+    assert make_operator().build_spec().run_key == "manual"
+    assert make_operator().build_spec().keep_versions is False
+    task_try = TaskTry("d", "manual__2026-11-21T00:00:00+00:00", "classify", -1, 1)
+
+    spec = make_operator(keep_versions=True).build_spec(run_key=task_try.run_key())
+
+    assert spec.run_key == task_try.run_key()
+    assert spec.keep_versions is True
+    # Neither says what the output is: a retry or a kept version must not look like another spec.
+    assert spec.fingerprint() == make_operator().build_spec().fingerprint()
+
+
+@pytest.mark.parametrize("run_key", ["", "a b", "a/b", "x" * 129])
+def test_build_spec_invalid_run_key_names_it(run_key: str) -> None:
+    with pytest.raises(BatchSpecError, match="run_key"):
+        make_operator().build_spec(run_key=run_key)
+
+
+def test_run_key_is_not_an_operator_parameter() -> None:
+    """The operator derives it per run; an attribute of that name must not leak into the spec."""
+    op = make_operator()
+    op.run_key = "from-attribute"  # type: ignore[attr-defined]
+
+    assert op.build_spec(run_key="given").run_key == "given"
 
 
 def test_build_spec_from_json_text() -> None:
@@ -305,44 +338,501 @@ def test_runtime_env_uploads_modules_and_keeps_the_users(
 # -- submit, wait, complete ---------------------------------------------------------------------
 
 
-def test_submit_when_no_job_exists(hook: RayHook, ray_api: respx.MockRouter) -> None:
+def test_submit_sends_the_spec_metadata_and_resources(hook: RayHook, ray_api: respx.MockRouter) -> None:
     task_try = TaskTry("d", "r", "t", 2, 3)
     submission_id = task_try.submission_id()
-    ray_api.get(f"/api/jobs/{submission_id}").respond(404, text="no such job")
     ray_api.get(url__regex=r"/api/packages/gcs/").respond(200)
     submit = ray_api.post("/api/jobs/").respond(json={"submission_id": submission_id})
     op = make_operator(entrypoint_resources={"head": 1})
-    spec = op.build_spec()
+    spec = op.build_spec(run_key=task_try.run_key())
 
-    assert op._submit_or_attach(hook, spec, task_try) == submission_id
+    assert op._submit(hook, spec, task_try) == submission_id
 
     body = json.loads(submit.calls.last.request.content)
     assert body["submission_id"] == submission_id
     assert body["entrypoint"] == op.entrypoint(spec)
-    assert body["metadata"] == {**task_try.metadata(), "raybatch_spec_fingerprint": spec.fingerprint()}
+    assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()}
     assert body["entrypoint_resources"] == {"head": 1}
     assert body["runtime_env"]["py_modules"] == [build_py_module_package(PROVIDER_DIR).uri]
 
 
-def test_attach_when_the_job_exists(hook: RayHook, ray_api: respx.MockRouter, job_payload: Any) -> None:
-    task_try = TaskTry("d", "r", "t", -1, 1)
-    submission_id = task_try.submission_id()
-    ray_api.get(f"/api/jobs/{submission_id}").respond(json=job_payload(submission_id, "RUNNING"))
-    submit = ray_api.post("/api/jobs/").respond(json={"submission_id": "other"})
-    op = make_operator()
-
-    assert op._submit_or_attach(hook, op.build_spec(), task_try) == submission_id
-    assert not submit.called
+# -- execute: submit, attach, take over or resubmit ---------------------------------------------
 
 
-def test_execute_defers_with_the_execution_timeout(
-    ray_conn: str, ray_api: respx.MockRouter, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class FakeStateStore:
+    """Airflow's task state store as the operator uses it: get and set by key, kept across tries."""
+
+    def __init__(self, **values: str) -> None:
+        self.values: dict[str, str] = dict(values)
+        self.sets: list[tuple[str, str]] = []
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+        self.sets.append((key, value))
+
+
+def task_try_of(ti: FakeTI, try_number: int | None = None) -> TaskTry:
+    number = ti.try_number if try_number is None else try_number
+    return TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, number)
+
+
+FINGERPRINT = make_operator().build_spec().fingerprint()
+
+
+class FakeCluster:
+    """The Ray Jobs API of a cluster holding some jobs: get, list, stop, logs, and submit."""
+
+    def __init__(self, router: respx.MockRouter, job_payload: Any) -> None:  # Any: the conftest factory.
+        self.router = router
+        self.job_payload = job_payload
+        self.jobs: list[dict[str, Any]] = []  # Any: JSON job details.
+        self.listing = router.get("/api/jobs/").mock(
+            side_effect=lambda _: httpx.Response(200, json=self.jobs)
+        )
+        router.get(url__regex=r"/api/packages/gcs/").respond(200)  # the cluster has the packages
+        self.submit = router.post("/api/jobs/").mock(side_effect=self._submitted)
+        self.stops: dict[str, respx.Route] = {}
+        self.gets: dict[str, respx.Route] = {}
+
+    def _submitted(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"submission_id": json.loads(request.content)["submission_id"]})
+
+    def add_job(
+        self, job_id: str, status: str, metadata: dict[str, str], logs: str = ""
+    ) -> dict[str, Any]:  # Any: JSON job details.
+        payload = self.job_payload(job_id, status, metadata=metadata)
+        self.jobs.append(payload)
+        self.gets[job_id] = self.router.get(f"/api/jobs/{job_id}").respond(json=payload)
+        self.stops[job_id] = self.router.post(f"/api/jobs/{job_id}/stop").respond(json={"stopped": True})
+        self.router.get(f"/api/jobs/{job_id}/logs").respond(json={"logs": logs})
+        return payload
+
+    def add_try(
+        self, ti: FakeTI, try_number: int, status: str, fingerprint: str | None = FINGERPRINT, logs: str = ""
+    ) -> str:
+        """A job an earlier (or this) try of ``ti`` submitted; returns its id."""
+        task_try = task_try_of(ti, try_number)
+        metadata = task_try.metadata()
+        if fingerprint is not None:
+            metadata[FINGERPRINT_KEY] = fingerprint
+        self.add_job(task_try.submission_id(), status, metadata, logs=logs)
+        return task_try.submission_id()
+
+    def add_unknown(self, job_id: str) -> None:
+        self.gets[job_id] = self.router.get(f"/api/jobs/{job_id}").respond(404, text="Job does not exist")
+
+    def submitted(self) -> list[dict[str, Any]]:  # Any: JSON bodies.
+        return [json.loads(call.request.content) for call in self.submit.calls]
+
+
+@pytest.fixture
+def cluster(ray_api: respx.MockRouter, job_payload: Any) -> FakeCluster:
+    return FakeCluster(ray_api, job_payload)
+
+
+def retry_ti(try_number: int) -> FakeTI:
     ti = FakeTI()
-    submission_id = TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number).submission_id()
-    ray_api.get(f"/api/jobs/{submission_id}").respond(404)
-    ray_api.get(url__regex=r"/api/packages/gcs/").respond(200)
-    ray_api.post("/api/jobs/").respond(json={"submission_id": submission_id})
+    ti.try_number = try_number
+    return ti
+
+
+def test_execute_submits_when_there_is_no_previous_job(ray_conn: str, cluster: FakeCluster) -> None:
+    ti = FakeTI()
+    task_try = task_try_of(ti)
+    other_run = replace(task_try, run_id="scheduled__2026-11-20T00:00:00+00:00")
+    cluster.add_job("someone-elses", "RUNNING", {"team": "x"})
+    other_metadata = {**other_run.metadata(), FINGERPRINT_KEY: FINGERPRINT}
+    cluster.add_job(other_run.submission_id(), "RUNNING", other_metadata)
+    store = FakeStateStore()
+    op = make_operator(ray_conn_id=ray_conn)
+
+    with pytest.raises(TaskDeferred) as info:
+        op.execute({"ti": ti, "task_state_store": store})
+
+    [body] = cluster.submitted()
+    assert body["submission_id"] == task_try.submission_id()
+    assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: FINGERPRINT}
+    spec = BatchInferenceSpec.from_json(shlex.split(body["entrypoint"])[4])
+    assert spec.run_key == task_try.run_key()
+    assert spec.fingerprint() == FINGERPRINT
+    assert store.sets == [(JOB_ID_STATE_KEY, task_try.submission_id())]
+    assert ti.xcoms == {"job_id": task_try.submission_id()}
+    assert info.value.trigger.serialize()[1]["job_id"] == task_try.submission_id()
+    assert not any(route.called for route in cluster.stops.values())
+
+
+def test_execute_without_a_state_store_lists_jobs_and_submits(ray_conn: str, cluster: FakeCluster) -> None:
+    """Airflow versions without a task state store: the listing alone finds earlier jobs."""
+    ti = FakeTI()
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti})
+
+    assert cluster.listing.call_count == 1
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "PENDING"])
+def test_execute_attaches_to_an_unfinished_job_of_an_earlier_try(
+    ray_conn: str, cluster: FakeCluster, status: str
+) -> None:
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, status)
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
+    op = make_operator(ray_conn_id=ray_conn)
+
+    with pytest.raises(TaskDeferred) as info:
+        op.execute({"ti": ti, "task_state_store": store})
+
+    assert not cluster.submit.called
+    assert not cluster.stops[previous].called
+    assert cluster.listing.call_count == 1  # listed always: the store may lag a newer try's job
+    assert info.value.trigger.serialize()[1]["job_id"] == previous
+    assert op.job_id == previous
+    assert ti.xcoms == {"job_id": previous}
+    assert store.sets == []
+
+
+def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: FakeCluster) -> None:
+    ti = retry_ti(2)
+    manifest = {**MANIFEST, "output_uri": "s3://b/out/"}
+    previous = cluster.add_try(ti, 1, "SUCCEEDED", logs="x\n" + manifest_log_line(manifest) + "\n")
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
+    op = make_operator(ray_conn_id=ray_conn)
+
+    result = op.execute({"ti": ti, "task_state_store": store})  # no TaskDeferred: nothing to wait for
+
+    assert result == "s3://b/out/"
+    assert not cluster.submit.called
+    assert op.job_id == previous
+    assert ti.xcoms == {"job_id": previous, "manifest": manifest, "output_uri": "s3://b/out/"}
+    assert store.sets == []
+
+
+def test_execute_takes_the_result_of_a_succeeded_job_found_by_listing(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    ti = retry_ti(3)
+    cluster.add_try(ti, 1, "FAILED")
+    previous = cluster.add_try(ti, 2, "SUCCEEDED", logs=manifest_log_line(MANIFEST))
+
+    assert make_operator(ray_conn_id=ray_conn).execute({"ti": ti}) == MANIFEST["output_uri"]
+
+    assert not cluster.submit.called
+    assert ti.xcoms["job_id"] == previous
+
+
+@pytest.mark.parametrize("status", ["FAILED", "STOPPED"])
+def test_execute_resubmits_after_a_failed_or_stopped_job(
+    ray_conn: str, cluster: FakeCluster, status: str
+) -> None:
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, status)
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    new_id = task_try_of(ti).submission_id()
+    [body] = cluster.submitted()
+    assert body["submission_id"] == new_id != previous
+    assert "-t2-" in new_id
+    assert body["metadata"]["airflow_try_number"] == "2"
+    # Same logical run: the new job resumes the earlier one's staging.
+    spec = BatchInferenceSpec.from_json(shlex.split(body["entrypoint"])[4])
+    assert spec.run_key == task_try_of(ti, 1).run_key()
+    assert store.values[JOB_ID_STATE_KEY] == new_id
+    assert info.value.trigger.serialize()[1]["job_id"] == new_id
+    assert not cluster.stops[previous].called
+
+
+class FakeClock:
+    """Stands in for the operator module's ``time``: sleeping advances the clock at once."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(operator_module, "time", fake)
+    return fake
+
+
+def job_statuses(cluster: FakeCluster, job_id: str, *statuses: str) -> None:
+    """The job reports these statuses to successive gets, then the last one for ever."""
+    metadata = next(job["metadata"] for job in cluster.jobs if job["submission_id"] == job_id)
+    answers = iter(statuses)
+
+    def answer(_: httpx.Request) -> httpx.Response:
+        status = next(answers, statuses[-1])
+        return httpx.Response(200, json=cluster.job_payload(job_id, status, metadata=metadata))
+
+    cluster.gets[job_id].mock(side_effect=answer)
+
+
+@pytest.mark.parametrize("fingerprint", ["0123456789abcdef", None], ids=["other-spec", "no-fingerprint"])
+def test_execute_stops_a_running_job_of_another_spec_and_submits(
+    ray_conn: str, cluster: FakeCluster, fingerprint: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(operator_module, "STOP_WAIT_SECONDS", 0.01)  # the job never ends: do not wait
+    monkeypatch.setattr(operator_module.time, "sleep", lambda _: None)
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "RUNNING", fingerprint=fingerprint)
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    assert cluster.stops[previous].call_count == 1
+    new_id = task_try_of(ti).submission_id()
+    assert [body["submission_id"] for body in cluster.submitted()] == [new_id]
+    assert info.value.trigger.serialize()[1]["job_id"] == new_id
+    assert store.values[JOB_ID_STATE_KEY] == new_id
+
+
+def test_a_superseded_job_has_ended_before_the_new_one_is_submitted(
+    ray_conn: str, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    """Both jobs would write the same staging folder: the new one starts once the old one stopped."""
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "RUNNING", fingerprint="0123456789abcdef")
+    job_statuses(cluster, previous, "RUNNING", "RUNNING", "RUNNING", "STOPPED")
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": FakeStateStore()})
+
+    calls = [(call.request.method, call.request.url.path) for call in cluster.router.calls]
+    stopped_at = calls.index(("POST", f"/api/jobs/{previous}/stop"))
+    submitted_at = calls.index(("POST", "/api/jobs/"))
+    status_checks = [i for i, call in enumerate(calls) if call == ("GET", f"/api/jobs/{previous}")]
+    assert stopped_at < submitted_at
+    assert len(status_checks) == 4 and status_checks[-1] < submitted_at  # saw STOPPED, then submitted
+    assert clock.sleeps and sum(clock.sleeps) < operator_module.STOP_WAIT_SECONDS
+
+
+def test_the_wait_for_a_superseded_job_is_bounded(
+    ray_conn: str, cluster: FakeCluster, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ignores the stop does not hold the task for ever: after STOP_WAIT_SECONDS it goes on."""
+    monkeypatch.setattr(operator_module, "STOP_WAIT_SECONDS", 7.0)
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "RUNNING", fingerprint="0123456789abcdef")
+    job_statuses(cluster, previous, "RUNNING")
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": FakeStateStore()})
+
+    assert 7.0 <= sum(clock.sleeps) <= 8.0
+    assert cluster.stops[previous].call_count == 1
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+
+
+@pytest.mark.parametrize("status", ["SUCCEEDED", "FAILED", "STOPPED"])
+def test_an_ended_job_of_another_spec_is_neither_stopped_nor_waited_for(
+    ray_conn: str, cluster: FakeCluster, clock: FakeClock, status: str
+) -> None:
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, status, fingerprint="0123456789abcdef")
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": FakeStateStore()})
+
+    assert not cluster.stops[previous].called
+    assert clock.sleeps == []
+    assert len(cluster.submitted()) == 1
+
+
+def test_on_kill_stops_without_waiting(
+    ray_conn: str, ray_api: respx.MockRouter, job_payload: Any, clock: FakeClock
+) -> None:
+    """on_kill runs while Airflow kills the task: it asks Ray to stop and returns at once."""
+    ray_api.get("/api/jobs/j1").respond(json=job_payload("j1", "RUNNING"))
+    stop = ray_api.post("/api/jobs/j1/stop").respond(json={"stopped": True})
+    op = make_operator(ray_conn_id=ray_conn)
+    op.job_id = "j1"
+
+    op.on_kill()
+
+    assert stop.call_count == 1
+    assert clock.sleeps == []
+
+
+def test_execute_ignores_the_result_of_another_spec(ray_conn: str, cluster: FakeCluster) -> None:
+    """A clear after editing the prompt must run the new prompt, not hand back the old output."""
+    ti = retry_ti(2)
+    previous = cluster.add_try(
+        ti, 1, "SUCCEEDED", fingerprint="0123456789abcdef", logs=manifest_log_line(MANIFEST)
+    )
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    assert not cluster.stops[previous].called
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+    assert "manifest" not in ti.xcoms
+
+
+def test_execute_falls_back_to_listing_when_the_recorded_job_is_unknown(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    """The store names a job the cluster no longer knows (a restarted head): listing finds ours."""
+    ti = retry_ti(3)
+    cluster.add_unknown("raybatch-gone")
+    running = cluster.add_try(ti, 2, "RUNNING")
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: "raybatch-gone"})
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    assert cluster.gets["raybatch-gone"].call_count == 1
+    assert cluster.listing.call_count == 1
+    assert not cluster.submit.called
+    assert info.value.trigger.serialize()[1]["job_id"] == running
+
+
+def test_execute_submits_when_the_recorded_job_is_unknown_and_none_is_listed(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    ti = retry_ti(2)
+    cluster.add_unknown("raybatch-gone")
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: "raybatch-gone"})
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    assert cluster.listing.call_count == 1
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+    assert store.values[JOB_ID_STATE_KEY] == task_try_of(ti).submission_id()
+
+
+def test_a_recorded_job_missing_from_the_listing_is_fetched(ray_conn: str, cluster: FakeCluster) -> None:
+    """The store names try 2's job, which the listing does not show (yet): it is looked up and,
+    being newer than the listed try 1, attached to."""
+    ti = retry_ti(3)
+    cluster.add_try(ti, 1, "FAILED")
+    recorded = cluster.add_try(ti, 2, "RUNNING")
+    cluster.jobs.pop()  # not listed
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: recorded})
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    assert cluster.listing.call_count == 1
+    assert cluster.gets[recorded].call_count == 1
+    assert not cluster.submit.called
+    assert info.value.trigger.serialize()[1]["job_id"] == recorded
+
+
+def test_a_newer_listed_job_wins_over_an_older_recorded_one_missing_from_the_listing(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    ti = retry_ti(3)
+    recorded = cluster.add_try(ti, 1, "RUNNING")
+    cluster.jobs.pop()
+    listed = cluster.add_try(ti, 2, "SUCCEEDED", logs=manifest_log_line(MANIFEST))
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: recorded})
+
+    result = make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    assert result == MANIFEST["output_uri"]
+
+    assert ti.xcoms["job_id"] == listed
+    assert not cluster.submit.called
+
+
+def test_listing_takes_the_newest_try_by_number(ray_conn: str, cluster: FakeCluster) -> None:
+    """Try 10 is newer than try 2, though "10" < "2" as text."""
+    ti = retry_ti(11)
+    cluster.add_try(ti, 2, "FAILED")
+    newest = cluster.add_try(ti, 10, "RUNNING")
+    cluster.add_try(ti, 9, "FAILED")
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": FakeStateStore()})
+
+    assert not cluster.submit.called
+    assert info.value.trigger.serialize()[1]["job_id"] == newest
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"map_index": 3},
+        {"run_id": "manual__2026-11-22T00:00:00+00:00"},
+        {"task_id": "other"},
+        {"dag_id": "other"},
+    ],
+)
+def test_listing_ignores_jobs_of_other_runs(
+    ray_conn: str, cluster: FakeCluster, change: dict[str, Any]
+) -> None:
+    ti = retry_ti(2)
+    other = replace(task_try_of(ti, 1), **change)
+    cluster.add_job(other.submission_id(), "RUNNING", {**other.metadata(), FINGERPRINT_KEY: FINGERPRINT})
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti})
+
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+    assert not cluster.stops[other.submission_id()].called
+
+
+def test_execute_in_the_worker_waits_for_the_attached_job(
+    ray_conn: str, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "RUNNING", logs=manifest_log_line(MANIFEST))
+    metadata = cluster.jobs[0]["metadata"]
+    statuses = ("RUNNING", "RUNNING", "SUCCEEDED")
+    payloads = [cluster.job_payload(previous, status, metadata=metadata) for status in statuses]
+    cluster.gets[previous].mock(side_effect=[httpx.Response(200, json=p) for p in payloads])
+    monkeypatch.setattr(operator_module.time, "sleep", lambda _: None)
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
+
+    op = make_operator(ray_conn_id=ray_conn, deferrable=False)
+
+    result = op.execute({"ti": ti, "task_state_store": store})
+
+    assert result == MANIFEST["output_uri"]
+    assert not cluster.submit.called
+    assert ti.xcoms["job_id"] == previous
+
+
+def test_a_newer_unrecorded_job_wins_over_the_recorded_one(ray_conn: str, cluster: FakeCluster) -> None:
+    """The store may lag the cluster: try 2 submitted its job but died (or its POST timed out
+    client-side after Ray accepted it) before ``store.set``. Try 3 must find try 2's running job,
+    as ``_previous_job``'s docstring promises ("the newest Ray job of this logical run"), rather than
+    submit a third job that runs beside it on the same staging folder.
+    """
+    ti = retry_ti(3)
+    recorded = cluster.add_try(ti, 1, "FAILED")
+    unrecorded = cluster.add_try(ti, 2, "RUNNING")
+    store = FakeStateStore(**{JOB_ID_STATE_KEY: recorded})
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+
+    assert cluster.submitted() == [], "submitted a second job while try 2's job is still running"
+    assert info.value.trigger.serialize()[1]["job_id"] == unrecorded
+
+
+def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeCluster) -> None:
+    ti = FakeTI()
+    submission_id = task_try_of(ti).submission_id()
     op = make_operator(ray_conn_id=ray_conn, poll_interval_seconds=3, execution_timeout=timedelta(minutes=10))
 
     with pytest.raises(TaskDeferred) as info:

@@ -1,12 +1,14 @@
 """Tests of airflow_provider_raybatch/pipeline/rows.py: one record per input row, never a lost row.
 
-Only the JSONL reader and the unreadable-file path run here; CSV and Parquet need pyarrow, which the
-Airflow side does not install.
+The JSONL reader and the unreadable-file path always run here; CSV and Parquet need pyarrow, so
+their tests skip where it is not installed. Every error reason starts with a stable kind and a colon
+(``commit.reason_kind`` counts them by it).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import date, datetime
 from decimal import Decimal
 
@@ -59,8 +61,8 @@ def test_malformed_json_becomes_an_error_record_with_its_line_number() -> None:
     assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2", "part/in.jsonl:3"]
     bad = records[1]
     assert bad["row"] is None
-    assert bad["error"].startswith("malformed JSON on line 2: ")
-    assert "column" in bad["error"]
+    assert bad["error"].startswith("malformed JSON: line 2, column ")
+    assert re.fullmatch(r"malformed JSON: line 2, column \d+: .+", bad["error"]), bad["error"]
     assert records[0]["error"] is None and records[2]["error"] is None
 
 
@@ -70,15 +72,18 @@ def test_malformed_json_becomes_an_error_record_with_its_line_number() -> None:
 def test_non_object_line_is_an_error(line: bytes, kind: str) -> None:
     [record] = rows_of(line + b"\n", name="x.jsonl")
 
-    assert record == {"source": "x.jsonl:1", "row": None, "error": f"line 1 is a JSON {kind}, not an object"}
+    assert record == {
+        "source": "x.jsonl:1",
+        "row": None,
+        "error": f"not a JSON object: line 1 is a JSON {kind}",
+    }
 
 
 def test_invalid_utf8_is_an_error_for_that_line_only() -> None:
     records = rows_of(b'{"a": "ok"}\n{"a": "\xff\xfe"}\n{"a": "fine"}\n')
 
     assert records[1]["row"] is None
-    assert records[1]["error"].startswith("invalid UTF-8 at byte ")
-    assert "of line 2" in records[1]["error"]
+    assert re.fullmatch(r"invalid UTF-8: byte \d+ of line 2", records[1]["error"]), records[1]["error"]
     assert [r["error"] is None for r in records] == [True, False, True]
 
 
@@ -112,8 +117,51 @@ def test_row_to_json_handles_non_json_cells() -> None:
 def test_unreadable_file_becomes_one_error_record() -> None:
     records = list(parse_file("part/in.parquet", b"\x00\x01 definitely not parquet \xff", "parquet"))
 
-    # Without pyarrow (the Airflow venv) or with a corrupt file alike, the whole file is one error row.
+    # Without pyarrow or with a corrupt file alike, the whole file is one error row.
     assert records == [
         {"source": "part/in.parquet:0", "row": None, "error": records[0]["error"]},
     ]
-    assert records[0]["error"].startswith("cannot read parquet file: ")
+    assert records[0]["error"].startswith("unreadable file: not valid parquet: ")
+
+
+# -- CSV and Parquet (pyarrow) ------------------------------------------------------------------
+
+
+def test_csv_rows_are_numbered_from_one() -> None:
+    pytest.importorskip("pyarrow")
+
+    records = list(parse_file("in.csv", b"Company,n\nAcme,1\nUmbrella,2\n", "csv"))
+
+    assert [r["source"] for r in records] == ["in.csv:1", "in.csv:2"]
+    assert [json.loads(r["row"]) for r in records] == [
+        {"Company": "Acme", "n": 1},
+        {"Company": "Umbrella", "n": 2},
+    ]
+    assert all(r["error"] is None for r in records)
+
+
+def test_ragged_csv_is_one_unreadable_file_record() -> None:
+    pytest.importorskip("pyarrow")
+
+    [record] = parse_file("in.csv", b"a,b\n1,2\n3,4,5\n", "csv")
+
+    assert record["source"] == "in.csv:0"
+    assert record["error"].startswith("unreadable file: not valid csv: ")
+
+
+def test_parquet_rows() -> None:
+    pa = pytest.importorskip("pyarrow")
+    import io
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"Company": ["Acme", "Umbrella"], "day": [date(2026, 1, 2), None]}), buffer)
+
+    records = list(parse_file("p/in.parquet", buffer.getvalue(), "parquet"))
+
+    assert [r["source"] for r in records] == ["p/in.parquet:1", "p/in.parquet:2"]
+    assert [json.loads(r["row"]) for r in records] == [
+        {"Company": "Acme", "day": "2026-01-02"},
+        {"Company": "Umbrella", "day": None},
+    ]

@@ -1,12 +1,20 @@
-"""Tests of the pure parts of airflow_provider_raybatch/pipeline/storage.py (the rest needs pyarrow)."""
+"""Tests of airflow_provider_raybatch/pipeline/storage.py.
+
+The URI arithmetic always runs; the filesystem helpers use pyarrow and run on local disk where it is
+installed (they skip otherwise). S3 is left to the integration tests.
+"""
 
 from __future__ import annotations
 
+import os
 import posixpath
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.storage import (
     OutputLayout,
     check_model_source,
@@ -14,28 +22,96 @@ from airflow_provider_raybatch.pipeline.storage import (
     relative_name,
 )
 
+RUN_KEY = "classify-m-1-0123456789abcdef"
 
-@pytest.mark.parametrize("output_uri", ["s3://b/out", "s3://b/out/"])
-def test_output_layout(output_uri: str) -> None:
-    layout = OutputLayout(output_uri, "parquet")
 
-    assert layout.outputs_uri == "s3://b/out/outputs"
-    assert layout.errors_uri == "s3://b/out/errors"
+# -- OutputLayout -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("output_uri", ["s3://b/out", "s3://b/out/", "s3://b/out//"])
+def test_output_layout_on_s3(output_uri: str) -> None:
+    layout = OutputLayout(output_uri, RUN_KEY)
+
     assert layout.manifest_uri == "s3://b/out/manifest.json"
+    assert layout.staging_uri == f"s3://b/out/_staging/{RUN_KEY}"
+    assert layout.staged_spec_uri == f"s3://b/out/_staging/{RUN_KEY}/spec.json"
+    assert layout.version_uri("20261121T000000-x") == "s3://b/out/versions/20261121T000000-x"
+
+
+@pytest.mark.parametrize("output_uri", ["/data/out", "/data/out/", "file:///data/out"])
+def test_output_layout_on_local_disk(output_uri: str) -> None:
+    layout = OutputLayout(output_uri, "manual")
+    base = output_uri.rstrip("/")
+
+    assert layout.manifest_uri == f"{base}/manifest.json"
+    assert layout.staging_uri == f"{base}/_staging/manual"
+    assert layout.staged_spec_uri == f"{base}/_staging/manual/spec.json"
+    assert layout.version_uri("v1") == f"{base}/versions/v1"
+
+
+def test_output_layout_of_a_relative_folder() -> None:
+    layout = OutputLayout("out", "k")
+
+    assert layout.manifest_uri == "out/manifest.json"
+    assert layout.staging_uri == "out/_staging/k"
+
+
+def test_staging_is_per_run_key() -> None:
+    first, second = OutputLayout("s3://b/out", "run-a"), OutputLayout("s3://b/out", "run-b")
+
+    assert first.staging_uri != second.staging_uri
+    assert first.manifest_uri == second.manifest_uri  # one output folder, one manifest
+
+
+def test_new_version_names_are_time_ordered_and_unique() -> None:
+    layout = OutputLayout("s3://b/out", RUN_KEY)
+
+    versions = [layout.new_version() for _ in range(50)]
+
+    assert len(set(versions)) == 50
+    for version in versions:
+        assert re.fullmatch(rf"\d{{8}}T\d{{6}}-{RUN_KEY[-12:]}-[0-9a-f]{{6}}", version), version
+    stamps = [version.split("-", 1)[0] for version in versions]
+    assert stamps == sorted(stamps)
+
+
+def test_new_version_of_a_short_run_key() -> None:
+    assert re.fullmatch(r"\d{8}T\d{6}-manual-[0-9a-f]{6}", OutputLayout("out", "manual").new_version())
+
+
+@pytest.mark.parametrize(
+    ("parts", "joined"),
+    [
+        (("s3://b/out", "versions", "v1"), "s3://b/out/versions/v1"),
+        (("s3://b/out/", "/_staging/", "k/"), "s3://b/out/_staging/k"),
+        (("file:///data/out//", "outputs", "part-a.jsonl"), "file:///data/out/outputs/part-a.jsonl"),
+        (("/data/out", "parts/part-a.json"), "/data/out/parts/part-a.json"),
+        (("out",), "out"),
+    ],
+)
+def test_join(parts: tuple[str, ...], joined: str) -> None:
+    assert storage.join(*parts) == joined
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
 
 
 def test_extensions_for_a_folder_and_a_file() -> None:
     assert extensions_for("s3://b/in/", "jsonl") == ["jsonl", "ndjson", "json"]
     assert extensions_for("s3://b/in", "parquet") == ["parquet", "pq"]
+    assert extensions_for("s3://b/in", "csv") == ["csv"]
     assert extensions_for("s3://b/in/data.csv", "csv") is None
+    assert extensions_for("/data/in.jsonl", "jsonl") is None
 
 
 def test_relative_name() -> None:
     assert relative_name("b/in/sub/x.jsonl", "s3://b/in/") == "sub/x.jsonl"
+    assert relative_name("s3://b/in/sub/x.jsonl", "s3://b/in") == "sub/x.jsonl"
     assert relative_name("b/in/x.jsonl", "s3://b/in/x.jsonl") == "x.jsonl"
     assert relative_name("b/input_2/x.jsonl", "s3://b/in") == "x.jsonl"
     cwd = posixpath.abspath(".")
     assert relative_name(f"{cwd}/data/in/part/a.csv", "data/in") == "part/a.csv"
+    assert relative_name("/data/in/a/b/c.csv", "/data/in/") == "a/b/c.csv"
 
 
 def test_check_model_source(tmp_path: Path) -> None:
@@ -47,3 +123,206 @@ def test_check_model_source(tmp_path: Path) -> None:
         check_model_source(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
     check_model_source(str(tmp_path))
+
+
+# -- local filesystem (pyarrow) -------------------------------------------------------------------
+
+
+@pytest.fixture
+def pa_fs() -> Any:  # Any: the pyarrow.fs module.
+    return pytest.importorskip("pyarrow.fs")
+
+
+def test_filesystem_of_local_paths(pa_fs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    filesystem, path = storage.filesystem("rel/out")
+    assert isinstance(filesystem, pa_fs.LocalFileSystem)
+    assert path == f"{tmp_path}/rel/out"
+
+    filesystem, path = storage.filesystem(f"file://{tmp_path}/out")
+    assert isinstance(filesystem, pa_fs.LocalFileSystem)
+    assert path == f"{tmp_path}/out"
+
+
+def test_write_text_and_read_text(pa_fs: Any, tmp_path: Path) -> None:
+    uri = str(tmp_path / "a" / "b" / "manifest.json")
+
+    storage.write_text(uri, '{"status": "complete", "note": "Société 🚀"}')
+
+    assert storage.read_text(uri) == '{"status": "complete", "note": "Société 🚀"}'
+
+
+def _crashing_local_filesystem(pa_fs: Any, fail_on: str) -> Any:  # Any: pyarrow.fs module and filesystem.
+    """A LocalFileSystem (so write_bytes takes its local branch) that records the paths it opens for
+    writing and whose writes die part way.
+
+    ``fail_on="write"``: an output stream takes a few bytes and then fails (a full disk, a kill);
+    ``fail_on="move"``: the rename fails after the temporary file was written; otherwise nothing fails.
+    """
+
+    class Crashing(pa_fs.LocalFileSystem):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.opened: list[str] = []
+
+        def open_output_stream(self, path: str, *args: Any, **kwargs: Any) -> Any:  # Any: pyarrow's.
+            self.opened.append(path)
+            if fail_on != "write":
+                return super().open_output_stream(path, *args, **kwargs)
+            with super().open_output_stream(path, *args, **kwargs) as stream:
+                stream.write(b'{"torn')
+            raise OSError("No space left on device")
+
+        def move(self, src: str, dest: str) -> None:
+            if fail_on == "move":
+                raise OSError("Input/output error")
+            super().move(src, dest)
+
+    return Crashing()
+
+
+@pytest.mark.parametrize("fail_on", ["write", "move"])
+@pytest.mark.parametrize("scheme", ["", "file://"], ids=["plain-path", "file-uri"])
+def test_write_bytes_never_leaves_a_torn_file_or_a_temporary_one(
+    pa_fs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, fail_on: str
+) -> None:
+    """Readers follow manifest.json: a failed rewrite must leave the old one whole, and nothing else."""
+    uri = f"{scheme}{tmp_path}/out/manifest.json"
+    storage.write_bytes(uri, b'{"version": "old"}')
+    real = storage.filesystem
+    crashing = _crashing_local_filesystem(pa_fs, fail_on)
+    monkeypatch.setattr(storage, "filesystem", lambda uri_: (crashing, real(uri_)[1]))
+
+    with pytest.raises(OSError, match="No space left" if fail_on == "write" else "Input/output"):
+        storage.write_bytes(uri, b'{"version": "new"}')
+
+    monkeypatch.undo()
+    assert storage.read_text(uri) == '{"version": "old"}'
+    assert os.listdir(tmp_path / "out") == ["manifest.json"]  # the temporary file is gone
+    assert crashing.opened and f"{tmp_path}/out/manifest.json" not in crashing.opened
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"], ids=["plain-path", "file-uri"])
+def test_write_bytes_writes_through_a_temporary_file_on_local_disk(
+    pa_fs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    real = storage.filesystem
+    recording = _crashing_local_filesystem(pa_fs, fail_on="nothing")
+    monkeypatch.setattr(storage, "filesystem", lambda uri_: (recording, real(uri_)[1]))
+
+    storage.write_bytes(f"{scheme}{tmp_path}/a/b/part.json", b"\x00binary\xff")
+
+    assert (tmp_path / "a" / "b" / "part.json").read_bytes() == b"\x00binary\xff"
+    [temporary] = recording.opened
+    assert re.fullmatch(rf"{re.escape(str(tmp_path))}/a/b/part\.json\.tmp-[0-9a-f]{{8}}", temporary)
+    assert os.listdir(tmp_path / "a" / "b") == ["part.json"]
+
+
+def test_write_bytes_on_an_object_store_writes_the_object_once(
+    pa_fs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a LocalFileSystem (S3): one PUT of the object itself, no temporary object, no rename."""
+    store = pa_fs.SubTreeFileSystem(str(tmp_path), pa_fs.LocalFileSystem())
+    monkeypatch.setattr(storage, "filesystem", lambda uri_: (store, uri_.split("://", 1)[1]))
+
+    storage.write_bytes("s3://bucket/out/manifest.json", b"{}")
+
+    assert (tmp_path / "bucket" / "out" / "manifest.json").read_bytes() == b"{}"
+    assert os.listdir(tmp_path / "bucket" / "out") == ["manifest.json"]
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"], ids=["plain-path", "file-uri"])
+def test_write_bytes_replaces_and_write_text_encodes_utf8(pa_fs: Any, tmp_path: Path, scheme: str) -> None:
+    uri = f"{scheme}{tmp_path}/manifest.json"
+    storage.write_bytes(uri, b"old content that is longer than the new one")
+
+    storage.write_text(uri, "Société 🚀")
+
+    assert (tmp_path / "manifest.json").read_bytes() == "Société 🚀".encode()
+    assert os.listdir(tmp_path) == ["manifest.json"]
+
+
+# -- move_tree --------------------------------------------------------------------------------------
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(path.relative_to(root)): path.read_text() for path in root.rglob("*") if path.is_file()}
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"], ids=["plain-path", "file-uri"])
+def test_move_tree_on_local_disk(pa_fs: Any, tmp_path: Path, scheme: str) -> None:
+    source = tmp_path / "_staging" / "k" / "outputs"
+    files = {"part-a.jsonl": "a\n", "part-b.parquet": "b", "sub/part-c.jsonl": "c\n"}
+    for name, text in files.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_text(text)
+    (tmp_path / "_staging" / "k" / "parts").mkdir()
+    target = tmp_path / "versions" / "v1" / "outputs"  # its parents do not exist yet
+
+    storage.move_tree(f"{scheme}{source}", f"{scheme}{target}")
+
+    assert _tree(target) == files
+    assert not source.exists()
+    assert (tmp_path / "_staging" / "k" / "parts").is_dir()  # siblings untouched
+
+
+def test_move_tree_of_an_empty_folder(pa_fs: Any, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+
+    storage.move_tree(str(tmp_path / "src"), str(tmp_path / "deep" / "dst"))
+
+    assert (tmp_path / "deep" / "dst").is_dir()
+    assert not (tmp_path / "src").exists()
+
+
+def test_exists(pa_fs: Any, tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+
+    assert storage.exists(str(tmp_path / "dir"))
+    assert storage.exists(str(tmp_path / "file.txt"))
+    assert storage.exists(f"file://{tmp_path}/file.txt")
+    assert not storage.exists(str(tmp_path / "missing"))
+
+
+def test_list_files_is_recursive_sorted_and_files_only(pa_fs: Any, tmp_path: Path) -> None:
+    for name in ["b.parquet", "a/2.parquet", "a/10.parquet", "a/deep/z.parquet", "c.txt"]:
+        (tmp_path / "results" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "results" / name).write_text("x")
+    (tmp_path / "results" / "empty_dir").mkdir()
+
+    files = storage.list_files(str(tmp_path / "results"))
+
+    expected = ["a/10.parquet", "a/2.parquet", "a/deep/z.parquet", "b.parquet", "c.txt"]
+    assert files == [f"{tmp_path}/results/{name}" for name in expected]
+    assert files == sorted(files)
+    assert storage.list_files(f"{tmp_path}/results/") == files
+
+
+def test_list_files_of_a_missing_folder_or_a_file_is_empty(pa_fs: Any, tmp_path: Path) -> None:
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+
+    assert storage.list_files(str(tmp_path / "missing")) == []
+    assert storage.list_files(str(tmp_path / "missing" / "deeper")) == []
+    assert storage.list_files(str(tmp_path / "file.txt")) == []
+    assert storage.list_files(str(tmp_path / "empty")) == []
+
+
+def test_delete_tree(pa_fs: Any, tmp_path: Path) -> None:
+    (tmp_path / "out" / "_staging" / "k" / "results").mkdir(parents=True)
+    (tmp_path / "out" / "_staging" / "k" / "results" / "x.parquet").write_text("x")
+    (tmp_path / "out" / "manifest.json").write_text("{}")
+
+    storage.delete_tree(str(tmp_path / "out" / "_staging" / "k"))
+
+    assert not (tmp_path / "out" / "_staging" / "k").exists()
+    assert (tmp_path / "out" / "manifest.json").read_text() == "{}"  # siblings untouched
+
+
+def test_delete_tree_of_a_missing_folder_is_fine(pa_fs: Any, tmp_path: Path) -> None:
+    storage.delete_tree(str(tmp_path / "missing"))
+    storage.delete_tree(str(tmp_path / "missing" / "deeper"))
+
+    assert list(tmp_path.iterdir()) == []

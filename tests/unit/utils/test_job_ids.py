@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/utils/job_ids.py: deterministic submission ids and metadata."""
+"""Tests of airflow_provider_raybatch/utils/job_ids.py: submission ids, run keys, metadata, ownership."""
 
 from __future__ import annotations
 
@@ -82,3 +82,112 @@ def test_metadata_values_are_strings() -> None:
         "airflow_try_number": "2",
     }
     assert all(isinstance(key, str) and isinstance(value, str) for key, value in metadata.items())
+
+
+# -- run_key: one logical run, every try ----------------------------------------------------------
+
+RUN_KEY_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # BatchInferenceSpec.run_key's pattern
+
+
+@pytest.mark.parametrize("try_number", [1, 2, 7, 99])
+def test_run_key_is_the_same_for_every_try(try_number: int) -> None:
+    assert replace(TRY, try_number=try_number).run_key() == TRY.run_key()
+
+
+def test_run_key_is_deterministic_and_readable() -> None:
+    same = TaskTry(TRY.dag_id, TRY.run_id, TRY.task_id, TRY.map_index, TRY.try_number)
+
+    assert same.run_key() == TRY.run_key()
+    assert re.fullmatch(r"classify-m-1-[0-9a-f]{16}", TRY.run_key()), TRY.run_key()
+    assert re.fullmatch(r"classify-m3-[0-9a-f]{16}", replace(TRY, map_index=3).run_key())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"map_index": 0},
+        {"map_index": 1},
+        {"run_id": "scheduled__2026-11-22T00:00:00+00:00"},
+        {"run_id": "manual__2026-11-21T00:00:00+00:00"},
+        {"task_id": "classify_2"},
+        {"dag_id": "other_dag"},
+    ],
+)
+def test_run_key_differs_per_run_map_index_task_and_dag(change: dict) -> None:
+    assert replace(TRY, **change).run_key() != TRY.run_key()
+
+
+def test_run_keys_of_names_that_clean_alike_still_differ() -> None:
+    first = replace(TRY, dag_id="a b", run_id="r:1", task_id="t/1")
+    second = replace(TRY, dag_id="a/b", run_id="r 1", task_id="t 1")
+
+    assert first.run_key() != second.run_key()
+
+
+def test_run_key_does_not_collide_across_fields() -> None:
+    """The exact values are joined with a separator that cannot appear in them, so shifting text
+    from one field to the next gives another key."""
+    assert replace(TRY, dag_id="ab", run_id="c").run_key() != replace(TRY, dag_id="a", run_id="bc").run_key()
+
+
+@pytest.mark.parametrize(
+    "task_try",
+    [
+        TRY,
+        replace(TRY, dag_id="dág / ünïcode", task_id="group.task id", run_id="manual__2026:x?y#z&w%"),
+        replace(TRY, dag_id="///", task_id="***", run_id="???"),
+        replace(TRY, task_id="ünïcödé"),
+        replace(TRY, dag_id="d" * 300, task_id="t" * 300, run_id="r" * 300, map_index=12345, try_number=99),
+    ],
+)
+def test_run_key_matches_the_spec_pattern(task_try: TaskTry) -> None:
+    from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+    run_key = task_try.run_key()
+
+    assert RUN_KEY_PATTERN.fullmatch(run_key), run_key
+    assert run_key not in (".", "..")  # it names a folder under _staging/
+    spec = BatchInferenceSpec.build(
+        model="m", input_uri="in.jsonl", output_uri="out", user_template="{x}", run_key=run_key
+    )
+    assert spec.run_key == run_key
+
+
+# -- owns: which Ray jobs belong to this logical run --------------------------------------------
+
+
+@pytest.mark.parametrize("try_number", [1, 2, 10])
+def test_owns_the_jobs_of_every_try(try_number: int) -> None:
+    assert TRY.owns(replace(TRY, try_number=try_number).metadata())
+
+
+def test_owns_ignores_extra_metadata() -> None:
+    assert TRY.owns({**TRY.metadata(), "raybatch_spec_fingerprint": "abc", "team": "ml"})
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"map_index": 0},
+        {"run_id": "scheduled__2026-11-22T00:00:00+00:00"},
+        {"task_id": "classify_2"},
+        {"dag_id": "other_dag"},
+    ],
+)
+def test_owns_not_the_jobs_of_another_run(change: dict) -> None:
+    assert not TRY.owns(replace(TRY, **change).metadata())
+
+
+@pytest.mark.parametrize(
+    "missing", ["airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index"]
+)
+def test_owns_not_a_job_missing_a_key(missing: str) -> None:
+    metadata = TRY.metadata()
+    del metadata[missing]
+
+    assert not TRY.owns(metadata)
+
+
+def test_owns_not_foreign_or_empty_metadata() -> None:
+    assert not TRY.owns({})
+    assert not TRY.owns({"airflow_map_index": "-1"})

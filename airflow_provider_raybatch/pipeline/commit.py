@@ -1,0 +1,193 @@
+"""Staging, resume and commit: how a run becomes visible exactly once, and how a retry resumes.
+
+While a run is in progress its result rows stream into ``_staging/<run_key>/`` as parts (see
+:mod:`~airflow_provider_raybatch.pipeline.sink`). A retry of the same logical run (same ``run_key``,
+same spec fingerprint) reads the sources of the committed parts and processes only the rest.
+Commit drops a part Ray wrote twice, checks that every input row is accounted for, moves the parts
+into a new version folder, replaces ``manifest.json`` and only then deletes the previous version
+(unless ``keep_versions``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+log = logging.getLogger("airflow_provider_raybatch.pipeline")
+
+#: Sub-folders of a run's staging folder (see sink.py).
+PART_FOLDERS = ("outputs", "errors", "parts")
+
+
+def reason_kind(reason: str) -> str:
+    """An error reason's kind: the words before its first colon ('malformed JSON: line 6, ...')."""
+    return reason.split(":", 1)[0].strip()[:80]
+
+
+class InvariantError(RuntimeError):
+    """Rows would be lost or doubled: the run refuses to commit."""
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    name: str
+    sidecar: dict[str, Any]  # Any: JSON values written by the sink.
+
+
+def _sidecars(layout: OutputLayout) -> list[StagedPart]:
+    """The committed parts; a sidecar whose data files are gone no longer counts and is removed.
+
+    Files go missing when a commit moved them into a version folder and died before publishing:
+    their rows are then redone rather than counted over an empty folder.
+    """
+    parts = []
+    for path in storage.list_files(storage.join(layout.staging_uri, "parts")):
+        if not path.endswith(".json"):
+            continue  # a temporary file of a write that died
+        uri = path if "://" not in layout.staging_uri else _uri_of(layout, path)
+        part = StagedPart(posixpath.basename(path).removesuffix(".json"), json.loads(storage.read_text(uri)))
+        files = [storage.join(layout.staging_uri, folder, name) for folder, name in part.sidecar["files"].items()]
+        if all(storage.exists(file) for file in files):
+            parts.append(part)
+            continue
+        log.warning("Staged part %s lost its data files; its rows will be redone.", part.name)
+        _delete_part(layout, part)
+    return parts
+
+
+def _delete_part(layout: OutputLayout, part: StagedPart) -> None:
+    """Delete a part's data files, then its sidecar (so a crash in between leaves an invalid part)."""
+    for folder, name in part.sidecar["files"].items():
+        storage.delete_file(storage.join(layout.staging_uri, folder, name))
+    storage.delete_file(storage.join(layout.staging_uri, "parts", f"{part.name}.json"))
+
+
+def _uri_of(layout: OutputLayout, path: str) -> str:
+    """The URI of a path that pyarrow listed on the staging folder's filesystem (s3: 'bucket/key')."""
+    return f"{layout.staging_uri.split('://', 1)[0]}://{path}"
+
+
+def _remove_orphans(layout: OutputLayout, committed: set[str]) -> int:
+    """Delete data files of parts that never got their sidecar (written while the job died)."""
+    removed = 0
+    for folder in ("outputs", "errors"):
+        filesystem, _ = storage.filesystem(storage.join(layout.staging_uri, folder))
+        for path in storage.list_files(storage.join(layout.staging_uri, folder)):
+            if posixpath.basename(path).split(".", 1)[0] not in committed:
+                filesystem.delete_file(path)
+                removed += 1
+    return removed
+
+
+def open_staging(layout: OutputLayout, spec: BatchInferenceSpec) -> set[str]:
+    """Prepare staging for this run and return the sources of rows an earlier try already staged.
+
+    Staging from a different spec (the prompt changed between tries, say) is discarded, and so are
+    the files of parts that were being written when an earlier try died.
+    """
+    fingerprint = spec.fingerprint()
+    if storage.exists(layout.staged_spec_uri):
+        staged = json.loads(storage.read_text(layout.staged_spec_uri))
+        if staged.get("fingerprint") != fingerprint:
+            log.info("Staging of %s holds another spec's rows; starting over.", layout.run_key)
+            storage.delete_tree(layout.staging_uri)
+    if not storage.exists(layout.staged_spec_uri):
+        # No spec.json: nothing staged, or the rest of a staging folder whose deletion died half way.
+        storage.delete_tree(layout.staging_uri)
+        storage.write_text(layout.staged_spec_uri, json.dumps({"fingerprint": fingerprint}))
+        return set()
+    parts = _sidecars(layout)
+    removed = _remove_orphans(layout, {part.name for part in parts})
+    if removed:
+        log.info("Removed %d staged files of parts an earlier try did not finish.", removed)
+    return {source for part in parts for source in part.sidecar["sources"]}
+
+
+def _drop_repeated_parts(layout: OutputLayout, parts: list[StagedPart]) -> list[StagedPart]:
+    """Keep the first copy of each row: a later part repeating rows (a retried write task) goes."""
+    seen: set[str] = set()
+    kept = []
+    for part in sorted(parts, key=lambda p: p.name):
+        sources = set(part.sidecar["sources"])
+        overlap = sources & seen
+        if overlap and overlap != sources:
+            raise InvariantError(f"staged part {part.name} repeats {len(overlap)} of its rows only partly.")
+        if overlap:
+            log.warning("Dropping staged part %s: Ray wrote its %d rows twice.", part.name, len(sources))
+            _delete_part(layout, part)
+            continue
+        seen |= sources
+        kept.append(part)
+    return kept
+
+
+@dataclass
+class CommittedRun:
+    version: str
+    outputs_uri: str
+    errors_uri: str
+    rows_out: int = 0
+    rows_failed: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    errors_by_reason: dict[str, int] = field(default_factory=dict)
+    generated_text_counts: dict[str, int] | None = None
+
+
+def write_version(layout: OutputLayout, spec: BatchInferenceSpec, rows_in: int) -> CommittedRun:
+    """Move the staged parts into a new version folder (invisible until :func:`publish`)."""
+    parts = _drop_repeated_parts(layout, _sidecars(layout))
+    _remove_orphans(layout, {part.name for part in parts})
+    version = layout.new_version()
+    run = CommittedRun(
+        version=version,
+        outputs_uri=storage.join(layout.version_uri(version), "outputs"),
+        errors_uri=storage.join(layout.version_uri(version), "errors"),
+    )
+    reasons: Counter[str] = Counter()
+    labels: Counter[str] = Counter()
+    for part in parts:
+        run.rows_out += part.sidecar["rows_out"]
+        run.rows_failed += part.sidecar["rows_failed"]
+        run.tokens_in += part.sidecar["tokens_in"]
+        run.tokens_out += part.sidecar["tokens_out"]
+        reasons.update(part.sidecar["errors_by_reason"])
+        labels.update(part.sidecar.get("generated_text_counts", {}))
+    if run.rows_out + run.rows_failed != rows_in:
+        raise InvariantError(
+            f"rows in {rows_in} != rows out {run.rows_out} + rows failed {run.rows_failed}; "
+            f"staging kept at {layout.staging_uri} for inspection, nothing committed."
+        )
+    run.errors_by_reason = dict(sorted(reasons.items()))
+    if spec.structured_choices is not None:
+        run.generated_text_counts = dict(sorted(labels.items()))
+    for folder in ("outputs", "errors"):
+        source = storage.join(layout.staging_uri, folder)
+        target = storage.join(layout.version_uri(version), folder)
+        if storage.exists(source):
+            storage.move_tree(source, target)
+        else:
+            filesystem, path = storage.filesystem(target)
+            filesystem.create_dir(path, recursive=True)
+    return run
+
+
+def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.
+    """Make the version visible (manifest last), then clean up staging and the previous version."""
+    previous = None
+    if storage.exists(layout.manifest_uri):
+        previous = json.loads(storage.read_text(layout.manifest_uri)).get("version")
+    storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
+    storage.delete_tree(layout.staging_uri)
+    if previous and previous != manifest["version"] and not keep_versions:
+        storage.delete_tree(layout.version_uri(previous))
+
+

@@ -1,0 +1,570 @@
+"""Tests of airflow_provider_raybatch/pipeline/commit.py: error kinds, staging, resume and publish.
+
+Staging is emulated by hand: each part is written as sink.StagedPartsSink writes it (data files in
+``outputs/`` and ``errors/``, then the ``parts/<part>.json`` sidecar last), without importing the sink,
+which needs Ray. ``open_staging``, ``write_version`` and ``publish`` then run on local disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_raybatch.pipeline import commit, storage
+from airflow_provider_raybatch.pipeline.prompts import build_messages, row_id
+from airflow_provider_raybatch.pipeline.rows import parse_file
+from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+RUN_KEY = "classify-m-1-0123456789abcdef"
+
+
+def spec_of(**params: Any) -> BatchInferenceSpec:  # Any: spec parameter values.
+    return BatchInferenceSpec.build(
+        model="m", input_uri="in.jsonl", output_uri="out", user_template="{Company}", **params
+    )
+
+
+# -- reason_kind --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("malformed JSON: line 6, column 3: Expecting value", "malformed JSON"),
+        ("invalid UTF-8: byte 7 of line 2", "invalid UTF-8"),
+        ("not a JSON object: line 1 is a JSON list", "not a JSON object"),
+        ("unreadable file: not valid parquet: ArrowInvalid: bad magic", "unreadable file"),
+        ("missing column: user_template needs column 'Customer Id', which the row lacks", "missing column"),
+        ("empty prompt: column 'Company' used by user_template is empty", "empty prompt"),
+        ("bad messages: message 0 of column 'messages' needs 'role' and 'content'", "bad messages"),
+        ("missing id: id column 'Id' is missing or empty", "missing id"),
+        ("duplicate id: 'c-1' first seen at in.jsonl:1", "duplicate id"),
+        ("preprocess failed: pkg.fns:clean: KeyError: 'a'", "preprocess failed"),
+        ("output not a choice: 'maybe' after 3 tokens; ", "output not a choice"),
+        ("inference failed: CUDA error", "inference failed"),
+        ("  padded kind  : text", "padded kind"),
+        ("no colon at all", "no colon at all"),
+        ("", ""),
+    ],
+)
+def test_reason_kind(reason: str, kind: str) -> None:
+    assert commit.reason_kind(reason) == kind
+
+
+def test_reason_kind_is_short() -> None:
+    assert commit.reason_kind("x" * 500) == "x" * 80
+    assert commit.reason_kind("y" * 500 + ": detail") == "y" * 80
+
+
+def _reasons_from_rows_and_prompts() -> list[str]:
+    """One real reason of every kind rows.py and prompts.py produce."""
+    reasons = [
+        record["error"]
+        for record in [
+            *parse_file("in.jsonl", b'{"a": 1,,}\n[1]\n{"a": "\xff"}\n', "jsonl"),
+            *parse_file("in.parquet", b"not parquet", "parquet"),
+        ]
+    ]
+    template = spec_of(id_column="Id")
+    messages = BatchInferenceSpec.build(
+        model="m", input_uri="in.jsonl", output_uri="out", messages_column="m"
+    )
+    for call in [
+        lambda: build_messages(template, {"Other": 1}),
+        lambda: build_messages(template, {"Company": " "}),
+        lambda: build_messages(template, {"Company": math.nan}),
+        lambda: build_messages(messages, {"m": "not json"}),
+        lambda: build_messages(messages, {"m": []}),
+        lambda: build_messages(messages, {"m": [{"role": "user"}]}),
+        lambda: build_messages(messages, {"m": [{"role": "user", "content": ""}]}),
+        lambda: row_id(template, {"Id": None}, "in.jsonl:1"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            call()
+        reasons.append(str(info.value))
+    return reasons
+
+
+def test_every_row_and_prompt_reason_has_a_stable_kind() -> None:
+    """errors_by_reason in the manifest counts by kind: the kinds must not carry row details."""
+    kinds = [commit.reason_kind(reason) for reason in _reasons_from_rows_and_prompts()]
+
+    assert kinds == [
+        "malformed JSON",
+        "not a JSON object",
+        "invalid UTF-8",
+        "unreadable file",
+        "missing column",
+        "empty prompt",
+        "empty prompt",
+        "bad messages",
+        "bad messages",
+        "bad messages",
+        "empty prompt",
+        "missing id",
+    ]
+
+
+def test_part_folders() -> None:
+    """The sink creates these and write_version moves the first two: the layout both rely on."""
+    assert commit.PART_FOLDERS == ("outputs", "errors", "parts")
+
+
+# -- staging emulated by hand ---------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _pyarrow() -> None:
+    pytest.importorskip("pyarrow.fs")
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> OutputLayout:
+    return OutputLayout(str(tmp_path / "out"), RUN_KEY)
+
+
+def _jsonl(records: list[dict[str, Any]]) -> str:  # Any: JSON values.
+    return "".join(json.dumps(record) + "\n" for record in records)
+
+
+def stage_part(
+    layout: OutputLayout,
+    name: str,
+    sources: list[str],
+    *,
+    failed: list[str] = (),  # type: ignore[assignment]
+    tokens: tuple[int, int] = (0, 0),
+    reasons: dict[str, int] | None = None,
+    labels: dict[str, int] | None = None,
+    sidecar: bool = True,
+) -> dict[str, Path]:
+    """Stage one part as StagedPartsSink does: the rows of ``sources`` not in ``failed`` are outputs,
+    those in ``failed`` errors; the sidecar is written last (``sidecar=False``: the job died first).
+
+    Returns the part's files by folder.
+    """
+    staging = Path(layout.staging_uri)
+    outputs = [{"id": source, "generated_text": "x"} for source in sources if source not in failed]
+    errors = [{"id": source, "source": source, "error": "empty prompt: e"} for source in failed]
+    files: dict[str, Path] = {}
+    for folder, records in (("outputs", outputs), ("errors", errors)):
+        if records:
+            path = staging / folder / f"{name}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(_jsonl(records))
+            files[folder] = path
+    if sidecar:
+        document: dict[str, Any] = {  # Any: JSON values.
+            "sources": list(sources),
+            "files": {folder: path.name for folder, path in files.items()},
+            "rows_out": len(outputs),
+            "rows_failed": len(errors),
+            "tokens_in": tokens[0],
+            "tokens_out": tokens[1],
+            "errors_by_reason": dict(Counter("empty prompt" for _ in errors)) if reasons is None else reasons,
+        }
+        if labels is not None:
+            document["generated_text_counts"] = labels
+        path = staging / "parts" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document))
+        files["parts"] = path
+    return files
+
+
+def files_under(uri: str) -> list[str]:
+    """Paths under a folder, relative to it, sorted."""
+    root = Path(uri)
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+
+
+# -- open_staging ---------------------------------------------------------------------------------
+
+
+def test_open_staging_fresh_records_the_spec(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+
+    assert commit.open_staging(layout, spec) == set()
+
+    assert json.loads(storage.read_text(layout.staged_spec_uri)) == {"fingerprint": spec.fingerprint()}
+    assert files_under(layout.staging_uri) == ["spec.json"]
+
+
+def test_open_staging_resumes_the_sources_of_the_sidecars(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    first = stage_part(layout, "part-a", ["in.jsonl:1", "in.jsonl:2"], failed=["in.jsonl:2"])
+    second = stage_part(layout, "part-b", ["sub/x.jsonl:1"])
+
+    assert commit.open_staging(layout, spec) == {"in.jsonl:1", "in.jsonl:2", "sub/x.jsonl:1"}
+
+    for path in [*first.values(), *second.values()]:
+        assert path.exists(), path  # resuming keeps every committed part
+
+
+def test_open_staging_resumes_a_file_uri(layout: OutputLayout) -> None:
+    """file:// output URIs: the sidecars are found and read through the URI, not a bare path."""
+    file_layout = OutputLayout(f"file://{layout.output_uri}", RUN_KEY)
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(file_layout, spec)
+    stage_part(layout, "part-a", ["1", "2"])  # the same folder, by its plain path
+
+    assert commit.open_staging(file_layout, spec) == {"1", "2"}
+
+
+def test_open_staging_resumes_across_keep_versions(layout: OutputLayout) -> None:
+    """keep_versions is not part of the fingerprint, so changing it keeps the staged rows."""
+    commit.open_staging(layout, spec_of(run_key=RUN_KEY))
+    stage_part(layout, "part-a", ["1"])
+
+    assert commit.open_staging(layout, spec_of(run_key=RUN_KEY, keep_versions=True)) == {"1"}
+
+
+def test_open_staging_discards_another_specs_parts(layout: OutputLayout) -> None:
+    commit.open_staging(layout, spec_of(run_key=RUN_KEY))
+    staged = stage_part(layout, "part-a", ["1", "2"], failed=["2"])
+    changed = spec_of(run_key=RUN_KEY, system_prompt="Answer in French.")
+
+    assert commit.open_staging(layout, changed) == set()
+
+    assert not any(path.exists() for path in staged.values())
+    assert files_under(layout.staging_uri) == ["spec.json"]
+    assert json.loads(storage.read_text(layout.staged_spec_uri)) == {"fingerprint": changed.fingerprint()}
+
+
+def test_open_staging_deletes_the_files_of_parts_without_a_sidecar(layout: OutputLayout) -> None:
+    """A part whose sidecar was never written (the job died mid-part) does not count and goes."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    kept = stage_part(layout, "part-a", ["1", "2"], failed=["2"])
+    orphan = stage_part(layout, "part-b", ["3", "4"], failed=["4"], sidecar=False)
+    assert set(orphan) == {"outputs", "errors"}
+    # The sidecar's own temporary file, left by a write that died: not a committed part.
+    (Path(layout.staging_uri) / "parts" / "part-b.json.tmp-0123abcd").write_text('{"sources": ["3"')
+
+    assert commit.open_staging(layout, spec) == {"1", "2"}
+
+    assert not any(path.exists() for path in orphan.values())
+    assert all(path.exists() for path in kept.values())
+    assert files_under(storage.join(layout.staging_uri, "outputs")) == ["part-a.jsonl"]
+    assert files_under(storage.join(layout.staging_uri, "errors")) == ["part-a.jsonl"]
+
+
+def test_open_staging_leaves_other_runs_alone(tmp_path: Path) -> None:
+    mine = OutputLayout(str(tmp_path / "out"), "run-a")
+    other = OutputLayout(str(tmp_path / "out"), "run-b")
+    commit.open_staging(other, spec_of(run_key="run-b"))
+    others = stage_part(other, "part-x", ["x", "y"], failed=["y"])
+    others_orphan = stage_part(other, "part-y", ["z"], sidecar=False)
+    commit.open_staging(mine, spec_of(run_key="run-a"))
+    stage_part(mine, "part-m", ["m"])
+    stage_part(mine, "part-n", ["n"], sidecar=False)
+
+    # run-a's staging is discarded (another spec) and, separately, cleaned of orphans.
+    assert commit.open_staging(mine, spec_of(run_key="run-a", system_prompt="changed")) == set()
+    stage_part(mine, "part-o", ["o"], sidecar=False)
+    assert commit.open_staging(mine, spec_of(run_key="run-a", system_prompt="changed")) == set()
+
+    assert all(path.exists() for path in [*others.values(), *others_orphan.values()])
+    assert json.loads(storage.read_text(other.staged_spec_uri)) == {
+        "fingerprint": spec_of(run_key="run-b").fingerprint()
+    }
+    assert commit.open_staging(other, spec_of(run_key="run-b")) == {"x", "y"}
+
+
+# -- _drop_repeated_parts -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("repeated", [["1", "2"], ["2", "1"], ["2"]], ids=["same", "reordered", "subset"])
+def test_a_part_repeating_earlier_rows_is_dropped_with_its_files(
+    layout: OutputLayout, repeated: list[str]
+) -> None:
+    """A retried Ray write task stages the same rows again under another part name."""
+    first = stage_part(layout, "part-a", ["1", "2"], failed=["2"])
+    again = stage_part(layout, "part-b", repeated, failed=["2"])
+    other = stage_part(layout, "part-c", ["3"])
+
+    kept = commit._drop_repeated_parts(layout, commit._sidecars(layout))
+
+    assert [part.name for part in kept] == ["part-a", "part-c"]
+    assert not again["errors"].exists()
+    assert "outputs" not in again or not again["outputs"].exists()
+    assert all(path.exists() for path in [*first.values(), *other.values()])
+
+
+def test_parts_without_repeats_are_all_kept(layout: OutputLayout) -> None:
+    stage_part(layout, "part-b", ["2"])
+    stage_part(layout, "part-a", ["1"])
+
+    kept = commit._drop_repeated_parts(layout, commit._sidecars(layout))
+
+    assert [part.name for part in kept] == ["part-a", "part-b"]
+
+
+def test_a_part_repeating_rows_only_partly_raises(layout: OutputLayout) -> None:
+    first = stage_part(layout, "part-a", ["1", "2"])
+    partial = stage_part(layout, "part-b", ["2", "3"])
+
+    with pytest.raises(commit.InvariantError, match="part-b"):
+        commit._drop_repeated_parts(layout, commit._sidecars(layout))
+
+    assert all(path.exists() for path in [*first.values(), *partial.values()])
+
+
+# -- write_version --------------------------------------------------------------------------------
+
+
+CHOICES = {"max_tokens": 4, "structured_outputs": {"choice": ["yes", "no"]}}
+
+
+def test_write_version_adds_up_the_parts_and_moves_them(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY, sampling_params=CHOICES)
+    commit.open_staging(layout, spec)
+    first = stage_part(
+        layout, "part-a", ["1", "2", "3"], failed=["3"], tokens=(10, 2),
+        reasons={"empty prompt": 1}, labels={"yes": 1, "no": 1},
+    )  # fmt: skip
+    second = stage_part(
+        layout, "part-b", ["4", "5", "6"], failed=["5", "6"], tokens=(7, 1),
+        reasons={"output not a choice": 1, "empty prompt": 1}, labels={"yes": 1},
+    )  # fmt: skip
+    contents = {
+        (folder, path.name): path.read_text()
+        for part in (first, second)
+        for folder, path in part.items()
+        if folder != "parts"
+    }
+
+    run = commit.write_version(layout, spec, rows_in=6)
+
+    assert re.fullmatch(rf"\d{{8}}T\d{{6}}-{RUN_KEY[-12:]}-[0-9a-f]{{6}}", run.version)
+    assert run.outputs_uri == f"{layout.output_uri}/versions/{run.version}/outputs"
+    assert run.errors_uri == f"{layout.output_uri}/versions/{run.version}/errors"
+    assert (run.rows_out, run.rows_failed) == (3, 3)
+    assert (run.tokens_in, run.tokens_out) == (17, 3)
+    assert run.errors_by_reason == {"empty prompt": 2, "output not a choice": 1}
+    assert list(run.errors_by_reason) == sorted(run.errors_by_reason)
+    assert run.generated_text_counts == {"no": 1, "yes": 2}
+    assert files_under(run.outputs_uri) == ["part-a.jsonl", "part-b.jsonl"]
+    assert files_under(run.errors_uri) == ["part-a.jsonl", "part-b.jsonl"]
+    for (folder, name), text in contents.items():
+        assert (Path(layout.version_uri(run.version)) / folder / name).read_text() == text
+    assert not Path(layout.staging_uri, "outputs").exists()
+    assert not Path(layout.staging_uri, "errors").exists()
+    assert not Path(layout.manifest_uri).exists()  # invisible until publish
+
+
+def test_write_version_without_choices_counts_no_labels(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+    stage_part(layout, "part-a", ["1"], labels={"yes": 1})
+
+    run = commit.write_version(layout, spec, rows_in=1)
+
+    assert run.generated_text_counts is None
+    assert run.errors_by_reason == {}
+
+
+def test_write_version_of_choices_without_outputs_has_empty_label_counts(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY, sampling_params=CHOICES)
+    stage_part(layout, "part-a", ["1"], failed=["1"], labels={})
+
+    run = commit.write_version(layout, spec, rows_in=1)
+
+    assert run.generated_text_counts == {}
+
+
+def test_write_version_counts_a_repeated_part_once(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+    stage_part(layout, "part-a", ["1", "2"], tokens=(5, 5))
+    stage_part(layout, "part-b", ["1", "2"], tokens=(5, 5))
+
+    run = commit.write_version(layout, spec, rows_in=2)
+
+    assert (run.rows_out, run.tokens_in) == (2, 5)
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"]
+
+
+def test_write_version_leaves_out_parts_without_a_sidecar(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+    stage_part(layout, "part-a", ["1"])
+    stage_part(layout, "part-b", ["2"], failed=["2"], sidecar=False)
+
+    run = commit.write_version(layout, spec, rows_in=1)
+
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"]
+    assert files_under(run.errors_uri) == []
+
+
+@pytest.mark.parametrize("rows_in", [2, 4], ids=["rows-doubled", "rows-lost"])
+def test_write_version_refuses_counts_that_do_not_add_up(layout: OutputLayout, rows_in: int) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    staged = [stage_part(layout, "part-a", ["1", "2"], failed=["2"]), stage_part(layout, "part-b", ["3"])]
+
+    with pytest.raises(commit.InvariantError, match=rf"rows in {rows_in} != rows out 2 \+ rows failed 1"):
+        commit.write_version(layout, spec, rows_in=rows_in)
+
+    assert all(path.exists() for part in staged for path in part.values())  # kept for inspection
+    assert not Path(layout.output_uri, "versions").exists()
+    assert not Path(layout.manifest_uri).exists()
+
+
+@pytest.mark.parametrize(
+    ("failed", "present", "empty"),
+    [(["1"], "errors", "outputs"), ([], "outputs", "errors")],
+    ids=["no-outputs", "no-errors"],
+)
+def test_write_version_creates_an_empty_folder_for_a_kind_without_rows(
+    layout: OutputLayout, failed: list[str], present: str, empty: str
+) -> None:
+    stage_part(layout, "part-a", ["1"], failed=failed)
+
+    run = commit.write_version(layout, spec_of(run_key=RUN_KEY), rows_in=1)
+
+    version = Path(layout.version_uri(run.version))
+    assert files_under(str(version / present)) == ["part-a.jsonl"]
+    assert (version / empty).is_dir()
+    assert list((version / empty).iterdir()) == []
+
+
+def test_write_version_of_no_rows_creates_both_folders(layout: OutputLayout) -> None:
+    commit.open_staging(layout, spec_of(run_key=RUN_KEY))
+
+    run = commit.write_version(layout, spec_of(run_key=RUN_KEY), rows_in=0)
+
+    assert (run.rows_out, run.rows_failed) == (0, 0)
+    assert Path(run.outputs_uri).is_dir() and list(Path(run.outputs_uri).iterdir()) == []
+    assert Path(run.errors_uri).is_dir() and list(Path(run.errors_uri).iterdir()) == []
+
+
+def test_a_retry_after_a_crash_before_publish_redoes_the_rows(layout: OutputLayout) -> None:
+    """The job dies after write_version moved the parts but before publish wrote the manifest.
+
+    The sidecars left in staging point at files that are gone: the retry must redo those rows, and a
+    commit without them must refuse rather than count rows over an empty outputs folder.
+    """
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    stage_part(layout, "part-a", ["1", "2"])
+    commit.write_version(layout, spec, rows_in=2)  # ... and the job dies here.
+
+    assert commit.open_staging(layout, spec) == set()  # the retry redoes both rows
+    with pytest.raises(commit.InvariantError):
+        commit.write_version(layout, spec, rows_in=2)
+    stage_part(layout, "part-c", ["1", "2"])
+    run = commit.write_version(layout, spec, rows_in=2)
+    assert run.rows_out == 2
+    assert files_under(run.outputs_uri) != []
+
+
+def test_a_retry_after_a_repeated_part_was_dropped_commits(layout: OutputLayout) -> None:
+    """write_version dropped a repeated part, then the job died before publish: the retry must
+    commit, not fail on the dropped part's already-deleted files (every retry would fail alike)."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    stage_part(layout, "part-a", ["1"])
+    stage_part(layout, "part-b", ["1"])
+    commit._drop_repeated_parts(layout, commit._sidecars(layout))  # ... and the job dies here.
+
+    assert commit.open_staging(layout, spec) == {"1"}
+    run = commit.write_version(layout, spec, rows_in=1)
+
+    assert run.rows_out == 1
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"]
+
+
+# -- publish --------------------------------------------------------------------------------------
+
+
+def version_folder(layout: OutputLayout, version: str) -> Path:
+    folder = Path(layout.version_uri(version)) / "outputs"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "part-0.parquet").write_text("rows")
+    return folder.parent
+
+
+def test_publish_writes_the_manifest_and_clears_staging(layout: OutputLayout) -> None:
+    commit.open_staging(layout, spec_of(run_key=RUN_KEY))
+    stage_part(layout, "part-a", ["1"])
+    first = version_folder(layout, "v1")
+
+    commit.publish(layout, {"version": "v1", "rows_in": 1}, keep_versions=False)
+
+    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v1", "rows_in": 1}
+    assert not storage.exists(layout.staging_uri)
+    assert first.exists()
+
+
+def test_publish_leaves_other_runs_staging_alone(tmp_path: Path) -> None:
+    mine = OutputLayout(str(tmp_path / "out"), "run-a")
+    other = OutputLayout(str(tmp_path / "out"), "run-b")
+    staged = stage_part(other, "part-x", ["x"])
+    stage_part(mine, "part-m", ["m"])
+
+    commit.publish(mine, {"version": "v1"}, keep_versions=False)
+
+    assert not storage.exists(mine.staging_uri)
+    assert all(path.exists() for path in staged.values())
+
+
+@pytest.mark.parametrize(("keep_versions", "kept"), [(False, False), (True, True)])
+def test_publish_deletes_the_previous_version_unless_kept(
+    layout: OutputLayout, keep_versions: bool, kept: bool
+) -> None:
+    first = version_folder(layout, "v1")
+    commit.publish(layout, {"version": "v1"}, keep_versions=keep_versions)
+    second = version_folder(layout, "v2")
+
+    commit.publish(layout, {"version": "v2"}, keep_versions=keep_versions)
+
+    assert json.loads(storage.read_text(layout.manifest_uri))["version"] == "v2"
+    assert second.exists()
+    assert first.exists() is kept
+
+
+def test_publish_of_the_same_version_again_keeps_it(layout: OutputLayout) -> None:
+    folder = version_folder(layout, "v1")
+    commit.publish(layout, {"version": "v1"}, keep_versions=False)
+
+    commit.publish(layout, {"version": "v1", "again": True}, keep_versions=False)
+
+    assert folder.exists()
+    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v1", "again": True}
+
+
+def test_publish_over_a_manifest_of_the_old_layout(layout: OutputLayout) -> None:
+    """A manifest from before versions existed has no "version": nothing to delete, no error."""
+    storage.write_text(layout.manifest_uri, json.dumps({"status": "complete", "outputs_uri": "x/outputs"}))
+    version_folder(layout, "v1")
+
+    commit.publish(layout, {"version": "v1"}, keep_versions=False)
+
+    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v1"}
+
+
+def test_write_version_then_publish_replaces_the_previous_run(layout: OutputLayout) -> None:
+    """Two runs of the same output end to end: readers following the manifest see the second."""
+    spec = spec_of(run_key=RUN_KEY)
+    stage_part(layout, "part-a", ["1"])
+    first = commit.write_version(layout, spec, rows_in=1)
+    commit.publish(layout, {"version": first.version, "outputs_uri": first.outputs_uri}, keep_versions=False)
+    commit.open_staging(layout, spec)
+    stage_part(layout, "part-b", ["1", "2"])
+
+    second = commit.write_version(layout, spec, rows_in=2)
+    new_manifest = {"version": second.version, "outputs_uri": second.outputs_uri}
+    commit.publish(layout, new_manifest, keep_versions=False)
+
+    manifest = json.loads(storage.read_text(layout.manifest_uri))
+    assert manifest["version"] == second.version != first.version
+    assert files_under(manifest["outputs_uri"]) == ["part-b.jsonl"]
+    assert not Path(layout.version_uri(first.version)).exists()
+    assert not storage.exists(layout.staging_uri)
+    assert sorted(p.name for p in Path(layout.output_uri, "versions").iterdir()) == [second.version]
