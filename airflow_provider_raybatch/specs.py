@@ -134,6 +134,11 @@ class BatchInferenceSpec(BaseModel):
     concurrency: PositiveInt | tuple[PositiveInt, PositiveInt] = Field(
         default=1, description="Engine replicas: an int, or (min, max) for an autoscaling pool."
     )
+    max_concurrent_batches: PositiveInt | None = Field(
+        default=None,
+        description="Batches one replica works on at once (Ray Data LLM's default when unset). Also "
+        "bounds the rows a killed run loses in flight: about max_concurrent_batches x batch_size per replica.",
+    )
     accelerator_type: str | None = Field(default=None, description="Ray accelerator type, e.g. 'H100'.")
     replica_resources: dict[str, float] | None = Field(
         default=None,

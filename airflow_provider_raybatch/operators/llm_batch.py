@@ -50,7 +50,8 @@ class RayLLMBatchOperator(BaseOperator):
 
     The batch parameters (``model``, ``input_uri``, ``output_uri``, ``input_format``, ``output_format``,
     ``messages_column``, ``system_prompt``, ``user_template``, ``preprocess``, ``postprocess``,
-    ``sampling_params``, ``engine_kwargs``, ``batch_size``, ``concurrency``, ``accelerator_type``,
+    ``sampling_params``, ``engine_kwargs``, ``batch_size``, ``concurrency``, ``max_concurrent_batches``,
+    ``accelerator_type``,
     ``replica_resources``, ``id_column``, ``keep_columns``) are the fields of
     :class:`~airflow_provider_raybatch.specs.BatchInferenceSpec`, whose descriptions document them;
     they are validated together before anything is submitted. Dict and list parameters may be given as
@@ -108,6 +109,7 @@ class RayLLMBatchOperator(BaseOperator):
         engine_kwargs: dict[str, Any] | str | None = None,  # Any: vLLM engine arguments.
         batch_size: int = 64,
         concurrency: int | tuple[int, int] | str = 1,
+        max_concurrent_batches: int | None = None,
         accelerator_type: str | None = None,
         replica_resources: dict[str, float] | str | None = None,
         id_column: str | None = None,
@@ -136,6 +138,7 @@ class RayLLMBatchOperator(BaseOperator):
         self.engine_kwargs = engine_kwargs or {}
         self.batch_size = batch_size
         self.concurrency = concurrency
+        self.max_concurrent_batches = max_concurrent_batches
         self.accelerator_type = accelerator_type
         self.replica_resources = replica_resources
         self.id_column = id_column

