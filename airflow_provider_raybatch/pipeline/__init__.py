@@ -1,6 +1,7 @@
 """The batch pipeline that runs on the Ray cluster (``python -m airflow_provider_raybatch.pipeline``).
 
 It is shipped with each job in the runtime_env's ``py_modules``; it needs Ray Data and vLLM on the
-cluster but never Airflow. ``rows`` and ``prompts`` are pure functions; ``run`` wires them into
-Ray Data and ``ray.data.llm``.
+cluster but never Airflow. ``rows`` (file parsing) and ``prompts`` are pure functions; ``run`` wires
+them into Ray Data and ``ray.data.llm``; ``sink`` stages result parts as blocks finish; ``commit``
+resumes from staging and publishes a version; ``storage`` is the local-disk / S3 file layer.
 """
