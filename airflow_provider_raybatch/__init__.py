@@ -6,6 +6,8 @@ the shipped ``pipeline`` package, so it imports nothing beyond the standard libr
 
 from __future__ import annotations
 
+from airflow_provider_raybatch.connection_form import provider_connection_type
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "get_provider_info"]
@@ -33,7 +35,5 @@ def get_provider_info() -> dict:
         "triggers": [
             {"integration-name": "Ray", "python-modules": ["airflow_provider_raybatch.triggers.ray"]}
         ],
-        "connection-types": [
-            {"connection-type": "ray", "hook-class-name": "airflow_provider_raybatch.hooks.ray.RayHook"}
-        ],
+        "connection-types": [provider_connection_type()],
     }

@@ -24,6 +24,15 @@ class RayHookError(RayBatchError):
         self.status_code = status_code
 
 
+class RayUnavailableError(RayHookError):
+    """The Ray Jobs API could not be reached or answered 5xx: worth retrying (a head restart, a proxy)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, request_sent: bool = True) -> None:
+        super().__init__(message, status_code=status_code)
+        #: False when the connection failed before the request left: safe to resend even a submit.
+        self.request_sent = request_sent
+
+
 class RayAuthError(RayHookError):
     """The Ray cluster rejected the request's credentials (HTTP 401 or 403)."""
 
@@ -55,3 +64,11 @@ class RayJobTimeoutError(RayBatchError):
 
 class RayTriggerEventError(RayBatchError):
     """A trigger event arrived that the operator cannot understand."""
+
+
+class ClusterLayoutError(RayBatchError):
+    """The job's engine replicas do not fit the Ray cluster; names the parameter and what the cluster has."""
+
+    def __init__(self, message: str, *, parameter: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter

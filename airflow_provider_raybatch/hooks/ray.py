@@ -8,26 +8,36 @@ response parsing, error translation).
 from __future__ import annotations
 
 import enum
+import json
+import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 from airflow.sdk import BaseHook
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_delay
+from tenacity.wait import wait_exponential_jitter
 
+from airflow_provider_raybatch.connection_form import DEFAULT_PORT, ui_field_behaviour
 from airflow_provider_raybatch.exceptions import (
     RayAuthError,
     RayHookError,
     RayJobAlreadyExistsError,
     RayJobNotFoundError,
+    RayUnavailableError,
 )
 from airflow_provider_raybatch.utils.packaging import RayPackage
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-DEFAULT_PORT = 8265
 DEFAULT_TIMEOUT_SECONDS = 30.0
+#: How long calls keep retrying while the Jobs API is unreachable or answers 5xx (a head restart).
+DEFAULT_RETRY_WINDOW_SECONDS = 300.0
+#: First and longest pause between two retries (exponential backoff with jitter in between).
+FIRST_RETRY_WAIT_SECONDS = 1.0
+MAX_RETRY_WAIT_SECONDS = 30.0
 
 
 class JobStatus(str, enum.Enum):
@@ -83,6 +93,13 @@ class _Request:
     content: bytes | None = None
     # Statuses that are answers, not errors, for this call (e.g. 404 when probing a package).
     accepted_statuses: tuple[int, ...] = ()
+    # Sending it twice does no harm. A submit is not: it is resent only if it never left.
+    idempotent: bool = True
+
+    def should_retry(self, err: BaseException) -> bool:
+        if not isinstance(err, RayUnavailableError):
+            return False
+        return self.idempotent or not err.request_sent
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,7 @@ class RayConnectionSettings:
     cookies: dict[str, str]
     verify: bool | str
     timeout_seconds: float
+    retry_window_seconds: float = DEFAULT_RETRY_WINDOW_SECONDS
 
     @classmethod
     def from_connection(cls, conn: Connection) -> RayConnectionSettings:
@@ -108,20 +126,22 @@ class RayConnectionSettings:
             base_url += f":{conn.port}"
         elif ":" not in host and scheme == "http":
             base_url += f":{DEFAULT_PORT}"  # https without a port means an ingress on 443
-        headers = {str(k): str(v) for k, v in (extra.get("headers") or {}).items()}
+        headers = {str(k): str(v) for k, v in _json_object(extra, "headers").items()}
         token = conn.password or extra.get("token")
         if token and not any(k.lower() == "authorization" for k in headers):
             # Ray's dashboard reads "Authorization: Bearer <token>" (ray._private.authentication).
             headers["Authorization"] = f"Bearer {token}"
-        verify = extra.get("verify", True)
-        if isinstance(verify, str) and verify.lower() in ("true", "false"):
-            verify = verify.lower() == "true"
         return cls(
             base_url=base_url,
             headers=headers,
-            cookies={str(k): str(v) for k, v in (extra.get("cookies") or {}).items()},
-            verify=verify,
-            timeout_seconds=float(extra.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)),
+            cookies={str(k): str(v) for k, v in _json_object(extra, "cookies").items()},
+            verify=_verify(extra),
+            timeout_seconds=float(extra.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS),
+            retry_window_seconds=float(
+                extra["retry_window_seconds"]
+                if extra.get("retry_window_seconds") is not None
+                else DEFAULT_RETRY_WINDOW_SECONDS
+            ),
         )
 
     def client_kwargs(self) -> dict[str, Any]:  # Any: httpx keyword arguments.
@@ -134,8 +154,63 @@ class RayConnectionSettings:
         }
 
 
+def _json_object(extra: dict[str, Any], key: str) -> dict[str, Any]:  # Any: JSON values.
+    """A dict extra; the connection form may hand it over as JSON text."""
+    value = extra.get(key) or {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RayHookError(f"Connection extra {key!r} is not valid JSON: {err.msg}.") from err
+    if not isinstance(value, dict):
+        raise RayHookError(f"Connection extra {key!r} must be a JSON object, got {type(value).__name__}.")
+    return value
+
+
+def _verify(extra: dict[str, Any]) -> bool | str:  # Any: JSON values.
+    """TLS verification: a CA bundle path if one is given, else on unless switched off."""
+    if extra.get("ca_bundle_path"):
+        return str(extra["ca_bundle_path"])
+    verify = extra.get("verify")
+    if verify is None:
+        return True
+    if isinstance(verify, str) and verify.lower() in ("true", "false"):
+        return verify.lower() == "true"
+    return verify
+
+
 def _job_path(job_id: str, suffix: str = "") -> str:
     return f"/api/jobs/{quote(job_id, safe='')}{suffix}"
+
+
+def _tls_failure(err: BaseException) -> bool:
+    """Whether an ssl error lies anywhere in the exception's chain (httpx wraps it in ConnectError)."""
+    visited: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in visited:
+            continue
+        if isinstance(current, ssl.SSLError):
+            return True
+        visited.add(id(current))
+        pending += [current.__cause__, current.__context__]
+    return False
+
+
+def _unreachable(settings: RayConnectionSettings, err: httpx.HTTPError) -> RayHookError:
+    """Translate a transport failure; only those that pass (refused, reset, timed out) are retried."""
+    message = f"Ray Jobs API at {settings.base_url} unreachable: {type(err).__name__}: {err}"
+    if _tls_failure(err):  # a wrong certificate or CA does not pass with time: fail at once
+        return RayHookError(
+            f"TLS handshake with {settings.base_url} failed: {err}. Check the connection's CA bundle path "
+            "(extra ca_bundle_path) or, for a test cluster only, switch TLS verification off."
+        )
+    if isinstance(err, httpx.ConnectError | httpx.ConnectTimeout):
+        return RayUnavailableError(message, request_sent=False)
+    if isinstance(err, httpx.TransportError) and not isinstance(err, httpx.UnsupportedProtocol):
+        return RayUnavailableError(message)
+    return RayHookError(message)
 
 
 def _raise_for_response(request: _Request, response: httpx.Response) -> None:
@@ -162,6 +237,8 @@ def _raise_for_response(request: _Request, response: httpx.Response) -> None:
         raise RayJobNotFoundError(f"Ray job not found ({where} -> 404): {body}", status_code=status)
     if status in (400, 500) and "already exists" in text:
         raise RayJobAlreadyExistsError(f"{where} -> {status}: {body}", status_code=status)
+    if status >= 500:
+        raise RayUnavailableError(f"Ray Jobs API error ({where} -> {status}): {body}", status_code=status)
     raise RayHookError(f"Ray Jobs API error ({where} -> {status}): {body}", status_code=status)
 
 
@@ -187,7 +264,7 @@ def _submit_request(
         "entrypoint_resources": entrypoint_resources,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
-    return _Request("POST", "/api/jobs/", json=body)
+    return _Request("POST", "/api/jobs/", json=body, idempotent=False)
 
 
 class RayHook(BaseHook):
@@ -205,22 +282,21 @@ class RayHook(BaseHook):
     conn_type = "ray"
     hook_name = "Ray"
 
-    def __init__(self, ray_conn_id: str = default_conn_name, **kwargs: Any) -> None:  # Any: BaseHook's.
+    def __init__(
+        self,
+        ray_conn_id: str = default_conn_name,
+        retry_window_seconds: float | None = None,
+        **kwargs: Any,  # Any: BaseHook's.
+    ) -> None:
         super().__init__(**kwargs)
         self.ray_conn_id = ray_conn_id
+        self.retry_window_seconds = retry_window_seconds
         self._settings: RayConnectionSettings | None = None
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:  # Any: Airflow's form description.
-        return {
-            "hidden_fields": ["schema", "login"],
-            "relabeling": {"host": "Ray dashboard address", "password": "Ray auth token"},
-            "placeholders": {
-                "host": "http://127.0.0.1 or https://ray.example.com",
-                "port": str(DEFAULT_PORT),
-                "extra": '{"headers": {}, "verify": true, "cookies": {}}',
-            },
-        }
+        """The form for Airflow < 3.2; newer releases read ``ui-field-behaviour`` from the provider info."""
+        return ui_field_behaviour()
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -243,27 +319,59 @@ class RayHook(BaseHook):
 
     # -- transport -----------------------------------------------------------------------------
 
+    def _retry_policy(self, request: _Request, settings: RayConnectionSettings) -> dict[str, Any]:
+        """tenacity arguments shared by the sync and async retry loops."""
+        window = settings.retry_window_seconds if self.retry_window_seconds is None else self.retry_window_seconds
+
+        def log_retry(state: RetryCallState) -> None:
+            err = state.outcome.exception() if state.outcome else None
+            pause = state.next_action.sleep if state.next_action else 0
+            self.log.warning(
+                "%s (try %d; retrying in %.1f s, for up to %.0f s in all).", err, state.attempt_number, pause, window
+            )
+
+        return {
+            "retry": retry_if_exception(request.should_retry),
+            "stop": stop_after_delay(max(window, 0)),
+            "wait": wait_exponential_jitter(initial=FIRST_RETRY_WAIT_SECONDS, max=MAX_RETRY_WAIT_SECONDS),
+            "before_sleep": log_retry,
+            "reraise": True,
+        }
+
     def _send(self, request: _Request) -> httpx.Response:
+        settings = self.settings
+        for attempt in Retrying(**self._retry_policy(request, settings)):
+            with attempt:
+                return self._send_once(request, settings)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _send_once(self, request: _Request, settings: RayConnectionSettings) -> httpx.Response:
         try:
-            with httpx.Client(**self.settings.client_kwargs()) as client:
+            with httpx.Client(**settings.client_kwargs()) as client:
                 response = client.request(
                     request.method, request.path, json=request.json, content=request.content
                 )
         except httpx.HTTPError as err:
-            raise RayHookError(f"Ray Jobs API at {self.settings.base_url} unreachable: {err}") from err
+            raise _unreachable(settings, err) from err
         _raise_for_response(request, response)
         return response
 
     async def _a_send(self, request: _Request) -> httpx.Response:
         """Async version of :meth:`_send`."""
         settings = await self.a_settings()
+        async for attempt in AsyncRetrying(**self._retry_policy(request, settings)):
+            with attempt:
+                return await self._a_send_once(request, settings)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def _a_send_once(self, request: _Request, settings: RayConnectionSettings) -> httpx.Response:
         try:
             async with httpx.AsyncClient(**settings.client_kwargs()) as client:
                 response = await client.request(
                     request.method, request.path, json=request.json, content=request.content
                 )
         except httpx.HTTPError as err:
-            raise RayHookError(f"Ray Jobs API at {settings.base_url} unreachable: {err}") from err
+            raise _unreachable(settings, err) from err
         _raise_for_response(request, response)
         return response
 

@@ -9,12 +9,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raybatch.exceptions import RayAuthError, RayHookError, RayJobNotFoundError
+from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.utils.events import job_event
-
-# Transient API failures tolerated in a row before the wait gives up (a head restart takes a while).
-MAX_CONSECUTIVE_POLL_ERRORS = 6
 
 
 def event_for_job(info: JobInfo) -> dict[str, str]:
@@ -33,6 +30,8 @@ class RayJobTrigger(BaseTrigger):
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
     :param poll_interval_seconds: Seconds between status calls. Default 10.
     :param timeout_seconds: Give up (and stop the job) after this long; None waits forever.
+    :param retry_window_seconds: How long one poll keeps retrying while the Jobs API is unreachable
+        or answers 5xx (a head restart); None takes the connection's (default 300 s).
     """
 
     def __init__(
@@ -41,6 +40,7 @@ class RayJobTrigger(BaseTrigger):
         ray_conn_id: str = RayHook.default_conn_name,
         poll_interval_seconds: float = 10.0,
         timeout_seconds: float | None = None,
+        retry_window_seconds: float | None = None,
     ) -> None:
         super().__init__()
         if poll_interval_seconds <= 0:
@@ -49,6 +49,7 @@ class RayJobTrigger(BaseTrigger):
         self.ray_conn_id = ray_conn_id
         self.poll_interval_seconds = float(poll_interval_seconds)
         self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
+        self.retry_window_seconds = None if retry_window_seconds is None else float(retry_window_seconds)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:  # Any: JSON-able constructor arguments.
         return (
@@ -58,34 +59,27 @@ class RayJobTrigger(BaseTrigger):
                 "ray_conn_id": self.ray_conn_id,
                 "poll_interval_seconds": self.poll_interval_seconds,
                 "timeout_seconds": self.timeout_seconds,
+                "retry_window_seconds": self.retry_window_seconds,
             },
         )
 
     def _hook(self) -> RayHook:
-        return RayHook(ray_conn_id=self.ray_conn_id)
+        return RayHook(ray_conn_id=self.ray_conn_id, retry_window_seconds=self.retry_window_seconds)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
         deadline = None if self.timeout_seconds is None else time.monotonic() + self.timeout_seconds
-        errors_in_a_row = 0
         while True:
             try:
+                # The hook retries what passes (unreachable head, 5xx) for its retry window.
                 info = await hook.a_get_job_info(self.job_id)
-                errors_in_a_row = 0
-            except (RayAuthError, RayJobNotFoundError) as err:
+            except RayHookError as err:
                 yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
                 return
-            except RayHookError as err:
-                errors_in_a_row += 1
-                self.log.warning("Polling Ray job %s failed (%d in a row): %s", self.job_id, errors_in_a_row, err)
-                if errors_in_a_row >= MAX_CONSECUTIVE_POLL_ERRORS:
-                    yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
-                    return
-            else:
-                if info.status.is_terminal:
-                    yield TriggerEvent(event_for_job(info))
-                    return
-                self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
+            if info.status.is_terminal:
+                yield TriggerEvent(event_for_job(info))
+                return
+            self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
             if deadline is not None and time.monotonic() >= deadline:
                 message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s"
                 try:

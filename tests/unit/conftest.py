@@ -21,7 +21,16 @@ def ray_conn(monkeypatch: pytest.MonkeyPatch) -> str:
     """An Airflow connection (from the environment) to the fake dashboard; returns its id."""
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{RAY_CONN_ID.upper()}",
-        json.dumps({"conn_type": "ray", "host": "ray.test", "port": 8265, "password": RAY_TOKEN}),
+        json.dumps(
+            {
+                "conn_type": "ray",
+                "host": "ray.test",
+                "port": 8265,
+                "password": RAY_TOKEN,
+                # No retries unless a test asks: a refused call should fail at once here.
+                "extra": {"retry_window_seconds": 0},
+            }
+        ),
     )
     return RAY_CONN_ID
 
@@ -43,6 +52,7 @@ def hook() -> RayHook:
         cookies={},
         verify=True,
         timeout_seconds=5.0,
+        retry_window_seconds=0,
     )
     return ray_hook
 

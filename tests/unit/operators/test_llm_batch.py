@@ -847,6 +847,7 @@ def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeC
         "ray_conn_id": ray_conn,
         "poll_interval_seconds": 3.0,
         "timeout_seconds": 600.0,
+        "retry_window_seconds": None,
     }
     assert info.value.method_name == "execute_complete"
     assert info.value.timeout == timedelta(seconds=660)

@@ -93,6 +93,7 @@ def test_deferrable_execute_defers_when_running(
         "ray_conn_id": ray_conn,
         "poll_interval_seconds": 7.0,
         "timeout_seconds": None,
+        "retry_window_seconds": None,
     }
     assert info.value.method_name == "execute_complete"
     assert info.value.timeout == timedelta(seconds=300)

@@ -12,8 +12,9 @@ import pytest
 import respx
 
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus
+import airflow_provider_raybatch.hooks.ray as ray_hook_module
 from airflow_provider_raybatch.triggers import ray as trigger_module
-from airflow_provider_raybatch.triggers.ray import MAX_CONSECUTIVE_POLL_ERRORS, RayJobTrigger, event_for_job
+from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job
 from airflow_provider_raybatch.utils.events import EVENT_KEYS
 
 JOB = "raybatch-dag-task-run-m-1-t1-abc"
@@ -55,6 +56,7 @@ def test_serialize_round_trip() -> None:
         "ray_conn_id": "ray_x",
         "poll_interval_seconds": 5.0,
         "timeout_seconds": 600.0,
+        "retry_window_seconds": None,
     }
     assert rebuilt.serialize() == trigger.serialize()
 
@@ -165,42 +167,60 @@ async def test_not_found_or_unauthorized_is_an_api_error_at_once(
     assert route.call_count == 1
 
 
-async def test_transient_errors_are_tolerated(
-    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any
+@pytest.fixture
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_hook_module, "FIRST_RETRY_WAIT_SECONDS", 0.01)
+    monkeypatch.setattr(ray_hook_module, "MAX_RETRY_WAIT_SECONDS", 0.02)
+
+
+async def test_transient_errors_are_retried_within_the_window(
+    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any, fast_retries: None
 ) -> None:
-    flaky = [httpx.Response(500, text="head restarting")] * (MAX_CONSECUTIVE_POLL_ERRORS - 1)
+    flaky: list[Any] = [httpx.Response(503, text="head restarting"), httpx.ConnectError("refused")] * 3
     route = ray_api.get(JOB_PATH).mock(side_effect=flaky + status_answers(job_payload, "SUCCEEDED"))
 
-    events = await events_of(make_trigger())
+    events = await events_of(make_trigger(retry_window_seconds=30))
 
     assert [e["status"] for e in events] == ["success"]
-    assert route.call_count == MAX_CONSECUTIVE_POLL_ERRORS
+    assert route.call_count == len(flaky) + 1
 
 
-async def test_error_count_resets_after_a_good_poll(
-    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any
+async def test_outage_between_good_polls_is_ridden_out(
+    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any, fast_retries: None
 ) -> None:
-    flaky: list[Any] = [httpx.ConnectError("refused")] * (MAX_CONSECUTIVE_POLL_ERRORS - 1)
+    outage: list[Any] = [httpx.ConnectError("refused")] * 4
     answers = (
-        flaky + status_answers(job_payload, "RUNNING") + flaky + status_answers(job_payload, "SUCCEEDED")
-    )
+        status_answers(job_payload, "RUNNING") + outage + status_answers(job_payload, "RUNNING") + outage
+        + status_answers(job_payload, "SUCCEEDED")
+    )  # fmt: skip
     ray_api.get(JOB_PATH).mock(side_effect=answers)
 
-    events = await events_of(make_trigger())
+    events = await events_of(make_trigger(retry_window_seconds=30))
 
     assert [e["status"] for e in events] == ["success"]
 
 
-async def test_too_many_errors_in_a_row_give_up(make_trigger: Any, ray_api: respx.MockRouter) -> None:
+async def test_outage_longer_than_the_window_gives_up(
+    make_trigger: Any, ray_api: respx.MockRouter, fast_retries: None
+) -> None:
     route = ray_api.get(JOB_PATH).mock(return_value=httpx.Response(502, text="bad gateway"))
 
-    events = await events_of(make_trigger())
+    events = await events_of(make_trigger(retry_window_seconds=0.3))
 
     assert len(events) == 1
     assert events[0]["status"] == "error"
     assert events[0]["termination_reason"] == "api_error"
     assert "502" in events[0]["message"]
-    assert route.call_count == MAX_CONSECUTIVE_POLL_ERRORS
+    assert route.call_count > 2  # retried, then gave up once the window closed
+
+
+async def test_window_zero_fails_on_the_first_error(make_trigger: Any, ray_api: respx.MockRouter) -> None:
+    route = ray_api.get(JOB_PATH).mock(return_value=httpx.Response(503, text="unavailable"))
+
+    events = await events_of(make_trigger(retry_window_seconds=0))
+
+    assert [e["termination_reason"] for e in events] == ["api_error"]
+    assert route.call_count == 1
 
 
 async def test_timeout_stops_the_job(make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any) -> None:
