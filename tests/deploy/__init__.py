@@ -1,0 +1,1 @@
+"""Tests of the deployment files: docker/, deploy/kuberay/ and scripts/lint_deploy.sh."""
