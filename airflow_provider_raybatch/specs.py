@@ -14,7 +14,15 @@ import re
 import string
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
 
@@ -152,6 +160,11 @@ class BatchInferenceSpec(BaseModel):
     keep_columns: list[ColumnName] | None = Field(
         default=None, description="Input columns copied to the output; unset: all of them."
     )
+    model_cache_dir: str = Field(
+        default="/tmp/raybatch/models",
+        description="Folder on each node that keeps a fetched s3:// model between runs (used when the "
+        "job ships its own S3 settings; see pipeline/models.py).",
+    )
     run_key: str = Field(
         default="manual",
         pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$",  # a folder name: never '.' or '..'
@@ -287,10 +300,10 @@ class BatchInferenceSpec(BaseModel):
     def fingerprint(self) -> str:
         """A stable hash of everything that shapes the output; equal specs give equal fingerprints.
 
-        ``run_key`` and ``keep_versions`` say where and how long, not what, so they are left out:
-        a retry with the same parameters may resume what an earlier try staged.
+        ``run_key``, ``keep_versions`` and ``model_cache_dir`` say where and how long, not what, so
+        they are left out: a retry with the same parameters may resume what an earlier try staged.
         """
-        shaping = self.model_dump(mode="json", exclude={"run_key", "keep_versions"})
+        shaping = self.model_dump(mode="json", exclude={"run_key", "keep_versions", "model_cache_dir"})
         canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -40,6 +40,11 @@ INDUSTRIES = [
         "replica_resources": Param(
             None, type=["null", "object"], description="Resources per replica; {'CPU': 1} on vLLM's CPU build."
         ),
+        "aws_conn_id": Param(
+            None,
+            type=["null", "string"],
+            description="AWS connection for s3:// data and model; unset: the Ray cluster's own role.",
+        ),
     },
 )
 def daily_company_industry() -> None:
@@ -56,6 +61,7 @@ def daily_company_industry() -> None:
         id_column="Customer Id",
         keep_columns=["Company", "Country"],
         batch_size=64,
+        aws_conn_id="{{ params.aws_conn_id or '' }}",
     )
 
     @task(multiple_outputs=False)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start or stop the embedded default: a one-machine Ray head from .venvs/ray, token auth on.
 #   scripts/local_ray_cluster.sh start   # prints the dashboard address; token in $RAYBATCH_STATE/auth_token
+#   scripts/local_ray_cluster.sh add-worker   # one more node on this machine (RAYBATCH_WORKER_CPUS,
+#                                             # RAYBATCH_WORKER_RESOURCES as JSON), joining the head
 #   scripts/local_ray_cluster.sh stop
 # Token auth is on, as on a real Ray 2.60 cluster, with a token of our own kept under $RAYBATCH_STATE
 # rather than ~/.ray. 8 logical CPUs: each Ray Data LLM stage's actor pool holds one, so a 2-core
@@ -12,6 +14,7 @@ PORT=${RAYBATCH_DASHBOARD_PORT:-8265}
 GCS_PORT=${RAYBATCH_GCS_PORT:-6379}
 NUM_CPUS=${RAYBATCH_NUM_CPUS:-8}
 CLIENT_PORT=${RAYBATCH_CLIENT_PORT:-10001}
+HEAD_RESOURCES=${RAYBATCH_HEAD_RESOURCES:-{\}}
 export PATH=$ROOT/.venvs/ray/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS_ENABLED=0
 
@@ -28,13 +31,22 @@ case "${1:-}" in
       exit 0
     fi
     ray start --head --port="$GCS_PORT" --num-cpus="$NUM_CPUS" --dashboard-host=127.0.0.1 \
-      --dashboard-port="$PORT" --ray-client-server-port="$CLIENT_PORT" --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
+      --dashboard-port="$PORT" --ray-client-server-port="$CLIENT_PORT" --resources="$HEAD_RESOURCES" \
+      --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
       || { cat "$STATE/ray_start.log"; exit 1; }
     for _ in $(seq 60); do
       dashboard_up && break
       sleep 1
     done
     echo "Ray head up at http://127.0.0.1:$PORT (token in $STATE/auth_token)"
+    ;;
+  add-worker)
+    # A second raylet on the same machine, with resources of its own: a real two-node cluster
+    # (own object store, own worker processes) without a second machine.
+    ray start --address="127.0.0.1:$GCS_PORT" --num-cpus="${RAYBATCH_WORKER_CPUS:-4}" \
+      --resources="${RAYBATCH_WORKER_RESOURCES:-{\}}" --disable-usage-stats >> "$STATE/ray_worker.log" 2>&1 \
+      || { cat "$STATE/ray_worker.log"; exit 1; }
+    echo "Ray worker node joined 127.0.0.1:$GCS_PORT"
     ;;
   stop)
     ray stop --force > /dev/null 2>&1 || true

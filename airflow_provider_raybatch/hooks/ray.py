@@ -27,6 +27,7 @@ from airflow_provider_raybatch.exceptions import (
     RayJobNotFoundError,
     RayUnavailableError,
 )
+from airflow_provider_raybatch.utils.layout import CLUSTER_NODES_ENDPOINT, ClusterResources, cluster_resources_from_api
 from airflow_provider_raybatch.utils.packaging import RayPackage
 
 if TYPE_CHECKING:
@@ -380,6 +381,10 @@ class RayHook(BaseHook):
     def get_version(self) -> dict[str, Any]:  # Any: Ray's JSON.
         """Ray and Jobs API versions of the cluster (``GET /api/version``)."""
         return self._send(_Request("GET", "/api/version")).json()
+
+    def get_cluster_resources(self) -> ClusterResources:
+        """Each alive node's resources and accelerator type (the dashboard's state API)."""
+        return cluster_resources_from_api(self._send(_Request("GET", CLUSTER_NODES_ENDPOINT)).json())
 
     def test_connection(self) -> tuple[bool, str]:
         """Check reachability, authentication and the Ray version, as the Airflow UI's Test button does."""

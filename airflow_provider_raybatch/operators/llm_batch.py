@@ -19,11 +19,13 @@ import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobNotFoundError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.manifest import manifest_from_log
+from airflow_provider_raybatch.pipeline.credentials import package_files
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job
 from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
-from airflow_provider_raybatch.utils.packaging import build_py_module_package
+from airflow_provider_raybatch.utils.layout import plan_layout
+from airflow_provider_raybatch.utils.packaging import build_package, build_py_module_package
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -61,6 +63,15 @@ class RayLLMBatchOperator(BaseOperator):
     (the run's counts, as a dict) and ``job_id``.
 
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
+    :param aws_conn_id: Airflow AWS connection whose credentials, region and ``endpoint_url`` the job
+        uses for ``s3://`` input, output and model (for an S3-compatible store too). They travel in a
+        package of their own, never in the job's entrypoint, environment or metadata. Unset (the
+        default and the better choice where possible): the cluster's own credentials, e.g. an IAM role.
+        An assumed role's short-lived credentials must outlast the job.
+    :param model_cache_dir: Where each node keeps an ``s3://`` model it fetched (with ``aws_conn_id``).
+    :param check_layout: Before submitting, check that the planned replicas fit the cluster's alive
+        nodes and fail at once if not (default). Turn off for a cluster whose worker groups scale
+        up from zero, where the nodes appear only once the job asks for them.
     :param runtime_env: Extra Ray runtime_env for the job (``env_vars``, ``pip``, more ``py_modules``).
         The pipeline module and the modules of ``preprocess`` / ``postprocess`` are added to it.
     :param entrypoint_resources: Custom resources the job's driver needs, e.g. ``{"head": 1}``.
@@ -88,6 +99,7 @@ class RayLLMBatchOperator(BaseOperator):
         "accelerator_type",
         "id_column",
         "keep_columns",
+        "aws_conn_id",
     )
     template_fields_renderers = {"sampling_params": "json", "engine_kwargs": "json", "user_template": "jinja"}
     ui_color = "#cfe6ff"
@@ -117,6 +129,9 @@ class RayLLMBatchOperator(BaseOperator):
         keep_versions: bool = False,
         reuse_earlier_result: bool = True,
         ray_conn_id: str = RayHook.default_conn_name,
+        aws_conn_id: str | None = None,
+        model_cache_dir: str = "/tmp/raybatch/models",
+        check_layout: bool = True,
         runtime_env: dict[str, Any] | None = None,  # Any: Ray runtime_env values.
         entrypoint_resources: dict[str, float] | None = None,
         deferrable: bool = True,
@@ -146,6 +161,9 @@ class RayLLMBatchOperator(BaseOperator):
         self.keep_versions = keep_versions
         self.reuse_earlier_result = reuse_earlier_result
         self.ray_conn_id = ray_conn_id
+        self.aws_conn_id = aws_conn_id
+        self.model_cache_dir = model_cache_dir
+        self.check_layout = check_layout
         self.runtime_env = runtime_env or {}
         self.entrypoint_resources = entrypoint_resources
         self.deferrable = deferrable
@@ -208,8 +226,36 @@ class RayLLMBatchOperator(BaseOperator):
                 paths.append(path)
         return paths
 
+    def _s3_settings(self, spec: BatchInferenceSpec) -> dict[str, str | None] | None:
+        """Credentials, region and endpoint from ``aws_conn_id``, resolved now (an assumed role's are
+        short-lived); None to leave S3 access to the cluster's own credentials."""
+        if not self.aws_conn_id or self.aws_conn_id == "None":  # unset, or rendered from an unset Param
+            return None
+        if not any(uri.startswith("s3://") for uri in (spec.input_uri, spec.output_uri, spec.model)):
+            return None  # nothing on S3: no credentials leave Airflow
+        try:
+            from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+        except ImportError as err:
+            raise BatchSpecError(
+                f"aws_conn_id={self.aws_conn_id!r} needs the Amazon provider: "
+                "pip install 'airflow-provider-raybatch[amazon]'."
+            ) from err
+        aws = AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="s3")
+        credentials = aws.get_credentials()
+        return {
+            "endpoint_url": aws.conn_config.get_service_endpoint_url("s3"),
+            "region": aws.conn_region_name,
+            "access_key": credentials.access_key,
+            "secret_key": credentials.secret_key,
+            "session_token": credentials.token,
+        }
+
     def _runtime_env(self, hook: RayHook, spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: runtime_env.
-        uploaded = [hook.upload_package(build_py_module_package(path)) for path in self._local_modules(spec)]
+        packages = [build_py_module_package(path) for path in self._local_modules(spec)]
+        s3_settings = self._s3_settings(spec)
+        if s3_settings is not None:
+            packages.append(build_package(package_files(s3_settings)))
+        uploaded = [hook.upload_package(package) for package in packages]
         runtime_env = dict(self.runtime_env)
         runtime_env["py_modules"] = [*uploaded, *runtime_env.get("py_modules", [])]
         return runtime_env
@@ -275,7 +321,15 @@ class RayLLMBatchOperator(BaseOperator):
                 self.log.warning("Recorded Ray job %s is unknown to the cluster.", recorded)
         return max(ours.values(), key=_try_number, default=None)
 
+    def _check_layout(self, hook: RayHook, spec: BatchInferenceSpec) -> None:
+        """Log the planned layout; refuse one the cluster's alive nodes cannot host (ClusterLayoutError)."""
+        plan = plan_layout(spec)
+        self.log.info("Planned layout: %s.", plan.describe())
+        if self.check_layout:
+            plan.check_fits(hook.get_cluster_resources())
+
     def _submit(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry) -> str:
+        self._check_layout(hook, spec)
         job_id = hook.submit_job(
             self.entrypoint(spec),
             submission_id=task_try.submission_id(),

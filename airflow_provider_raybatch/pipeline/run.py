@@ -16,11 +16,16 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, storage
+from airflow_provider_raybatch.pipeline import commit, models, storage
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
 from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
-from airflow_provider_raybatch.specs import DERIVED_ID_COLUMN, ERROR_COLUMN, GENERATED_COLUMNS, BatchInferenceSpec
+from airflow_provider_raybatch.specs import (
+    DERIVED_ID_COLUMN,
+    ERROR_COLUMN,
+    GENERATED_COLUMNS,
+    BatchInferenceSpec,
+)
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -130,8 +135,10 @@ def _rejected_result(row: dict[str, Any]) -> dict[str, Any]:
 def _read_records(spec: BatchInferenceSpec) -> Dataset:
     import ray.data
 
+    filesystem, _ = storage.filesystem(spec.input_uri)
     files = ray.data.read_binary_files(
         spec.input_uri,
+        filesystem=filesystem,  # S3 through the job's own settings (pipeline/credentials.py)
         include_paths=True,
         file_extensions=storage.extensions_for(spec.input_uri, spec.resolved_input_format),
     )
@@ -162,7 +169,7 @@ def _first_sources_of_duplicates(prepared: Dataset) -> dict[str, str]:
     return {row_id: first[row_id] for row_id in repeated}
 
 
-def _processor(spec: BatchInferenceSpec) -> Any:  # Any: ray.data.llm.Processor.
+def _processor(spec: BatchInferenceSpec, model_source: str) -> Any:  # Any: ray.data.llm.Processor.
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     extra: dict[str, Any] = {}  # Any: config keyword values.
@@ -171,7 +178,7 @@ def _processor(spec: BatchInferenceSpec) -> Any:  # Any: ray.data.llm.Processor.
     if spec.replica_resources is not None:
         extra["placement_group_config"] = {"bundles": [dict(spec.replica_resources)]}
     config = vLLMEngineProcessorConfig(
-        model_source=spec.model,
+        model_source=model_source,
         engine_kwargs=dict(spec.engine_kwargs),
         batch_size=spec.batch_size,
         concurrency=spec.concurrency,
@@ -216,7 +223,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
         _user_function(dotted_path)  # fail fast, before any work, if the author's module is missing
-    storage.check_model_source(spec.model)
+    model_source = models.resolve_model_source(spec.model, spec.model_cache_dir)
 
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     done_sources = commit.open_staging(layout, spec)
@@ -243,7 +250,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         # One block per engine batch: a file's rows arrive as one block, and a block is the unit that
         # flows downstream, so without this nothing reaches staging until the whole file is done.
         accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
-        _processor(spec)(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+        _processor(spec, model_source)(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
     committed = commit.write_version(layout, spec, rows_in)
     manifest = {
         "status": "complete",

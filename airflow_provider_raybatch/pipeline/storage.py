@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import posixpath
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.specs import InputFormat, OutputFormat, infer_input_format
@@ -63,12 +64,52 @@ class OutputLayout:
         return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{self.run_key[-12:]}-{uuid.uuid4().hex[:6]}"
 
 
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach S3 or an S3-compatible store; the key fields never appear in a repr.
+
+    Unset keys mean the cluster's own credentials (an IAM role, the node's environment).
+    """
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+    def filesystem(self) -> Any:  # Any: pyarrow.fs.S3FileSystem.
+        from pyarrow import fs
+
+        kwargs: dict[str, Any] = {"region": self.region}  # Any: S3FileSystem arguments.
+        if self.access_key:
+            kwargs.update(access_key=self.access_key, secret_key=self.secret_key, session_token=self.session_token)
+        if self.endpoint_url:
+            endpoint = urlsplit(self.endpoint_url)
+            kwargs.update(endpoint_override=endpoint.netloc or endpoint.path, scheme=endpoint.scheme or "https")
+        return fs.S3FileSystem(**{key: value for key, value in kwargs.items() if value is not None})
+
+
+_s3_options: S3Options | None = None
+
+
+def s3_options() -> S3Options:
+    """How this process reaches S3: the settings shipped with the job, else the cluster's own."""
+    global _s3_options
+    if _s3_options is None:
+        from airflow_provider_raybatch.pipeline.credentials import shipped_s3_settings
+
+        _s3_options = S3Options(**(shipped_s3_settings() or {}))
+    return _s3_options
+
+
 def filesystem(uri: str) -> tuple[Any, str]:  # Any: pyarrow.fs.FileSystem.
     """The pyarrow filesystem of a URI and the path within it."""
     from pyarrow import fs
 
     if "://" not in uri:
         return fs.LocalFileSystem(), posixpath.abspath(uri)
+    if uri.startswith("s3://"):
+        return s3_options().filesystem(), uri.removeprefix("s3://")
     return fs.FileSystem.from_uri(uri)
 
 
@@ -97,7 +138,7 @@ def check_model_source(model: str) -> None:
     """Fail before any engine starts when a local model folder is missing or holds no config.json.
 
     Otherwise vLLM's own error surfaces minutes later from inside an actor, after retries.
-    Hub ids and s3:// sources are left to vLLM.
+    Hub ids are left to vLLM; s3:// sources are fetched first (pipeline/models.py).
     """
     if "://" in model or not (model.startswith(("/", "./", "../", "~")) or posixpath.exists(model)):
         return

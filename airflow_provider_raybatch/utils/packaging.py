@@ -55,11 +55,15 @@ def build_py_module_package(module_path: str | Path) -> RayPackage:
     files = _files_of(module_path)
     if not files:
         raise ValueError(f"{module_path} holds no files to ship.")
+    return build_package({name: path.read_bytes() for name, path in files})
+
+
+def build_package(files: dict[str, bytes]) -> RayPackage:
+    """Zip files given by their path inside the zip (e.g. a generated module) into a package."""
     digest = hashlib.sha1()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, path in files:
-            data = path.read_bytes()
+        for name, data in sorted(files.items()):
             digest.update(name.encode() + b"\0" + data + b"\0")
             info = zipfile.ZipInfo(name, date_time=_ZIP_DATE_TIME)
             info.external_attr = 0o644 << 16

@@ -7,7 +7,9 @@ The cluster uses its own ports so a running demo cluster is not mistaken for it.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,11 +24,20 @@ AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
 DASHBOARD_PORT = 8275
 
 
+REPLICA_SLOT = "replica_slot"
+
+
 @dataclass(frozen=True)
 class LocalRayCluster:
     address: str
     token: str
     state_dir: Path
+    env: dict[str, str]
+
+    def add_worker_node(self, num_cpus: int, resources: dict[str, float]) -> None:
+        """Start one more raylet on this machine that joins the head: a second node."""
+        env = {**self.env, "RAYBATCH_WORKER_CPUS": str(num_cpus), "RAYBATCH_WORKER_RESOURCES": json.dumps(resources)}
+        subprocess.run([str(ROOT / "scripts" / "local_ray_cluster.sh"), "add-worker"], env=env, check=True, timeout=180)
 
     def connection_json(self, token: str | None = None) -> str:
         host, port = self.address.removeprefix("http://").split(":")
@@ -44,6 +55,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCl
         "RAYBATCH_DASHBOARD_PORT": str(DASHBOARD_PORT),
         "RAYBATCH_GCS_PORT": "6390",
         "RAYBATCH_CLIENT_PORT": "23001",
+        # One replica slot per node, so a test can place one engine replica on each (test_multinode).
+        "RAYBATCH_HEAD_RESOURCES": json.dumps({REPLICA_SLOT: 1}),
     }
     script = ROOT / "scripts" / "local_ray_cluster.sh"
     subprocess.run([str(script), "start"], env=env, check=True, timeout=180)
@@ -52,6 +65,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCl
             address=f"http://127.0.0.1:{DASHBOARD_PORT}",
             token=(state / "auth_token").read_text().strip(),
             state_dir=state,
+            env=env,
         )
     finally:
         subprocess.run([str(script), "stop"], env=env, check=False, timeout=120)
@@ -95,6 +109,19 @@ class AirflowEnv:
             timeout=timeout,
         )
 
+    def with_env(self, **extra: str) -> AirflowEnv:
+        return AirflowEnv(env={**self.env, **extra}, home=self.home)
+
+    def xcoms(self, dag_id: str, day: str) -> dict[tuple[str, str], object]:
+        """(task_id, key) -> value of the XComs of the DAG's run of ``day``, read from Airflow's DB."""
+        with sqlite3.connect(self.home / "airflow.db") as db:
+            rows = db.execute(
+                "SELECT x.task_id, x.key, x.value FROM xcom x JOIN dag_run r ON x.dag_run_id = r.id "
+                "WHERE x.dag_id = ? AND date(r.logical_date) = ?",
+                (dag_id, day),
+            ).fetchall()
+        return {(task_id, key): json.loads(value) for task_id, key, value in rows}
+
 
 @pytest.fixture(scope="session")
 def airflow_env(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
@@ -135,3 +162,60 @@ def wait_for_job(job_id: str, timeout: float = 840):
             raise AssertionError(f"Ray job {job_id} still {status.value} after {timeout} s")
         time.sleep(1)
     return status
+
+
+# -- S3: a real S3-compatible server (moto in server mode) on loopback ----------------------------
+
+S3_PORT = 8295
+S3_ACCESS_KEY = "AKIARAYBATCHTEST0001"
+#: A secret that must never show up anywhere: the leak tests search for it.
+S3_SECRET_KEY = "rbSecret/" + "9f3c1e7a5b2d4f6e8a0c1b3d5e7f9a2c4e6b8d0f"
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+
+    def client(self):  # boto3 S3 client; imported here so unit runs need no boto3
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
+
+    def connection_json(self) -> str:
+        """An Airflow AWS connection to this server (the way users configure MinIO, Ceph or moto)."""
+        return json.dumps(
+            {
+                "conn_type": "aws",
+                "login": self.access_key,
+                "password": self.secret_key,
+                "extra": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+            }
+        )
+
+    def upload_tree(self, folder: Path, bucket: str, prefix: str) -> str:
+        client = self.client()
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return f"s3://{bucket}/{prefix}"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=S3_PORT, verbose=False)
+    server.start()
+    try:
+        yield S3Server(f"http://127.0.0.1:{S3_PORT}", S3_ACCESS_KEY, S3_SECRET_KEY)
+    finally:
+        server.stop()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,16 +29,6 @@ def _conf(model: Path, data_root: Path) -> dict:
     }
 
 
-def _xcoms(home: Path, day: str) -> dict[tuple[str, str], object]:
-    with sqlite3.connect(home / "airflow.db") as db:
-        rows = db.execute(
-            "SELECT x.task_id, x.key, x.value FROM xcom x JOIN dag_run r ON x.dag_run_id = r.id "
-            "WHERE x.dag_id = ? AND date(r.logical_date) = ?",
-            (DAG_ID, day),
-        ).fetchall()
-    return {(task_id, key): json.loads(value) for task_id, key, value in rows}
-
-
 def test_daily_dag_classifies_every_customer(airflow_env, tiny_model, tmp_path) -> None:
     day, rows = "2026-11-19", 200
     write_customers_csv(tmp_path / "customers" / day / "customers.csv", day, rows)
@@ -53,7 +40,7 @@ def test_daily_dag_classifies_every_customer(airflow_env, tiny_model, tmp_path) 
     # The task deferred: the trigger, not the worker, waited for the job.
     assert "RayJobTrigger" in log
 
-    xcoms = _xcoms(airflow_env.home, day)
+    xcoms = airflow_env.xcoms(DAG_ID, day)
     output_uri = str(tmp_path / "company_industry" / day)
     assert xcoms[("classify_industry", "return_value")] == output_uri
     assert xcoms[("classify_industry", "output_uri")] == output_uri

@@ -35,10 +35,21 @@ def ray_conn(monkeypatch: pytest.MonkeyPatch) -> str:
     return RAY_CONN_ID
 
 
+def nodes_payload(*node_resources: dict[str, float]) -> dict[str, Any]:  # Any: JSON values.
+    """The state API's answer listing alive nodes with these total resources."""
+    nodes = [
+        {"node_id": f"node{i}", "is_head_node": i == 0, "state": "ALIVE", "resources_total": resources, "labels": {}}
+        for i, resources in enumerate(node_resources)
+    ]
+    return {"result": True, "msg": "", "data": {"result": {"total": len(nodes), "result": nodes}}}
+
+
 @pytest.fixture
 def ray_api() -> Iterator[respx.MockRouter]:
     """The fake Ray Jobs API; every test adds the routes it needs."""
     with respx.mock(base_url=RAY_URL, assert_all_called=False, assert_all_mocked=True) as router:
+        # A roomy cluster for the operator's layout check; tests of that check replace the answer.
+        router.get("/api/v0/nodes").respond(json=nodes_payload({"CPU": 64.0, "GPU": 8.0}))
         yield router
 
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import respx
 
-from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus
 import airflow_provider_raybatch.hooks.ray as ray_hook_module
+from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus
 from airflow_provider_raybatch.triggers import ray as trigger_module
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job
 from airflow_provider_raybatch.utils.events import EVENT_KEYS

@@ -1,0 +1,171 @@
+"""S3 end to end (input, output and model on a real S3-compatible server) and the leak tests.
+
+The example DAG runs through real Airflow with the Ray token in the ``ray`` connection and an S3
+secret key in an AWS connection; afterwards both are searched for everywhere they could have
+leaked: the task logs, Airflow's whole metadata DB (XComs, rendered template fields, trigger
+arguments), and the Ray dashboard's job info and driver logs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sqlite3
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, S3Server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "dags"))
+from daily_company_industry import INDUSTRIES  # noqa: E402
+from make_sample_customers import write_customers_csv  # noqa: E402
+
+DAG_ID = "daily_company_industry"
+AWS_CONN_ID = "aws_s3_test"
+
+
+def _objects(s3: S3Server, bucket: str, prefix: str) -> list[str]:
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+
+def _read_parquet_rows(s3: S3Server, uri: str) -> list[dict]:
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    rows: list[dict] = []
+    for key in _objects(s3, bucket, prefix + "/"):
+        if key.endswith(".parquet"):
+            body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            rows += pq.read_table(io.BytesIO(body)).to_pylist()
+    return rows
+
+
+def _ray_job_views(hook, job_id: str) -> dict[str, str]:
+    """Everything the Ray dashboard shows of a job: the job list, its details and its driver log."""
+    return {
+        "GET /api/jobs/": hook._send(hook_request("GET", "/api/jobs/")).text,
+        f"GET /api/jobs/{job_id}": hook._send(hook_request("GET", f"/api/jobs/{job_id}")).text,
+        f"GET /api/jobs/{job_id}/logs": hook.get_job_logs(job_id),
+    }
+
+
+def hook_request(method: str, path: str):
+    from airflow_provider_raybatch.hooks.ray import _Request
+
+    return _Request(method, path)
+
+
+def _airflow_db_dump(home: Path) -> str:
+    with sqlite3.connect(home / "airflow.db") as db:
+        return "\n".join(db.iterdump())
+
+
+def test_s3_run_commits_on_s3_and_leaks_no_secret(
+    airflow_env, ray_connection, s3_server: S3Server, tiny_model: Path, tmp_path: Path
+) -> None:
+    from airflow_provider_raybatch.hooks.ray import RayHook
+
+    day, rows = "2026-11-16", 60
+    client = s3_server.client()
+    for bucket in ("raybatch-data", "raybatch-models"):
+        client.create_bucket(Bucket=bucket)
+    model_uri = s3_server.upload_tree(tiny_model, "raybatch-models", "tiny-llama")
+    local_csv = tmp_path / "customers.csv"
+    write_customers_csv(local_csv, day, rows)
+    client.upload_file(str(local_csv), "raybatch-data", f"customers/{day}/customers.csv")
+
+    env = airflow_env.with_env(**{f"AIRFLOW_CONN_{AWS_CONN_ID.upper()}": s3_server.connection_json()})
+    conf = {
+        "model": model_uri,
+        "data_root": "s3://raybatch-data",
+        "engine_kwargs": CPU_ENGINE_KWARGS,
+        "replica_resources": CPU_REPLICA,
+        "aws_conn_id": AWS_CONN_ID,
+    }
+    result = env.dags_test(DAG_ID, day, conf)
+    task_log = result.stdout + result.stderr
+    assert result.returncode == 0, task_log[-4000:]
+    assert "state=success" in task_log, task_log[-4000:]
+
+    # -- the run: read from S3, model fetched from S3, committed on S3 --------------------------
+    xcoms = env.xcoms(DAG_ID, day)
+    manifest = xcoms[("classify_industry", "manifest")]
+    output_uri = f"s3://raybatch-data/company_industry/{day}"
+    assert xcoms[("classify_industry", "return_value")] == output_uri
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows, rows, 0)
+    outputs = _read_parquet_rows(s3_server, manifest["outputs_uri"])
+    assert len(outputs) == rows
+    assert len({row["Customer Id"] for row in outputs}) == rows
+    assert {row["generated_text"] for row in outputs} <= set(INDUSTRIES)
+    committed = json.loads(
+        client.get_object(Bucket="raybatch-data", Key=f"company_industry/{day}/manifest.json")["Body"].read()
+    )
+    assert committed["version"] == manifest["version"]
+    staged = _objects(s3_server, "raybatch-data", f"company_industry/{day}/_staging/")
+    assert [key for key in staged if not key.endswith("/")] == []  # moved out (pyarrow may leave a folder marker)
+
+    # -- the leak tests ----------------------------------------------------------------------
+    job_id = str(xcoms[("classify_industry", "job_id")])
+    hook = RayHook()
+    views = {
+        "task log (airflow dags test output)": task_log,
+        "Airflow metadata DB (xcom, rendered_task_instance_fields, trigger, ...)": _airflow_db_dump(env.home),
+        **{f"Ray dashboard {name}": text for name, text in _ray_job_views(hook, job_id).items()},
+    }
+    for path in sorted((env.home / "logs").rglob("*")) if (env.home / "logs").exists() else []:
+        if path.is_file():
+            views[f"log file {path.relative_to(env.home)}"] = path.read_text(errors="replace")
+    # The searches look where they should: the run's rendered fields and XComs are in the dump.
+    dump = views["Airflow metadata DB (xcom, rendered_task_instance_fields, trigger, ...)"]
+    assert "rendered_task_instance_fields" in dump and output_uri in dump
+    assert model_uri in views[f"Ray dashboard GET /api/jobs/{job_id}"]
+    secrets = {"Ray token": ray_connection.token, "S3 secret key": s3_server.secret_key}
+    leaks = [f"{secret} in {where}" for secret, value in secrets.items() for where, text in views.items() if value in text]
+    assert leaks == [], leaks
+
+    # The settings reached the job by the one route meant for them: a package named only by its URI.
+    runtime_env = json.loads(views[f"Ray dashboard GET /api/jobs/{job_id}"])["runtime_env"]
+    assert len([uri for uri in runtime_env["py_modules"] if uri.startswith("gcs://")]) == 2, runtime_env
+    assert "env_vars" not in runtime_env
+
+
+def _seed_hub_cache(model: Path, hf_home: Path, repo_id: str) -> None:
+    """Lay a local model out as the Hugging Face cache does, so a hub id resolves with no network."""
+    revision = "0" * 40
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(model, repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+
+
+def test_model_from_a_hugging_face_id(ray_connection, tiny_model: Path, tmp_path: Path) -> None:
+    from tests.integration.conftest import submit_pipeline, wait_for_job
+    from tests.integration.test_pipeline_job import make_operator
+
+    repo_id = "raybatch-tests/tiny-llama"
+    _seed_hub_cache(tiny_model, tmp_path / "hf", repo_id)
+    source = tmp_path / "tickets.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "text": f"ticket {i}"}) + "\n" for i in range(12)))
+    operator = make_operator(
+        repo_id, str(source), str(tmp_path / "out"),
+        messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
+        runtime_env={"env_vars": {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}},
+    )  # fmt: skip
+
+    job_id = submit_pipeline(operator, run_key="hf-id", submission_id="raybatch-test-hf-id")
+    status = wait_for_job(job_id)
+
+    from airflow_provider_raybatch.hooks.ray import RayHook
+    from airflow_provider_raybatch.manifest import manifest_from_log
+
+    log = RayHook().get_job_logs(job_id)
+    assert status.value == "SUCCEEDED", log[-3000:]
+    manifest = manifest_from_log(log)
+    assert manifest is not None and manifest["model"] == repo_id
+    assert (manifest["rows_in"], manifest["rows_out"]) == (12, 12)
