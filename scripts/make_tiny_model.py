@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
@@ -24,16 +26,14 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
 
 
-def _training_corpus() -> list[str]:
-    words = (
-        "Law Firm Healthcare Technology Retail Consulting Manufacturing Finance Real Estate Other "
-        "What industry is this company in You classify companies answer with one label only "
-        "summary ticket customer support order refund shipping account password the a of and to"
-    ).split()
+def training_corpus(text: str) -> list[str]:
+    """Every rotation of the words, a few times over: enough for a BPE vocabulary of VOCAB_SIZE."""
+    words = text.split()
     return [" ".join(words[i:] + words[:i]) for i in range(len(words))] * 8
 
 
-def _train_tokenizer(out_dir: Path) -> None:
+def train_tokenizer(corpus: list[str], special_tokens: list[str], eos: str, pad: str) -> Any:  # Any: a tokenizer.
+    """A byte-level BPE tokenizer trained on the spot (nothing can be downloaded here)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -42,14 +42,21 @@ def _train_tokenizer(out_dir: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_corpus(), trainer=trainer)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>", bos_token=None
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, bos_token=None)
+
+
+def _train_tokenizer(out_dir: Path) -> None:
+    corpus = training_corpus(
+        "Law Firm Healthcare Technology Retail Consulting Manufacturing Finance Real Estate Other "
+        "What industry is this company in You classify companies answer with one label only "
+        "summary ticket customer support order refund shipping account password the a of and to"
     )
+    hf = train_tokenizer(corpus, SPECIAL_TOKENS, eos="<|endoftext|>", pad="<|pad|>")
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(out_dir)
 
@@ -81,16 +88,17 @@ def make_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(make: Callable[[Path, int], Path], description: str) -> None:
+    """``script OUT_DIR [--seed N]``: write the model unless OUT_DIR already holds one."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if (args.out_dir / "config.json").exists():
         print(f"model already at {args.out_dir}")
         return
-    print(f"wrote {make_tiny_model(args.out_dir, args.seed)}")
+    print(f"wrote {make(args.out_dir, args.seed)}")
 
 
 if __name__ == "__main__":
-    main()
+    cli(make_tiny_model, __doc__.splitlines()[0])
