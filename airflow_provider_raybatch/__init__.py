@@ -36,4 +36,9 @@ def get_provider_info() -> dict:
             {"integration-name": "Ray", "python-modules": ["airflow_provider_raybatch.triggers.ray"]}
         ],
         "connection-types": [provider_connection_type()],
+        "extra-links": [
+            "airflow_provider_raybatch.links.RayJobLink",
+            "airflow_provider_raybatch.links.BatchOutputLink",
+            "airflow_provider_raybatch.links.RunReportLink",
+        ],
     }

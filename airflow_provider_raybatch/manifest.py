@@ -1,7 +1,9 @@
-"""The run manifest's hand-over from the pipeline (cluster) to the operator (Airflow).
+"""What the pipeline (cluster) hands the operator (Airflow) through the driver log: the manifest and progress.
 
 The pipeline writes ``manifest.json`` beside the outputs and also prints it on one marked line of
 the driver log, so the operator can read it through the Jobs API without storage credentials.
+While it runs, it prints a marked progress line now and then, which the trigger turns into a
+readable line of the task log.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 MANIFEST_FILE_NAME = "manifest.json"
 MANIFEST_LOG_MARKER = "RAYBATCH_MANIFEST_JSON="
+PROGRESS_LOG_MARKER = "RAYBATCH_PROGRESS_JSON="
 
 
 def manifest_log_line(manifest: dict[str, Any]) -> str:  # Any: JSON values.
@@ -18,13 +21,53 @@ def manifest_log_line(manifest: dict[str, Any]) -> str:  # Any: JSON values.
     return MANIFEST_LOG_MARKER + json.dumps(manifest, sort_keys=True, separators=(",", ":"))
 
 
-def manifest_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
-    """The last manifest printed in a driver log, or None when the job printed none."""
+def progress_log_line(progress: dict[str, Any]) -> str:  # Any: JSON values.
+    """The log line that carries one progress snapshot (see :func:`describe_progress`)."""
+    return PROGRESS_LOG_MARKER + json.dumps(progress, sort_keys=True, separators=(",", ":"))
+
+
+def _last_marked(log: str, marker: str) -> dict[str, Any] | None:  # Any: JSON values.
     for line in reversed(log.splitlines()):
-        _, marker, payload = line.partition(MANIFEST_LOG_MARKER)
-        if marker:
+        _, found, payload = line.partition(marker)
+        if found:
             try:
                 return json.loads(payload)
             except json.JSONDecodeError:
                 continue  # a line cut short in the log; an earlier complete one may follow
     return None
+
+
+def manifest_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
+    """The last manifest printed in a driver log, or None when the job printed none."""
+    return _last_marked(log, MANIFEST_LOG_MARKER)
+
+
+def progress_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
+    """The latest progress snapshot printed in a driver log, or None before the first."""
+    return _last_marked(log, PROGRESS_LOG_MARKER)
+
+
+def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
+    """One line for the task log, e.g. ``1,200 / 5,000 rows (24.0%), 35.1 rows/s, 210 output tokens/s, ETA 1m48s``.
+
+    Rates count only this run's rows (not those resumed from an earlier try) over this run's time.
+    """
+    done, total = int(progress["rows_done"]), int(progress["rows_total"])
+    resumed, elapsed = int(progress.get("rows_resumed", 0)), float(progress["elapsed_seconds"])
+    share = f" ({100 * done / total:.1f}%)" if total else ""
+    line = f"{done:,} / {total:,} rows{share}"
+    if elapsed <= 0:
+        return line
+    rows_per_second = (done - resumed) / elapsed
+    line += f", {rows_per_second:.1f} rows/s, {float(progress.get('tokens_out', 0)) / elapsed:,.0f} output tokens/s"
+    if rows_per_second > 0 and total > done:
+        line += f", ETA {_duration((total - done) / rows_per_second)}"
+    return line
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

@@ -13,15 +13,27 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, BaseOperator
 
 import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobNotFoundError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
-from airflow_provider_raybatch.manifest import manifest_from_log
+from airflow_provider_raybatch.links import (
+    DASHBOARD_URL_XCOM_KEY,
+    JOB_ID_XCOM_KEY,
+    BatchOutputLink,
+    RayJobLink,
+    RunReportLink,
+)
+from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME, manifest_from_log
 from airflow_provider_raybatch.pipeline.credentials import package_files
 from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job
+from airflow_provider_raybatch.triggers.ray import (
+    DEFAULT_PROGRESS_INTERVAL_SECONDS,
+    ProgressRelay,
+    RayJobTrigger,
+    event_for_job,
+)
 from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 from airflow_provider_raybatch.utils.layout import plan_layout
@@ -40,6 +52,21 @@ STOP_WAIT_SECONDS = 120.0
 #: Ray job metadata key holding the spec fingerprint the job was submitted with.
 FINGERPRINT_KEY = "raybatch_spec_fingerprint"
 _TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
+
+
+def _asset_extra(manifest: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: JSON values.
+    """What a downstream DAG needs from the output Asset event to read this run's output."""
+    output_uri = str(manifest["output_uri"])
+    return {
+        "output_uri": output_uri,
+        "manifest_uri": f"{output_uri.rstrip('/')}/{MANIFEST_FILE_NAME}",
+        "outputs_uri": manifest.get("outputs_uri"),
+        "rows_in": manifest["rows_in"],
+        "rows_out": manifest["rows_out"],
+        "rows_failed": manifest["rows_failed"],
+        "version": manifest.get("version"),
+        "job_id": job_id,
+    }
 
 
 def _try_number(job: JobInfo) -> int:
@@ -69,6 +96,10 @@ class RayLLMBatchOperator(BaseOperator):
         default and the better choice where possible): the cluster's own credentials, e.g. an IAM role.
         An assumed role's short-lived credentials must outlast the job.
     :param model_cache_dir: Where each node keeps an ``s3://`` model it fetched (with ``aws_conn_id``).
+    :param output_asset: An Asset (or its URI) for this batch's output: each successful run emits an
+        event on it, with extras ``output_uri`` (this run's), ``manifest_uri``, ``rows_in``,
+        ``rows_out``, ``rows_failed``, ``version`` and ``job_id``, so other DAGs can be scheduled on it.
+    :param input_asset: An Asset (or its URI) for the input, recorded as the task's inlet (lineage).
     :param check_layout: Before submitting, check that the planned replicas fit the cluster's alive
         nodes and fail at once if not (default). Turn off for a cluster whose worker groups scale
         up from zero, where the nodes appear only once the job asks for them.
@@ -81,6 +112,8 @@ class RayLLMBatchOperator(BaseOperator):
         Set False to always run again, e.g. after the input was corrected in place.
     :param deferrable: Wait in the triggerer (default) rather than in a worker slot.
     :param poll_interval_seconds: Seconds between job status checks. Default 10.
+    :param progress_interval_seconds: Least seconds between two progress lines in the task log
+        (rows done / total, rows/s, output tokens/s, ETA). Default 60; 0 turns them off.
     """
 
     template_fields: Sequence[str] = (
@@ -101,6 +134,7 @@ class RayLLMBatchOperator(BaseOperator):
         "keep_columns",
         "aws_conn_id",
     )
+    operator_extra_links = (RayJobLink(), BatchOutputLink(), RunReportLink())
     template_fields_renderers = {"sampling_params": "json", "engine_kwargs": "json", "user_template": "jinja"}
     ui_color = "#cfe6ff"
 
@@ -131,11 +165,14 @@ class RayLLMBatchOperator(BaseOperator):
         ray_conn_id: str = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
         model_cache_dir: str = "/tmp/raybatch/models",
+        output_asset: Asset | str | None = None,
+        input_asset: Asset | str | None = None,
         check_layout: bool = True,
         runtime_env: dict[str, Any] | None = None,  # Any: Ray runtime_env values.
         entrypoint_resources: dict[str, float] | None = None,
         deferrable: bool = True,
         poll_interval_seconds: float = 10.0,
+        progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
         **kwargs: Any,  # Any: BaseOperator's arguments.
     ) -> None:
         super().__init__(**kwargs)
@@ -164,10 +201,17 @@ class RayLLMBatchOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.model_cache_dir = model_cache_dir
         self.check_layout = check_layout
+        self.output_asset = Asset(output_asset) if isinstance(output_asset, str) else output_asset
+        self.input_asset = Asset(input_asset) if isinstance(input_asset, str) else input_asset
+        if self.output_asset is not None:
+            self.outlets = [*self.outlets, self.output_asset]
+        if self.input_asset is not None:
+            self.inlets = [*self.inlets, self.input_asset]
         self.runtime_env = runtime_env or {}
         self.entrypoint_resources = entrypoint_resources
         self.deferrable = deferrable
         self.poll_interval_seconds = poll_interval_seconds
+        self.progress_interval_seconds = progress_interval_seconds
         self.job_id: str | None = None
 
     @property
@@ -290,7 +334,8 @@ class RayLLMBatchOperator(BaseOperator):
             if store is not None:
                 store.set(JOB_ID_STATE_KEY, self.job_id)
         # Record the job id the instant it exists so it can be stopped or found even if the worker dies.
-        ti.xcom_push(key="job_id", value=self.job_id)
+        ti.xcom_push(key=JOB_ID_XCOM_KEY, value=self.job_id)
+        ti.xcom_push(key=DASHBOARD_URL_XCOM_KEY, value=hook.dashboard_url)  # for the "Ray job" link
         if self.deferrable:
             timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
             self.defer(
@@ -299,6 +344,7 @@ class RayLLMBatchOperator(BaseOperator):
                     ray_conn_id=self.ray_conn_id,
                     poll_interval_seconds=self.poll_interval_seconds,
                     timeout_seconds=timeout,
+                    progress_interval_seconds=self.progress_interval_seconds,
                 ),
                 method_name="execute_complete",
                 timeout=None if timeout is None else timedelta(seconds=timeout + 60),
@@ -341,12 +387,14 @@ class RayLLMBatchOperator(BaseOperator):
         return job_id
 
     def _wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
+        progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
         try:
             while True:
                 info = hook.get_job_info(job_id)
                 if info.status.is_terminal:
                     return event_for_job(info)
-                self.log.info("Ray job %s is %s.", job_id, info.status.value)
+                if not progress.relay(hook, info.status):
+                    self.log.info("Ray job %s is %s.", job_id, info.status.value)
                 time.sleep(self.poll_interval_seconds)
         except BaseException:
             # Timeout, kill signal or interrupt while waiting: do not leave the batch running unowned.
@@ -369,6 +417,8 @@ class RayLLMBatchOperator(BaseOperator):
         ti.xcom_push(key="job_id", value=job_id)
         ti.xcom_push(key="manifest", value=manifest)
         ti.xcom_push(key="output_uri", value=manifest["output_uri"])
+        if self.output_asset is not None:
+            context["outlet_events"][self.output_asset].extra = _asset_extra(manifest, job_id)
         self.log.info(
             "Ray job %s done: %d rows in, %d out, %d failed; output at %s.",
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"], manifest["output_uri"],

@@ -4,8 +4,9 @@ While a run is in progress its result rows stream into ``_staging/<run_key>/`` a
 :mod:`~airflow_provider_raybatch.pipeline.sink`). A retry of the same logical run (same ``run_key``,
 same spec fingerprint) reads the sources of the committed parts and processes only the rest.
 Commit drops a part Ray wrote twice, checks that every input row is accounted for, moves the parts
-into a new version folder, replaces ``manifest.json`` and only then deletes the previous version
-(unless ``keep_versions``).
+into a new version folder with its run report (``report.html``, see
+:mod:`~airflow_provider_raybatch.pipeline.report`), replaces ``manifest.json`` and only then deletes
+the previous version (unless ``keep_versions``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import json
 import logging
 import posixpath
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline import report, storage
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
@@ -140,10 +143,27 @@ class CommittedRun:
     tokens_out: int = 0
     errors_by_reason: dict[str, int] = field(default_factory=dict)
     generated_text_counts: dict[str, int] | None = None
+    #: ``versions/<version>/report.html``; None when the report could not be rendered.
+    report_uri: str | None = None
 
 
-def write_version(layout: OutputLayout, spec: BatchInferenceSpec, rows_in: int) -> CommittedRun:
-    """Move the staged parts into a new version folder (invisible until :func:`publish`)."""
+def write_version(
+    layout: OutputLayout,
+    spec: BatchInferenceSpec,
+    rows_in: int,
+    *,
+    rows_resumed: int | None = None,
+    started_at: datetime | None = None,
+    versions: Mapping[str, str] | None = None,
+) -> CommittedRun:
+    """Move the staged parts into a new version folder (invisible until :func:`publish`) and write
+    its run report there.
+
+    :param rows_resumed: rows an earlier try staged (shown in the report; unset: "—").
+    :param started_at: when the run started: the report's wall time runs from it to now, and its
+        throughput chart starts there (unset: at the first part).
+    :param versions: library versions to show, e.g. ``{"ray": ..., "vllm": ...}``.
+    """
     parts = _drop_repeated_parts(layout, _sidecars(layout))
     _remove_orphans(layout, {part.name for part in parts})
     version = layout.new_version()
@@ -169,6 +189,8 @@ def write_version(layout: OutputLayout, spec: BatchInferenceSpec, rows_in: int) 
     run.errors_by_reason = dict(sorted(reasons.items()))
     if spec.structured_choices is not None:
         run.generated_text_counts = dict(sorted(labels.items()))
+    # Rendered before anything moves: a rendering bug must not leave the parts half committed.
+    page = _render_report(run, spec, parts, rows_in, rows_resumed, started_at, versions)
     for folder in ("outputs", "errors"):
         source = storage.join(layout.staging_uri, folder)
         target = storage.join(layout.version_uri(version), folder)
@@ -177,7 +199,54 @@ def write_version(layout: OutputLayout, spec: BatchInferenceSpec, rows_in: int) 
         else:
             filesystem, path = storage.filesystem(target)
             filesystem.create_dir(path, recursive=True)
+    if page is not None:
+        run.report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
+        storage.write_text(run.report_uri, page)
     return run
+
+
+def _render_report(
+    run: CommittedRun,
+    spec: BatchInferenceSpec,
+    parts: list[StagedPart],
+    rows_in: int,
+    rows_resumed: int | None,
+    started_at: datetime | None,
+    versions: Mapping[str, str] | None,
+) -> str | None:
+    """The version's report page (see :func:`write_version`), or None, logged, when it cannot be rendered.
+
+    The report is a view of the run, not part of its result: a failure here must not fail a commit
+    whose every row is accounted for, which a retry would only redo and fail the same way.
+    """
+    try:
+        committed_at = datetime.now(UTC)
+        if started_at is not None and started_at.tzinfo is None:
+            started_at = started_at.replace(tzinfo=UTC)
+        summary = {
+            "model": spec.model,
+            "input_uri": spec.input_uri,
+            "version": run.version,
+            "outputs_uri": run.outputs_uri,
+            "errors_uri": run.errors_uri,
+            "rows_in": rows_in,
+            "rows_out": run.rows_out,
+            "rows_failed": run.rows_failed,
+            "rows_duplicate": run.errors_by_reason.get("duplicate id", 0),
+            "rows_resumed": rows_resumed,
+            "tokens_in": run.tokens_in,
+            "tokens_out": run.tokens_out,
+            "errors_by_reason": run.errors_by_reason,
+            "generated_text_counts": run.generated_text_counts,
+            "versions": dict(versions or {}),
+            "started_at": started_at.isoformat() if started_at else None,
+            "committed_at": committed_at.isoformat(timespec="seconds"),
+            "wall_seconds": (committed_at - started_at).total_seconds() if started_at else None,
+        }
+        return report.render_report(summary, report.ReportStats.of_sidecars(part.sidecar for part in parts))
+    except Exception:  # noqa: BLE001 - see the docstring; the manifest then carries report_uri None.
+        log.exception("Could not render the run report of version %s; committing without it.", run.version)
+        return None
 
 
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.

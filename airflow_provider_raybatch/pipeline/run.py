@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.pipeline import commit, models, storage
+from airflow_provider_raybatch.pipeline.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
 from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
@@ -51,7 +52,7 @@ def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, 
     row = json.loads(record["row"])
     if spec.preprocess:
         try:
-            row = _user_function(spec.preprocess)(dict(row))
+            row = _returned_row(_user_function(spec.preprocess)(dict(row)))
         except Exception as err:  # noqa: BLE001 - the author's code failing on a row fails that row only.
             return {**prepared, "error": f"preprocess failed: {spec.preprocess}: {type(err).__name__}: {err}"}
         prepared["row"] = row_to_json(row)
@@ -64,6 +65,13 @@ def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, 
 
 
 @functools.cache
+def _returned_row(value: Any) -> dict[str, Any]:  # Any: whatever the author's function returned.
+    """A row function must return a dict; anything else (a forgotten ``return``) fails that row."""
+    if not isinstance(value, dict):
+        raise TypeError(f"returned {type(value).__name__}, not a dict (a row)")
+    return value
+
+
 def _user_function(dotted_path: str) -> RowFunction:
     return load_callable(dotted_path)
 
@@ -114,7 +122,7 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
     output.update({column: row[column] for column in GENERATED_COLUMNS})
     if spec.postprocess:
         try:
-            output = _user_function(spec.postprocess)(output)
+            output = _returned_row(_user_function(spec.postprocess)(output))
         except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
             return _staged_error(row, f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}")
     return {"source": row["source"], "ok": True, "record": row_to_json(output)}
@@ -242,16 +250,24 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     accepted = prepared.filter(lambda row: row["error"] is None)
     rejected = prepared.filter(lambda row: row["error"] is not None)
     sink = StagedPartsSink(layout.staging_uri, spec.output_format, count_labels=spec.structured_choices is not None)
-    if rejected.count():
-        rejected.map(_rejected_result).write_datasink(sink)
-    if accepted.count():  # nothing left for the engine (all resumed, or all bad): do not start one
-        # Streamed: parts land in staging as blocks finish, which is what a retry resumes from.
-        # (Kept apart from the rejected rows: a union would hold the blocks back until the end.)
-        # One block per engine batch: a file's rows arrive as one block, and a block is the unit that
-        # flows downstream, so without this nothing reaches staging until the whole file is done.
-        accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
-        _processor(spec, model_source)(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
-    committed = commit.write_version(layout, spec, rows_in)
+    progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
+    try:
+        if rejected.count():
+            rejected.map(_rejected_result).write_datasink(sink)
+        if accepted.count():  # nothing left for the engine (all resumed, or all bad): do not start one
+            # Streamed: parts land in staging as blocks finish, which is what a retry resumes from.
+            # (Kept apart from the rejected rows: a union would hold the blocks back until the end.)
+            # One block per engine batch: a file's rows arrive as one block, and a block is the unit
+            # that flows downstream, so without this nothing reaches staging until the file is done.
+            accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
+            engine = _processor(spec, model_source)
+            engine(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+    finally:
+        progress.stop()
+    versions = _versions()
+    committed = commit.write_version(
+        layout, spec, rows_in, rows_resumed=len(done_sources), started_at=started_at, versions=versions
+    )
     manifest = {
         "status": "complete",
         "version": committed.version,
@@ -274,7 +290,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         "wall_seconds": round(time.perf_counter() - clock, 3),
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
-        "versions": _versions(),
+        "versions": versions,
+        "report_uri": committed.report_uri,
     }
     if committed.generated_text_counts is not None:
         manifest["generated_text_counts"] = committed.generated_text_counts

@@ -6,6 +6,9 @@ Each block of result rows (``source``, ``ok``, ``record``) becomes one part::
     <staging>/errors/<part>.<ext>    the block's error rows
     <staging>/parts/<part>.json      sidecar: the block's sources and counts; its presence commits the part
 
+The sidecar also carries what the run report needs, kept small: when the part was written and
+power-of-two histograms of its output rows' token counts (see :mod:`.report`).
+
 A part without a sidecar (the job died while writing it) does not count and is removed on resume,
 so a retry redoes at most the blocks that were in flight. Commit reads only the sidecars.
 """
@@ -24,6 +27,7 @@ from ray.data.block import BlockAccessor
 
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.commit import PART_FOLDERS, reason_kind
+from airflow_provider_raybatch.pipeline.report import part_report_fields, token_count
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 
 
@@ -67,8 +71,8 @@ class StagedPartsSink(Datasink[None]):
             "files": {},
             "rows_out": len(outputs),
             "rows_failed": len(errors),
-            "tokens_in": sum(int(r.get("num_input_tokens") or 0) for r in outputs),
-            "tokens_out": sum(int(r.get("num_generated_tokens") or 0) for r in outputs),
+            "tokens_in": sum(token_count(r, "num_input_tokens") for r in outputs),
+            "tokens_out": sum(token_count(r, "num_generated_tokens") for r in outputs),
             "errors_by_reason": dict(Counter(reason_kind(r[ERROR_COLUMN]) for r in errors)),
         }
         if self.count_labels:
@@ -78,5 +82,6 @@ class StagedPartsSink(Datasink[None]):
                 name = f"{part}.{self.extension}"
                 storage.write_bytes(storage.join(self.staging_uri, folder, name), _encode(records, self.output_format))
                 sidecar["files"][folder] = name
+        sidecar.update(part_report_fields(outputs))  # written_at: now, when the part's data is in place
         # The sidecar last: until it exists the part's files do not count.
         storage.write_bytes(storage.join(self.staging_uri, "parts", f"{part}.json"), json.dumps(sidecar).encode())

@@ -11,7 +11,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
+from airflow_provider_raybatch.manifest import describe_progress, progress_from_log
 from airflow_provider_raybatch.utils.events import job_event
+
+#: Least time between two progress lines in the task log (each costs one fetch of the driver log).
+DEFAULT_PROGRESS_INTERVAL_SECONDS = 60.0
 
 
 def event_for_job(info: JobInfo) -> dict[str, str]:
@@ -23,6 +27,50 @@ def event_for_job(info: JobInfo) -> dict[str, str]:
     return job_event(status, info.job_id, message, info.status.value.lower())
 
 
+class ProgressRelay:
+    """Relay the progress lines a raybatch job prints into the task log, at most once per interval."""
+
+    def __init__(self, job_id: str, interval_seconds: float, log: Any) -> None:  # Any: a logger.
+        self.job_id = job_id
+        self.interval_seconds = interval_seconds
+        self.log = log
+        self._next_at = 0.0
+        self._last: dict[str, Any] | None = None  # Any: JSON values.
+
+    def _due(self, status: JobStatus) -> bool:
+        return self.interval_seconds > 0 and status == JobStatus.RUNNING and time.monotonic() >= self._next_at
+
+    def _log(self, driver_log: str) -> bool:
+        progress = progress_from_log(driver_log)
+        if progress is None or progress == self._last:
+            return False
+        self._last = progress
+        self.log.info("Ray job %s: %s", self.job_id, describe_progress(progress))
+        return True
+
+    def relay(self, hook: RayHook, status: JobStatus) -> bool:
+        """Log new progress if due; True when a line was logged."""
+        if not self._due(status):
+            return False
+        self._next_at = time.monotonic() + self.interval_seconds
+        try:
+            return self._log(hook.get_job_logs(self.job_id))
+        except RayHookError as err:
+            self.log.warning("No progress for Ray job %s: %s", self.job_id, err)
+            return False
+
+    async def a_relay(self, hook: RayHook, status: JobStatus) -> bool:
+        """Async version of :meth:`relay`."""
+        if not self._due(status):
+            return False
+        self._next_at = time.monotonic() + self.interval_seconds
+        try:
+            return self._log(await hook.a_get_job_logs(self.job_id))
+        except RayHookError as err:
+            self.log.warning("No progress for Ray job %s: %s", self.job_id, err)
+            return False
+
+
 class RayJobTrigger(BaseTrigger):
     """Poll a Ray job until it ends, then fire one event (see :mod:`airflow_provider_raybatch.utils.events`).
 
@@ -32,6 +80,8 @@ class RayJobTrigger(BaseTrigger):
     :param timeout_seconds: Give up (and stop the job) after this long; None waits forever.
     :param retry_window_seconds: How long one poll keeps retrying while the Jobs API is unreachable
         or answers 5xx (a head restart); None takes the connection's (default 300 s).
+    :param progress_interval_seconds: Least time between two progress lines (rows done / total,
+        rows/s, output tokens/s, ETA) relayed from a raybatch job's driver log; 0 turns them off.
     """
 
     def __init__(
@@ -41,6 +91,7 @@ class RayJobTrigger(BaseTrigger):
         poll_interval_seconds: float = 10.0,
         timeout_seconds: float | None = None,
         retry_window_seconds: float | None = None,
+        progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
     ) -> None:
         super().__init__()
         if poll_interval_seconds <= 0:
@@ -50,6 +101,7 @@ class RayJobTrigger(BaseTrigger):
         self.poll_interval_seconds = float(poll_interval_seconds)
         self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
         self.retry_window_seconds = None if retry_window_seconds is None else float(retry_window_seconds)
+        self.progress_interval_seconds = float(progress_interval_seconds)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:  # Any: JSON-able constructor arguments.
         return (
@@ -60,6 +112,7 @@ class RayJobTrigger(BaseTrigger):
                 "poll_interval_seconds": self.poll_interval_seconds,
                 "timeout_seconds": self.timeout_seconds,
                 "retry_window_seconds": self.retry_window_seconds,
+                "progress_interval_seconds": self.progress_interval_seconds,
             },
         )
 
@@ -69,6 +122,7 @@ class RayJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
         deadline = None if self.timeout_seconds is None else time.monotonic() + self.timeout_seconds
+        progress = ProgressRelay(self.job_id, self.progress_interval_seconds, self.log)
         while True:
             try:
                 # The hook retries what passes (unreachable head, 5xx) for its retry window.
@@ -79,7 +133,8 @@ class RayJobTrigger(BaseTrigger):
             if info.status.is_terminal:
                 yield TriggerEvent(event_for_job(info))
                 return
-            self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
+            if not await progress.a_relay(hook, info.status):
+                self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
             if deadline is not None and time.monotonic() >= deadline:
                 message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s"
                 try:

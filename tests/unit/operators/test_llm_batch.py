@@ -32,6 +32,7 @@ from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from airflow_provider_raybatch.utils.events import job_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 from airflow_provider_raybatch.utils.packaging import build_py_module_package
+from tests.unit.conftest import RAY_URL
 
 PROVIDER_DIR = Path(airflow_provider_raybatch.__file__).parent
 REQUIRED = {
@@ -42,7 +43,7 @@ REQUIRED = {
 
 
 def make_operator(**kwargs: Any) -> RayLLMBatchOperator:  # Any: operator arguments.
-    arguments = {"task_id": "classify", **REQUIRED, **kwargs}
+    arguments = {"task_id": "classify", "progress_interval_seconds": 0, **REQUIRED, **kwargs}
     if "messages_column" not in kwargs:
         arguments.setdefault("user_template", "Industry of {Company}?")
     return RayLLMBatchOperator(**arguments)
@@ -460,7 +461,7 @@ def test_execute_submits_when_there_is_no_previous_job(ray_conn: str, cluster: F
     assert spec.run_key == task_try.run_key()
     assert spec.fingerprint() == FINGERPRINT
     assert store.sets == [(JOB_ID_STATE_KEY, task_try.submission_id())]
-    assert ti.xcoms == {"job_id": task_try.submission_id()}
+    assert ti.xcoms == {"job_id": task_try.submission_id(), "ray_dashboard_url": RAY_URL}
     assert info.value.trigger.serialize()[1]["job_id"] == task_try.submission_id()
     assert not any(route.called for route in cluster.stops.values())
 
@@ -493,7 +494,7 @@ def test_execute_attaches_to_an_unfinished_job_of_an_earlier_try(
     assert cluster.listing.call_count == 1  # listed always: the store may lag a newer try's job
     assert info.value.trigger.serialize()[1]["job_id"] == previous
     assert op.job_id == previous
-    assert ti.xcoms == {"job_id": previous}
+    assert ti.xcoms == {"job_id": previous, "ray_dashboard_url": RAY_URL}
     assert store.sets == []
 
 
@@ -839,7 +840,7 @@ def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeC
     with pytest.raises(TaskDeferred) as info:
         op.execute({"ti": ti})
 
-    assert ti.xcoms == {"job_id": submission_id}
+    assert ti.xcoms == {"job_id": submission_id, "ray_dashboard_url": RAY_URL}
     assert op.job_id == submission_id
     trigger = info.value.trigger
     assert isinstance(trigger, RayJobTrigger)
@@ -849,6 +850,7 @@ def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeC
         "poll_interval_seconds": 3.0,
         "timeout_seconds": 600.0,
         "retry_window_seconds": None,
+        "progress_interval_seconds": 0.0,
     }
     assert info.value.method_name == "execute_complete"
     assert info.value.timeout == timedelta(seconds=660)

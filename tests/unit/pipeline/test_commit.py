@@ -8,15 +8,17 @@ which needs Ray. ``open_staging``, ``write_version`` and ``publish`` then run on
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import commit, storage
+from airflow_provider_raybatch.pipeline import commit, report, storage
 from airflow_provider_raybatch.pipeline.prompts import build_messages, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
@@ -26,9 +28,8 @@ RUN_KEY = "classify-m-1-0123456789abcdef"
 
 
 def spec_of(**params: Any) -> BatchInferenceSpec:  # Any: spec parameter values.
-    return BatchInferenceSpec.build(
-        model="m", input_uri="in.jsonl", output_uri="out", user_template="{Company}", **params
-    )
+    defaults = {"model": "m", "input_uri": "in.jsonl", "output_uri": "out", "user_template": "{Company}"}
+    return BatchInferenceSpec.build(**{**defaults, **params})
 
 
 # -- reason_kind --------------------------------------------------------------------------------
@@ -144,9 +145,12 @@ def stage_part(
     reasons: dict[str, int] | None = None,
     labels: dict[str, int] | None = None,
     sidecar: bool = True,
+    report_fields: dict[str, Any] | None = None,  # Any: JSON values.
 ) -> dict[str, Path]:
     """Stage one part as StagedPartsSink does: the rows of ``sources`` not in ``failed`` are outputs,
     those in ``failed`` errors; the sidecar is written last (``sidecar=False``: the job died first).
+    Without ``report_fields`` the sidecar is one from before the run report (no ``written_at``, no
+    ``token_histograms``).
 
     Returns the part's files by folder.
     """
@@ -172,6 +176,7 @@ def stage_part(
         }
         if labels is not None:
             document["generated_text_counts"] = labels
+        document.update(report_fields or {})
         path = staging / "parts" / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(document))
@@ -442,6 +447,122 @@ def test_write_version_of_no_rows_creates_both_folders(layout: OutputLayout) -> 
     assert (run.rows_out, run.rows_failed) == (0, 0)
     assert Path(run.outputs_uri).is_dir() and list(Path(run.outputs_uri).iterdir()) == []
     assert Path(run.errors_uri).is_dir() and list(Path(run.errors_uri).iterdir()) == []
+
+
+# -- the run report --------------------------------------------------------------------------------
+
+
+STARTED_AT = datetime(2026, 11, 21, 8, 0, tzinfo=UTC)
+
+
+def report_fields(tokens: list[tuple[int, int]], seconds: float) -> dict[str, Any]:  # Any: JSON values.
+    """What the sink adds for the report to a part whose output rows have these (in, out) tokens."""
+    outputs = [{"num_input_tokens": n_in, "num_generated_tokens": n_out} for n_in, n_out in tokens]
+    return report.part_report_fields(outputs, written_at=STARTED_AT + timedelta(seconds=seconds))
+
+
+def chart_values(page: str, chart_id: str) -> list[int]:
+    chart = re.search(rf'<svg id="{chart_id}".*?</svg>', page, re.S)
+    assert chart, f"no chart {chart_id}"
+    return [int(value) for value in re.findall(r'data-value="(\d+)"', chart.group(0))]
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"], ids=["path", "file-uri"])
+def test_write_version_writes_the_report_into_the_version_folder(tmp_path: Path, scheme: str) -> None:
+    layout = OutputLayout(f"{scheme}{tmp_path / 'out'}", RUN_KEY)
+    staged = OutputLayout(str(tmp_path / "out"), RUN_KEY)  # the same folder, by its plain path
+    spec = spec_of(run_key=RUN_KEY, model="org/<model>")
+    commit.open_staging(layout, spec)
+    stage_part(
+        staged, "part-a", ["1", "2", "3"], failed=["3"], tokens=(30, 9), reasons={"duplicate id": 1},
+        report_fields=report_fields([(10, 1), (20, 8)], seconds=4),
+    )  # fmt: skip
+    stage_part(
+        staged, "part-b", ["4", "5", "6"], failed=["6"], tokens=(1100, 3), reasons={"<script>x</script>": 1},
+        report_fields=report_fields([(100, 1), (1000, 2)], seconds=65),
+    )  # fmt: skip
+
+    versions = {"ray": "2.60.0", "vllm": "0.32.0"}
+    run = commit.write_version(
+        layout, spec, rows_in=6, rows_resumed=3, started_at=STARTED_AT, versions=versions
+    )
+
+    assert run.report_uri == f"{layout.output_uri}/versions/{run.version}/report.html"
+    version = tmp_path / "out" / "versions" / run.version
+    assert files_under(str(version)) == [
+        "errors/part-a.jsonl",
+        "errors/part-b.jsonl",
+        "outputs/part-a.jsonl",
+        "outputs/part-b.jsonl",
+        "report.html",
+    ]
+    page = storage.read_text(run.report_uri)
+    assert (version / "report.html").read_text() == page
+    for key, shown in [("rows_in", "6"), ("rows_out", "4"), ("rows_failed", "2"), ("rows_duplicate", "1"),
+                       ("rows_resumed", "3"), ("tokens_in", "1,130"), ("tokens_out", "12")]:  # fmt: skip
+        assert f'<dd id="{key}">{shown}</dd>' in page
+    assert "org/&lt;model&gt;" in page and "2.60.0" in page and run.version in page
+    assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert sum(chart_values(page, "hist-input")) == sum(chart_values(page, "hist-generated")) == run.rows_out
+    rows = chart_values(page, "throughput-rows")  # parts at 4 s and 65 s after the start: 2 s buckets
+    assert (len(rows), rows[2], rows[-1], sum(rows)) == (33, 3, 3, 6)
+    assert "per 2 s" in page
+    assert not Path(staged.manifest_uri).exists()  # still invisible until publish
+
+
+def test_write_version_of_old_sidecars_commits_with_what_the_report_can_show(layout: OutputLayout) -> None:
+    """Parts staged before the upgrade that added the report (a resumed run) still commit."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    stage_part(layout, "part-a", ["1", "2", "3"], failed=["3"], tokens=(30, 9))  # no report fields
+    new_fields = report_fields([(9, 1), (11, 1)], seconds=3)
+    stage_part(layout, "part-b", ["4", "5"], tokens=(20, 2), report_fields=new_fields)
+
+    run = commit.write_version(layout, spec, rows_in=5)
+
+    assert (run.rows_out, run.rows_failed, run.tokens_in) == (4, 1, 50)
+    assert files_under(run.outputs_uri) == ["part-a.jsonl", "part-b.jsonl"]
+    page = Path(run.report_uri).read_text()
+    assert '<dd id="rows_in">5</dd>' in page and '<dd id="rows_resumed">—</dd>' in page
+    assert sum(chart_values(page, "hist-input")) == 2
+    assert "2 output rows are not shown" in page
+    assert sum(chart_values(page, "throughput-rows")) == 2
+    assert "3 rows are not shown" in page
+
+
+def test_write_version_of_only_old_sidecars_and_of_no_rows_writes_a_report(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+    stage_part(layout, "part-a", ["1"])
+
+    old = commit.write_version(layout, spec, rows_in=1)
+    commit.publish(layout, {"version": old.version}, keep_versions=True)
+    commit.open_staging(layout, spec)
+    empty = commit.write_version(layout, spec, rows_in=0)
+
+    assert "<svg" not in Path(old.report_uri).read_text()
+    assert '<dd id="rows_out">1</dd>' in Path(old.report_uri).read_text()
+    assert '<dd id="rows_in">0</dd>' in Path(empty.report_uri).read_text()
+
+
+def test_write_version_commits_without_a_report_it_cannot_render(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The report is a view of the run: a bug in it must not fail (or endlessly retry) a sound commit."""
+
+    def broken(*args: Any, **kwargs: Any) -> str:  # Any: whatever render_report gets.
+        raise ZeroDivisionError("a chart bug")
+
+    monkeypatch.setattr(report, "render_report", broken)
+    spec = spec_of(run_key=RUN_KEY)
+    stage_part(layout, "part-a", ["1", "2"], failed=["2"], report_fields=report_fields([(5, 5)], 1))
+
+    with caplog.at_level(logging.ERROR, logger="airflow_provider_raybatch.pipeline"):
+        run = commit.write_version(layout, spec, rows_in=2)
+
+    assert run.report_uri is None
+    assert (run.rows_out, run.rows_failed) == (1, 1)
+    assert files_under(layout.version_uri(run.version)) == ["errors/part-a.jsonl", "outputs/part-a.jsonl"]
+    assert "Could not render the run report" in caplog.text and "a chart bug" in caplog.text
 
 
 def test_a_retry_after_a_crash_before_publish_redoes_the_rows(layout: OutputLayout) -> None:

@@ -94,6 +94,7 @@ def test_deferrable_execute_defers_when_running(
         "poll_interval_seconds": 7.0,
         "timeout_seconds": None,
         "retry_window_seconds": None,
+        "progress_interval_seconds": 60.0,
     }
     assert info.value.method_name == "execute_complete"
     assert info.value.timeout == timedelta(seconds=300)

@@ -26,7 +26,13 @@ STOP_PATH = f"{JOB_PATH}/stop"
 def make_trigger(ray_conn: str) -> Any:
     def make(**kwargs: Any) -> RayJobTrigger:  # Any: constructor arguments.
         return RayJobTrigger(
-            **{"job_id": JOB, "ray_conn_id": ray_conn, "poll_interval_seconds": 0.01, **kwargs}
+            **{
+                "job_id": JOB,
+                "ray_conn_id": ray_conn,
+                "poll_interval_seconds": 0.01,
+                "progress_interval_seconds": 0,  # no driver-log fetches unless a test asks
+                **kwargs,
+            }
         )
 
     return make
@@ -57,6 +63,7 @@ def test_serialize_round_trip() -> None:
         "poll_interval_seconds": 5.0,
         "timeout_seconds": 600.0,
         "retry_window_seconds": None,
+        "progress_interval_seconds": 60.0,
     }
     assert rebuilt.serialize() == trigger.serialize()
 

@@ -1,0 +1,82 @@
+"""Progress of a running batch, printed on the driver log for the trigger to relay to the task log.
+
+The staged parts' sidecars (sink.py) are the truth about what is done: a background thread reads
+the ones that appeared since its last look, every ``interval`` seconds, and prints one marked line
+(:func:`airflow_provider_raybatch.manifest.progress_log_line`). Reading only new sidecars keeps each
+look cheap however long the run.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from airflow_provider_raybatch.manifest import progress_log_line
+from airflow_provider_raybatch.pipeline import storage
+
+DEFAULT_INTERVAL_SECONDS = 30.0
+
+
+class ProgressReporter:
+    """Print progress of the rows staged under ``parts_uri`` until stopped."""
+
+    def __init__(
+        self, parts_uri: str, rows_total: int, rows_resumed: int, interval: float = DEFAULT_INTERVAL_SECONDS
+    ) -> None:
+        self.parts_uri = parts_uri
+        self.rows_total = rows_total
+        self.rows_resumed = rows_resumed
+        self.interval = interval
+        self._seen: set[str] = set()
+        self._rows_done = 0
+        self._tokens_out = 0
+        self._tokens_out_before = 0
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raybatch-progress", daemon=True)
+
+    def start(self) -> ProgressReporter:
+        self._read_new_parts()
+        self._tokens_out_before = self._tokens_out  # rates count this run's work only
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop, then print the final count."""
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 5)
+        self.report()
+
+    def snapshot(self) -> dict[str, Any]:  # Any: JSON values.
+        self._read_new_parts()
+        return {
+            "rows_done": self._rows_done,
+            "rows_total": self.rows_total,
+            "rows_resumed": self.rows_resumed,
+            "tokens_out": self._tokens_out - self._tokens_out_before,
+            "elapsed_seconds": round(time.monotonic() - self._started, 1),
+        }
+
+    def report(self) -> None:
+        try:
+            print(progress_log_line(self.snapshot()), flush=True)
+        except Exception as err:  # noqa: BLE001 - progress is a nicety; never fail the batch for it.
+            print(f"progress unavailable: {type(err).__name__}: {err}", flush=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.report()
+
+    def _read_new_parts(self) -> None:
+        for path in storage.list_files(self.parts_uri):
+            if path in self._seen or not path.endswith(".json"):
+                continue
+            filesystem, _ = storage.filesystem(self.parts_uri)
+            with filesystem.open_input_stream(path) as stream:
+                sidecar = json.loads(stream.read())
+            self._seen.add(path)
+            self._rows_done += len(sidecar.get("sources", []))
+            self._tokens_out += int(sidecar.get("tokens_out", 0))

@@ -1,0 +1,433 @@
+"""The run report: one self-contained HTML page written beside a version's outputs (``report.html``).
+
+The sink adds what the report needs to each part's sidecar (:func:`part_report_fields`): when the
+part was written, and how its output rows' token counts spread over power-of-two buckets, so a
+sidecar stays a few hundred bytes however many rows its part holds. Commit folds the sidecars into
+:class:`ReportStats` and renders the page with :func:`render_report`.
+
+Sidecars staged before these fields existed (a run resumed across an upgrade) still count in the
+totals; the charts then cover the parts that carry them and say how many rows they leave out.
+
+The page fetches nothing (no scripts, stylesheets or fonts): the charts are inline SVG and the style
+is inline CSS. Every string that comes from the run (model, URIs, error kinds, labels) is escaped.
+Pure Python, no Ray or pyarrow, so it is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+#: The report's file name inside ``versions/<version>/``.
+REPORT_FILE_NAME = "report.html"
+#: The sidecar's ``token_histograms`` keys and the output columns they count.
+TOKEN_HISTOGRAM_COLUMNS = {"input": "num_input_tokens", "generated": "num_generated_tokens"}
+#: Throughput bucket widths in seconds, the first that gives at most MAX_TIME_BUCKETS wins.
+_NICE_SECONDS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+MAX_TIME_BUCKETS = 40
+
+
+# -- the sidecar fields (written by sink.py, one part at a time) ----------------------------------
+
+
+def token_count(record: Mapping[str, Any], column: str) -> int:  # Any: output row values.
+    """A row's token count; 0 when a postprocess dropped or emptied the column."""
+    return int(record.get(column) or 0)
+
+
+def token_bucket(count: int) -> int:
+    """The lower bound of a count's power-of-two bucket: 0, 1, 2, 4, 8, ...; bucket b holds b..2b-1."""
+    return 0 if count <= 0 else 1 << (count.bit_length() - 1)
+
+
+def token_histogram(counts: Iterable[int]) -> dict[str, int]:
+    """Counts per power-of-two bucket, keyed by the bucket's lower bound (a string: JSON keys)."""
+    buckets = Counter(token_bucket(count) for count in counts)
+    return {str(bucket): buckets[bucket] for bucket in sorted(buckets)}
+
+
+def part_report_fields(
+    outputs: list[dict[str, Any]],  # Any: output row values.
+    written_at: datetime | None = None,
+) -> dict[str, Any]:  # Any: JSON values.
+    """What a part's sidecar carries for the report: ``written_at`` (default: now, UTC, ISO) and
+    ``token_histograms`` (``input`` and ``generated``: :func:`token_histogram` of the output rows)."""
+    return {
+        "written_at": (written_at or datetime.now(UTC)).isoformat(timespec="milliseconds"),
+        "token_histograms": {
+            name: token_histogram(token_count(record, column) for record in outputs)
+            for name, column in TOKEN_HISTOGRAM_COLUMNS.items()
+        },
+    }
+
+
+# -- folding the sidecars (commit.py) -------------------------------------------------------------
+
+
+def epoch_seconds(value: Any) -> float | None:  # Any: a JSON value (ISO text or a number) or a datetime.
+    """A timestamp as epoch seconds; None when it is missing or unreadable. Naive times are UTC."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    return None
+
+
+@dataclass
+class ReportStats:
+    """The sidecars added up for the charts.
+
+    ``histograms`` maps ``input`` / ``generated`` to counts per bucket lower bound; ``timeline`` holds
+    one ``(written_at, rows, tokens_out)`` per timed part. Rows of parts without the fields (older
+    sidecars) are counted in ``rows_out_without_histograms`` and ``rows_without_time``.
+    """
+
+    histograms: dict[str, Counter[int]] = field(
+        default_factory=lambda: {name: Counter() for name in TOKEN_HISTOGRAM_COLUMNS}
+    )
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    rows_out_without_histograms: int = 0
+    rows_without_time: int = 0
+
+    @classmethod
+    def of_sidecars(cls, sidecars: Iterable[Mapping[str, Any]]) -> ReportStats:  # Any: JSON values.
+        stats = cls()
+        for sidecar in sidecars:
+            stats.add(sidecar)
+        return stats
+
+    def add(self, sidecar: Mapping[str, Any]) -> None:  # Any: JSON values.
+        rows_out = int(sidecar.get("rows_out") or 0)
+        rows = rows_out + int(sidecar.get("rows_failed") or 0)
+        histograms = sidecar.get("token_histograms")
+        if isinstance(histograms, Mapping) and all(name in histograms for name in TOKEN_HISTOGRAM_COLUMNS):
+            for name in TOKEN_HISTOGRAM_COLUMNS:
+                self.histograms[name].update({int(bucket): int(n) for bucket, n in histograms[name].items()})
+        else:
+            self.rows_out_without_histograms += rows_out
+        written_at = epoch_seconds(sidecar.get("written_at"))
+        if written_at is None:
+            self.rows_without_time += rows
+        else:
+            self.timeline.append((written_at, rows, int(sidecar.get("tokens_out") or 0)))
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Rows and output tokens per time bucket; bucket i starts ``start + i * bucket_seconds``."""
+
+    start: float
+    bucket_seconds: int
+    rows: list[int]
+    tokens_out: list[int]
+
+
+def throughput(
+    timeline: Iterable[tuple[float, int, int]],
+    start: float | None = None,
+    max_buckets: int = MAX_TIME_BUCKETS,
+) -> Throughput | None:
+    """Bucket the timed parts from ``start`` (the run's start; earlier parts, staged by an earlier
+    try, move it back) to the last part. None without any timed part."""
+    events = sorted(timeline)
+    if not events:
+        return None
+    first = events[0][0] if start is None else min(start, events[0][0])
+    span = events[-1][0] - first
+    width = next((w for w in _NICE_SECONDS if span // w + 1 <= max_buckets), None)
+    if width is None:
+        width = math.ceil(span / (max_buckets - 1) / 86400) * 86400
+    count = int(span // width) + 1
+    rows, tokens = [0] * count, [0] * count
+    for at, part_rows, part_tokens in events:
+        index = min(int((at - first) // width), count - 1)
+        rows[index] += part_rows
+        tokens[index] += part_tokens
+    return Throughput(start=first, bucket_seconds=width, rows=rows, tokens_out=tokens)
+
+
+# -- the page -------------------------------------------------------------------------------------
+
+
+def _e(value: Any) -> str:  # Any: anything shown on the page.
+    return html.escape(str(value), quote=True)
+
+
+def _number(value: Any) -> str:  # Any: a count from the summary, or None.
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "—"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def _timestamp(value: Any) -> str | None:  # Any: ISO text, epoch seconds or None.
+    seconds = epoch_seconds(value)
+    return None if seconds is None else f"{datetime.fromtimestamp(seconds, UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _offset(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    return f"+{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"+{rest // 60}:{rest % 60:02d}"
+
+
+def _width(seconds: int) -> str:
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def _compact(value: float) -> str:
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}" if value != int(value) else str(int(value))
+
+
+def _bucket_range(bucket: int) -> str:
+    return str(bucket) if bucket < 2 else f"{bucket:,}–{2 * bucket - 1:,}"
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten that is >= value (the charts' top line)."""
+    if value <= 1:
+        return 1
+    power = 10 ** math.floor(math.log10(value))
+    return next(step * power for step in (1, 2, 2.5, 5, 10) if step * power >= value)
+
+
+def _bar_chart(chart_id: str, bars: list[tuple[str, str, int]], color: str, caption: str) -> str:
+    """An inline SVG bar chart of ``(axis label, tooltip, value)``; each bar carries data-value."""
+    width, height, left, right, bottom, top = 560, 190, 52, 22, 30, 12
+    plot_width, plot_height = width - left - right, height - top - bottom
+    peak = _nice_ceiling(max((value for _, _, value in bars), default=0))
+    slot = plot_width / max(len(bars), 1)
+    every = math.ceil(len(bars) / 12) or 1
+    # Presentation attributes rather than page CSS, so a chart reads the same when copied out alone.
+    parts = [
+        f'<svg id="{_e(chart_id)}" viewBox="0 0 {width} {height}" role="img" aria-label="{_e(caption)}" '
+        'font-family="system-ui,sans-serif" font-size="10" fill="#5b6474">',
+    ]
+    for fraction in (0, 0.5, 1):
+        y = top + plot_height * (1 - fraction)
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e2e5ea"/>')
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(_compact(peak * fraction))}</text>'
+        )
+    for index, (label, tooltip, value) in enumerate(bars):
+        bar_height = plot_height * value / peak
+        x = left + index * slot + slot * 0.1
+        parts.append(
+            f'<rect x="{x:.1f}" y="{top + plot_height - bar_height:.1f}" width="{slot * 0.8:.1f}" '
+            f'height="{bar_height:.1f}" fill="{color}" data-value="{value}">'
+            f"<title>{_e(tooltip)}</title></rect>"
+        )
+        if index % every == 0:
+            label_x, label_y = x + slot * 0.4, height - bottom + 14
+            parts.append(f'<text x="{label_x:.1f}" y="{label_y}" text-anchor="middle">{_e(label)}</text>')
+    parts.append("</svg>")
+    return f"<figure>{''.join(parts)}<figcaption>{_e(caption)}</figcaption></figure>"
+
+
+def _section(title: str, body: str, note: str = "") -> str:
+    """A titled block of the page; ``body`` is markup already, ``note`` is plain text."""
+    note_html = f"<p class=note>{_e(note)}</p>" if note else ""
+    return f"<section><h2>{_e(title)}</h2>{body}{note_html}</section>"
+
+
+def _table(headers: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:  # Any: cells.
+    """A table whose first column is text and the others numbers; every cell is escaped."""
+    head = "".join(f"<th{' class=num' if i else ''}>{_e(h)}</th>" for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f"<td{' class=num' if i else ''}>{_e(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cards(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
+    cards = [
+        ("rows_in", "Rows in", _number(summary.get("rows_in"))),
+        ("rows_out", "Rows out", _number(summary.get("rows_out"))),
+        ("rows_failed", "Rows failed", _number(summary.get("rows_failed"))),
+        ("rows_duplicate", "Duplicate rows", _number(summary.get("rows_duplicate"))),
+        ("rows_resumed", "Resumed rows", _number(summary.get("rows_resumed"))),
+        ("tokens_in", "Tokens in", _number(summary.get("tokens_in"))),
+        ("tokens_out", "Tokens out", _number(summary.get("tokens_out"))),
+        ("wall_seconds", "Wall time", _duration(summary.get("wall_seconds"))),
+    ]
+    items = "".join(
+        f'<div><dt>{_e(label)}</dt><dd id="{key}">{_e(value)}</dd></div>' for key, label, value in cards
+    )
+    return f'<dl class="cards">{items}</dl>'
+
+
+def _run_facts(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
+    versions = summary.get("versions") or {}
+    facts = [
+        ("Model", summary.get("model")),
+        ("Output version", summary.get("version")),
+        ("Started at", _timestamp(summary.get("started_at"))),
+        ("Committed at", _timestamp(summary.get("committed_at"))),
+        *((f"{name} version", value) for name, value in sorted(versions.items())),
+        ("Input", summary.get("input_uri")),
+        ("Outputs", summary.get("outputs_uri")),
+        ("Errors", summary.get("errors_uri")),
+    ]
+    rows = "".join(f"<tr><th>{_e(name)}</th><td>{_e('—' if v is None else v)}</td></tr>" for name, v in facts)
+    return f'<table class="facts"><tbody>{rows}</tbody></table>'
+
+
+def _counts_table(column: str, counts: Mapping[str, int], total: int | None, of: str) -> str:
+    """Row counts by name (error kinds, labels: user data), their share of ``total``, and bars
+    scaled to the largest count."""
+    denominator = total or sum(counts.values()) or 1
+    largest = max(counts.values(), default=0) or 1
+    rows = []
+    for name, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        share = 100 * count / denominator
+        bar = f'<span class=bar style="width:{100 * count / largest:.1f}%"></span>'
+        rows.append(
+            f"<tr><td>{_e(name)}</td><td class=num>{count:,}</td><td class=num>{share:.1f}%</td>"
+            f"<td class=barcell>{bar}</td></tr>"
+        )
+    head = (
+        f"<tr><th>{_e(column)}</th><th class=num>rows</th><th class=num>share of {_e(of)}</th><th></th></tr>"
+    )
+    return f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _histogram_figure(name: str, histogram: Counter[int], title: str, color: str) -> str:
+    present = [bucket for bucket, count in histogram.items() if count]
+    if not present:
+        return f"<figure><p class=note>{_e(title)}: no output rows to show.</p></figure>"
+    low, high = min(present), max(present)
+    buckets = [0] if low == 0 else []
+    bucket = max(low, 1)
+    while bucket <= high:  # every bucket in between, empty ones too, so the shape reads true
+        buckets.append(bucket)
+        bucket *= 2
+    bars = [(str(b), f"{_bucket_range(b)} tokens: {histogram[b]:,} rows", histogram[b]) for b in buckets]
+    total = sum(histogram.values())
+    figure = _bar_chart(f"hist-{name}", bars, color, f"{title}: output rows per bucket ({total:,} rows)")
+    table = _table(("tokens", "rows"), ((_bucket_range(b), f"{histogram[b]:,}") for b in buckets))
+    return f"<div>{figure}<details><summary>numbers</summary>{table}</details></div>"
+
+
+def _histograms_section(stats: ReportStats) -> str:
+    figures = [
+        _histogram_figure("input", stats.histograms["input"], "Input tokens per output row", "#4c78a8"),
+        _histogram_figure(
+            "generated", stats.histograms["generated"], "Generated tokens per output row", "#f58518"
+        ),
+    ]
+    note = "Buckets are powers of two: bucket b holds b to 2b − 1 tokens."
+    if stats.rows_out_without_histograms:
+        note += (
+            f" {stats.rows_out_without_histograms:,} output rows are not shown: their parts were staged"
+            " before token histograms were recorded."
+        )
+    return _section("Token lengths", f"<div class=pair>{''.join(figures)}</div>", note)
+
+
+def _throughput_section(stats: ReportStats, start: float | None) -> str:
+    buckets = throughput(stats.timeline, start)
+    if buckets is None:
+        return _section(
+            "Throughput", "", "No part recorded when it was staged (parts staged by an older version)."
+        )
+    labels = [_offset(i * buckets.bucket_seconds) for i in range(len(buckets.rows))]
+    per = f"per {_width(buckets.bucket_seconds)}"
+    rows = [(label, f"{label}: {n:,} rows", n) for label, n in zip(labels, buckets.rows, strict=True)]
+    tokens = [
+        (label, f"{label}: {n:,} output tokens", n)
+        for label, n in zip(labels, buckets.tokens_out, strict=True)
+    ]
+    figures = [
+        _bar_chart("throughput-rows", rows, "#54a24b", f"Rows settled {per} (outputs and errors)"),
+        _bar_chart("throughput-tokens", tokens, "#b279a2", f"Output tokens {per}"),
+    ]
+    note = f"Time since {_timestamp(buckets.start)}; a part's rows count at the moment the part was staged."
+    if stats.rows_without_time:
+        note += f" {stats.rows_without_time:,} rows are not shown: their parts did not record a time."
+    return _section("Throughput", f"<div class=pair>{''.join(figures)}</div>", note)
+
+
+_STYLE = """
+body{margin:0;background:#f6f7f9;color:#1d2330;
+  font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
+main{max-width:1180px;margin:0 auto;padding:24px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:0 0 12px}
+.sub,.note,figcaption{color:#5b6474;font-size:12.5px}
+section{background:#fff;border:1px solid #e2e5ea;border-radius:8px;padding:16px 18px;margin:16px 0}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:16px 0}
+.cards div{flex:1 1 100px;background:#fff;border:1px solid #e2e5ea;border-radius:8px;padding:10px 12px}
+.cards dt{color:#5b6474;font-size:12px}.cards dd{margin:2px 0 0;font-size:20px;font-weight:600}
+table{border-collapse:collapse;width:100%}
+th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #eef0f3}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.facts th{width:170px;color:#5b6474;font-weight:500}.facts td{word-break:break-all}
+.barcell{width:35%}.bar{display:block;height:10px;background:#e45756;border-radius:2px}
+.pair{display:flex;flex-wrap:wrap;gap:16px}.pair>*{flex:1 1 420px;min-width:0}
+figure{margin:0}svg{width:100%;height:auto}
+details{margin-top:6px;font-size:12.5px}summary{cursor:pointer;color:#5b6474}
+"""
+
+
+def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any: manifest-shaped values.
+    """The report page.
+
+    :param summary: the run's facts under the manifest's keys (``model``, ``version``, ``rows_in``,
+        ``rows_out``, ``rows_failed``, ``rows_duplicate``, ``rows_resumed``, ``tokens_in``,
+        ``tokens_out``, ``wall_seconds``, ``started_at``, ``committed_at``, ``versions``,
+        ``errors_by_reason``, ``generated_text_counts``, the URIs); a missing one shows as "—".
+    :param stats: the sidecars added up (:class:`ReportStats`).
+    """
+    subject = " · ".join(str(summary[key]) for key in ("model", "version") if summary.get(key))
+    rows_in, rows_out = (
+        summary.get(key) if isinstance(summary.get(key), int) else None for key in ("rows_in", "rows_out")
+    )
+    errors = summary.get("errors_by_reason") or {}
+    sections = [
+        f"<header><h1>Batch inference run report</h1><p class=sub>{_e(subject)}</p></header>",
+        _cards(summary),
+        _section("Run", _run_facts(summary)),
+        _section(
+            "Errors by reason",
+            _counts_table("kind", errors, rows_in, "rows in") if errors else "",
+            "" if errors else "No failed rows.",
+        ),
+        _histograms_section(stats),
+        _throughput_section(stats, epoch_seconds(summary.get("started_at"))),
+    ]
+    labels = summary.get("generated_text_counts")
+    if labels:
+        sections.append(_section("Generated labels", _counts_table("label", labels, rows_out, "rows out")))
+    footer = "<p class=note>Written at commit by airflow-provider-raybatch; this page loads nothing else.</p>"
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>{_e(f'Run report · {subject}' if subject else 'Run report')}</title>"
+        f"<style>{_STYLE}</style></head>\n<body><main>\n"
+        + "\n".join(sections)
+        + f"\n{footer}\n</main></body></html>\n"
+    )

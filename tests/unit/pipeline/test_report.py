@@ -1,0 +1,388 @@
+"""Tests of airflow_provider_raybatch/pipeline/report.py: the sidecar fields, their sums, and the page.
+
+The last test runs the sink's own ``_write_part`` with Ray replaced by a stub (sink.py imports Ray at
+module level; the part it writes needs only pyarrow), so the sidecar checked is the one a job writes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+import types
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import pytest
+
+from airflow_provider_raybatch.pipeline import report
+from airflow_provider_raybatch.pipeline.report import ReportStats, render_report, throughput
+
+T0 = datetime(2026, 11, 21, 8, 0, tzinfo=UTC)
+
+
+def output_row(tokens_in: Any, tokens_out: Any) -> dict[str, Any]:  # Any: row values as a job writes them.
+    return {
+        "row_id": "in.jsonl:1",
+        "generated_text": "x",
+        "num_input_tokens": tokens_in,
+        "num_generated_tokens": tokens_out,
+    }
+
+
+def sidecar(rows_out: int, rows_failed: int = 0, *, tokens_out: int = 0, at: datetime | None = None,
+            histograms: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A sidecar as the sink writes it; without ``at`` and ``histograms``, one from before the report."""
+    document: dict[str, Any] = {  # Any: JSON values.
+        "sources": [f"in.jsonl:{i}" for i in range(rows_out + rows_failed)],
+        "files": {},
+        "rows_out": rows_out,
+        "rows_failed": rows_failed,
+        "tokens_in": 0,
+        "tokens_out": tokens_out,
+        "errors_by_reason": {"empty prompt": rows_failed} if rows_failed else {},
+    }
+    if at is not None:
+        document["written_at"] = at.isoformat(timespec="milliseconds")
+    if histograms is not None:
+        document["token_histograms"] = histograms
+    return document
+
+
+def data_values(page: str, chart_id: str) -> list[int]:
+    """The bar values of one chart of the page."""
+    match = re.search(rf'<svg id="{chart_id}".*?</svg>', page, re.S)
+    assert match, f"no chart {chart_id}"
+    return [int(value) for value in re.findall(r'data-value="(\d+)"', match.group(0))]
+
+
+# -- the sidecar fields ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("count", "bucket"),
+    [(-3, 0), (0, 0), (1, 1), (2, 2), (3, 2), (4, 4), (7, 4), (8, 8), (1000, 512), (1023, 512), (1024, 1024)],
+)
+def test_token_bucket(count: int, bucket: int) -> None:
+    assert report.token_bucket(count) == bucket
+
+
+def test_token_histogram_counts_per_power_of_two_sorted_by_bucket() -> None:
+    histogram = report.token_histogram([0, 1, 2, 3, 4, 7, 8, 1000, 600, 3])
+
+    assert histogram == {"0": 1, "1": 1, "2": 3, "4": 2, "8": 1, "512": 2}
+    assert list(histogram) == ["0", "1", "2", "4", "8", "512"]  # numeric order, not text order
+    assert report.token_histogram([]) == {}
+
+
+def test_part_report_fields_histograms_add_up_to_the_output_rows() -> None:
+    outputs = [output_row(17, 3), output_row(40, 3), output_row(33, 12), output_row(None, 0)]
+    outputs.append({"row_id": "x"})  # a postprocess dropped the token columns: counted as 0, not lost
+
+    fields = report.part_report_fields(outputs, written_at=T0)
+
+    assert fields == {
+        "written_at": "2026-11-21T08:00:00.000+00:00",
+        "token_histograms": {
+            "input": {"0": 2, "16": 1, "32": 2},
+            "generated": {"0": 2, "2": 2, "8": 1},
+        },
+    }
+    assert all(sum(h.values()) == len(outputs) for h in fields["token_histograms"].values())
+    assert report.epoch_seconds(fields["written_at"]) == T0.timestamp()
+
+
+def test_part_report_fields_stay_small_however_many_rows() -> None:
+    outputs = [output_row(n % 3000, n % 200) for n in range(20_000)]
+
+    fields = report.part_report_fields(outputs)
+
+    assert len(json.dumps(fields)) < 400
+    assert sum(fields["token_histograms"]["input"].values()) == 20_000
+    assert abs(report.epoch_seconds(fields["written_at"]) - datetime.now(UTC).timestamp()) < 60
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("2026-11-21T08:00:00+00:00", T0.timestamp()),
+        ("2026-11-21T08:00:00", T0.timestamp()),  # naive: UTC
+        ("2026-11-21T09:00:00.000+01:00", T0.timestamp()),
+        (T0.timestamp(), T0.timestamp()),
+        (int(T0.timestamp()), T0.timestamp()),
+        (T0, T0.timestamp()),
+        (None, None),
+        ("yesterday", None),
+        (True, None),
+        ([1], None),
+    ],
+)
+def test_epoch_seconds(value: Any, seconds: float | None) -> None:  # Any: what a sidecar might hold.
+    assert report.epoch_seconds(value) == seconds
+
+
+# -- adding up the sidecars --------------------------------------------------------------------------
+
+
+def test_report_stats_add_up_new_and_old_sidecars() -> None:
+    new = [
+        sidecar(3, 1, tokens_out=9, at=T0 + timedelta(seconds=5),
+                histograms={"input": {"16": 2, "32": 1}, "generated": {"2": 3}}),
+        sidecar(2, 0, tokens_out=4, at=T0 + timedelta(seconds=1),
+                histograms={"input": {"16": 2}, "generated": {"2": 1, "4": 1}}),
+    ]  # fmt: skip
+    old = [sidecar(5, 2, tokens_out=10)]
+
+    stats = ReportStats.of_sidecars([*new, *old])
+
+    assert stats.histograms["input"] == Counter({16: 4, 32: 1})
+    assert stats.histograms["generated"] == Counter({2: 4, 4: 1})
+    assert all(sum(h.values()) == 3 + 2 for h in stats.histograms.values())
+    assert stats.rows_out_without_histograms == 5
+    assert sorted(stats.timeline) == [(T0.timestamp() + 1, 2, 4), (T0.timestamp() + 5, 4, 9)]
+    assert stats.rows_without_time == 7
+
+
+def test_report_stats_of_no_sidecars_is_empty() -> None:
+    stats = ReportStats.of_sidecars([])
+
+    assert (stats.timeline, stats.rows_out_without_histograms, stats.rows_without_time) == ([], 0, 0)
+    assert all(not h for h in stats.histograms.values())
+
+
+# -- throughput ------------------------------------------------------------------------------------
+
+
+def test_throughput_buckets_add_up_to_the_rows_and_tokens() -> None:
+    start = T0.timestamp()
+    timeline = [(start + 7 * i, 10 + i, 100 + i) for i in range(50)]  # 50 parts over 343 s
+
+    buckets = throughput(timeline, start)
+
+    assert buckets is not None
+    assert buckets.bucket_seconds == 10  # 343 s at 5 s a bucket would be 69 buckets: too many
+    assert len(buckets.rows) == len(buckets.tokens_out) == 35
+    assert sum(buckets.rows) == sum(rows for _, rows, _ in timeline)
+    assert sum(buckets.tokens_out) == sum(tokens for _, _, tokens in timeline)
+    assert buckets.rows[0] == 10 + 11  # parts at 0 s and 7 s
+    assert buckets.start == start
+
+
+def test_throughput_starts_at_the_run_start_or_an_earlier_part() -> None:
+    start = T0.timestamp()
+
+    later = throughput([(start + 30, 5, 1), (start + 31, 5, 1)], start)
+    resumed = throughput([(start - 100, 5, 1), (start + 20, 5, 1)], start)  # a part of an earlier try
+
+    assert later is not None and later.start == start and later.bucket_seconds == 1
+    assert later.rows[:30] == [0] * 30 and later.rows[30:] == [5, 5]
+    assert resumed is not None and resumed.start == start - 100
+    assert (resumed.rows[0], resumed.rows[-1], sum(resumed.rows)) == (5, 5, 10)
+
+
+@pytest.mark.parametrize("span", [0, 1, 59, 3600, 86_400 * 3, 86_400 * 400])
+def test_throughput_never_makes_more_buckets_than_allowed(span: int) -> None:
+    start = T0.timestamp()
+
+    buckets = throughput([(start, 1, 2), (start + span, 3, 4)], start)
+
+    assert buckets is not None
+    assert 1 <= len(buckets.rows) <= report.MAX_TIME_BUCKETS
+    assert (sum(buckets.rows), sum(buckets.tokens_out)) == (4, 6)
+    assert buckets.rows[-1] == 3 + (1 if span == 0 else 0)
+
+
+def test_throughput_of_no_timed_part_is_none() -> None:
+    assert throughput([], T0.timestamp()) is None
+
+
+# -- the page ----------------------------------------------------------------------------------------
+
+
+SUMMARY: dict[str, Any] = {  # Any: manifest-shaped values.
+    "model": "Qwen/Qwen2.5-1.5B-Instruct",
+    "version": "20261121T080500-0123456789ab-c0ffee",
+    "input_uri": "s3://bucket/customers/2026-11-21/customers.csv",
+    "rows_in": 1234,
+    "rows_out": 1200,
+    "rows_failed": 34,
+    "rows_duplicate": 4,
+    "rows_resumed": 96,
+    "tokens_in": 56_789,
+    "tokens_out": 4321,
+    "wall_seconds": 754.2,
+    "started_at": T0.isoformat(),
+    "committed_at": (T0 + timedelta(seconds=754)).isoformat(),
+    "versions": {"ray": "2.60.0", "vllm": "0.32.0"},
+    "errors_by_reason": {"duplicate id": 4, "empty prompt": 20, "<script>alert('x')</script>": 10},
+}
+
+
+def stats_of_run() -> ReportStats:
+    """1,200 output rows and 1,234 rows in timed parts: the SUMMARY's run."""
+    parts = []
+    for i in range(12):
+        outputs = [output_row(20 + 7 * n + i, 1 + n % 5) for n in range(100)]
+        part = sidecar(100, 3 if i < 10 else 2, tokens_out=360, at=T0 + timedelta(seconds=60 * i + 30))
+        part.update(report.part_report_fields(outputs, written_at=T0 + timedelta(seconds=60 * i + 30)))
+        parts.append(part)
+    return ReportStats.of_sidecars(parts)
+
+
+def test_report_shows_the_counts() -> None:
+    page = render_report(SUMMARY, stats_of_run())
+
+    for key, shown in [
+        ("rows_in", "1,234"), ("rows_out", "1,200"), ("rows_failed", "34"), ("rows_duplicate", "4"),
+        ("rows_resumed", "96"), ("tokens_in", "56,789"), ("tokens_out", "4,321"), ("wall_seconds", "12m 34s"),
+    ]:  # fmt: skip
+        assert f'<dd id="{key}">{shown}</dd>' in page
+    for text in [
+        "Qwen/Qwen2.5-1.5B-Instruct",
+        SUMMARY["version"],
+        "2.60.0",
+        "0.32.0",
+        "2026-11-21 08:00:00 UTC",
+    ]:
+        assert text in page
+
+
+def test_report_escapes_every_error_reason_and_the_model() -> None:
+    summary = {**SUMMARY, "model": 'm"><img src=x onerror=alert(1)>&', "errors_by_reason": {
+        "<script>alert('x')</script>": 10, "a & b": 3, '"quoted" <b>': 1,
+    }}  # fmt: skip
+
+    page = render_report(summary, stats_of_run())
+
+    assert "<script" not in page
+    assert "<img" not in page and "<b>" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "a &amp; b" in page and "&quot;quoted&quot; &lt;b&gt;" in page
+    assert "m&quot;&gt;&lt;img src=x onerror=alert(1)&gt;&amp;" in page
+    rows = re.findall(r"<tr><td>([^<]*)</td><td class=num>([\d,]+)</td>", page.split("Errors by reason")[1])
+    assert rows[:3] == [("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;", "10"), ("a &amp; b", "3"),
+                        ("&quot;quoted&quot; &lt;b&gt;", "1")]  # fmt: skip
+
+
+def test_report_escapes_generated_labels() -> None:
+    page = render_report(
+        {**SUMMARY, "generated_text_counts": {"<i>Law</i>": 700, "Other": 500}}, stats_of_run()
+    )
+
+    assert "<i>" not in page
+    assert "&lt;i&gt;Law&lt;/i&gt;" in page
+
+
+def test_report_histograms_add_up_to_rows_out() -> None:
+    stats = stats_of_run()
+
+    page = render_report(SUMMARY, stats)
+
+    assert sum(data_values(page, "hist-input")) == SUMMARY["rows_out"]
+    assert sum(data_values(page, "hist-generated")) == SUMMARY["rows_out"]
+    # Every bucket from the lowest to the highest is drawn: 16, 32, ..., 512 for 20 .. 724 tokens.
+    assert len(data_values(page, "hist-input")) == 6
+    assert data_values(page, "hist-generated") == [240, 480, 480]  # buckets 1, 2 (2-3), 4 (4-5)
+
+
+def test_report_histograms_keep_rows_without_token_counts() -> None:
+    """Rows whose postprocess dropped the token columns sit in bucket 0, drawn before bucket 1."""
+    histograms = {"input": {"0": 2, "8": 3}, "generated": {"0": 5}}
+    stats = ReportStats.of_sidecars([sidecar(5, at=T0, histograms=histograms)])
+
+    page = render_report({"rows_in": 5, "rows_out": 5}, stats)
+
+    assert data_values(page, "hist-input") == [2, 0, 0, 0, 3]  # buckets 0, 1, 2, 4, 8
+    assert data_values(page, "hist-generated") == [5]
+
+
+def test_report_throughput_adds_up_to_the_rows() -> None:
+    page = render_report(SUMMARY, stats_of_run())
+
+    assert sum(data_values(page, "throughput-rows")) == SUMMARY["rows_in"]
+    assert sum(data_values(page, "throughput-tokens")) == 12 * 360
+    assert "per 30 s" in page
+
+
+def test_report_loads_nothing_from_elsewhere() -> None:
+    page = render_report({**SUMMARY, "generated_text_counts": {"x": 1}}, stats_of_run())
+
+    assert page.startswith("<!doctype html>")
+    for reference in ("<script", "<link", "src=", "href=", "@import", "url(", "http://", "https://"):
+        assert reference not in page, reference
+
+
+def test_report_of_old_sidecars_only_says_what_it_cannot_show() -> None:
+    stats = ReportStats.of_sidecars([sidecar(5, 1), sidecar(4, 0)])
+
+    page = render_report({"rows_in": 10, "rows_out": 9, "rows_failed": 1}, stats)
+
+    assert '<dd id="rows_in">10</dd>' in page
+    assert '<dd id="rows_resumed">—</dd>' in page and '<dd id="wall_seconds">—</dd>' in page
+    assert "9 output rows are not shown" in page
+    assert "No part recorded when it was staged" in page
+    assert "<svg" not in page
+    assert "No failed rows." in page  # no errors_by_reason given
+
+
+def test_report_of_no_rows() -> None:
+    page = render_report(
+        {"rows_in": 0, "rows_out": 0, "rows_failed": 0, "errors_by_reason": {}}, ReportStats()
+    )
+
+    assert '<dd id="rows_in">0</dd>' in page
+    assert "no output rows to show" in page
+
+
+# -- the sink writes the fields ----------------------------------------------------------------------
+
+
+_SINK = "airflow_provider_raybatch.pipeline.sink"
+
+
+@pytest.fixture
+def sink_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """sink.py imported against a stub of the two Ray names it uses; all undone after the test."""
+    pytest.importorskip("pyarrow")
+    block_type = TypeVar("block_type")
+
+    class Datasink(Generic[block_type]):
+        pass
+
+    stubs = {"ray": types.ModuleType("ray"), "ray.data": types.ModuleType("ray.data"),
+             "ray.data.block": types.ModuleType("ray.data.block")}  # fmt: skip
+    stubs["ray.data"].Datasink = Datasink  # type: ignore[attr-defined]
+    stubs["ray.data.block"].BlockAccessor = object  # type: ignore[attr-defined]
+    for name, module in stubs.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    package = importlib.import_module("airflow_provider_raybatch.pipeline")
+    monkeypatch.setattr(package, "sink", None, raising=False)
+    monkeypatch.setitem(sys.modules, _SINK, types.ModuleType(_SINK))
+    del sys.modules[_SINK]  # imported afresh below, against the stubs; the setitem above undoes it
+    return importlib.import_module(_SINK)
+
+
+def test_the_sinks_sidecar_carries_the_report_fields(sink_module: types.ModuleType, tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    sink = sink_module.StagedPartsSink(str(staging), "jsonl", count_labels=False)
+    outputs = [output_row(n, 1 + n % 3) for n in (5, 9, 40, 300)]
+    error = {"id": "e", "source": "in.jsonl:9", "error": "<script>: no", "input": "{}"}
+    rows = [{"source": f"in.jsonl:{i}", "ok": True, "record": json.dumps(r)} for i, r in enumerate(outputs)]
+    rows.append({"source": "in.jsonl:9", "ok": False, "record": json.dumps(error)})
+    before = datetime.now(UTC).timestamp()
+
+    sink._write_part(rows)
+
+    (path,) = (staging / "parts").iterdir()
+    document = json.loads(path.read_text())
+    assert document["token_histograms"] == {
+        "input": {"4": 1, "8": 1, "32": 1, "256": 1},
+        "generated": {"1": 2, "2": 2},
+    }
+    assert sum(document["token_histograms"]["input"].values()) == document["rows_out"] == 4
+    assert before - 1 <= report.epoch_seconds(document["written_at"]) <= datetime.now(UTC).timestamp() + 1
+    assert (document["tokens_in"], document["tokens_out"]) == (354, 7)
+    assert document["errors_by_reason"] == {"<script>": 1}

@@ -1,0 +1,122 @@
+"""Progress: the pipeline's marked lines, their description, and the relay into the task log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from airflow_provider_raybatch.manifest import (
+    describe_progress,
+    manifest_log_line,
+    progress_from_log,
+    progress_log_line,
+)
+from airflow_provider_raybatch.pipeline.progress import ProgressReporter
+from airflow_provider_raybatch.triggers.ray import ProgressRelay
+
+
+def _progress(**overrides: Any) -> dict[str, Any]:  # Any: JSON values.
+    return {"rows_done": 1200, "rows_total": 5000, "rows_resumed": 0, "tokens_out": 6000, "elapsed_seconds": 40, **overrides}
+
+
+def test_description_has_counts_rates_and_eta() -> None:
+    assert describe_progress(_progress()) == (
+        "1,200 / 5,000 rows (24.0%), 30.0 rows/s, 150 output tokens/s, ETA 2m07s"
+    )
+
+
+def test_resumed_rows_count_as_done_but_not_in_the_rate() -> None:
+    line = describe_progress(_progress(rows_done=3000, rows_resumed=2000, elapsed_seconds=100))
+
+    assert line.startswith("3,000 / 5,000 rows (60.0%), 10.0 rows/s")
+    assert line.endswith("ETA 3m20s")
+
+
+def test_no_eta_when_done_or_before_any_row() -> None:
+    assert "ETA" not in describe_progress(_progress(rows_done=5000))
+    assert "ETA" not in describe_progress(_progress(rows_done=0))
+    assert describe_progress(_progress(elapsed_seconds=0)) == "1,200 / 5,000 rows (24.0%)"
+
+
+def test_latest_progress_is_read_from_a_noisy_log() -> None:
+    log = "\n".join(
+        [
+            "vllm INFO something",
+            progress_log_line(_progress(rows_done=10)),
+            "(MapWorker pid=1) more noise",
+            progress_log_line(_progress(rows_done=20)),
+            manifest_log_line({"rows_in": 20}),
+            "RAYBATCH_PROGRESS_JSON={\"rows_done\": 3",  # cut short: ignored
+        ]
+    )
+    assert progress_from_log(log)["rows_done"] == 20
+    assert progress_from_log("no progress yet") is None
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+
+    warning = info
+
+
+def test_relay_logs_new_progress_at_most_once_per_interval(
+    hook: RayHook, ray_api: respx.MockRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = ray_api.get("/api/jobs/j1/logs").mock(
+        side_effect=[
+            httpx.Response(200, json={"logs": progress_log_line(_progress(rows_done=100))}),
+            httpx.Response(200, json={"logs": progress_log_line(_progress(rows_done=100))}),
+        ]
+    )
+    now = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: now[0])  # the time module's: tenacity reads it too
+    log = _Log()
+    relay = ProgressRelay("j1", interval_seconds=60, log=log)
+
+    assert relay.relay(hook, JobStatus.RUNNING) is True  # first look
+    now[0] += 10
+    assert relay.relay(hook, JobStatus.RUNNING) is False  # not due: no fetch
+    now[0] += 51
+    assert relay.relay(hook, JobStatus.RUNNING) is False  # due, but nothing new
+    now[0] += 100
+    assert relay.relay(hook, JobStatus.PENDING) is False  # not running: no fetch
+
+    assert logs.call_count == 2
+    assert log.lines == ["Ray job j1: 100 / 5,000 rows (2.0%), 2.5 rows/s, 150 output tokens/s, ETA 32m40s"]
+
+
+def test_interval_zero_turns_the_relay_off(hook: RayHook, ray_api: respx.MockRouter) -> None:
+    logs = ray_api.get("/api/jobs/j1/logs").respond(json={"logs": ""})
+
+    assert ProgressRelay("j1", interval_seconds=0, log=_Log()).relay(hook, JobStatus.RUNNING) is False
+    assert not logs.called
+
+
+def _sidecar(folder: Path, name: str, rows: int, tokens_out: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps({"sources": [f"f:{i}" for i in range(rows)], "tokens_out": tokens_out}))
+
+
+def test_reporter_counts_staged_parts_and_only_this_runs_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parts = tmp_path / "parts"
+    _sidecar(parts, "part-resumed", rows=8, tokens_out=80)  # staged by an earlier try
+    reporter = ProgressReporter(str(parts), rows_total=40, rows_resumed=8, interval=3600).start()
+    _sidecar(parts, "part-a", rows=16, tokens_out=100)
+    (parts / "part-b.json.tmp-1").write_text("{")  # a sidecar being written: not a part yet
+
+    snapshot = reporter.snapshot()
+    reporter.stop()
+
+    assert (snapshot["rows_done"], snapshot["rows_total"], snapshot["rows_resumed"]) == (24, 40, 8)
+    assert snapshot["tokens_out"] == 100
+    assert progress_from_log(capsys.readouterr().out)["rows_done"] == 24  # stop() prints the final count
