@@ -5,4 +5,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 scripts/setup_envs.sh
+# Headless Chromium for the Airflow UI test (Debian's package; the machines run as root).
+if ! command -v chromium > /dev/null; then
+  (apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }) > /dev/null
+fi
 exec .venvs/airflow/bin/python -m pytest tests -p no:cacheprovider -ra --durations=10 "$@"
