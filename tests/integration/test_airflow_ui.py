@@ -10,7 +10,6 @@ provider, driven through the REST API and headless Chromium.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -74,6 +73,8 @@ def airflow(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__API__PORT": str(API_PORT),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{API_PORT}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{API_PORT}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local test instance: no login
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW_CONN_RAY_DEFAULT": ray_cluster.connection_json(),
@@ -146,10 +147,11 @@ def test_task_page_shows_progress_and_the_ray_job_link(airflow: Airflow, ray_clu
     job_id = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/xcomEntries/job_id").json()["value"]
 
     # The API the UI reads: the log has the relayed progress lines, the links point at the job.
-    log = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/logs/{ti['try_number']}",
-                      params={"full_content": "true"}, headers={"Accept": "text/plain"}).text  # fmt: skip
-    progress = [line for line in log.splitlines() if f"Ray job {job_id}: " in line and f"/ {TICKETS} rows" in line]
-    assert progress, log[-3000:]
+    content = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/logs/{ti['try_number']}",
+                          params={"full_content": "true"}).json()["content"]  # fmt: skip
+    events = [str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content]
+    progress = [event for event in events if f"Ray job {job_id}: " in event and f"/ {TICKETS} rows" in event]
+    assert progress, events[-40:]
     links = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/links").json()
     assert links["Ray job"] == f"{ray_cluster.address}/#/jobs/{job_id}"
     assert links["Batch output"] == f"file://{tmp_path}/ticket_summaries/{day}"

@@ -102,3 +102,16 @@ def test_sensor_pokes_a_failed_job_with_its_log_tail(ray_connection) -> None:
     with pytest.raises(RayJobFailedError, match="about to fail") as raised:
         sensor.poke(context={})
     assert raised.value.job_id == job_id and raised.value.status == "failed"
+
+
+async def test_trigger_timeout_stops_a_real_job(ray_connection) -> None:
+    """The deferral's time limit (execution_timeout while deferred) stops the job, not just the wait."""
+    hook = RayHook()
+    job_id = hook.submit_job("sleep 120", submission_id=f"live-timeout-{uuid.uuid4().hex[:8]}")
+    trigger = RayJobTrigger(job_id=job_id, poll_interval_seconds=0.5, timeout_seconds=3)
+
+    events = [event.payload async for event in trigger.run()]
+
+    assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
+    assert "stopped it" in events[0]["message"]
+    assert _wait_terminal(hook, job_id, timeout=60) == JobStatus.STOPPED
