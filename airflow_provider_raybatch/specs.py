@@ -126,8 +126,30 @@ class BatchInferenceSpec(BaseModel):
         default=None,
         description="User message rendered from each row with str.format, e.g. 'Industry of {Company}?'.",
     )
+    image_column: ColumnName | None = Field(
+        default=None,
+        description="Column holding each row's image, for a vision-language model: a Hugging Face image "
+        "struct {'bytes': ..., 'path': ...} (image datasets in Parquet), bytes, a data: URL, a local path "
+        "(relative paths are read from the input file's folder), a file:// or s3:// URI, or an http(s) URL. "
+        "The user message is the image followed by user_template's text. A row whose image is missing or "
+        "cannot be read, decoded or checked becomes an error row with the reason. The image is never "
+        "copied to the outputs, and error rows show a short description of it instead of its bytes. "
+        "Needs user_template. engine_kwargs['limit_mm_per_prompt'] defaults to {'image': 1} then.",
+    )
+    image_size: tuple[PositiveInt, PositiveInt] | None = Field(
+        default=None,
+        description="Resize every image to exactly (width, height) pixels, e.g. (448, 448), so each costs "
+        "the same number of vision tokens; unset: the size is kept (see image_max_side). Needs image_column.",
+    )
+    image_max_side: PositiveInt | None = Field(
+        default=None,
+        description="Shrink (never enlarge) every image so its longer side is at most this many pixels, "
+        "keeping the aspect ratio; exclusive with image_size. Needs image_column.",
+    )
     preprocess: str | None = Field(
-        default=None, description="Dotted path of a row -> row function applied before the prompt is built."
+        default=None,
+        description="Dotted path of a row -> row function applied before the prompt is built. With "
+        "image_column, the image column's bytes reach it as a 'data:application/octet-stream;base64,' URL.",
     )
     postprocess: str | None = Field(
         default=None, description="Dotted path of a row -> row function applied to each output row."
@@ -264,11 +286,48 @@ class BatchInferenceSpec(BaseModel):
             raise ValueError(f"keep_columns={self.keep_columns!r} names output columns {clashes}; drop them.")
         if self.id_column in reserved:
             raise ValueError(f"id_column={self.id_column!r} is an output column name; pick another column.")
+        self._check_image_fields()
         if self.input_format is None:
             infer_input_format(self.input_uri)
         if self.input_uri.rstrip("/") == self.output_uri.rstrip("/"):
             raise ValueError(f"output_uri={self.output_uri!r} must differ from input_uri.")
         return self
+
+    def _check_image_fields(self) -> None:
+        column = self.image_column
+        if column is None:
+            for name in ("image_size", "image_max_side"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)!r} needs image_column; set image_column='image'.")
+            return
+        if self.user_template is None:
+            raise ValueError(
+                f"image_column={column!r} needs user_template (the text after the image), not messages_column."
+            )
+        if column in template_fields(self.user_template):
+            raise ValueError(
+                f"image_column={column!r} is also a field of user_template={self.user_template!r}; the image "
+                "goes to the model as an image, so remove {" + column + "} from the template."
+            )
+        if column == self.id_column:
+            raise ValueError(f"image_column={column!r} is also id_column; an image cannot identify a row.")
+        if column in (self.keep_columns or []):
+            raise ValueError(
+                f"image_column={column!r} is in keep_columns={self.keep_columns!r}; images are never copied "
+                "to the outputs: drop it from keep_columns."
+            )
+        if self.image_size is not None and self.image_max_side is not None:
+            raise ValueError(
+                f"image_size={self.image_size!r} and image_max_side={self.image_max_side!r} are exclusive: "
+                "pass a fixed (width, height) or a longest side, not both."
+            )
+        limit = self.engine_kwargs.get("limit_mm_per_prompt")
+        if limit is not None and (not isinstance(limit, dict) or not isinstance(limit.get("image"), int)
+                                  or isinstance(limit.get("image"), bool) or limit["image"] < 1):  # fmt: skip
+            raise ValueError(
+                f"engine_kwargs['limit_mm_per_prompt']={limit!r} must allow images with image_column={column!r}: "
+                "use {'image': 1} (one image per row), or leave it unset."
+            )
 
     @classmethod
     def build(cls, **params: Any) -> BatchInferenceSpec:  # Any: the operator's templated values.

@@ -43,8 +43,11 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
-# Spec fields that take a dict or list; after templating they may arrive as JSON text.
-_JSON_PARAMS = ("sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency")
+# Spec fields that take a dict, list or number; after templating they may arrive as (JSON) text.
+_JSON_PARAMS = (
+    "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",
+    "image_max_side",
+)  # fmt: skip
 #: Key under which the job id is kept in Airflow's task state store across tries.
 JOB_ID_STATE_KEY = "raybatch_job_id"
 #: How long a superseded job may take to stop before a new job takes over its staging folder.
@@ -78,7 +81,8 @@ class RayLLMBatchOperator(BaseOperator):
     """Run LLM batch inference over a dataset on a Ray cluster and hand the output location on.
 
     The batch parameters (``model``, ``input_uri``, ``output_uri``, ``input_format``, ``output_format``,
-    ``messages_column``, ``system_prompt``, ``user_template``, ``preprocess``, ``postprocess``,
+    ``messages_column``, ``system_prompt``, ``user_template``, ``image_column``, ``image_size``,
+    ``image_max_side``, ``preprocess``, ``postprocess``,
     ``sampling_params``, ``engine_kwargs``, ``batch_size``, ``concurrency``, ``max_concurrent_batches``,
     ``accelerator_type``,
     ``replica_resources``, ``id_column``, ``keep_columns``) are the fields of
@@ -125,6 +129,9 @@ class RayLLMBatchOperator(BaseOperator):
         "messages_column",
         "system_prompt",
         "user_template",
+        "image_column",
+        "image_size",
+        "image_max_side",
         "sampling_params",
         "engine_kwargs",
         "concurrency",
@@ -149,6 +156,9 @@ class RayLLMBatchOperator(BaseOperator):
         messages_column: str | None = None,
         system_prompt: str | None = None,
         user_template: str | None = None,
+        image_column: str | None = None,
+        image_size: tuple[int, int] | list[int] | str | None = None,
+        image_max_side: int | str | None = None,
         preprocess: str | None = None,
         postprocess: str | None = None,
         sampling_params: dict[str, Any] | str | None = None,  # Any: vLLM SamplingParams values.
@@ -184,6 +194,9 @@ class RayLLMBatchOperator(BaseOperator):
         self.messages_column = messages_column
         self.system_prompt = system_prompt
         self.user_template = user_template
+        self.image_column = image_column
+        self.image_size = image_size
+        self.image_max_side = image_max_side
         self.preprocess = preprocess
         self.postprocess = postprocess
         self.sampling_params = sampling_params or {}
@@ -234,9 +247,9 @@ class RayLLMBatchOperator(BaseOperator):
             text = value.strip()
             if text in ("", "null", "None"):
                 del params[name]  # an unset Param rendered through a template: the spec's default
-            elif name == "concurrency" and _TUPLE_TEXT.match(text):
+            elif name in ("concurrency", "image_size") and _TUPLE_TEXT.match(text):
                 params[name] = tuple(int(part) for part in re.findall(r"\d+", text))
-            elif name == "concurrency" and text.isdigit():
+            elif name in ("concurrency", "image_max_side") and text.isdigit():
                 params[name] = int(text)
             elif text[:1] in ("{", "["):
                 try:

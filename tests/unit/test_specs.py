@@ -202,6 +202,38 @@ INVALID_CASES = [
     pytest.param({"replica_resources": {}}, ["replica_resources"], id="replica-resources-empty"),
     pytest.param({"replica_resources": {"CPU": 0}}, ["replica_resources"], id="replica-resources-zero"),
     pytest.param({"model": ""}, ["model"], id="empty-model"),
+    pytest.param({"image_size": (448, 448)}, ["image_size", "needs image_column"], id="image-size-no-column"),
+    pytest.param({"image_max_side": 448}, ["image_max_side", "needs image_column"], id="image-max-side-no-column"),
+    pytest.param({"image_column": "image", "image_size": (448, 0)}, ["image_size"], id="image-size-zero"),
+    pytest.param({"image_column": "image", "image_size": (448,)}, ["image_size"], id="image-size-one-number"),
+    pytest.param({"image_column": "image", "image_max_side": 0}, ["image_max_side"], id="image-max-side-zero"),
+    pytest.param(
+        {"image_column": "image", "image_size": (448, 448), "image_max_side": 448},
+        ["image_size", "image_max_side", "exclusive"],
+        id="image-size-and-max-side",
+    ),
+    pytest.param(
+        {"image_column": "image", "user_template": _DROP, "messages_column": "messages"},
+        ["image_column", "needs user_template"],
+        id="image-with-messages-column",
+    ),
+    pytest.param(
+        {"image_column": "image", "user_template": "Caption {image}"},
+        ["image_column", "user_template", "remove {image}"],
+        id="image-in-template",
+    ),
+    pytest.param(
+        {"image_column": "image", "keep_columns": ["name", "image"]},
+        ["image_column", "keep_columns", "never copied"],
+        id="image-kept",
+    ),
+    pytest.param({"image_column": "image", "id_column": "image"}, ["image_column", "id_column"], id="image-is-id"),
+    pytest.param(
+        {"image_column": "image", "engine_kwargs": {"limit_mm_per_prompt": {"image": 0}}},
+        ["limit_mm_per_prompt", "image_column"],
+        id="image-limit-zero",
+    ),
+    pytest.param({"image_column": ""}, ["image_column"], id="image-column-empty"),
 ]
 
 
@@ -334,6 +366,9 @@ def test_fingerprint_equal_for_equal_specs() -> None:
         {"engine_kwargs": {"max_model_len": 1024}},
         {"output_uri": "s3://bucket/out/run-2/"},
         {"concurrency": (1, 2)},
+        {"image_column": "image"},
+        {"image_column": "image", "image_size": (448, 448)},
+        {"image_column": "image", "image_max_side": 448},
     ],
 )
 def test_fingerprint_changes_with_any_field(change: dict[str, Any]) -> None:
@@ -450,3 +485,21 @@ def test_json_round_trip_keeps_run_key_and_keep_versions() -> None:
 
     assert rebuilt == spec
     assert (rebuilt.run_key, rebuilt.keep_versions) == ("classify-m2-0123456789abcdef", True)
+
+
+# -- images ---------------------------------------------------------------------------------------
+
+
+def test_image_spec_builds() -> None:
+    spec = build(image_column="image", image_size=[448, 336], system_prompt="Caption images.", keep_columns=["name"])
+
+    assert (spec.image_column, spec.image_size, spec.image_max_side) == ("image", (448, 336), None)
+    assert build(image_column="image", image_max_side=512).image_max_side == 512
+    assert build(image_column="image", engine_kwargs={"limit_mm_per_prompt": {"image": 1}}).image_column == "image"
+    assert build().image_column is None
+
+
+def test_image_spec_json_round_trip_is_equal() -> None:
+    spec = build(image_column="image", image_size=(448, 336))
+
+    assert BatchInferenceSpec.from_json(spec.model_dump_json()) == spec

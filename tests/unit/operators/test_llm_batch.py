@@ -136,6 +136,38 @@ def test_build_spec_concurrency_text(text: str, expected: int | tuple[int, int])
     assert make_operator(concurrency=text).build_spec().concurrency == expected
 
 
+def test_build_spec_passes_image_fields() -> None:
+    op = make_operator(user_template="Describe it.", image_column="image", image_size=[448, 448])
+
+    spec = op.build_spec()
+
+    assert (spec.image_column, spec.image_size, spec.image_max_side) == ("image", (448, 448), None)
+    assert {"image_column", "image_size", "image_max_side"} <= set(RayLLMBatchOperator.template_fields)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("image_size", "[448, 336]", (448, 336)),
+        ("image_size", "(448, 336)", (448, 336)),
+        ("image_size", "None", None),
+        ("image_max_side", "512", 512),
+        ("image_max_side", " 512 ", 512),
+        ("image_max_side", "null", None),
+    ],
+)
+def test_build_spec_image_fields_from_rendered_text(name: str, text: str, expected: Any) -> None:  # Any: value.
+    op = make_operator(user_template="Describe it.", image_column="image")
+    setattr(op, name, text)  # as rendering a templated field would
+
+    assert getattr(op.build_spec(), name) == expected
+
+
+def test_build_spec_image_field_error_names_it() -> None:
+    with pytest.raises(BatchSpecError, match="image_max_side.*needs image_column"):
+        make_operator(image_max_side=448).build_spec()
+
+
 def test_json_text_keeps_parentheses_inside_strings() -> None:
     """Only a tuple's brackets may be rewritten; parentheses inside JSON strings are the user's data."""
     op = make_operator(
