@@ -344,6 +344,29 @@ def load_image(
     return resize_image(decode_image(read_image_bytes(value, options, relative_to), options), options)
 
 
+def describe_image_value(value: Any) -> Any:  # Any: a row's cell in, a JSON value out.
+    """A short stand-in for a row's image value, to show in error rows instead of megabytes of bytes.
+
+    Bytes and data URLs become ``"<N bytes>"``; paths and URLs stay (truncated), as they say where the
+    image is; an image struct keeps its shape with its parts described.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"<{len(bytes(value))} bytes>"
+    if isinstance(value, dict):
+        return {str(key): describe_image_value(item) for key, item in value.items()}
+    if isinstance(value, str):
+        if value.startswith(_DATA_URL_PREFIX):
+            header, _, payload = value.partition(",")
+            size = len(payload) * 3 // 4 - len(payload) + len(payload.rstrip("="))  # the decoded size
+            mime = header.removeprefix(_DATA_URL_PREFIX).split(";", 1)[0]
+            # application/octet-stream: bytes the pipeline itself carried as a data URL (pipeline/rows.py)
+            return f"<{size} bytes>" if mime in ("", "application/octet-stream") else f"<{mime} data URL, {size} bytes>"
+        return value if len(value) <= 200 else f"{value[:197]}..."
+    return _describe(value)
+
+
 # -- what the engine takes -----------------------------------------------------------------------
 
 

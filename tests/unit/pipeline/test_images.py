@@ -494,3 +494,27 @@ def test_kinds_are_distinct_and_have_no_colon() -> None:
 
     assert len(set(kinds)) == len(kinds)
     assert all(":" not in kind for kind in kinds)
+
+
+# -- what error rows show instead of the image ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, None),
+        (b"\x89PNG" + bytes(5000), "<5004 bytes>"),
+        ("data:application/octet-stream;base64," + base64.b64encode(bytes(7)).decode(), "<7 bytes>"),
+        ("data:application/octet-stream;base64,", "<0 bytes>"),
+        ("data:image/png;base64," + base64.b64encode(bytes(10)).decode(), "<image/png data URL, 10 bytes>"),
+        ("photos/a.png", "photos/a.png"),
+        ("s3://bucket/" + "k" * 300, "s3://bucket/" + "k" * 185 + "..."),
+        ({"bytes": bytes(12), "path": "a.png"}, {"bytes": "<12 bytes>", "path": "a.png"}),
+        ({"bytes": None, "path": "missing.png"}, {"bytes": None, "path": "missing.png"}),
+        (42, "42"),
+    ],
+    ids=["none", "bytes", "carried-bytes", "empty", "data-url", "path", "long-uri", "struct", "path-struct", "int"],
+)
+def test_describe_image_value_is_short(value: Any, shown: Any) -> None:  # Any: a cell and its stand-in.
+    assert images.describe_image_value(value) == shown
+    assert len(json.dumps(shown)) <= 220

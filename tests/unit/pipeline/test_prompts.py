@@ -152,3 +152,34 @@ def test_load_callable_non_callable_raises_import_error(dotted_path: str) -> Non
 def test_load_callable_unknown_module() -> None:
     with pytest.raises(ImportError):
         load_callable("no_such_module_for_raybatch.fn")
+
+
+# -- image_column ---------------------------------------------------------------------------------
+
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+def test_image_part_goes_before_the_text_and_all_content_is_parts() -> None:
+    spec = spec_of(system_prompt="Caption images.", user_template="Describe {name}.", image_column="image")
+
+    messages = build_messages(spec, {"name": "the beach", "image": "ignored here"}, IMAGE_PART)
+
+    assert messages == [
+        {"role": "system", "content": [{"type": "text", "text": "Caption images."}]},
+        {"role": "user", "content": [IMAGE_PART, {"type": "text", "text": "Describe the beach."}]},
+    ]
+
+
+def test_image_messages_without_system_prompt() -> None:
+    spec = spec_of(user_template="Describe it.", image_column="image")
+
+    assert build_messages(spec, {}, IMAGE_PART) == [
+        {"role": "user", "content": [IMAGE_PART, {"type": "text", "text": "Describe it."}]}
+    ]
+
+
+def test_image_messages_still_check_the_template_columns() -> None:
+    spec = spec_of(user_template="Describe {name}.", image_column="image")
+
+    with pytest.raises(ValueError, match="^missing column: "):
+        build_messages(spec, {"image": "x.png"}, IMAGE_PART)

@@ -165,3 +165,54 @@ def test_parquet_rows() -> None:
         {"Company": "Acme", "day": "2026-01-02"},
         {"Company": "Umbrella", "day": None},
     ]
+
+
+# -- binary columns (image_column) ----------------------------------------------------------------
+
+
+def _parquet(table: "pa.Table") -> bytes:  # noqa: F821 - pyarrow is imported by the caller
+    import io
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def test_binary_columns_keep_their_bytes_exactly() -> None:
+    """Image bytes (here not UTF-8, and empty) survive the row's JSON; other bytes columns become text."""
+    import base64
+
+    pa = pytest.importorskip("pyarrow")
+    from airflow_provider_raybatch.pipeline.rows import BYTES_DATA_URL_PREFIX
+
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table(
+        {
+            "image": pa.array(
+                [{"bytes": b"\x89PNG\xff\x00", "path": "a.png"}, {"bytes": b"", "path": None}, None], image_type
+            ),
+            "raw": pa.array([b"\xff", b"ok", None], pa.binary()),
+            "note": ["a", "b", "c"],
+        }
+    )
+
+    rows = [json.loads(r["row"]) for r in parse_file("in.parquet", _parquet(table), "parquet", ("image", "raw"))]
+    plain = [json.loads(r["row"]) for r in parse_file("in.parquet", _parquet(table), "parquet")]
+
+    encoded = rows[0]["image"]["bytes"]
+    assert encoded.startswith(BYTES_DATA_URL_PREFIX)
+    assert base64.b64decode(encoded.removeprefix(BYTES_DATA_URL_PREFIX)) == b"\x89PNG\xff\x00"
+    assert rows[0]["image"]["path"] == "a.png"
+    assert rows[1]["image"] == {"bytes": BYTES_DATA_URL_PREFIX, "path": None}
+    assert rows[2]["image"] is None
+    assert rows[0]["raw"] == BYTES_DATA_URL_PREFIX + base64.b64encode(b"\xff").decode()
+    assert rows[2]["raw"] is None and rows[0]["note"] == "a"
+    assert plain[0]["raw"] == "\ufffd"  # without binary_columns: text, as before
+
+
+def test_binary_columns_leave_text_values_alone() -> None:
+    data = b'{"image": "photos/a.png"}\n'
+
+    assert json.loads(next(iter(parse_file("in.jsonl", data, "jsonl", ("image",))))["row"]) == {"image": "photos/a.png"}

@@ -114,6 +114,16 @@ def test_relative_name() -> None:
     assert relative_name("/data/in/a/b/c.csv", "/data/in/") == "a/b/c.csv"
 
 
+def test_input_folder() -> None:
+    """Relative image paths are read from the folder of the input file that names them."""
+    assert storage.input_folder("s3://b/in/images.parquet", "images.parquet") == "s3://b/in"
+    assert storage.input_folder("s3://b/in/", "images.parquet") == "s3://b/in"
+    assert storage.input_folder("s3://b/in", "day/2026/images.parquet") == "s3://b/in/day/2026"
+    assert storage.input_folder("/data/in/images.parquet", "images.parquet") == "/data/in"
+    assert storage.input_folder("/data/in", "part/a.parquet") == "/data/in/part"
+    assert storage.input_folder("images.parquet", "images.parquet") == "."
+
+
 def test_check_model_source(tmp_path: Path) -> None:
     check_model_source("Qwen/Qwen2.5-0.5B-Instruct")  # a Hub id: left to vLLM
     check_model_source("s3://bucket/models/qwen")
