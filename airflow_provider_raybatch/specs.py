@@ -298,11 +298,14 @@ class BatchInferenceSpec(BaseModel):
         if column is None:
             for name in ("image_size", "image_max_side"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"{name}={getattr(self, name)!r} needs image_column; set image_column='image'.")
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} needs image_column; set image_column='image'."
+                    )
             return
         if self.user_template is None:
             raise ValueError(
-                f"image_column={column!r} needs user_template (the text after the image), not messages_column."
+                f"image_column={column!r} needs user_template (the text after the image), "
+                "not messages_column."
             )
         if column in template_fields(self.user_template):
             raise ValueError(
@@ -325,8 +328,8 @@ class BatchInferenceSpec(BaseModel):
         if limit is not None and (not isinstance(limit, dict) or not isinstance(limit.get("image"), int)
                                   or isinstance(limit.get("image"), bool) or limit["image"] < 1):  # fmt: skip
             raise ValueError(
-                f"engine_kwargs['limit_mm_per_prompt']={limit!r} must allow images with image_column={column!r}: "
-                "use {'image': 1} (one image per row), or leave it unset."
+                f"engine_kwargs['limit_mm_per_prompt']={limit!r} must allow images with "
+                f"image_column={column!r}: use {{'image': 1}} (one image per row), or leave it unset."
             )
 
     @classmethod

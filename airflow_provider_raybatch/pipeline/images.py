@@ -362,7 +362,9 @@ def describe_image_value(value: Any) -> Any:  # Any: a row's cell in, a JSON val
             size = len(payload) * 3 // 4 - len(payload) + len(payload.rstrip("="))  # the decoded size
             mime = header.removeprefix(_DATA_URL_PREFIX).split(";", 1)[0]
             # application/octet-stream: bytes the pipeline itself carried as a data URL (pipeline/rows.py)
-            return f"<{size} bytes>" if mime in ("", "application/octet-stream") else f"<{mime} data URL, {size} bytes>"
+            if mime in ("", "application/octet-stream"):
+                return f"<{size} bytes>"
+            return f"<{mime} data URL, {size} bytes>"
         return value if len(value) <= 200 else f"{value[:197]}..."
     return _describe(value)
 

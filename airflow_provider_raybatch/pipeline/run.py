@@ -114,7 +114,9 @@ def _mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[
     return row
 
 
-def _engine_request(row: dict[str, Any], sampling_params: dict[str, Any], with_images: bool) -> dict[str, Any]:
+def _engine_request(
+    row: dict[str, Any], sampling_params: dict[str, Any], with_images: bool
+) -> dict[str, Any]:  # Any: row values and ray.data.llm's request fields.
     """The row as ray.data.llm's stages take it.
 
     With images, ray.data.llm's prepare-multimodal stage is left off (in Ray 2.60 it imports
@@ -254,7 +256,9 @@ def _processor(spec: BatchInferenceSpec, model_source: str) -> Any:  # Any: ray.
     return build_processor(
         config,
         preprocess=functools.partial(
-            _engine_request, sampling_params=dict(spec.sampling_params), with_images=spec.image_column is not None
+            _engine_request,
+            sampling_params=dict(spec.sampling_params),
+            with_images=spec.image_column is not None,
         ),
         postprocess=_engine_output,
     )
