@@ -90,6 +90,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight Idefics3 vision-language model (scripts/make_tiny_vlm.py), made once per session."""
+    out = tmp_path_factory.mktemp("model") / "tiny-vlm"
+    subprocess.run(
+        [str(RAY_PYTHON), str(ROOT / "scripts" / "make_tiny_vlm.py"), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
 #: Engine settings that fit vLLM's CPU build on a shared 2-core, 24 GiB machine.
 CPU_ENGINE_KWARGS = {"max_model_len": 512, "gpu_memory_utilization": 0.3, "enforce_eager": True}
 CPU_REPLICA = {"CPU": 1}
