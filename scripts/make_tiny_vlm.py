@@ -23,7 +23,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from make_tiny_model import VOCAB_SIZE, cli, train_tokenizer, training_corpus  # the scripts folder is on sys.path
+from make_tiny_model import (  # the scripts folder is on sys.path
+    VOCAB_SIZE,
+    cli,
+    train_tokenizer,
+    training_corpus,
+)
+
 IMAGE_SIZE = 112  # pixels of the one tile each image is resized (and padded) to
 PATCH_SIZE = 14
 SCALE_FACTOR = 2  # the connector's pixel shuffle: (112 / 14) ** 2 / 2 ** 2 = 16 tokens per image
