@@ -23,6 +23,7 @@ from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 from airflow_provider_raybatch.pipeline.credentials import CREDENTIALS_MODULE
 from airflow_provider_raybatch.utils.packaging import build_py_module_package
+from tests.unit.operators.test_llm_batch import FakeTI
 
 AWS_CONN_ID = "aws_test"
 ACCESS_KEY = "AKIAUNITTEST000001"
@@ -74,21 +75,6 @@ EXPECTED = {
     "secret_key": SECRET_KEY,
     "session_token": None,
 }
-
-
-class FakeTI:
-    """The task-instance attributes the operator reads, and the XComs it pushes."""
-
-    def __init__(self) -> None:
-        self.dag_id = "daily_company_industry"
-        self.run_id = "manual__2026-11-21T00:00:00+00:00"
-        self.task_id = "classify"
-        self.map_index = -1
-        self.try_number = 1
-        self.xcoms: dict[str, Any] = {}  # Any: XCom values.
-
-    def xcom_push(self, key: str, value: Any) -> None:  # Any: XCom values.
-        self.xcoms[key] = value
 
 
 def credentials_in(data: bytes) -> dict[str, Any] | None:  # Any: JSON values.
