@@ -8,7 +8,9 @@ response parsing, error translation).
 from __future__ import annotations
 
 import enum
+import functools
 import json
+import os
 import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -150,9 +152,22 @@ class RayConnectionSettings:
             "base_url": self.base_url,
             "headers": self.headers,
             "cookies": self.cookies,
-            "verify": self.verify,
+            "verify": _ssl_context(self.verify),
             "timeout": self.timeout_seconds,
         }
+
+
+@functools.lru_cache(maxsize=16)
+def _ssl_context(verify: bool | str) -> ssl.SSLContext:
+    """One TLS context per verification setting, shared by every client of the process.
+
+    httpx builds a new context (loading the whole CA bundle, ~30 ms of CPU) for each client it
+    makes, even for http:// URLs; with hundreds of triggers polling in one triggerer that alone
+    saturated the event loop (bench/RESULTS.md, section 3). A CA bundle file is read once per process.
+    """
+    if isinstance(verify, str):
+        return ssl.create_default_context(**({"capath": verify} if os.path.isdir(verify) else {"cafile": verify}))
+    return httpx.create_ssl_context(verify=verify)
 
 
 def _json_object(extra: dict[str, Any], key: str) -> dict[str, Any]:  # Any: JSON values.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 import httpx
@@ -104,13 +105,9 @@ def test_cookies_and_timeout_from_extra() -> None:
 
     assert settings.cookies == {"session": "1"}
     assert settings.timeout_seconds == 7.5
-    assert settings.client_kwargs() == {
-        "base_url": "http://ray.test:8265",
-        "headers": {},
-        "cookies": {"session": "1"},
-        "verify": True,
-        "timeout": 7.5,
-    }
+    kwargs = settings.client_kwargs()
+    assert kwargs.pop("verify").verify_mode == ssl.CERT_REQUIRED  # a shared context (test_retries.py)
+    assert kwargs == {"base_url": "http://ray.test:8265", "headers": {}, "cookies": {"session": "1"}, "timeout": 7.5}
 
 
 def test_hook_reads_its_airflow_connection(

@@ -116,3 +116,14 @@ def test_hook_argument_overrides_the_connection_window(hook: RayHook, ray_api: r
     with pytest.raises(RayUnavailableError):
         hook.list_jobs()
     assert route.call_count == 1
+
+
+def test_tls_context_is_built_once_per_setting_and_shared(hook: RayHook) -> None:
+    """httpx would load the CA bundle for every client; hundreds of triggers share one context."""
+    first = hook.settings.client_kwargs()["verify"]
+    again = replace(hook.settings, headers={"X": "y"}).client_kwargs()["verify"]
+    off = replace(hook.settings, verify=False).client_kwargs()["verify"]
+
+    assert isinstance(first, ssl.SSLContext) and first is again
+    assert off is not first and off.verify_mode == ssl.CERT_NONE and not off.check_hostname
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
