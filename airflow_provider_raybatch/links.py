@@ -6,7 +6,7 @@ the links work in the UI while the task waits in the triggerer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
@@ -38,11 +38,10 @@ def output_location_url(output_uri: str, folder: bool = True) -> str:
     return f"file://{quote(output_uri)}"
 
 
-def _xcom(ti_key: TaskInstanceKey, key: str) -> str | None:
+def _xcom(ti_key: TaskInstanceKey, key: str) -> Any:  # Any: the XCom's JSON value.
     from airflow.sdk.execution_time.xcom import XCom
 
-    value = XCom.get_value(ti_key=ti_key, key=key)
-    return str(value) if value else None
+    return XCom.get_value(ti_key=ti_key, key=key)
 
 
 class RayJobLink(BaseOperatorLink):
@@ -53,7 +52,7 @@ class RayJobLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         job_id = _xcom(ti_key, JOB_ID_XCOM_KEY)
         dashboard_url = _xcom(ti_key, DASHBOARD_URL_XCOM_KEY)
-        return ray_job_url(dashboard_url, job_id) if job_id and dashboard_url else ""
+        return ray_job_url(str(dashboard_url), str(job_id)) if job_id and dashboard_url else ""
 
 
 class RunReportLink(BaseOperatorLink):
@@ -62,9 +61,7 @@ class RunReportLink(BaseOperatorLink):
     name = "Run report"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        from airflow.sdk.execution_time.xcom import XCom
-
-        manifest = XCom.get_value(ti_key=ti_key, key="manifest") or {}
+        manifest = _xcom(ti_key, "manifest") or {}
         report_uri = manifest.get("report_uri") if isinstance(manifest, dict) else None
         return output_location_url(str(report_uri), folder=False) if report_uri else ""
 

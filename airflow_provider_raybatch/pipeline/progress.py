@@ -71,10 +71,10 @@ class ProgressReporter:
             self.report()
 
     def _read_new_parts(self) -> None:
+        filesystem, _ = storage.filesystem(self.parts_uri)
         for path in storage.list_files(self.parts_uri):
             if path in self._seen or not path.endswith(".json"):
                 continue
-            filesystem, _ = storage.filesystem(self.parts_uri)
             with filesystem.open_input_stream(path) as stream:
                 sidecar = json.loads(stream.read())
             self._seen.add(path)

@@ -37,8 +37,12 @@ class ProgressRelay:
         self._next_at = 0.0
         self._last: dict[str, Any] | None = None  # Any: JSON values.
 
-    def _due(self, status: JobStatus) -> bool:
-        return self.interval_seconds > 0 and status == JobStatus.RUNNING and time.monotonic() >= self._next_at
+    def _take_turn(self, status: JobStatus) -> bool:
+        """Whether a look at the driver log is due now; if so, the next one is an interval away."""
+        if self.interval_seconds <= 0 or status != JobStatus.RUNNING or time.monotonic() < self._next_at:
+            return False
+        self._next_at = time.monotonic() + self.interval_seconds
+        return True
 
     def _log(self, driver_log: str) -> bool:
         progress = progress_from_log(driver_log)
@@ -48,27 +52,27 @@ class ProgressRelay:
         self.log.info("Ray job %s: %s", self.job_id, describe_progress(progress))
         return True
 
+    def _unavailable(self, err: RayHookError) -> bool:
+        self.log.warning("No progress for Ray job %s: %s", self.job_id, err)
+        return False
+
     def relay(self, hook: RayHook, status: JobStatus) -> bool:
         """Log new progress if due; True when a line was logged."""
-        if not self._due(status):
+        if not self._take_turn(status):
             return False
-        self._next_at = time.monotonic() + self.interval_seconds
         try:
             return self._log(hook.get_job_logs(self.job_id))
         except RayHookError as err:
-            self.log.warning("No progress for Ray job %s: %s", self.job_id, err)
-            return False
+            return self._unavailable(err)
 
     async def a_relay(self, hook: RayHook, status: JobStatus) -> bool:
         """Async version of :meth:`relay`."""
-        if not self._due(status):
+        if not self._take_turn(status):
             return False
-        self._next_at = time.monotonic() + self.interval_seconds
         try:
             return self._log(await hook.a_get_job_logs(self.job_id))
         except RayHookError as err:
-            self.log.warning("No progress for Ray job %s: %s", self.job_id, err)
-            return False
+            return self._unavailable(err)
 
 
 class RayJobTrigger(BaseTrigger):

@@ -78,29 +78,21 @@ def ray_connection(ray_cluster: LocalRayCluster, monkeypatch: pytest.MonkeyPatch
     return ray_cluster
 
 
+def _make_model(script: str, out: Path) -> Path:
+    """Run one of scripts/make_tiny_*.py with the cluster's Python (they need torch and transformers)."""
+    subprocess.run([str(RAY_PYTHON), str(ROOT / "scripts" / script), str(out)], check=True, capture_output=True, timeout=300)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("model") / "tiny-llama"
-    subprocess.run(
-        [str(RAY_PYTHON), str(ROOT / "scripts" / "make_tiny_model.py"), str(out)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
+    return _make_model("make_tiny_model.py", tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight Idefics3 vision-language model (scripts/make_tiny_vlm.py), made once per session."""
-    out = tmp_path_factory.mktemp("model") / "tiny-vlm"
-    subprocess.run(
-        [str(RAY_PYTHON), str(ROOT / "scripts" / "make_tiny_vlm.py"), str(out)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
+    return _make_model("make_tiny_vlm.py", tmp_path_factory.mktemp("model") / "tiny-vlm")
 
 
 #: Engine settings that fit vLLM's CPU build on a shared 2-core, 24 GiB machine.
