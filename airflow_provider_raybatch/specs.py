@@ -28,6 +28,8 @@ from airflow_provider_raybatch.exceptions import BatchSpecError
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
 OutputFormat = Literal["parquet", "jsonl"]
+#: The OpenAI Batch API endpoints a batch file may target (see pipeline/openai_batch.py).
+OpenAIEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 
 #: Columns the pipeline adds to every output row; input columns may not be kept under these names.
 GENERATED_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens")
@@ -117,7 +119,16 @@ class BatchInferenceSpec(BaseModel):
     input_format: InputFormat | None = Field(
         default=None, description="jsonl, csv or parquet; inferred from input_uri's suffix when unset."
     )
-    output_format: OutputFormat = Field(default="parquet", description="Format of outputs and errors.")
+    output_format: OutputFormat = Field(
+        default="parquet", description="Format of outputs and errors (jsonl with openai_endpoint)."
+    )
+    openai_endpoint: OpenAIEndpoint | None = Field(
+        default=None,
+        description="Read an OpenAI batch file (JSONL lines with custom_id, method, url and body) for this "
+        "endpoint and write OpenAI's batch output format, joined to the input by custom_id; each line's "
+        "body sets its own sampling parameters over sampling_params. A line for another url, or with a "
+        "field this pipeline cannot honour, fails alone. Replaces user_template/messages_column.",
+    )
     messages_column: str | None = Field(
         default=None, description="Column holding OpenAI-style chat messages, passed through as they are."
     )
@@ -269,9 +280,21 @@ class BatchInferenceSpec(BaseModel):
             )
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_defaults(cls, values: Any) -> Any:  # Any: the raw parameters.
+        """An OpenAI batch file is JSONL in and JSONL out, whatever its name says."""
+        if isinstance(values, dict) and values.get("openai_endpoint"):
+            values = {**values}
+            for name in ("input_format", "output_format"):
+                values[name] = values.get(name) or "jsonl"
+        return values
+
     @model_validator(mode="after")
     def _check_prompt_and_columns(self) -> BatchInferenceSpec:
-        if (self.messages_column is None) == (self.user_template is None):
+        if self.openai_endpoint is not None:
+            self._check_openai_fields()
+        elif (self.messages_column is None) == (self.user_template is None):
             raise ValueError(
                 "exactly one of messages_column and user_template must be set: pass messages_column="
                 "'messages' for rows that carry chat messages, or user_template='... {Column} ...'."
@@ -292,6 +315,25 @@ class BatchInferenceSpec(BaseModel):
         if self.input_uri.rstrip("/") == self.output_uri.rstrip("/"):
             raise ValueError(f"output_uri={self.output_uri!r} must differ from input_uri.")
         return self
+
+    def _check_openai_fields(self) -> None:
+        """With openai_endpoint, each line's body is the prompt: row-shaping fields do not apply."""
+        row_fields = (
+            "messages_column", "user_template", "system_prompt", "image_column", "preprocess", "postprocess",
+            "id_column", "keep_columns",
+        )  # fmt: skip
+        for name in row_fields:
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} does not apply with openai_endpoint="
+                    f"{self.openai_endpoint!r}: each line's body is the request, custom_id its id."
+                )
+        for name, expected in (("input_format", "jsonl"), ("output_format", "jsonl")):
+            if getattr(self, name) != expected:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} does not apply with openai_endpoint: OpenAI batch "
+                    "files are JSONL in and out; leave it unset."
+                )
 
     def _check_image_fields(self) -> None:
         column = self.image_column

@@ -81,6 +81,7 @@ class RayLLMBatchOperator(BaseOperator):
     """Run LLM batch inference over a dataset on a Ray cluster and hand the output location on.
 
     The batch parameters (``model``, ``input_uri``, ``output_uri``, ``input_format``, ``output_format``,
+    ``openai_endpoint``,
     ``messages_column``, ``system_prompt``, ``user_template``, ``image_column``, ``image_size``,
     ``image_max_side``, ``preprocess``, ``postprocess``,
     ``sampling_params``, ``engine_kwargs``, ``batch_size``, ``concurrency``, ``max_concurrent_batches``,
@@ -126,6 +127,7 @@ class RayLLMBatchOperator(BaseOperator):
         "output_uri",
         "input_format",
         "output_format",
+        "openai_endpoint",
         "messages_column",
         "system_prompt",
         "user_template",
@@ -152,7 +154,8 @@ class RayLLMBatchOperator(BaseOperator):
         input_uri: str,
         output_uri: str,
         input_format: str | None = None,
-        output_format: str = "parquet",
+        output_format: str | None = None,
+        openai_endpoint: str | None = None,
         messages_column: str | None = None,
         system_prompt: str | None = None,
         user_template: str | None = None,
@@ -191,6 +194,7 @@ class RayLLMBatchOperator(BaseOperator):
         self.output_uri = output_uri
         self.input_format = input_format
         self.output_format = output_format
+        self.openai_endpoint = openai_endpoint
         self.messages_column = messages_column
         self.system_prompt = system_prompt
         self.user_template = user_template
@@ -240,6 +244,8 @@ class RayLLMBatchOperator(BaseOperator):
         """
         params = {name: getattr(self, name) for name in BatchInferenceSpec.model_fields if name != "run_key"}
         params["run_key"] = run_key
+        if not params["output_format"]:
+            del params["output_format"]  # the spec's default: parquet, or jsonl for an OpenAI batch file
         for name in _JSON_PARAMS:
             value = params[name]
             if not isinstance(value, str):

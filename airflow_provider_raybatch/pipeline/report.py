@@ -18,7 +18,7 @@ from __future__ import annotations
 import html
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -40,6 +40,11 @@ def token_count(record: Mapping[str, Any], column: str) -> int:  # Any: output r
     return int(record.get(column) or 0)
 
 
+def row_tokens(record: Mapping[str, Any]) -> tuple[int, int]:  # Any: output row values.
+    """(input, generated) tokens of an output row (``TOKEN_HISTOGRAM_COLUMNS``)."""
+    return token_count(record, "num_input_tokens"), token_count(record, "num_generated_tokens")
+
+
 def token_bucket(count: int) -> int:
     """The lower bound of a count's power-of-two bucket: 0, 1, 2, 4, 8, ...; bucket b holds b..2b-1."""
     return 0 if count <= 0 else 1 << (count.bit_length() - 1)
@@ -54,14 +59,17 @@ def token_histogram(counts: Iterable[int]) -> dict[str, int]:
 def part_report_fields(
     outputs: list[dict[str, Any]],  # Any: output row values.
     written_at: datetime | None = None,
+    tokens_of: Callable[[Mapping[str, Any]], tuple[int, int]] = row_tokens,  # Any: output row values.
 ) -> dict[str, Any]:  # Any: JSON values.
     """What a part's sidecar carries for the report: ``written_at`` (default: now, UTC, ISO) and
-    ``token_histograms`` (``input`` and ``generated``: :func:`token_histogram` of the output rows)."""
+    ``token_histograms`` (``input`` and ``generated``: :func:`token_histogram` of the output rows'
+    ``tokens_of``, which reads another output shape, e.g. OpenAI's ``usage``)."""
+    counts = [tokens_of(record) for record in outputs]
     return {
         "written_at": (written_at or datetime.now(UTC)).isoformat(timespec="milliseconds"),
         "token_histograms": {
-            name: token_histogram(token_count(record, column) for record in outputs)
-            for name, column in TOKEN_HISTOGRAM_COLUMNS.items()
+            name: token_histogram(pair[index] for pair in counts)
+            for index, name in enumerate(TOKEN_HISTOGRAM_COLUMNS)
         },
     }
 

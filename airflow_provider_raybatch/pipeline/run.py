@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, images, models, storage
+from airflow_provider_raybatch.pipeline import commit, images, models, openai_batch, storage
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
@@ -47,10 +47,18 @@ def _parse_file_row(
 
 
 def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
-    """Record -> {id, source, row, messages, error}; a row that cannot be prompted gets its reason."""
-    prepared = {"id": record["source"], "source": record["source"], "row": record["row"], "messages": None}
+    """Record -> {id, source, row, messages, request, error}; a row that cannot be prompted gets its reason.
+
+    ``messages`` (JSON) is the chat built from a row; ``request`` (JSON) is an OpenAI batch line's
+    engine request (:func:`.openai_batch.parse_request`). One of them is set on a good row.
+    """
+    prepared = {
+        "id": record["source"], "source": record["source"], "row": record["row"], "messages": None, "request": None,
+    }  # fmt: skip
     if record["error"] is not None:
         return {**prepared, "error": record["error"]}
+    if spec.openai_endpoint is not None:
+        return _prepare_openai_line(prepared, spec)
     row = json.loads(record["row"])
     prepared["row"] = _shown_row(row, spec)
     if spec.preprocess:
@@ -66,6 +74,16 @@ def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, 
     except ValueError as err:  # the reasons prompts.py and images.py give, e.g. "empty prompt: ..."
         return {**prepared, "error": str(err)}
     return {**prepared, "error": None}
+
+
+def _prepare_openai_line(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
+    line = json.loads(prepared["row"])
+    try:
+        prepared["id"] = openai_batch.custom_id_of(line)  # duplicates are found by custom_id
+        request = openai_batch.parse_request(line, spec.openai_endpoint or "", spec.sampling_params)
+    except openai_batch.RequestError as err:
+        return {**prepared, "error": str(err)}
+    return {**prepared, "request": json.dumps(request, ensure_ascii=False), "error": None}
 
 
 def _shown_row(row: dict[str, Any], spec: BatchInferenceSpec) -> str:  # Any: cell values.
@@ -115,7 +133,7 @@ def _mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[
 
 
 def _engine_request(
-    row: dict[str, Any], sampling_params: dict[str, Any], with_images: bool
+    row: dict[str, Any], sampling_params: dict[str, Any], with_images: bool, fill: frozenset[str] = frozenset()
 ) -> dict[str, Any]:  # Any: row values and ray.data.llm's request fields.
     """The row as ray.data.llm's stages take it.
 
@@ -125,6 +143,11 @@ def _engine_request(
     images to vLLM as ``multi_modal_data``. Decoded here, the last step before those stages, so that
     only this hop carries PIL images (Ray pickles what Arrow cannot hold).
     """
+    if row["request"] is not None:  # an OpenAI batch line: its own prompt and sampling parameters
+        request = json.loads(row["request"])
+        if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
+            request["sampling_params"] = openai_batch.filled_sampling_params(request["sampling_params"], fill, row["source"])
+        return {key: request[key] for key in ("messages", "prompt", "sampling_params") if key in request}
     messages = json.loads(row["messages"])
     if not with_images:
         return {"messages": messages, "sampling_params": sampling_params}
@@ -133,26 +156,38 @@ def _engine_request(
 
 
 def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
-    return {
+    output = {
         "id": row["id"],
         "source": row["source"],
         "row": row["row"],
+        "request": row["request"],
         "generated_text": row["generated_text"],
         "num_input_tokens": int(row["num_input_tokens"]),
         "num_generated_tokens": int(row["num_generated_tokens"]),
     }
+    if row["request"] is not None:  # what an OpenAI response line may carry besides the text
+        logprobs, embeddings = row.get("logprobs"), row.get("embeddings")
+        output["logprobs"] = None
+        if logprobs is not None and len(logprobs):
+            output["logprobs"] = json.dumps(openai_batch.token_logprobs(logprobs, row["generated_tokens"]))
+        output["embeddings"] = None if embeddings is None else [float(value) for value in embeddings]
+    return output
 
 
 def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
     """Engine result -> the staged row: the user's output row, or an error row with its reason."""
     if row.get(_INFERENCE_ERROR):
-        return _staged_error(row, f"inference failed: {row[_INFERENCE_ERROR]}")
+        return _staged_error(row, f"inference failed: {row[_INFERENCE_ERROR]}", spec)
+    if spec.openai_endpoint is not None:
+        line = openai_batch.response_line(row, spec.openai_endpoint, spec.model, spec.run_key)
+        return {"source": row["source"], "ok": True, "record": json.dumps(line, ensure_ascii=False)}
     choices = spec.structured_choices
     if choices is not None and row["generated_text"] not in choices:
         # Constrained decoding cut short by max_tokens leaves a label prefix such as 'Finan'.
         return _staged_error(
             row,
-            f"output not a choice: {row['generated_text']!r} after {row['num_generated_tokens']} tokens; "
+            spec=spec,
+            reason=f"output not a choice: {row['generated_text']!r} after {row['num_generated_tokens']} tokens; "
             "raise sampling_params['max_tokens']",
         )
     source_row = json.loads(row["row"])
@@ -165,17 +200,22 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         try:
             output = _returned_row(_user_function(spec.postprocess)(output))
         except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
-            return _staged_error(row, f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}")
+            return _staged_error(row, f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}", spec)
     return {"source": row["source"], "ok": True, "record": row_to_json(output)}
 
 
-def _staged_error(row: dict[str, Any], reason: str) -> dict[str, Any]:
-    record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": row["row"]}
+def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) -> dict[str, Any]:
+    if spec.openai_endpoint is not None:
+        line = json.loads(row["row"]) if row["row"] is not None else {}
+        custom_id = line.get("custom_id") if isinstance(line.get("custom_id"), str) else None
+        record = openai_batch.error_line(custom_id, row["source"], reason, spec.run_key)
+    else:
+        record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": row["row"]}
     return {"source": row["source"], "ok": False, "record": json.dumps(record, ensure_ascii=False)}
 
 
-def _rejected_result(row: dict[str, Any]) -> dict[str, Any]:
-    return _staged_error(row, row["error"])
+def _rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+    return _staged_error(row, row["error"], spec)
 
 
 # -- the batch --------------------------------------------------------------------------------
@@ -224,7 +264,10 @@ def _first_sources_of_duplicates(prepared: Dataset) -> dict[str, str]:
     return {row_id: first[row_id] for row_id in repeated}
 
 
-def _processor(spec: BatchInferenceSpec, model_source: str) -> Any:  # Any: ray.data.llm.Processor.
+def _processor(
+    spec: BatchInferenceSpec, model_source: str, fill: frozenset[str] = frozenset()
+) -> Any:  # Any: ray.data.llm.Processor.
+    """:param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``)."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     extra: dict[str, Any] = {}  # Any: config keyword values.
@@ -233,6 +276,10 @@ def _processor(spec: BatchInferenceSpec, model_source: str) -> Any:  # Any: ray.
     if spec.replica_resources is not None:
         extra["placement_group_config"] = {"bundles": [dict(spec.replica_resources)]}
     engine_kwargs = dict(spec.engine_kwargs)
+    if spec.openai_endpoint in (openai_batch.COMPLETIONS, openai_batch.EMBEDDINGS):
+        extra["chat_template_stage"] = False  # a prompt, not chat messages
+    if spec.openai_endpoint == openai_batch.EMBEDDINGS:
+        extra["task_type"] = "embed"
     if spec.image_column:
         engine_kwargs.setdefault("limit_mm_per_prompt", {"image": 1})
         # The engine gets the rendered text with the images, as LLM.generate does in
@@ -259,6 +306,7 @@ def _processor(spec: BatchInferenceSpec, model_source: str) -> Any:  # Any: ray.
             _engine_request,
             sampling_params=dict(spec.sampling_params),
             with_images=spec.image_column is not None,
+            fill=fill,
         ),
         postprocess=_engine_output,
     )
@@ -307,18 +355,27 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     accepted = prepared.filter(lambda row: row["error"] is None)
     rejected = prepared.filter(lambda row: row["error"] is not None)
-    sink = StagedPartsSink(layout.staging_uri, spec.output_format, count_labels=spec.structured_choices is not None)
+    sink = StagedPartsSink(
+        layout.staging_uri,
+        spec.output_format,
+        count_labels=spec.structured_choices is not None and spec.openai_endpoint is None,
+        openai_lines=spec.openai_endpoint is not None,
+    )
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     try:
         if rejected.count():
-            rejected.map(_rejected_result).write_datasink(sink)
+            rejected.map(_rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
         if accepted.count():  # nothing left for the engine (all resumed, or all bad): do not start one
             # Streamed: parts land in staging as blocks finish, which is what a retry resumes from.
             # (Kept apart from the rejected rows: a union would hold the blocks back until the end.)
             # One block per engine batch: a file's rows arrive as one block, and a block is the unit
             # that flows downstream, so without this nothing reaches staging until the file is done.
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
-            engine = _processor(spec, model_source)
+            fill = frozenset()
+            if spec.openai_endpoint is not None:
+                requests = accepted.select_columns(["request"]).iter_batches(batch_format="pyarrow", batch_size=65536)
+                fill = openai_batch.fields_to_fill(text for batch in requests for text in batch.column(0).to_pylist())
+            engine = _processor(spec, model_source, fill)
             engine(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
     finally:
         progress.stop()
@@ -353,6 +410,10 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     }
     if committed.generated_text_counts is not None:
         manifest["generated_text_counts"] = committed.generated_text_counts
+    if spec.openai_endpoint is not None:  # OpenAI's names for the counts
+        manifest["request_counts"] = {
+            "total": rows_in, "completed": committed.rows_out, "failed": committed.rows_failed,
+        }  # fmt: skip
     commit.publish(layout, manifest, keep_versions=spec.keep_versions)
     print(manifest_log_line(manifest), flush=True)
     return manifest

@@ -25,9 +25,9 @@ from typing import Any
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
-from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline import openai_batch, storage
 from airflow_provider_raybatch.pipeline.commit import PART_FOLDERS, reason_kind
-from airflow_provider_raybatch.pipeline.report import part_report_fields, token_count
+from airflow_provider_raybatch.pipeline.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 
 
@@ -45,11 +45,17 @@ def _encode(records: list[dict[str, Any]], output_format: OutputFormat) -> bytes
 class StagedPartsSink(Datasink[None]):
     """Write result rows into a run's staging folder, one committed part per block."""
 
-    def __init__(self, staging_uri: str, output_format: OutputFormat, count_labels: bool) -> None:
+    def __init__(
+        self, staging_uri: str, output_format: OutputFormat, count_labels: bool, openai_lines: bool = False
+    ) -> None:
+        """:param openai_lines: records are OpenAI batch output and error lines (tokens in ``usage``,
+        the reason in ``error.message``), not rows."""
         self.staging_uri = staging_uri
         self.output_format = output_format
         self.count_labels = count_labels
         self.extension = "parquet" if output_format == "parquet" else "jsonl"
+        self.tokens_of = openai_batch.token_counts if openai_lines else row_tokens
+        self.reason_of = openai_batch.error_reason if openai_lines else (lambda record: record[ERROR_COLUMN])
 
     def on_write_start(self, schema: Any = None) -> None:  # Any: pyarrow schema or None.
         for folder in PART_FOLDERS:
@@ -66,14 +72,15 @@ class StagedPartsSink(Datasink[None]):
         part = f"part-{uuid.uuid4().hex}"
         outputs = [json.loads(row["record"]) for row in rows if row["ok"]]
         errors = [json.loads(row["record"]) for row in rows if not row["ok"]]
+        tokens = [self.tokens_of(record) for record in outputs]
         sidecar: dict[str, Any] = {  # Any: JSON values.
             "sources": [row["source"] for row in rows],
             "files": {},
             "rows_out": len(outputs),
             "rows_failed": len(errors),
-            "tokens_in": sum(token_count(r, "num_input_tokens") for r in outputs),
-            "tokens_out": sum(token_count(r, "num_generated_tokens") for r in outputs),
-            "errors_by_reason": dict(Counter(reason_kind(r[ERROR_COLUMN]) for r in errors)),
+            "tokens_in": sum(pair[0] for pair in tokens),
+            "tokens_out": sum(pair[1] for pair in tokens),
+            "errors_by_reason": dict(Counter(reason_kind(self.reason_of(record)) for record in errors)),
         }
         if self.count_labels:
             sidecar["generated_text_counts"] = dict(Counter(str(r.get("generated_text")) for r in outputs))
@@ -82,6 +89,6 @@ class StagedPartsSink(Datasink[None]):
                 name = f"{part}.{self.extension}"
                 storage.write_bytes(storage.join(self.staging_uri, folder, name), _encode(records, self.output_format))
                 sidecar["files"][folder] = name
-        sidecar.update(part_report_fields(outputs))  # written_at: now, when the part's data is in place
+        sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of))  # written_at: now, when the part's data is in place
         # The sidecar last: until it exists the part's files do not count.
         storage.write_bytes(storage.join(self.staging_uri, "parts", f"{part}.json"), json.dumps(sidecar).encode())

@@ -1,0 +1,429 @@
+"""OpenAI batch files: a request line in, a response line out, joined by ``custom_id``.
+
+A request line is ``{"custom_id", "method": "POST", "url", "body"}``, OpenAI's batch input format.
+:func:`parse_request` turns it into what ray.data.llm's engine stage takes (chat messages or a
+prompt, and vLLM sampling parameters), or raises :class:`RequestError` naming the field at fault, so
+that one bad line fails alone. :func:`response_line` and :func:`error_line` write OpenAI's batch
+output format. Pure functions of a line, unit-tested without Ray.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+#: Body fields accepted without effect: the batch's model is the operator's, and the rest is bookkeeping.
+_IGNORED_FIELDS = frozenset({"model", "user", "metadata", "store", "service_tier", "stream"})
+#: Body fields honoured, per endpoint, besides the prompt itself.
+_HONOURED_FIELDS = {
+    CHAT: frozenset({
+        "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
+        "logprobs", "top_logprobs", "response_format", "presence_penalty", "frequency_penalty",
+    }),
+    COMPLETIONS: frozenset({
+        "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs", "echo",
+        "presence_penalty", "frequency_penalty",
+    }),
+    EMBEDDINGS: frozenset({"input", "encoding_format"}),
+}  # fmt: skip
+#: What a line's error kind (the words before the first colon of its reason) is called in OpenAI's
+#: ``error.code``; any other kind is an ``invalid_request``.
+_ERROR_CODES = {
+    "malformed JSON": "invalid_json",
+    "invalid UTF-8": "invalid_json",
+    "not a JSON object": "invalid_json",
+    "duplicate id": "duplicate_custom_id",
+    "unsupported url": "invalid_url",
+    "unsupported method": "invalid_method",
+    "unsupported parameter": "unsupported_parameter",
+    "inference failed": "server_error",
+}
+
+
+#: SamplingParams fields that are an int or None. Ray Data hands a block's rows to the engine stage
+#: through pandas, where an int column with a null turns every int in it into a float, which vLLM's
+#: engine refuses (and then hangs). So a field that some lines of a batch set is set on all of them,
+#: to a value that changes nothing: see :func:`fields_to_fill` and :func:`filled_sampling_params`.
+NULLABLE_INT_FIELDS = ("max_tokens", "seed", "logprobs")
+#: A max_tokens that never binds: vLLM stops at max_model_len first, as with max_tokens unset.
+UNBOUNDED_MAX_TOKENS = 1 << 24
+
+
+class RequestError(ValueError):
+    """A line that cannot be served; ``str()`` is its reason, ``'<kind>: <what and where>'``."""
+
+    def __init__(self, kind: str, message: str, param: str | None = None) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.param = param
+
+
+def custom_id_of(line: Mapping[str, Any]) -> str:  # Any: JSON values.
+    """The line's ``custom_id``; raises RequestError when it is missing or not a non-empty string."""
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise RequestError("missing id", "custom_id must be a non-empty string", "custom_id")
+    return custom_id
+
+
+def parse_request(
+    line: Mapping[str, Any], endpoint: str, defaults: Mapping[str, Any]
+) -> dict[str, Any]:  # Any: JSON values.
+    """The engine request for one line: ``{"messages" | "prompt", "sampling_params", "meta"}``.
+
+    :param endpoint: the batch's endpoint; a line for another url fails (OpenAI's rule too).
+    :param defaults: the operator's sampling_params, under each body's own fields.
+    ``meta`` carries what the response needs and the engine does not (logprobs shape, max_tokens).
+    """
+    custom_id_of(line)
+    if line.get("method", "POST") != "POST":
+        raise RequestError("unsupported method", f"method {line.get('method')!r}; only POST", "method")
+    if line.get("url") != endpoint:
+        raise RequestError("unsupported url", f"url {line.get('url')!r}; this batch serves {endpoint}", "url")
+    body = line.get("body")
+    if not isinstance(body, dict):
+        raise RequestError("invalid request", "body must be a JSON object", "body")
+    unknown = sorted(set(body) - _HONOURED_FIELDS[endpoint] - _IGNORED_FIELDS)
+    if unknown:
+        raise RequestError("unsupported parameter", f"body.{unknown[0]} is not supported", f"body.{unknown[0]}")
+    if body.get("stream"):
+        raise RequestError("unsupported parameter", "body.stream must be false in a batch", "body.stream")
+    if endpoint == EMBEDDINGS:
+        return _embedding_request(body)
+    request = {"sampling_params": _sampling_params(body, endpoint, defaults)}
+    if endpoint == CHAT:
+        request["messages"] = _chat_messages(body.get("messages"))
+    else:
+        request["prompt"] = _completion_prompt(body)
+    request["meta"] = {
+        "logprobs": request["sampling_params"]["logprobs"] is not None,
+        "max_tokens": request["sampling_params"]["max_tokens"],
+    }
+    return request
+
+
+def _chat_messages(messages: Any) -> list[dict[str, Any]]:  # Any: JSON values.
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("invalid request", "body.messages must be a non-empty list", "body.messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError("invalid request", f"body.messages[{index}] needs a role", f"body.messages[{index}]")
+        content = message.get("content")
+        if isinstance(content, list):
+            kinds = {part.get("type") for part in content if isinstance(part, dict)}
+            if kinds - {"text"} or len(kinds) != 1:
+                raise RequestError(
+                    "unsupported parameter",
+                    f"body.messages[{index}].content may hold text parts only",
+                    f"body.messages[{index}].content",
+                )
+        elif not isinstance(content, str):
+            raise RequestError(
+                "invalid request", f"body.messages[{index}].content must be text", f"body.messages[{index}].content"
+            )
+    if not any(_text_of(message["content"]).strip() for message in messages):
+        raise RequestError("empty prompt", "every message of body.messages is empty", "body.messages")
+    return messages
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:  # Any: JSON values.
+    return content if isinstance(content, str) else "".join(str(part.get("text", "")) for part in content)
+
+
+def _completion_prompt(body: Mapping[str, Any]) -> str:  # Any: JSON values.
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise RequestError("invalid request", "body.prompt must be one string", "body.prompt")
+    if not prompt.strip():
+        raise RequestError("empty prompt", "body.prompt is empty", "body.prompt")
+    if body.get("echo"):
+        raise RequestError("unsupported parameter", "body.echo must be false", "body.echo")
+    return prompt
+
+
+def _embedding_request(body: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values.
+    text = body.get("input")
+    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+        text = text[0]
+    if not isinstance(text, str):
+        raise RequestError(
+            "unsupported parameter", "body.input must be one string (one embedding per line)", "body.input"
+        )
+    if not text.strip():
+        raise RequestError("empty prompt", "body.input is empty", "body.input")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise RequestError("invalid request", f"body.encoding_format {encoding!r}", "body.encoding_format")
+    return {"prompt": text, "meta": {"encoding_format": encoding}}
+
+
+def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:  # Any: JSON.
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise RequestError("invalid request", f"body.{name}={value!r} must be a number in [{low}, {high}]", f"body.{name}")
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], name: str, low: int) -> int | None:  # Any: JSON values.
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise RequestError("invalid request", f"body.{name}={value!r} must be an integer >= {low}", f"body.{name}")
+    return value
+
+
+def _sampling_params(
+    body: Mapping[str, Any], endpoint: str, defaults: Mapping[str, Any]
+) -> dict[str, Any]:  # Any: vLLM SamplingParams values.
+    """vLLM SamplingParams from a body. Every line gets the same keys (None where unset), so that
+    the lines of one block share a schema on their way through Ray Data."""
+    n = _integer(body, "n", 1)
+    if n not in (None, 1):
+        raise RequestError("unsupported parameter", f"body.n={n}: one choice per line; send n lines", "body.n")
+    max_tokens = _integer(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1)
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise RequestError("invalid request", "body.stop must be a string or a list of strings", "body.stop")
+    params = {
+        **defaults,
+        "max_tokens": max_tokens if max_tokens is not None else defaults.get("max_tokens"),  # None: to max_model_len
+        "temperature": _first(_number(body, "temperature", 0, 2), defaults.get("temperature"), 1.0),
+        "top_p": _first(_number(body, "top_p", 0, 1), defaults.get("top_p"), 1.0),
+        "presence_penalty": _first(_number(body, "presence_penalty", -2, 2), defaults.get("presence_penalty"), 0.0),
+        "frequency_penalty": _first(_number(body, "frequency_penalty", -2, 2), defaults.get("frequency_penalty"), 0.0),
+        "stop": stop if stop is not None else defaults.get("stop"),
+        "seed": _first(_integer(body, "seed", 0), defaults.get("seed")),
+        "logprobs": _logprobs(body, endpoint),
+        "structured_outputs": _structured_outputs(body.get("response_format"), defaults.get("structured_outputs")),
+    }
+    return params
+
+
+def _first(*values: Any) -> Any:  # Any: whichever value is set first.
+    return next((value for value in values if value is not None), None)
+
+
+def _logprobs(body: Mapping[str, Any], endpoint: str) -> int | None:  # Any: JSON values.
+    """vLLM's ``logprobs`` (alternatives per token, besides the chosen one) from the endpoint's fields."""
+    if endpoint == COMPLETIONS:
+        return _integer(body, "logprobs", 0)
+    top = _integer(body, "top_logprobs", 0)
+    if body.get("logprobs") in (None, False):
+        if top:
+            raise RequestError("invalid request", "body.top_logprobs needs body.logprobs=true", "body.top_logprobs")
+        return None
+    if body["logprobs"] is not True:
+        raise RequestError("invalid request", "body.logprobs must be true or false", "body.logprobs")
+    return top or 0
+
+
+def _structured_outputs(
+    response_format: Any, default: Mapping[str, Any] | None
+) -> dict[str, Any] | None:  # Any: JSON values.
+    """vLLM structured outputs from OpenAI's ``response_format``: a JSON schema, or any JSON object.
+
+    JSON comes out compact (vLLM's ``disable_any_whitespace``): a grammar that allows whitespace
+    anywhere lets a weak model pad until max_tokens, leaving a cut-off answer.
+    """
+    if response_format is None:
+        return dict(default) if default else None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True, "disable_any_whitespace": True}
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise RequestError(
+                "invalid request", "body.response_format.json_schema.schema must be an object",
+                "body.response_format.json_schema.schema",
+            )  # fmt: skip
+        return {"json": json.dumps(schema), "disable_any_whitespace": True}
+    raise RequestError(
+        "unsupported parameter", f"body.response_format type {kind!r}", "body.response_format"
+    )
+
+
+def fields_to_fill(requests: Iterable[str | None]) -> frozenset[str]:
+    """The NULLABLE_INT_FIELDS that some requests (JSON of :func:`parse_request`) set and others do not."""
+    set_on: dict[str, set[bool]] = {name: set() for name in NULLABLE_INT_FIELDS}
+    for text in requests:
+        params = json.loads(text).get("sampling_params") if text else None
+        if params is None:
+            continue
+        for name in NULLABLE_INT_FIELDS:
+            set_on[name].add(params.get(name) is not None)
+    return frozenset(name for name, seen in set_on.items() if seen == {True, False})
+
+
+def filled_sampling_params(
+    params: Mapping[str, Any], fill: frozenset[str], source: str
+) -> dict[str, Any]:  # Any: vLLM SamplingParams values.
+    """``params`` with each field of ``fill`` that is None set to a value that changes nothing:
+    max_tokens unbounded, logprobs 0 (not shown: the response reads its own request's meta), and a
+    seed of the line's own (stable across reruns) where the line asked for none."""
+    filled = dict(params)
+    if "max_tokens" in fill and filled.get("max_tokens") is None:
+        filled["max_tokens"] = UNBOUNDED_MAX_TOKENS
+    if "logprobs" in fill and filled.get("logprobs") is None:
+        filled["logprobs"] = 0
+    if "seed" in fill and filled.get("seed") is None:
+        filled["seed"] = int(_short_hash("seed", source)[:8], 16) & 0x7FFFFFFF
+    return filled
+
+
+# -- output lines ------------------------------------------------------------------------------
+
+
+def _short_hash(*parts: str) -> str:
+    """A stable id part: a rerun writes the same ids for the same lines."""
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+
+
+def _line_id(run_key: str, custom_id: str | None, source: str) -> str:
+    return f"batch_req_{_short_hash(run_key, custom_id or '', source)}"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int | None) -> dict[str, int]:
+    if completion_tokens is None:
+        return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def response_line(
+    result: Mapping[str, Any], endpoint: str, model: str, run_key: str
+) -> dict[str, Any]:  # Any: JSON values.
+    """The output line of one served request.
+
+    :param result: the engine's row: ``id`` (custom_id), ``source``, ``request`` (JSON of
+        :func:`parse_request`), ``num_input_tokens``, and ``generated_text``, ``num_generated_tokens``
+        and ``logprobs`` (JSON text) or ``embeddings``.
+    """
+    custom_id = str(result["id"])
+    request_id = f"req_{_short_hash(run_key, custom_id, str(result['source']))}"
+    meta = json.loads(result["request"]).get("meta", {})
+    created = int(time.time())
+    prompt_tokens = int(result["num_input_tokens"])
+    if endpoint == EMBEDDINGS:
+        body = {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": _embedding(result, meta)}],
+            "model": model,
+            "usage": _usage(prompt_tokens, None),
+        }
+    else:
+        completion_tokens = int(result["num_generated_tokens"])
+        max_tokens = meta.get("max_tokens")
+        finish_reason = "length" if max_tokens is not None and completion_tokens >= max_tokens else "stop"
+        logprobs = json.loads(result["logprobs"]) if meta.get("logprobs") and result.get("logprobs") else None
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}  # Any: JSON values.
+        if endpoint == CHAT:
+            choice["message"] = {"role": "assistant", "content": result["generated_text"]}
+            choice["logprobs"] = _chat_logprobs(logprobs) if logprobs is not None else None
+            body = {"id": f"chatcmpl-{request_id[4:]}", "object": "chat.completion"}
+        else:
+            choice["text"] = result["generated_text"]
+            choice["logprobs"] = _completion_logprobs(logprobs) if logprobs is not None else None
+            body = {"id": f"cmpl-{request_id[4:]}", "object": "text_completion"}
+        body.update(created=created, model=model, choices=[choice], usage=_usage(prompt_tokens, completion_tokens))
+    return {
+        "id": _line_id(run_key, custom_id, str(result["source"])),
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
+        "error": None,
+    }
+
+
+def error_line(custom_id: str | None, source: str, reason: str, run_key: str) -> dict[str, Any]:  # Any: JSON.
+    """The error-file line of a request that failed: ``error.code`` from the reason's kind, and the
+    input line (``source``, ``<file>:<line>``) in the message so a line without custom_id is found too."""
+    kind = reason.split(":", 1)[0].strip()
+    return {
+        "id": _line_id(run_key, custom_id, source),
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": _ERROR_CODES.get(kind, "invalid_request"), "message": f"{reason} (line {source})"},
+    }
+
+
+def error_reason(line: Mapping[str, Any]) -> str:  # Any: JSON values.
+    """The reason an error line carries, without the line reference :func:`error_line` appends."""
+    return str(line["error"]["message"]).rsplit(" (line ", 1)[0]
+
+
+def token_counts(line: Mapping[str, Any]) -> tuple[int, int]:  # Any: JSON values.
+    """(prompt tokens, completion tokens) of an output line."""
+    usage = line["response"]["body"]["usage"]
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def _embedding(result: Mapping[str, Any], meta: Mapping[str, Any]) -> list[float] | str:  # Any: JSON.
+    vector = [float(value) for value in result["embeddings"]]
+    if meta.get("encoding_format") == "base64":  # OpenAI's: little-endian float32, base64
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector
+
+
+def token_logprobs(
+    logprobs: Sequence[Mapping[Any, Mapping[str, Any]]], generated_tokens: Sequence[int]
+) -> list[dict[str, Any]]:  # Any: token ids (int, or text after a trip through Arrow) and JSON values.
+    """vLLM's per-token logprobs (token id -> {logprob, rank, decoded_token}) as one entry per
+    generated token: ``{"token", "logprob", "top": [{"token", "logprob"}, ...]}``, alternatives by rank."""
+    steps = []
+    for step, chosen_id in zip(logprobs, generated_tokens, strict=False):
+        entries = {str(token_id): entry for token_id, entry in step.items()}
+        ranked = sorted(entries.values(), key=lambda entry: int(entry.get("rank") or 0))
+        chosen = entries.get(str(chosen_id)) or ranked[0]
+        steps.append({
+            "token": str(chosen.get("decoded_token") or ""),
+            "logprob": float(chosen["logprob"]),
+            "top": [{"token": str(e.get("decoded_token") or ""), "logprob": float(e["logprob"])} for e in ranked],
+        })  # fmt: skip
+    return steps
+
+
+def _chat_logprobs(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # Any: JSON values.
+    def entry(token: str, logprob: float) -> dict[str, Any]:  # Any: JSON values.
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {
+        "content": [
+            {**entry(step["token"], step["logprob"]), "top_logprobs": [entry(t["token"], t["logprob"]) for t in step["top"]]}
+            for step in steps
+        ]
+    }
+
+
+def _completion_logprobs(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # Any: JSON values.
+    offsets, offset = [], 0
+    for step in steps:
+        offsets.append(offset)
+        offset += len(step["token"])
+    return {
+        "tokens": [step["token"] for step in steps],
+        "token_logprobs": [step["logprob"] for step in steps],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in step["top"]} for step in steps],
+        "text_offset": offsets,
+    }

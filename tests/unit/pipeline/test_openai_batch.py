@@ -1,0 +1,184 @@
+"""OpenAI batch lines: request bodies -> vLLM requests, engine results -> OpenAI output lines."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import pytest
+
+from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.pipeline import openai_batch
+from airflow_provider_raybatch.pipeline.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS, RequestError
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+
+def chat_line(custom_id: str = "req-1", **body) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": "any", "messages": [{"role": "user", "content": "Hello"}], **body},
+    }
+
+
+def test_chat_body_maps_to_vllm_sampling_params_over_the_operator_defaults() -> None:
+    line = chat_line(
+        max_completion_tokens=12, temperature=0.5, top_p=0.9, stop="END", seed=7, logprobs=True, top_logprobs=3,
+        presence_penalty=0.1, frequency_penalty=0.2,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+    )  # fmt: skip
+    request = openai_batch.parse_request(line, CHAT, {"max_tokens": 99, "top_k": 5})
+    params = request["sampling_params"]
+    assert request["messages"] == line["body"]["messages"]
+    assert params == {
+        "top_k": 5, "max_tokens": 12, "temperature": 0.5, "top_p": 0.9, "stop": ["END"], "seed": 7, "logprobs": 3,
+        "presence_penalty": 0.1, "frequency_penalty": 0.2, "structured_outputs": {"json": '{"type": "object"}', "disable_any_whitespace": True},
+    }  # fmt: skip
+    assert request["meta"] == {"logprobs": True, "max_tokens": 12}
+
+
+def test_every_line_gets_the_same_sampling_keys() -> None:
+    """Lines of one Ray block must share a schema: unset fields are None, not missing."""
+    bare = openai_batch.parse_request(chat_line(), CHAT, {})["sampling_params"]
+    full = openai_batch.parse_request(chat_line(seed=1, stop=["x"], max_tokens=3), CHAT, {})["sampling_params"]
+    assert set(bare) == set(full)
+    assert bare["max_tokens"] is None  # vLLM then generates up to max_model_len, as OpenAI does
+    assert bare["temperature"] == 1.0 and bare["structured_outputs"] is None
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "param"),
+    [
+        pytest.param({**chat_line(), "url": "/v1/responses"}, "unsupported url", "url", id="other-url"),
+        pytest.param({**chat_line(), "method": "GET"}, "unsupported method", "method", id="get"),
+        pytest.param(chat_line(tools=[{"type": "function"}]), "unsupported parameter", "body.tools", id="tools"),
+        pytest.param(chat_line(n=2), "unsupported parameter", "body.n", id="n-2"),
+        pytest.param(chat_line(temperature=3), "invalid request", "body.temperature", id="temperature"),
+        pytest.param(chat_line(top_logprobs=2), "invalid request", "body.top_logprobs", id="top-without-logprobs"),
+        pytest.param(chat_line(messages=[]), "invalid request", "body.messages", id="no-messages"),
+        pytest.param(chat_line(messages=[{"role": "user", "content": " "}]), "empty prompt", "body.messages", id="empty"),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+            "unsupported parameter", "body.messages[0].content", id="image-part",
+        ),  # fmt: skip
+        pytest.param({**chat_line(), "custom_id": ""}, "missing id", "custom_id", id="no-custom-id"),
+        pytest.param(
+            chat_line(response_format={"type": "json_schema", "json_schema": {}}),
+            "invalid request", "body.response_format.json_schema.schema", id="schema-missing",
+        ),  # fmt: skip
+    ],
+)
+def test_a_line_that_cannot_be_served_names_the_field(line: dict, kind: str, param: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        openai_batch.parse_request(line, CHAT, {})
+    assert str(caught.value).startswith(f"{kind}: ")
+    assert caught.value.param == param
+
+
+def test_completions_take_a_prompt_and_integer_logprobs() -> None:
+    line = {"custom_id": "c", "url": COMPLETIONS, "method": "POST", "body": {"prompt": ["Once"], "logprobs": 2}}
+    request = openai_batch.parse_request(line, COMPLETIONS, {})
+    assert request["prompt"] == "Once" and "messages" not in request
+    assert request["sampling_params"]["logprobs"] == 2
+
+
+def test_embeddings_take_one_input_and_no_sampling() -> None:
+    line = {"custom_id": "e", "url": EMBEDDINGS, "method": "POST", "body": {"input": "text", "model": "m"}}
+    assert openai_batch.parse_request(line, EMBEDDINGS, {}) == {"prompt": "text", "meta": {"encoding_format": "float"}}
+    many = {**line, "body": {"input": ["a", "b"]}}
+    with pytest.raises(RequestError, match="one embedding per line"):
+        openai_batch.parse_request(many, EMBEDDINGS, {})
+
+
+def engine_row(request: dict, **fields) -> dict:
+    return {"id": "req-1", "source": "in.jsonl:1", "request": json.dumps(request), "num_input_tokens": 5, **fields}
+
+
+def test_chat_response_line_has_openai_shape_usage_and_finish_reason() -> None:
+    request = openai_batch.parse_request(chat_line(max_tokens=4), CHAT, {})
+    row = engine_row(request, generated_text="Hi there", num_generated_tokens=4, logprobs=None)
+    line = openai_batch.response_line(row, CHAT, "tiny", "run-1")
+    assert line["custom_id"] == "req-1" and line["error"] is None and line["id"].startswith("batch_req_")
+    response = line["response"]
+    assert response["status_code"] == 200
+    body = response["body"]
+    assert body["object"] == "chat.completion" and body["model"] == "tiny"
+    assert body["choices"] == [
+        {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Hi there"}, "logprobs": None}
+    ]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    again = openai_batch.response_line(row, CHAT, "tiny", "run-1")
+    assert again["id"] == line["id"] and again["response"]["request_id"] == response["request_id"]  # stable
+
+
+def test_logprobs_pick_the_generated_token_and_rank_the_alternatives() -> None:
+    raw = [{11: {"logprob": -0.5, "rank": 2, "decoded_token": "a"}, 12: {"logprob": -0.1, "rank": 1, "decoded_token": "b"}}]
+    steps = openai_batch.token_logprobs(raw, [11])
+    assert steps == [{"token": "a", "logprob": -0.5, "top": [{"token": "b", "logprob": -0.1}, {"token": "a", "logprob": -0.5}]}]
+    request = openai_batch.parse_request(chat_line(logprobs=True, top_logprobs=1), CHAT, {})
+    row = engine_row(request, generated_text="a", num_generated_tokens=1, logprobs=json.dumps(steps))
+    content = openai_batch.response_line(row, CHAT, "m", "r")["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert content[0]["token"] == "a" and content[0]["bytes"] == [97] and len(content[0]["top_logprobs"]) == 2
+    completion = openai_batch.parse_request(
+        {"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": "x", "logprobs": 1}}, COMPLETIONS, {}
+    )
+    row = engine_row(completion, generated_text="a", num_generated_tokens=1, logprobs=json.dumps(steps))
+    logprobs = openai_batch.response_line(row, COMPLETIONS, "m", "r")["response"]["body"]["choices"][0]["logprobs"]
+    assert logprobs == {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"b": -0.1, "a": -0.5}], "text_offset": [0]}
+
+
+def test_embedding_line_in_float_and_base64() -> None:
+    row = engine_row({"prompt": "t", "meta": {"encoding_format": "base64"}}, embeddings=[0.5, -1.0])
+    body = openai_batch.response_line(row, EMBEDDINGS, "m", "r")["response"]["body"]
+    assert struct.unpack("<2f", base64.b64decode(body["data"][0]["embedding"])) == (0.5, -1.0)
+    assert body["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+    assert openai_batch.token_counts(openai_batch.response_line(row, EMBEDDINGS, "m", "r")) == (5, 0)
+
+
+def test_error_line_carries_code_reason_and_line() -> None:
+    line = openai_batch.error_line(None, "batch.jsonl:3", "malformed JSON: line 3, column 2: Expecting value", "r")
+    assert line["custom_id"] is None and line["response"] is None
+    assert line["error"]["code"] == "invalid_json"
+    assert line["error"]["message"].endswith("(line batch.jsonl:3)")
+    assert openai_batch.error_reason(line) == "malformed JSON: line 3, column 2: Expecting value"
+    assert openai_batch.error_line("x", "b:1", "duplicate id: 'x' first seen at b:0", "r")["error"]["code"] == "duplicate_custom_id"
+
+
+def spec(**overrides) -> BatchInferenceSpec:
+    return BatchInferenceSpec.build(**{"model": "m", "input_uri": "/in/batch.jsonl", "output_uri": "/out", **overrides})
+
+
+def test_spec_with_an_openai_endpoint_reads_and_writes_jsonl() -> None:
+    openai_spec = spec(openai_endpoint=CHAT)
+    assert openai_spec.output_format == "jsonl" and openai_spec.resolved_input_format == "jsonl"
+    assert spec(openai_endpoint=CHAT, input_uri="/in/requests.txt").resolved_input_format == "jsonl"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"user_template": "{x}"}, {"id_column": "id"}, {"output_format": "parquet"}, {"postprocess": "m.f"}],
+)
+def test_spec_refuses_row_fields_with_an_openai_endpoint(overrides: dict) -> None:
+    with pytest.raises(BatchSpecError, match=next(iter(overrides))):
+        spec(openai_endpoint=CHAT, **overrides)
+
+
+def test_int_fields_set_on_some_lines_are_set_on_all_to_values_that_change_nothing() -> None:
+    """Ray Data would turn a block's ints into floats where some lines leave them None (vLLM then hangs)."""
+    requests = [
+        json.dumps(openai_batch.parse_request(chat_line("a", seed=5, max_tokens=3), CHAT, {})),
+        json.dumps(openai_batch.parse_request(chat_line("b"), CHAT, {})),
+        None,  # a rejected line
+    ]
+    fill = openai_batch.fields_to_fill(requests)
+    assert fill == {"seed", "max_tokens"}  # nobody asked for logprobs: left None on every line
+    bare = json.loads(requests[1])["sampling_params"]
+    filled = openai_batch.filled_sampling_params(bare, fill, "batch.jsonl:2")
+    assert filled["max_tokens"] == openai_batch.UNBOUNDED_MAX_TOKENS and filled["logprobs"] is None
+    assert isinstance(filled["seed"], int) and filled == openai_batch.filled_sampling_params(bare, fill, "batch.jsonl:2")
+    assert filled["seed"] != openai_batch.filled_sampling_params(bare, fill, "batch.jsonl:3")["seed"]
+    kept = openai_batch.filled_sampling_params(json.loads(requests[0])["sampling_params"], fill, "batch.jsonl:1")
+    assert (kept["seed"], kept["max_tokens"]) == (5, 3)
+    assert openai_batch.filled_sampling_params(bare, frozenset({"logprobs"}), "s")["logprobs"] == 0
