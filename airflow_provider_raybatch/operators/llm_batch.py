@@ -40,6 +40,7 @@ from airflow_provider_raybatch.utils.layout import plan_layout
 from airflow_provider_raybatch.utils.packaging import build_package, build_py_module_package
 
 if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
@@ -119,6 +120,9 @@ class RayLLMBatchOperator(BaseOperator):
     :param poll_interval_seconds: Seconds between job status checks. Default 10.
     :param progress_interval_seconds: Least seconds between two progress lines in the task log
         (rows done / total, rows/s, output tokens/s, ETA). Default 60; 0 turns them off.
+
+    With the OpenLineage provider installed, the task reports ``input_uri`` and ``output_uri`` as its
+    input and output datasets, with the run's row counts (:mod:`airflow_provider_raybatch.lineage`).
     """
 
     template_fields: Sequence[str] = (
@@ -230,6 +234,8 @@ class RayLLMBatchOperator(BaseOperator):
         self.poll_interval_seconds = poll_interval_seconds
         self.progress_interval_seconds = progress_interval_seconds
         self.job_id: str | None = None
+        #: The committed run's manifest, once execute_complete has read it (for lineage).
+        self.manifest: dict[str, Any] | None = None  # Any: JSON values.
 
     @property
     def hook(self) -> RayHook:
@@ -423,7 +429,7 @@ class RayLLMBatchOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, str] | None = None) -> str:
         event = validate_event(event)
         hook = self.hook
-        job_id = event["job_id"]
+        job_id = self.job_id = event["job_id"]  # also for a failed task's lineage
         if event["status"] != "success":
             raise job_failed_error(event, hook.get_job_log_tail(job_id))
         manifest = manifest_from_log(hook.get_job_logs(job_id))
@@ -432,6 +438,7 @@ class RayLLMBatchOperator(BaseOperator):
                 {**event, "message": f"Ray job {job_id} succeeded but printed no run manifest."},
                 hook.get_job_log_tail(job_id),
             )
+        self.manifest = manifest
         ti = context["ti"]
         ti.xcom_push(key="job_id", value=job_id)
         ti.xcom_push(key="manifest", value=manifest)
@@ -463,3 +470,26 @@ class RayLLMBatchOperator(BaseOperator):
     def on_kill(self) -> None:
         if self.job_id:
             self._stop_job(self.hook, self.job_id)
+
+    # -- OpenLineage (called by the OpenLineage provider, when it is installed) ---------------------
+
+    def get_openlineage_facets_on_start(self) -> OperatorLineage:
+        """The datasets this task reads and writes, and what the batch does."""
+        return self._lineage()
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:  # Any: the TI.
+        """The datasets with this run's row counts and committed version, and the Ray job.
+
+        The provider calls it for a failed task too: the same datasets, without counts.
+        """
+        return self._lineage()
+
+    def _lineage(self) -> OperatorLineage:
+        # Imported here: the OpenLineage provider calls these methods only where it is installed.
+        from airflow_provider_raybatch.lineage import operator_lineage
+
+        try:
+            spec = self.build_spec()
+        except BatchSpecError:
+            spec = None  # the task fails on it anyway; the datasets can still be named
+        return operator_lineage(str(self.input_uri), str(self.output_uri), spec, self.manifest, self.job_id)

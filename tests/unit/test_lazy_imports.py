@@ -17,15 +17,26 @@ PROVIDER_MODULES = (
 )
 
 
-def test_provider_imports_no_heavy_modules() -> None:
+def _loaded_after_importing_the_provider(top_names: tuple[str, ...]) -> list[str]:
+    """The modules under ``top_names`` that importing the provider's modules loads, in a fresh interpreter."""
     code = (
         "import importlib, json, sys\n"
         f"for name in {PROVIDER_MODULES!r}: importlib.import_module(name)\n"
-        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {top_names!r})))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    assert loaded == []
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_provider_imports_no_heavy_modules() -> None:
+    assert _loaded_after_importing_the_provider(HEAVY) == []
+
+
+def test_provider_imports_no_openlineage_client() -> None:
+    # Airflow itself imports the OpenLineage provider's package info; the client and our lineage
+    # module are loaded only when the OpenLineage listener asks the operator for its lineage.
+    loaded = _loaded_after_importing_the_provider(("openlineage", "airflow_provider_raybatch"))
+    assert [m for m in loaded if m.startswith("openlineage") or m.endswith(".lineage")] == []
 
 
 def test_provider_info_is_registered_through_the_entry_point() -> None:

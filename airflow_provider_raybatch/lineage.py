@@ -1,0 +1,182 @@
+"""OpenLineage for RayLLMBatchOperator: the input and output datasets, their row counts and the Ray job.
+
+Only the operator's ``get_openlineage_facets_on_*`` methods import this module, and only the
+OpenLineage provider calls them, so importing the provider never loads openlineage.
+
+The output dataset is ``output_uri``, the location readers open (its ``manifest.json`` names the
+current version), not the version folder: each rerun of a date then updates one dataset with a new
+``version`` facet instead of creating another, and a symlink names the version's outputs folder.
+Nothing here carries engine arguments, the runtime_env or credentials.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from airflow.providers.openlineage.extractors import OperatorLineage
+from attrs import Factory, define
+from openlineage.client.generated.base import (
+    BaseFacet,
+    DatasetFacet,
+    InputDataset,
+    InputDatasetFacet,
+    JobFacet,
+    OutputDataset,
+    OutputDatasetFacet,
+    RunFacet,
+)
+from openlineage.client.generated.dataset_version_dataset import DatasetVersionDatasetFacet
+from openlineage.client.generated.external_query_run import ExternalQueryRunFacet
+from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
+from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
+from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
+
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+#: ExternalQueryRunFacet's ``source`` for a Ray job.
+RAY_SOURCE = "ray"
+#: Keys of the custom facets (prefixed, as OpenLineage asks of custom facets).
+JOB_FACET_KEY = "raybatch_job"
+RUN_FACET_KEY = "raybatch_run"
+
+
+def dataset_name(uri: str) -> tuple[str, str]:
+    """The OpenLineage (namespace, name) of a local path or ``s3://`` URI, per its naming conventions.
+
+    ``s3://bucket/key/`` -> (``s3://bucket``, ``key``); a local path -> (``file``, the path);
+    ``file://host/path`` -> (``file://host``, ``/path``). A folder's trailing slash is dropped so that
+    ``out/`` and ``out`` are one dataset.
+    """
+    if uri.startswith("s3://"):
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        return f"s3://{bucket}", key.rstrip("/") or "/"
+    if uri.startswith("file://"):
+        host, slash, path = uri.removeprefix("file://").partition("/")
+        return (f"file://{host}" if host else "file"), (slash + path).rstrip("/") or "/"
+    return "file", uri.rstrip("/") or "/"
+
+
+@define
+class RayBatchJobFacet(JobFacet):
+    """What the batch does: the model, the prompt and the sampling (no engine arguments or credentials)."""
+
+    model: str
+    inputFormat: str | None = None  # noqa: N815 - OpenLineage facets use camelCase
+    outputFormat: str | None = None  # noqa: N815
+    systemPrompt: str | None = None  # noqa: N815
+    userTemplate: str | None = None  # noqa: N815
+    messagesColumn: str | None = None  # noqa: N815
+    imageColumn: str | None = None  # noqa: N815
+    preprocess: str | None = None
+    postprocess: str | None = None
+    samplingParams: dict[str, Any] = Factory(dict)  # noqa: N815  # Any: vLLM SamplingParams values.
+
+    # Airflow's redactor hides values under key names such as "max_tokens" (it contains "token").
+    _additional_skip_redact: ClassVar[list[str]] = ["model", "samplingParams"]
+
+
+@define
+class RayBatchRunFacet(RunFacet):
+    """This run of the batch as its manifest records it: the Ray job, the version and the counts."""
+
+    jobId: str | None = None  # noqa: N815
+    specFingerprint: str | None = None  # noqa: N815
+    version: str | None = None
+    rowsIn: int | None = None  # noqa: N815
+    rowsOut: int | None = None  # noqa: N815
+    rowsFailed: int | None = None  # noqa: N815
+    rowsDuplicate: int | None = None  # noqa: N815
+    rowsResumed: int | None = None  # noqa: N815
+    tokensIn: int | None = None  # noqa: N815
+    tokensOut: int | None = None  # noqa: N815
+    wallSeconds: float | None = None  # noqa: N815
+    errorsByReason: dict[str, int] = Factory(dict)  # noqa: N815
+    versions: dict[str, str] = Factory(dict)
+
+    _additional_skip_redact: ClassVar[list[str]] = [
+        "jobId", "specFingerprint", "version", "tokensIn", "tokensOut", "versions",
+    ]  # fmt: skip
+
+
+def job_facet(spec: BatchInferenceSpec) -> RayBatchJobFacet:
+    return RayBatchJobFacet(
+        model=spec.model,
+        inputFormat=spec.input_format,
+        outputFormat=spec.output_format,
+        systemPrompt=spec.system_prompt,
+        userTemplate=spec.user_template,
+        messagesColumn=spec.messages_column,
+        imageColumn=spec.image_column,
+        preprocess=spec.preprocess,
+        postprocess=spec.postprocess,
+        samplingParams=dict(spec.sampling_params),
+    )
+
+
+def run_facet(manifest: dict[str, Any], job_id: str | None) -> RayBatchRunFacet:  # Any: JSON values.
+    return RayBatchRunFacet(
+        jobId=job_id,
+        specFingerprint=manifest.get("spec_fingerprint"),
+        version=manifest.get("version"),
+        rowsIn=manifest.get("rows_in"),
+        rowsOut=manifest.get("rows_out"),
+        rowsFailed=manifest.get("rows_failed"),
+        rowsDuplicate=manifest.get("rows_duplicate"),
+        rowsResumed=manifest.get("rows_resumed"),
+        tokensIn=manifest.get("tokens_in"),
+        tokensOut=manifest.get("tokens_out"),
+        wallSeconds=manifest.get("wall_seconds"),
+        errorsByReason=dict(manifest.get("errors_by_reason") or {}),
+        versions=dict(manifest.get("versions") or {}),
+    )
+
+
+def operator_lineage(
+    input_uri: str,
+    output_uri: str,
+    spec: BatchInferenceSpec | None = None,
+    manifest: dict[str, Any] | None = None,  # Any: JSON values.
+    job_id: str | None = None,
+) -> OperatorLineage:
+    """The task's lineage: before the run (no manifest) the datasets it reads and writes; after a
+    committed run also their row counts, the committed version and the Ray job.
+
+    :param spec: the validated spec, for the job facet; None leaves the facet out.
+    :param manifest: the run manifest the job printed; None before or without a committed run.
+    :param job_id: the Ray job's submission id, as ``externalQuery``.
+    """
+    manifest = manifest or {}
+    input_namespace, input_name = dataset_name(input_uri)
+    output_namespace, output_name = dataset_name(output_uri)
+    input_facets: dict[str, InputDatasetFacet] = {}
+    output_facets: dict[str, OutputDatasetFacet] = {}
+    output_dataset_facets: dict[str, DatasetFacet] = {}
+    if manifest.get("rows_in") is not None:
+        input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(rowCount=manifest["rows_in"])
+    if manifest.get("rows_out") is not None:
+        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=manifest["rows_out"])
+    if manifest.get("version"):
+        output_dataset_facets["version"] = DatasetVersionDatasetFacet(datasetVersion=str(manifest["version"]))
+    if manifest.get("outputs_uri"):
+        namespace, name = dataset_name(str(manifest["outputs_uri"]))
+        output_dataset_facets["symlinks"] = SymlinksDatasetFacet(
+            identifiers=[Identifier(namespace=namespace, name=name, type="LOCATION")]
+        )
+    run_facets: dict[str, BaseFacet] = {}
+    if job_id:
+        run_facets["externalQuery"] = ExternalQueryRunFacet(externalQueryId=job_id, source=RAY_SOURCE)
+    if manifest:
+        run_facets[RUN_FACET_KEY] = run_facet(manifest, job_id)
+    return OperatorLineage(
+        inputs=[InputDataset(namespace=input_namespace, name=input_name, inputFacets=input_facets)],
+        outputs=[
+            OutputDataset(
+                namespace=output_namespace,
+                name=output_name,
+                facets=output_dataset_facets,
+                outputFacets=output_facets,
+            )
+        ],
+        run_facets=run_facets,
+        job_facets={JOB_FACET_KEY: job_facet(spec)} if spec is not None else {},
+    )
