@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -29,11 +30,22 @@ def _conf(model: Path, data_root: Path) -> dict:
     }
 
 
-def test_daily_dag_classifies_every_customer(airflow_env, tiny_model, tmp_path) -> None:
+def _task_events(lineage_file: Path, job_name: str) -> dict[str, dict]:
+    """The OpenLineage events the file transport wrote for one job (``<dag>.<task>``), by type."""
+    events = [json.loads(line) for line in lineage_file.read_text().splitlines() if line.strip()]
+    return {event["eventType"]: event for event in events if event["job"]["name"] == job_name}
+
+
+def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_model, tmp_path) -> None:
     day, rows = "2026-11-19", 200
     write_customers_csv(tmp_path / "customers" / day / "customers.csv", day, rows)
+    # The OpenLineage provider is on for this run, writing its events to a file.
+    lineage_file = tmp_path / "openlineage.jsonl"
+    transport = {"type": "file", "log_file_path": str(lineage_file), "append": True}
 
-    result = airflow_env.dags_test(DAG_ID, day, _conf(tiny_model, tmp_path))
+    result = airflow_env.with_env(AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps(transport)).dags_test(
+        DAG_ID, day, _conf(tiny_model, tmp_path)
+    )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     assert "state=success" in log, log[-4000:]
@@ -57,6 +69,29 @@ def test_daily_dag_classifies_every_customer(airflow_env, tiny_model, tmp_path) 
     assert {row["generated_text"] for row in outputs} <= set(INDUSTRIES)
     for industry, count in manifest["generated_text_counts"].items():
         assert f"industry {industry}" in log and str(count) in log
+
+    # Lineage: the input file and the output folder, with this run's row counts and version.
+    events = _task_events(lineage_file, f"{DAG_ID}.classify_industry")
+    assert {"START", "COMPLETE"} <= set(events), sorted(events)
+    complete = events["COMPLETE"]
+    (dataset_in,) = complete["inputs"]
+    (dataset_out,) = complete["outputs"]
+    input_path = str(tmp_path / "customers" / day / "customers.csv")
+    assert (dataset_in["namespace"], dataset_in["name"]) == ("file", input_path)
+    assert dataset_in["inputFacets"]["inputStatistics"]["rowCount"] == rows
+    assert (dataset_out["namespace"], dataset_out["name"]) == ("file", output_uri)
+    assert dataset_out["outputFacets"]["outputStatistics"]["rowCount"] == rows
+    assert dataset_out["facets"]["version"]["datasetVersion"] == manifest["version"]
+    assert dataset_out["facets"]["symlinks"]["identifiers"][0]["name"] == manifest["outputs_uri"]
+    run_facets = complete["run"]["facets"]
+    assert run_facets["externalQuery"]["externalQueryId"] == xcoms[("classify_industry", "job_id")]
+    assert run_facets["raybatch_run"]["rowsIn"] == rows
+    assert complete["job"]["facets"]["raybatch_job"]["model"] == str(tiny_model)
+    start = events["START"]
+    assert [(d["namespace"], d["name"]) for d in start["inputs"] + start["outputs"]] == [
+        ("file", input_path), ("file", output_uri),
+    ]  # fmt: skip
+    assert ray_cluster.token not in lineage_file.read_text()
 
 
 def test_missing_model_fails_the_task_with_a_clear_message(airflow_env, tmp_path) -> None:
