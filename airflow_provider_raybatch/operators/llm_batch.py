@@ -354,18 +354,30 @@ class RayLLMBatchOperator(BaseOperator):
             self.job_id = previous.job_id
         else:
             # A failed or stopped earlier job left its finished rows in staging: the new job resumes.
-            self.job_id = self._submit(hook, spec, task_try)
-            store = context.get("task_state_store")
-            if store is not None:
-                store.set(JOB_ID_STATE_KEY, self.job_id)
+            self.job_id = self._submit_and_record(hook, spec, task_try, context)
+        return self._wait(context, hook, self.job_id)
+
+    def _submit_and_record(
+        self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, context: Context
+    ) -> str:
+        """Submit, and keep the job id in the task state store (where Airflow has one) for later tries."""
+        job_id = self._submit(hook, spec, task_try)
+        store = context.get("task_state_store")
+        if store is not None:
+            store.set(JOB_ID_STATE_KEY, job_id)
+        return job_id
+
+    def _wait(self, context: Context, hook: RayHook, job_id: str) -> str:
+        """Wait for the job: defer (default), or poll in the worker; then finish as it ended."""
         # Record the job id the instant it exists so it can be stopped or found even if the worker dies.
-        ti.xcom_push(key=JOB_ID_XCOM_KEY, value=self.job_id)
+        ti = context["ti"]
+        ti.xcom_push(key=JOB_ID_XCOM_KEY, value=job_id)
         ti.xcom_push(key=DASHBOARD_URL_XCOM_KEY, value=hook.dashboard_url)  # for the "Ray job" link
         if self.deferrable:
             timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
             self.defer(
                 trigger=RayJobTrigger(
-                    job_id=self.job_id,
+                    job_id=job_id,
                     ray_conn_id=self.ray_conn_id,
                     poll_interval_seconds=self.poll_interval_seconds,
                     timeout_seconds=timeout,
@@ -374,7 +386,7 @@ class RayLLMBatchOperator(BaseOperator):
                 method_name="execute_complete",
                 timeout=None if timeout is None else timedelta(seconds=timeout + 60),
             )
-        return self.execute_complete(context, self._wait_in_worker(hook, self.job_id))
+        return self.execute_complete(context, self._wait_in_worker(hook, job_id))
 
     def _previous_job(self, hook: RayHook, task_try: TaskTry, context: Context) -> JobInfo | None:
         """The newest Ray job of this logical run (any earlier try, or this one), if there is one.
@@ -430,6 +442,16 @@ class RayLLMBatchOperator(BaseOperator):
         event = validate_event(event)
         hook = self.hook
         job_id = self.job_id = event["job_id"]  # also for a failed task's lineage
+        if event["status"] == "cancelled" and self._was_an_earlier_tries_job(hook, job_id, context):
+            # This try attached to a job whose own try was cleared or marked failed just before: that
+            # try's cleanup stopped the job under us. Run again; the new job resumes from staging.
+            self.log.warning("Ray job %s of an earlier try was stopped while this try waited on it; "
+                             "submitting a new job, which resumes from the rows it staged.", job_id)  # fmt: skip
+            ti = context["ti"]
+            task_try = TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number)
+            spec = self.build_spec(run_key=task_try.run_key())
+            self.job_id = self._submit_and_record(hook, spec, task_try, context)
+            return self._wait(context, hook, self.job_id)
         if event["status"] != "success":
             raise job_failed_error(event, hook.get_job_log_tail(job_id))
         manifest = manifest_from_log(hook.get_job_logs(job_id))
@@ -450,6 +472,13 @@ class RayLLMBatchOperator(BaseOperator):
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"], manifest["output_uri"],
         )  # fmt: skip
         return manifest["output_uri"]
+
+    @staticmethod
+    def _was_an_earlier_tries_job(hook: RayHook, job_id: str, context: Context) -> bool:
+        try:
+            return _try_number(hook.get_job_info(job_id)) < context["ti"].try_number
+        except RayJobNotFoundError:
+            return False
 
     def _stop_job(self, hook: RayHook, job_id: str, wait_seconds: float = 0) -> None:
         """Stop a job if it still runs; with ``wait_seconds``, also wait (bounded) until it has ended.

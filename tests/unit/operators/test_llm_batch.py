@@ -530,6 +530,36 @@ def test_execute_attaches_to_an_unfinished_job_of_an_earlier_try(
     assert store.sets == []
 
 
+def test_a_job_stopped_under_a_later_try_is_run_again(ray_conn: str, cluster: FakeCluster) -> None:
+    """Cleared while deferred: the new try may attach before the old try's cleanup has stopped the
+    job. When that stop lands, the new try submits a job of its own (which resumes), not fail."""
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "STOPPED")  # as it is by the time the trigger reports it
+    store = FakeStateStore()
+    op = make_operator(ray_conn_id=ray_conn)
+    stopped = job_event("cancelled", previous, f"Ray job {previous} finished: STOPPED.", "stopped")
+
+    with pytest.raises(TaskDeferred) as info:
+        op.execute_complete({"ti": ti, "task_state_store": store}, stopped)
+
+    [body] = cluster.submitted()
+    assert body["submission_id"] == task_try_of(ti).submission_id()
+    assert info.value.trigger.serialize()[1]["job_id"] == op.job_id == body["submission_id"]
+    assert store.sets == [(JOB_ID_STATE_KEY, body["submission_id"])]
+    assert ti.xcoms["job_id"] == body["submission_id"]
+
+
+def test_this_tries_own_stopped_job_fails_the_task(ray_conn: str, cluster: FakeCluster) -> None:
+    ti = retry_ti(2)
+    own = cluster.add_try(ti, 2, "STOPPED")
+    stopped = job_event("cancelled", own, f"Ray job {own} finished: STOPPED.", "stopped")
+
+    with pytest.raises(RayJobFailedError):
+        make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, stopped)
+
+    assert not cluster.submit.called
+
+
 def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: FakeCluster) -> None:
     ti = retry_ti(2)
     manifest = {**MANIFEST, "output_uri": "s3://b/out/"}
