@@ -9,6 +9,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 PY=$ROOT/.venvs/airflow/bin/python
+# Measure this checkout's provider, not whichever checkout the venv has installed (editable).
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 LOCK=/tmp/raybatch-ray.lock
 what=${1:-compare}
 shift || true

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -45,6 +46,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(1, str(ROOT))  # this checkout's provider, even where another one is installed editable
 
 from cluster import LocalCluster  # noqa: E402
 
@@ -71,7 +73,16 @@ class Probe:
         self.calls: list[float] = []
         self.call_errors = 0
         self.events: list[tuple[float, dict[str, Any]]] = []  # Any: event payloads.
+        self.gc_pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._gc_started = 0.0
         self.stop = False
+
+    def gc_callback(self, phase: str, info: dict[str, int]) -> None:
+        """Time each garbage collection (a diagnostic: a full collection stalls the loop too)."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_pauses[info["generation"]].append(time.perf_counter() - self._gc_started)
 
     async def ticker(self) -> None:
         while not self.stop:
@@ -153,12 +164,15 @@ async def window(
     delays = [rng.uniform(0, poll) if start == "spread" else 0.0 for _ in triggers]
     helpers = [asyncio.create_task(probe.ticker()), asyncio.create_task(probe.watchdog())]
     await asyncio.sleep(0.5)  # the ticker's baseline before the triggers start
+    load_1m = os.getloadavg()[0]
+    gc.callbacks.append(probe.gc_callback)
     cpu0, dash0, t0 = _process_cpu_seconds(), _dashboard_cpu_seconds(), time.monotonic()
     tasks = [asyncio.create_task(run_trigger(t, d, probe)) for t, d in zip(triggers, delays, strict=True)]
     await asyncio.sleep(seconds)
     wall = time.monotonic() - t0
     cpu, dash = _process_cpu_seconds() - cpu0, _dashboard_cpu_seconds() - dash0
     probe.stop = True
+    gc.callbacks.remove(probe.gc_callback)
     for task in tasks:
         task.cancel()  # as the triggerer does on shutdown: not on_kill
     await asyncio.gather(*tasks, *helpers, return_exceptions=True)
@@ -184,6 +198,9 @@ async def window(
         "events": len(probe.events),
         "event_statuses": sorted({e["termination_reason"] for _, e in probe.events}),
         "_event_times": [(t, e["job_id"]) for t, e in probe.events],
+        "load_avg_1m_at_window_start": load_1m,
+        "gc_collections": {str(g): len(p) for g, p in probe.gc_pauses.items()},
+        "gc_max_pause_ms": {str(g): 1000 * max(p, default=0) for g, p in probe.gc_pauses.items()},
     }
 
 
@@ -224,6 +241,43 @@ def _cached_ssl(enabled: bool) -> None:
     RayConnectionSettings.client_kwargs = client_kwargs  # type: ignore[method-assign]
 
 
+def _machine(load_at_start: tuple[float, float, float]) -> dict[str, Any]:  # Any: JSON values.
+    import platform
+
+    cpu_model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "python": platform.python_version(),
+        "load_avg_at_start": load_at_start,
+        "load_avg_at_end": os.getloadavg(),
+    }
+
+
+def _code() -> dict[str, Any]:  # Any: JSON values.
+    """Which provider was measured: its path and the checkout's commit (+ whether it had edits)."""
+    import subprocess
+
+    import airflow_provider_raybatch
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {
+        "provider_path": str(Path(airflow_provider_raybatch.__file__).parent),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "uncommitted_paths": git("status", "--porcelain").splitlines(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--triggers", type=int, default=500)
@@ -242,6 +296,7 @@ def main() -> None:
     def say(message: str) -> None:
         print(f"[bench {datetime.now():%H:%M:%S}] {message}", file=terminal, flush=True)
 
+    load_at_start = os.getloadavg()
     with LocalCluster(args.state / "ray-triggerer") as cluster:
         os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = cluster.connection_json()
         from airflow_provider_raybatch.hooks.ray import RayHook
@@ -309,6 +364,7 @@ def main() -> None:
         ("API errors", "api_errors", "{:d}", ""),
         ("events fired (2 jobs x 100 triggers end in the window)", "events", "{:d}", "200"),
         ("triggers", "triggers", "{:d}", ""),
+        ("1-min load average at window start", "load_avg_1m_at_window_start", "{:.2f}", ""),
         ("event delay after job end, mean / max s", None, "", "<= poll"),
     ]
     lines = [
@@ -333,7 +389,8 @@ def main() -> None:
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
-        "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]},
+        "machine": _machine(load_at_start),
+        "code": _code(),
         "results": results,
         "table": "\n".join(lines),
     }
