@@ -7,11 +7,14 @@ response parsing, error translation).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import functools
+import http.cookiejar
 import json
 import os
 import ssl
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -148,13 +151,74 @@ class RayConnectionSettings:
         )
 
     def client_kwargs(self) -> dict[str, Any]:  # Any: httpx keyword arguments.
+        # The connection's cookies only: a client is shared by many calls (see _async_client), and
+        # one answer's Set-Cookie must not ride along on the next call, as with a client per call.
+        jar = http.cookiejar.CookieJar(policy=_KeepNoCookies())
+        cookies = httpx.Cookies(jar)
+        for name, value in self.cookies.items():
+            cookies.set(name, value)
         return {
             "base_url": self.base_url,
             "headers": self.headers,
-            "cookies": self.cookies,
+            "cookies": jar,
             "verify": _ssl_context(self.verify),
             "timeout": self.timeout_seconds,
         }
+
+    def client_key(self) -> tuple[Any, ...]:  # Any: hashable settings.
+        """What tells two settings' clients apart (the token is in ``headers``)."""
+        return (
+            self.base_url,
+            tuple(sorted(self.headers.items())),
+            tuple(sorted(self.cookies.items())),
+            self.verify,
+            self.timeout_seconds,
+        )
+
+
+class _KeepNoCookies(http.cookiejar.DefaultCookiePolicy):
+    """Send the cookies a client was made with; keep none that an answer sets."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:  # Any: urllib's request.
+        return False
+
+
+#: Most calls one shared async client has on the wire at once; the rest wait their turn.
+MAX_CONCURRENT_ASYNC_CALLS = 8
+
+
+@dataclass(frozen=True)
+class _SharedAsyncClient:
+    client: httpx.AsyncClient
+    # httpx's pool rescans every queued request and connection at each start and end of a call,
+    # so a queue of hundreds (a triggerer restart) costs seconds of CPU; calls queue here instead.
+    slots: asyncio.Semaphore
+
+
+#: One async client per event loop and connection settings, shared by every hook in the process.
+_ASYNC_CLIENTS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[Any, ...], _SharedAsyncClient]  # Any: hashable settings.
+] = weakref.WeakKeyDictionary()
+
+
+def _async_client(settings: RayConnectionSettings) -> _SharedAsyncClient:
+    """The running loop's client for these settings, made on first use.
+
+    A triggerer runs hundreds of triggers in one event loop, each polling every few seconds. A client
+    per call opened (and closed) a TCP connection per call, and built the client each time: most of
+    the triggerer's CPU (bench/RESULTS.md, section 3). A shared client keeps a few connections alive
+    and reuses them. It belongs to the loop that made it: httpx's connections cannot move between loops.
+    """
+    clients = _ASYNC_CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    key = settings.client_key()
+    shared = clients.get(key)
+    if shared is None or shared.client.is_closed:
+        limits = httpx.Limits(
+            max_connections=MAX_CONCURRENT_ASYNC_CALLS, max_keepalive_connections=MAX_CONCURRENT_ASYNC_CALLS
+        )
+        client = httpx.AsyncClient(**settings.client_kwargs(), limits=limits)
+        shared = clients[key] = _SharedAsyncClient(client, asyncio.Semaphore(MAX_CONCURRENT_ASYNC_CALLS))
+    return shared
 
 
 @functools.lru_cache(maxsize=16)
@@ -381,9 +445,10 @@ class RayHook(BaseHook):
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     async def _a_send_once(self, request: _Request, settings: RayConnectionSettings) -> httpx.Response:
+        shared = _async_client(settings)
         try:
-            async with httpx.AsyncClient(**settings.client_kwargs()) as client:
-                response = await client.request(
+            async with shared.slots:
+                response = await shared.client.request(
                     request.method, request.path, json=request.json, content=request.content
                 )
         except httpx.HTTPError as err:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -11,6 +13,7 @@ import pytest
 import respx
 from airflow.sdk import Connection
 
+import airflow_provider_raybatch.hooks.ray as ray_hook_module
 from airflow_provider_raybatch.exceptions import (
     RayAuthError,
     RayHookError,
@@ -107,7 +110,8 @@ def test_cookies_and_timeout_from_extra() -> None:
     assert settings.timeout_seconds == 7.5
     kwargs = settings.client_kwargs()
     assert kwargs.pop("verify").verify_mode == ssl.CERT_REQUIRED  # a shared context (test_retries.py)
-    assert kwargs == {"base_url": "http://ray.test:8265", "headers": {}, "cookies": {"session": "1"}, "timeout": 7.5}
+    assert dict(httpx.Cookies(kwargs.pop("cookies"))) == {"session": "1"}
+    assert kwargs == {"base_url": "http://ray.test:8265", "headers": {}, "timeout": 7.5}
 
 
 def test_hook_reads_its_airflow_connection(
@@ -461,6 +465,59 @@ async def test_async_settings_from_the_airflow_connection(
 
     assert status == JobStatus.SUCCEEDED
     assert route.calls.last.request.headers["Authorization"] == f"Bearer {RAY_TOKEN}"
+
+
+async def test_async_calls_share_one_client_per_loop_and_settings(
+    hook: RayHook, ray_api: respx.MockRouter, job_payload: Any
+) -> None:
+    ray_api.get("/api/jobs/j1").respond(json=job_payload("j1", "RUNNING"))
+    other = RayHook(ray_conn_id="unused")
+    other._settings = hook.settings
+    stranger = RayHook(ray_conn_id="unused")
+    stranger._settings = replace(hook.settings, headers={"Authorization": "Bearer another-token"})
+
+    await hook.a_get_job_info("j1")
+    await other.a_get_job_info("j1")
+    await stranger.a_get_job_info("j1")
+
+    clients = ray_hook_module._ASYNC_CLIENTS[asyncio.get_running_loop()]
+    assert set(clients) == {hook.settings.client_key(), stranger.settings.client_key()}
+
+
+async def test_async_calls_beyond_the_limit_wait_their_turn(
+    hook: RayHook, ray_api: respx.MockRouter, job_payload: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ray_hook_module, "MAX_CONCURRENT_ASYNC_CALLS", 2)
+    in_flight, most = 0, 0
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return httpx.Response(200, json=job_payload("j1", "RUNNING"))
+
+    ray_api.get("/api/jobs/j1").mock(side_effect=answer)
+
+    infos = await asyncio.gather(*(hook.a_get_job_info("j1") for _ in range(6)))
+
+    assert [info.status for info in infos] == [JobStatus.RUNNING] * 6
+    assert most == 2
+
+
+async def test_shared_client_keeps_no_cookie_an_answer_sets(
+    hook: RayHook, ray_api: respx.MockRouter, job_payload: Any
+) -> None:
+    hook._settings = replace(hook.settings, cookies={"affinity": "a1"})
+    route = ray_api.get("/api/jobs/j1").respond(
+        json=job_payload("j1", "RUNNING"), headers={"Set-Cookie": "session=from-answer; Path=/"}
+    )
+
+    await hook.a_get_job_info("j1")
+    await hook.a_get_job_info("j1")
+
+    assert route.calls.last.request.headers["Cookie"] == "affinity=a1"
 
 
 # -- test_connection ----------------------------------------------------------------------------
