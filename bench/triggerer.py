@@ -201,6 +201,7 @@ async def window(
         "load_avg_1m_at_window_start": load_1m,
         "gc_collections": {str(g): len(p) for g, p in probe.gc_pauses.items()},
         "gc_max_pause_ms": {str(g): 1000 * max(p, default=0) for g, p in probe.gc_pauses.items()},
+        "gc_total_ms": {str(g): 1000 * sum(p) for g, p in probe.gc_pauses.items()},
     }
 
 
