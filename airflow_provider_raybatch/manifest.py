@@ -27,13 +27,17 @@ def progress_log_line(progress: dict[str, Any]) -> str:  # Any: JSON values.
 
 
 def _last_marked(log: str, marker: str) -> dict[str, Any] | None:  # Any: JSON values.
-    for line in reversed(log.splitlines()):
-        _, found, payload = line.partition(marker)
-        if found:
-            try:
-                return json.loads(payload)
-            except json.JSONDecodeError:
-                continue  # a line cut short in the log; an earlier complete one may follow
+    # Searched from the end, not split into lines: the trigger reads a whole driver log (hundreds of
+    # KiB) for each progress line, hundreds of triggers per triggerer (bench/RESULTS.md, section 3).
+    end = len(log)
+    while (start := log.rfind(marker, 0, end)) >= 0:
+        line_end = log.find("\n", start)
+        # The rest of the marker's line; splitlines() also ends it at "\r" and the like, as before.
+        payload = log[start + len(marker) : None if line_end < 0 else line_end].splitlines()
+        try:
+            return json.loads(payload[0] if payload else "")
+        except json.JSONDecodeError:
+            end = start  # a line cut short in the log; an earlier complete one may follow
     return None
 
 
