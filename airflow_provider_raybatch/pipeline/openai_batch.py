@@ -93,7 +93,9 @@ def parse_request(
         raise RequestError("invalid request", "body must be a JSON object", "body")
     unknown = sorted(set(body) - _HONOURED_FIELDS[endpoint] - _IGNORED_FIELDS)
     if unknown:
-        raise RequestError("unsupported parameter", f"body.{unknown[0]} is not supported", f"body.{unknown[0]}")
+        raise RequestError(
+            "unsupported parameter", f"body.{unknown[0]} is not supported", f"body.{unknown[0]}"
+        )
     if body.get("stream"):
         raise RequestError("unsupported parameter", "body.stream must be false in a batch", "body.stream")
     if endpoint == EMBEDDINGS:
@@ -115,7 +117,9 @@ def _chat_messages(messages: Any) -> list[dict[str, Any]]:  # Any: JSON values.
         raise RequestError("invalid request", "body.messages must be a non-empty list", "body.messages")
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError("invalid request", f"body.messages[{index}] needs a role", f"body.messages[{index}]")
+            raise RequestError(
+                "invalid request", f"body.messages[{index}] needs a role", f"body.messages[{index}]"
+            )
         content = message.get("content")
         if isinstance(content, list):
             kinds = {part.get("type") for part in content if isinstance(part, dict)}
@@ -127,7 +131,9 @@ def _chat_messages(messages: Any) -> list[dict[str, Any]]:  # Any: JSON values.
                 )
         elif not isinstance(content, str):
             raise RequestError(
-                "invalid request", f"body.messages[{index}].content must be text", f"body.messages[{index}].content"
+                "invalid request",
+                f"body.messages[{index}].content must be text",
+                f"body.messages[{index}].content",
             )
     if not any(_text_of(message["content"]).strip() for message in messages):
         raise RequestError("empty prompt", "every message of body.messages is empty", "body.messages")
@@ -172,7 +178,9 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> floa
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise RequestError("invalid request", f"body.{name}={value!r} must be a number in [{low}, {high}]", f"body.{name}")
+        raise RequestError(
+            "invalid request", f"body.{name}={value!r} must be a number in [{low}, {high}]", f"body.{name}"
+        )
     return float(value)
 
 
@@ -181,7 +189,9 @@ def _integer(body: Mapping[str, Any], name: str, low: int) -> int | None:  # Any
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise RequestError("invalid request", f"body.{name}={value!r} must be an integer >= {low}", f"body.{name}")
+        raise RequestError(
+            "invalid request", f"body.{name}={value!r} must be an integer >= {low}", f"body.{name}"
+        )
     return value
 
 
@@ -192,7 +202,9 @@ def _sampling_params(
     the lines of one block share a schema on their way through Ray Data."""
     n = _integer(body, "n", 1)
     if n not in (None, 1):
-        raise RequestError("unsupported parameter", f"body.n={n}: one choice per line; send n lines", "body.n")
+        raise RequestError(
+            "unsupported parameter", f"body.n={n}: one choice per line; send n lines", "body.n"
+        )
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
@@ -203,15 +215,23 @@ def _sampling_params(
         raise RequestError("invalid request", "body.stop must be a string or a list of strings", "body.stop")
     params = {
         **defaults,
-        "max_tokens": max_tokens if max_tokens is not None else defaults.get("max_tokens"),  # None: to max_model_len
+        "max_tokens": max_tokens
+        if max_tokens is not None
+        else defaults.get("max_tokens"),  # None: to max_model_len
         "temperature": _first(_number(body, "temperature", 0, 2), defaults.get("temperature"), 1.0),
         "top_p": _first(_number(body, "top_p", 0, 1), defaults.get("top_p"), 1.0),
-        "presence_penalty": _first(_number(body, "presence_penalty", -2, 2), defaults.get("presence_penalty"), 0.0),
-        "frequency_penalty": _first(_number(body, "frequency_penalty", -2, 2), defaults.get("frequency_penalty"), 0.0),
+        "presence_penalty": _first(
+            _number(body, "presence_penalty", -2, 2), defaults.get("presence_penalty"), 0.0
+        ),
+        "frequency_penalty": _first(
+            _number(body, "frequency_penalty", -2, 2), defaults.get("frequency_penalty"), 0.0
+        ),
         "stop": stop if stop is not None else defaults.get("stop"),
         "seed": _first(_integer(body, "seed", 0), defaults.get("seed")),
         "logprobs": _logprobs(body, endpoint),
-        "structured_outputs": _structured_outputs(body.get("response_format"), defaults.get("structured_outputs")),
+        "structured_outputs": _structured_outputs(
+            body.get("response_format"), defaults.get("structured_outputs")
+        ),
     }
     return params
 
@@ -227,7 +247,9 @@ def _logprobs(body: Mapping[str, Any], endpoint: str) -> int | None:  # Any: JSO
     top = _integer(body, "top_logprobs", 0)
     if body.get("logprobs") in (None, False):
         if top:
-            raise RequestError("invalid request", "body.top_logprobs needs body.logprobs=true", "body.top_logprobs")
+            raise RequestError(
+                "invalid request", "body.top_logprobs needs body.logprobs=true", "body.top_logprobs"
+            )
         return None
     if body["logprobs"] is not True:
         raise RequestError("invalid request", "body.logprobs must be true or false", "body.logprobs")
@@ -239,8 +261,9 @@ def _structured_outputs(
 ) -> dict[str, Any] | None:  # Any: JSON values.
     """vLLM structured outputs from OpenAI's ``response_format``: a JSON schema, or any JSON object.
 
-    JSON comes out compact (vLLM's ``disable_any_whitespace``): a grammar that allows whitespace
-    anywhere lets a weak model pad until max_tokens, leaving a cut-off answer.
+    For compact JSON (a grammar that allows whitespace anywhere lets a weak model pad until
+    max_tokens), set the engine's ``structured_outputs_config`` to ``{"backend": "xgrammar",
+    "disable_any_whitespace": True}``: vLLM takes it per engine, not per request.
     """
     if response_format is None:
         return dict(default) if default else None
@@ -248,7 +271,7 @@ def _structured_outputs(
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"json_object": True, "disable_any_whitespace": True}
+        return {"json_object": True}
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
@@ -256,10 +279,8 @@ def _structured_outputs(
                 "invalid request", "body.response_format.json_schema.schema must be an object",
                 "body.response_format.json_schema.schema",
             )  # fmt: skip
-        return {"json": json.dumps(schema), "disable_any_whitespace": True}
-    raise RequestError(
-        "unsupported parameter", f"body.response_format type {kind!r}", "body.response_format"
-    )
+        return {"json": json.dumps(schema)}
+    raise RequestError("unsupported parameter", f"body.response_format type {kind!r}", "body.response_format")
 
 
 def fields_to_fill(requests: Iterable[str | None]) -> frozenset[str]:
@@ -347,7 +368,9 @@ def response_line(
             choice["text"] = result["generated_text"]
             choice["logprobs"] = _completion_logprobs(logprobs) if logprobs is not None else None
             body = {"id": f"cmpl-{request_id[4:]}", "object": "text_completion"}
-        body.update(created=created, model=model, choices=[choice], usage=_usage(prompt_tokens, completion_tokens))
+        body.update(
+            created=created, model=model, choices=[choice], usage=_usage(prompt_tokens, completion_tokens)
+        )
     return {
         "id": _line_id(run_key, custom_id, str(result["source"])),
         "custom_id": custom_id,
@@ -399,7 +422,9 @@ def token_logprobs(
         steps.append({
             "token": str(chosen.get("decoded_token") or ""),
             "logprob": float(chosen["logprob"]),
-            "top": [{"token": str(e.get("decoded_token") or ""), "logprob": float(e["logprob"])} for e in ranked],
+            "top": [
+                {"token": str(e.get("decoded_token") or ""), "logprob": float(e["logprob"])} for e in ranked
+            ],
         })  # fmt: skip
     return steps
 
@@ -410,7 +435,10 @@ def _chat_logprobs(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # Any
 
     return {
         "content": [
-            {**entry(step["token"], step["logprob"]), "top_logprobs": [entry(t["token"], t["logprob"]) for t in step["top"]]}
+            {
+                **entry(step["token"], step["logprob"]),
+                "top_logprobs": [entry(t["token"], t["logprob"]) for t in step["top"]],
+            }
             for step in steps
         ]
     }

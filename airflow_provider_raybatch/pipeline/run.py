@@ -52,9 +52,8 @@ def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, 
     ``messages`` (JSON) is the chat built from a row; ``request`` (JSON) is an OpenAI batch line's
     engine request (:func:`.openai_batch.parse_request`). One of them is set on a good row.
     """
-    prepared = {
-        "id": record["source"], "source": record["source"], "row": record["row"], "messages": None, "request": None,
-    }  # fmt: skip
+    source = record["source"]
+    prepared = {"id": source, "source": source, "row": record["row"], "messages": None, "request": None}
     if record["error"] is not None:
         return {**prepared, "error": record["error"]}
     if spec.openai_endpoint is not None:
@@ -133,7 +132,10 @@ def _mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[
 
 
 def _engine_request(
-    row: dict[str, Any], sampling_params: dict[str, Any], with_images: bool, fill: frozenset[str] = frozenset()
+    row: dict[str, Any],
+    sampling_params: dict[str, Any],
+    with_images: bool,
+    fill: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:  # Any: row values and ray.data.llm's request fields.
     """The row as ray.data.llm's stages take it.
 
@@ -146,7 +148,8 @@ def _engine_request(
     if row["request"] is not None:  # an OpenAI batch line: its own prompt and sampling parameters
         request = json.loads(row["request"])
         if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
-            request["sampling_params"] = openai_batch.filled_sampling_params(request["sampling_params"], fill, row["source"])
+            params = request["sampling_params"]
+            request["sampling_params"] = openai_batch.filled_sampling_params(params, fill, row["source"])
         return {key: request[key] for key in ("messages", "prompt", "sampling_params") if key in request}
     messages = json.loads(row["messages"])
     if not with_images:
@@ -200,7 +203,8 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         try:
             output = _returned_row(_user_function(spec.postprocess)(output))
         except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
-            return _staged_error(row, f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}", spec)
+            reason = f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}"
+            return _staged_error(row, reason, spec)
     return {"source": row["source"], "ok": True, "record": row_to_json(output)}
 
 
@@ -312,6 +316,14 @@ def _processor(
     )
 
 
+def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[str]:
+    """For an OpenAI batch: the sampling fields to set on every line (openai_batch.NULLABLE_INT_FIELDS)."""
+    if spec.openai_endpoint is None:
+        return frozenset()
+    batches = accepted.select_columns(["request"]).iter_batches(batch_format="pyarrow", batch_size=65536)
+    return openai_batch.fields_to_fill(text for batch in batches for text in batch.column(0).to_pylist())
+
+
 def _versions() -> dict[str, str]:
     import ray
 
@@ -371,11 +383,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             # One block per engine batch: a file's rows arrive as one block, and a block is the unit
             # that flows downstream, so without this nothing reaches staging until the file is done.
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
-            fill = frozenset()
-            if spec.openai_endpoint is not None:
-                requests = accepted.select_columns(["request"]).iter_batches(batch_format="pyarrow", batch_size=65536)
-                fill = openai_batch.fields_to_fill(text for batch in requests for text in batch.column(0).to_pylist())
-            engine = _processor(spec, model_source, fill)
+            engine = _processor(spec, model_source, _fields_to_fill(accepted, spec))
             engine(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
     finally:
         progress.stop()

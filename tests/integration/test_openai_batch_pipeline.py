@@ -27,7 +27,9 @@ def request(custom_id: str, url: str, body: dict) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "tiny", **body}})
 
 
-def run_batch(tiny_model: Path, tmp_path: Path, endpoint: str, lines: list[str]) -> tuple[dict, list, list]:
+def run_batch(
+    tiny_model: Path, tmp_path: Path, endpoint: str, lines: list[str], **engine_kwargs
+) -> tuple[dict, list, list]:
     """Write ``lines`` as a batch file, run it, return (manifest, output lines, error lines)."""
     input_path = tmp_path / "in" / "batch.jsonl"
     input_path.parent.mkdir()
@@ -40,7 +42,7 @@ def run_batch(tiny_model: Path, tmp_path: Path, endpoint: str, lines: list[str])
         output_uri=output_uri,
         openai_endpoint=endpoint,
         sampling_params={"temperature": 0, "max_tokens": 8},
-        engine_kwargs=CPU_ENGINE_KWARGS,
+        engine_kwargs={**CPU_ENGINE_KWARGS, **engine_kwargs},
         replica_resources=CPU_REPLICA,
         batch_size=16,
     )
@@ -81,7 +83,9 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
         "plain-0": request("plain-0", CHAT, {"messages": [{"role": "user", "content": "again"}]}),  # duplicate
         None: '{"custom_id": "broken", "body": {',  # malformed: no custom_id can be read
     }
-    manifest, outputs, errors = run_batch(tiny_model, tmp_path, CHAT, good + list(bad.values()))
+    # Compact JSON: a random model in a grammar that allows whitespace pads with it until max_tokens.
+    compact_json = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+    manifest, outputs, errors = run_batch(tiny_model, tmp_path, CHAT, good + list(bad.values()), **compact_json)
 
     assert_counts_add_up(manifest, outputs, errors, len(good) + len(bad))
     by_id = {line["custom_id"]: line for line in outputs}

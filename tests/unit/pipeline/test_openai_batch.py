@@ -34,7 +34,7 @@ def test_chat_body_maps_to_vllm_sampling_params_over_the_operator_defaults() -> 
     assert request["messages"] == line["body"]["messages"]
     assert params == {
         "top_k": 5, "max_tokens": 12, "temperature": 0.5, "top_p": 0.9, "stop": ["END"], "seed": 7, "logprobs": 3,
-        "presence_penalty": 0.1, "frequency_penalty": 0.2, "structured_outputs": {"json": '{"type": "object"}', "disable_any_whitespace": True},
+        "presence_penalty": 0.1, "frequency_penalty": 0.2, "structured_outputs": {"json": '{"type": "object"}'},
     }  # fmt: skip
     assert request["meta"] == {"logprobs": True, "max_tokens": 12}
 
@@ -42,7 +42,9 @@ def test_chat_body_maps_to_vllm_sampling_params_over_the_operator_defaults() -> 
 def test_every_line_gets_the_same_sampling_keys() -> None:
     """Lines of one Ray block must share a schema: unset fields are None, not missing."""
     bare = openai_batch.parse_request(chat_line(), CHAT, {})["sampling_params"]
-    full = openai_batch.parse_request(chat_line(seed=1, stop=["x"], max_tokens=3), CHAT, {})["sampling_params"]
+    full = openai_batch.parse_request(chat_line(seed=1, stop=["x"], max_tokens=3), CHAT, {})[
+        "sampling_params"
+    ]
     assert set(bare) == set(full)
     assert bare["max_tokens"] is None  # vLLM then generates up to max_model_len, as OpenAI does
     assert bare["temperature"] == 1.0 and bare["structured_outputs"] is None
@@ -53,20 +55,35 @@ def test_every_line_gets_the_same_sampling_keys() -> None:
     [
         pytest.param({**chat_line(), "url": "/v1/responses"}, "unsupported url", "url", id="other-url"),
         pytest.param({**chat_line(), "method": "GET"}, "unsupported method", "method", id="get"),
-        pytest.param(chat_line(tools=[{"type": "function"}]), "unsupported parameter", "body.tools", id="tools"),
+        pytest.param(
+            chat_line(tools=[{"type": "function"}]), "unsupported parameter", "body.tools", id="tools"
+        ),
         pytest.param(chat_line(n=2), "unsupported parameter", "body.n", id="n-2"),
         pytest.param(chat_line(temperature=3), "invalid request", "body.temperature", id="temperature"),
-        pytest.param(chat_line(top_logprobs=2), "invalid request", "body.top_logprobs", id="top-without-logprobs"),
-        pytest.param(chat_line(messages=[]), "invalid request", "body.messages", id="no-messages"),
-        pytest.param(chat_line(messages=[{"role": "user", "content": " "}]), "empty prompt", "body.messages", id="empty"),
         pytest.param(
-            chat_line(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
-            "unsupported parameter", "body.messages[0].content", id="image-part",
+            chat_line(top_logprobs=2), "invalid request", "body.top_logprobs", id="top-without-logprobs"
+        ),
+        pytest.param(chat_line(messages=[]), "invalid request", "body.messages", id="no-messages"),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": " "}]),
+            "empty prompt",
+            "body.messages",
+            id="empty",
+        ),
+        pytest.param(
+            chat_line(
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+            ),
+            "unsupported parameter",
+            "body.messages[0].content",
+            id="image-part",
         ),  # fmt: skip
         pytest.param({**chat_line(), "custom_id": ""}, "missing id", "custom_id", id="no-custom-id"),
         pytest.param(
             chat_line(response_format={"type": "json_schema", "json_schema": {}}),
-            "invalid request", "body.response_format.json_schema.schema", id="schema-missing",
+            "invalid request",
+            "body.response_format.json_schema.schema",
+            id="schema-missing",
         ),  # fmt: skip
     ],
 )
@@ -78,7 +95,12 @@ def test_a_line_that_cannot_be_served_names_the_field(line: dict, kind: str, par
 
 
 def test_completions_take_a_prompt_and_integer_logprobs() -> None:
-    line = {"custom_id": "c", "url": COMPLETIONS, "method": "POST", "body": {"prompt": ["Once"], "logprobs": 2}}
+    line = {
+        "custom_id": "c",
+        "url": COMPLETIONS,
+        "method": "POST",
+        "body": {"prompt": ["Once"], "logprobs": 2},
+    }
     request = openai_batch.parse_request(line, COMPLETIONS, {})
     assert request["prompt"] == "Once" and "messages" not in request
     assert request["sampling_params"]["logprobs"] == 2
@@ -86,14 +108,23 @@ def test_completions_take_a_prompt_and_integer_logprobs() -> None:
 
 def test_embeddings_take_one_input_and_no_sampling() -> None:
     line = {"custom_id": "e", "url": EMBEDDINGS, "method": "POST", "body": {"input": "text", "model": "m"}}
-    assert openai_batch.parse_request(line, EMBEDDINGS, {}) == {"prompt": "text", "meta": {"encoding_format": "float"}}
+    assert openai_batch.parse_request(line, EMBEDDINGS, {}) == {
+        "prompt": "text",
+        "meta": {"encoding_format": "float"},
+    }
     many = {**line, "body": {"input": ["a", "b"]}}
     with pytest.raises(RequestError, match="one embedding per line"):
         openai_batch.parse_request(many, EMBEDDINGS, {})
 
 
 def engine_row(request: dict, **fields) -> dict:
-    return {"id": "req-1", "source": "in.jsonl:1", "request": json.dumps(request), "num_input_tokens": 5, **fields}
+    return {
+        "id": "req-1",
+        "source": "in.jsonl:1",
+        "request": json.dumps(request),
+        "num_input_tokens": 5,
+        **fields,
+    }
 
 
 def test_chat_response_line_has_openai_shape_usage_and_finish_reason() -> None:
@@ -106,7 +137,12 @@ def test_chat_response_line_has_openai_shape_usage_and_finish_reason() -> None:
     body = response["body"]
     assert body["object"] == "chat.completion" and body["model"] == "tiny"
     assert body["choices"] == [
-        {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Hi there"}, "logprobs": None}
+        {
+            "index": 0,
+            "finish_reason": "length",
+            "message": {"role": "assistant", "content": "Hi there"},
+            "logprobs": None,
+        }
     ]
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
     again = openai_batch.response_line(row, CHAT, "tiny", "run-1")
@@ -114,19 +150,39 @@ def test_chat_response_line_has_openai_shape_usage_and_finish_reason() -> None:
 
 
 def test_logprobs_pick_the_generated_token_and_rank_the_alternatives() -> None:
-    raw = [{11: {"logprob": -0.5, "rank": 2, "decoded_token": "a"}, 12: {"logprob": -0.1, "rank": 1, "decoded_token": "b"}}]
+    raw = [
+        {
+            11: {"logprob": -0.5, "rank": 2, "decoded_token": "a"},
+            12: {"logprob": -0.1, "rank": 1, "decoded_token": "b"},
+        }
+    ]
     steps = openai_batch.token_logprobs(raw, [11])
-    assert steps == [{"token": "a", "logprob": -0.5, "top": [{"token": "b", "logprob": -0.1}, {"token": "a", "logprob": -0.5}]}]
+    assert steps == [
+        {
+            "token": "a",
+            "logprob": -0.5,
+            "top": [{"token": "b", "logprob": -0.1}, {"token": "a", "logprob": -0.5}],
+        }
+    ]
     request = openai_batch.parse_request(chat_line(logprobs=True, top_logprobs=1), CHAT, {})
     row = engine_row(request, generated_text="a", num_generated_tokens=1, logprobs=json.dumps(steps))
-    content = openai_batch.response_line(row, CHAT, "m", "r")["response"]["body"]["choices"][0]["logprobs"]["content"]
+    content = openai_batch.response_line(row, CHAT, "m", "r")["response"]["body"]["choices"][0]["logprobs"][
+        "content"
+    ]
     assert content[0]["token"] == "a" and content[0]["bytes"] == [97] and len(content[0]["top_logprobs"]) == 2
     completion = openai_batch.parse_request(
         {"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": "x", "logprobs": 1}}, COMPLETIONS, {}
     )
     row = engine_row(completion, generated_text="a", num_generated_tokens=1, logprobs=json.dumps(steps))
-    logprobs = openai_batch.response_line(row, COMPLETIONS, "m", "r")["response"]["body"]["choices"][0]["logprobs"]
-    assert logprobs == {"tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"b": -0.1, "a": -0.5}], "text_offset": [0]}
+    logprobs = openai_batch.response_line(row, COMPLETIONS, "m", "r")["response"]["body"]["choices"][0][
+        "logprobs"
+    ]
+    assert logprobs == {
+        "tokens": ["a"],
+        "token_logprobs": [-0.5],
+        "top_logprobs": [{"b": -0.1, "a": -0.5}],
+        "text_offset": [0],
+    }
 
 
 def test_embedding_line_in_float_and_base64() -> None:
@@ -138,16 +194,23 @@ def test_embedding_line_in_float_and_base64() -> None:
 
 
 def test_error_line_carries_code_reason_and_line() -> None:
-    line = openai_batch.error_line(None, "batch.jsonl:3", "malformed JSON: line 3, column 2: Expecting value", "r")
+    line = openai_batch.error_line(
+        None, "batch.jsonl:3", "malformed JSON: line 3, column 2: Expecting value", "r"
+    )
     assert line["custom_id"] is None and line["response"] is None
     assert line["error"]["code"] == "invalid_json"
     assert line["error"]["message"].endswith("(line batch.jsonl:3)")
     assert openai_batch.error_reason(line) == "malformed JSON: line 3, column 2: Expecting value"
-    assert openai_batch.error_line("x", "b:1", "duplicate id: 'x' first seen at b:0", "r")["error"]["code"] == "duplicate_custom_id"
+    assert (
+        openai_batch.error_line("x", "b:1", "duplicate id: 'x' first seen at b:0", "r")["error"]["code"]
+        == "duplicate_custom_id"
+    )
 
 
 def spec(**overrides) -> BatchInferenceSpec:
-    return BatchInferenceSpec.build(**{"model": "m", "input_uri": "/in/batch.jsonl", "output_uri": "/out", **overrides})
+    return BatchInferenceSpec.build(
+        **{"model": "m", "input_uri": "/in/batch.jsonl", "output_uri": "/out", **overrides}
+    )
 
 
 def test_spec_with_an_openai_endpoint_reads_and_writes_jsonl() -> None:
@@ -177,8 +240,12 @@ def test_int_fields_set_on_some_lines_are_set_on_all_to_values_that_change_nothi
     bare = json.loads(requests[1])["sampling_params"]
     filled = openai_batch.filled_sampling_params(bare, fill, "batch.jsonl:2")
     assert filled["max_tokens"] == openai_batch.UNBOUNDED_MAX_TOKENS and filled["logprobs"] is None
-    assert isinstance(filled["seed"], int) and filled == openai_batch.filled_sampling_params(bare, fill, "batch.jsonl:2")
+    assert isinstance(filled["seed"], int) and filled == openai_batch.filled_sampling_params(
+        bare, fill, "batch.jsonl:2"
+    )
     assert filled["seed"] != openai_batch.filled_sampling_params(bare, fill, "batch.jsonl:3")["seed"]
-    kept = openai_batch.filled_sampling_params(json.loads(requests[0])["sampling_params"], fill, "batch.jsonl:1")
+    kept = openai_batch.filled_sampling_params(
+        json.loads(requests[0])["sampling_params"], fill, "batch.jsonl:1"
+    )
     assert (kept["seed"], kept["max_tokens"]) == (5, 3)
     assert openai_batch.filled_sampling_params(bare, frozenset({"logprobs"}), "s")["logprobs"] == 0
