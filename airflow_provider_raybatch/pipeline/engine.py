@@ -1,0 +1,122 @@
+"""Start-up of the engine replicas: a fixed pool, and the EngineCore process from a preloaded forkserver.
+
+Kept apart from :mod:`~airflow_provider_raybatch.pipeline.run` so that the start-up tuning of Ray Data
+LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module import.
+
+* **Fixed pool.** Ray Data LLM turns an int ``concurrency=n`` of the engine stage into an autoscaling
+  pool of 1..n replicas (``get_concurrency(autoscaling_enabled=True)``): the second replica starts
+  only once the first is busy, ~57 s late on 2 x H200. A batch job wants all of them from the start,
+  so an int becomes ``(n, n)``; a ``(min, max)`` tuple stays an autoscaling pool.
+* **EngineCore from a forkserver.** vLLM's async engine (what Ray Data LLM's stage runs) always puts
+  its EngineCore in a child process, and inside a Ray actor vLLM forces ``spawn``: the child imports
+  torch and vLLM again from scratch (~15 s on the GPU machine, after the actor's own ~15 s of the same
+  imports; raw ``LLM()`` forks in < 1 s). The replica's UDF here starts a multiprocessing forkserver
+  that preloads those modules *while* the actor imports them itself, and hands vLLM that context, so
+  the EngineCore is forked from an already-importing clean process (no Ray threads, no CUDA). The
+  child gets the parent's environment as it is at ``Process.start()``, as with spawn.
+  ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from multiprocessing import context as mp_context
+from typing import Any
+
+log = logging.getLogger("airflow_provider_raybatch.pipeline")
+
+FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
+# What the EngineCore process imports before it runs (vllm.v1.engine.core pulls torch and the model
+# executor); "ray": the child re-runs the Ray worker's main module, as a spawned child does.
+_PRELOAD = ("ray", "vllm.v1.engine.core")
+_ENGINE_STAGE = "vLLMEngineStage"
+
+
+def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
+    """An int n -> (n, n): n replicas from the start; (min, max) as given."""
+    if isinstance(concurrency, int):
+        return (concurrency, concurrency)
+    return (concurrency[0], concurrency[1])
+
+
+def forkserver_enabled() -> bool:
+    return os.environ.get(FORKSERVER_ENV, "1") not in ("0", "false", "False", "")
+
+
+def use_fast_engine_start(processor: Any) -> Any:  # Any: ray.data.llm.Processor
+    """Swap the processor's vLLM stage UDF for one that starts its EngineCore from a forkserver."""
+    if not forkserver_enabled():
+        return processor
+    from airflow_provider_raybatch.pipeline.engine_actor import FastStartvLLMEngineStageUDF
+
+    for stage in getattr(processor, "stages", {}).values():
+        if type(stage).__name__ == _ENGINE_STAGE and stage.fn is FastStartvLLMEngineStageUDF.__mro__[1]:
+            # Not `stage.fn = ...`: the stage validates assignments, and its validator, run twice, loses
+            # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
+            stage.__dict__["fn"] = FastStartvLLMEngineStageUDF
+    return processor
+
+
+def _run_with_environ(environ: dict[str, str], target: Any, *args: Any, **kwargs: Any) -> Any:
+    """In the forked EngineCore: the environment the parent had at start(), then vLLM's target."""
+    os.environ.clear()
+    os.environ.update(environ)
+    return target(*args, **kwargs)
+
+
+class _ForkServerProcess(mp_context.ForkServerProcess):
+    """A forkserver child that starts with the environment its parent had at ``start()``."""
+
+    def start(self) -> None:
+        self._target = functools.partial(_run_with_environ, dict(os.environ), self._target)  # type: ignore[attr-defined]
+        super().start()
+
+
+@functools.cache
+def _forkserver_context() -> Any:  # Any: a multiprocessing context look-alike
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    base = multiprocessing.get_context("forkserver")
+    base.set_forkserver_preload(list(_PRELOAD))
+    forkserver.ensure_running()  # starts importing now, beside this process's own imports
+
+    class Context:
+        Process = _ForkServerProcess
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(base, name)
+
+    return Context()
+
+
+def start_forkserver() -> None:
+    """Start the preloading forkserver now; best effort (vLLM's spawn stays if anything fails)."""
+    try:
+        _forkserver_context()
+    except Exception:  # noqa: BLE001 - an optimisation: never fail the replica over it
+        log.warning("No forkserver for the EngineCore; vLLM spawns it.", exc_info=True)
+
+
+def patch_vllm_process_context() -> bool:
+    """Make vLLM start its EngineCore process from the forkserver; False (spawn) where it cannot."""
+    try:
+        import vllm.v1.engine.utils as engine_utils
+
+        original = engine_utils.get_mp_context
+        ctx = _forkserver_context()
+    except Exception:  # noqa: BLE001 - an other vLLM layout: keep its own start method
+        log.warning("vLLM's EngineCore start method left as it is.", exc_info=True)
+        return False
+    if getattr(original, "__raybatch__", False):
+        return True
+
+    def get_mp_context() -> Any:
+        original()  # vLLM's side effects (RAY_ADDRESS for a Ray executor, visible-device env vars)
+        return ctx
+
+    get_mp_context.__raybatch__ = True  # type: ignore[attr-defined]
+    engine_utils.get_mp_context = get_mp_context
+    return True
