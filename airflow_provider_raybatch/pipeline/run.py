@@ -246,18 +246,21 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
     )
 
 
-def _first_sources_of_duplicates(prepared: Dataset) -> dict[str, str]:
-    """For each id that occurs more than once among good rows: the source of its first occurrence.
+def _first_sources_of_duplicates(prepared: Dataset) -> tuple[dict[str, str], int]:
+    """For each id that occurs more than once among good rows: the source of its first occurrence;
+    and the number of rows that already carry an error.
 
     One streaming pass over the (materialized) ids in the driver: a shuffle (groupby) costs tens of
     seconds of Ray Data overhead on a small cluster, and this needs memory for the ids only.
     """
     first: dict[str, str] = {}
     repeated: set[str] = set()
+    errors = 0
     columns = prepared.select_columns(["id", "source", "error"])
     for batch in columns.iter_batches(batch_format="pyarrow", batch_size=65536):
         for row_id, source, error in zip(*(batch.column(c).to_pylist() for c in ("id", "source", "error"))):
             if error is not None:
+                errors += 1
                 continue
             if row_id in first:
                 repeated.add(row_id)
@@ -265,7 +268,7 @@ def _first_sources_of_duplicates(prepared: Dataset) -> dict[str, str]:
                     first[row_id] = source
             else:
                 first[row_id] = source
-    return {row_id: first[row_id] for row_id in repeated}
+    return {row_id: first[row_id] for row_id in repeated}, errors
 
 
 def _processor(
@@ -356,7 +359,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     done_sources = commit.open_staging(layout, spec)
     prepared = _read_records(spec).map(_prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
-    first_sources = _first_sources_of_duplicates(prepared)
+    first_sources, errors = _first_sources_of_duplicates(prepared)
     if first_sources:
         prepared = prepared.map(_mark_duplicate, fn_kwargs={"first_sources": first_sources}).materialize()
     if done_sources:
@@ -368,6 +371,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     accepted = prepared.filter(lambda row: row["error"] is None)
     rejected = prepared.filter(lambda row: row["error"] is not None)
+    # Without duplicates or resumed rows the scan's error count holds: no dataset pass per count.
+    rejected_rows = errors if not (first_sources or done_sources) else rejected.count()
     sink = StagedPartsSink(
         layout.staging_uri,
         spec.output_format,
@@ -376,16 +381,16 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     )
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     try:
-        if rejected.count():
+        if rejected_rows:
             rejected.map(_rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
-        if accepted.count():  # nothing left for the engine (all resumed, or all bad): do not start one
+        if todo - rejected_rows:  # nothing left for the engine (all resumed, or all bad): do not start one
             # Streamed: parts land in staging as blocks finish, which is what a retry resumes from.
             # (Kept apart from the rejected rows: a union would hold the blocks back until the end.)
             # One block per engine batch: a file's rows arrive as one block, and a block is the unit
             # that flows downstream, so without this nothing reaches staging until the file is done.
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
-            engine = _processor(spec, model_source, _fields_to_fill(accepted, spec))
-            engine(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+            processor = _processor(spec, model_source, _fields_to_fill(accepted, spec))
+            processor(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
     finally:
         progress.stop()
     versions = _versions()
