@@ -33,7 +33,9 @@ def test_the_forkserver_child_gets_the_environment_of_start_not_of_the_server(
     assert (tmp_path / "env").read_text() == "set after the forkserver started"
 
 
-def test_vllm_gets_the_forkserver_context_and_keeps_its_own_side_effects(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_gets_the_forkserver_context_and_keeps_its_own_side_effects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls = []
     utils = types.ModuleType("vllm.v1.engine.utils")
     utils.get_mp_context = lambda: calls.append("vllm") or "spawn context"  # type: ignore[attr-defined]
