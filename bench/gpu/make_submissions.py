@@ -46,7 +46,7 @@ class _RecordingHook:
         return package.uri
 
 
-def submission(name: str, n: int) -> dict[str, Any]:  # Any: JSON values.
+def submission(name: str, n: int, concurrency: int = 1) -> dict[str, Any]:  # Any: JSON values.
     kwargs = workload.operator_kwargs(
         MODEL,
         f"{DATA}/prompts-{n}x{PROMPT_TOKENS}.jsonl",
@@ -56,6 +56,7 @@ def submission(name: str, n: int) -> dict[str, Any]:  # Any: JSON values.
         BATCH_SIZE,
         None,
     )
+    kwargs["concurrency"] = concurrency  # an int: the operator's default pool (a fixed pool of n replicas)
     operator = RayLLMBatchOperator(task_id="generate", **kwargs)
     task_try = TaskTry("bench_gpu", f"bench__{name}", "generate", -1, 1)
     spec = operator.build_spec(run_key=task_try.run_key())
@@ -82,8 +83,14 @@ def submission(name: str, n: int) -> dict[str, Any]:  # Any: JSON values.
 def main() -> None:
     jobs = ROOT / "bench" / "gpu" / "jobs"
     jobs.mkdir(exist_ok=True)
-    for name, n in (("ours-2000", 2000), ("ours-2000-warm", 2000), ("ours-20000", 20000)):
-        (jobs / f"{name}.json").write_text(json.dumps(submission(name, n), indent=1))
+    # scale-2: the 20,000 requests on two replicas (a two-GPU machine), against ours-20000's one.
+    for name, n, concurrency in (
+        ("ours-2000", 2000, 1),
+        ("ours-2000-warm", 2000, 1),
+        ("ours-20000", 20000, 1),
+        ("scale-2", 20000, 2),
+    ):
+        (jobs / f"{name}.json").write_text(json.dumps(submission(name, n, concurrency), indent=1))
         print(f"wrote {jobs / name}.json")
 
 

@@ -75,6 +75,9 @@ def main() -> None:
     headers = {"Authorization": f"Bearer {os.environ['RAY_TOKEN']}"} if os.environ.get("RAY_TOKEN") else {}
     client = httpx.Client(base_url=address, timeout=30, headers=headers)
     body = json.loads(json.dumps(job["body"]))
+    if os.environ.get("RAYBATCH_ENGINE_FORKSERVER"):  # the A/B switch of pipeline/engine.py, for the job
+        env_vars = body["runtime_env"].setdefault("env_vars", {})
+        env_vars["RAYBATCH_ENGINE_FORKSERVER"] = os.environ["RAYBATCH_ENGINE_FORKSERVER"]
     staging = Path(job["spec"]["output_uri"]) / "_staging" / job["spec"]["run_key"]
 
     t_submit = time.time()

@@ -9,7 +9,11 @@
 #               starts the Ray head first if it is not up (it stays up between calls while the machine is warm)
 #   cold        delete the compile caches (vLLM's torch.compile cache, inductor, Triton): the next run starts cold
 #   stop        ray stop
-# Results: /tmp/keep/*.json (kept between calls) and copies under $OUT.
+#   diag        list the Triton / compile cache folders and their sizes
+#   spy         the next b: stage samples the EngineCore processes with py-spy dump every ~1 s
+#               (spy-NAME.txt): where the engine's start-up time goes
+# Results: /tmp/keep/*.json (kept between calls); everything of the call in $OUT/results.tgz (the device
+# tool returns at most 8 files).
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-585}
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
@@ -17,7 +21,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_
        RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site \
        VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=disabled
 export PATH=/tmp/site/bin:$PATH  # ray; the job entrypoint `python` is the image venv's
-OUT=${OUT:-/tmp/out}; K=/tmp/keep; mkdir -p "$OUT" $K /tmp/bin
+FINAL=${OUT:-/tmp/out}; OUT=$FINAL/r; K=/tmp/keep; mkdir -p "$OUT" $K /tmp/bin; SPY=0
 rm -f /tmp/bin/python  # the image has python in its venv; a symlink elsewhere would lose the venv
 HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../.." && pwd)
 MODEL=/tmp/llama8b_dummy
@@ -73,12 +77,23 @@ PY
     mode=; rayup || mode=--direct
     echo "=== b:$name start $(date +%T) ($(left)s left) $mode"
     rm -rf /tmp/gpu_out/$name
+    if [ $SPY = 1 ]; then
+      ( while :; do for p in $(pgrep -f "EngineCore|forkserver import main"); do echo "=== $(date +%T.%N) pid $p $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-80)"
+          timeout 5 /tmp/site/bin/py-spy dump --pid $p 2>&1 | head -45; done; sleep 1; done ) > "$OUT/spy-$name.txt" 2>&1 &
+      spy=$!
+    fi
     timeout $(( $(left) - 5 )) python3 "$HERE/ours_job.py" "$HERE/jobs/$name.json" "$K/b-$name.json" $mode > "$OUT/b-$name.out" 2>&1; rc=$?
+    [ $SPY = 1 ] && { kill $spy 2>/dev/null; SPY=0; }
     cp $K/b-$name.log "$OUT/" 2>/dev/null
     echo "--- b:$name rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "RESULT|submitted|Error|Traceback|job " "$OUT/b-$name.out" | cut -c1-1500 | tail -6
     [ $rc = 0 ] || tail -40 "$OUT/b-$name.out";;
   cold) rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_$(whoami) ~/.triton/cache; echo "compile caches cleared";;
   stop) ray stop --force > /dev/null 2>&1; echo "ray stopped";;
+  spy) SPY=1;;
+  diag)  # where the Triton kernels went: vLLM points TRITON_CACHE_DIR into its compile-cache folder
+    for d in ~/.triton/cache ~/.cache/vllm/torch_compile_cache/*/rank_0_0/triton_cache /tmp/torchinductor_$(whoami)/triton; do
+      [ -d "$d" ] && echo "diag $d: $(find "$d" -type f | wc -l) files, $(du -sm "$d" | cut -f1) MiB"; done
+    ls -d ~/.cache/vllm/torch_compile_cache/* 2>/dev/null | sed 's/^/diag compile cache /';;
   esac
 done
 cp $K/*.json "$OUT"/ 2>/dev/null
@@ -90,9 +105,10 @@ keep = "/tmp/keep"
 def load(name):
     p = os.path.join(keep, name)
     return json.load(open(p)) if os.path.exists(p) else None
-for n, names in (("2000", ("ours-2000", "ours-2000-warm")), ("20000", ("ours-20000",))):
+for n, names in (("2000", ("ours-2000", "ours-2000-warm")), ("20000", ("ours-20000", "scale-2"))):
     for name in names:
         a, b = load(f"a-{n}.json"), load(f"b-{name}.json")
         if a or b:
             print(f"\n{n} requests, (b) = {name}\n" + phases.table(a, b))
 PY
+tar czf "$FINAL/results.tgz" -C "$OUT" . -C $K . 2>/dev/null && rm -rf "$OUT"; ls -la "$FINAL"
