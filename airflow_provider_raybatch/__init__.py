@@ -41,4 +41,42 @@ def get_provider_info() -> dict:
             "airflow_provider_raybatch.links.BatchOutputLink",
             "airflow_provider_raybatch.links.RunReportLink",
         ],
+        "plugins": [
+            {
+                "name": "raybatch_openai_batch_api",
+                "plugin-class": "airflow_provider_raybatch.openai_api.plugin.RayBatchOpenAIPlugin",
+            }
+        ],
+        "config": {
+            "raybatch": {
+                "description": "The OpenAI-compatible Batch API served under /openai on the API server.",
+                "options": {
+                    "openai_files_uri": {
+                        "description": "Where uploaded files, batch records and batch outputs are kept: a "
+                        "folder or s3://bucket/prefix that the Ray cluster can read and write too. "
+                        "Empty: {AIRFLOW_HOME}/raybatch/openai.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "s3://my-bucket/openai-batches",
+                        "default": "",
+                    },
+                    "openai_files_conn_id": {
+                        "description": "Airflow connection for a remote openai_files_uri, e.g. an AWS "
+                        "connection. Empty: the API server's own credentials.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "aws_default",
+                        "default": "",
+                    },
+                    "openai_batch_dag_id": {
+                        "description": "The DAG each batch runs as, built with "
+                        "airflow_provider_raybatch.openai_api.dag.openai_batch_dag.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": None,
+                        "default": "raybatch_openai_batch",
+                    },
+                },
+            }
+        },
     }

@@ -31,9 +31,13 @@ from airflow_provider_raybatch.pipeline.report import part_report_fields, row_to
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 
 
-def _encode(records: list[dict[str, Any]], output_format: OutputFormat) -> bytes:  # Any: row values.
+def _encode(
+    records: list[dict[str, Any]], output_format: OutputFormat, ascii_only: bool = False
+) -> bytes:  # Any: row values.
+    """:param ascii_only: escape every non-ASCII character, so that no reader splitting lines on
+    Unicode separators (str.splitlines splits on U+2028 and U+0085) cuts a line in two."""
     if output_format == "jsonl":
-        return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode()
+        return "".join(json.dumps(record, ensure_ascii=ascii_only) + "\n" for record in records).encode()
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -54,6 +58,7 @@ class StagedPartsSink(Datasink[None]):
         self.output_format = output_format
         self.count_labels = count_labels
         self.extension = "parquet" if output_format == "parquet" else "jsonl"
+        self.ascii_only = openai_lines  # as OpenAI's own batch output is
         self.tokens_of = openai_batch.token_counts if openai_lines else row_tokens
         self.reason_of = openai_batch.error_reason if openai_lines else (lambda record: record[ERROR_COLUMN])
 
@@ -87,8 +92,10 @@ class StagedPartsSink(Datasink[None]):
         for folder, records in (("outputs", outputs), ("errors", errors)):
             if records:
                 name = f"{part}.{self.extension}"
-                storage.write_bytes(storage.join(self.staging_uri, folder, name), _encode(records, self.output_format))
+                data = _encode(records, self.output_format, self.ascii_only)
+                storage.write_bytes(storage.join(self.staging_uri, folder, name), data)
                 sidecar["files"][folder] = name
-        sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of))  # written_at: now, when the part's data is in place
+        # written_at: now, when the part's data is in place
+        sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of))
         # The sidecar last: until it exists the part's files do not count.
         storage.write_bytes(storage.join(self.staging_uri, "parts", f"{part}.json"), json.dumps(sidecar).encode())

@@ -10,21 +10,19 @@ provider, driven through the REST API and headless Chromium.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.integration.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
+from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.integration.standalone import Airflow, airflow_standalone
 from tests.integration.test_ticket_summary_dag import TICKETS, _write_tickets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -36,71 +34,12 @@ TASK_ID = "summarise_tickets"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-@dataclass(frozen=True)
-class Airflow:
-    url: str
-    home: Path
-
-    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
-        response = httpx.request(method, f"{self.url}/api/v2{path}", timeout=30, **kwargs)
-        response.raise_for_status()
-        return response
-
-    def wait(self, what: str, check, timeout: float = 600, every: float = 3):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if (value := check()) is not None:
-                return value
-            time.sleep(every)
-        raise AssertionError(f"gave up waiting for {what} after {timeout} s")
-
-    def trigger(self, dag_id: str, day: str, conf: dict) -> str:
-        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        body = {"logical_date": f"{day}T00:00:00Z", "conf": conf}
-        return self.api("POST", f"/dags/{dag_id}/dagRuns", json=body).json()["dag_run_id"]
-
-    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
-        return self.api("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}").json()
-
-
 @pytest.fixture(scope="module")
 def airflow(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
     home = tmp_path_factory.mktemp("airflow-standalone")
-    env = {
-        **os.environ,
-        "PATH": f"{AIRFLOW_BIN.parent}:{os.environ['PATH']}",  # standalone starts `airflow` subcommands
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__API__PORT": str(API_PORT),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{API_PORT}",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{API_PORT}/execution/",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local test instance: no login
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW_CONN_RAY_DEFAULT": ray_cluster.connection_json(),
-    }
-    log = (home / "standalone.log").open("w")
-    process = subprocess.Popen([str(AIRFLOW_BIN), "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, cwd=home)  # fmt: skip
-    instance = Airflow(f"http://127.0.0.1:{API_PORT}", home)
-
-    def dags_ready():
-        try:
-            ids = {d["dag_id"] for d in instance.api("GET", "/dags", params={"limit": 100}).json()["dags"]}
-        except httpx.HTTPError:
-            return None
-        return True if {DAG_ID, DIGEST_DAG_ID} <= ids else None
-
-    try:
-        instance.wait("the API server and the parsed DAGs", dags_ready, timeout=300)
+    extra_env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}  # a local test instance: no login
+    with airflow_standalone(home, API_PORT, ray_cluster.connection_json(), {DAG_ID, DIGEST_DAG_ID}, extra_env) as instance:
         yield instance
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
 
 
 def _chromium(url: str, screenshot: Path | None = None) -> str:
@@ -176,14 +115,18 @@ def test_task_page_shows_progress_and_the_ray_job_link(airflow: Airflow, ray_clu
         assert shot.stat().st_size > 10_000  # a rendered page, not an empty canvas
 
 
-def test_marking_a_deferred_task_failed_stops_its_ray_job(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch) -> None:
+def _deferred_run(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, day: str) -> tuple[str, str, str]:
+    """Trigger the ticket DAG for ``day`` and wait until its task defers: (run id, TI path, job id)."""
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
-    day = "2026-11-13"
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
     run_id = airflow.trigger(DAG_ID, day, _conf(tiny_model, tmp_path))
     airflow.wait("the task to defer", lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None)
     path = f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
-    job_id = airflow.api("GET", f"{path}/xcomEntries/job_id").json()["value"]
+    return run_id, path, airflow.api("GET", f"{path}/xcomEntries/job_id").json()["value"]
+
+
+def test_marking_a_deferred_task_failed_stops_its_ray_job(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch) -> None:
+    run_id, path, job_id = _deferred_run(airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-13")
     hook = RayHook()
     assert not hook.get_job_status(job_id).is_terminal
 
@@ -192,3 +135,31 @@ def test_marking_a_deferred_task_failed_stops_its_ray_job(airflow: Airflow, ray_
     status = airflow.wait("the Ray job to stop", lambda: s if (s := hook.get_job_status(job_id)).is_terminal else None, timeout=120)
     assert status == JobStatus.STOPPED
     assert airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "failed"
+
+
+def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch
+) -> None:
+    """Clear in the UI while the task waits in the triggerer: the earlier try's job is stopped, and
+    the next try finishes the batch with one job of its own (never two running at once), every
+    ticket exactly once."""
+    run_id, path, first_job = _deferred_run(airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12")
+    hook = RayHook()
+
+    clear = {"dry_run": False, "task_ids": [TASK_ID], "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True}
+    airflow.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json=clear)  # what "Clear" sends
+
+    done = airflow.wait(
+        "the next try to finish",
+        lambda: ti if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed") else None,
+        timeout=900,
+    )  # fmt: skip
+    assert done["state"] == "success" and done["try_number"] == 2
+    assert hook.get_job_status(first_job) == JobStatus.STOPPED
+    jobs = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
+    assert sorted(job.status.value for job in jobs) == ["STOPPED", "SUCCEEDED"]
+    manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
+    manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
+    outputs = [json.loads(line) for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl")) for line in file.read_text().splitlines()]
+    assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
+    assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"] == TICKETS

@@ -1,0 +1,291 @@
+"""The OpenAI-compatible Batch API: ``/v1/files`` and ``/v1/batches`` on the Airflow API server.
+
+Served as an Airflow 3 FastAPI plugin (:mod:`.plugin`) under ``/openai``, so an OpenAI client works
+unchanged with ``base_url="<airflow>/openai/v1"`` and an Airflow API token (``POST /auth/token``)
+as its API key. Every route checks that token with Airflow's own auth manager: reading needs read
+access to the batch DAG's runs, uploading, creating and cancelling need to create or edit them.
+Each batch is a run of the batch DAG (:mod:`.dag`) whose run id is the batch id.
+
+The dependencies are imported at module level: FastAPI resolves the routes' (string) annotations in
+this module's globals.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from airflow_provider_raybatch.openai_api import settings as openai_settings
+from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
+from airflow_provider_raybatch.openai_api.status import TERMINAL_STATUSES, RunState, batch_status
+from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, new_id, public
+from airflow_provider_raybatch.pipeline.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
+
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
+_CHUNK = 1 << 20
+
+
+class CreateBatchRequest(BaseModel):
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+
+
+def _openai_error(
+    status_code: int, message: str, param: str | None = None, code: str | None = None
+) -> HTTPException:
+    """An HTTPException whose body the OpenAI clients read as their error (see the handler below)."""
+    return HTTPException(status_code, {"message": message, "param": param, "code": code})
+
+
+def _error_body(exc: HTTPException) -> dict[str, Any]:  # Any: JSON values.
+    detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}.get(
+        exc.status_code, "invalid_request_error"
+    )
+    return {
+        "error": {
+            "message": detail.get("message"),
+            "type": kind,
+            "param": detail.get("param"),
+            "code": detail.get("code"),
+        }
+    }
+
+
+def _run_state(session: Any, dag_id: str, run_id: str) -> RunState:  # Any: a SQLAlchemy session.
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import select
+
+    run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    if run is None:
+        return RunState(run_state=None)
+    task = session.scalar(
+        select(TaskInstance).where(
+            TaskInstance.dag_id == dag_id,
+            TaskInstance.run_id == run_id,
+            TaskInstance.task_id == BATCH_TASK_ID,
+        )
+    )
+    return RunState(
+        run_state=_value(run.state),
+        run_start=run.start_date,
+        run_end=run.end_date,
+        task_state=_value(task.state) if task is not None else None,
+        task_start=task.start_date if task is not None else None,
+        task_end=task.end_date if task is not None else None,
+    )
+
+
+def _value(state: Any) -> str | None:  # Any: an Airflow state enum, text or None.
+    return getattr(state, "value", state)
+
+
+def _stop_run(session: Any, dag_id: str, run_id: str) -> None:  # Any: a SQLAlchemy session.
+    """Mark the run failed, as the UI's "mark failed" does: the task's job is then stopped (a
+    deferred task's trigger stops it on cleanup, a running task's ``on_kill`` does)."""
+    from airflow.api.common.mark_tasks import set_dag_run_state_to_failed
+    from airflow.models.dagbag import DBDagBag
+
+    dag = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+    if dag is not None:
+        set_dag_run_state_to_failed(dag=dag, run_id=run_id, commit=True, session=session)
+
+
+def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901 - one route per endpoint
+    app = FastAPI(
+        title="Ray Batch: OpenAI-compatible Batch API",
+        description="OpenAI's /v1/files and /v1/batches, run as Airflow DAG runs on a Ray cluster.",
+    )
+    store = OpenAIStore(config.files_uri, config.files_conn_id)
+    dag_id = config.dag_id
+    can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=dag_id))]
+    can_write = [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=dag_id))]
+    can_cancel = [Depends(requires_access_dag("PUT", DagAccessEntity.RUN, param_dag_id=dag_id))]
+
+    @app.exception_handler(HTTPException)
+    async def openai_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(_error_body(exc), status_code=exc.status_code, headers=exc.headers)
+
+    def found(lookup: Any, what: str, object_id: str) -> Any:  # Any: the lookup's result.
+        try:
+            return lookup(object_id)
+        except NotFoundError as err:
+            raise _openai_error(404, f"No {what} with id {object_id!r}.", code="not_found") from err
+
+    # -- files ----------------------------------------------------------------------------------
+
+    @app.post("/v1/files", dependencies=can_write)
+    def upload_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]) -> dict[str, Any]:
+        if purpose != "batch":
+            raise _openai_error(400, f"purpose {purpose!r}: this API takes 'batch' files only.", "purpose")
+
+        def chunks() -> Iterator[bytes]:
+            while chunk := file.file.read(_CHUNK):
+                yield chunk
+
+        return public(store.add_file(chunks(), file.filename or "upload.jsonl", purpose))
+
+    @app.get("/v1/files", dependencies=can_read)
+    def list_files(purpose: str | None = None) -> dict[str, Any]:
+        records = [public(r) for r in store.files() if purpose is None or r["purpose"] == purpose]
+        records.sort(key=lambda record: (record["created_at"], record["id"]), reverse=True)
+        return {"object": "list", "data": records, "has_more": False}
+
+    @app.get("/v1/files/{file_id}", dependencies=can_read)
+    def retrieve_file(file_id: str) -> dict[str, Any]:
+        return public(found(store.file, "file", file_id))
+
+    @app.get("/v1/files/{file_id}/content", dependencies=can_read)
+    def file_content(file_id: str) -> StreamingResponse:
+        found(store.file, "file", file_id)
+        return StreamingResponse(store.file_content(file_id), media_type="application/jsonl")
+
+    @app.delete("/v1/files/{file_id}", dependencies=can_write)
+    def delete_file(file_id: str) -> dict[str, Any]:
+        found(store.delete_file, "file", file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # -- batches --------------------------------------------------------------------------------
+
+    def batch_object(record: dict[str, Any], session: Any) -> dict[str, Any]:  # Any: JSON, a session.
+        run = _run_state(session, dag_id, record["id"])
+        status, times = batch_status(record, run)
+        if status not in TERMINAL_STATUSES and time.time() > record["expires_at"]:
+            record = {**record, "expired_at": int(time.time())}
+            store.save_batch(record)
+            _stop_run(session, dag_id, record["id"])
+            status, times = batch_status(record, _run_state(session, dag_id, record["id"]))
+        manifest = store.read_json(f"{record['output_uri']}/manifest.json") if status == "completed" else None
+        counts = _staged_counts(record)
+        if manifest is not None:
+            counts = {key: manifest["request_counts"][key] for key in ("completed", "failed")}
+        output_file_id = error_file_id = None
+        if manifest is not None:
+            output_file_id = _output_file(record, manifest, "outputs_uri", "output", counts["completed"])
+            error_file_id = _output_file(record, manifest, "errors_uri", "errors", counts["failed"])
+        return {
+            "id": record["id"], "object": "batch", "endpoint": record["endpoint"], "errors": None,
+            "input_file_id": record["input_file_id"], "completion_window": record["completion_window"],
+            "status": status, "output_file_id": output_file_id, "error_file_id": error_file_id,
+            "created_at": record["created_at"], "expires_at": record["expires_at"], **times,
+            "request_counts": {"total": record["request_total"], **counts},
+            "metadata": record.get("metadata"),
+        }  # fmt: skip
+
+    def _output_file(
+        record: dict[str, Any], manifest: dict[str, Any], key: str, kind: str, lines: int
+    ) -> str | None:
+        if not lines:
+            return None
+        file_id = f"file-{record['id'].removeprefix('batch_')}-{kind}"
+        try:
+            store.file(file_id)
+        except NotFoundError:
+            uri = manifest[key]
+            store.add_output_file(file_id, uri, f"{record['id']}_{kind}.jsonl", store.size_of(uri))
+        return file_id
+
+    def _staged_counts(record: dict[str, Any]) -> dict[str, int]:  # Any: JSON values.
+        """Requests done so far: the staged parts' sidecars (pipeline/sink.py) of the running job."""
+        done = {"completed": 0, "failed": 0}
+        for uri in store.glob(f"{record['output_uri']}/_staging", "*/parts/*.json"):
+            sidecar = store.read_json(uri) or {}
+            done["completed"] += int(sidecar.get("rows_out", 0))
+            done["failed"] += int(sidecar.get("rows_failed", 0))
+        return done
+
+    @app.post("/v1/batches", dependencies=can_write)
+    def create_batch(body: CreateBatchRequest, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
+        from airflow.api.common.trigger_dag import trigger_dag
+        from airflow.utils.types import DagRunTriggeredByType
+
+        if body.endpoint not in ENDPOINTS:
+            raise _openai_error(
+                400, f"endpoint {body.endpoint!r}: supported are {list(ENDPOINTS)}.", "endpoint"
+            )
+        window = COMPLETION_WINDOW_SECONDS.get(body.completion_window)
+        if window is None:
+            raise _openai_error(
+                400, f"completion_window {body.completion_window!r}: use '24h'.", "completion_window"
+            )
+        input_file = found(store.file, "file", body.input_file_id)
+        if input_file["purpose"] != "batch":
+            raise _openai_error(
+                400,
+                f"file {body.input_file_id!r} has purpose {input_file['purpose']!r}, not 'batch'.",
+                "input_file_id",
+            )
+        total = _count_requests(store.file_content(body.input_file_id))
+        batch_id = new_id("batch").replace("-", "_")
+        created_at = int(time.time())
+        record = {
+            "id": batch_id, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
+            "completion_window": body.completion_window, "created_at": created_at,
+            "expires_at": created_at + window,
+            "metadata": body.metadata, "request_total": total, "output_uri": store.output_uri(batch_id),
+        }  # fmt: skip
+        store.save_batch(record)
+        conf = {"input_uri": input_file["uri"], "output_uri": record["output_uri"], "endpoint": body.endpoint}
+        try:
+            trigger_dag(
+                dag_id, run_id=batch_id, conf=conf, triggered_by=DagRunTriggeredByType.REST_API,
+                triggering_user_name=user.get_name(), session=session,
+            )  # fmt: skip
+        except Exception as err:  # DagNotFound, a DAG that refuses manual runs: say which, keep nothing
+            store.delete_batch(batch_id)
+            raise _openai_error(503, f"Could not start the batch DAG {dag_id!r}: {err}") from err
+        return batch_object(record, session)
+
+    @app.get("/v1/batches/{batch_id}", dependencies=can_read)
+    def retrieve_batch(batch_id: str, session: SessionDep) -> dict[str, Any]:
+        return batch_object(found(store.batch, "batch", batch_id), session)
+
+    @app.get("/v1/batches", dependencies=can_read)
+    def list_batches(
+        session: SessionDep, after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
+    ) -> dict[str, Any]:
+        records = store.batches()
+        if after is not None:
+            ids = [record["id"] for record in records]
+            records = records[ids.index(after) + 1 :] if after in ids else []
+        page = [batch_object(record, session) for record in records[:limit]]
+        return {
+            "object": "list", "data": page, "has_more": len(records) > limit,
+            "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
+        }  # fmt: skip
+
+    @app.post("/v1/batches/{batch_id}/cancel", dependencies=can_cancel)
+    def cancel_batch(batch_id: str, session: SessionDep) -> dict[str, Any]:
+        record = found(store.batch, "batch", batch_id)
+        status, _ = batch_status(record, _run_state(session, dag_id, batch_id))
+        if status in TERMINAL_STATUSES:
+            raise _openai_error(409, f"Batch {batch_id!r} is already {status}.", code="batch_not_cancellable")
+        if record.get("cancelling_at") is None:
+            record = {**record, "cancelling_at": int(time.time())}
+            store.save_batch(record)
+            _stop_run(session, dag_id, batch_id)
+        return batch_object(record, session)
+
+    return app
+
+
+def _count_requests(chunks: Iterator[bytes]) -> int:
+    """Non-blank lines, as the pipeline counts its input rows (a blank line is no request)."""
+    count, rest = 0, b""
+    for chunk in chunks:
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        count += sum(1 for line in lines if line.strip())
+    return count + (1 if rest.strip() else 0)

@@ -1,0 +1,101 @@
+"""`airflow standalone` (API server, scheduler with LocalExecutor, dag processor, triggerer) for tests.
+
+On SQLite, with the repository's dags/ folder and the provider installed; the caller adds settings
+(auth, variables) through ``extra_env``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+
+from tests.integration.conftest import AIRFLOW_BIN, ROOT
+
+
+@dataclass(frozen=True)
+class Airflow:
+    url: str
+    home: Path
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. a bearer token
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        response = httpx.request(
+            method, f"{self.url}/api/v2{path}", timeout=30, headers=self.headers, **kwargs
+        )
+        response.raise_for_status()
+        return response
+
+    def wait(self, what: str, check: Callable[[], object], timeout: float = 600, every: float = 3):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (value := check()) is not None:
+                return value
+            time.sleep(every)
+        raise AssertionError(f"gave up waiting for {what} after {timeout} s")
+
+    def trigger(self, dag_id: str, day: str, conf: dict) -> str:
+        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        body = {"logical_date": f"{day}T00:00:00Z", "conf": conf}
+        return self.api("POST", f"/dags/{dag_id}/dagRuns", json=body).json()["dag_run_id"]
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}").json()
+
+
+@contextmanager
+def airflow_standalone(
+    home: Path, port: int, ray_connection_json: str, dag_ids: set[str], extra_env: dict[str, str],
+    token: Callable[[Airflow], str] | None = None,
+) -> Iterator[Airflow]:  # fmt: skip
+    """Start it, wait until the API answers and ``dag_ids`` are parsed, yield it, stop it.
+
+    :param token: how to get an API token once the server is up (None: the API needs none).
+    """
+    env = {
+        **os.environ,
+        "PATH": f"{AIRFLOW_BIN.parent}:{os.environ['PATH']}",  # standalone starts `airflow` subcommands
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW_CONN_RAY_DEFAULT": ray_connection_json,
+        **extra_env,
+    }
+    log = (home / "standalone.log").open("w")
+    process = subprocess.Popen([str(AIRFLOW_BIN), "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True, cwd=home)  # fmt: skip
+    instance = Airflow(f"http://127.0.0.1:{port}", home)
+
+    def ready() -> Airflow | None:
+        try:
+            client = (
+                Airflow(instance.url, home, {"Authorization": f"Bearer {token(instance)}"})
+                if token
+                else instance
+            )
+            ids = {d["dag_id"] for d in client.api("GET", "/dags", params={"limit": 100}).json()["dags"]}
+        except httpx.HTTPError:
+            return None
+        return client if dag_ids <= ids else None
+
+    try:
+        yield instance.wait("the API server and the parsed DAGs", ready, timeout=300)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()

@@ -1,0 +1,161 @@
+"""The OpenAI-compatible Batch API, driven by the official ``openai`` client.
+
+A real `airflow standalone` serves the provider's FastAPI plugin under /openai with Airflow's own
+auth (simple auth manager, real users and passwords, JWTs from /auth/token); each batch is a run of
+dags/openai_batch_api.py on the scheduler and triggerer, on the local Ray cluster with vLLM's CPU
+engine. Files live in the embedded default store, a local folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
+from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.integration.standalone import Airflow, airflow_standalone
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+API_PORT = 8297
+USERS = {"batchuser": ("admin", "batch-pass-1"), "reader": ("viewer", "reader-pass-2")}
+
+
+def _token(airflow: Airflow, user: str) -> str:
+    password = USERS[user][1]
+    response = httpx.post(f"{airflow.url}/auth/token", json={"username": user, "password": password}, timeout=30)
+    response.raise_for_status()
+    return response.json()["access_token"]
+
+
+@pytest.fixture(scope="module")
+def airflow(ray_cluster, tiny_model, tmp_path_factory) -> Iterator[Airflow]:
+    home = tmp_path_factory.mktemp("airflow-openai")
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({user: password for user, (_, password) in USERS.items()}))
+    extra_env = {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{user}:{role}" for user, (role, _) in USERS.items()),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__RAYBATCH__OPENAI_FILES_URI": str(home / "openai-files"),
+        "AIRFLOW_VAR_RAYBATCH_OPENAI_MODEL": str(tiny_model),
+        "AIRFLOW_VAR_RAYBATCH_OPENAI_ENGINE_KWARGS": json.dumps(CPU_ENGINE_KWARGS),
+        "AIRFLOW_VAR_RAYBATCH_OPENAI_REPLICA_RESOURCES": json.dumps(CPU_REPLICA),
+    }
+    with airflow_standalone(
+        home, API_PORT, ray_cluster.connection_json(), {DEFAULT_DAG_ID}, extra_env,
+        token=lambda instance: _token(instance, "batchuser"),
+    ) as instance:  # fmt: skip
+        yield instance
+
+
+def client_for(airflow: Airflow, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{airflow.url}/openai/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def chat(custom_id: str, text: str, max_tokens: int) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}}  # fmt: skip
+
+
+def upload(client: openai.OpenAI, path: Path, lines: list) -> str:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    with path.open("rb") as data:
+        uploaded = client.files.create(file=data, purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes == path.stat().st_size and uploaded.filename == path.name
+    return uploaded.id
+
+
+def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Path) -> None:
+    client = client_for(airflow, _token(airflow, "batchuser"))
+    lines = [chat(f"req-{i}", f"Question {i}?", 4 + i % 3) for i in range(16)]
+    lines += [chat("req-3", "duplicate id", 4), {**chat("wrong-url", "x", 4), "url": "/v1/embeddings"}, "{not json"]
+    input_file_id = upload(client, tmp_path / "requests.jsonl", lines)
+    assert client.files.retrieve(input_file_id).id == input_file_id
+    assert client.files.content(input_file_id).text.splitlines()[0] == json.dumps(lines[0])
+
+    batch = client.batches.create(
+        input_file_id=input_file_id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"team": "qa"}
+    )
+    assert batch.status in ("validating", "in_progress") and batch.metadata == {"team": "qa"}
+    assert batch.request_counts.total == len(lines) and batch.expires_at == batch.created_at + 24 * 3600
+    seen = {batch.status}
+
+    def finished():
+        current = client.batches.retrieve(batch.id)
+        seen.add(current.status)
+        return current if current.status in ("completed", "failed", "cancelled", "expired") else None
+
+    done = airflow.wait("the batch to finish", finished, timeout=900)
+    assert done.status == "completed", done
+    assert "in_progress" in seen
+    assert done.request_counts.model_dump() == {"total": 19, "completed": 16, "failed": 3}
+    assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at
+    assert done.failed_at is None and done.cancelled_at is None
+
+    outputs = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+    errors = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(16))  # joined by custom_id
+    for line in outputs:
+        body = line["response"]["body"]
+        assert line["response"]["status_code"] == 200 and body["object"] == "chat.completion"
+        assert 0 < body["usage"]["completion_tokens"] <= 4 + int(line["custom_id"].split("-")[1]) % 3
+    assert sorted((line["custom_id"] or "", line["error"]["code"]) for line in errors) == [
+        ("", "invalid_json"), ("req-3", "duplicate_custom_id"), ("wrong-url", "invalid_url")
+    ]  # fmt: skip
+    output_file = client.files.retrieve(done.output_file_id)
+    assert output_file.purpose == "batch_output" and output_file.bytes == len(client.files.content(done.output_file_id).content)
+
+    listed = client.batches.list(limit=10)
+    assert batch.id in [b.id for b in listed.data]
+    assert client.files.delete(input_file_id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(input_file_id)
+
+
+def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connection, tmp_path: Path) -> None:
+    client = client_for(airflow, _token(airflow, "batchuser"))
+    lines = [chat(f"long-{i}", f"Tell a long story number {i}.", 200) for i in range(200)]
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path / "long.jsonl", lines),
+        endpoint="/v1/chat/completions", completion_window="24h",
+    )  # fmt: skip
+    hook = RayHook()
+
+    def running_job():
+        if client.batches.retrieve(batch.id).status != "in_progress":
+            return None
+        jobs = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == batch.id]
+        return jobs[0] if jobs and jobs[0].status.value == "RUNNING" else None
+
+    job = airflow.wait("the batch's Ray job to run", running_job, timeout=900)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
+
+    cancelled = airflow.wait(
+        "the batch to be cancelled",
+        lambda: b if (b := client.batches.retrieve(batch.id)).status == "cancelled" else None, timeout=180,
+    )  # fmt: skip
+    assert cancelled.cancelled_at >= cancelled.cancelling_at and cancelled.output_file_id is None
+    status = airflow.wait("the Ray job to stop", lambda: s if (s := hook.get_job_status(job.job_id)).is_terminal else None, timeout=120)
+    assert status.value == "STOPPED"
+    assert len([j for j in hook.list_jobs() if j.metadata.get("airflow_run_id") == batch.id]) == 1  # never resubmitted
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(batch.id)
+
+
+def test_airflow_auth_guards_the_api(airflow: Airflow, tmp_path: Path) -> None:
+    with pytest.raises(openai.PermissionDeniedError):  # not an Airflow token
+        client_for(airflow, "sk-not-an-airflow-token").batches.list()
+    anonymous = httpx.get(f"{airflow.url}/openai/v1/batches", timeout=30)  # no token at all
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["type"] == "authentication_error"
+    reader = client_for(airflow, _token(airflow, "reader"))
+    assert reader.batches.list().object == "list"  # a viewer may read
+    with pytest.raises(openai.PermissionDeniedError):  # but not upload or start batches
+        upload(reader, tmp_path / "r.jsonl", [chat("r", "x", 2)])

@@ -1,0 +1,57 @@
+"""A batch's OpenAI status from its DAG run and batch task (pure; the live path is in
+tests/integration/test_openai_batch_api.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from airflow_provider_raybatch.openai_api.status import RunState, batch_status
+
+T0 = datetime(2026, 11, 22, 6, 0, tzinfo=UTC)
+RECORD = {"id": "batch_1", "created_at": int(T0.timestamp()) - 10}
+
+
+def at(seconds: int) -> datetime:
+    return datetime.fromtimestamp(T0.timestamp() + seconds, UTC)
+
+
+@pytest.mark.parametrize(
+    ("run", "record", "expected"),
+    [
+        (RunState("queued"), {}, "validating"),
+        (RunState("running", at(0), task_state="scheduled"), {}, "validating"),
+        (RunState("running", at(0), task_state="deferred", task_start=at(1)), {}, "in_progress"),
+        (RunState("running", at(0), task_state="up_for_retry", task_start=at(1)), {}, "in_progress"),
+        (
+            RunState("running", at(0), task_state="success", task_start=at(1), task_end=at(9)),
+            {},
+            "finalizing",
+        ),
+        (RunState("success", at(0), at(10), "success", at(1), at(9)), {}, "completed"),
+        (RunState("failed", at(0), at(10), "failed", at(1), at(9)), {}, "failed"),
+        (RunState(None), {}, "failed"),
+        (RunState("running", at(0), task_state="deferred"), {"cancelling_at": 5}, "cancelling"),
+        (RunState("failed", at(0), at(10), "failed"), {"cancelling_at": 5}, "cancelled"),
+        (RunState("failed", at(0), at(10), "failed"), {"cancelling_at": 5, "expired_at": 4}, "expired"),
+        (
+            RunState("running", at(0), task_state="deferred"),
+            {"expired_at": 4, "cancelling_at": 4},
+            "cancelling",
+        ),
+    ],
+)
+def test_status_follows_the_run(run: RunState, record: dict, expected: str) -> None:
+    assert batch_status({**RECORD, **record}, run)[0] == expected
+
+
+def test_timestamps_come_from_the_run_and_task() -> None:
+    status, times = batch_status(RECORD, RunState("success", at(0), at(10), "success", at(1), at(9)))
+    assert status == "completed"
+    assert (times["in_progress_at"], times["finalizing_at"], times["completed_at"]) == (
+        int(at(1).timestamp()), int(at(9).timestamp()), int(at(10).timestamp()),
+    )  # fmt: skip
+    assert times["failed_at"] is None and times["cancelled_at"] is None
+    _, cancelled = batch_status({**RECORD, "cancelling_at": 123}, RunState("failed", at(0), at(10), "failed"))
+    assert cancelled["cancelling_at"] == 123 and cancelled["cancelled_at"] == int(at(10).timestamp())
