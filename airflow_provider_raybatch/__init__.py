@@ -41,12 +41,6 @@ def get_provider_info() -> dict:
             "airflow_provider_raybatch.links.BatchOutputLink",
             "airflow_provider_raybatch.links.RunReportLink",
         ],
-        "plugins": [
-            {
-                "name": "raybatch_openai_batch_api",
-                "plugin-class": "airflow_provider_raybatch.openai_api.plugin.RayBatchOpenAIPlugin",
-            }
-        ],
         "config": {
             "raybatch": {
                 "description": "The OpenAI-compatible Batch API served under /openai on the API server.",
