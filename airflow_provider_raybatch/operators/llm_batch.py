@@ -429,6 +429,7 @@ class RayLLMBatchOperator(BaseOperator):
             while True:
                 info = hook.get_job_info(job_id)
                 if info.status.is_terminal:
+                    progress.relay(hook, info.status)  # the final count
                     return event_for_job(info)
                 if not progress.relay(hook, info.status):
                     self.log.info("Ray job %s is %s.", job_id, info.status.value)

@@ -35,11 +35,21 @@ class ProgressRelay:
         self.interval_seconds = interval_seconds
         self.log = log
         self._next_at = 0.0
+        self._ended = False
         self._last: dict[str, Any] | None = None  # Any: JSON values.
 
     def _take_turn(self, status: JobStatus) -> bool:
-        """Whether a look at the driver log is due now; if so, the next one is an interval away."""
-        if self.interval_seconds <= 0 or status != JobStatus.RUNNING or time.monotonic() < self._next_at:
+        """Whether a look at the driver log is due now; if so, the next one is an interval away.
+
+        Once the job has ended, one last look is always due: the final count (a job shorter than
+        the interval shows its progress only then).
+        """
+        if self.interval_seconds <= 0 or self._ended:
+            return False
+        if status.is_terminal:
+            self._ended = True
+            return True
+        if status != JobStatus.RUNNING or time.monotonic() < self._next_at:
             return False
         self._next_at = time.monotonic() + self.interval_seconds
         return True
@@ -135,6 +145,7 @@ class RayJobTrigger(BaseTrigger):
                 yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
                 return
             if info.status.is_terminal:
+                await progress.a_relay(hook, info.status)  # the final count
                 yield TriggerEvent(event_for_job(info))
                 return
             if not await progress.a_relay(hook, info.status):

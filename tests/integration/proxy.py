@@ -73,6 +73,7 @@ class TcpProxy:
         self.port = probe.getsockname()[1]
         probe.close()
         self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()  # the accepted client sockets, dropped by pause()
         self.connections = 0
 
     def start(self) -> TcpProxy:
@@ -88,10 +89,22 @@ class TcpProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def pause(self) -> None:
-        """Refuse new connections until :meth:`resume`."""
+        """Drop open connections and refuse new ones until :meth:`resume`, as a restarting head does
+        (a client keeping connections alive must not ride an outage out on an old one)."""
         if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+            listener, self._listener = self._listener, None
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it (Linux)
+            except OSError:
+                pass
+            listener.close()
+        for sock in list(self._open):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            except OSError:
+                pass
+        self._open.clear()
 
     stop = pause
 
@@ -101,7 +114,11 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # closed by pause()
+            if listener is not self._listener:  # paused meanwhile: refuse what slipped in
+                client.close()
+                return
             self.connections += 1
+            self._open.add(client)
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:

@@ -95,6 +95,28 @@ def test_relay_logs_new_progress_at_most_once_per_interval(
     assert log.lines == ["Ray job j1: 100 / 5,000 rows (2.0%), 2.5 rows/s, 150 output tokens/s, ETA 32m40s"]
 
 
+def test_the_end_of_the_job_always_gets_one_last_look(
+    hook: RayHook, ray_api: respx.MockRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job shorter than the interval still shows its final count (the reporter prints it last)."""
+    logs = ray_api.get("/api/jobs/j1/logs").mock(
+        side_effect=[
+            httpx.Response(200, json={"logs": "starting"}),
+            httpx.Response(200, json={"logs": progress_log_line(_progress(rows_done=5000))}),
+        ]
+    )
+    monkeypatch.setattr("time.monotonic", lambda: 1000.0)  # the interval never passes
+    log = _Log()
+    relay = ProgressRelay("j1", interval_seconds=60, log=log)
+
+    assert relay.relay(hook, JobStatus.RUNNING) is False  # first look: no progress printed yet
+    assert relay.relay(hook, JobStatus.SUCCEEDED) is True  # ended: looked although not due
+    assert relay.relay(hook, JobStatus.SUCCEEDED) is False  # only once
+
+    assert logs.call_count == 2
+    assert log.lines[0].startswith("Ray job j1: 5,000 / 5,000 rows (100.0%)")
+
+
 def test_interval_zero_turns_the_relay_off(hook: RayHook, ray_api: respx.MockRouter) -> None:
     logs = ray_api.get("/api/jobs/j1/logs").respond(json={"logs": ""})
 
