@@ -75,9 +75,12 @@ class OpenAIStore:
 
     @staticmethod
     def uri(path: ObjectStoragePath) -> str:
-        """What the Ray job is given: a plain path for local files, ``s3://bucket/key`` otherwise."""
-        text = str(path)
-        return text.removeprefix("file://") if text.startswith("file://") else text
+        """What the Ray job is given: a plain path for local files, ``s3://bucket/key`` otherwise.
+
+        Not ``str(path)``: that names the Airflow connection in the URI (``s3://conn_id@bucket/key``),
+        which the cluster knows nothing of.
+        """
+        return path.path if path.protocol == "file" else f"{path.protocol}://{path.path}"
 
     def _write_json(self, path: ObjectStoragePath, record: dict[str, Any]) -> None:  # Any: JSON values.
         path.parent.mkdir(parents=True, exist_ok=True)
