@@ -93,6 +93,7 @@ def test_killed_job_resumes_exactly_once(
         if status == JobStatus.RUNNING and _committed_parts(output_uri, run_key) >= kill_after_parts:
             break
         time.sleep(0.2)
+    finished_before_stop = _rows_generated(hook.get_job_logs(first))  # batches the engine had done
     hook.stop_job(first)
     assert wait_for_job(first) == JobStatus.STOPPED
     staged_at_kill = _committed_parts(output_uri, run_key)
@@ -104,6 +105,8 @@ def test_killed_job_resumes_exactly_once(
     manifest = _assert_exactly_once(output_uri, ids)
     resumed = manifest["rows_resumed"]
     recomputed = max(generated_before_kill - resumed, 0)
+    # Of those, done before the stop was asked for (the rest finished while the job was being stopped).
+    recomputed_done_before_stop = max(finished_before_stop - resumed, 0)
     assert resumed >= staged_at_kill * 1 and (resumed > 0) == (staged_at_kill > 0)
     # Redone on resume: only what was in flight when the job died: the engine's concurrent batches
     # plus the blocks queued on their way to staging (measured: up to 2).
@@ -113,6 +116,8 @@ def test_killed_job_resumes_exactly_once(
         print(
             f"\n[fault] kill {label}: parts staged {staged_at_kill}, rows generated before kill "
             f"{generated_before_kill}, resumed {resumed}, recomputed {recomputed}, duplicates 0, lost 0"
+            f"; of those done before the stop was asked: {recomputed_done_before_stop}"
+            f" (engine rows done then: {finished_before_stop})"
         )
 
 
