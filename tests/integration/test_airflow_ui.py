@@ -6,6 +6,8 @@ provider, driven through the REST API and headless Chromium.
   scheduler run the downstream digest DAG. Screenshots are saved under the test's folder (and in
   $RAYBATCH_SCREENSHOTS when set).
 - A task marked failed in the UI (the REST call the UI makes) while deferred stops its Ray job.
+- A task whose process is killed while it waits on its job (a worker dying) is retried by the
+  scheduler, and the retry attaches to that job: one Ray job for the run, every ticket once.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
 from tests.integration.standalone import Airflow, airflow_standalone
 from tests.integration.test_ticket_summary_dag import TICKETS, _write_tickets
 
@@ -31,14 +35,23 @@ API_PORT = 8299
 DAG_ID = "daily_support_ticket_summary"
 DIGEST_DAG_ID = "support_summary_digest"
 TASK_ID = "summarise_tickets"
+WORKER_KILL_DAG_ID = "raybatch_worker_kill"  # tests/integration/dags/: waits in its worker, one retry
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
 def airflow(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
     home = tmp_path_factory.mktemp("airflow-standalone")
-    extra_env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}  # a local test instance: no login
-    with airflow_standalone(home, API_PORT, ray_cluster.connection_json(), {DAG_ID, DIGEST_DAG_ID}, extra_env) as instance:
+    dags = home / "dags"  # the example DAGs and this module's test DAG
+    dags.mkdir()
+    for path in [*ROOT.joinpath("dags").glob("*.py"), *Path(__file__).with_name("dags").glob("*.py")]:
+        shutil.copy(path, dags)
+    extra_env = {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local test instance: no login
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+    }
+    dag_ids = {DAG_ID, DIGEST_DAG_ID, WORKER_KILL_DAG_ID}
+    with airflow_standalone(home, API_PORT, ray_cluster.connection_json(), dag_ids, extra_env) as instance:
         yield instance
 
 
@@ -163,3 +176,52 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
     outputs = [json.loads(line) for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl")) for line in file.read_text().splitlines()]
     assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
     assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"] == TICKETS
+
+
+def _xcom_or_none(airflow: Airflow, path: str) -> object:
+    try:
+        return airflow.api("GET", path).json()["value"]
+    except httpx.HTTPStatusError:  # 404 until the task has pushed it
+        return None
+
+
+def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch
+) -> None:
+    """SIGKILL the task's process (``airflow worker -- <ti id>``) while it polls its Ray job: nothing
+    runs on_kill, the supervisor reports the try failed, the scheduler retries it, and try 2 finds
+    try 1's job by its metadata and waits on it instead of submitting another."""
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
+    day = "2026-11-11"
+    _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
+    run_id = airflow.trigger(WORKER_KILL_DAG_ID, day, _conf(tiny_model, tmp_path))
+    path = f"/dags/{WORKER_KILL_DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
+
+    def submitted() -> object:
+        state = airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID)["state"]
+        assert state in (None, "scheduled", "queued", "running"), f"try 1 ended {state} before the kill"
+        return _xcom_or_none(airflow, f"{path}/xcomEntries/job_id")
+
+    job_id = airflow.wait("try 1 to submit its job", submitted, every=1)
+    hook = RayHook()
+    assert not hook.get_job_status(job_id).is_terminal
+    ti = airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID)
+    assert (ti["state"], ti["try_number"]) == ("running", 1)
+    [pid] = subprocess.run(["pgrep", "-f", f"airflow worker -- {ti['id']}"], capture_output=True, text=True).stdout.split()
+    os.kill(int(pid), signal.SIGKILL)
+
+    done = airflow.wait(
+        "the retry to finish",
+        lambda: t if (t := airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed") else None,
+        timeout=900,
+    )  # fmt: skip
+    assert (done["state"], done["try_number"]) == ("success", 2)
+    jobs = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
+    assert [(job.job_id, job.status) for job in jobs] == [(job_id, JobStatus.SUCCEEDED)]  # no second job
+    content = airflow.api("GET", f"{path}/logs/2", params={"full_content": "true"}).json()["content"]
+    events = [str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content]
+    assert any(job_id in event and "attaching to it" in event for event in events), events
+    manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
+    manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
+    outputs = [json.loads(line) for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl")) for line in file.read_text().splitlines()]
+    assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
