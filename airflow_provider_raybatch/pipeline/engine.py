@@ -1,4 +1,4 @@
-"""Start-up of the engine replicas: a fixed pool, and the EngineCore process from a preloaded forkserver.
+"""The engine replicas: a fixed pool, our engine-stage UDF, and the EngineCore from a preloaded forkserver.
 
 Kept apart from :mod:`~airflow_provider_raybatch.pipeline.run` so that the start-up tuning of Ray Data
 LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module import.
@@ -15,6 +15,9 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   the EngineCore is forked from an already-importing clean process (no Ray threads, no CUDA). The
   child gets the parent's environment as it is at ``Process.start()``, as with spawn.
   ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off.
+* **Our UDF, forkserver on or off.** The vLLM stage runs our UDF
+  (:mod:`~airflow_provider_raybatch.pipeline.engine_actor`) either way; the switch decides the
+  forkserver only.
 """
 
 from __future__ import annotations
@@ -45,17 +48,19 @@ def forkserver_enabled() -> bool:
     return os.environ.get(FORKSERVER_ENV, "1") not in ("0", "false", "False", "")
 
 
-def use_fast_engine_start(processor: Any) -> Any:  # Any: ray.data.llm.Processor
-    """Swap the processor's vLLM stage UDF for one that starts its EngineCore from a forkserver."""
-    if not forkserver_enabled():
+def use_our_engine_stage(processor: Any) -> Any:  # Any: ray.data.llm.Processor
+    """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off."""
+    stages = getattr(processor, "stages", {}).values()
+    stages = [stage for stage in stages if type(stage).__name__ == _ENGINE_STAGE]
+    if not stages:
         return processor
-    from airflow_provider_raybatch.pipeline.engine_actor import FastStartvLLMEngineStageUDF
+    from airflow_provider_raybatch.pipeline.engine_actor import RaybatchvLLMEngineStageUDF
 
-    for stage in getattr(processor, "stages", {}).values():
-        if type(stage).__name__ == _ENGINE_STAGE and stage.fn is FastStartvLLMEngineStageUDF.__mro__[1]:
+    for stage in stages:
+        if stage.fn is RaybatchvLLMEngineStageUDF.__mro__[1]:
             # Not `stage.fn = ...`: the stage validates assignments, and its validator, run twice, loses
             # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
-            stage.__dict__["fn"] = FastStartvLLMEngineStageUDF
+            stage.__dict__["fn"] = RaybatchvLLMEngineStageUDF
     return processor
 
 

@@ -21,10 +21,11 @@ if _IN_A_WORKER and engine.forkserver_enabled():
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF  # noqa: E402
 
 
-class FastStartvLLMEngineStageUDF(vLLMEngineStageUDF):
-    """Starts the forkserver before the engine's imports, then builds the engine as Ray Data LLM does."""
+class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
+    """Builds the engine as Ray Data LLM does, its EngineCore from the forkserver unless switched off."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        engine.start_forkserver()
-        engine.patch_vllm_process_context()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # Any: Ray Data LLM's UDF arguments.
+        if engine.forkserver_enabled():
+            engine.start_forkserver()
+            engine.patch_vllm_process_context()
         super().__init__(*args, **kwargs)

@@ -317,7 +317,7 @@ def _processor(
         ),
         postprocess=_engine_output,
     )
-    return engine.use_fast_engine_start(processor)
+    return engine.use_our_engine_stage(processor)
 
 
 def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[str]:

@@ -54,7 +54,31 @@ def test_without_vllm_it_leaves_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
     assert engine.patch_vllm_process_context() is False
 
 
-def test_switched_off_it_leaves_the_processor_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(engine.FORKSERVER_ENV, "0")
+def test_a_processor_without_an_engine_stage_is_left_alone() -> None:
     processor = object()
-    assert engine.use_fast_engine_start(processor) is processor
+    assert engine.use_our_engine_stage(processor) is processor
+
+
+@pytest.mark.parametrize("forkserver", ["1", "0"])
+def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
+    forkserver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The switch turns the forkserver off, not our UDF (which also serves an OpenAI line's n choices)."""
+
+    class RayUDF:  # stands in for Ray Data LLM's vLLMEngineStageUDF (no Ray in the unit-test env)
+        pass
+
+    class OurUDF(RayUDF):
+        pass
+
+    class vLLMEngineStage:  # noqa: N801 - matched by class name, as Ray Data LLM's is
+        fn = RayUDF
+
+    actor_module = types.ModuleType("airflow_provider_raybatch.pipeline.engine_actor")
+    actor_module.RaybatchvLLMEngineStageUDF = OurUDF  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, actor_module.__name__, actor_module)
+    monkeypatch.setenv(engine.FORKSERVER_ENV, forkserver)
+    stage, other = vLLMEngineStage(), types.SimpleNamespace(fn=RayUDF)
+    processor = types.SimpleNamespace(stages={"vllm_engine_stage": stage, "tokenize_stage": other})
+    assert engine.use_our_engine_stage(processor) is processor
+    assert stage.fn is OurUDF and other.fn is RayUDF
