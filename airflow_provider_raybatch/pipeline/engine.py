@@ -17,7 +17,8 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off.
 * **Our UDF, forkserver on or off.** The vLLM stage runs our UDF
   (:mod:`~airflow_provider_raybatch.pipeline.engine_actor`) either way; the switch decides the
-  forkserver only.
+  forkserver only. The UDF also returns what Ray Data LLM's drops: an OpenAI line's choices after the
+  first, and the embeddings of its inputs after the first.
 """
 
 from __future__ import annotations

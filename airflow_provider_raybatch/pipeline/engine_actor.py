@@ -1,16 +1,28 @@
-"""The vLLM stage's UDF with a faster start (see :mod:`~airflow_provider_raybatch.pipeline.engine`).
+"""The vLLM stage's UDF: a faster start (see :mod:`~airflow_provider_raybatch.pipeline.engine`), and the
+choices and embeddings that Ray Data LLM's own UDF leaves out.
 
 Imported only where Ray Data LLM is (the job's driver and the engine actors): it subclasses Ray Data
 LLM's own UDF. The name keeps ``vLLMEngineStage`` in it, as Ray's task names and the benches expect.
+
+Ray Data LLM sends one engine request per row and keeps the first choice of its output only
+(``vLLMOutputData.from_vllm_engine_output`` reads ``outputs[0]``). A row stays one OpenAI line (staging
+and resume count rows by source line), so the replica's engine wrapper is wrapped instead: a request
+with ``n`` > 1 also returns its other choices, as the row's ``extra_choices``; and an embeddings line's
+``extra_inputs`` go to the engine as requests of their own, their embeddings back as the row's
+``extra_embeddings`` (formats: :func:`.openai_batch.choice_record`, :func:`.openai_batch.embedding_record`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
+import time
 from typing import Any
 
 import ray
 
-from airflow_provider_raybatch.pipeline import engine
+from airflow_provider_raybatch.pipeline import engine, openai_batch
 
 # In a replica, this module is imported when Ray unpickles the UDF class, before Ray Data LLM's stage
 # module imports torch: the earliest point to let the forkserver start its imports (not in the driver).
@@ -18,14 +30,89 @@ _IN_A_WORKER = ray.is_initialized() and ray.get_runtime_context().worker.mode ==
 if _IN_A_WORKER and engine.forkserver_enabled():
     engine.start_forkserver()
 
-from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF  # noqa: E402
+from ray.llm._internal.batch.stages.vllm_engine_stage import (  # noqa: E402
+    _convert_logprob_dict,
+    vLLMEngineStageUDF,
+    vLLMOutputData,
+)
+
+#: Row fields that hold the first input's tokens: a request for another input must not carry them.
+_PROMPT_TOKEN_FIELDS = ("tokenized_prompt", "prompt_token_ids")
 
 
 class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
-    """Builds the engine as Ray Data LLM does, its EngineCore from the forkserver unless switched off."""
+    """Builds the engine as Ray Data LLM does (its EngineCore from the forkserver, unless switched off),
+    and has it return every choice and every input's embedding."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # Any: Ray Data LLM's UDF arguments.
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()
         super().__init__(*args, **kwargs)
+        # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
+        # and keeps doing its error handling around ours.
+        self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
+
+
+async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict[str, Any], float]:
+    """Ray Data LLM's ``vLLMEngineWrapper.generate_async`` (``llm``), plus the row's extra columns.
+
+    Returns (the row's engine request, its output fields, seconds in the engine), as Ray's does.
+    """
+    extra_inputs = row.get(openai_batch.EXTRA_INPUTS)
+    extra_inputs = json.loads(extra_inputs) if isinstance(extra_inputs, str) else []  # None: one input
+    # Copied before the first request is prepared: _prepare_llm_request pops the row's prompt fields.
+    extra_rows = [_row_for_input(row, text) for text in extra_inputs]
+    requests = [await llm._prepare_llm_request(row)]
+    requests += [await llm._prepare_llm_request(extra) for extra in extra_rows]
+    if getattr(requests[0].params, "n", 1) > 1:
+        from vllm.sampling_params import RequestOutputKind
+
+        # Streamed, vLLM's last output of an n > 1 request holds only the choices that changed last;
+        # final-only, it holds all n.
+        requests[0].params.output_kind = RequestOutputKind.FINAL_ONLY
+    started = time.perf_counter()
+    outputs = await asyncio.gather(*(_generate(llm, request) for request in requests))
+    time_taken = time.perf_counter() - started
+    output = vLLMOutputData.from_vllm_engine_output(outputs[0]).model_dump()
+    output[openai_batch.EXTRA_CHOICES] = _extra_choices(outputs[0])
+    output[openai_batch.EXTRA_EMBEDDINGS] = _extra_embeddings(outputs[1:])
+    return requests[0], output, time_taken
+
+
+def _row_for_input(row: dict[str, Any], text: str) -> dict[str, Any]:  # Any: row values.
+    """The row as a request for another input: that text as the prompt, which the engine tokenizes."""
+    other = {key: value for key, value in row.items() if key not in _PROMPT_TOKEN_FIELDS}
+    return {**other, "prompt": text}
+
+
+async def _generate(llm: Any, request: Any) -> Any:  # Any: vLLMEngineWrapper, its request and output.
+    async with llm.semaphore:  # as Ray's generate_async: a bound on the requests in the engine
+        return await llm._generate_async(request)
+
+
+def _extra_choices(output: Any) -> str | None:  # Any: a vLLM RequestOutput or PoolingRequestOutput.
+    """The choices after the first, as JSON; None where there are none."""
+    import vllm
+
+    if not isinstance(output, vllm.outputs.RequestOutput) or len(output.outputs) < 2:
+        return None
+    choices = []
+    for completion in output.outputs[1:]:
+        logprobs = None
+        if completion.logprobs is not None:
+            steps = [_convert_logprob_dict(step) for step in completion.logprobs]  # as Ray does for the first
+            logprobs = openai_batch.token_logprobs(steps, completion.token_ids)
+        choices.append(openai_batch.choice_record(completion.text, len(completion.token_ids), logprobs))
+    return json.dumps(choices)
+
+
+def _extra_embeddings(outputs: list[Any]) -> str | None:  # Any: vLLM PoolingRequestOutputs.
+    """The embeddings of the inputs after the first, as JSON; None where there are none."""
+    if not outputs:
+        return None
+    entries = []
+    for output in outputs:
+        data = vLLMOutputData.from_vllm_engine_output(output)
+        entries.append(openai_batch.embedding_record(data.embeddings.tolist(), data.num_input_tokens))
+    return json.dumps(entries)

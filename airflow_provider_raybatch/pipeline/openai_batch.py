@@ -5,6 +5,10 @@ A request line is ``{"custom_id", "method": "POST", "url", "body"}``, OpenAI's b
 prompt, and vLLM sampling parameters), or raises :class:`RequestError` naming the field at fault, so
 that one bad line fails alone. :func:`response_line` and :func:`error_line` write OpenAI's batch
 output format. Pure functions of a line, unit-tested without Ray.
+
+One line stays one engine row: its ``n`` choices come back from one vLLM request, and the inputs of a
+multi-input embeddings line after the first travel as the row's ``extra_inputs`` (see
+:mod:`~airflow_provider_raybatch.pipeline.engine_actor`, which serves both).
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ _ERROR_CODES = {
 NULLABLE_INT_FIELDS = ("max_tokens", "seed", "logprobs")
 #: A max_tokens that never binds: vLLM stops at max_model_len first, as with max_tokens unset.
 UNBOUNDED_MAX_TOKENS = 1 << 24
+#: OpenAI's limits: choices per request, and inputs per embeddings request.
+MAX_CHOICES = 128
+MAX_EMBEDDING_INPUTS = 2048
+#: vLLM samples greedily below this temperature, and then refuses n > 1 (vllm.sampling_params).
+_GREEDY_TEMPERATURE = 1e-5
+
+#: Engine-row columns that carry what Ray Data LLM's engine stage leaves out (set on every row, None
+#: where unused, so that the blocks' schemas agree): the inputs of an embeddings line after its first
+#: (JSON list), and the choices after the first and the embeddings after the first (JSON, see
+#: :func:`choice_record` and :func:`embedding_record`).
+EXTRA_INPUTS = "extra_inputs"
+EXTRA_CHOICES = "extra_choices"
+EXTRA_EMBEDDINGS = "extra_embeddings"
 
 
 class RequestError(ValueError):
@@ -158,19 +175,34 @@ def _completion_prompt(body: Mapping[str, Any]) -> str:  # Any: JSON values.
 
 
 def _embedding_request(body: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values.
-    text = body.get("input")
-    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
-        text = text[0]
-    if not isinstance(text, str):
+    """``prompt``: the first input; ``extra_inputs``: the others, where the line has several."""
+    texts = body.get("input")
+    texts = [texts] if isinstance(texts, str) else texts
+    if not isinstance(texts, list) or not texts:
         raise RequestError(
-            "unsupported parameter", "body.input must be one string (one embedding per line)", "body.input"
+            "invalid request", "body.input must be a string or a list of strings", "body.input"
         )
-    if not text.strip():
-        raise RequestError("empty prompt", "body.input is empty", "body.input")
+    if not all(isinstance(text, str) for text in texts):
+        raise RequestError(
+            "unsupported parameter", "body.input as token ids is not supported; send text", "body.input"
+        )
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise RequestError(
+            "invalid request",
+            f"body.input has {len(texts)} inputs; at most {MAX_EMBEDDING_INPUTS}",
+            "body.input",
+        )
+    for index, text in enumerate(texts):
+        if not text.strip():
+            where = "body.input" if len(texts) == 1 else f"body.input[{index}]"
+            raise RequestError("empty prompt", f"{where} is empty", where)
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise RequestError("invalid request", f"body.encoding_format {encoding!r}", "body.encoding_format")
-    return {"prompt": text, "meta": {"encoding_format": encoding}}
+    request = {"prompt": texts[0], "meta": {"encoding_format": encoding}}
+    if len(texts) > 1:
+        request[EXTRA_INPUTS] = texts[1:]
+    return request
 
 
 def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:  # Any: JSON.
@@ -200,11 +232,6 @@ def _sampling_params(
 ) -> dict[str, Any]:  # Any: vLLM SamplingParams values.
     """vLLM SamplingParams from a body. Every line gets the same keys (None where unset), so that
     the lines of one block share a schema on their way through Ray Data."""
-    n = _integer(body, "n", 1)
-    if n not in (None, 1):
-        raise RequestError(
-            "unsupported parameter", f"body.n={n}: one choice per line; send n lines", "body.n"
-        )
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
@@ -218,6 +245,7 @@ def _sampling_params(
         "max_tokens": max_tokens
         if max_tokens is not None
         else defaults.get("max_tokens"),  # None: to max_model_len
+        "n": _choices(body, defaults),
         "temperature": _first(_number(body, "temperature", 0, 2), defaults.get("temperature"), 1.0),
         "top_p": _first(_number(body, "top_p", 0, 1), defaults.get("top_p"), 1.0),
         "presence_penalty": _first(
@@ -233,7 +261,22 @@ def _sampling_params(
             body.get("response_format"), defaults.get("structured_outputs")
         ),
     }
+    if params["n"] > 1 and params["temperature"] < _GREEDY_TEMPERATURE:
+        raise RequestError(
+            "invalid request",
+            f"body.n={params['n']} needs a temperature > 0: greedy sampling has one answer",
+            "body.n",
+        )
     return params
+
+
+def _choices(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> int:  # Any: JSON values.
+    """``n``, always an int (never None: vLLM's SamplingParams takes no None for it, and a block's
+    int column with a null turns into floats, see NULLABLE_INT_FIELDS)."""
+    n = _first(_integer(body, "n", 1), defaults.get("n"), 1)
+    if n > MAX_CHOICES:
+        raise RequestError("invalid request", f"body.n={n} must be at most {MAX_CHOICES}", "body.n")
+    return n
 
 
 def _first(*values: Any) -> Any:  # Any: whichever value is set first.
@@ -340,42 +383,80 @@ def response_line(
 
     :param result: the engine's row: ``id`` (custom_id), ``source``, ``request`` (JSON of
         :func:`parse_request`), ``num_input_tokens``, and ``generated_text``, ``num_generated_tokens``
-        and ``logprobs`` (JSON text) or ``embeddings``.
+        and ``logprobs`` (JSON text) or ``embeddings``; and ``extra_choices`` or ``extra_embeddings``
+        (JSON text, or None) for the choices or inputs after the first.
     """
     custom_id = str(result["id"])
     request_id = f"req_{_short_hash(run_key, custom_id, str(result['source']))}"
     meta = json.loads(result["request"]).get("meta", {})
     created = int(time.time())
-    prompt_tokens = int(result["num_input_tokens"])
     if endpoint == EMBEDDINGS:
+        first = embedding_record(result["embeddings"], int(result["num_input_tokens"]))
+        inputs = [first, *json.loads(result.get(EXTRA_EMBEDDINGS) or "[]")]
         body = {
             "object": "list",
-            "data": [{"object": "embedding", "index": 0, "embedding": _embedding(result, meta)}],
+            "data": [
+                {"object": "embedding", "index": index, "embedding": _embedding(entry["embedding"], meta)}
+                for index, entry in enumerate(inputs)
+            ],
             "model": model,
-            "usage": _usage(prompt_tokens, None),
+            "usage": _usage(sum(entry["num_input_tokens"] for entry in inputs), None),
         }
     else:
-        completion_tokens = int(result["num_generated_tokens"])
-        max_tokens = meta.get("max_tokens")
-        finish_reason = "length" if max_tokens is not None and completion_tokens >= max_tokens else "stop"
         logprobs = json.loads(result["logprobs"]) if meta.get("logprobs") and result.get("logprobs") else None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}  # Any: JSON values.
+        first = choice_record(result["generated_text"], int(result["num_generated_tokens"]), logprobs)
+        choices = [first, *json.loads(result.get(EXTRA_CHOICES) or "[]")]
         if endpoint == CHAT:
-            choice["message"] = {"role": "assistant", "content": result["generated_text"]}
-            choice["logprobs"] = _chat_logprobs(logprobs) if logprobs is not None else None
             body = {"id": f"chatcmpl-{request_id[4:]}", "object": "chat.completion"}
         else:
-            choice["text"] = result["generated_text"]
-            choice["logprobs"] = _completion_logprobs(logprobs) if logprobs is not None else None
             body = {"id": f"cmpl-{request_id[4:]}", "object": "text_completion"}
         body.update(
-            created=created, model=model, choices=[choice], usage=_usage(prompt_tokens, completion_tokens)
+            created=created,
+            model=model,
+            choices=[_choice(index, choice, endpoint, meta) for index, choice in enumerate(choices)],
+            usage=_usage(
+                int(result["num_input_tokens"]), sum(choice["num_generated_tokens"] for choice in choices)
+            ),
         )
     return {
         "id": _line_id(run_key, custom_id, str(result["source"])),
         "custom_id": custom_id,
         "response": {"status_code": 200, "request_id": request_id, "body": body},
         "error": None,
+    }
+
+
+def choice_record(
+    text: str, num_generated_tokens: int, logprobs: list[dict[str, Any]] | None
+) -> dict[str, Any]:  # Any: JSON values.
+    """One choice as the engine row carries it: ``logprobs`` as :func:`token_logprobs` gives them."""
+    return {"text": text, "num_generated_tokens": num_generated_tokens, "logprobs": logprobs}
+
+
+def embedding_record(vector: Sequence[float], num_input_tokens: int) -> dict[str, Any]:  # Any: JSON values.
+    """One input's embedding as the engine row carries it."""
+    return {"embedding": [float(value) for value in vector], "num_input_tokens": num_input_tokens}
+
+
+def _choice(
+    index: int, choice: Mapping[str, Any], endpoint: str, meta: Mapping[str, Any]
+) -> dict[str, Any]:  # Any: JSON values.
+    tokens, max_tokens = choice["num_generated_tokens"], meta.get("max_tokens")
+    finish_reason = "length" if max_tokens is not None and tokens >= max_tokens else "stop"
+    # Logprobs the line did not ask for may be there (filled in: see filled_sampling_params).
+    logprobs = choice["logprobs"] if meta.get("logprobs") else None
+    if endpoint == CHAT:
+        return {
+            "index": index,
+            "finish_reason": finish_reason,
+            "message": {"role": "assistant", "content": choice["text"]},
+            "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
+        }
+    return {
+        "index": index,
+        "finish_reason": finish_reason,
+        "text": choice["text"],
+        "logprobs": _completion_logprobs(logprobs) if logprobs is not None else None,
     }
 
 
@@ -397,13 +478,12 @@ def error_reason(line: Mapping[str, Any]) -> str:  # Any: JSON values.
 
 
 def token_counts(line: Mapping[str, Any]) -> tuple[int, int]:  # Any: JSON values.
-    """(prompt tokens, completion tokens) of an output line."""
+    """(prompt tokens, completion tokens over all its choices) of an output line."""
     usage = line["response"]["body"]["usage"]
     return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
-def _embedding(result: Mapping[str, Any], meta: Mapping[str, Any]) -> list[float] | str:  # Any: JSON.
-    vector = [float(value) for value in result["embeddings"]]
+def _embedding(vector: list[float], meta: Mapping[str, Any]) -> list[float] | str:  # Any: JSON values.
     if meta.get("encoding_format") == "base64":  # OpenAI's: little-endian float32, base64
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
     return vector

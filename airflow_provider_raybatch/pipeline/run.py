@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 _INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_continue_on_error=True
+_EXTRA_COLUMNS = (openai_batch.EXTRA_INPUTS, openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS)
 
 
 # -- row functions (run in Ray workers; module-level so they pickle by reference) ----------------
@@ -144,18 +145,25 @@ def _engine_request(
     ``{"type": "image"}`` placeholders with the model's processor, and the engine stage hands the decoded
     images to vLLM as ``multi_modal_data``. Decoded here, the last step before those stages, so that
     only this hop carries PIL images (Ray pickles what Arrow cannot hold).
+
+    Every row gets the engine stage's extra columns (:mod:`.engine_actor`), None where unused, so that
+    the blocks' schemas agree, error rows' too.
     """
+    extras = dict.fromkeys(_EXTRA_COLUMNS)
     if row["request"] is not None:  # an OpenAI batch line: its own prompt and sampling parameters
         request = json.loads(row["request"])
         if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
             params = request["sampling_params"]
             request["sampling_params"] = openai_batch.filled_sampling_params(params, fill, row["source"])
-        return {key: request[key] for key in ("messages", "prompt", "sampling_params") if key in request}
-    messages = json.loads(row["messages"])
-    if not with_images:
-        return {"messages": messages, "sampling_params": sampling_params}
-    messages, decoded = images.split_image_parts(messages)
-    return {"messages": messages, "sampling_params": sampling_params, "multimodal_data": {"image": decoded}}
+        if openai_batch.EXTRA_INPUTS in request:
+            extras[openai_batch.EXTRA_INPUTS] = json.dumps(request[openai_batch.EXTRA_INPUTS])
+        prompt = {key: request[key] for key in ("messages", "prompt", "sampling_params") if key in request}
+        return {**extras, **prompt}
+    engine_row = {**extras, "messages": json.loads(row["messages"]), "sampling_params": sampling_params}
+    if with_images:
+        engine_row["messages"], decoded = images.split_image_parts(engine_row["messages"])
+        engine_row["multimodal_data"] = {"image": decoded}
+    return engine_row
 
 
 def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
@@ -174,6 +182,8 @@ def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
         if logprobs is not None and len(logprobs):
             output["logprobs"] = json.dumps(openai_batch.token_logprobs(logprobs, row["generated_tokens"]))
         output["embeddings"] = None if embeddings is None else [float(value) for value in embeddings]
+        for column in (openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS):  # JSON text, or None
+            output[column] = row[column] if isinstance(row.get(column), str) else None
     return output
 
 

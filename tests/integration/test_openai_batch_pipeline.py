@@ -28,7 +28,7 @@ def request(custom_id: str, url: str, body: dict) -> str:
 
 
 def run_batch(
-    tiny_model: Path, tmp_path: Path, endpoint: str, lines: list[str], **engine_kwargs
+    tiny_model: Path, tmp_path: Path, endpoint: str, lines: list[str], runtime_env: dict | None = None, **engine_kwargs
 ) -> tuple[dict, list, list]:
     """Write ``lines`` as a batch file, run it, return (manifest, output lines, error lines)."""
     input_path = tmp_path / "in" / "batch.jsonl"
@@ -45,6 +45,7 @@ def run_batch(
         engine_kwargs={**CPU_ENGINE_KWARGS, **engine_kwargs},
         replica_resources=CPU_REPLICA,
         batch_size=16,
+        runtime_env=runtime_env or {},
     )
     job_id = submit_pipeline(operator, "openai", f"openai-test-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(job_id) == JobStatus.SUCCEEDED, RayHook().get_job_log_tail(job_id, 80)
@@ -64,6 +65,11 @@ def assert_counts_add_up(manifest: dict, outputs: list, errors: list, total: int
 def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     good = [request(f"plain-{i}", CHAT, {"messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": 3 + i % 4})
             for i in range(12)]  # fmt: skip
+    # n=3 in the same block as one-choice lines; sampled (n > 1 needs temperature > 0), seeded.
+    good.insert(5, request("three-choices", CHAT, {
+        "messages": [{"role": "user", "content": "Hi"}], "n": 3, "temperature": 1.0, "seed": 11, "max_tokens": 6,
+        "logprobs": True,
+    }))  # fmt: skip
     good += [
         request("logprobs", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2}),
         request("seeded", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "temperature": 1.0, "seed": 3}),
@@ -78,7 +84,8 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     ]  # fmt: skip
     bad = {
         "other-url": request("other-url", COMPLETIONS, {"prompt": "x"}),
-        "two-choices": request("two-choices", CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}),
+        "greedy-choices": request("greedy-choices", CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}),
+        "best-of": request("best-of", CHAT, {"messages": [{"role": "user", "content": "x"}], "best_of": 2}),
         "tools": request("tools", CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": []}),
         "plain-0": request("plain-0", CHAT, {"messages": [{"role": "user", "content": "again"}]}),  # duplicate
         None: '{"custom_id": "broken", "body": {',  # malformed: no custom_id can be read
@@ -96,8 +103,9 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
         assert response["status_code"] == 200 and response["request_id"].startswith("req_")
         body = response["body"]
         assert body["object"] == "chat.completion" and body["model"] == str(tiny_model)
-        choice = body["choices"][0]
-        assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+        assert [choice["index"] for choice in body["choices"]] == list(range(len(body["choices"])))
+        for choice in body["choices"]:
+            assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
         usage = body["usage"]
         assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     for i in range(12):  # the body's max_tokens, not the operator's 8
@@ -107,6 +115,13 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     logprobs = by_id["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
     assert len(logprobs) == by_id["logprobs"]["response"]["body"]["usage"]["completion_tokens"] > 0
     assert all(step["logprob"] <= 0 and 1 <= len(step["top_logprobs"]) <= 3 for step in logprobs)
+    three = by_id["three-choices"]["response"]["body"]
+    assert len(three["choices"]) == 3 and [choice["index"] for choice in three["choices"]] == [0, 1, 2]
+    tokens = [len(choice["logprobs"]["content"]) for choice in three["choices"]]  # a step per token
+    assert all(0 < count <= 6 for count in tokens) and three["usage"]["completion_tokens"] == sum(tokens)
+    for choice, count in zip(three["choices"], tokens, strict=True):
+        assert choice["finish_reason"] == ("length" if count == 6 else "stop")
+    assert all(len(by_id[i]["response"]["body"]["choices"]) == 1 for i in by_id if i != "three-choices")
     assert "\n" not in by_id["stop"]["response"]["body"]["choices"][0]["message"]["content"]
     schema_answers = [by_id[f"schema-{i}"]["response"]["body"]["choices"][0] for i in range(4)]
     finished = [json.loads(choice["message"]["content"]) for choice in schema_answers if choice["finish_reason"] == "stop"]
@@ -115,49 +130,69 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
 
     codes = {line["custom_id"]: line["error"]["code"] for line in errors}
     assert codes == {
-        "other-url": "invalid_url", "two-choices": "unsupported_parameter", "tools": "unsupported_parameter",
-        "plain-0": "duplicate_custom_id", None: "invalid_json",
+        "other-url": "invalid_url", "greedy-choices": "invalid_request", "best-of": "unsupported_parameter",
+        "tools": "unsupported_parameter", "plain-0": "duplicate_custom_id", None: "invalid_json",
     }  # fmt: skip
     assert all(line["response"] is None and "(line batch.jsonl:" in line["error"]["message"] for line in errors)
-    assert manifest["errors_by_reason"] == {"duplicate id": 1, "malformed JSON": 1, "unsupported parameter": 2, "unsupported url": 1}
+    assert manifest["errors_by_reason"] == {
+        "duplicate id": 1, "invalid request": 1, "malformed JSON": 1, "unsupported parameter": 2, "unsupported url": 1,
+    }  # fmt: skip
     assert manifest["tokens_out"] == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in outputs)
 
 
 def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -> None:
+    """Also: two choices for one line, with the forkserver off (our engine-stage UDF serves n either way)."""
     lines = [request(f"c-{i}", COMPLETIONS, {"prompt": f"Once upon a time {i}", "max_tokens": 5, "logprobs": 1})
              for i in range(10)]  # fmt: skip
+    lines.insert(3, request("c-two", COMPLETIONS, {"prompt": "Once", "max_tokens": 5, "logprobs": 1, "n": 2,
+                                                   "temperature": 1.0}))  # fmt: skip
     lines.append(request("c-empty", COMPLETIONS, {"prompt": "   "}))
-    manifest, outputs, errors = run_batch(tiny_model, tmp_path, COMPLETIONS, lines)
+    no_forkserver = {"env_vars": {"RAYBATCH_ENGINE_FORKSERVER": "0"}}
+    manifest, outputs, errors = run_batch(tiny_model, tmp_path, COMPLETIONS, lines, runtime_env=no_forkserver)
 
-    assert_counts_add_up(manifest, outputs, errors, 11)
-    assert sorted(line["custom_id"] for line in outputs) == sorted(f"c-{i}" for i in range(10))
+    assert_counts_add_up(manifest, outputs, errors, 12)
+    assert sorted(line["custom_id"] for line in outputs) == sorted([*(f"c-{i}" for i in range(10)), "c-two"])
     for line in outputs:
         body = line["response"]["body"]
         assert body["object"] == "text_completion"
-        choice = body["choices"][0]
-        logprobs = choice["logprobs"]
-        assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == body["usage"]["completion_tokens"]
-        assert "".join(logprobs["tokens"]) == choice["text"]
-        assert logprobs["text_offset"][0] == 0
+        assert [choice["index"] for choice in body["choices"]] == [0, 1] if line["custom_id"] == "c-two" else [0]
+        for choice in body["choices"]:
+            logprobs = choice["logprobs"]
+            assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) > 0
+            if line["custom_id"] != "c-two":  # sampled, the random model may split a character over tokens
+                assert "".join(logprobs["tokens"]) == choice["text"]
+            assert logprobs["text_offset"][0] == 0
+        assert body["usage"]["completion_tokens"] == sum(len(c["logprobs"]["tokens"]) for c in body["choices"])
     assert [line["custom_id"] for line in errors] == ["c-empty"]
     assert errors[0]["error"]["code"] == "invalid_request" and "empty prompt" in errors[0]["error"]["message"]
 
 
 def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
     lines = [request(f"e-{i}", EMBEDDINGS, {"input": f"document number {i}"}) for i in range(8)]
-    lines.append(request("e-many", EMBEDDINGS, {"input": ["a", "b"]}))
+    # Three inputs in one line, in the same block as one-input lines; two of them also sent alone.
+    lines.insert(4, request("e-three", EMBEDDINGS, {"input": ["document number 5", "a third text", "document number 1"]}))
+    lines.append(request("e-ids", EMBEDDINGS, {"input": [[1, 2, 3]]}))  # token ids: still refused
     manifest, outputs, errors = run_batch(tiny_model, tmp_path, EMBEDDINGS, lines)
 
-    assert_counts_add_up(manifest, outputs, errors, 9)
-    vectors = {}
+    assert_counts_add_up(manifest, outputs, errors, 10)
+    vectors, usage = {}, {}
     for line in outputs:
         body = line["response"]["body"]
-        assert body["object"] == "list" and body["data"][0]["object"] == "embedding"
+        assert body["object"] == "list" and {item["object"] for item in body["data"]} == {"embedding"}
+        assert [item["index"] for item in body["data"]] == list(range(len(body["data"])))
         assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
-        vectors[line["custom_id"]] = body["data"][0]["embedding"]
-    assert sorted(vectors) == sorted(f"e-{i}" for i in range(8))
-    sizes = {len(vector) for vector in vectors.values()}
-    assert sizes == {128}  # the tiny model's hidden size
-    assert all(math.isfinite(x) for vector in vectors.values() for x in vector)
+        vectors[line["custom_id"]] = [item["embedding"] for item in body["data"]]
+        usage[line["custom_id"]] = body["usage"]["prompt_tokens"]
+    assert sorted(vectors) == sorted([*(f"e-{i}" for i in range(8)), "e-three"])
+    assert {len(found) for key, found in vectors.items() if key != "e-three"} == {1} and len(vectors["e-three"]) == 3
+    every = [vector for found in vectors.values() for vector in found]
+    assert {len(vector) for vector in every} == {128}  # the tiny model's hidden size
+    assert all(math.isfinite(x) for vector in every for x in vector)
     assert vectors["e-0"] != vectors["e-1"]
-    assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [("e-many", "unsupported_parameter")]
+    three = vectors["e-three"]
+    assert three[0] != three[1] != three[2] != three[0]
+    # In order: the first and last inputs embed as the same texts sent alone (CPU batches may differ a little).
+    for mine, alone in ((three[0], vectors["e-5"][0]), (three[2], vectors["e-1"][0])):
+        assert mine == pytest.approx(alone, rel=1e-3, abs=1e-4)
+    assert usage["e-three"] > usage["e-5"] + usage["e-1"]  # the middle input's tokens counted too
+    assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [("e-ids", "unsupported_parameter")]

@@ -33,8 +33,9 @@ def test_chat_body_maps_to_vllm_sampling_params_over_the_operator_defaults() -> 
     params = request["sampling_params"]
     assert request["messages"] == line["body"]["messages"]
     assert params == {
-        "top_k": 5, "max_tokens": 12, "temperature": 0.5, "top_p": 0.9, "stop": ["END"], "seed": 7, "logprobs": 3,
-        "presence_penalty": 0.1, "frequency_penalty": 0.2, "structured_outputs": {"json": '{"type": "object"}'},
+        "top_k": 5, "max_tokens": 12, "n": 1, "temperature": 0.5, "top_p": 0.9, "stop": ["END"], "seed": 7,
+        "logprobs": 3, "presence_penalty": 0.1, "frequency_penalty": 0.2,
+        "structured_outputs": {"json": '{"type": "object"}'},
     }  # fmt: skip
     assert request["meta"] == {"logprobs": True, "max_tokens": 12}
 
@@ -58,7 +59,10 @@ def test_every_line_gets_the_same_sampling_keys() -> None:
         pytest.param(
             chat_line(tools=[{"type": "function"}]), "unsupported parameter", "body.tools", id="tools"
         ),
-        pytest.param(chat_line(n=2), "unsupported parameter", "body.n", id="n-2"),
+        pytest.param(chat_line(n=2, temperature=0), "invalid request", "body.n", id="n-2-greedy"),
+        pytest.param(chat_line(n=129), "invalid request", "body.n", id="n-129"),
+        pytest.param(chat_line(n=0), "invalid request", "body.n", id="n-0"),
+        pytest.param(chat_line(best_of=2), "unsupported parameter", "body.best_of", id="best-of"),
         pytest.param(chat_line(temperature=3), "invalid request", "body.temperature", id="temperature"),
         pytest.param(
             chat_line(top_logprobs=2), "invalid request", "body.top_logprobs", id="top-without-logprobs"
@@ -106,15 +110,44 @@ def test_completions_take_a_prompt_and_integer_logprobs() -> None:
     assert request["sampling_params"]["logprobs"] == 2
 
 
-def test_embeddings_take_one_input_and_no_sampling() -> None:
-    line = {"custom_id": "e", "url": EMBEDDINGS, "method": "POST", "body": {"input": "text", "model": "m"}}
-    assert openai_batch.parse_request(line, EMBEDDINGS, {}) == {
+def embeddings_line(text_input: object) -> dict:
+    return {"custom_id": "e", "url": EMBEDDINGS, "method": "POST", "body": {"input": text_input}}
+
+
+def test_embeddings_take_one_input_or_several_and_no_sampling() -> None:
+    assert openai_batch.parse_request(embeddings_line("text"), EMBEDDINGS, {}) == {
         "prompt": "text",
         "meta": {"encoding_format": "float"},
     }
-    many = {**line, "body": {"input": ["a", "b"]}}
-    with pytest.raises(RequestError, match="one embedding per line"):
-        openai_batch.parse_request(many, EMBEDDINGS, {})
+    assert openai_batch.parse_request(embeddings_line(["text"]), EMBEDDINGS, {})["prompt"] == "text"
+    many = openai_batch.parse_request(embeddings_line(["a", "b", "c"]), EMBEDDINGS, {})
+    assert (many["prompt"], many[openai_batch.EXTRA_INPUTS]) == ("a", ["b", "c"])  # the row's prompt: the 1st
+
+
+@pytest.mark.parametrize(
+    ("text_input", "kind", "param"),
+    [
+        pytest.param([[1, 2], [3]], "unsupported parameter", "body.input", id="token-id-lists"),
+        pytest.param([1, 2, 3], "unsupported parameter", "body.input", id="token-ids"),
+        pytest.param([], "invalid request", "body.input", id="no-inputs"),
+        pytest.param(["a", " "], "empty prompt", "body.input[1]", id="one-empty"),
+        pytest.param(["a"] * 2049, "invalid request", "body.input", id="over-2048"),
+    ],
+)
+def test_embeddings_refuse_token_ids_and_empty_inputs(text_input: object, kind: str, param: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        openai_batch.parse_request(embeddings_line(text_input), EMBEDDINGS, {})
+    assert str(caught.value).startswith(f"{kind}: ") and caught.value.param == param
+
+
+def test_n_is_an_int_on_every_line_from_the_body_the_defaults_or_1() -> None:
+    """Never None: vLLM takes no None for n, and a block's ints with a null turn into floats."""
+    assert openai_batch.parse_request(chat_line(), CHAT, {})["sampling_params"]["n"] == 1
+    assert openai_batch.parse_request(chat_line(), CHAT, {"n": 2})["sampling_params"]["n"] == 2
+    assert openai_batch.parse_request(chat_line(n=3), CHAT, {"n": 2})["sampling_params"]["n"] == 3
+    requests = [json.dumps(openai_batch.parse_request(chat_line(n=k), CHAT, {})) for k in (1, 4)]
+    requests.append(json.dumps(openai_batch.parse_request(chat_line(), CHAT, {})))
+    assert "n" not in openai_batch.fields_to_fill(requests)
 
 
 def engine_row(request: dict, **fields) -> dict:
@@ -147,6 +180,47 @@ def test_chat_response_line_has_openai_shape_usage_and_finish_reason() -> None:
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
     again = openai_batch.response_line(row, CHAT, "tiny", "run-1")
     assert again["id"] == line["id"] and again["response"]["request_id"] == response["request_id"]  # stable
+
+
+def steps_of(*tokens: str) -> list[dict]:
+    return [{"token": token, "logprob": -0.5, "top": [{"token": token, "logprob": -0.5}]} for token in tokens]
+
+
+def test_n_choices_each_with_its_text_finish_reason_and_logprobs_and_usage_summed() -> None:
+    request = openai_batch.parse_request(chat_line(n=3, max_tokens=2, logprobs=True), CHAT, {})
+    extra = [openai_batch.choice_record("b", 1, steps_of("b"))]
+    extra.append(openai_batch.choice_record("c d", 2, steps_of("c", " d")))
+    row = engine_row(
+        request, generated_text="a", num_generated_tokens=1, logprobs=json.dumps(steps_of("a")),
+        extra_choices=json.dumps(extra),
+    )  # fmt: skip
+    body = openai_batch.response_line(row, CHAT, "tiny", "run-1")["response"]["body"]
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2]
+    assert [choice["message"]["content"] for choice in body["choices"]] == ["a", "b", "c d"]
+    assert [choice["finish_reason"] for choice in body["choices"]] == ["stop", "stop", "length"]
+    assert [[step["token"] for step in choice["logprobs"]["content"]] for choice in body["choices"]] == [
+        ["a"], ["b"], ["c", " d"]
+    ]  # fmt: skip
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    line = openai_batch.response_line(row, CHAT, "tiny", "run-1")
+    assert openai_batch.token_counts(line) == (5, 4)
+
+
+def test_n_completions_without_logprobs_asked_show_none() -> None:
+    completion = {"custom_id": "c", "url": COMPLETIONS, "body": {"prompt": "x", "n": 2, "temperature": 1}}
+    request = openai_batch.parse_request(completion, COMPLETIONS, {})
+    # Filled logprobs (see filled_sampling_params) come back, but the line did not ask for them.
+    extra = [openai_batch.choice_record("second", 3, steps_of("se", "co", "nd"))]
+    row = engine_row(
+        request, generated_text="first", num_generated_tokens=2, logprobs=None,
+        extra_choices=json.dumps(extra),
+    )  # fmt: skip
+    body = openai_batch.response_line(row, COMPLETIONS, "m", "r")["response"]["body"]
+    assert body["object"] == "text_completion"
+    assert [(c["index"], c["text"], c["logprobs"]) for c in body["choices"]] == [
+        (0, "first", None), (1, "second", None)
+    ]  # fmt: skip
+    assert body["usage"]["completion_tokens"] == 5
 
 
 def test_logprobs_pick_the_generated_token_and_rank_the_alternatives() -> None:
@@ -183,6 +257,23 @@ def test_logprobs_pick_the_generated_token_and_rank_the_alternatives() -> None:
         "top_logprobs": [{"b": -0.1, "a": -0.5}],
         "text_offset": [0],
     }
+
+
+def test_k_inputs_give_k_embeddings_in_order_and_usage_summed() -> None:
+    extra = [openai_batch.embedding_record([0.25, 0.0], 3), openai_batch.embedding_record([-2.0, 1.5], 4)]
+    for encoding in ("float", "base64"):
+        line = embeddings_line(["a", "b", "c"])
+        line["body"]["encoding_format"] = encoding
+        request = openai_batch.parse_request(line, EMBEDDINGS, {})
+        row = engine_row(request, embeddings=[0.5, -1.0], extra_embeddings=json.dumps(extra))
+        body = openai_batch.response_line(row, EMBEDDINGS, "m", "r")["response"]["body"]
+        assert {item["object"] for item in body["data"]} == {"embedding"}
+        assert [item["index"] for item in body["data"]] == [0, 1, 2]
+        vectors = [entry["embedding"] for entry in body["data"]]
+        if encoding == "base64":
+            vectors = [list(struct.unpack("<2f", base64.b64decode(vector))) for vector in vectors]
+        assert vectors == [[0.5, -1.0], [0.25, 0.0], [-2.0, 1.5]]
+        assert body["usage"] == {"prompt_tokens": 12, "total_tokens": 12}
 
 
 def test_embedding_line_in_float_and_base64() -> None:
