@@ -77,6 +77,7 @@ async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict
     output = vLLMOutputData.from_vllm_engine_output(outputs[0]).model_dump()
     output[openai_batch.EXTRA_CHOICES] = _extra_choices(outputs[0])
     output[openai_batch.EXTRA_EMBEDDINGS] = _extra_embeddings(outputs[1:])
+    output[openai_batch.FINISH_REASON] = _finish_reason(outputs[0])
     return requests[0], output, time_taken
 
 
@@ -103,8 +104,17 @@ def _extra_choices(output: Any) -> str | None:  # Any: a vLLM RequestOutput or P
         if completion.logprobs is not None:
             steps = [_convert_logprob_dict(step) for step in completion.logprobs]  # as Ray does for the first
             logprobs = openai_batch.token_logprobs(steps, completion.token_ids)
-        choices.append(openai_batch.choice_record(completion.text, len(completion.token_ids), logprobs))
+        record = openai_batch.choice_record(
+            completion.text, len(completion.token_ids), logprobs, completion.finish_reason
+        )
+        choices.append(record)
     return json.dumps(choices)
+
+
+def _finish_reason(output: Any) -> str | None:  # Any: a vLLM RequestOutput or PoolingRequestOutput.
+    """Why the first choice ended, as vLLM says ("stop", "length", ...); None for embeddings."""
+    completions = getattr(output, "outputs", None)
+    return completions[0].finish_reason if isinstance(completions, list) and completions else None
 
 
 def _extra_embeddings(outputs: list[Any]) -> str | None:  # Any: vLLM PoolingRequestOutputs.

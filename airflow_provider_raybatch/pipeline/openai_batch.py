@@ -73,6 +73,8 @@ _GREEDY_TEMPERATURE = 1e-5
 EXTRA_INPUTS = "extra_inputs"
 EXTRA_CHOICES = "extra_choices"
 EXTRA_EMBEDDINGS = "extra_embeddings"
+#: vLLM's own finish reason of the first choice (the engine row column; see :mod:`.engine_actor`).
+FINISH_REASON = "finish_reason"
 
 
 class RequestError(ValueError):
@@ -404,7 +406,9 @@ def response_line(
         }
     else:
         logprobs = json.loads(result["logprobs"]) if meta.get("logprobs") and result.get("logprobs") else None
-        first = choice_record(result["generated_text"], int(result["num_generated_tokens"]), logprobs)
+        first = choice_record(
+            result["generated_text"], int(result["num_generated_tokens"]), logprobs, result.get(FINISH_REASON)
+        )
         choices = [first, *json.loads(result.get(EXTRA_CHOICES) or "[]")]
         if endpoint == CHAT:
             body = {"id": f"chatcmpl-{request_id[4:]}", "object": "chat.completion"}
@@ -427,10 +431,19 @@ def response_line(
 
 
 def choice_record(
-    text: str, num_generated_tokens: int, logprobs: list[dict[str, Any]] | None
+    text: str,
+    num_generated_tokens: int,
+    logprobs: list[dict[str, Any]] | None,
+    finish_reason: str | None = None,
 ) -> dict[str, Any]:  # Any: JSON values.
-    """One choice as the engine row carries it: ``logprobs`` as :func:`token_logprobs` gives them."""
-    return {"text": text, "num_generated_tokens": num_generated_tokens, "logprobs": logprobs}
+    """One choice as the engine row carries it: ``logprobs`` as :func:`token_logprobs` gives them;
+    ``finish_reason`` as vLLM gave it (None: not known)."""
+    return {
+        "text": text,
+        "num_generated_tokens": num_generated_tokens,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
 
 
 def embedding_record(vector: Sequence[float], num_input_tokens: int) -> dict[str, Any]:  # Any: JSON values.
@@ -438,11 +451,17 @@ def embedding_record(vector: Sequence[float], num_input_tokens: int) -> dict[str
     return {"embedding": [float(value) for value in vector], "num_input_tokens": num_input_tokens}
 
 
+#: vLLM's finish reasons that OpenAI has too ("stop": an end-of-sequence token or a stop string).
+_OPENAI_FINISH_REASONS = ("stop", "length")
+
+
 def _choice(
     index: int, choice: Mapping[str, Any], endpoint: str, meta: Mapping[str, Any]
 ) -> dict[str, Any]:  # Any: JSON values.
-    tokens, max_tokens = choice["num_generated_tokens"], meta.get("max_tokens")
-    finish_reason = "length" if max_tokens is not None and tokens >= max_tokens else "stop"
+    finish_reason = choice.get("finish_reason")
+    if finish_reason not in _OPENAI_FINISH_REASONS:  # not known: inferred from the token count
+        tokens, max_tokens = choice["num_generated_tokens"], meta.get("max_tokens")
+        finish_reason = "length" if max_tokens is not None and tokens >= max_tokens else "stop"
     # Logprobs the line did not ask for may be there (filled in: see filled_sampling_params).
     logprobs = choice["logprobs"] if meta.get("logprobs") else None
     if endpoint == CHAT:

@@ -34,7 +34,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 _INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_continue_on_error=True
-_EXTRA_COLUMNS = (openai_batch.EXTRA_INPUTS, openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS)
+_EXTRA_COLUMNS = (
+    openai_batch.EXTRA_INPUTS,
+    openai_batch.EXTRA_CHOICES,
+    openai_batch.EXTRA_EMBEDDINGS,
+    openai_batch.FINISH_REASON,
+)
 
 
 # -- row functions (run in Ray workers; module-level so they pickle by reference) ----------------
@@ -182,7 +187,7 @@ def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
         if logprobs is not None and len(logprobs):
             output["logprobs"] = json.dumps(openai_batch.token_logprobs(logprobs, row["generated_tokens"]))
         output["embeddings"] = None if embeddings is None else [float(value) for value in embeddings]
-        for column in (openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS):  # JSON text, or None
+        for column in (openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS, openai_batch.FINISH_REASON):
             output[column] = row[column] if isinstance(row.get(column), str) else None
     return output
 

@@ -340,3 +340,21 @@ def test_int_fields_set_on_some_lines_are_set_on_all_to_values_that_change_nothi
     )
     assert (kept["seed"], kept["max_tokens"]) == (5, 3)
     assert openai_batch.filled_sampling_params(bare, frozenset({"logprobs"}), "s")["logprobs"] == 0
+
+
+def test_finish_reason_is_vllms_own_where_the_engine_row_has_it() -> None:
+    """vLLM's reason wins over the token count (a stop string on the last allowed token is "stop");
+    without one (an older row), the count decides; a reason OpenAI lacks ("abort") is not passed on."""
+    request = openai_batch.parse_request(chat_line(n=2, max_tokens=2, temperature=1), CHAT, {})
+    extra = [openai_batch.choice_record("b", 1, None, "length")]
+    row = engine_row(
+        request, generated_text="a b", num_generated_tokens=2, logprobs=None, finish_reason="stop",
+        extra_choices=json.dumps(extra),
+    )  # fmt: skip
+    body = openai_batch.response_line(row, CHAT, "tiny", "run-1")["response"]["body"]
+    assert [choice["finish_reason"] for choice in body["choices"]] == ["stop", "length"]
+    for known, expected in ((None, "length"), ("abort", "length")):
+        row = engine_row(request, generated_text="a b", num_generated_tokens=2, logprobs=None)
+        row["finish_reason"] = known
+        body = openai_batch.response_line(row, CHAT, "tiny", "run-1")["response"]["body"]
+        assert body["choices"][0]["finish_reason"] == expected
