@@ -12,6 +12,7 @@ this module's globals.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -30,7 +31,10 @@ from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStor
 from airflow_provider_raybatch.pipeline.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
 
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
-COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
+#: OpenAI's only completion window is "24h"; a private deployment may want another, so a duration in
+#: seconds, minutes, hours or days ("90m", "2h", "45s") is taken too.
+_WINDOW = re.compile(r"([1-9][0-9]{0,6})([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _CHUNK = 1 << 20
 
 
@@ -39,6 +43,12 @@ class CreateBatchRequest(BaseModel):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
+
+
+def completion_window_seconds(window: str) -> int | None:
+    """``"24h"`` -> 86400; None for what is not a duration."""
+    match = _WINDOW.fullmatch(window)
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match else None
 
 
 def _openai_error(
@@ -215,10 +225,12 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             raise _openai_error(
                 400, f"endpoint {body.endpoint!r}: supported are {list(ENDPOINTS)}.", "endpoint"
             )
-        window = COMPLETION_WINDOW_SECONDS.get(body.completion_window)
+        window = completion_window_seconds(body.completion_window)
         if window is None:
             raise _openai_error(
-                400, f"completion_window {body.completion_window!r}: use '24h'.", "completion_window"
+                400,
+                f"completion_window {body.completion_window!r}: use '24h' (or a duration such as '90m').",
+                "completion_window",
             )
         input_file = found(store.file, "file", body.input_file_id)
         if input_file["purpose"] != "batch":

@@ -149,6 +149,40 @@ def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connecti
         client.batches.cancel(batch.id)
 
 
+def test_a_batch_past_its_completion_window_expires_and_its_ray_job_stops(
+    airflow: Airflow, ray_connection, tmp_path: Path
+) -> None:
+    """A 45 s window (the API takes durations besides OpenAI's "24h") on a batch that needs longer:
+    a retrieve after the window marks it expired and stops its run, which stops its Ray job."""
+    client = client_for(airflow, _token(airflow, "batchuser"))
+    lines = [chat(f"slow-{i}", f"Tell a long story number {i}.", 200) for i in range(200)]
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path / "slow.jsonl", lines),
+        endpoint="/v1/chat/completions", completion_window="45s",
+    )  # fmt: skip
+    assert batch.expires_at == batch.created_at + 45
+    hook = RayHook()
+
+    def ours() -> list:
+        return [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == batch.id]
+
+    expired = airflow.wait(
+        "the batch to expire",
+        lambda: b if (b := client.batches.retrieve(batch.id)).status == "expired" else None, timeout=300,
+    )  # fmt: skip
+    assert expired.expired_at >= expired.expires_at and expired.output_file_id is None
+    assert expired.completed_at is None and expired.request_counts.total == 200
+    jobs = ours()
+    assert len(jobs) <= 1
+    for job in jobs:  # submitted before the window ended (it takes ~20 s here): stopped with the run
+
+        def ended(job_id: str = job.job_id) -> object:
+            return status if (status := hook.get_job_status(job_id)).is_terminal else None
+
+        assert airflow.wait("the Ray job to stop", ended, timeout=120).value == "STOPPED"
+    assert client.batches.retrieve(batch.id).status == "expired"  # and it stays so
+
+
 def test_airflow_auth_guards_the_api(airflow: Airflow, tmp_path: Path) -> None:
     with pytest.raises(openai.PermissionDeniedError):  # not an Airflow token
         client_for(airflow, "sk-not-an-airflow-token").batches.list()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.openai_api.app import _count_requests
+from airflow_provider_raybatch.openai_api.app import _count_requests, completion_window_seconds
 from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, public
 
 
@@ -54,3 +54,12 @@ def test_batches_list_newest_first(tmp_path: Path) -> None:
 def test_requests_are_the_non_blank_lines_across_chunks() -> None:
     assert _count_requests(iter([b'{"a"', b': 1}\n\n  \n{"b": 2}'])) == 2
     assert _count_requests(iter([b""])) == 0
+
+
+@pytest.mark.parametrize(
+    ("window", "seconds"),
+    [("24h", 86400), ("90m", 5400), ("45s", 45), ("7d", 604800), ("24", None), ("0h", None), ("1.5h", None),
+     ("h", None), (" 24h", None), ("24H", None)],
+)  # fmt: skip
+def test_completion_window_is_24h_or_another_duration(window: str, seconds: int | None) -> None:
+    assert completion_window_seconds(window) == seconds
