@@ -49,8 +49,18 @@ def forkserver_enabled() -> bool:
     return os.environ.get(FORKSERVER_ENV, "1") not in ("0", "false", "False", "")
 
 
-def use_our_engine_stage(processor: Any) -> Any:  # Any: ray.data.llm.Processor
-    """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off."""
+#: Our UDF's constructor keyword: what its replica needs to stage its finished batches itself.
+STAGING_KWARG = "raybatch_staging"
+
+
+def use_our_engine_stage(
+    processor: Any, staging: dict[str, Any] | None = None
+) -> Any:  # Any: ray.data.llm.Processor; keyword values.
+    """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off.
+
+    :param staging: the keywords of :class:`.sink.StagedPartsSink` plus ``spec``: the replica then
+        writes each engine batch's result rows to staging as soon as the batch is done.
+    """
     stages = getattr(processor, "stages", {}).values()
     stages = [stage for stage in stages if type(stage).__name__ == _ENGINE_STAGE]
     if not stages:
@@ -62,6 +72,8 @@ def use_our_engine_stage(processor: Any) -> Any:  # Any: ray.data.llm.Processor
             # Not `stage.fn = ...`: the stage validates assignments, and its validator, run twice, loses
             # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
             stage.__dict__["fn"] = RaybatchvLLMEngineStageUDF
+            if staging is not None:
+                stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
     return processor
 
 

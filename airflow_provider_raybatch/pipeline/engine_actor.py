@@ -18,6 +18,7 @@ import asyncio
 import functools
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
@@ -42,9 +43,18 @@ _PROMPT_TOKEN_FIELDS = ("tokenized_prompt", "prompt_token_ids")
 
 class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
     """Builds the engine as Ray Data LLM does (its EngineCore from the forkserver, unless switched off),
-    and has it return every choice and every input's embedding."""
+    has it return every choice and every input's embedding, and stages each batch where it finished.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # Any: Ray Data LLM's UDF arguments.
+    Staging in the replica: a finished batch's result rows become a staged part before the batch
+    leaves the replica, so a job killed a moment later loses no finished row (handed on to a write
+    task instead, they waited 1-3 s in Ray Data's queues, and a kill lost them). A batch whose replica
+    dies after staging is retried whole; commit drops the repeated part
+    (:func:`.commit._drop_repeated_parts`).
+    """
+
+    def __init__(
+        self, *args: Any, raybatch_staging: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:  # Any: Ray Data LLM's UDF arguments; the staging keywords (engine.use_our_engine_stage).
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()
@@ -52,6 +62,21 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
         # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
+        self._stage = None
+        if raybatch_staging is not None:
+            from airflow_provider_raybatch.pipeline.run import stage_engine_batch
+            from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
+
+            settings = dict(raybatch_staging)
+            spec = settings.pop("spec")
+            self._stage = functools.partial(stage_engine_batch, spec=spec, sink=StagedPartsSink(**settings))
+
+    async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:  # Any: Ray Data batch.
+        async for output in super().__call__(batch):
+            rows = output.get(self.data_column) if output else None
+            if self._stage is not None and rows:
+                await asyncio.to_thread(self._stage, rows)  # the engine goes on with the other batches
+            yield output
 
 
 async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict[str, Any], float]:

@@ -1,9 +1,10 @@
 """Run one batch on the Ray cluster: read, prompt, generate with ray.data.llm, stage, commit.
 
 Every input row ends in exactly one of two places: the outputs (id, kept columns, generated text,
-token counts) or the errors (id, source, reason, the input row as JSON). Result rows stream into
-staging as they finish, so a retry after a crash resumes instead of starting over (see
-:mod:`~airflow_provider_raybatch.pipeline.commit`). The manifest, written last, adds them up.
+token counts) or the errors (id, source, reason, the input row as JSON). Each engine replica stages
+a batch's result rows as soon as it finishes the batch (:func:`stage_engine_batch`), so a retry after
+a crash resumes instead of starting over (see :mod:`~airflow_provider_raybatch.pipeline.commit`).
+The manifest, written last, adds them up.
 """
 
 from __future__ import annotations
@@ -192,6 +193,11 @@ def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
     return output
 
 
+def _source_only(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
+    """The postprocess when the replicas stage their rows: all that is left to carry is small."""
+    return {"source": row["source"]}
+
+
 def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
     """Engine result -> the staged row: the user's output row, or an error row with its reason."""
     if row.get(_INFERENCE_ERROR):
@@ -235,6 +241,21 @@ def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) ->
 
 def _rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
     return _staged_error(row, row["error"], spec)
+
+
+def stage_engine_batch(rows: list[dict[str, Any]], spec: BatchInferenceSpec, sink: StagedPartsSink) -> None:
+    """In an engine replica: one finished batch (the stage's rows, all columns) -> one staged part.
+
+    Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the
+    errors, as they would downstream of the stage.
+    """
+    staged = [_staged_result(row if row.get(_INFERENCE_ERROR) else _engine_output(row), spec) for row in rows]
+    sink.write_part(staged)
+
+
+def _already_staged(row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: row values.
+    """After the engine stage: nothing; its replicas staged every row (:func:`stage_engine_batch`)."""
+    return []
 
 
 # -- the batch --------------------------------------------------------------------------------
@@ -287,9 +308,13 @@ def _first_sources_of_duplicates(prepared: Dataset) -> tuple[dict[str, str], int
 
 
 def _processor(
-    spec: BatchInferenceSpec, model_source: str, fill: frozenset[str] = frozenset()
+    spec: BatchInferenceSpec,
+    model_source: str,
+    fill: frozenset[str] = frozenset(),
+    sink: StagedPartsSink | None = None,
 ) -> Any:  # Any: ray.data.llm.Processor.
-    """:param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``)."""
+    """:param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``).
+    :param sink: where the engine replicas stage each batch they finish (None: they do not)."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     extra: dict[str, Any] = {}  # Any: config keyword values.
@@ -330,9 +355,10 @@ def _processor(
             with_images=spec.image_column is not None,
             fill=fill,
         ),
-        postprocess=_engine_output,
+        postprocess=_engine_output if sink is None else _source_only,
     )
-    return engine.use_our_engine_stage(processor)
+    staging = None if sink is None else {**sink.settings(), "spec": spec}
+    return engine.use_our_engine_stage(processor, staging)
 
 
 def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[str]:
@@ -399,13 +425,14 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         if rejected_rows:
             rejected.map(_rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
         if todo - rejected_rows:  # nothing left for the engine (all resumed, or all bad): do not start one
-            # Streamed: parts land in staging as blocks finish, which is what a retry resumes from.
-            # (Kept apart from the rejected rows: a union would hold the blocks back until the end.)
-            # One block per engine batch: a file's rows arrive as one block, and a block is the unit
-            # that flows downstream, so without this nothing reaches staging until the file is done.
+            # The engine replicas stage each batch as it finishes, which is what a retry resumes from
+            # (see engine_actor); nothing is left to flow out of the stage.
+            # One block per engine batch: a file's rows arrive as one block, and Ray Data hands the
+            # stage a block at a time, so the batches of one file would otherwise queue behind each other.
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
-            processor = _processor(spec, model_source, _fields_to_fill(accepted, spec))
-            processor(accepted).map(_staged_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+            sink.on_write_start()  # the replicas write into its folders
+            processor = _processor(spec, model_source, _fields_to_fill(accepted, spec), sink)
+            processor(accepted).flat_map(_already_staged).materialize()
     finally:
         progress.stop()
     versions = _versions()

@@ -10,7 +10,10 @@ The sidecar also carries what the run report needs, kept small: when the part wa
 power-of-two histograms of its output rows' token counts (see :mod:`.report`).
 
 A part without a sidecar (the job died while writing it) does not count and is removed on resume,
-so a retry redoes at most the blocks that were in flight. Commit reads only the sidecars.
+so a retry redoes at most the batches that were in flight. Commit reads only the sidecars.
+
+The engine replicas write their batches' parts themselves (:meth:`StagedPartsSink.write_part`, see
+:mod:`.engine_actor`); as a Ray Data sink it writes the rows that never reach the engine.
 """
 
 from __future__ import annotations
@@ -57,10 +60,20 @@ class StagedPartsSink(Datasink[None]):
         self.staging_uri = staging_uri
         self.output_format = output_format
         self.count_labels = count_labels
+        self.openai_lines = openai_lines
         self.extension = "parquet" if output_format == "parquet" else "jsonl"
         self.ascii_only = openai_lines  # as OpenAI's own batch output is
         self.tokens_of = openai_batch.token_counts if openai_lines else row_tokens
         self.reason_of = openai_batch.error_reason if openai_lines else (lambda record: record[ERROR_COLUMN])
+
+    def settings(self) -> dict[str, Any]:  # Any: the constructor's keyword values.
+        """The keywords that build this sink again (in an engine replica, which stages batches too)."""
+        return {
+            "staging_uri": self.staging_uri,
+            "output_format": self.output_format,
+            "count_labels": self.count_labels,
+            "openai_lines": self.openai_lines,
+        }
 
     def on_write_start(self, schema: Any = None) -> None:  # Any: pyarrow schema or None.
         for folder in PART_FOLDERS:
@@ -71,9 +84,10 @@ class StagedPartsSink(Datasink[None]):
         for block in blocks:
             rows = BlockAccessor.for_block(block).to_arrow().to_pylist()
             if rows:
-                self._write_part(rows)
+                self.write_part(rows)
 
-    def _write_part(self, rows: list[dict[str, Any]]) -> None:  # Any: row values.
+    def write_part(self, rows: list[dict[str, Any]]) -> None:  # Any: row values.
+        """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last."""
         part = f"part-{uuid.uuid4().hex}"
         outputs = [json.loads(row["record"]) for row in rows if row["ok"]]
         errors = [json.loads(row["record"]) for row in rows if not row["ok"]]

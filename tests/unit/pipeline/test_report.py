@@ -1,6 +1,6 @@
 """Tests of airflow_provider_raybatch/pipeline/report.py: the sidecar fields, their sums, and the page.
 
-The last test runs the sink's own ``_write_part`` with Ray replaced by a stub (sink.py imports Ray at
+The last test runs the sink's own ``write_part`` with Ray replaced by a stub (sink.py imports Ray at
 module level; the part it writes needs only pyarrow), so the sidecar checked is the one a job writes.
 """
 
@@ -374,7 +374,7 @@ def test_the_sinks_sidecar_carries_the_report_fields(sink_module: types.ModuleTy
     rows.append({"source": "in.jsonl:9", "ok": False, "record": json.dumps(error)})
     before = datetime.now(UTC).timestamp()
 
-    sink._write_part(rows)
+    sink.write_part(rows)
 
     (path,) = (staging / "parts").iterdir()
     document = json.loads(path.read_text())
