@@ -1,8 +1,9 @@
 """The ray.data.llm processor, built in the job's driver without importing vLLM, torch or transformers.
 
 Why: building the processor is all the driver does with Ray Data LLM, yet ``build_processor`` made it
-import vLLM, torch and transformers (CPU: ~19 s of a ~19 s build; GPU: ~14-19 s), between the last
-read pass and the moment the engine replicas can start. The replicas import them again themselves.
+import vLLM, torch and transformers (CPU: ~19 s of a ~19 s build; one H100: 24-27 s, bench/RESULTS.md
+section 6), between the last read pass and the moment the engine replicas can start. The replicas import
+them again themselves.
 
 Where those imports come from (Ray 2.57 and 2.60 alike; 2.57 also at ``vLLMEngineProcessorConfig``'s
 import, 2.60 only in the build):
