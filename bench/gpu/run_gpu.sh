@@ -70,9 +70,8 @@ PY
   b:*)
     name=${s#b:}; waitgpu
     if ! rayup; then
-      # From /: Ray's workers, the job supervisor and so the job's `python -m` driver inherit this cwd, and
-      # `python -m` puts it first on sys.path: started in a checkout, every job would import that
-      # checkout's airflow_provider_raybatch instead of the package the job uploaded.
+      # From /: should the job's `python -m` driver inherit the head's cwd (via the job supervisor), it
+      # would put it first on sys.path, and a checkout there would shadow the package the job uploaded.
       (cd / && ray start --head --dashboard-host=127.0.0.1 --dashboard-port=8265 --disable-usage-stats) > $K/ray_start.log 2>&1 || tail -20 $K/ray_start.log
       for i in $(seq 60); do rayup && break; sleep 1; done
       rayup && echo "Ray head up ($(( $(date +%s) - T0 ))s elapsed)" || { echo "Ray dashboard not up: falling back to a direct driver"; tail -15 /tmp/ray/session_latest/logs/dashboard.log; }
