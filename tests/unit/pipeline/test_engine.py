@@ -79,6 +79,10 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     monkeypatch.setitem(sys.modules, actor_module.__name__, actor_module)
     monkeypatch.setenv(engine.FORKSERVER_ENV, forkserver)
     stage, other = vLLMEngineStage(), types.SimpleNamespace(fn=RayUDF)
+    stage.fn_constructor_kwargs = {"model": "m"}
     processor = types.SimpleNamespace(stages={"vllm_engine_stage": stage, "tokenize_stage": other})
-    assert engine.use_our_engine_stage(processor) is processor
+    staging = {"staging_uri": "/out/_staging/k", "spec": "the spec"}
+    assert engine.use_our_engine_stage(processor, staging) is processor
     assert stage.fn is OurUDF and other.fn is RayUDF
+    # The replica gets what it needs to stage its batches, beside Ray's own constructor arguments.
+    assert stage.fn_constructor_kwargs == {"model": "m", engine.STAGING_KWARG: staging}
