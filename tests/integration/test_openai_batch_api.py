@@ -118,13 +118,18 @@ def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Pa
         client.files.retrieve(input_file_id)
 
 
+def _long_batch(client: openai.OpenAI, path: Path, completion_window: str):
+    """A batch of 200 chat lines of 200 tokens each: long enough to be caught while it runs."""
+    lines = [chat(f"long-{i}", f"Tell a long story number {i}.", 200) for i in range(200)]
+    input_file_id = upload(client, path, lines)
+    return client.batches.create(
+        input_file_id=input_file_id, endpoint="/v1/chat/completions", completion_window=completion_window
+    )
+
+
 def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connection, tmp_path: Path) -> None:
     client = client_for(airflow, _token(airflow, "batchuser"))
-    lines = [chat(f"long-{i}", f"Tell a long story number {i}.", 200) for i in range(200)]
-    batch = client.batches.create(
-        input_file_id=upload(client, tmp_path / "long.jsonl", lines),
-        endpoint="/v1/chat/completions", completion_window="24h",
-    )  # fmt: skip
+    batch = _long_batch(client, tmp_path / "long.jsonl", completion_window="24h")
     hook = RayHook()
 
     def running_job():
@@ -155,11 +160,7 @@ def test_a_batch_past_its_completion_window_expires_and_its_ray_job_stops(
     """A 45 s window (the API takes durations besides OpenAI's "24h") on a batch that needs longer:
     a retrieve after the window marks it expired and stops its run, which stops its Ray job."""
     client = client_for(airflow, _token(airflow, "batchuser"))
-    lines = [chat(f"slow-{i}", f"Tell a long story number {i}.", 200) for i in range(200)]
-    batch = client.batches.create(
-        input_file_id=upload(client, tmp_path / "slow.jsonl", lines),
-        endpoint="/v1/chat/completions", completion_window="45s",
-    )  # fmt: skip
+    batch = _long_batch(client, tmp_path / "slow.jsonl", completion_window="45s")
     assert batch.expires_at == batch.created_at + 45
     hook = RayHook()
 
