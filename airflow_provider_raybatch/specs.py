@@ -198,6 +198,12 @@ class BatchInferenceSpec(BaseModel):
         description="Folder on each node that keeps a fetched s3:// model between runs (used when the "
         "job ships its own S3 settings; see pipeline/models.py).",
     )
+    compile_cache_dir: str | None = Field(
+        default=None,
+        description="Folder on each GPU node where the replicas keep vLLM's torch.compile cache and "
+        "Triton's kernels between runs (a persistent volume makes a fresh node's first run warm); "
+        "unset: the nodes' own VLLM_CACHE_ROOT (default ~/.cache/vllm) and Triton's ~/.triton/cache.",
+    )
     run_key: str = Field(
         default="manual",
         pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$",  # a folder name: never '.' or '..'
@@ -404,10 +410,12 @@ class BatchInferenceSpec(BaseModel):
     def fingerprint(self) -> str:
         """A stable hash of everything that shapes the output; equal specs give equal fingerprints.
 
-        ``run_key``, ``keep_versions`` and ``model_cache_dir`` say where and how long, not what, so
-        they are left out: a retry with the same parameters may resume what an earlier try staged.
+        ``run_key``, ``keep_versions``, ``model_cache_dir`` and ``compile_cache_dir`` say where and how
+        long, not what, so they are left out: a retry with the same parameters may resume what an
+        earlier try staged.
         """
-        shaping = self.model_dump(mode="json", exclude={"run_key", "keep_versions", "model_cache_dir"})
+        where = {"run_key", "keep_versions", "model_cache_dir", "compile_cache_dir"}
+        shaping = self.model_dump(mode="json", exclude=where)
         canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

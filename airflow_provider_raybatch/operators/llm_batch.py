@@ -102,6 +102,10 @@ class RayLLMBatchOperator(BaseOperator):
         default and the better choice where possible): the cluster's own credentials, e.g. an IAM role.
         An assumed role's short-lived credentials must outlast the job.
     :param model_cache_dir: Where each node keeps an ``s3://`` model it fetched (with ``aws_conn_id``).
+    :param compile_cache_dir: Where each GPU node keeps vLLM's compiled graphs and Triton's kernels
+        between runs, e.g. a persistent volume: a daily run then skips torch.compile and the kernel
+        builds (tens of seconds per replica). Unset: the nodes' defaults (``~/.cache/vllm``,
+        ``~/.triton/cache``); either way the second run on a node finds the first run's kernels.
     :param output_asset: An Asset (or its URI) for this batch's output: each successful run emits an
         event on it, with extras ``output_uri`` (this run's), ``manifest_uri``, ``rows_in``,
         ``rows_out``, ``rows_failed``, ``version`` and ``job_id``, so other DAGs can be scheduled on it.
@@ -182,6 +186,7 @@ class RayLLMBatchOperator(BaseOperator):
         ray_conn_id: str = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
         model_cache_dir: str = "/tmp/raybatch/models",
+        compile_cache_dir: str | None = None,
         output_asset: Asset | str | None = None,
         input_asset: Asset | str | None = None,
         check_layout: bool = True,
@@ -221,6 +226,7 @@ class RayLLMBatchOperator(BaseOperator):
         self.ray_conn_id = ray_conn_id
         self.aws_conn_id = aws_conn_id
         self.model_cache_dir = model_cache_dir
+        self.compile_cache_dir = compile_cache_dir
         self.check_layout = check_layout
         self.output_asset = Asset(output_asset) if isinstance(output_asset, str) else output_asset
         self.input_asset = Asset(input_asset) if isinstance(input_asset, str) else input_asset

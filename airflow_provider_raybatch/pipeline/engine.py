@@ -15,6 +15,12 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   the EngineCore is forked from an already-importing clean process (no Ray threads, no CUDA). The
   child gets the parent's environment as it is at ``Process.start()``, as with spawn.
   ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off.
+* **One Triton cache folder for every run.** torch's Inductor points ``TRITON_CACHE_DIR`` at its own
+  folder when it compiles and the variable is unset (``triton_heuristics.py``), so on a node's first
+  run vLLM's warm-up kernels land there too; a later run loads the compiled graphs, compiles nothing,
+  and looks in Triton's default folder instead: it builds those kernels again (13-19 s on an H100),
+  and only the third run finds them. The replica sets the variable before its engine starts
+  (:func:`compile_cache_env`), optionally under a configurable folder (``compile_cache_dir``).
 * **Our UDF, forkserver on or off.** The vLLM stage runs our UDF
   (:mod:`~airflow_provider_raybatch.pipeline.engine_actor`) either way; the switch decides the
   forkserver only. The UDF also returns what Ray Data LLM's drops: an OpenAI line's choices after the
@@ -26,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Mapping
 from multiprocessing import context as mp_context
 from typing import Any
 
@@ -51,15 +58,35 @@ def forkserver_enabled() -> bool:
 
 #: Our UDF's constructor keyword: what its replica needs to stage its finished batches itself.
 STAGING_KWARG = "raybatch_staging"
+#: Our UDF's constructor keyword: the spec's ``compile_cache_dir``.
+COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
+#: Triton's own default (``triton/runtime/cache.py``), made explicit so Inductor does not move it.
+_TRITON_DEFAULT_CACHE = os.path.join("~", ".triton", "cache")
+
+
+def compile_cache_env(cache_dir: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a replica sets before its engine starts, so that each run finds the kernels and
+    compiled graphs of the runs before it on that node.
+
+    :param cache_dir: the spec's ``compile_cache_dir``: vLLM's cache root and Triton's folder under it.
+        None: the node's own settings, plus an explicit ``TRITON_CACHE_DIR`` where the node has none.
+    """
+    if cache_dir:
+        root = os.path.expanduser(cache_dir)
+        return {"VLLM_CACHE_ROOT": root, "TRITON_CACHE_DIR": os.path.join(root, "triton")}
+    if environ.get("TRITON_CACHE_DIR"):
+        return {}
+    return {"TRITON_CACHE_DIR": os.path.expanduser(_TRITON_DEFAULT_CACHE)}
 
 
 def use_our_engine_stage(
-    processor: Any, staging: dict[str, Any] | None = None
+    processor: Any, staging: dict[str, Any] | None = None, compile_cache_dir: str | None = None
 ) -> Any:  # Any: ray.data.llm.Processor; keyword values.
     """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off.
 
     :param staging: the keywords of :class:`.sink.StagedPartsSink` plus ``spec``: the replica then
         writes each engine batch's result rows to staging as soon as the batch is done.
+    :param compile_cache_dir: where the replica keeps compiled graphs and kernels (:func:`compile_cache_env`).
     """
     stages = getattr(processor, "stages", {}).values()
     stages = [stage for stage in stages if type(stage).__name__ == _ENGINE_STAGE]
@@ -72,6 +99,7 @@ def use_our_engine_stage(
             # Not `stage.fn = ...`: the stage validates assignments, and its validator, run twice, loses
             # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
             stage.__dict__["fn"] = RaybatchvLLMEngineStageUDF
+            stage.fn_constructor_kwargs[COMPILE_CACHE_KWARG] = compile_cache_dir
             if staging is not None:
                 stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
     return processor

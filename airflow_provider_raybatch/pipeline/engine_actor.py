@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -53,8 +54,14 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
     """
 
     def __init__(
-        self, *args: Any, raybatch_staging: dict[str, Any] | None = None, **kwargs: Any
-    ) -> None:  # Any: Ray Data LLM's UDF arguments; the staging keywords (engine.use_our_engine_stage).
+        self,
+        *args: Any,
+        raybatch_staging: dict[str, Any] | None = None,
+        raybatch_compile_cache_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:  # Any: Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
+        # Before the engine starts: its EngineCore gets this process's environment (spawned or forked).
+        os.environ.update(engine.compile_cache_env(raybatch_compile_cache_dir, os.environ))
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()

@@ -66,6 +66,7 @@ def build_llm_processor(
     preprocess: Callable[[dict[str, Any]], dict[str, Any]],
     postprocess: Callable[[dict[str, Any]], dict[str, Any]],
     staging: dict[str, Any] | None = None,  # Any: keyword values.
+    compile_cache_dir: str | None = None,
 ) -> Any:  # Any: ray.data.llm.Processor
     """``build_processor(vLLMEngineProcessorConfig(**config_kwargs), ...)`` with our engine stage.
 
@@ -73,6 +74,8 @@ def build_llm_processor(
     :param preprocess: row -> the engine request (``messages``/``prompt``, ``sampling_params``, ...).
     :param postprocess: the engine's row -> the pipeline's row.
     :param staging: where the replicas stage their batches (``engine.use_our_engine_stage``).
+    :param compile_cache_dir: where the replicas keep compiled graphs and kernels
+        (``engine.compile_cache_env``).
     """
     with engine_libraries_held_back():
         _answer_the_telemetry_probe_locally()
@@ -81,7 +84,7 @@ def build_llm_processor(
         config = vLLMEngineProcessorConfig(**config_kwargs)
         processor = build_processor(config, preprocess=preprocess, postprocess=postprocess)
         # Imports Ray's engine stage module (already loaded by the build, with the stand-ins).
-        return engine.use_our_engine_stage(processor, staging)
+        return engine.use_our_engine_stage(processor, staging, compile_cache_dir)
 
 
 @contextlib.contextmanager

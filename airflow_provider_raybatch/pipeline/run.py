@@ -360,6 +360,7 @@ def _processor(
         ),
         postprocess=_engine_output if sink is None else _source_only,
         staging=None if sink is None else {**sink.settings(), "spec": spec},
+        compile_cache_dir=spec.compile_cache_dir,
     )
 
 

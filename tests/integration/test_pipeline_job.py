@@ -82,7 +82,8 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     input_path.parent.mkdir()
     expected_errors = write_dirty_corpus(input_path)
     output_uri = str(tmp_path / "out")
-    operator = make_operator(tiny_model, str(input_path), output_uri)
+    compile_cache = tmp_path / "compile-cache"
+    operator = make_operator(tiny_model, str(input_path), output_uri, compile_cache_dir=str(compile_cache))
     job_id = submit_pipeline(operator, "dirty", f"pipeline-test-{uuid.uuid4().hex[:8]}")
     hook = RayHook()
     assert wait_for_job(job_id) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)
@@ -113,3 +114,6 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert manifest["spec_fingerprint"] == operator.build_spec().fingerprint()
     assert manifest["versions"]["vllm"] and manifest["versions"]["ray"] == "2.60.0"
     assert not (tmp_path / "out" / "_staging").exists() or not any((tmp_path / "out" / "_staging").iterdir())
+    # The replica's vLLM kept its caches under compile_cache_dir (the model inspection it caches even
+    # with enforce_eager; torch.compile's graphs and Triton's kernels go there on a GPU).
+    assert any((compile_cache / "modelinfos").iterdir())

@@ -94,6 +94,14 @@ def test_build_spec_run_key_and_keep_versions() -> None:
     assert spec.fingerprint() == make_operator().build_spec().fingerprint()
 
 
+def test_compile_cache_dir_reaches_the_spec_and_not_its_fingerprint() -> None:
+    """Where the kernels are kept is not what the output is: moving the cache must not stop a resume."""
+    spec = make_operator(compile_cache_dir="/mnt/vllm-cache").build_spec()
+    assert spec.compile_cache_dir == "/mnt/vllm-cache"
+    assert make_operator().build_spec().compile_cache_dir is None
+    assert spec.fingerprint() == make_operator().build_spec().fingerprint()
+
+
 @pytest.mark.parametrize("run_key", ["", "a b", "a/b", "x" * 129])
 def test_build_spec_invalid_run_key_names_it(run_key: str) -> None:
     with pytest.raises(BatchSpecError, match="run_key"):

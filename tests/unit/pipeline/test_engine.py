@@ -82,7 +82,27 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     stage.fn_constructor_kwargs = {"model": "m"}
     processor = types.SimpleNamespace(stages={"vllm_engine_stage": stage, "tokenize_stage": other})
     staging = {"staging_uri": "/out/_staging/k", "spec": "the spec"}
-    assert engine.use_our_engine_stage(processor, staging) is processor
+    assert engine.use_our_engine_stage(processor, staging, "/mnt/compile") is processor
     assert stage.fn is OurUDF and other.fn is RayUDF
-    # The replica gets what it needs to stage its batches, beside Ray's own constructor arguments.
-    assert stage.fn_constructor_kwargs == {"model": "m", engine.STAGING_KWARG: staging}
+    # The replica gets what it needs to stage its batches and keep its kernels, beside Ray's arguments.
+    assert stage.fn_constructor_kwargs == {
+        "model": "m", engine.STAGING_KWARG: staging, engine.COMPILE_CACHE_KWARG: "/mnt/compile",
+    }  # fmt: skip
+
+
+def test_a_compile_cache_dir_holds_vllm_s_cache_and_triton_s_kernels() -> None:
+    env = engine.compile_cache_env("/mnt/compile", {"TRITON_CACHE_DIR": "/node/triton"})
+    assert env == {"VLLM_CACHE_ROOT": "/mnt/compile", "TRITON_CACHE_DIR": "/mnt/compile/triton"}
+
+
+def test_without_one_triton_s_default_folder_is_made_explicit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set, Inductor leaves it alone: the first run's kernels are where the second run looks."""
+    monkeypatch.setenv("HOME", "/home/ray")
+    assert engine.compile_cache_env(None, {}) == {"TRITON_CACHE_DIR": "/home/ray/.triton/cache"}
+    assert engine.compile_cache_env("~/cache", {}) == {
+        "VLLM_CACHE_ROOT": "/home/ray/cache", "TRITON_CACHE_DIR": "/home/ray/cache/triton",
+    }  # fmt: skip
+
+
+def test_a_node_s_own_triton_folder_is_kept() -> None:
+    assert engine.compile_cache_env(None, {"TRITON_CACHE_DIR": "/node/triton"}) == {}
