@@ -1,8 +1,10 @@
 """RayHook: the Ray Jobs REST API (submit, status, stop, logs, packages), sync and async.
 
-It speaks HTTP with httpx rather than importing Ray, so the Airflow side stays light. Each sync
-method has an ``a_`` twin beside it; both share everything but the I/O (request building,
-response parsing, error translation).
+It speaks HTTP rather than importing Ray, so the Airflow side stays light: httpx for the sync
+methods, aiohttp for their ``a_`` twins (a triggerer makes hundreds of calls a second through them,
+and aiohttp's C parser needs a third of httpx's CPU per call; bench/RESULTS.md, section 3). Each sync
+method has its twin beside it; both share everything but the I/O (request building, response
+parsing, error translation).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import json
 import os
 import ssl
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
+import aiohttp
 import httpx
+import yarl
 from airflow.sdk import BaseHook
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_delay
 from tenacity.wait import wait_exponential_jitter
@@ -32,7 +37,11 @@ from airflow_provider_raybatch.exceptions import (
     RayJobNotFoundError,
     RayUnavailableError,
 )
-from airflow_provider_raybatch.utils.layout import CLUSTER_NODES_ENDPOINT, ClusterResources, cluster_resources_from_api
+from airflow_provider_raybatch.utils.layout import (
+    CLUSTER_NODES_ENDPOINT,
+    ClusterResources,
+    cluster_resources_from_api,
+)
 from airflow_provider_raybatch.utils.packaging import RayPackage
 
 if TYPE_CHECKING:
@@ -109,8 +118,23 @@ class _Request:
 
 
 @dataclass(frozen=True)
+class _Answer:
+    """An answer of the async client, read whole: the parts of ``httpx.Response`` the hook uses."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:  # Any: JSON values.
+        return json.loads(self.content)
+
+
+@dataclass(frozen=True)
 class RayConnectionSettings:
-    """What an httpx client needs, read from an Airflow connection of type ``ray``."""
+    """What an HTTP client needs, read from an Airflow connection of type ``ray``."""
 
     base_url: str
     headers: dict[str, str]
@@ -151,8 +175,9 @@ class RayConnectionSettings:
         )
 
     def client_kwargs(self) -> dict[str, Any]:  # Any: httpx keyword arguments.
-        # The connection's cookies only: a client is shared by many calls (see _async_client), and
-        # one answer's Set-Cookie must not ride along on the next call, as with a client per call.
+        """The sync client's; the async one's are built from the same settings by _session_kwargs."""
+        # The connection's cookies only, and none an answer sets: the same cookies on every call, as
+        # the async twin sends them (see _session_kwargs).
         jar = http.cookiejar.CookieJar(policy=_KeepNoCookies())
         cookies = httpx.Cookies(jar)
         for name, value in self.cookies.items():
@@ -164,6 +189,11 @@ class RayConnectionSettings:
             "verify": _ssl_context(self.verify),
             "timeout": self.timeout_seconds,
         }
+
+    @property
+    def host(self) -> str:
+        """The dashboard's host name, for messages."""
+        return urlsplit(self.base_url).hostname or self.base_url
 
     def client_key(self) -> tuple[Any, ...]:  # Any: hashable settings.
         """What tells two settings' clients apart (the token is in ``headers``)."""
@@ -189,10 +219,13 @@ MAX_CONCURRENT_ASYNC_CALLS = 8
 
 @dataclass(frozen=True)
 class _SharedAsyncClient:
-    client: httpx.AsyncClient
-    # httpx's pool rescans every queued request and connection at each start and end of a call,
-    # so a queue of hundreds (a triggerer restart) costs seconds of CPU; calls queue here instead.
+    session: aiohttp.ClientSession
+    # A queue of hundreds of calls (a triggerer restart) waits here, not in the connection pool,
+    # which rescans its waiters at each start and end of a call.
     slots: asyncio.Semaphore
+    # Closes the session when the loop shuts down (see _close_with_the_loop); held here because the
+    # loop keeps only a weak reference to it.
+    closer: AsyncIterator[None]
 
 
 #: One async client per event loop and connection settings, shared by every hook in the process.
@@ -201,24 +234,58 @@ _ASYNC_CLIENTS: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
-def _async_client(settings: RayConnectionSettings) -> _SharedAsyncClient:
+async def _async_client(settings: RayConnectionSettings) -> _SharedAsyncClient:
     """The running loop's client for these settings, made on first use.
 
     A triggerer runs hundreds of triggers in one event loop, each polling every few seconds. A client
     per call opened (and closed) a TCP connection per call, and built the client each time: most of
     the triggerer's CPU (bench/RESULTS.md, section 3). A shared client keeps a few connections alive
-    and reuses them. It belongs to the loop that made it: httpx's connections cannot move between loops.
+    and reuses them. It belongs to the loop that made it: connections cannot move between loops.
     """
     clients = _ASYNC_CLIENTS.setdefault(asyncio.get_running_loop(), {})
     key = settings.client_key()
     shared = clients.get(key)
-    if shared is None or shared.client.is_closed:
-        limits = httpx.Limits(
-            max_connections=MAX_CONCURRENT_ASYNC_CALLS, max_keepalive_connections=MAX_CONCURRENT_ASYNC_CALLS
+    if shared is None or shared.session.closed:
+        session = aiohttp.ClientSession(**_session_kwargs(settings))
+        closer = _close_with_the_loop(session)
+        shared = clients[key] = _SharedAsyncClient(
+            session, asyncio.Semaphore(MAX_CONCURRENT_ASYNC_CALLS), closer
         )
-        client = httpx.AsyncClient(**settings.client_kwargs(), limits=limits)
-        shared = clients[key] = _SharedAsyncClient(client, asyncio.Semaphore(MAX_CONCURRENT_ASYNC_CALLS))
+        await anext(closer)
     return shared
+
+
+async def _close_with_the_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    """Close ``session`` when its loop shuts down; started once and left suspended.
+
+    ``asyncio.run`` (the triggerer's loop, and pytest-asyncio's) closes every async generator still
+    suspended before it closes the loop. Without this, aiohttp logs "Unclosed client session" for each
+    shared session at exit.
+    """
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+def _session_kwargs(settings: RayConnectionSettings) -> dict[str, Any]:  # Any: aiohttp keyword arguments.
+    """aiohttp's form of :meth:`RayConnectionSettings.client_kwargs`: same headers, cookies, TLS, timeouts."""
+    headers = dict(settings.headers)
+    if settings.cookies and not any(name.lower() == "cookie" for name in headers):
+        # The connection's cookies only, as one header; a DummyCookieJar keeps none an answer sets.
+        headers["Cookie"] = "; ".join(f"{name}={value}" for name, value in settings.cookies.items())
+    timeout = settings.timeout_seconds
+    return {
+        "headers": headers,
+        "cookie_jar": aiohttp.DummyCookieJar(),
+        "connector": aiohttp.TCPConnector(
+            limit=MAX_CONCURRENT_ASYNC_CALLS, ssl=_ssl_context(settings.verify)
+        ),
+        # As httpx's timeout: connecting and each read may take this long, the call as a whole longer.
+        "timeout": aiohttp.ClientTimeout(
+            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+        ),
+    }
 
 
 @functools.lru_cache(maxsize=16)
@@ -230,7 +297,9 @@ def _ssl_context(verify: bool | str) -> ssl.SSLContext:
     saturated the event loop (bench/RESULTS.md, section 3). A CA bundle file is read once per process.
     """
     if isinstance(verify, str):
-        return ssl.create_default_context(**({"capath": verify} if os.path.isdir(verify) else {"cafile": verify}))
+        return ssl.create_default_context(
+            **({"capath": verify} if os.path.isdir(verify) else {"cafile": verify})
+        )
     return httpx.create_ssl_context(verify=verify)
 
 
@@ -264,36 +333,47 @@ def _job_path(job_id: str, suffix: str = "") -> str:
 
 
 def _tls_failure(err: BaseException) -> bool:
-    """Whether an ssl error lies anywhere in the exception's chain (httpx wraps it in ConnectError)."""
+    """Whether an ssl error lies anywhere in the exception's chain (httpx and aiohttp wrap it)."""
     visited: set[int] = set()
     pending: list[BaseException | None] = [err]
     while pending:
         current = pending.pop()
         if current is None or id(current) in visited:
             continue
-        if isinstance(current, ssl.SSLError):
+        if isinstance(current, ssl.SSLError | aiohttp.ClientSSLError):
             return True
         visited.add(id(current))
         pending += [current.__cause__, current.__context__]
     return False
 
 
-def _unreachable(settings: RayConnectionSettings, err: httpx.HTTPError) -> RayHookError:
-    """Translate a transport failure; only those that pass (refused, reset, timed out) are retried."""
+#: Transport failures before the request left: resending cannot run anything twice.
+_NEVER_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
+)
+#: Transport failures that pass with time (reset, dropped, timed out); the request may have left.
+_PASSING = (httpx.TransportError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+
+
+def _unreachable(settings: RayConnectionSettings, err: Exception) -> RayHookError:
+    """Translate an httpx or aiohttp transport failure; only those that pass are retried."""
     message = f"Ray Jobs API at {settings.base_url} unreachable: {type(err).__name__}: {err}"
     if _tls_failure(err):  # a wrong certificate or CA does not pass with time: fail at once
         return RayHookError(
             f"TLS handshake with {settings.base_url} failed: {err}. Check the connection's CA bundle path "
             "(extra ca_bundle_path) or, for a test cluster only, switch TLS verification off."
         )
-    if isinstance(err, httpx.ConnectError | httpx.ConnectTimeout):
+    if isinstance(err, _NEVER_SENT):
         return RayUnavailableError(message, request_sent=False)
-    if isinstance(err, httpx.TransportError) and not isinstance(err, httpx.UnsupportedProtocol):
+    if isinstance(err, _PASSING) and not isinstance(err, httpx.UnsupportedProtocol):
         return RayUnavailableError(message)
     return RayHookError(message)
 
 
-def _raise_for_response(request: _Request, response: httpx.Response) -> None:
+def _raise_for_response(request: _Request, response: httpx.Response | _Answer, host: str) -> None:
     """Translate an error answer into the narrowest provider exception."""
     status = response.status_code
     if status < 400 or status in request.accepted_statuses:
@@ -304,7 +384,7 @@ def _raise_for_response(request: _Request, response: httpx.Response) -> None:
     where = f"{request.method} {request.path}"
     if status == 401:
         raise RayAuthError(
-            f"Ray cluster at {response.request.url.host} requires a token ({where} -> 401). "
+            f"Ray cluster at {host} requires a token ({where} -> 401). "
             "Put the cluster's token (ray start writes it to ~/.ray/auth_token) in the connection's password.",
             status_code=status,
         )
@@ -401,13 +481,19 @@ class RayHook(BaseHook):
 
     def _retry_policy(self, request: _Request, settings: RayConnectionSettings) -> dict[str, Any]:
         """tenacity arguments shared by the sync and async retry loops."""
-        window = settings.retry_window_seconds if self.retry_window_seconds is None else self.retry_window_seconds
+        window = (
+            settings.retry_window_seconds if self.retry_window_seconds is None else self.retry_window_seconds
+        )
 
         def log_retry(state: RetryCallState) -> None:
             err = state.outcome.exception() if state.outcome else None
             pause = state.next_action.sleep if state.next_action else 0
             self.log.warning(
-                "%s (try %d; retrying in %.1f s, for up to %.0f s in all).", err, state.attempt_number, pause, window
+                "%s (try %d; retrying in %.1f s, for up to %.0f s in all).",
+                err,
+                state.attempt_number,
+                pause,
+                window,
             )
 
         return {
@@ -433,10 +519,10 @@ class RayHook(BaseHook):
                 )
         except httpx.HTTPError as err:
             raise _unreachable(settings, err) from err
-        _raise_for_response(request, response)
+        _raise_for_response(request, response, settings.host)
         return response
 
-    async def _a_send(self, request: _Request) -> httpx.Response:
+    async def _a_send(self, request: _Request) -> _Answer:
         """Async version of :meth:`_send`."""
         settings = await self.a_settings()
         async for attempt in AsyncRetrying(**self._retry_policy(request, settings)):
@@ -444,17 +530,22 @@ class RayHook(BaseHook):
                 return await self._a_send_once(request, settings)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
-    async def _a_send_once(self, request: _Request, settings: RayConnectionSettings) -> httpx.Response:
-        shared = _async_client(settings)
+    async def _a_send_once(self, request: _Request, settings: RayConnectionSettings) -> _Answer:
+        shared = await _async_client(settings)
+        # The path is quoted already (_job_path); encoded=True sends it as built, as httpx does.
+        url = yarl.URL(settings.base_url + request.path, encoded=True)
         try:
-            async with shared.slots:
-                response = await shared.client.request(
-                    request.method, request.path, json=request.json, content=request.content
-                )
-        except httpx.HTTPError as err:
+            async with (
+                shared.slots,
+                shared.session.request(
+                    request.method, url, json=request.json, data=request.content, allow_redirects=False
+                ) as response,
+            ):
+                answer = _Answer(response.status, await response.read())
+        except (TimeoutError, aiohttp.ClientError) as err:
             raise _unreachable(settings, err) from err
-        _raise_for_response(request, response)
-        return response
+        _raise_for_response(request, answer, settings.host)
+        return answer
 
     # -- cluster -------------------------------------------------------------------------------
 
