@@ -68,6 +68,34 @@ def test_tls_verification_switched_off(ray_cluster, tls_proxy, monkeypatch) -> N
     assert RayHook(ray_conn_id="ray_tls").get_version()["ray_version"] == "2.60.0"
 
 
+@pytest.mark.parametrize("extra", ["ca_bundle", "verify_off"])
+async def test_async_twin_over_tls(ray_cluster, tls_proxy, monkeypatch, extra: str) -> None:
+    # The async twin has its own client (aiohttp): the same TLS settings must reach it.
+    proxy, tls = tls_proxy
+    settings = {"ca_bundle_path": str(tls.ca_pem)} if extra == "ca_bundle" else {"verify": False}
+    env = _connection(ray_cluster.token, proxy.port, "https", **settings)
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_TLS", env)
+    hook = RayHook(ray_conn_id="ray_tls")
+    job_id = hook.submit_job("python -c 'pass'", submission_id=f"live-tls-{uuid.uuid4().hex[:8]}")
+
+    info = await hook.a_get_job_info(job_id)
+
+    assert info.job_id == job_id
+
+
+async def test_async_twin_against_an_unknown_ca_fails_at_once(ray_cluster, tls_proxy, monkeypatch) -> None:
+    proxy, _ = tls_proxy
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_TLS", _connection(ray_cluster.token, proxy.port, "https"))
+
+    started = time.monotonic()
+    with pytest.raises(RayHookError, match="TLS handshake with https://127.0.0.1:.* failed") as raised:
+        await RayHook(ray_conn_id="ray_tls").a_get_job_info("any-job")
+
+    assert not isinstance(raised.value, RayUnavailableError)
+    assert time.monotonic() - started < 5  # not retried for the 300 s window
+    assert ray_cluster.token not in str(raised.value)
+
+
 async def test_trigger_rides_out_a_dashboard_outage(ray_cluster, monkeypatch, capsys) -> None:
     proxy = TcpProxy(DASHBOARD_PORT).start()
     monkeypatch.setenv("AIRFLOW_CONN_RAY_PROXIED", _connection(ray_cluster.token, proxy.port, retry_window_seconds=60))
