@@ -42,7 +42,8 @@ BASELINES = {
 
 
 def _run(args: list[str], home: str) -> dict:
-    env = {"AIRFLOW_HOME": home, "HOME": home, "PATH": "/usr/bin:/bin"}
+    # This checkout's provider: a script's interpreter would import the venv's (editable) install.
+    env = {"AIRFLOW_HOME": home, "HOME": home, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [str(PYTHON), *args], capture_output=True, text=True, timeout=180, env=env, check=True
     )
