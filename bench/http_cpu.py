@@ -72,8 +72,12 @@ async def measure(cluster: LocalCluster, job_id: str, calls: int, repeats: int) 
         results["aiohttp status"] = await _per_call_ms(lambda: aiohttp_get(status), calls, repeats)
         results["aiohttp logs"] = await _per_call_ms(lambda: aiohttp_get(logs), calls // 10, repeats)
     hook = RayHook()
-    results["RayHook.a_get_job_info"] = await _per_call_ms(lambda: hook.a_get_job_info(job_id), calls, repeats)
-    results["RayHook.a_get_job_logs"] = await _per_call_ms(lambda: hook.a_get_job_logs(job_id), calls // 10, repeats)
+    results["RayHook.a_get_job_info"] = await _per_call_ms(
+        lambda: hook.a_get_job_info(job_id), calls, repeats
+    )
+    results["RayHook.a_get_job_logs"] = await _per_call_ms(
+        lambda: hook.a_get_job_logs(job_id), calls // 10, repeats
+    )
     return results
 
 
