@@ -75,6 +75,8 @@ class Probe:
         self.call_errors = 0
         self.events: list[tuple[float, dict[str, Any]]] = []  # Any: event payloads.
         self.gc_pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self.gc_full: list[tuple[float, float, int]] = []  # (s into the window, pause s, objects left)
+        self.window_started = time.perf_counter()
         self._gc_started = 0.0
         self.stop = False
 
@@ -83,7 +85,12 @@ class Probe:
         if phase == "start":
             self._gc_started = time.perf_counter()
         else:
-            self.gc_pauses[info["generation"]].append(time.perf_counter() - self._gc_started)
+            pause = time.perf_counter() - self._gc_started
+            self.gc_pauses[info["generation"]].append(pause)
+            if info["generation"] == 2:
+                # When in the window, and how large the heap is after it (it sets when the next one comes).
+                left = len(gc.get_objects(generation=2))
+                self.gc_full.append((self._gc_started - self.window_started, pause, left))
 
     async def ticker(self) -> None:
         while not self.stop:
@@ -167,6 +174,7 @@ async def window(
     await asyncio.sleep(0.5)  # the ticker's baseline before the triggers start
     load_1m = os.getloadavg()[0]
     gc.callbacks.append(probe.gc_callback)
+    probe.window_started = time.perf_counter()
     cpu0, dash0, t0 = _process_cpu_seconds(), _dashboard_cpu_seconds(), time.monotonic()
     tasks = [asyncio.create_task(run_trigger(t, d, probe)) for t, d in zip(triggers, delays, strict=True)]
     await asyncio.sleep(seconds)
@@ -203,6 +211,7 @@ async def window(
         "gc_collections": {str(g): len(p) for g, p in probe.gc_pauses.items()},
         "gc_max_pause_ms": {str(g): 1000 * max(p, default=0) for g, p in probe.gc_pauses.items()},
         "gc_total_ms": {str(g): 1000 * sum(p) for g, p in probe.gc_pauses.items()},
+        "gc_full_at_s_pause_ms_objects": [(round(t, 1), round(1000 * p, 1), n) for t, p, n in probe.gc_full],
     }
 
 
