@@ -220,8 +220,8 @@ MAX_CONCURRENT_ASYNC_CALLS = 8
 @dataclass(frozen=True)
 class _SharedAsyncClient:
     session: aiohttp.ClientSession
-    # A queue of hundreds of calls (a triggerer restart) waits here, not in the connection pool,
-    # which rescans its waiters at each start and end of a call.
+    # At most MAX_CONCURRENT_ASYNC_CALLS on the wire (the connector's limit too); a burst of hundreds
+    # (a triggerer restart) waits here before it builds a single request.
     slots: asyncio.Semaphore
     # Closes the session when the loop shuts down (see _close_with_the_loop); held here because the
     # loop keeps only a weak reference to it.
