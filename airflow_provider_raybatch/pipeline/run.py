@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -364,6 +365,23 @@ def _processor(
     )
 
 
+def _build_while_reading(
+    spec: BatchInferenceSpec, model_source: str, sink: StagedPartsSink
+) -> Future[Any] | None:  # Any: ray.data.llm.Processor.
+    """Start building the processor in a thread, beside the reads; None for an OpenAI batch.
+
+    The build needs no rows (Ray Data LLM's stages, its telemetry actor: ~5 s on a fresh cluster), so
+    the engine replicas can be asked for as soon as the rows are ready. An OpenAI batch's sampling
+    fields come from its lines (:func:`_fields_to_fill`): its processor is built after the reads.
+    """
+    if spec.openai_endpoint is not None:
+        return None
+    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-build")
+    building = builder.submit(_processor, spec, model_source, frozenset(), sink)
+    builder.shutdown(wait=False)  # the build still runs; nothing else comes
+    return building
+
+
 def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[str]:
     """For an OpenAI batch: the sampling fields to set on every line (openai_batch.NULLABLE_INT_FIELDS)."""
     if spec.openai_endpoint is None:
@@ -403,6 +421,13 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     done_sources = commit.open_staging(layout, spec)
+    sink = StagedPartsSink(
+        layout.staging_uri,
+        spec.output_format,
+        count_labels=spec.structured_choices is not None and spec.openai_endpoint is None,
+        openai_lines=spec.openai_endpoint is not None,
+    )
+    building = _build_while_reading(spec, model_source, sink)
     prepared = _read_records(spec).map(_prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
     first_sources, errors = _first_sources_of_duplicates(prepared)
@@ -419,12 +444,6 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     rejected = prepared.filter(lambda row: row["error"] is not None)
     # Without duplicates or resumed rows the scan's error count holds: no dataset pass per count.
     rejected_rows = errors if not (first_sources or done_sources) else rejected.count()
-    sink = StagedPartsSink(
-        layout.staging_uri,
-        spec.output_format,
-        count_labels=spec.structured_choices is not None and spec.openai_endpoint is None,
-        openai_lines=spec.openai_endpoint is not None,
-    )
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     try:
         if rejected_rows:
@@ -436,7 +455,10 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             # stage a block at a time, so the batches of one file would otherwise queue behind each other.
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
             sink.on_write_start()  # the replicas write into its folders
-            processor = _processor(spec, model_source, _fields_to_fill(accepted, spec), sink)
+            if building is not None:
+                processor = building.result()
+            else:
+                processor = _processor(spec, model_source, _fields_to_fill(accepted, spec), sink)
             processor(accepted).flat_map(_already_staged).materialize()
     finally:
         progress.stop()

