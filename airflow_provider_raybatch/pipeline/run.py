@@ -312,11 +312,11 @@ def _first_sources_of_duplicates(prepared: Dataset) -> tuple[dict[str, str], int
 def _processor(
     spec: BatchInferenceSpec,
     model_source: str,
+    sink: StagedPartsSink,
     fill: frozenset[str] = frozenset(),
-    sink: StagedPartsSink | None = None,
 ) -> Any:  # Any: ray.data.llm.Processor.
-    """:param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``).
-    :param sink: where the engine replicas stage each batch they finish (None: they do not).
+    """:param sink: where the engine replicas stage each batch they finish (:func:`stage_engine_batch`).
+    :param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``).
 
     Built without importing vLLM, torch or transformers in the driver: see :mod:`.processor`.
     """
@@ -359,8 +359,8 @@ def _processor(
             with_images=spec.image_column is not None,
             fill=fill,
         ),
-        postprocess=_engine_output if sink is None else _source_only,
-        staging=None if sink is None else {**sink.settings(), "spec": spec},
+        postprocess=_source_only,  # the replicas staged the results (stage_engine_batch)
+        staging={**sink.settings(), "spec": spec},
         compile_cache_dir=spec.compile_cache_dir,
     )
 
@@ -377,7 +377,7 @@ def _build_while_reading(
     if spec.openai_endpoint is not None:
         return None
     builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-build")
-    building = builder.submit(_processor, spec, model_source, frozenset(), sink)
+    building = builder.submit(_processor, spec, model_source, sink)
     builder.shutdown(wait=False)  # the build still runs; nothing else comes
     return building
 
@@ -458,7 +458,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             if building is not None:
                 processor = building.result()
             else:
-                processor = _processor(spec, model_source, _fields_to_fill(accepted, spec), sink)
+                processor = _processor(spec, model_source, sink, _fields_to_fill(accepted, spec))
             processor(accepted).flat_map(_already_staged).materialize()
     finally:
         progress.stop()
