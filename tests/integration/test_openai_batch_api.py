@@ -118,9 +118,13 @@ def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Pa
         client.files.retrieve(input_file_id)
 
 
+LONG_BATCH_LINES = 600
+
+
 def _long_batch(client: openai.OpenAI, path: Path, completion_window: str):
-    """A batch of 200 chat lines of 200 tokens each: long enough to be caught while it runs."""
-    lines = [chat(f"long-{i}", f"Tell a long story number {i}.", 200) for i in range(200)]
+    """A batch of 600 chat lines of 200 tokens each: long enough to be caught while it runs (200 lines
+    could end within the expiry test's 45 s window on a quiet machine)."""
+    lines = [chat(f"long-{i}", f"Tell a long story number {i}.", 200) for i in range(LONG_BATCH_LINES)]
     input_file_id = upload(client, path, lines)
     return client.batches.create(
         input_file_id=input_file_id, endpoint="/v1/chat/completions", completion_window=completion_window
@@ -172,7 +176,7 @@ def test_a_batch_past_its_completion_window_expires_and_its_ray_job_stops(
         lambda: b if (b := client.batches.retrieve(batch.id)).status == "expired" else None, timeout=300,
     )  # fmt: skip
     assert expired.expired_at >= expired.expires_at and expired.output_file_id is None
-    assert expired.completed_at is None and expired.request_counts.total == 200
+    assert expired.completed_at is None and expired.request_counts.total == LONG_BATCH_LINES
     jobs = ours()
     assert len(jobs) <= 1
     for job in jobs:  # submitted before the window ended (it takes ~20 s here): stopped with the run

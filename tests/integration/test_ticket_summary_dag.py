@@ -18,11 +18,11 @@ DAG_ID = "daily_support_ticket_summary"
 TICKETS = 30
 
 
-def _write_tickets(path: Path) -> None:
+def _write_tickets(path: Path, count: int = TICKETS) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [
         {"ticket_id": f"T-{i:03d}", "subject": f"Order {i} late", "body": f"My order {i} has not arrived yet."}
-        for i in range(TICKETS)
+        for i in range(count)
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
