@@ -133,16 +133,28 @@ def test_task_page_shows_progress_and_the_ray_job_link(airflow: Airflow, ray_clu
 
 
 def _deferred_run(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, day: str) -> tuple[str, str, str]:
-    """Trigger the ticket DAG for ``day`` and wait until its task defers: (run id, TI path, job id).
+    """Trigger the ticket DAG for ``day`` and wait until the triggerer runs its trigger: (run id, TI
+    path, job id).
 
-    LONG_RUN_TICKETS of them: the job must still run when the test stops it from the UI.
+    LONG_RUN_TICKETS of them: the job must still run when the test stops it from the UI. Not just
+    "deferred": Airflow calls a trigger's ``on_kill`` only once the triggerer has started it (about 2 s
+    after the task defers; CI cleared in that gap once, and the next try attached to the running job).
     """
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl", LONG_RUN_TICKETS)
     run_id = airflow.trigger(DAG_ID, day, _conf(tiny_model, tmp_path))
     airflow.wait("the task to defer", lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None)
     path = f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
-    return run_id, path, airflow.api("GET", f"{path}/xcomEntries/job_id").json()["value"]
+    job_id = airflow.api("GET", f"{path}/xcomEntries/job_id").json()["value"]
+    polled = (f"Ray job {job_id} is ", f"Ray job {job_id}: ")  # the trigger's status and progress lines
+    airflow.wait("the triggerer to poll the job", lambda: True if any(line in _log_text(airflow, path, 1) for line in polled) else None, every=1)
+    return run_id, path, job_id
+
+
+def _log_text(airflow: Airflow, path: str, try_number: int) -> str:
+    """A try's log as the UI shows it (the worker's lines, then the triggerer's)."""
+    content = airflow.api("GET", f"{path}/logs/{try_number}", params={"full_content": "true"}).json()["content"]
+    return "\n".join(str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content)
 
 
 def test_marking_a_deferred_task_failed_stops_its_ray_job(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch) -> None:
