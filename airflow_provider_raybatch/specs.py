@@ -178,7 +178,7 @@ class BatchInferenceSpec(BaseModel):
     max_concurrent_batches: PositiveInt | None = Field(
         default=None,
         description="Batches one replica works on at once (Ray Data LLM's default when unset). Also "
-        "bounds the rows a killed run loses in flight: about max_concurrent_batches x batch_size per replica.",
+        "bounds the rows a killed run was generating: up to max_concurrent_batches x batch_size per replica.",
     )
     accelerator_type: str | None = Field(default=None, description="Ray accelerator type, e.g. 'H100'.")
     replica_resources: dict[str, float] | None = Field(

@@ -208,7 +208,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         return file_id
 
     def _staged_counts(record: dict[str, Any]) -> dict[str, int]:  # Any: JSON values.
-        """Requests done so far: the staged parts' sidecars (pipeline/sink.py) of the running job."""
+        """Requests done so far: the staged parts' sidecars (pipeline/parts.py) of the running job."""
         done = {"completed": 0, "failed": 0}
         for uri in store.glob(f"{record['output_uri']}/_staging", "*/parts/*.json"):
             sidecar = store.read_json(uri) or {}

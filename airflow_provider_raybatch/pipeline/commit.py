@@ -1,12 +1,12 @@
 """Staging, resume and commit: how a run becomes visible exactly once, and how a retry resumes.
 
 While a run is in progress its result rows stream into ``_staging/<run_key>/`` as parts (see
-:mod:`~airflow_provider_raybatch.pipeline.sink`). A retry of the same logical run (same ``run_key``,
+:mod:`~airflow_provider_raybatch.pipeline.parts`). A retry of the same logical run (same ``run_key``,
 same spec fingerprint) reads the sources of the committed parts and processes only the rest.
-Commit drops a part Ray wrote twice, checks that every input row is accounted for, moves the parts
-into a new version folder with its run report (``report.html``, see
-:mod:`~airflow_provider_raybatch.pipeline.report`), replaces ``manifest.json`` and only then deletes
-the previous version (unless ``keep_versions``).
+Commit keeps the first staged copy of each row (a retried batch stages its rows again), checks that
+every input row is accounted for, moves the parts into a new version folder with its run report
+(``report.html``, see :mod:`~airflow_provider_raybatch.pipeline.report`), replaces ``manifest.json``
+and only then deletes the previous version (unless ``keep_versions``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from airflow_provider_raybatch.pipeline import report, storage
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
@@ -26,8 +26,10 @@ from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
-#: Sub-folders of a run's staging folder (see sink.py).
+#: Sub-folders of a run's staging folder (see parts.py).
 PART_FOLDERS = ("outputs", "errors", "parts")
+#: Sidecar key: its ``sources`` are the output rows' then the error rows', each in file order.
+SOURCES_IN_FILE_ORDER = "sources_in_file_order"
 
 
 def reason_kind(reason: str) -> str:
@@ -114,21 +116,47 @@ def open_staging(layout: OutputLayout, spec: BatchInferenceSpec) -> set[str]:
     return {source for part in parts for source in part.sidecar["sources"]}
 
 
-def _drop_repeated_parts(layout: OutputLayout, parts: list[StagedPart]) -> list[StagedPart]:
-    """Keep the first copy of each row: a later part repeating rows (a retried write task) goes."""
+class PartRewriter(Protocol):
+    """What commit needs to stage a part again without some of its rows (:class:`.parts.PartWriter`)."""
+
+    def read_part(self, part: StagedPart) -> list[dict[str, Any]]: ...  # Any: row values.
+
+    def write_part(self, rows: list[dict[str, Any]]) -> StagedPart: ...  # Any: row values.
+
+
+def _drop_repeated_rows(
+    layout: OutputLayout, parts: list[StagedPart], rewriter: PartRewriter | None = None
+) -> list[StagedPart]:
+    """Keep the first staged copy of each row (parts in name order).
+
+    A batch whose replica died is retried whole, and its rows are staged again, mixed with the rows
+    of other batches: a part whose rows were all staged before goes; a part repeating some of them
+    is staged again without those (the new part first, so a crash in between leaves only a part
+    that the next commit drops). Without ``rewriter``, or for a part from before sidecars listed
+    rows in file order, a partial repeat refuses the commit.
+    """
     seen: set[str] = set()
     kept = []
     for part in sorted(parts, key=lambda p: p.name):
         sources = set(part.sidecar["sources"])
         overlap = sources & seen
-        if overlap and overlap != sources:
-            raise InvariantError(f"staged part {part.name} repeats {len(overlap)} of its rows only partly.")
-        if overlap:
-            log.warning("Dropping staged part %s: Ray wrote its %d rows twice.", part.name, len(sources))
+        if not overlap:
+            seen |= sources
+            kept.append(part)
+            continue
+        if overlap == sources:
+            log.warning("Dropping staged part %s: its %d rows were staged before.", part.name, len(sources))
             _delete_part(layout, part)
             continue
+        if rewriter is None or not part.sidecar.get(SOURCES_IN_FILE_ORDER):
+            raise InvariantError(f"staged part {part.name} repeats {len(overlap)} of its rows only partly.")
+        rows = [row for row in rewriter.read_part(part) if row["source"] not in seen]
+        restaged = rewriter.write_part(rows)
+        _delete_part(layout, part)
+        log.warning("Staged part %s repeats %d of its %d rows: staged the other %d again as %s.",
+                    part.name, len(overlap), len(sources), len(rows), restaged.name)  # fmt: skip
         seen |= sources
-        kept.append(part)
+        kept.append(restaged)
     return kept
 
 
@@ -152,6 +180,7 @@ def write_version(
     spec: BatchInferenceSpec,
     rows_in: int,
     *,
+    rewriter: PartRewriter | None = None,
     rows_resumed: int | None = None,
     started_at: datetime | None = None,
     versions: Mapping[str, str] | None = None,
@@ -159,12 +188,13 @@ def write_version(
     """Move the staged parts into a new version folder (invisible until :func:`publish`) and write
     its run report there.
 
+    :param rewriter: stages a part again without the rows it repeats (:func:`_drop_repeated_rows`).
     :param rows_resumed: rows an earlier try staged (shown in the report; unset: "—").
     :param started_at: when the run started: the report's wall time runs from it to now, and its
         throughput chart starts there (unset: at the first part).
     :param versions: library versions to show, e.g. ``{"ray": ..., "vllm": ...}``.
     """
-    parts = _drop_repeated_parts(layout, _sidecars(layout))
+    parts = _drop_repeated_rows(layout, _sidecars(layout), rewriter)
     _remove_orphans(layout, {part.name for part in parts})
     version = layout.new_version()
     run = CommittedRun(

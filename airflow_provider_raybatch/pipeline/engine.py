@@ -56,7 +56,7 @@ def forkserver_enabled() -> bool:
     return os.environ.get(FORKSERVER_ENV, "1") not in ("0", "false", "False", "")
 
 
-#: Our UDF's constructor keyword: what its replica needs to stage its finished batches itself.
+#: Our UDF's constructor keyword: what its replica needs to stage its finished rows itself.
 STAGING_KWARG = "raybatch_staging"
 #: Our UDF's constructor keyword: the spec's ``compile_cache_dir``.
 COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
@@ -84,8 +84,8 @@ def use_our_engine_stage(
 ) -> Any:  # Any: ray.data.llm.Processor; keyword values.
     """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off.
 
-    :param staging: the keywords of :class:`.sink.StagedPartsSink` plus ``spec``: the replica then
-        writes each engine batch's result rows to staging as soon as the batch is done.
+    :param staging: the keywords of :class:`.parts.PartWriter` plus ``spec``: the replica then
+        stages the rows it finishes as they finish (:mod:`.replica_staging`).
     :param compile_cache_dir: where the replica keeps compiled graphs and kernels (:func:`compile_cache_env`).
     """
     stages = getattr(processor, "stages", {}).values()

@@ -25,6 +25,7 @@ from typing import Any
 import ray
 
 from airflow_provider_raybatch.pipeline import engine, openai_batch
+from airflow_provider_raybatch.pipeline.replica_staging import RowStager, flush_rows_for
 
 # In a replica, this module is imported when Ray unpickles the UDF class, before Ray Data LLM's stage
 # module imports torch: the earliest point to let the forkserver start its imports (not in the driver).
@@ -38,19 +39,22 @@ from ray.llm._internal.batch.stages.vllm_engine_stage import (  # noqa: E402
     vLLMOutputData,
 )
 
+#: Marks a row the engine loop staged already (dropped before the row leaves the stage).
+_STAGED = "__raybatch_staged__"
 #: Row fields that hold the first input's tokens: a request for another input must not carry them.
 _PROMPT_TOKEN_FIELDS = ("tokenized_prompt", "prompt_token_ids")
 
 
 class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
     """Builds the engine as Ray Data LLM does (its EngineCore from the forkserver, unless switched off),
-    has it return every choice and every input's embedding, and stages each batch where it finished.
+    has it return every choice and every input's embedding, and stages each row where it finished.
 
-    Staging in the replica: a finished batch's result rows become a staged part before the batch
-    leaves the replica, so a job killed a moment later loses no finished row (handed on to a write
-    task instead, they waited 1-3 s in Ray Data's queues, and a kill lost them). A batch whose replica
-    dies after staging is retried whole; commit drops the repeated part
-    (:func:`.commit._drop_repeated_parts`).
+    Staging in the replica: each row the engine finishes joins the replica's buffer at once, and the
+    buffer is staged every half batch and whenever a batch ends (:mod:`.replica_staging`), so a job
+    killed a moment later loses at most one batch of finished rows per replica (staged a batch at a
+    time, it lost every finished row of the batches in flight; handed on to a write task, they waited
+    1-3 s more in Ray Data's queues). A batch whose replica dies is retried whole; commit keeps the
+    first staged copy of each row (:func:`.commit._drop_repeated_rows`).
     """
 
     def __init__(
@@ -69,20 +73,40 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
         # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
-        self._stage = None
+        self._stager: RowStager | None = None
         if raybatch_staging is not None:
-            from airflow_provider_raybatch.pipeline.run import stage_engine_batch
-            from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
+            from airflow_provider_raybatch.pipeline.parts import PartWriter
+            from airflow_provider_raybatch.pipeline.run import stage_engine_rows
 
             settings = dict(raybatch_staging)
             spec = settings.pop("spec")
-            self._stage = functools.partial(stage_engine_batch, spec=spec, sink=StagedPartsSink(**settings))
+            write = functools.partial(stage_engine_rows, spec=spec, parts=PartWriter(**settings))
+            self._stager = RowStager(write, flush_rows_for(spec.batch_size))
+
+    async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
+        """Ray Data LLM's engine loop; each row it finishes goes to the stager as it comes out."""
+        if self._stager is None:
+            async for output in super().udf(batch):
+                yield output
+            return
+        by_index = {row[self.IDX_IN_BATCH_COLUMN]: row for row in batch}
+        async for output in super().udf(batch):
+            # The row as it leaves the stage (what Ray Data LLM's __call__ builds from the two).
+            row = {**by_index[output[self.IDX_IN_BATCH_COLUMN]], **output}
+            row.pop(self.IDX_IN_BATCH_COLUMN)
+            if self._stager.finished(row):
+                await self._stager.flush()
+            yield {**output, _STAGED: True}
 
     async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:  # Any: Ray Data batch.
         async for output in super().__call__(batch):
             rows = output.get(self.data_column) if output else None
-            if self._stage is not None and rows:
-                await asyncio.to_thread(self._stage, rows)  # the engine goes on with the other batches
+            if self._stager is not None and rows:
+                for row in rows:
+                    # Rows that came in failed skip the engine loop: staged here, with the batch.
+                    if not row.pop(_STAGED, False):
+                        self._stager.finished(row)
+                await self._stager.flush()  # nothing of this batch leaves the replica unstaged
             yield output
 
 

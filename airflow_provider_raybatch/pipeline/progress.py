@@ -1,6 +1,6 @@
 """Progress of a running batch, printed on the driver log for the trigger to relay to the task log.
 
-The staged parts' sidecars (sink.py) are the truth about what is done: a background thread reads
+The staged parts' sidecars (parts.py) are the truth about what is done: a background thread reads
 the ones that appeared since its last look, every ``interval`` seconds, and prints one marked line
 (:func:`airflow_provider_raybatch.manifest.progress_log_line`). Reading only new sidecars keeps each
 look cheap however long the run.

@@ -2,8 +2,8 @@
 
 Every input row ends in exactly one of two places: the outputs (id, kept columns, generated text,
 token counts) or the errors (id, source, reason, the input row as JSON). Each engine replica stages
-a batch's result rows as soon as it finishes the batch (:func:`stage_engine_batch`), so a retry after
-a crash resumes instead of starting over (see :mod:`~airflow_provider_raybatch.pipeline.commit`).
+its finished rows every half batch (:func:`stage_engine_rows`, :mod:`.replica_staging`), so a retry
+after a crash resumes instead of starting over (see :mod:`~airflow_provider_raybatch.pipeline.commit`).
 The manifest, written last, adds them up.
 """
 
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.pipeline import commit, engine, images, models, openai_batch, storage
+from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.processor import build_llm_processor
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
@@ -245,18 +246,18 @@ def _rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str,
     return _staged_error(row, row["error"], spec)
 
 
-def stage_engine_batch(rows: list[dict[str, Any]], spec: BatchInferenceSpec, sink: StagedPartsSink) -> None:
-    """In an engine replica: one finished batch (the stage's rows, all columns) -> one staged part.
+def stage_engine_rows(rows: list[dict[str, Any]], spec: BatchInferenceSpec, parts: PartWriter) -> None:
+    """In an engine replica: finished rows (as they leave the stage, all columns) -> one staged part.
 
     Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the
     errors, as they would downstream of the stage.
     """
     staged = [_staged_result(row if row.get(_INFERENCE_ERROR) else _engine_output(row), spec) for row in rows]
-    sink.write_part(staged)
+    parts.write_part(staged)
 
 
 def _already_staged(row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: row values.
-    """After the engine stage: nothing; its replicas staged every row (:func:`stage_engine_batch`)."""
+    """After the engine stage: nothing; its replicas staged every row (:func:`stage_engine_rows`)."""
     return []
 
 
@@ -312,10 +313,10 @@ def _first_sources_of_duplicates(prepared: Dataset) -> tuple[dict[str, str], int
 def _processor(
     spec: BatchInferenceSpec,
     model_source: str,
-    sink: StagedPartsSink,
+    parts: PartWriter,
     fill: frozenset[str] = frozenset(),
 ) -> Any:  # Any: ray.data.llm.Processor.
-    """:param sink: where the engine replicas stage each batch they finish (:func:`stage_engine_batch`).
+    """:param parts: where the engine replicas stage the rows they finish (:func:`stage_engine_rows`).
     :param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``).
 
     Built without importing vLLM, torch or transformers in the driver: see :mod:`.processor`.
@@ -359,14 +360,14 @@ def _processor(
             with_images=spec.image_column is not None,
             fill=fill,
         ),
-        postprocess=_source_only,  # the replicas staged the results (stage_engine_batch)
-        staging={**sink.settings(), "spec": spec},
+        postprocess=_source_only,  # the replicas staged the results (stage_engine_rows)
+        staging={**parts.settings(), "spec": spec},
         compile_cache_dir=spec.compile_cache_dir,
     )
 
 
 def _build_while_reading(
-    spec: BatchInferenceSpec, model_source: str, sink: StagedPartsSink
+    spec: BatchInferenceSpec, model_source: str, parts: PartWriter
 ) -> Future[Any] | None:  # Any: ray.data.llm.Processor.
     """Start building the processor in a thread, beside the reads; None for an OpenAI batch.
 
@@ -377,7 +378,7 @@ def _build_while_reading(
     if spec.openai_endpoint is not None:
         return None
     builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-build")
-    building = builder.submit(_processor, spec, model_source, sink)
+    building = builder.submit(_processor, spec, model_source, parts)
     builder.shutdown(wait=False)  # the build still runs; nothing else comes
     return building
 
@@ -421,13 +422,13 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     done_sources = commit.open_staging(layout, spec)
-    sink = StagedPartsSink(
+    parts = PartWriter(
         layout.staging_uri,
         spec.output_format,
         count_labels=spec.structured_choices is not None and spec.openai_endpoint is None,
         openai_lines=spec.openai_endpoint is not None,
     )
-    building = _build_while_reading(spec, model_source, sink)
+    building = _build_while_reading(spec, model_source, parts)
     prepared = _read_records(spec).map(_prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
     first_sources, errors = _first_sources_of_duplicates(prepared)
@@ -447,24 +448,30 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     try:
         if rejected_rows:
-            rejected.map(_rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+            rejected.map(_rejected_result, fn_kwargs={"spec": spec}).write_datasink(StagedPartsSink(parts))
         if todo - rejected_rows:  # nothing left for the engine (all resumed, or all bad): do not start one
-            # The engine replicas stage each batch as it finishes, which is what a retry resumes from
-            # (see engine_actor); nothing is left to flow out of the stage.
+            # The engine replicas stage the rows they finish, which is what a retry resumes from (see
+            # engine_actor); nothing is left to flow out of the stage.
             # One block per engine batch: a file's rows arrive as one block, and Ray Data hands the
             # stage a block at a time, so the batches of one file would otherwise queue behind each other.
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
-            sink.on_write_start()  # the replicas write into its folders
+            parts.create_folders()  # the replicas write into them
             if building is not None:
                 processor = building.result()
             else:
-                processor = _processor(spec, model_source, sink, _fields_to_fill(accepted, spec))
+                processor = _processor(spec, model_source, parts, _fields_to_fill(accepted, spec))
             processor(accepted).flat_map(_already_staged).materialize()
     finally:
         progress.stop()
     versions = _versions()
     committed = commit.write_version(
-        layout, spec, rows_in, rows_resumed=len(done_sources), started_at=started_at, versions=versions
+        layout,
+        spec,
+        rows_in,
+        rewriter=parts,
+        rows_resumed=len(done_sources),
+        started_at=started_at,
+        versions=versions,
     )
     manifest = {
         "status": "complete",

@@ -5,7 +5,7 @@ Layout under ``output_uri``::
     manifest.json                 the commit point: names the current version; written last
     versions/<version>/outputs/   the generated rows of a committed run
     versions/<version>/errors/    the rows that failed, with the reason
-    _staging/<run_key>/           parts streamed out while a run is in progress (see sink.py),
+    _staging/<run_key>/           parts streamed out while a run is in progress (see parts.py),
                                   resumed by a retry; spec.json says which spec staged them
 
 Readers follow ``manifest.json`` to ``outputs_uri``: they see the previous complete version or the
@@ -247,7 +247,11 @@ def move_tree(source_uri: str, target_uri: str) -> None:
     filesystem_.delete_dir(source)
 
 
-def read_text(uri: str) -> str:
+def read_bytes(uri: str) -> bytes:
     filesystem_, path = filesystem(uri)
     with filesystem_.open_input_stream(path) as stream:
-        return stream.read().decode()
+        return stream.read()
+
+
+def read_text(uri: str) -> str:
+    return read_bytes(uri).decode()

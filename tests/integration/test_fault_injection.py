@@ -1,14 +1,15 @@
-"""Fault injection on the real local cluster: kill the Ray job or the waiting task, then retry.
+"""Fault injection on the real local cluster: kill the Ray job (stopped as ``on_kill`` stops it, or
+crashed: its processes SIGKILLed) or the waiting task, then retry.
 
 What must hold: every id exactly once in the committed output, no row lost, no second Ray job for a
-retried task, and a resumed run redoes only the batches that were in flight (none it had finished).
+retried task, and a resumed run redoes under one batch of the rows the engine had finished (the
+replica stages them every half batch), whatever was in flight.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,28 +20,34 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook, _Request
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.pipeline.replica_staging import TRACE_ROWS_ENV
 from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 ROWS = 400
 BATCH = 8
-IN_FLIGHT_BATCHES = 2  # max_concurrent_batches of the one replica
-_BATCH_DONE = re.compile(r"\[vLLM\] Elapsed time for batch \w+ with size (\d+)")
+# max_concurrent_batches of the one replica (Ray Data LLM's default): staged a batch at a time, a kill
+# lost the finished rows of all 8 batches in flight; staged every half batch, at most one batch.
+IN_FLIGHT_BATCHES = 8
 
 
-def _params(model: Path, input_uri: str, output_uri: str) -> dict:
+def _params(model: Path, input_uri: str, output_uri: str, trace: Path | None = None) -> dict:
     return dict(
+        # Each replica lists the rows its engine finishes (written through: a kill keeps the list).
+        runtime_env={"env_vars": {TRACE_ROWS_ENV: str(trace)}} if trace else {},
         model=str(model),
         input_uri=input_uri,
         output_uri=output_uri,
         user_template="Summarise ticket {ticket_id}: {text}",
         id_column="ticket_id",
         keep_columns=["text"],
-        # Free text of a fixed length keeps the engine busy long enough to be killed mid-run.
-        sampling_params={"temperature": 0, "max_tokens": 160, "ignore_eos": True},
+        # Free text of varied length (sampled; a few of the tiny model's 512 tokens end a row, ~1.5% a
+        # step, else 160 tokens), so a batch's rows finish one by one, as a real model's do: staged a
+        # batch at a time, each batch in flight would hold finished rows a kill loses.
+        sampling_params={"temperature": 1.0, "max_tokens": 160, "ignore_eos": True, "stop_token_ids": list(range(10, 18))},
         engine_kwargs=CPU_ENGINE_KWARGS,
         replica_resources=CPU_REPLICA,
         batch_size=BATCH,
@@ -60,8 +67,14 @@ def _committed_parts(output_uri: str, run_key: str) -> int:
     return len(list(parts.glob("*.json"))) if parts.exists() else 0
 
 
-def _rows_generated(job_log: str) -> int:
-    return sum(int(size) for size in _BATCH_DONE.findall(job_log))
+def _staged_sources(output_uri: str, run_key: str) -> list[str]:
+    parts = Path(output_uri, "_staging", run_key, "parts").glob("*.json")
+    return [source for part in parts for source in json.loads(part.read_text())["sources"]]
+
+
+def _finished(trace: Path, files: set[Path] | None = None) -> list[str]:
+    """Sources the engines finished, by the replicas' trace files (``files``: only these)."""
+    return [line for path in trace.glob("*.txt") if files is None or path in files for line in path.read_text().split()]
 
 
 def _assert_exactly_once(output_uri: str, ids: list[str]) -> dict:
@@ -73,16 +86,35 @@ def _assert_exactly_once(output_uri: str, ids: list[str]) -> dict:
     return manifest
 
 
+def _crash(hook: RayHook, job_id: str, trace: Path) -> None:
+    """SIGKILL the job's engine replicas (their pids name their trace files), then its driver: what a
+    lost node does. Nothing drains: a replica dies with the rows it had not staged yet.
+
+    (``stop_job``, what ``on_kill`` sends, lets the replicas finish the batches they hold while the
+    driver shuts down: measured, a kill asked for after the first part found 128 rows staged.)
+    """
+    for pid in {int(path.name.split("-", 1)[0]) for path in trace.glob("*.txt")}:
+        os.kill(pid, signal.SIGKILL)
+    driver = hook._send(_Request("GET", f"/api/jobs/{job_id}")).json()["driver_info"]["pid"]
+    os.kill(int(driver), signal.SIGKILL)
+
+
 @pytest.mark.parametrize(
-    ("kill_after_parts", "label"),
-    [(0, "before any part"), (1, "after the first part"), (ROWS // BATCH // 2, "half way")],
+    ("kill_after_rows", "how", "label"),
+    [
+        (0, "stop", "stopped before any part"),
+        (1, "stop", "stopped after the first part"),
+        (ROWS // 2, "stop", "stopped half way"),
+        (1, "crash", "crashed after the first part"),
+        (ROWS // 2, "crash", "crashed half way"),
+    ],
 )
 def test_killed_job_resumes_exactly_once(
-    ray_connection, tiny_model, tmp_path, kill_after_parts: int, label: str, capsys
+    ray_connection, tiny_model, tmp_path, kill_after_rows: int, how: str, label: str, capsys
 ) -> None:
     ids = _write_tickets(tmp_path / "in" / "tickets.jsonl")
-    output_uri = str(tmp_path / "out")
-    operator = RayLLMBatchOperator(task_id="t", **_params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri))
+    output_uri, trace = str(tmp_path / "out"), tmp_path / "finished"
+    operator = RayLLMBatchOperator(task_id="t", **_params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri, trace))
     hook, run_key = RayHook(), "fault-run"
 
     first = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
@@ -90,35 +122,39 @@ def test_killed_job_resumes_exactly_once(
     while time.monotonic() < deadline:
         status = hook.get_job_status(first)
         assert not status.is_terminal, f"job ended ({status}) before the kill point: {hook.get_job_log_tail(first)}"
-        if status == JobStatus.RUNNING and _committed_parts(output_uri, run_key) >= kill_after_parts:
+        if status == JobStatus.RUNNING and len(_staged_sources(output_uri, run_key)) >= kill_after_rows:
             break
         time.sleep(0.2)
-    finished_before_stop = _rows_generated(hook.get_job_logs(first))  # batches the engine had done
-    hook.stop_job(first)
-    assert wait_for_job(first) == JobStatus.STOPPED
-    staged_at_kill = _committed_parts(output_uri, run_key)
-    generated_before_kill = _rows_generated(hook.get_job_logs(first))
+    if how == "stop":
+        hook.stop_job(first)
+        assert wait_for_job(first) == JobStatus.STOPPED
+    else:
+        _crash(hook, first, trace)
+        assert wait_for_job(first) == JobStatus.FAILED
+    staged_at_kill, parts_at_kill = set(_staged_sources(output_uri, run_key)), _committed_parts(output_uri, run_key)
+    first_traces = set(trace.glob("*.txt"))
+    finished_first = set(_finished(trace, first_traces))
     assert not Path(output_uri, "manifest.json").exists()  # nothing visible from a killed run
+    assert staged_at_kill <= finished_first
 
     second = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(second) == JobStatus.SUCCEEDED, hook.get_job_log_tail(second, 60)
     manifest = _assert_exactly_once(output_uri, ids)
-    resumed = manifest["rows_resumed"]
-    recomputed = max(generated_before_kill - resumed, 0)
-    # Of those, done before the stop was asked for (the rest finished while the job was being stopped).
-    recomputed_done_before_stop = max(finished_before_stop - resumed, 0)
-    assert resumed >= staged_at_kill * 1 and (resumed > 0) == (staged_at_kill > 0)
-    # A batch the engine finished is staged by its replica before it leaves the replica, so the rerun
-    # redoes only batches still in flight (never counted as generated). At most one finished batch per
-    # replica can be lost: one the replica logged as done and was killed while staging (measured: 0).
-    assert recomputed <= BATCH, (generated_before_kill, resumed)
-    assert _rows_generated(hook.get_job_logs(second)) == ROWS - resumed
+    finished_second = _finished(trace, set(trace.glob("*.txt")) - first_traces)
+    assert manifest["rows_resumed"] == len(staged_at_kill)
+    # The rerun generates exactly the rows not staged, each once.
+    assert len(finished_second) == len(set(finished_second)) == ROWS - len(staged_at_kill)
+    assert not set(finished_second) & staged_at_kill
+    # Rows the engine had finished but the kill lost before they were staged: at most one batch (the
+    # replica's buffer of half a batch, and the half batch being written, while writes keep up).
+    recomputed = finished_first & set(finished_second)
+    assert recomputed == finished_first - staged_at_kill
+    assert len(recomputed) <= BATCH, sorted(recomputed)
     with capsys.disabled():
         print(
-            f"\n[fault] kill {label}: parts staged {staged_at_kill}, rows generated before kill "
-            f"{generated_before_kill}, resumed {resumed}, recomputed {recomputed}, duplicates 0, lost 0"
-            f"; of those done before the stop was asked: {recomputed_done_before_stop}"
-            f" (engine rows done then: {finished_before_stop})"
+            f"\n[fault] {label}: parts staged {parts_at_kill}, rows staged "
+            f"{len(staged_at_kill)}, rows finished by the engine before the kill {len(finished_first)}, "
+            f"recomputed {len(recomputed)} (bound {BATCH}), duplicates 0, lost 0"
         )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_raybatch.pipeline import commit, report, storage
+from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.prompts import build_messages, row_id
 from airflow_provider_raybatch.pipeline.rows import parse_file
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
@@ -284,7 +285,7 @@ def test_open_staging_leaves_other_runs_alone(tmp_path: Path) -> None:
     assert commit.open_staging(other, spec_of(run_key="run-b")) == {"x", "y"}
 
 
-# -- _drop_repeated_parts -----------------------------------------------------------------------
+# -- _drop_repeated_rows ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("repeated", [["1", "2"], ["2", "1"], ["2"]], ids=["same", "reordered", "subset"])
@@ -296,7 +297,7 @@ def test_a_part_repeating_earlier_rows_is_dropped_with_its_files(
     again = stage_part(layout, "part-b", repeated, failed=["2"])
     other = stage_part(layout, "part-c", ["3"])
 
-    kept = commit._drop_repeated_parts(layout, commit._sidecars(layout))
+    kept = commit._drop_repeated_rows(layout, commit._sidecars(layout))
 
     assert [part.name for part in kept] == ["part-a", "part-c"]
     assert not again["errors"].exists()
@@ -308,19 +309,91 @@ def test_parts_without_repeats_are_all_kept(layout: OutputLayout) -> None:
     stage_part(layout, "part-b", ["2"])
     stage_part(layout, "part-a", ["1"])
 
-    kept = commit._drop_repeated_parts(layout, commit._sidecars(layout))
+    kept = commit._drop_repeated_rows(layout, commit._sidecars(layout))
 
     assert [part.name for part in kept] == ["part-a", "part-b"]
 
 
-def test_a_part_repeating_rows_only_partly_raises(layout: OutputLayout) -> None:
+def test_a_part_repeating_rows_only_partly_raises_without_a_rewriter(layout: OutputLayout) -> None:
     first = stage_part(layout, "part-a", ["1", "2"])
     partial = stage_part(layout, "part-b", ["2", "3"])
 
     with pytest.raises(commit.InvariantError, match="part-b"):
-        commit._drop_repeated_parts(layout, commit._sidecars(layout))
+        commit._drop_repeated_rows(layout, commit._sidecars(layout))
 
     assert all(path.exists() for path in [*first.values(), *partial.values()])
+
+
+def test_a_part_from_before_file_order_repeating_rows_partly_raises(layout: OutputLayout) -> None:
+    """Its sidecar does not say which file line is which source: nothing can be taken out safely."""
+    stage_part(layout, "part-a", ["1", "2"])
+    stage_part(layout, "part-b", ["2", "3"])  # the hand-made sidecar has no sources_in_file_order
+
+    with pytest.raises(commit.InvariantError, match="part-b"):
+        commit._drop_repeated_rows(layout, commit._sidecars(layout), PartWriter(layout.staging_uri, "jsonl", False))
+
+
+def _result_rows(sources: list[str], failed: tuple[str, ...] = ()) -> list[dict[str, Any]]:  # Any: row values.
+    """Rows as the replicas stage them: an output record per good source, an error record per failed one."""
+    rows = []
+    for source in sources:
+        if source in failed:
+            record = {"id": source, "source": source, "error": "inference failed: boom", "input": "{}"}
+        else:
+            record = {"id": source, "generated_text": f"text of {source}", "num_input_tokens": 3, "num_generated_tokens": 2}
+        rows.append({"source": source, "ok": source not in failed, "record": json.dumps(record)})
+    return rows
+
+
+@pytest.mark.parametrize("output_format", ["jsonl", "parquet"])
+def test_a_part_repeating_rows_partly_is_staged_again_without_them(layout: OutputLayout, output_format: str) -> None:
+    """A retried batch's rows staged again, mixed with another batch's: each row is kept once, and
+    the counts of the part staged again are its own rows' counts."""
+    writer = PartWriter(layout.staging_uri, output_format, count_labels=False)
+    writer.create_folders()
+    first = writer.write_part(_result_rows(["a:1", "a:2", "a:3"], failed=("a:2",)))
+    # Another replica staged a:2 and a:3 again (failed and ok) with b:1 (ok) and b:2 (failed).
+    mixed = writer.write_part(_result_rows(["b:1", "a:3", "a:2", "b:2"], failed=("a:2", "b:2")))
+    parts = sorted([first, mixed], key=lambda part: part.name)
+
+    kept = commit._drop_repeated_rows(layout, commit._sidecars(layout), writer)
+
+    rows = [row for part in kept for row in writer.read_part(part)]
+    assert sorted(row["source"] for row in rows) == ["a:1", "a:2", "a:3", "b:1", "b:2"]
+    by_source = {row["source"]: json.loads(row["record"]) for row in rows}
+    assert by_source["b:1"]["generated_text"] == "text of b:1" and by_source["b:2"]["error"].startswith("inference")
+    assert sum(part.sidecar["rows_out"] for part in kept) == 3  # a:1, a:3, b:1
+    assert sum(part.sidecar["rows_failed"] for part in kept) == 2  # a:2, b:2
+    assert sum(part.sidecar["tokens_out"] for part in kept) == 6
+    assert {part.name for part in kept} & {part.name for part in parts} == {parts[0].name}
+    staged_names = {path.stem for path in Path(layout.staging_uri, "parts").iterdir()}
+    assert staged_names == {part.name for part in kept}  # the partly repeating part's files are gone
+    assert {path.name.split(".")[0] for path in Path(layout.staging_uri, "outputs").iterdir()} <= staged_names
+
+
+def test_a_commit_that_died_after_staging_again_drops_the_leftover(layout: OutputLayout) -> None:
+    """The part staged again exists beside the one it replaces (the commit died in between): the
+    next commit still keeps each row once, whichever of the two sorts first."""
+    writer = PartWriter(layout.staging_uri, "jsonl", count_labels=False)
+    writer.create_folders()
+    writer.write_part(_result_rows(["a:1", "a:2"]))
+    repeating = writer.write_part(_result_rows(["a:2", "b:1", "b:2"]))
+    writer.write_part([row for row in writer.read_part(repeating) if row["source"] != "a:2"])  # the copy
+
+    kept = commit._drop_repeated_rows(layout, commit._sidecars(layout), writer)
+
+    sources = [row["source"] for part in kept for row in writer.read_part(part)]
+    assert sorted(sources) == ["a:1", "a:2", "b:1", "b:2"]
+
+
+def test_read_part_refuses_a_part_whose_files_and_sidecar_disagree(layout: OutputLayout) -> None:
+    writer = PartWriter(layout.staging_uri, "jsonl", count_labels=False)
+    writer.create_folders()
+    part = writer.write_part(_result_rows(["a:1", "a:2"]))
+    Path(layout.staging_uri, "outputs", part.sidecar["files"]["outputs"]).write_text(json.dumps({"id": "a:1"}) + "\n")
+
+    with pytest.raises(ValueError, match="1 rows in its files, 2 in its sidecar"):
+        writer.read_part(part)
 
 
 # -- write_version --------------------------------------------------------------------------------
@@ -592,7 +665,7 @@ def test_a_retry_after_a_repeated_part_was_dropped_commits(layout: OutputLayout)
     commit.open_staging(layout, spec)
     stage_part(layout, "part-a", ["1"])
     stage_part(layout, "part-b", ["1"])
-    commit._drop_repeated_parts(layout, commit._sidecars(layout))  # ... and the job dies here.
+    commit._drop_repeated_rows(layout, commit._sidecars(layout))  # ... and the job dies here.
 
     assert commit.open_staging(layout, spec) == {"1"}
     run = commit.write_version(layout, spec, rows_in=1)

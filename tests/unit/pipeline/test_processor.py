@@ -30,9 +30,9 @@ from airflow_provider_raybatch.pipeline import run
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/out/", user_template="{text}",
                           replica_resources={"CPU": 1})
-from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
-sink = StagedPartsSink("/out/_staging/k", "parquet", count_labels=False)
-built = run._build_while_reading(spec, MODEL, sink).result()  # in its own thread, as run_batch builds it
+from airflow_provider_raybatch.pipeline.parts import PartWriter
+parts = PartWriter("/out/_staging/k", "parquet", count_labels=False)
+built = run._build_while_reading(spec, MODEL, parts).result()  # in its own thread, as run_batch builds it
 # An OpenAI batch's sampling fields come from its lines (run._fields_to_fill): built after the reads.
 openai_spec = spec.model_copy(update={"openai_endpoint": "/v1/chat/completions", "user_template": None})
 print(json.dumps({
@@ -40,7 +40,7 @@ print(json.dumps({
     "left_in_sys_modules": sorted(m for m in ENGINE_LIBRARIES if m in sys.modules),
     "udfs": {name: f"{stage.fn.__module__}.{stage.fn.__name__}" for name, stage in built.stages.items()},
     "architectures": [report["model_architecture"] for report in reports],
-    "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, sink) is not None,
+    "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, parts) is not None,
 }))
 """
 

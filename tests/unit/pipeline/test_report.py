@@ -1,24 +1,22 @@
 """Tests of airflow_provider_raybatch/pipeline/report.py: the sidecar fields, their sums, and the page.
 
-The last test runs the sink's own ``write_part`` with Ray replaced by a stub (sink.py imports Ray at
-module level; the part it writes needs only pyarrow), so the sidecar checked is the one a job writes.
+The last test stages a part with the ``PartWriter`` a job stages with, so the sidecar checked is the
+one a job writes.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
-import sys
-import types
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import pytest
 
 from airflow_provider_raybatch.pipeline import report
+from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.report import ReportStats, render_report, throughput
 
 T0 = datetime(2026, 11, 21, 8, 0, tzinfo=UTC)
@@ -35,7 +33,7 @@ def output_row(tokens_in: Any, tokens_out: Any) -> dict[str, Any]:  # Any: row v
 
 def sidecar(rows_out: int, rows_failed: int = 0, *, tokens_out: int = 0, at: datetime | None = None,
             histograms: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:  # fmt: skip
-    """A sidecar as the sink writes it; without ``at`` and ``histograms``, one from before the report."""
+    """A sidecar as the part writer writes it; without ``at`` and ``histograms``, one from before the report."""
     document: dict[str, Any] = {  # Any: JSON values.
         "sources": [f"in.jsonl:{i}" for i in range(rows_out + rows_failed)],
         "files": {},
@@ -337,44 +335,19 @@ def test_report_of_no_rows() -> None:
     assert "no output rows to show" in page
 
 
-# -- the sink writes the fields ----------------------------------------------------------------------
+# -- the part writer writes the fields ----------------------------------------------------------------------
 
 
-_SINK = "airflow_provider_raybatch.pipeline.sink"
-
-
-@pytest.fixture
-def sink_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """sink.py imported against a stub of the two Ray names it uses; all undone after the test."""
-    pytest.importorskip("pyarrow")
-    block_type = TypeVar("block_type")
-
-    class Datasink(Generic[block_type]):
-        pass
-
-    stubs = {"ray": types.ModuleType("ray"), "ray.data": types.ModuleType("ray.data"),
-             "ray.data.block": types.ModuleType("ray.data.block")}  # fmt: skip
-    stubs["ray.data"].Datasink = Datasink  # type: ignore[attr-defined]
-    stubs["ray.data.block"].BlockAccessor = object  # type: ignore[attr-defined]
-    for name, module in stubs.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    package = importlib.import_module("airflow_provider_raybatch.pipeline")
-    monkeypatch.setattr(package, "sink", None, raising=False)
-    monkeypatch.setitem(sys.modules, _SINK, types.ModuleType(_SINK))
-    del sys.modules[_SINK]  # imported afresh below, against the stubs; the setitem above undoes it
-    return importlib.import_module(_SINK)
-
-
-def test_the_sinks_sidecar_carries_the_report_fields(sink_module: types.ModuleType, tmp_path: Path) -> None:
+def test_a_staged_parts_sidecar_carries_the_report_fields(tmp_path: Path) -> None:
     staging = tmp_path / "staging"
-    sink = sink_module.StagedPartsSink(str(staging), "jsonl", count_labels=False)
+    writer = PartWriter(str(staging), "jsonl", count_labels=False)
     outputs = [output_row(n, 1 + n % 3) for n in (5, 9, 40, 300)]
     error = {"id": "e", "source": "in.jsonl:9", "error": "<script>: no", "input": "{}"}
     rows = [{"source": f"in.jsonl:{i}", "ok": True, "record": json.dumps(r)} for i, r in enumerate(outputs)]
     rows.append({"source": "in.jsonl:9", "ok": False, "record": json.dumps(error)})
     before = datetime.now(UTC).timestamp()
 
-    sink.write_part(rows)
+    writer.write_part(rows)
 
     (path,) = (staging / "parts").iterdir()
     document = json.loads(path.read_text())

@@ -1,0 +1,73 @@
+"""How an engine replica stages its finished rows: a few at a time, as they finish, across its batches.
+
+vLLM finishes a batch's rows one by one, and a replica works on several batches at once
+(``max_concurrent_batches``). Staged a batch at a time, a killed job lost every finished row of every
+batch still in flight: up to ``max_concurrent_batches x batch_size`` per replica. Staged here, each
+row joins one replica-wide buffer the moment the engine returns it, and the buffer becomes a staged
+part whenever it holds ``flush_rows`` rows (half a batch) and whenever a batch ends (so that no batch
+leaves the replica with rows unstaged). A kill then loses only the buffer and the part being written:
+at most one batch per replica while writes keep up with the engine. Under a burst (many rows ending
+at one engine step) the buffer grows while a write is on, and the next write takes all of it: fewer,
+larger writes rather than a queue of small ones.
+
+Writes run one at a time, in a thread, so that the event loop keeps feeding the engine.
+
+``RAYBATCH_TRACE_ROWS=<folder>`` in the job's environment (a diagnostic for fault-injection
+measurements) makes each replica append the source of every row the engine finishes to a file of
+its own in that folder, line by line, so the list survives the process being killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+TRACE_ROWS_ENV = "RAYBATCH_TRACE_ROWS"
+
+
+def flush_rows_for(batch_size: int) -> int:
+    """Half a batch: the buffer plus the part being written then stay under one batch."""
+    return max(1, batch_size // 2)
+
+
+class RowStager:
+    """One replica's buffer of finished rows, staged in parts by ``write``.
+
+    :param write: stages a list of rows as one part (blocking; run in a thread).
+    :param flush_rows: stage the buffer once it holds this many rows.
+    """
+
+    def __init__(self, write: Callable[[list[dict[str, Any]]], None], flush_rows: int) -> None:
+        self._write = write
+        self._flush_rows = flush_rows
+        self._pending: list[dict[str, Any]] = []  # Any: row values.
+        self._lock: asyncio.Lock | None = None  # made in the replica's event loop, on first use
+        self._trace = _open_trace(os.environ.get(TRACE_ROWS_ENV))
+
+    def finished(self, row: dict[str, Any]) -> bool:
+        """Take a row the engine finished; True when the buffer is due to be staged."""
+        if self._trace is not None:
+            self._trace.write(f"{row['source']}\n")
+        self._pending.append(row)
+        return len(self._pending) >= self._flush_rows
+
+    async def flush(self) -> None:
+        """Stage what the buffer holds; on return, every row given before the call is staged."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        # FIFO: a flush that finds the buffer empty still waits for the write of its rows before it.
+        async with self._lock:
+            rows, self._pending = self._pending, []
+            if rows:
+                await asyncio.to_thread(self._write, rows)
+
+
+def _open_trace(folder: str | None) -> Any:  # Any: a text file, unbuffered to the OS.
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}.txt"  # one file per replica, never shared
+    return open(os.path.join(folder, name), "a", buffering=1)  # noqa: SIM115 - lives with the replica

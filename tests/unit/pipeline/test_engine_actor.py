@@ -1,0 +1,75 @@
+"""pipeline/engine_actor.py: the replica stages each row as the engine finishes it, every row once.
+
+Runs Ray Data LLM's own ``__call__`` (in a fresh interpreter of the cluster's environment, where
+vLLM's stage module imports) around our ``udf`` and ``__call__``; only the engine loop is replaced,
+by one that finishes a batch's rows in reverse order.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"
+
+_RUN = """
+import asyncio, json
+from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
+from airflow_provider_raybatch.pipeline import engine_actor
+from airflow_provider_raybatch.pipeline.replica_staging import RowStager
+
+async def engine_loop(self, rows):  # Ray Data LLM's loop yields rows as the engine finishes them
+    for row in reversed(rows):
+        yield {self.IDX_IN_BATCH_COLUMN: row[self.IDX_IN_BATCH_COLUMN], "generated_text": "out " + row["source"]}
+
+vLLMEngineStageUDF.udf = engine_loop
+parts = []
+udf = object.__new__(engine_actor.RaybatchvLLMEngineStageUDF)
+udf.data_column, udf.expected_input_keys = "__data", set()
+udf._stager = RowStager(lambda rows: parts.append([(row["source"], row.get("generated_text")) for row in rows]), 2)
+
+async def batch(sources, failed=()):
+    data = [{"source": s, "__inference_error__": "bad row" if s in failed else ""} for s in sources]
+    return [output async for output in udf(({"__data": data}))]
+
+async def main():
+    a, b = await asyncio.gather(batch(["a:1", "a:2", "a:3"]), batch(["b:1", "b:2"], failed=("b:1",)))
+    return {"parts": parts, "yielded": [[{k: v for k, v in r.items()} for r in out["__data"]] for out in (a[0], b[0])]}
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_each_row_is_staged_once_as_it_finishes_and_the_batch_leaves_unchanged() -> None:
+    if not RAY_PYTHON.exists():
+        pytest.skip(".venvs/ray is missing (scripts/setup_envs.sh makes it)")
+    result = subprocess.run(
+        [str(RAY_PYTHON), "-c", _RUN],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+
+    # Every row once, as the engine finished them: batch a's first two make a part at once (half of
+    # a batch of 4); b's row, b's row that came in failed (staged when b ends) and a's last row
+    # gathered while that part was being written, and went out together in the next.
+    assert report["parts"] == [
+        [["a:3", "out a:3"], ["a:2", "out a:2"]],
+        [["b:2", "out b:2"], ["b:1", None], ["a:1", "out a:1"]],
+    ]
+    a, b = report["yielded"]
+    # Downstream gets the batch in its own order, without our marker.
+    assert [row["source"] for row in a] == ["a:1", "a:2", "a:3"] and [row["source"] for row in b] == [
+        "b:1",
+        "b:2",
+    ]
+    assert all("__raybatch_staged__" not in row for row in a + b)
+    assert a[0]["generated_text"] == "out a:1" and b[0]["__inference_error__"] == "bad row"
