@@ -2,8 +2,9 @@
 crashed: its processes SIGKILLed) or the waiting task, then retry.
 
 What must hold: every id exactly once in the committed output, no row lost, no second Ray job for a
-retried task, and a resumed run redoes under one batch of the rows the engine had finished (the
-replica stages them every half batch), whatever was in flight.
+retried task, and a resumed run redoes at most one batch of the rows the engine had finished (the
+replica stages them every half batch), whatever was in flight. A replica killed alone is restarted
+within the job, and commit keeps one copy of each row its retried batches staged again.
 """
 
 from __future__ import annotations
@@ -155,6 +156,45 @@ def test_killed_job_resumes_exactly_once(
             f"\n[fault] {label}: parts staged {parts_at_kill}, rows staged "
             f"{len(staged_at_kill)}, rows finished by the engine before the kill {len(finished_first)}, "
             f"recomputed {len(recomputed)} (bound {BATCH}), duplicates 0, lost 0"
+        )
+
+
+def test_a_replica_killed_mid_run_is_restarted_and_every_row_lands_once(
+    ray_connection, tiny_model, tmp_path, capsys
+) -> None:
+    """SIGKILL the engine replica only (an OOM kill, say): Ray Data restarts it and retries the
+    batches it held, whole. Their rows the dead replica had staged are staged again, mixed with
+    other rows; commit keeps one copy of each, and the job still succeeds on its own."""
+    ids = _write_tickets(tmp_path / "in" / "tickets.jsonl")
+    output_uri, trace = str(tmp_path / "out"), tmp_path / "finished"
+    operator = RayLLMBatchOperator(task_id="t", **_params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri, trace))
+    hook, run_key = RayHook(), "replica-kill"
+
+    job = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
+    deadline = time.monotonic() + 600
+    while len(_staged_sources(output_uri, run_key)) < ROWS // 4 and time.monotonic() < deadline:
+        assert not hook.get_job_status(job).is_terminal, hook.get_job_log_tail(job)
+        time.sleep(0.2)
+    [dead] = trace.glob("*.txt")
+    os.kill(int(dead.name.split("-", 1)[0]), signal.SIGKILL)
+    staged_at_kill = len(_staged_sources(output_uri, run_key))
+
+    assert wait_for_job(job) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job, 60)
+    manifest = _assert_exactly_once(output_uri, ids)
+    assert manifest["rows_resumed"] == 0
+    restarted = set(trace.glob("*.txt")) - {dead}
+    assert restarted, "no replica took over"
+    # Ray Data retried the batches the dead replica held, whole: rows it had finished come again.
+    finished_twice = set(_finished(trace, {dead})) & set(_finished(trace, restarted))
+    log = hook.get_job_logs(job)
+    restaged, dropped = log.count("rows: staged the other"), log.count("were staged before")
+    assert restaged + dropped > 0, "the retried batches repeated no staged row: commit's dedupe never ran"
+    with capsys.disabled():
+        print(
+            f"\n[fault] replica killed: rows staged at the kill {staged_at_kill}, finished again by the "
+            f"restarted replica {len(finished_twice)}, parts staged again without repeats "
+            f"{restaged}, dropped as repeats {dropped}"
+            f", duplicates 0, lost 0"
         )
 
 
