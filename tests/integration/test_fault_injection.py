@@ -87,6 +87,30 @@ def _assert_exactly_once(output_uri: str, ids: list[str]) -> dict:
     return manifest
 
 
+def _submit_traced(
+    tiny_model: Path, tmp_path: Path, run_key: str
+) -> tuple[list[str], str, Path, RayLLMBatchOperator, str]:
+    """Write the tickets and submit a job whose replicas trace the rows they finish: (ticket ids,
+    output URI, trace folder, the operator, the job id)."""
+    ids = _write_tickets(tmp_path / "in" / "tickets.jsonl")
+    output_uri, trace = str(tmp_path / "out"), tmp_path / "finished"
+    params = _params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri, trace)
+    operator = RayLLMBatchOperator(task_id="t", **params)
+    return ids, output_uri, trace, operator, submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
+
+
+def _wait_until_staged(hook: RayHook, job_id: str, output_uri: str, run_key: str, rows: int) -> None:
+    """Until the running job has staged ``rows`` rows (the kill point)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = hook.get_job_status(job_id)
+        assert not status.is_terminal, f"job ended ({status}) before the kill point: {hook.get_job_log_tail(job_id)}"
+        if status == JobStatus.RUNNING and len(_staged_sources(output_uri, run_key)) >= rows:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Ray job {job_id} staged fewer than {rows} rows in 600 s")
+
+
 def _crash(hook: RayHook, job_id: str, trace: Path) -> None:
     """SIGKILL the job's engine replicas (their pids name their trace files), then its driver: what a
     lost node does. Nothing drains: a replica dies with the rows it had not staged yet.
@@ -113,19 +137,9 @@ def _crash(hook: RayHook, job_id: str, trace: Path) -> None:
 def test_killed_job_resumes_exactly_once(
     ray_connection, tiny_model, tmp_path, kill_after_rows: int, how: str, label: str, capsys
 ) -> None:
-    ids = _write_tickets(tmp_path / "in" / "tickets.jsonl")
-    output_uri, trace = str(tmp_path / "out"), tmp_path / "finished"
-    operator = RayLLMBatchOperator(task_id="t", **_params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri, trace))
     hook, run_key = RayHook(), "fault-run"
-
-    first = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        status = hook.get_job_status(first)
-        assert not status.is_terminal, f"job ended ({status}) before the kill point: {hook.get_job_log_tail(first)}"
-        if status == JobStatus.RUNNING and len(_staged_sources(output_uri, run_key)) >= kill_after_rows:
-            break
-        time.sleep(0.2)
+    ids, output_uri, trace, operator, first = _submit_traced(tiny_model, tmp_path, run_key)
+    _wait_until_staged(hook, first, output_uri, run_key, kill_after_rows)
     if how == "stop":
         hook.stop_job(first)
         assert wait_for_job(first) == JobStatus.STOPPED
@@ -165,16 +179,9 @@ def test_a_replica_killed_mid_run_is_restarted_and_every_row_lands_once(
     """SIGKILL the engine replica only (an OOM kill, say): Ray Data restarts it and retries the
     batches it held, whole. Their rows the dead replica had staged are staged again, mixed with
     other rows; commit keeps one copy of each, and the job still succeeds on its own."""
-    ids = _write_tickets(tmp_path / "in" / "tickets.jsonl")
-    output_uri, trace = str(tmp_path / "out"), tmp_path / "finished"
-    operator = RayLLMBatchOperator(task_id="t", **_params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri, trace))
     hook, run_key = RayHook(), "replica-kill"
-
-    job = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
-    deadline = time.monotonic() + 600
-    while len(_staged_sources(output_uri, run_key)) < ROWS // 4 and time.monotonic() < deadline:
-        assert not hook.get_job_status(job).is_terminal, hook.get_job_log_tail(job)
-        time.sleep(0.2)
+    ids, output_uri, trace, _, job = _submit_traced(tiny_model, tmp_path, run_key)
+    _wait_until_staged(hook, job, output_uri, run_key, ROWS // 4)
     [dead] = trace.glob("*.txt")
     os.kill(int(dead.name.split("-", 1)[0]), signal.SIGKILL)
     staged_at_kill = len(_staged_sources(output_uri, run_key))

