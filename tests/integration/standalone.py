@@ -28,9 +28,16 @@ class Airflow:
     headers: dict[str, str] = field(default_factory=dict)  # e.g. a bearer token
 
     def api(self, method: str, path: str, **kwargs) -> httpx.Response:
-        response = httpx.request(
-            method, f"{self.url}/api/v2{path}", timeout=30, headers=self.headers, **kwargs
-        )
+        """One REST call; a 5xx is tried again twice. `airflow standalone` runs on SQLite, where a write
+        waits at most 5 s for a lock the scheduler holds, and then the API answers 500 (seen in CI: the
+        audit-log INSERT of a POST dagRuns, before the run is created)."""
+        for attempt in range(3):
+            response = httpx.request(
+                method, f"{self.url}/api/v2{path}", timeout=30, headers=self.headers, **kwargs
+            )
+            if response.status_code < 500 or attempt == 2:
+                break
+            time.sleep(2)
         response.raise_for_status()
         return response
 
