@@ -80,7 +80,7 @@ def compile_cache_env(cache_dir: str | None, environ: Mapping[str, str]) -> dict
 
 
 def use_our_engine_stage(
-    processor: Any, staging: dict[str, Any] | None = None, compile_cache_dir: str | None = None
+    processor: Any, staging: dict[str, Any], compile_cache_dir: str | None = None
 ) -> Any:  # Any: ray.data.llm.Processor; keyword values.
     """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off.
 
@@ -100,8 +100,7 @@ def use_our_engine_stage(
             # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
             stage.__dict__["fn"] = RaybatchvLLMEngineStageUDF
             stage.fn_constructor_kwargs[COMPILE_CACHE_KWARG] = compile_cache_dir
-            if staging is not None:
-                stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
+            stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
     return processor
 
 

@@ -60,7 +60,7 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
     def __init__(
         self,
         *args: Any,
-        raybatch_staging: dict[str, Any] | None = None,
+        raybatch_staging: dict[str, Any],
         raybatch_compile_cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:  # Any: Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
@@ -73,22 +73,16 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
         # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
-        self._stager: RowStager | None = None
-        if raybatch_staging is not None:
-            from airflow_provider_raybatch.pipeline.parts import PartWriter
-            from airflow_provider_raybatch.pipeline.run import stage_engine_rows
+        from airflow_provider_raybatch.pipeline.parts import PartWriter
+        from airflow_provider_raybatch.pipeline.run import stage_engine_rows
 
-            settings = dict(raybatch_staging)
-            spec = settings.pop("spec")
-            write = functools.partial(stage_engine_rows, spec=spec, parts=PartWriter(**settings))
-            self._stager = RowStager(write, flush_rows_for(spec.batch_size))
+        settings = dict(raybatch_staging)
+        spec = settings.pop("spec")
+        write = functools.partial(stage_engine_rows, spec=spec, parts=PartWriter(**settings))
+        self._stager = RowStager(write, flush_rows_for(spec.batch_size))
 
     async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
         """Ray Data LLM's engine loop; each row it finishes goes to the stager as it comes out."""
-        if self._stager is None:
-            async for output in super().udf(batch):
-                yield output
-            return
         by_index = {row[self.IDX_IN_BATCH_COLUMN]: row for row in batch}
         async for output in super().udf(batch):
             # The row as it leaves the stage (what Ray Data LLM's __call__ builds from the two).
@@ -101,7 +95,7 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
     async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:  # Any: Ray Data batch.
         async for output in super().__call__(batch):
             rows = output.get(self.data_column) if output else None
-            if self._stager is not None and rows:
+            if rows:
                 for row in rows:
                     # Rows that came in failed skip the engine loop: staged here, with the batch.
                     if not row.pop(_STAGED, False):

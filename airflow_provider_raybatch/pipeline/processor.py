@@ -65,7 +65,7 @@ def build_llm_processor(
     config_kwargs: dict[str, Any],  # Any: vLLMEngineProcessorConfig keyword values.
     preprocess: Callable[[dict[str, Any]], dict[str, Any]],
     postprocess: Callable[[dict[str, Any]], dict[str, Any]],
-    staging: dict[str, Any] | None = None,  # Any: keyword values.
+    staging: dict[str, Any],  # Any: keyword values.
     compile_cache_dir: str | None = None,
 ) -> Any:  # Any: ray.data.llm.Processor
     """``build_processor(vLLMEngineProcessorConfig(**config_kwargs), ...)`` with our engine stage.
@@ -73,7 +73,7 @@ def build_llm_processor(
     :param config_kwargs: ``vLLMEngineProcessorConfig`` keywords (built in ``run._processor``).
     :param preprocess: row -> the engine request (``messages``/``prompt``, ``sampling_params``, ...).
     :param postprocess: the engine's row -> the pipeline's row.
-    :param staging: where the replicas stage their batches (``engine.use_our_engine_stage``).
+    :param staging: where the replicas stage the rows they finish (``engine.use_our_engine_stage``).
     :param compile_cache_dir: where the replicas keep compiled graphs and kernels
         (``engine.compile_cache_env``).
     """

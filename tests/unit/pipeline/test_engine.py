@@ -56,7 +56,7 @@ def test_without_vllm_it_leaves_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_processor_without_an_engine_stage_is_left_alone() -> None:
     processor = object()
-    assert engine.use_our_engine_stage(processor) is processor
+    assert engine.use_our_engine_stage(processor, staging={}) is processor
 
 
 @pytest.mark.parametrize("forkserver", ["1", "0"])
