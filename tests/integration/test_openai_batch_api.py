@@ -118,12 +118,13 @@ def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Pa
         client.files.retrieve(input_file_id)
 
 
-LONG_BATCH_LINES = 600
+LONG_BATCH_LINES = 3000
 
 
 def _long_batch(client: openai.OpenAI, path: Path, completion_window: str):
-    """A batch of 600 chat lines of 200 tokens each: long enough to be caught while it runs (200 lines
-    could end within the expiry test's 45 s window on a quiet machine)."""
+    """A batch of 3000 chat lines of 200 tokens each: long enough to be caught while it runs (200
+    lines could end within the expiry test's 45 s window on a quiet machine, and in CI on 4aa3358 so
+    did 600: the job SUCCEEDED before the expiry stopped it)."""
     lines = [chat(f"long-{i}", f"Tell a long story number {i}.", 200) for i in range(LONG_BATCH_LINES)]
     input_file_id = upload(client, path, lines)
     return client.batches.create(
