@@ -26,7 +26,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import openai_batch, storage
+from airflow_provider_raybatch.pipeline import openai_batch, part_schema, storage
 from airflow_provider_raybatch.pipeline.commit import (
     PART_FOLDERS,
     SOURCES_IN_FILE_ORDER,
@@ -36,28 +36,42 @@ from airflow_provider_raybatch.pipeline.commit import (
 from airflow_provider_raybatch.pipeline.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 
+#: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`).
+COLUMNS_KEY = "columns"
+
 
 def _encode(
     records: list[dict[str, Any]], output_format: OutputFormat, ascii_only: bool = False
-) -> bytes:  # Any: row values.
-    """:param ascii_only: escape every non-ASCII character, so that no reader splitting lines on
-    Unicode separators (str.splitlines splits on U+2028 and U+0085) cuts a line in two."""
-    if output_format == "jsonl":
-        return "".join(json.dumps(record, ensure_ascii=ascii_only) + "\n" for record in records).encode()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+) -> tuple[bytes, dict[str, str]]:  # Any: row values.
+    """A part's file and its columns' types (``part_schema.column_types``; empty for JSONL).
 
-    buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(records), buffer)
-    return buffer.getvalue()
+    JSONL lines are strict JSON (NaN and Infinity as null). Parquet's schema comes from every row of
+    the part (:mod:`.part_schema`), never from the first.
+
+    :param ascii_only: escape every non-ASCII character, so that no reader splitting lines on
+        Unicode separators (str.splitlines splits on U+2028 and U+0085) cuts a line in two."""
+    if output_format == "jsonl":
+        lines = (json.dumps(part_schema.strict_json_value(record), ensure_ascii=ascii_only) for record in records)
+        return "".join(_escape_line_breaks(line) + "\n" for line in lines).encode(), {}
+    table = part_schema.table_of(records)
+    return part_schema.encode_parquet(table), part_schema.column_types(table)
+
+
+#: Characters that some readers take as line breaks (str.splitlines: U+0085, U+2028, U+2029); inside a
+#: JSON string, written as escapes, so that every reader sees one line per row.
+_LINE_BREAKS = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def _escape_line_breaks(line: str) -> str:
+    for character, escape in _LINE_BREAKS.items():
+        line = line.replace(character, escape)
+    return line
 
 
 def _decode(data: bytes, output_format: OutputFormat) -> list[dict[str, Any]]:  # Any: row values.
     if output_format == "jsonl":
         return [json.loads(line) for line in data.decode().split("\n") if line]
-    import pyarrow.parquet as pq
-
-    return pq.read_table(io.BytesIO(data)).to_pylist()
+    return part_schema.decode_parquet(data)
 
 
 class PartWriter:
@@ -113,9 +127,11 @@ class PartWriter:
         for folder, records in (("outputs", outputs), ("errors", errors)):
             if records:
                 name = f"{part}.{self.extension}"
-                data = _encode(records, self.output_format, self.ascii_only)
+                data, types = _encode(records, self.output_format, self.ascii_only)
                 storage.write_bytes(storage.join(self.staging_uri, folder, name), data)
                 sidecar["files"][folder] = name
+                if types:
+                    sidecar.setdefault(COLUMNS_KEY, {})[folder] = types
         # written_at: now, when the part's data is in place
         sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of))
         # The sidecar last: until it exists the part's files do not count.
@@ -141,3 +157,49 @@ class PartWriter:
                 part.sidecar["sources"], ok, records["outputs"] + records["errors"], strict=True
             )
         ]
+
+    def conform_parts(self, parts: list[StagedPart]) -> dict[str, list[str]]:
+        """Give every Parquet part of an output one schema (:func:`.part_schema.unify`); returns the
+        JSON text columns of each folder. Parts whose schema already matches are left alone."""
+        if self.output_format != "parquet":
+            return {}
+        json_columns = {}
+        for folder in ("outputs", "errors"):
+            typed = [part for part in parts if folder in part.sidecar.get(COLUMNS_KEY, {})]
+            target = part_schema.unify(part.sidecar[COLUMNS_KEY][folder] for part in typed)
+            arrow_types = self._arrow_types(folder, typed, target)
+            for part in typed:
+                if part.sidecar[COLUMNS_KEY][folder] == target:  # also its column order
+                    continue
+                uri = storage.join(self.staging_uri, folder, part.sidecar["files"][folder])
+                table = _read_table(storage.read_bytes(uri))
+                storage.write_bytes(
+                    uri, part_schema.encode_parquet(part_schema.conform(table, target, arrow_types))
+                )
+            json_columns[folder] = [name for name, kind in target.items() if kind == part_schema.JSON_TYPE]
+        return json_columns
+
+    def _arrow_types(self, folder: str, parts: list[StagedPart], target: dict[str, str]) -> dict[str, Any]:
+        """The Arrow type of each concrete target column, read from the footer of a part that has it."""
+        import pyarrow.parquet as pq
+
+        wanted = {name for name, kind in target.items() if kind not in (part_schema.JSON_TYPE, "null")}
+        found: dict[str, Any] = {}  # Any: pyarrow types
+        for part in parts:
+            missing = {
+                name
+                for name in wanted - found.keys()
+                if part.sidecar[COLUMNS_KEY][folder].get(name) == target[name]
+            }
+            if not missing:
+                continue
+            uri = storage.join(self.staging_uri, folder, part.sidecar["files"][folder])
+            schema = pq.read_schema(io.BytesIO(storage.read_bytes(uri)))
+            found.update({name: schema.field(name).type for name in missing})
+        return found
+
+
+def _read_table(data: bytes) -> Any:  # Any: pyarrow.Table.
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(data))

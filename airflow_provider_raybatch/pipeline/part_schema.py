@@ -1,0 +1,215 @@
+"""The Arrow schema of staged Parquet parts: derived from every row of a part, then one per output.
+
+Why: rows are whatever users wrote (JSONL whose ``Company`` is a string on one row and an object on
+the next, an int column that turns to text half way through a file, a postprocess that adds a key
+for some rows only). ``pa.Table.from_pylist(rows)`` took its columns from the first row, dropped
+the others, and failed the whole job on the first value of another type. Here:
+
+* A part's table has every column any of its rows has (missing cells are null), in order of first
+  appearance.
+* A column keeps its natural Arrow type when Arrow holds its values exactly (read back, they equal
+  what was written; ints may widen to float beside floats, as in pandas). Otherwise — values of
+  several types, objects with different keys (Arrow's struct inference would add the missing keys as
+  nulls), integers past int64 and uint64 — the column is written as **JSON text**: each cell is the
+  value's JSON (``"Acme"`` with its quotes, ``{"nested": 1}``), null stays null. Such a field carries
+  the metadata ``raybatch.encoding = json``, and the manifest lists it under ``json_columns``.
+* At commit the parts of one output are made to agree (:func:`unify`, :func:`conform`): a column
+  missing from a part is added as nulls, a null-typed column takes the output's type, int64 beside
+  double becomes double, and a column whose types disagree across parts becomes JSON text in every
+  part. Readers that take the schema from the first file (``pd.read_parquet(folder)``) then see every
+  column of every part.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Field metadata key (and value) of a column written as JSON text.
+ENCODING_KEY = b"raybatch.encoding"
+JSON_ENCODING = b"json"
+#: How a part's sidecar names a JSON text column's type.
+JSON_TYPE = "json"
+_NULL_TYPE = "null"
+_WIDENING = {frozenset({"int64", "double"}): "double"}
+
+
+def column_names(records: Iterable[Mapping[str, Any]]) -> list[str]:  # Any: JSON values.
+    """Every key of every record, in order of first appearance."""
+    names: dict[str, None] = {}
+    for record in records:
+        names.update(dict.fromkeys(record))
+    return list(names)
+
+
+def strict_json_value(value: Any) -> Any:  # Any: a JSON value from json.loads.
+    """The value with NaN and +-Infinity (which JSON has no words for) as null, nested ones too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict_json_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [strict_json_value(item) for item in value]
+    return value
+
+
+def json_text(value: Any) -> str | None:  # Any: a JSON value.
+    """A cell of a JSON text column: the value's strict JSON; null stays null."""
+    value = strict_json_value(value)
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _same(written: Any, read: Any) -> bool:  # Any: JSON values.
+    """Arrow gave back what was written: NaN equals NaN, True is not 1, 1 may come back as 1.0."""
+    if isinstance(written, bool) or isinstance(read, bool):
+        return type(written) is type(read) and written == read
+    if isinstance(written, float) and isinstance(read, float) and math.isnan(written):
+        return math.isnan(read)
+    if isinstance(written, dict) or isinstance(read, dict):
+        return (
+            isinstance(written, dict)
+            and isinstance(read, dict)
+            and written.keys() == read.keys()
+            and all(_same(written[key], read[key]) for key in written)
+        )
+    if isinstance(written, list) or isinstance(read, list):
+        return (
+            isinstance(written, list)
+            and isinstance(read, list)
+            and len(written) == len(read)
+            and all(_same(a, b) for a, b in zip(written, read, strict=True))
+        )
+    if isinstance(written, int | float) and isinstance(read, int | float):
+        return written == read
+    return type(written) is type(read) and written == read
+
+
+def _writable(data_type: Any) -> bool:  # Any: pyarrow.DataType.
+    """Parquet cannot store a struct without fields (``{}`` in every row)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(data_type):
+        return data_type.num_fields > 0 and all(_writable(field.type) for field in data_type)
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return _writable(data_type.value_type)
+    return True
+
+
+def typed_array(values: list[Any]) -> Any | None:  # Any: JSON values in; a pyarrow.Array or None out.
+    """The values as an Arrow array of their natural type, or None when Arrow cannot hold them exactly."""
+    import pyarrow as pa
+
+    candidates: list[Any] = [None]  # Any: pyarrow types; None: let Arrow infer
+    if all(isinstance(value, int) and not isinstance(value, bool) for value in values if value is not None):
+        candidates.append(pa.uint64())  # integers in [2**63, 2**64)
+    for data_type in candidates:
+        try:
+            array = pa.array(values, type=data_type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            continue
+        if _writable(array.type) and all(_same(a, b) for a, b in zip(values, array.to_pylist(), strict=True)):
+            return array
+    return None
+
+
+def _json_field(name: str) -> Any:  # Any: pyarrow.Field.
+    import pyarrow as pa
+
+    return pa.field(name, pa.string(), metadata={ENCODING_KEY: JSON_ENCODING})
+
+
+def table_of(records: list[dict[str, Any]]) -> Any:  # Any: JSON values in; a pyarrow.Table out.
+    """A part's rows as one table whose schema comes from all of them (see the module docstring)."""
+    import pyarrow as pa
+
+    fields, arrays = [], []
+    for name in column_names(records):
+        values = [record.get(name) for record in records]
+        array = typed_array(values)
+        if array is None:
+            fields.append(_json_field(name))
+            arrays.append(pa.array([json_text(value) for value in values], type=pa.string()))
+        else:
+            fields.append(pa.field(name, array.type))
+            arrays.append(array)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def is_json_field(field: Any) -> bool:  # Any: pyarrow.Field.
+    return bool(field.metadata) and field.metadata.get(ENCODING_KEY) == JSON_ENCODING
+
+
+def column_types(table: Any) -> dict[str, str]:  # Any: pyarrow.Table.
+    """What a part's sidecar records of its table: column -> Arrow type text, or ``json``."""
+    return {field.name: JSON_TYPE if is_json_field(field) else str(field.type) for field in table.schema}
+
+
+def unify(part_types: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """One type per column for all parts of an output: the parts' own where they agree (null aside),
+    int64 beside double as double, and JSON text where they disagree."""
+    seen: dict[str, set[str]] = {}
+    for types in part_types:
+        for name, type_text in types.items():
+            seen.setdefault(name, set()).add(type_text)
+    unified = {}
+    for name, types in seen.items():
+        concrete = frozenset(types - {_NULL_TYPE})
+        if not concrete:
+            unified[name] = _NULL_TYPE
+        elif len(concrete) == 1:
+            (unified[name],) = concrete
+        else:
+            unified[name] = _WIDENING.get(concrete, JSON_TYPE)
+    return unified
+
+
+def conform(table: Any, target: Mapping[str, str], arrow_types: Mapping[str, Any]) -> Any:  # Any: pyarrow.
+    """The part's table with exactly the target's columns, in its order, of its types.
+
+    :param arrow_types: the Arrow type of each concrete (not JSON, not null) target column, taken
+        from a part that has it.
+    """
+    import pyarrow as pa
+
+    fields, arrays = [], []
+    for name, type_text in target.items():
+        present = name in table.column_names
+        column = table.column(name) if present else None
+        field = table.schema.field(name) if present else None
+        if type_text == JSON_TYPE:
+            if field is not None and is_json_field(field):
+                arrays.append(column)
+            else:
+                values = column.to_pylist() if column is not None else [None] * table.num_rows
+                arrays.append(pa.array([json_text(value) for value in values], type=pa.string()))
+            fields.append(_json_field(name))
+            continue
+        data_type = pa.null() if type_text == _NULL_TYPE else arrow_types[name]
+        arrays.append(column.cast(data_type) if column is not None else pa.nulls(table.num_rows, data_type))
+        fields.append(pa.field(name, data_type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def encode_parquet(table: Any) -> bytes:  # Any: pyarrow.Table.
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def decode_parquet(data: bytes) -> list[dict[str, Any]]:  # Any: JSON values.
+    """A part's rows as they were staged: JSON text columns read back as the values they hold."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(data))
+    json_columns = [field.name for field in table.schema if is_json_field(field)]
+    rows = table.to_pylist()
+    for row in rows:
+        for name in json_columns:
+            if row[name] is not None:
+                row[name] = json.loads(row[name])
+    return rows
