@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeInt,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -35,6 +36,10 @@ OpenAIEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddi
 GENERATED_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens")
 #: Column of the errors output that says why a row failed.
 ERROR_COLUMN = "error"
+#: The share of failed rows above which a run fails its task unless the DAG says otherwise: a careful
+#: default, since a prompt or data change that breaks one row in ten is worth a look before the
+#: next task reads the output.
+DEFAULT_MAX_FAILED_FRACTION = 0.1
 #: Column added when the input has no id column: ``<file name>:<row number>``.
 DERIVED_ID_COLUMN = "row_id"
 
@@ -86,13 +91,18 @@ def template_fields(template: str) -> list[str]:
     except ValueError as err:
         raise BatchSpecError(f"user_template={template!r} is not a valid format string: {err}.") from err
     names: list[str] = []
-    for _, field_name, format_spec, _ in parsed:
+    for _, field_name, format_spec, conversion in parsed:
         if field_name is None:
             continue
         if format_spec and "{" in format_spec:
             raise BatchSpecError(
                 f"user_template={template!r} field {{{field_name}}} nests a field in its format spec; "
                 "use plain {Column} fields, or build the text in a preprocess function."
+            )
+        if conversion not in (None, "r", "s", "a"):
+            raise BatchSpecError(
+                f"user_template={template!r} field {{{field_name}!{conversion}}} has an unknown conversion; "
+                "use !r, !s or !a, or none."
             )
         if field_name == "" or field_name.isdigit():
             raise BatchSpecError(
@@ -115,7 +125,9 @@ class BatchInferenceSpec(BaseModel):
 
     model: str = Field(min_length=1, description="Hugging Face id or path of the model the cluster loads.")
     input_uri: str = Field(min_length=1, description="File or folder the job reads: a local path or s3://.")
-    output_uri: str = Field(min_length=1, description="Folder the job writes outputs, errors and manifest to.")
+    output_uri: str = Field(
+        min_length=1, description="Folder the job writes outputs, errors and manifest to."
+    )
     input_format: InputFormat | None = Field(
         default=None, description="jsonl, csv or parquet; inferred from input_uri's suffix when unset."
     )
@@ -210,6 +222,20 @@ class BatchInferenceSpec(BaseModel):
         description="Identity of the logical run (the operator derives it from dag, run, task and map "
         "index): retries of one run share its staging folder and resume from it.",
     )
+    max_failed_fraction: float = Field(
+        default=DEFAULT_MAX_FAILED_FRACTION,
+        ge=0,
+        le=1,
+        description="Fail the task when more than this share of the rows failed (error rows, not counting "
+        "duplicate ids, whose id has an answer). The outputs and errors are committed either way, so "
+        "nothing is lost; the task then fails with the counts and the most common reasons. A run whose "
+        "every row failed always fails. 1.0: never fail for failed rows (except all of them).",
+    )
+    max_failed_rows: NonNegativeInt | None = Field(
+        default=None,
+        description="Also fail the task when more than this many rows failed (not counting duplicate ids); "
+        "unset: only max_failed_fraction applies.",
+    )
     keep_versions: bool = Field(
         default=False,
         description="Keep earlier committed versions under output_uri/versions/ instead of deleting "
@@ -239,21 +265,7 @@ class BatchInferenceSpec(BaseModel):
     @field_validator("sampling_params")
     @classmethod
     def _check_sampling_params(cls, value: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(value) - VLLM_SAMPLING_PARAMS)
-        if unknown:
-            raise ValueError(
-                f"sampling_params has unknown keys {unknown}; allowed: {sorted(VLLM_SAMPLING_PARAMS)}."
-            )
-        max_tokens = value.get("max_tokens")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ValueError(f"sampling_params['max_tokens']={max_tokens!r} must be an int >= 1.")
-        temperature = value.get("temperature")
-        if temperature is not None and (not isinstance(temperature, int | float) or temperature < 0):
-            raise ValueError(f"sampling_params['temperature']={temperature!r} must be a number >= 0.")
-        structured = value.get("structured_outputs")
-        if structured is not None:
-            _check_structured_outputs(structured)
-        _check_json_serializable("sampling_params", value)
+        check_sampling_params(value)
         return value
 
     @field_validator("engine_kwargs")
@@ -300,11 +312,18 @@ class BatchInferenceSpec(BaseModel):
     def _check_prompt_and_columns(self) -> BatchInferenceSpec:
         if self.openai_endpoint is not None:
             self._check_openai_fields()
-        elif (self.messages_column is None) == (self.user_template is None):
+        elif self.messages_column is not None and self.user_template is not None:
             raise ValueError(
-                "exactly one of messages_column and user_template must be set: pass messages_column="
-                "'messages' for rows that carry chat messages, or user_template='... {Column} ...'."
+                "messages_column and user_template are exclusive: pass messages_column='messages' for rows "
+                "that carry chat messages, or user_template='... {Column} ...'."
             )
+        elif self.messages_column is None and self.user_template is None and self.preprocess is None:
+            raise ValueError(
+                "no prompt: pass user_template='... {Column} ...', messages_column='messages' for rows that "
+                "carry chat messages, or a preprocess that returns 'messages' or 'prompt' (as in Ray Data LLM)."
+            )
+        else:
+            check_sampling_params(self.sampling_params, one_text_per_row=True)
         if self.system_prompt is not None and self.user_template is None:
             raise ValueError("system_prompt is only used with user_template; put it in the messages instead.")
         if self.user_template is not None:
@@ -320,6 +339,11 @@ class BatchInferenceSpec(BaseModel):
             infer_input_format(self.input_uri)
         if self.input_uri.rstrip("/") == self.output_uri.rstrip("/"):
             raise ValueError(f"output_uri={self.output_uri!r} must differ from input_uri.")
+        if _is_inside(self.output_uri, self.input_uri):
+            raise ValueError(
+                f"output_uri={self.output_uri!r} is inside input_uri={self.input_uri!r}: the job would read its "
+                "own staging and earlier outputs as input rows. Write the outputs beside the input folder."
+            )
         return self
 
     def _check_openai_fields(self) -> None:
@@ -412,36 +436,106 @@ class BatchInferenceSpec(BaseModel):
 
         ``run_key``, ``keep_versions``, ``model_cache_dir`` and ``compile_cache_dir`` say where and how
         long, not what, so they are left out: a retry with the same parameters may resume what an
-        earlier try staged.
+        earlier try staged. So are the failed-row thresholds, which judge the output without shaping
+        it: a run that failed its threshold, retried with a looser one, takes the committed result.
         """
-        where = {"run_key", "keep_versions", "model_cache_dir", "compile_cache_dir"}
+        where = {
+            "run_key", "keep_versions", "model_cache_dir", "compile_cache_dir",
+            "max_failed_fraction", "max_failed_rows",
+        }  # fmt: skip
         shaping = self.model_dump(mode="json", exclude=where)
         canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _check_structured_outputs(structured: Any) -> None:  # Any: user input of unknown shape.
+#: Sampling fields a row batch cannot honour: its output is one text per row (an OpenAI batch line
+#: can: its response holds every choice and the log probabilities).
+_ONE_TEXT_PER_ROW = {
+    "n": "a row gets one answer; ask for more in preprocess (one row per sample) or use openai_endpoint",
+    "logprobs": "outputs carry no log probabilities; use openai_endpoint for them",
+    "prompt_logprobs": "outputs carry no log probabilities; use openai_endpoint for them",
+}
+
+
+def check_sampling_params(
+    value: Any, *, one_text_per_row: bool = False, name: str = "sampling_params"
+) -> None:  # Any: user input.
+    """Raise ValueError naming the field when vLLM's SamplingParams would reject ``value`` or this
+    pipeline could not honour it (never drop a setting silently).
+
+    :param one_text_per_row: a row batch (not an OpenAI batch): ``n`` > 1 and log probabilities refused.
+    """
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{name}={value!r} must be a dict of vLLM SamplingParams, e.g. {{'max_tokens': 16}}."
+        )
+    unknown = sorted(set(value) - VLLM_SAMPLING_PARAMS)
+    if unknown:
+        raise ValueError(f"{name} has unknown keys {unknown}; allowed: {sorted(VLLM_SAMPLING_PARAMS)}.")
+    max_tokens = value.get("max_tokens")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise ValueError(f"{name}['max_tokens']={max_tokens!r} must be an int >= 1.")
+    temperature = value.get("temperature")
+    if temperature is not None and (
+        not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0
+    ):
+        raise ValueError(f"{name}['temperature']={temperature!r} must be a number >= 0.")
+    if value.get("detokenize", True) is not True:
+        raise ValueError(
+            f"{name}['detokenize']={value['detokenize']!r} is not supported: outputs are the generated "
+            "text; leave detokenize unset."
+        )
+    if one_text_per_row:
+        for key, why in _ONE_TEXT_PER_ROW.items():
+            if value.get(key) not in (None, 1 if key == "n" else None):
+                raise ValueError(f"{name}['{key}']={value[key]!r} is not supported for rows: {why}.")
+    structured = value.get("structured_outputs")
+    if structured is not None:
+        _check_structured_outputs(structured, name)
+    _check_json_serializable(name, value)
+
+
+def _check_structured_outputs(structured: Any, name: str = "sampling_params") -> None:  # Any: user input.
     if not isinstance(structured, dict):
-        raise ValueError(f"sampling_params['structured_outputs']={structured!r} must be a dict, e.g. {{'choice': [...]}}.")
+        raise ValueError(
+            f"{name}['structured_outputs']={structured!r} must be a dict, e.g. {{'choice': [...]}}."
+        )
     unknown = sorted(set(structured) - STRUCTURED_OUTPUT_KINDS - STRUCTURED_OUTPUT_OPTIONS)
     if unknown:
         raise ValueError(
-            f"sampling_params['structured_outputs'] has unknown keys {unknown}; "
+            f"{name}['structured_outputs'] has unknown keys {unknown}; "
             f"use one of {sorted(STRUCTURED_OUTPUT_KINDS)}."
         )
     kinds = sorted(set(structured) & STRUCTURED_OUTPUT_KINDS)
     if len(kinds) != 1:
         raise ValueError(
-            f"sampling_params['structured_outputs'] must set exactly one of {sorted(STRUCTURED_OUTPUT_KINDS)}, "
+            f"{name}['structured_outputs'] must set exactly one of {sorted(STRUCTURED_OUTPUT_KINDS)}, "
             f"got {kinds}."
         )
     if "choice" in structured:
         choice = structured["choice"]
-        if not isinstance(choice, list | tuple) or not choice or not all(isinstance(c, str) and c for c in choice):
+        if (
+            not isinstance(choice, list | tuple)
+            or not choice
+            or not all(isinstance(c, str) and c for c in choice)
+        ):
             raise ValueError(
-                f"sampling_params['structured_outputs']['choice']={choice!r} must be a non-empty list of "
+                f"{name}['structured_outputs']['choice']={choice!r} must be a non-empty list of "
                 "non-empty strings."
             )
+
+
+def _is_inside(uri: str, folder: str) -> bool:
+    """``uri`` lies under ``folder`` (same scheme; ``.`` and ``..`` steps resolved, no file system)."""
+    import posixpath
+
+    def normal(value: str) -> str:
+        scheme, sep, path = value.rpartition("://")
+        return f"{scheme}{sep}{posixpath.normpath('/' + path.removeprefix('file://'))}"
+
+    return normal(uri).startswith(normal(folder).rstrip("/") + "/")
 
 
 def _check_json_serializable(name: str, value: Any) -> None:  # Any: checked here.

