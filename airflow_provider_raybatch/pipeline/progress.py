@@ -53,7 +53,10 @@ class ProgressReporter:
     def snapshot(self) -> dict[str, Any]:  # Any: JSON values.
         self._read_new_parts()
         return {
-            "rows_done": self._rows_done,
+            # A batch whose replica died is staged again (commit keeps one copy of each row): counted
+            # by part, its rows would count twice. Capped rather than tracked by source, which would
+            # hold every row's source in the driver.
+            "rows_done": min(self._rows_done, self.rows_total),
             "rows_total": self.rows_total,
             "rows_resumed": self.rows_resumed,
             "tokens_out": self._tokens_out - self._tokens_out_before,

@@ -142,3 +142,16 @@ def test_reporter_counts_staged_parts_and_only_this_runs_tokens(tmp_path: Path, 
     assert (snapshot["rows_done"], snapshot["rows_total"], snapshot["rows_resumed"]) == (24, 40, 8)
     assert snapshot["tokens_out"] == 100
     assert progress_from_log(capsys.readouterr().out)["rows_done"] == 24  # stop() prints the final count
+
+
+def test_rows_staged_again_never_show_more_done_than_total(tmp_path: Path) -> None:
+    parts = tmp_path / "parts"
+    reporter = ProgressReporter(str(parts), rows_total=4, rows_resumed=0, interval=3600).start()
+    _sidecar(parts, "part-a", rows=4, tokens_out=4)
+    _sidecar(parts, "part-b", rows=2, tokens_out=2)  # a retried batch's rows, staged again
+
+    snapshot = reporter.snapshot()
+    reporter.stop()
+
+    assert (snapshot["rows_done"], snapshot["rows_total"]) == (4, 4)
+    assert describe_progress(snapshot).startswith("4 / 4 rows (100.0%)")
