@@ -54,6 +54,22 @@ class RayJobFailedError(RayBatchError):
         self.status = status
 
 
+class RayBatchRowsFailedError(RayBatchError):
+    """The Ray job succeeded and committed its result, but more of its rows failed than the task allows.
+
+    The message (also :attr:`message`) gives the counts, the most common reasons and where the
+    committed outputs and errors are (see ``max_failed_fraction`` and ``max_failed_rows``);
+    ``rows_failed`` counts them as the thresholds do, without duplicate ids.
+    """
+
+    def __init__(self, message: str, *, rows_in: int, rows_failed: int, job_id: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.rows_in = rows_in
+        self.rows_failed = rows_failed
+        self.job_id = job_id
+
+
 class RayJobTimeoutError(RayBatchError):
     """Waiting for the Ray job took longer than allowed."""
 

@@ -3,7 +3,8 @@
 The pipeline writes ``manifest.json`` beside the outputs and also prints it on one marked line of
 the driver log, so the operator can read it through the Jobs API without storage credentials.
 While it runs, it prints a marked progress line now and then, which the trigger turns into a
-readable line of the task log.
+readable line of the task log. Both sides judge a committed run's failed rows with
+:func:`failed_rows_verdict`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from typing import Any
 MANIFEST_FILE_NAME = "manifest.json"
 MANIFEST_LOG_MARKER = "RAYBATCH_MANIFEST_JSON="
 PROGRESS_LOG_MARKER = "RAYBATCH_PROGRESS_JSON="
+#: The ``errors_by_reason`` kind of a row whose id an earlier row already has (counted in ``rows_duplicate``).
+DUPLICATE_ID_REASON = "duplicate id"
+#: How many of the most common reasons a failed-rows verdict names.
+VERDICT_REASONS = 3
 
 
 def manifest_log_line(manifest: dict[str, Any]) -> str:  # Any: JSON values.
@@ -49,6 +54,58 @@ def manifest_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
 def progress_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
     """The latest progress snapshot printed in a driver log, or None before the first."""
     return _last_marked(log, PROGRESS_LOG_MARKER)
+
+
+def failed_rows(manifest: dict[str, Any]) -> int:  # Any: JSON values.
+    """The run's failed rows as the thresholds count them: error rows less duplicate ids."""
+    return max(int(manifest.get("rows_failed") or 0) - int(manifest.get("rows_duplicate") or 0), 0)
+
+
+def failed_rows_verdict(
+    manifest: dict[str, Any],  # Any: JSON values.
+    max_failed_fraction: float,
+    max_failed_rows: int | None,
+) -> str | None:
+    """None when the run's failed rows are within the thresholds, else why not, in one message.
+
+    Failed rows are the error rows less the duplicate ids (``rows_duplicate``: their id has an
+    answer). The run fails when their share of ``rows_in`` is over ``max_failed_fraction``, when
+    their number is over ``max_failed_rows`` (unless None), and always when rows came in and none
+    came out. An empty input (``rows_in == 0``) passes. The message gives the counts, the most
+    common reasons and where the committed outputs and errors are, e.g. ``2,400 of 3,000 rows
+    failed (80.0%, duplicate ids not counted), over max_failed_fraction=0.1. Most common reasons:
+    'missing id' 1,200; ...``.
+    """
+    rows_in, rows_out = int(manifest.get("rows_in") or 0), int(manifest.get("rows_out") or 0)
+    if rows_in <= 0:
+        return None
+    failed = failed_rows(manifest)
+    share = failed / rows_in  # compared as a quotient: 29 of 100 is exactly at 0.29, not over it
+    over = []
+    if share > max_failed_fraction:
+        over.append(f"max_failed_fraction={max_failed_fraction:g}")
+    if max_failed_rows is not None and failed > max_failed_rows:
+        over.append(f"max_failed_rows={max_failed_rows:,}")
+    if not over and rows_out > 0:
+        return None
+    message = f"{failed:,} of {rows_in:,} rows failed ({share:.1%}, duplicate ids not counted)"
+    if over:
+        message += ", over " + " and ".join(over)
+    if rows_out == 0:
+        message += "; no row has an output, which fails a run whatever the thresholds"
+    message += "."
+    reasons = {
+        str(kind): int(count)
+        for kind, count in (manifest.get("errors_by_reason") or {}).items()
+        if kind != DUPLICATE_ID_REASON and int(count) > 0
+    }
+    if reasons:
+        common = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))[:VERDICT_REASONS]
+        message += " Most common reasons: " + "; ".join(f"{kind!r} {count:,}" for kind, count in common) + "."
+    committed = [str(manifest[key]) for key in ("outputs_uri", "errors_uri") if manifest.get(key)]
+    if committed:
+        message += f" Outputs and errors are committed: {', '.join(committed)}."
+    return message
 
 
 def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.

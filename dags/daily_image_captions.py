@@ -47,6 +47,12 @@ from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
             None, type=["null", "object"], description="Resources per replica; {'CPU': 1} on vLLM's CPU build."
         ),
         "aws_conn_id": Param(None, type=["null", "string"], description="AWS connection for s3:// data."),
+        "max_failed_fraction": Param(
+            0.1,
+            type="number",
+            description="Fail the task when more than this share of the images failed (corrupt, missing, "
+            "too small); the captions and the errors are committed either way.",
+        ),
     },
 )
 def daily_image_captions() -> None:
@@ -68,6 +74,7 @@ def daily_image_captions() -> None:
         batch_size=16,
         aws_conn_id="{{ params.aws_conn_id or '' }}",
         progress_interval_seconds=20,
+        max_failed_fraction="{{ params.max_failed_fraction }}",
     )
 
 

@@ -49,6 +49,8 @@ def openai_batch_dag(
             input_uri="{{ params.input_uri }}",
             output_uri="{{ params.output_uri }}",
             openai_endpoint="{{ params.endpoint }}",
-            **operator_kwargs,
+            # OpenAI's semantics: a batch whose lines failed completes, its error file holding them
+            # (request_counts.failed); only a batch none of whose lines succeeded fails.
+            **{"max_failed_fraction": 1.0, **operator_kwargs},
         )
     return dag

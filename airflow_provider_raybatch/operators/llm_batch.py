@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseOperator
 
 import airflow_provider_raybatch
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobNotFoundError
+from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError, RayJobNotFoundError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.links import (
     DASHBOARD_URL_XCOM_KEY,
@@ -25,9 +25,14 @@ from airflow_provider_raybatch.links import (
     RayJobLink,
     RunReportLink,
 )
-from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME, manifest_from_log
+from airflow_provider_raybatch.manifest import (
+    MANIFEST_FILE_NAME,
+    failed_rows,
+    failed_rows_verdict,
+    manifest_from_log,
+)
 from airflow_provider_raybatch.pipeline.credentials import package_files
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import (
     DEFAULT_PROGRESS_INTERVAL_SECONDS,
     ProgressRelay,
@@ -47,7 +52,7 @@ PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 # Spec fields that take a dict, list or number; after templating they may arrive as (JSON) text.
 _JSON_PARAMS = (
     "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",
-    "image_max_side",
+    "image_max_side", "max_failed_fraction", "max_failed_rows",
 )  # fmt: skip
 #: Key under which the job id is kept in Airflow's task state store across tries.
 JOB_ID_STATE_KEY = "raybatch_job_id"
@@ -87,7 +92,8 @@ class RayLLMBatchOperator(BaseOperator):
     ``image_max_side``, ``preprocess``, ``postprocess``,
     ``sampling_params``, ``engine_kwargs``, ``batch_size``, ``concurrency``, ``max_concurrent_batches``,
     ``accelerator_type``,
-    ``replica_resources``, ``id_column``, ``keep_columns``) are the fields of
+    ``replica_resources``, ``id_column``, ``keep_columns``, ``max_failed_fraction``, ``max_failed_rows``)
+    are the fields of
     :class:`~airflow_provider_raybatch.specs.BatchInferenceSpec`, whose descriptions document them;
     they are validated together before anything is submitted. Dict and list parameters may be given as
     JSON text, so they can come from templates such as ``"{{ params.engine_kwargs | tojson }}"``.
@@ -95,6 +101,13 @@ class RayLLMBatchOperator(BaseOperator):
     On success the task returns ``output_uri`` and pushes the XComs ``output_uri``, ``manifest``
     (the run's counts, as a dict) and ``job_id``.
 
+    :param max_failed_fraction: Fail the task (``RayBatchRowsFailedError``) when more than this share of
+        the rows failed, duplicate ids not counted. Default 0.1. The outputs, errors and XComs are
+        committed either way, but no output Asset event is emitted; a retry with the same parameters
+        takes that result and fails the same way unless the thresholds were loosened. A run whose
+        every row failed always fails; an empty input never does. Templated.
+    :param max_failed_rows: Also fail the task when more than this many rows failed (duplicate ids not
+        counted). Default None: only ``max_failed_fraction`` applies. Templated.
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
     :param aws_conn_id: Airflow AWS connection whose credentials, region and ``endpoint_url`` the job
         uses for ``s3://`` input, output and model (for an S3-compatible store too). They travel in a
@@ -149,6 +162,8 @@ class RayLLMBatchOperator(BaseOperator):
         "accelerator_type",
         "id_column",
         "keep_columns",
+        "max_failed_fraction",
+        "max_failed_rows",
         "aws_conn_id",
     )
     operator_extra_links = (RayJobLink(), BatchOutputLink(), RunReportLink())
@@ -181,6 +196,8 @@ class RayLLMBatchOperator(BaseOperator):
         replica_resources: dict[str, float] | str | None = None,
         id_column: str | None = None,
         keep_columns: list[str] | str | None = None,
+        max_failed_fraction: float | str = DEFAULT_MAX_FAILED_FRACTION,
+        max_failed_rows: int | str | None = None,
         keep_versions: bool = False,
         reuse_earlier_result: bool = True,
         ray_conn_id: str = RayHook.default_conn_name,
@@ -221,6 +238,8 @@ class RayLLMBatchOperator(BaseOperator):
         self.replica_resources = replica_resources
         self.id_column = id_column
         self.keep_columns = keep_columns
+        self.max_failed_fraction = max_failed_fraction
+        self.max_failed_rows = max_failed_rows
         self.keep_versions = keep_versions
         self.reuse_earlier_result = reuse_earlier_result
         self.ray_conn_id = ray_conn_id
@@ -472,13 +491,28 @@ class RayLLMBatchOperator(BaseOperator):
         ti.xcom_push(key="job_id", value=job_id)
         ti.xcom_push(key="manifest", value=manifest)
         ti.xcom_push(key="output_uri", value=manifest["output_uri"])
-        if self.output_asset is not None:
-            context["outlet_events"][self.output_asset].extra = _asset_extra(manifest, job_id)
         self.log.info(
             "Ray job %s done: %d rows in, %d out, %d failed; output at %s.",
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"], manifest["output_uri"],
         )  # fmt: skip
+        self._check_failed_rows(manifest, job_id)
+        if self.output_asset is not None:
+            context["outlet_events"][self.output_asset].extra = _asset_extra(manifest, job_id)
         return manifest["output_uri"]
+
+    def _check_failed_rows(self, manifest: dict[str, Any], job_id: str) -> None:  # Any: JSON values.
+        """Fail the task (RayBatchRowsFailedError) when more rows failed than this task's thresholds allow.
+
+        Judged here from the counts, with the thresholds as they are now, rather than read from the
+        manifest's own ``failed_rows_check``: a result taken from an earlier job may predate that
+        key, and a retry with loosened thresholds must pass on the same committed result.
+        """
+        spec = self.build_spec()
+        verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows)
+        if verdict is not None:
+            raise RayBatchRowsFailedError(
+                verdict, rows_in=int(manifest["rows_in"]), rows_failed=failed_rows(manifest), job_id=job_id
+            )
 
     @staticmethod
     def _was_an_earlier_tries_job(hook: RayHook, job_id: str, context: Context) -> bool:

@@ -289,6 +289,17 @@ def _cards(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
     return f'<dl class="cards">{items}</dl>'
 
 
+def _failed_rows_banner(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
+    """The failed-row check's message at the top of the page, or nothing when the run passed it."""
+    message = summary.get("failed_rows_message")
+    if not isinstance(message, str) or not message.strip():
+        return ""
+    return (
+        '<section class=alert id="failed-rows" role="alert"><h2>Too many rows failed</h2>'
+        f"<p>{_e(message)}</p></section>"
+    )
+
+
 def _run_facts(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
     versions = summary.get("versions") or {}
     facts = [
@@ -398,6 +409,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .pair{display:flex;flex-wrap:wrap;gap:16px}.pair>*{flex:1 1 420px;min-width:0}
 figure{margin:0}svg{width:100%;height:auto}
 details{margin-top:6px;font-size:12.5px}summary{cursor:pointer;color:#5b6474}
+.alert{background:#fdecec;border-color:#e45756;color:#7a1d1d}.alert h2{color:#b42318}.alert p{margin:0}
 """
 
 
@@ -408,6 +420,8 @@ def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any
         ``rows_out``, ``rows_failed``, ``rows_duplicate``, ``rows_resumed``, ``tokens_in``,
         ``tokens_out``, ``wall_seconds``, ``started_at``, ``committed_at``, ``versions``,
         ``errors_by_reason``, ``generated_text_counts``, the URIs); a missing one shows as "—".
+        ``failed_rows_message`` (the failed-row check's message, or None when the run passed it) shows
+        as a banner above everything else.
     :param stats: the sidecars added up (:class:`ReportStats`).
     """
     subject = " · ".join(str(summary[key]) for key in ("model", "version") if summary.get(key))
@@ -417,6 +431,7 @@ def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any
     errors = summary.get("errors_by_reason") or {}
     sections = [
         f"<header><h1>Batch inference run report</h1><p class=sub>{_e(subject)}</p></header>",
+        _failed_rows_banner(summary),
         _cards(summary),
         _section("Run", _run_facts(summary)),
         _section(
@@ -436,6 +451,6 @@ def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{_e(f'Run report · {subject}' if subject else 'Run report')}</title>"
         f"<style>{_STYLE}</style></head>\n<body><main>\n"
-        + "\n".join(sections)
+        + "\n".join(filter(None, sections))
         + f"\n{footer}\n</main></body></html>\n"
     )

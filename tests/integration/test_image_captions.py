@@ -147,6 +147,7 @@ def test_daily_image_captions_dag(airflow_env, tiny_vlm, tmp_path) -> None:
         "engine_kwargs": {**CPU_ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 1}},
         "image_max_side": 224,
         "replica_resources": CPU_REPLICA,
+        "max_failed_fraction": 0.5,  # 7 of 19 images are bad on purpose
     }
 
     result = airflow_env.dags_test(dag_id, day, conf)

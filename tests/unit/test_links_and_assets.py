@@ -23,7 +23,7 @@ from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.operators.test_llm_batch import FakeTI, make_operator
 
 MANIFEST = {"output_uri": "s3://b/out/2026-11-20", "outputs_uri": "s3://b/out/2026-11-20/versions/v1/outputs",
-            "rows_in": 3, "rows_out": 2, "rows_failed": 1, "version": "v1"}  # fmt: skip
+            "rows_in": 30, "rows_out": 29, "rows_failed": 1, "version": "v1"}  # fmt: skip
 
 
 def test_ray_job_url_points_at_the_dashboards_job_page() -> None:
@@ -44,17 +44,18 @@ def test_output_location_url(uri: str, url: str) -> None:
     assert output_location_url(uri) == url
 
 
-def test_links_read_the_job_id_and_dashboard_from_xcom(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_links_read_the_job_id_and_dashboard_from_xcom_and_the_report_from_the_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
     stored: dict[str, Any] = {
         "job_id": "raybatch-j1",
         "ray_dashboard_url": "http://ray.test:8265",
-        "manifest": {"report_uri": "s3://b/out/versions/v1/report.html"},
     }
     monkeypatch.setattr(
         "airflow.sdk.execution_time.xcom.XCom.get_value", lambda *, ti_key, key: stored.get(key), raising=True
     )
     operator = make_operator(output_uri="/data/out")
     key = SimpleNamespace(dag_id="d", task_id="t", run_id="r", try_number=1, map_index=-1)
+    assert RunReportLink().get_link(operator, ti_key=key) == ""  # deferred: no manifest yet, nothing pulled
+    operator.manifest = {"report_uri": "s3://b/out/versions/v1/report.html"}  # what execute_complete read
 
     assert RayJobLink().get_link(operator, ti_key=key) == "http://ray.test:8265/#/jobs/raybatch-j1"
     assert BatchOutputLink().get_link(operator, ti_key=key) == "file:///data/out"
@@ -91,8 +92,8 @@ def test_success_emits_the_asset_event_with_the_runs_extras(ray_conn: str, ray_a
         "output_uri": "s3://b/out/2026-11-20",
         "manifest_uri": "s3://b/out/2026-11-20/manifest.json",
         "outputs_uri": "s3://b/out/2026-11-20/versions/v1/outputs",
-        "rows_in": 3,
-        "rows_out": 2,
+        "rows_in": 30,
+        "rows_out": 29,
         "rows_failed": 1,
         "version": "v1",
         "job_id": "j1",

@@ -1,10 +1,19 @@
-"""Tests of airflow_provider_raybatch/manifest.py: the manifest's hand-over through the driver log."""
+"""Tests of airflow_provider_raybatch/manifest.py: the manifest's hand-over through the driver log, and
+the verdict on a run's failed rows."""
 
 from __future__ import annotations
 
 import json
 
-from airflow_provider_raybatch.manifest import MANIFEST_LOG_MARKER, manifest_from_log, manifest_log_line
+import pytest
+
+from airflow_provider_raybatch.manifest import (
+    MANIFEST_LOG_MARKER,
+    failed_rows,
+    failed_rows_verdict,
+    manifest_from_log,
+    manifest_log_line,
+)
 
 MANIFEST = {"output_uri": "s3://b/out", "rows_in": 3, "rows_out": 2, "rows_failed": 1, "note": "héllo"}
 
@@ -35,3 +44,121 @@ def test_the_last_manifest_wins() -> None:
 def test_no_manifest_gives_none() -> None:
     assert manifest_from_log("") is None
     assert manifest_from_log("line one\nRAYBATCH_MANIFEST\nline three") is None
+
+
+# -- the failed-rows verdict ---------------------------------------------------------------------------
+
+
+def run_manifest(rows_in: int, rows_failed: int, duplicates: int = 0, **reasons: int) -> dict:
+    """A committed run's manifest: ``rows_failed`` error rows, ``duplicates`` of them duplicate ids."""
+    errors_by_reason = {"duplicate id": duplicates} if duplicates else {}
+    errors_by_reason.update({kind.replace("_", " "): count for kind, count in reasons.items()})
+    return {
+        "output_uri": "s3://b/out",
+        "outputs_uri": "s3://b/out/versions/v1/outputs",
+        "errors_uri": "s3://b/out/versions/v1/errors",
+        "rows_in": rows_in,
+        "rows_out": rows_in - rows_failed,
+        "rows_failed": rows_failed,
+        "rows_duplicate": duplicates,
+        "errors_by_reason": errors_by_reason,
+    }
+
+
+def test_verdict_names_the_counts_the_threshold_the_reasons_and_the_committed_result() -> None:
+    manifest = run_manifest(3000, 2400, missing_id=1200, preprocess_failed=900, bad_image=300)
+
+    assert failed_rows_verdict(manifest, 0.1, None) == (
+        "2,400 of 3,000 rows failed (80.0%, duplicate ids not counted), over max_failed_fraction=0.1. "
+        "Most common reasons: 'missing id' 1,200; 'preprocess failed' 900; 'bad image' 300. "
+        "Outputs and errors are committed: s3://b/out/versions/v1/outputs, s3://b/out/versions/v1/errors."
+    )
+
+
+def test_verdict_names_only_the_three_most_common_reasons_and_never_duplicate_ids() -> None:
+    manifest = run_manifest(100, 60, duplicates=30, empty_prompt=10, missing_id=10, bad_image=7, b=3)
+
+    verdict = failed_rows_verdict(manifest, 0.1, None)
+
+    assert verdict is not None
+    assert verdict.startswith("30 of 100 rows failed (30.0%, duplicate ids not counted)")
+    # Ties in name order; duplicate ids are not failed rows, so not a reason either.
+    assert "Most common reasons: 'empty prompt' 10; 'missing id' 10; 'bad image' 7." in verdict
+    assert "duplicate" not in verdict.split("Most common reasons")[1]
+
+
+@pytest.mark.parametrize(
+    ("rows_in", "rows_failed", "fraction", "passes"),
+    [
+        (1000, 100, 0.1, True),  # at the threshold
+        (1000, 101, 0.1, False),
+        (100, 29, 0.29, True),  # 0.29 * 100 is 28.999...: compared as a share, 29 of 100 is at it
+        (100, 30, 0.29, False),
+        (10, 0, 0.0, True),
+        (10, 1, 0.0, False),
+        (10, 9, 1.0, True),
+    ],
+)
+def test_verdict_fails_only_over_max_failed_fraction(
+    rows_in: int, rows_failed: int, fraction: float, passes: bool
+) -> None:
+    verdict = failed_rows_verdict(run_manifest(rows_in, rows_failed), fraction, None)
+
+    assert (verdict is None) is passes, verdict
+    if not passes:
+        assert f"over max_failed_fraction={fraction:g}." in str(verdict)
+
+
+@pytest.mark.parametrize(("rows_failed", "passes"), [(5, True), (6, False)])
+def test_verdict_fails_over_max_failed_rows(rows_failed: int, passes: bool) -> None:
+    verdict = failed_rows_verdict(run_manifest(1000, rows_failed), 1.0, 5)
+
+    assert (verdict is None) is passes, verdict
+    if not passes:
+        assert verdict == (
+            "6 of 1,000 rows failed (0.6%, duplicate ids not counted), over max_failed_rows=5. "
+            "Outputs and errors are committed: s3://b/out/versions/v1/outputs, s3://b/out/versions/v1/errors."
+        )
+
+
+def test_verdict_names_both_thresholds_when_both_are_passed() -> None:
+    verdict = failed_rows_verdict(run_manifest(1000, 200), 0.1, 100)
+
+    assert "(20.0%, duplicate ids not counted), over max_failed_fraction=0.1 and max_failed_rows=100." in str(
+        verdict
+    )
+
+
+def test_duplicate_ids_are_not_failed_rows() -> None:
+    """900 error rows, 850 of them duplicate ids whose id has an answer: 50 of 1,000 failed (5%)."""
+    manifest = run_manifest(1000, 900, duplicates=850, missing_id=50)
+
+    assert failed_rows(manifest) == 50
+    assert failed_rows_verdict(manifest, 0.1, None) is None
+    assert failed_rows_verdict(manifest, 0.1, 49) is not None
+
+
+@pytest.mark.parametrize(("fraction", "rows"), [(1.0, None), (1.0, 1_000_000), (0.5, None)])
+def test_a_run_whose_every_row_failed_always_fails(fraction: float, rows: int | None) -> None:
+    verdict = failed_rows_verdict(run_manifest(40, 40, inference_failed=40), fraction, rows)
+
+    assert verdict is not None
+    assert verdict.startswith("40 of 40 rows failed (100.0%, duplicate ids not counted)")
+    assert "; no row has an output, which fails a run whatever the thresholds." in verdict
+    assert "Most common reasons: 'inference failed' 40." in verdict
+
+
+def test_an_empty_input_passes() -> None:
+    assert failed_rows_verdict(run_manifest(0, 0), 0.0, 0) is None
+    assert failed_rows_verdict({"rows_in": 0, "rows_out": 0, "rows_failed": 0}, 0.1, None) is None
+
+
+def test_verdict_reads_a_manifest_without_the_newer_keys() -> None:
+    """A result taken from an older job: no rows_duplicate, errors_by_reason or URIs."""
+    manifest = {"output_uri": "s3://b/out", "rows_in": 3, "rows_out": 2, "rows_failed": 1}
+
+    assert failed_rows(manifest) == 1
+    assert failed_rows_verdict(manifest, 0.1, None) == (
+        "1 of 3 rows failed (33.3%, duplicate ids not counted), over max_failed_fraction=0.1."
+    )
+    assert failed_rows_verdict(manifest, 0.5, None) is None

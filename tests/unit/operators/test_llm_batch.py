@@ -969,7 +969,8 @@ def test_wait_in_worker_returns_the_terminal_event(
     assert not stop.called
 
 
-MANIFEST = {"output_uri": "s3://b/out/", "rows_in": 3, "rows_out": 2, "rows_failed": 1}
+# One failed row in 30: within the default max_failed_fraction (0.1).
+MANIFEST = {"output_uri": "s3://b/out/", "rows_in": 30, "rows_out": 29, "rows_failed": 1}
 
 
 def test_execute_complete_success_pushes_the_manifest(ray_conn: str, ray_api: respx.MockRouter) -> None:

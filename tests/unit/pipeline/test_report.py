@@ -335,6 +335,34 @@ def test_report_of_no_rows() -> None:
     assert "no output rows to show" in page
 
 
+FAILED_ROWS_MESSAGE = (
+    "30 of 1,234 rows failed (2.4%, duplicate ids not counted), over max_failed_rows=10. "
+    "Most common reasons: 'empty prompt' 20; '<script>alert(1)</script>' 10."
+)
+
+
+def test_report_shows_the_failed_rows_message_first_and_escaped() -> None:
+    page = render_report({**SUMMARY, "failed_rows_message": FAILED_ROWS_MESSAGE}, stats_of_run())
+
+    banner = re.search(r'<section class=alert id="failed-rows" role="alert">(.*?)</section>', page, re.S)
+    assert banner, "no failed-rows banner"
+    shown = banner.group(1)
+    assert "Too many rows failed" in shown
+    assert "30 of 1,234 rows failed (2.4%, duplicate ids not counted), over max_failed_rows=10." in shown
+    assert "&#x27;&lt;script&gt;alert(1)&lt;/script&gt;&#x27; 10." in shown
+    assert "<script" not in page
+    # At the top: right after the title, before the counts and everything else.
+    assert page.index("</header>") < banner.start() < page.index('<dl class="cards">')
+
+
+@pytest.mark.parametrize("message", [None, "", "  "])
+def test_report_of_a_run_that_passed_the_failed_rows_check_has_no_banner(message: str | None) -> None:
+    page = render_report({**SUMMARY, "failed_rows_message": message}, stats_of_run())
+
+    assert 'id="failed-rows"' not in page and "Too many rows failed" not in page
+    assert render_report(SUMMARY, stats_of_run()) == page  # the key absent: the same page
+
+
 # -- the part writer writes the fields ----------------------------------------------------------------------
 
 

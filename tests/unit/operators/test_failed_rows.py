@@ -1,0 +1,245 @@
+"""Tests of airflow_provider_raybatch/operators/llm_batch.py: a run with too many failed rows fails its task.
+
+The job succeeded and committed outputs and errors either way; the operator pushes the XComs, then
+judges the manifest with its own ``max_failed_fraction`` / ``max_failed_rows`` (the verdict itself is
+tested in tests/unit/test_manifest.py), on each path that reads a manifest: ``execute_complete``
+after deferral, the worker's poll (``deferrable=False``), and a retry taking an earlier job's result.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+import respx
+from airflow.sdk import Asset
+
+from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError
+from airflow_provider_raybatch.manifest import failed_rows_verdict, manifest_log_line
+from airflow_provider_raybatch.operators import llm_batch as operator_module
+from airflow_provider_raybatch.operators.llm_batch import JOB_ID_STATE_KEY, RayLLMBatchOperator
+from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION
+from airflow_provider_raybatch.utils.events import job_event
+from tests.unit.operators.test_llm_batch import (
+    FakeCluster,
+    FakeStateStore,
+    FakeTI,
+    make_operator,
+    retry_ti,
+)
+
+OUTPUT_ASSET = Asset("s3://b/out")
+
+
+# Any (here and below): JSON values of a manifest.
+def run_manifest(rows_in: int, rows_failed: int, duplicates: int = 0, **extra: Any) -> dict[str, Any]:
+    """A committed run's manifest as the pipeline prints it."""
+    reasons = {"missing id": rows_failed - duplicates}
+    if duplicates:
+        reasons["duplicate id"] = duplicates
+    return {
+        "output_uri": "s3://b/out/",
+        "outputs_uri": "s3://b/out/versions/v1/outputs",
+        "errors_uri": "s3://b/out/versions/v1/errors",
+        "version": "v1",
+        "rows_in": rows_in,
+        "rows_out": rows_in - rows_failed,
+        "rows_failed": rows_failed,
+        "rows_duplicate": duplicates,
+        "errors_by_reason": {kind: count for kind, count in reasons.items() if count},
+        **extra,
+    }
+
+
+# Any: operator arguments; Airflow's outlet event accessors; the return value or the exception.
+def complete(
+    ray_conn: str, ray_api: respx.MockRouter, manifest: dict[str, Any], **kwargs: Any
+) -> tuple[RayLLMBatchOperator, FakeTI, dict[Any, Any], Any]:
+    """Resume a deferred task whose job j1 succeeded and printed ``manifest``: (operator, ti, outlet events,
+    the return value or the exception raised)."""
+    ray_api.get("/api/jobs/j1/logs").respond(json={"logs": "x\n" + manifest_log_line(manifest) + "\n"})
+    op = make_operator(ray_conn_id=ray_conn, output_asset=OUTPUT_ASSET, **kwargs)
+    ti = FakeTI()
+    outlet_events: dict[Any, Any] = defaultdict(lambda: SimpleNamespace(extra={}))
+    try:
+        outcome = op.execute_complete(
+            {"ti": ti, "outlet_events": outlet_events}, job_event("success", "j1", "ok", "succeeded")
+        )
+    except RayBatchRowsFailedError as err:
+        outcome = err
+    return op, ti, outlet_events, outcome
+
+
+def test_a_run_over_the_threshold_fails_after_pushing_the_xcoms(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
+    manifest = run_manifest(30, 4)  # 13.3% > 10%
+
+    op, ti, outlet_events, outcome = complete(ray_conn, ray_api, manifest)
+
+    assert isinstance(outcome, RayBatchRowsFailedError)
+    assert str(outcome) == outcome.message == failed_rows_verdict(manifest, DEFAULT_MAX_FAILED_FRACTION, None)
+    assert str(outcome) == (
+        "4 of 30 rows failed (13.3%, duplicate ids not counted), over max_failed_fraction=0.1. "
+        "Most common reasons: 'missing id' 4. "
+        "Outputs and errors are committed: s3://b/out/versions/v1/outputs, s3://b/out/versions/v1/errors."
+    )
+    assert (outcome.rows_in, outcome.rows_failed, outcome.job_id) == (30, 4, "j1")
+    # The result is committed and handed on all the same: a look at the errors starts from the XComs.
+    assert ti.xcoms == {"job_id": "j1", "manifest": manifest, "output_uri": "s3://b/out/"}
+    assert op.manifest == manifest  # for the failed task's lineage
+    assert OUTPUT_ASSET not in outlet_events  # no Asset event: downstream DAGs must not start on it
+
+
+@pytest.mark.parametrize(
+    ("manifest", "kwargs", "passes"),
+    [
+        pytest.param(run_manifest(30, 3), {}, True, id="at-the-default-threshold"),
+        pytest.param(run_manifest(30, 4), {"max_failed_fraction": 0.2}, True, id="under-a-looser-threshold"),
+        pytest.param(run_manifest(30, 30), {"max_failed_fraction": 1.0}, False, id="every-row-failed"),
+        pytest.param(run_manifest(30, 28, duplicates=28), {}, True, id="duplicate-ids-not-counted"),
+        pytest.param(run_manifest(30, 11, duplicates=7), {}, False, id="the-rest-counted"),
+        pytest.param(
+            run_manifest(0, 0), {"max_failed_fraction": 0.0, "max_failed_rows": 0}, True, id="empty-input"
+        ),
+        pytest.param(run_manifest(1000, 3), {"max_failed_rows": 3}, True, id="at-max-failed-rows"),
+        pytest.param(run_manifest(1000, 3), {"max_failed_rows": 2}, False, id="over-max-failed-rows"),
+    ],
+)
+def test_the_thresholds_decide_the_task(
+    ray_conn: str, ray_api: respx.MockRouter, manifest: dict[str, Any], kwargs: dict[str, Any], passes: bool
+) -> None:
+    op, ti, outlet_events, outcome = complete(ray_conn, ray_api, manifest, **kwargs)
+
+    spec = op.build_spec()
+    expected = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows)
+    assert ti.xcoms["manifest"] == manifest  # pushed either way
+    if passes:
+        assert expected is None
+        assert outcome == "s3://b/out/"
+        assert outlet_events[OUTPUT_ASSET].extra["rows_failed"] == manifest["rows_failed"]
+    else:
+        assert isinstance(outcome, RayBatchRowsFailedError) and str(outcome) == expected
+        assert OUTPUT_ASSET not in outlet_events
+
+
+def test_every_row_failed_names_it(ray_conn: str, ray_api: respx.MockRouter) -> None:
+    *_, outcome = complete(ray_conn, ray_api, run_manifest(30, 30), max_failed_fraction=1.0)
+
+    assert "30 of 30 rows failed (100.0%" in str(outcome)
+    assert "no row has an output, which fails a run whatever the thresholds" in str(outcome)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "kwargs", "passes"), [(True, {}, False), (False, {"max_failed_fraction": 0.5}, True)]
+)
+def test_the_operator_judges_by_its_own_thresholds_not_the_manifests_check(
+    ray_conn: str, ray_api: respx.MockRouter, recorded: bool, kwargs: dict[str, Any], passes: bool
+) -> None:
+    """The manifest's ``failed_rows_check`` was judged by the job's thresholds (or is missing, in a result
+    from an older job); the task goes by the thresholds it has now."""
+    check = {"passed": recorded, "message": None if recorded else "recorded verdict"}
+    manifest = run_manifest(30, 9, failed_rows_check=check, max_failed_fraction=0.5 if recorded else 0.1)
+
+    *_, outcome = complete(ray_conn, ray_api, manifest, **kwargs)
+
+    assert (outcome == "s3://b/out/") is passes
+    if not passes:
+        assert str(outcome).startswith("9 of 30 rows failed (30.0%")
+
+
+def test_the_worker_path_fails_the_same_way(
+    ray_conn: str, ray_api: respx.MockRouter, job_payload: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``deferrable=False``: the worker polls the job to SUCCEEDED, then judges its manifest."""
+    cluster = FakeCluster(ray_api, job_payload)
+    ti = FakeTI()
+    manifest = run_manifest(30, 12)
+    job_id = cluster.add_try(ti, 1, "RUNNING", logs=manifest_log_line(manifest))
+    metadata = cluster.jobs[0]["metadata"]
+    cluster.jobs.clear()  # submitted by this try: nothing earlier is listed
+    statuses = [cluster.job_payload(job_id, status, metadata=metadata) for status in ("RUNNING", "SUCCEEDED")]
+    cluster.gets[job_id].mock(side_effect=[httpx.Response(200, json=payload) for payload in statuses])
+    monkeypatch.setattr(operator_module.time, "sleep", lambda _: None)
+    op = make_operator(ray_conn_id=ray_conn, deferrable=False)
+
+    with pytest.raises(RayBatchRowsFailedError) as info:
+        op.execute({"ti": ti, "task_state_store": FakeStateStore()})
+
+    assert str(info.value) == failed_rows_verdict(manifest, DEFAULT_MAX_FAILED_FRACTION, None)
+    assert info.value.job_id == job_id
+    assert [body["submission_id"] for body in cluster.submitted()] == [job_id]
+    assert ti.xcoms["manifest"] == manifest and ti.xcoms["job_id"] == job_id
+    assert not cluster.stops[job_id].called  # the job succeeded; nothing to stop
+
+
+@pytest.mark.parametrize(("kwargs", "passes"), [({}, False), ({"max_failed_fraction": "0.5"}, True)])
+def test_a_retry_takes_the_committed_result_and_fails_again_unless_loosened(
+    ray_conn: str, ray_api: respx.MockRouter, job_payload: Any, kwargs: dict[str, Any], passes: bool
+) -> None:
+    """The thresholds are not part of the spec fingerprint: try 2 takes try 1's committed result (no
+    rows paid twice) and fails with the same message, or passes once the thresholds were loosened."""
+    cluster = FakeCluster(ray_api, job_payload)
+    ti = retry_ti(2)
+    manifest = run_manifest(30, 12)
+    earlier = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(manifest))
+    op = make_operator(ray_conn_id=ray_conn, **kwargs)
+    context = {"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: earlier})}
+
+    if passes:
+        assert op.execute(context) == "s3://b/out/"
+    else:
+        with pytest.raises(RayBatchRowsFailedError) as info:
+            op.execute(context)
+        assert str(info.value) == failed_rows_verdict(manifest, DEFAULT_MAX_FAILED_FRACTION, None)
+    assert not cluster.submit.called
+    assert ti.xcoms["job_id"] == earlier
+
+
+# -- the parameters --------------------------------------------------------------------------------
+
+
+def test_the_thresholds_reach_the_spec_but_not_its_fingerprint() -> None:
+    spec = make_operator(max_failed_fraction=0.25, max_failed_rows=7).build_spec()
+
+    assert (spec.max_failed_fraction, spec.max_failed_rows) == (0.25, 7)
+    default = make_operator().build_spec()
+    assert (default.max_failed_fraction, default.max_failed_rows) == (DEFAULT_MAX_FAILED_FRACTION, None)
+    assert spec.fingerprint() == default.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("max_failed_fraction", "0.25", 0.25),
+        ("max_failed_fraction", " 1 ", 1.0),
+        ("max_failed_fraction", "None", DEFAULT_MAX_FAILED_FRACTION),
+        ("max_failed_fraction", "", DEFAULT_MAX_FAILED_FRACTION),
+        ("max_failed_rows", "100", 100),
+        ("max_failed_rows", "null", None),
+        ("max_failed_rows", "None", None),
+    ],
+)
+def test_the_thresholds_are_templated(name: str, text: str, expected: float | None) -> None:
+    assert {"max_failed_fraction", "max_failed_rows"} <= set(RayLLMBatchOperator.template_fields)
+    op = make_operator()
+    setattr(op, name, text)  # as rendering "{{ params.max_failed_fraction }}" would
+
+    assert getattr(op.build_spec(), name) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"max_failed_fraction": 1.5}, "max_failed_fraction: Input should be less than or equal to 1"),
+        ({"max_failed_fraction": "-0.1"}, "max_failed_fraction: Input should be greater than or equal to 0"),
+        ({"max_failed_rows": -1}, "max_failed_rows: Input should be greater than or equal to 0"),
+        ({"max_failed_rows": "many"}, "max_failed_rows"),
+    ],
+)
+def test_an_invalid_threshold_names_the_parameter(kwargs: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(BatchSpecError, match=fragment):
+        make_operator(**kwargs).build_spec()
