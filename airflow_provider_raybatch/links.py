@@ -61,7 +61,9 @@ class RunReportLink(BaseOperatorLink):
     name = "Run report"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        manifest = _xcom(ti_key, "manifest") or {}
+        # Read from the operator that ran, not pulled: Airflow evaluates links in the worker when the task
+        # defers too, before any manifest exists, and its client logs a missing XCom at ERROR level.
+        manifest = getattr(operator, "manifest", None) or {}
         report_uri = manifest.get("report_uri") if isinstance(manifest, dict) else None
         return output_location_url(str(report_uri), folder=False) if report_uri else ""
 
