@@ -503,3 +503,72 @@ def test_image_spec_json_round_trip_is_equal() -> None:
     spec = build(image_column="image", image_size=(448, 336))
 
     assert BatchInferenceSpec.from_json(spec.model_dump_json()) == spec
+
+
+# -- the row contract, settings refused rather than dropped, failed-row thresholds ----------------
+
+
+def test_a_preprocess_alone_may_give_the_prompt() -> None:
+    spec = build(user_template=_DROP, preprocess="my_rows.to_messages")
+
+    assert spec.user_template is None and spec.messages_column is None
+
+
+def test_no_prompt_at_all_names_the_three_ways() -> None:
+    with pytest.raises(BatchSpecError, match="no prompt: pass user_template=.*messages_column=.*preprocess"):
+        build(user_template=_DROP)
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"n": 3}, r"sampling_params\['n'\]=3 is not supported for rows"),
+        ({"logprobs": 2}, r"sampling_params\['logprobs'\]=2 is not supported for rows"),
+        ({"prompt_logprobs": 0}, r"sampling_params\['prompt_logprobs'\]=0 is not supported for rows"),
+        ({"detokenize": False}, r"sampling_params\['detokenize'\]=False is not supported"),
+        ({"max_tokens": True}, r"sampling_params\['max_tokens'\]=True must be an int >= 1"),
+    ],
+)
+def test_sampling_settings_a_row_batch_cannot_honour_are_refused(params: dict, match: str) -> None:
+    with pytest.raises(BatchSpecError, match=match):
+        build(sampling_params=params)
+
+
+def test_an_openai_batch_may_ask_for_choices_and_logprobs() -> None:
+    spec = build(user_template=_DROP, openai_endpoint="/v1/chat/completions", sampling_params={"n": 2, "logprobs": 1})
+
+    assert spec.sampling_params == {"n": 2, "logprobs": 1}
+
+
+@pytest.mark.parametrize(
+    ("input_uri", "output_uri"),
+    [
+        ("/data/in", "/data/in/out"),
+        ("/data/in/", "/data/in/x/../out"),
+        ("s3://bucket/in", "s3://bucket/in/run-1"),
+        ("file:///data/in", "file:///data/in/out"),
+    ],
+)
+def test_an_output_inside_the_input_is_refused(input_uri: str, output_uri: str) -> None:
+    with pytest.raises(BatchSpecError, match="is inside input_uri"):
+        build(input_uri=input_uri, output_uri=output_uri, input_format="jsonl")
+
+
+@pytest.mark.parametrize(("input_uri", "output_uri"), [("/data/in", "/data/inner"), ("s3://b/in", "s3://c/in/x")])
+def test_an_output_beside_the_input_is_fine(input_uri: str, output_uri: str) -> None:
+    assert build(input_uri=input_uri, output_uri=output_uri, input_format="jsonl").output_uri == output_uri
+
+
+def test_a_template_conversion_python_does_not_know_is_refused() -> None:
+    with pytest.raises(BatchSpecError, match=r"\{text!x\} has an unknown conversion"):
+        build(user_template="Say {text!x}")
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_max_failed_fraction_is_a_share(value: float) -> None:
+    with pytest.raises(BatchSpecError, match="max_failed_fraction"):
+        build(max_failed_fraction=value)
+
+
+def test_failed_row_thresholds_do_not_change_the_fingerprint() -> None:
+    assert build(max_failed_fraction=0.5, max_failed_rows=3).fingerprint() == build().fingerprint()
