@@ -286,6 +286,7 @@ JSON_SCALARS = (
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=30)
+    | st.just("x" * 100_000)  # a huge value
 )
 JSON_VALUES = st.recursive(
     JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
