@@ -2,17 +2,25 @@
 
 We parse whole files ourselves (Ray Data hands us the bytes, one file per row) for two reasons
 Ray's readers cannot serve: a deterministic ``<file>:<row number>`` id for inputs without an id
-column, and one bad JSON line becoming one error row instead of a failed job.
+column, and one bad line or row becoming one error row instead of a failed job.
 
 A record is ``{"source": str, "row": str | None, "error": str | None}`` where ``row`` is the input
 row as JSON text: rows of one file may disagree on types, and text keeps Ray's blocks uniform.
+An error reason starts with its kind and a colon (``malformed CSV: row 3 has 4 fields, ...``).
+
+CSV is read twice over: Python's ``csv`` module decides the structure (quoted newlines stay in their
+field, and it hands us each record so a ragged one fails alone), then pyarrow reads the good records
+again to infer each column's type as Ray Data's ``read_csv`` would, except the id column, which
+stays the text as written (``007`` is not ``7``).
 """
 
 from __future__ import annotations
 
 import base64
+import csv
 import io
 import json
+import re
 from collections.abc import Iterator
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -22,18 +30,50 @@ from airflow_provider_raybatch.specs import InputFormat
 
 Record = dict[str, str | None]
 
+_BYTE_ORDER_MARK = b"\xef\xbb\xbf"  # the UTF-8 byte order mark some editors write
+# Bytes that are not UTF-8 decode to these under "surrogateescape", and valid UTF-8 never does,
+# so a CSV row can fail for its own bad bytes while the rest of the file parses.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
 
-def _json_default(value: Any) -> Any:  # Any: whatever pyarrow hands back for a cell.
+
+# -- JSON text of a row ---------------------------------------------------------------------------
+
+
+def _set_items(value: set[Any] | frozenset[Any]) -> list[Any]:  # Any: set members.
+    """A set as a list, sorted when its members sort, so equal sets give equal JSON."""
+    items = list(value)
+    try:
+        return sorted(items)
+    except TypeError:  # members of mixed types: keep them, in the set's order
+        return items
+
+
+def _numpy_value(value: Any) -> Any:  # Any: a numpy scalar or array, and what it holds.
+    """A numpy value as plain Python; never ``str``, which elides arrays past 1,000 items with ``...``."""
+    if getattr(getattr(value, "dtype", None), "kind", "") in ("M", "m"):
+        # datetime64 / timedelta64: .tolist() gives bare ints at nanosecond units; text keeps the meaning.
+        return value.astype(str).tolist()
+    return value.tolist()  # nested arrays become nested lists; object items come back to _json_default
+
+
+def _json_default(value: Any) -> Any:  # Any: whatever pyarrow, a preprocess or numpy hands back for a cell.
+    """A JSON value for a cell ``json`` cannot write itself; ``json`` encodes what this returns again."""
     if isinstance(value, datetime | date | time):
         return value.isoformat()
     if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
+        return str(value)  # text keeps every digit; a float would not
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, set | frozenset):
+        return _set_items(value)
+    # Checked by module name so that rows never import numpy; a preprocess may return its values.
+    if type(value).__module__.partition(".")[0] == "numpy" and hasattr(value, "tolist"):
+        return _numpy_value(value)
     return str(value)
 
 
 def row_to_json(row: dict[str, Any]) -> str:  # Any: cell values.
+    """A row as JSON text; read back with ``json.loads`` (NaN and Infinity tokens may appear)."""
     return json.dumps(row, default=_json_default, ensure_ascii=False)
 
 
@@ -54,62 +94,267 @@ def _ok(source: str, row: dict[str, Any], binary_columns: tuple[str, ...] = ()) 
     for column in binary_columns:
         if column in row:
             row = {**row, column: _keep_bytes(row[column])}
-    return {"source": source, "row": row_to_json(row), "error": None}
+    try:
+        text = row_to_json(row)
+    except Exception as err:  # noqa: BLE001 - e.g. RecursionError on a deep value: the row fails, not the job
+        return _bad(source, f"unserializable row: {type(err).__name__}: {str(err)[:200]}")
+    return {"source": source, "row": text, "error": None}
 
 
 def _bad(source: str, error: str) -> Record:
     return {"source": source, "row": None, "error": error}
 
 
+def _unreadable(name: str, input_format: str, why: str) -> Record:
+    """The one record of a file that cannot be read at all (row number 0: no row of it was read)."""
+    return _bad(f"{name}:0", f"unreadable file: not valid {input_format}: {why}")
+
+
+# -- JSONL ----------------------------------------------------------------------------------------
+
+
+def _json_object(line: bytes, number: int) -> dict[str, Any] | str:  # Any: JSON values.
+    """One JSONL line's object, or the reason it is not one."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"invalid UTF-8: byte {err.start} of line {number}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        return f"malformed JSON: line {number}, column {err.colno}: {err.msg}"
+    except (ValueError, RecursionError) as err:  # an int of over 4,300 digits; nesting past the stack
+        return f"unsupported JSON: line {number}: {type(err).__name__}: {str(err)[:200]}"
+    if not isinstance(value, dict):
+        return f"not a JSON object: line {number} is a JSON {type(value).__name__}"
+    return value
+
+
 def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
-    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark some editors write
-    for number, raw_line in enumerate(data.splitlines(), start=1):
+    # bytes.splitlines splits at \n, \r and \r\n only, so U+2028 or U+0085 inside a string (UTF-8
+    # bytes without \r or \n) stays in its line, as JSON Lines requires.
+    for number, line in enumerate(data.removeprefix(_BYTE_ORDER_MARK).splitlines(), start=1):
+        if not line.strip():
+            continue
+        value = _json_object(line, number)
         source = f"{name}:{number}"
-        if not raw_line.strip():
-            continue
-        try:
-            line = raw_line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            yield _bad(source, f"invalid UTF-8: byte {err.start} of line {number}")
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as err:
-            yield _bad(source, f"malformed JSON: line {number}, column {err.colno}: {err.msg}")
-            continue
-        if not isinstance(value, dict):
-            yield _bad(source, f"not a JSON object: line {number} is a JSON {type(value).__name__}")
-            continue
-        yield _ok(source, value)
+        yield _bad(source, value) if isinstance(value, str) else _ok(source, value)
 
 
-def _table_records(name: str, table: Any, binary_columns: tuple[str, ...]) -> Iterator[Record]:  # Any: Table.
-    for number, row in enumerate(table.to_pylist(), start=1):
+# -- Arrow tables (Parquet, and CSV after type inference) -------------------------------------------
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    """Column names with repeats renamed pandas-style, so that no column is lost to a dict key.
+
+    The first ``Name`` keeps its name; later ones become ``Name.1``, ``Name.2``, ... skipping any
+    name the header already has (``a, a, a.1`` -> ``a, a.2, a.1``), so a column keeps the name
+    its file gives it whenever that name is unique.
+    """
+    taken = set(names)
+    seen: set[str] = set()
+    last_suffix: dict[str, int] = {}
+    unique: list[str] = []
+    for name in names:
+        if name in seen:
+            suffix = last_suffix.get(name, 0) + 1
+            while f"{name}.{suffix}" in taken:
+                suffix += 1
+            last_suffix[name] = suffix
+            taken.add(f"{name}.{suffix}")
+            name = f"{name}.{suffix}"
+        seen.add(name)
+        unique.append(name)
+    return unique
+
+
+def _scalar_text(scalar: Any) -> str:  # Any: pyarrow.Scalar.
+    """A cell's text form, for a value Python cannot hold (a timestamp past year 9999, a date32 of
+    two billion days): Arrow's own cast to string, else ``str``, else a note of its type."""
+    import pyarrow as pa
+
+    try:
+        return str(scalar.cast(pa.string()).as_py())
+    except Exception:  # noqa: BLE001 - no cast for this type: try the next form
+        pass
+    try:
+        return str(scalar)
+    except Exception:  # noqa: BLE001 - str() of some scalars converts them, and fails the same way
+        return f"<{scalar.type} value that Python cannot hold>"
+
+
+def _scalar_value(scalar: Any) -> Any:  # Any: pyarrow.Scalar and the Python value of a cell.
+    """A cell's Python value; parts that Python cannot hold become their text, the rest stay values."""
+    try:
+        return scalar.as_py()
+    except Exception:  # noqa: BLE001 - a cell's value must never fail its row or its file
+        pass
+    import pyarrow as pa
+
+    if isinstance(scalar, pa.StructScalar):
+        return {scalar.type.field(i).name: _scalar_value(scalar[i]) for i in range(scalar.type.num_fields)}
+    if isinstance(scalar, pa.MapScalar):
+        return [(_scalar_value(entry[0]), _scalar_value(entry[1])) for entry in scalar.values]
+    inner = getattr(scalar, "values", None)  # list, large list, fixed-size list, list view
+    if isinstance(inner, pa.Array):
+        return [_scalar_value(item) for item in inner]
+    inner = getattr(scalar, "value", None)  # dictionary, union and extension cells wrap a scalar
+    if isinstance(inner, pa.Scalar):
+        return _scalar_value(inner)
+    return _scalar_text(scalar)
+
+
+def _column_values(column: Any) -> list[Any]:  # Any: pyarrow.ChunkedArray and its cells.
+    """A column's Python values: all at once (fast), else cell by cell when one cell cannot convert."""
+    try:
+        return column.to_pylist()
+    except Exception:  # noqa: BLE001 - e.g. OverflowError on 9999-12-31 in a time zone east of UTC
+        return [_scalar_value(scalar) for chunk in column.chunks for scalar in chunk]
+
+
+def _table_rows(table: Any) -> list[dict[str, Any]]:  # Any: pyarrow.Table and cell values.
+    names = _unique_names(table.column_names)
+    if not names:  # a Parquet file may have rows and no columns: each row is still a row
+        return [{} for _ in range(table.num_rows)]
+    columns = [_column_values(column) for column in table.columns]
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) -> Iterator[Record]:
+    try:
+        import pyarrow.parquet as pq
+
+        # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name.
+        table = pq.ParquetFile(io.BytesIO(data)).read()
+    except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
+        yield _unreadable(name, "parquet", f"{type(err).__name__}: {err}")
+        return
+    for number, row in enumerate(_table_rows(table), start=1):
         yield _ok(f"{name}:{number}", row, binary_columns)
 
 
+# -- CSV ------------------------------------------------------------------------------------------
+
+#: One CSV data record: its row number and its cells, or the reason it cannot be a row.
+_CsvEntry = tuple[int, list[str] | str]
+
+
+def _csv_row_error(cells: list[str], header: list[str], number: int, undecodable: bool) -> str | None:
+    """Why a record cannot be a row, or None; ``undecodable``: the file has bytes that are not UTF-8."""
+    if len(cells) != len(header):
+        return f"malformed CSV: row {number} has {len(cells)} fields, the header has {len(header)}"
+    if not undecodable:  # the common case, and a scan of every cell would double the parse time
+        return None
+    for column, cell in zip(header, cells, strict=True):
+        if _UNDECODABLE.search(cell):
+            return f"invalid UTF-8: row {number}, column {column!r}"
+    return None
+
+
+def _csv_entries(reader: Iterator[list[str]], header: list[str], undecodable: bool) -> Iterator[_CsvEntry]:
+    """The data records after the header, numbered from 1; blank lines are skipped and not counted,
+    as pyarrow and Ray Data's ``read_csv`` skip them."""
+    number = 0
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:  # the reader moves past the bad line, so the next call goes on
+            number += 1
+            yield number, f"malformed CSV: row {number}: {err}"
+            continue
+        if cells:
+            number += 1
+            yield number, _csv_row_error(cells, header, number, undecodable) or cells
+
+
+def _csv_structure(text: str) -> tuple[list[str], list[_CsvEntry]] | str:
+    """The header (repeats renamed) and the data records of a CSV text, or why the file is unreadable."""
+    # The limit (128 KiB a field by default) guards against runaway memory; the whole file is
+    # already in memory here, and a long document in one cell is a row, not an error.
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=False)
+    try:
+        header = next((cells for cells in reader if cells), None)
+    except csv.Error as err:
+        return f"its header cannot be read: {err}"
+    if header is None:
+        return [], []  # an empty file: no rows
+    if any(_UNDECODABLE.search(column) for column in header):
+        return "its header is not valid UTF-8"
+    header = _unique_names(header)
+    return header, list(_csv_entries(reader, header, _UNDECODABLE.search(text) is not None))
+
+
+def _typed_csv_rows(header: list[str], rows: list[list[str]], id_column: str | None) -> list[dict[str, Any]]:
+    """Rows with each column's type inferred by pyarrow (as Ray Data's ``read_csv``), the id as text.
+
+    The good records are written out again (every field quoted) and read by pyarrow with the
+    header's names, so quoting and newlines mean the same to both readers. pyarrow's one-shot reader
+    widens a column's type over the whole file (ints, then a word: text); if it fails all the same,
+    every column stays the text as written rather than failing the file.
+    """
+    buffer = io.StringIO()
+    csv.writer(buffer, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pa_csv
+
+        table = pa_csv.read_csv(
+            io.BytesIO(buffer.getvalue().encode("utf-8")),
+            read_options=pa_csv.ReadOptions(column_names=header),
+            parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+            convert_options=pa_csv.ConvertOptions(
+                column_types={id_column: pa.string()} if id_column in header else {}
+            ),
+        )
+        typed = _table_rows(table)
+    except Exception:  # noqa: BLE001 - type inference is a nicety; the rows themselves are already read
+        typed = []
+    if len(typed) != len(rows):
+        return [dict(zip(header, cells, strict=True)) for cells in rows]
+    return typed
+
+
+def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Record]:
+    text = data.removeprefix(_BYTE_ORDER_MARK).decode("utf-8", errors="surrogateescape")
+    structure = _csv_structure(text)
+    if isinstance(structure, str):
+        yield _unreadable(name, "csv", structure)
+        return
+    header, entries = structure
+    good = [cells for _, cells in entries if isinstance(cells, list)]
+    typed = iter(_typed_csv_rows(header, good, id_column) if good else [])
+    for number, cells in entries:
+        source = f"{name}:{number}"
+        yield _bad(source, cells) if isinstance(cells, str) else _ok(source, next(typed))
+
+
+# -- any format -----------------------------------------------------------------------------------
+
+
 def parse_file(
-    name: str, data: bytes, input_format: InputFormat, binary_columns: tuple[str, ...] = ()
+    name: str,
+    data: bytes,
+    input_format: InputFormat,
+    binary_columns: tuple[str, ...] = (),
+    *,
+    id_column: str | None = None,
 ) -> Iterator[Record]:
-    """Records of one file; a file that cannot be read at all becomes one error record.
+    """Records of one file, one per row, in order; a file that cannot be read at all becomes one
+    error record ``<name>:0``, and a bad row one error record, never an exception.
 
     :param binary_columns: columns whose bytes (Parquet binary, also inside a struct such as an image's
         ``{"bytes": ..., "path": ...}``) are kept exactly, as ``BYTES_DATA_URL_PREFIX`` data URLs;
         other bytes become text (UTF-8, bad bytes replaced).
+    :param id_column: CSV only: this column is read as the text written (``007``, ``1e3``, ``NaN``
+        and an empty cell stay as they are) while the other columns get pyarrow's inferred types.
+        JSONL and Parquet carry their own types. Default: none.
     """
     if input_format == "jsonl":
         yield from _jsonl_records(name, data)
-        return
-    try:
-        if input_format == "csv":
-            import pyarrow.csv as pa_csv
-
-            table = pa_csv.read_csv(io.BytesIO(data))
-        else:
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(io.BytesIO(data))
-    except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
-        yield _bad(f"{name}:0", f"unreadable file: not valid {input_format}: {type(err).__name__}: {err}")
-        return
-    yield from _table_records(name, table, binary_columns)
+    elif input_format == "csv":
+        yield from _csv_records(name, data, id_column)
+    else:
+        yield from _parquet_records(name, data, binary_columns)

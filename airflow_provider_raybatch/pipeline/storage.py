@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
-from airflow_provider_raybatch.specs import InputFormat, OutputFormat, infer_input_format
+from airflow_provider_raybatch.specs import InputFormat, OutputFormat
 
 _FORMAT_EXTENSIONS: dict[str, list[str]] = {
     "jsonl": ["jsonl", "ndjson", "json"],
@@ -113,13 +113,29 @@ def filesystem(uri: str) -> tuple[Any, str]:  # Any: pyarrow.fs.FileSystem.
     return fs.FileSystem.from_uri(uri)
 
 
+def _names_one_file(input_uri: str) -> bool:
+    """Whether ``input_uri`` is one file rather than a folder (or a missing path).
+
+    A trailing slash says folder without asking. Otherwise we ask the URI's filesystem, because a
+    name cannot tell: ``s3://b/in/customers`` may be a file and ``s3://b/2026.01.02`` or a Spark
+    ``out.parquet`` a folder. On local disk that is a stat; on S3 one metadata request from the
+    driver, which Ray's reader then makes again.
+    """
+    if input_uri.endswith("/"):
+        return False
+    from pyarrow import fs
+
+    filesystem_, path = filesystem(input_uri)
+    return filesystem_.get_file_info(path).type == fs.FileType.File
+
+
 def extensions_for(input_uri: str, input_format: InputFormat) -> list[str] | None:
-    """File extensions to read from a folder; None for a single file (read whatever its name)."""
-    try:
-        infer_input_format(input_uri)
-    except ValueError:
-        return _FORMAT_EXTENSIONS[input_format]
-    return None
+    """File extensions to read from a folder; None when ``input_uri`` names one file.
+
+    One named file is read whatever its suffix: ``data.txt`` with ``input_format="jsonl"`` is what
+    our own error message tells users to pass, and a filter on it would leave "No input files found".
+    """
+    return None if _names_one_file(input_uri) else _FORMAT_EXTENSIONS[input_format]
 
 
 def relative_name(path: str, input_uri: str) -> str:

@@ -55,9 +55,9 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
 
     assert report["loaded"] == []
     assert report["left_in_sys_modules"] == []  # no stand-in or block outlives the build
-    # Ray's own stages, and the replicas' UDFs by name: the replicas import the real libraries.
+    # Ray's own stages with our chat-template and engine UDFs, by name: the replicas import the real libraries.
     assert report["udfs"] == {
-        "ChatTemplateStage": "ray.llm._internal.batch.stages.chat_template_stage.ChatTemplateUDF",
+        "ChatTemplateStage": "airflow_provider_raybatch.pipeline.chat_template.RaybatchChatTemplateUDF",
         "TokenizeStage": "ray.llm._internal.batch.stages.tokenize_stage.TokenizeUDF",
         "vLLMEngineStage": "airflow_provider_raybatch.pipeline.engine_actor.RaybatchvLLMEngineStageUDF",
     }

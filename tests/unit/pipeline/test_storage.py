@@ -96,14 +96,6 @@ def test_join(parts: tuple[str, ...], joined: str) -> None:
 # -- pure helpers ---------------------------------------------------------------------------------
 
 
-def test_extensions_for_a_folder_and_a_file() -> None:
-    assert extensions_for("s3://b/in/", "jsonl") == ["jsonl", "ndjson", "json"]
-    assert extensions_for("s3://b/in", "parquet") == ["parquet", "pq"]
-    assert extensions_for("s3://b/in", "csv") == ["csv"]
-    assert extensions_for("s3://b/in/data.csv", "csv") is None
-    assert extensions_for("/data/in.jsonl", "jsonl") is None
-
-
 def test_relative_name() -> None:
     assert relative_name("b/in/sub/x.jsonl", "s3://b/in/") == "sub/x.jsonl"
     assert relative_name("s3://b/in/sub/x.jsonl", "s3://b/in") == "sub/x.jsonl"
@@ -336,3 +328,72 @@ def test_delete_tree_of_a_missing_folder_is_fine(pa_fs: Any, tmp_path: Path) -> 
     storage.delete_tree(str(tmp_path / "missing" / "deeper"))
 
     assert list(tmp_path.iterdir()) == []
+
+
+# -- extensions_for: a folder is filtered by the format's extensions, one named file never is ----------
+
+
+def test_extensions_for_a_single_local_file_with_an_unknown_suffix(pa_fs: Any, tmp_path: Path) -> None:
+    """``data.txt`` + input_format="jsonl" is what our error message advises: it must be read."""
+    (tmp_path / "data.txt").write_text('{"a": 1}\n')
+
+    assert extensions_for(str(tmp_path / "data.txt"), "jsonl") is None
+    assert extensions_for(f"file://{tmp_path}/data.txt", "csv") is None
+
+
+def test_extensions_for_single_local_files_with_or_without_a_suffix(pa_fs: Any, tmp_path: Path) -> None:
+    files = {"in.jsonl": "jsonl", "in.csv": "csv", "in.pq": "parquet", "rows": "csv"}
+    for name, input_format in files.items():
+        (tmp_path / name).write_text("x")
+
+        assert extensions_for(str(tmp_path / name), input_format) is None, name
+
+
+@pytest.mark.parametrize("folder", ["in", "2026.01.02", "out.parquet"])
+def test_extensions_for_a_local_folder(pa_fs: Any, tmp_path: Path, folder: str) -> None:
+    """A folder is filtered, also one whose name looks like a file's (a Spark ``out.parquet``)."""
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "_SUCCESS").write_text("")
+    uri = str(tmp_path / folder)
+
+    assert extensions_for(uri, "jsonl") == ["jsonl", "ndjson", "json"]
+    assert extensions_for(uri, "csv") == ["csv"]
+    assert extensions_for(uri + "/", "parquet") == ["parquet", "pq"]
+
+
+def test_extensions_for_a_missing_path_filters_so_ray_reports_it_missing(pa_fs: Any, tmp_path: Path) -> None:
+    assert extensions_for(str(tmp_path / "missing.txt"), "jsonl") == ["jsonl", "ndjson", "json"]
+
+
+def test_extensions_for_a_trailing_slash_asks_no_filesystem(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_filesystem(uri: str) -> Any:  # Any: never returns
+        raise AssertionError(f"asked the filesystem about {uri}")
+
+    monkeypatch.setattr(storage, "filesystem", no_filesystem)
+
+    assert extensions_for("s3://b/in/", "jsonl") == ["jsonl", "ndjson", "json"]
+    assert extensions_for("s3://b/data.csv/", "csv") == ["csv"]
+
+
+@pytest.mark.parametrize(
+    ("uri", "extensions"),
+    [
+        ("s3://bucket/in/data.txt", None),
+        ("s3://bucket/in/data.csv", None),
+        ("s3://bucket/in/customers", None),  # a file without a suffix
+        ("s3://bucket/in", ["csv"]),
+        ("s3://bucket/2026.01.02", ["csv"]),  # a folder with a dot in its name
+        ("s3://bucket/missing", ["csv"]),
+    ],
+)
+def test_extensions_for_on_an_object_store(
+    pa_fs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uri: str, extensions: list[str] | None
+) -> None:
+    """S3 is asked what the URI is (a local tree stands in for the bucket, as above)."""
+    for name in ["in/data.txt", "in/data.csv", "in/customers", "2026.01.02/a.csv"]:
+        (tmp_path / "bucket" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "bucket" / name).write_text("x")
+    store = pa_fs.SubTreeFileSystem(str(tmp_path), pa_fs.LocalFileSystem())
+    monkeypatch.setattr(storage, "filesystem", lambda uri_: (store, uri_.split("://", 1)[1]))
+
+    assert extensions_for(uri, "csv") == extensions
