@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import reprlib
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,6 +66,10 @@ MAX_CHOICES = 128
 MAX_EMBEDDING_INPUTS = 2048
 #: vLLM samples greedily below this temperature, and then refuses n > 1 (vllm.sampling_params).
 _GREEDY_TEMPERATURE = 1e-5
+#: Integer fields stop here: a line's 10**30 would overflow the engine row's int64 column and fail the
+#: whole block. seed may use all of int64 (OpenAI's range, and vLLM's).
+_MAX_INT = 2**31 - 1
+_MAX_SEED = 2**63 - 1
 
 #: Engine-row columns that carry what Ray Data LLM's engine stage leaves out (set on every row, None
 #: where unused, so that the blocks' schemas agree): the inputs of an embeddings line after its first
@@ -85,9 +90,27 @@ class RequestError(ValueError):
         self.param = param
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 2, 40, 40, 4, 4
+
+
+def _show(value: Any) -> str:  # Any: any JSON value.
+    """A line's value as a reason shows it: short, since a value may be megabytes or nested deeply."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _line_object(line: Any) -> Mapping[str, Any]:  # Any: whatever a JSONL line parsed to.
+    if not isinstance(line, Mapping):
+        raise RequestError(
+            "not a JSON object", f"a request line must be a JSON object, got a {type(line).__name__}"
+        )
+    return line
+
+
 def custom_id_of(line: Mapping[str, Any]) -> str:  # Any: JSON values.
     """The line's ``custom_id``; raises RequestError when it is missing or not a non-empty string."""
-    custom_id = line.get("custom_id")
+    custom_id = _line_object(line).get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise RequestError("missing id", "custom_id must be a non-empty string", "custom_id")
     return custom_id
@@ -104,17 +127,18 @@ def parse_request(
     """
     custom_id_of(line)
     if line.get("method", "POST") != "POST":
-        raise RequestError("unsupported method", f"method {line.get('method')!r}; only POST", "method")
+        raise RequestError("unsupported method", f"method {_show(line.get('method'))}; only POST", "method")
     if line.get("url") != endpoint:
-        raise RequestError("unsupported url", f"url {line.get('url')!r}; this batch serves {endpoint}", "url")
+        raise RequestError(
+            "unsupported url", f"url {_show(line.get('url'))}; this batch serves {endpoint}", "url"
+        )
     body = line.get("body")
     if not isinstance(body, dict):
         raise RequestError("invalid request", "body must be a JSON object", "body")
-    unknown = sorted(set(body) - _HONOURED_FIELDS[endpoint] - _IGNORED_FIELDS)
+    unknown = sorted(map(str, set(body) - _HONOURED_FIELDS[endpoint] - _IGNORED_FIELDS))
     if unknown:
-        raise RequestError(
-            "unsupported parameter", f"body.{unknown[0]} is not supported", f"body.{unknown[0]}"
-        )
+        name = f"body.{unknown[0]}" if len(unknown[0]) <= 60 else f"body.{unknown[0][:57]}..."
+        raise RequestError("unsupported parameter", f"{name} is not supported", name)
     if body.get("stream"):
         raise RequestError("unsupported parameter", "body.stream must be false in a batch", "body.stream")
     if endpoint == EMBEDDINGS:
@@ -139,24 +163,33 @@ def _chat_messages(messages: Any) -> list[dict[str, Any]]:  # Any: JSON values.
             raise RequestError(
                 "invalid request", f"body.messages[{index}] needs a role", f"body.messages[{index}]"
             )
-        content = message.get("content")
-        if isinstance(content, list):
-            kinds = {part.get("type") for part in content if isinstance(part, dict)}
-            if kinds - {"text"} or len(kinds) != 1:
-                raise RequestError(
-                    "unsupported parameter",
-                    f"body.messages[{index}].content may hold text parts only",
-                    f"body.messages[{index}].content",
-                )
-        elif not isinstance(content, str):
-            raise RequestError(
-                "invalid request",
-                f"body.messages[{index}].content must be text",
-                f"body.messages[{index}].content",
-            )
+        _check_content(message.get("content"), f"body.messages[{index}].content")
     if not any(_text_of(message["content"]).strip() for message in messages):
         raise RequestError("empty prompt", "every message of body.messages is empty", "body.messages")
     return messages
+
+
+def _check_content(content: Any, where: str) -> None:  # Any: JSON values.
+    """A message's content is text, or a list of text parts (``{"type": "text", "text": "..."}``)."""
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list) or not content:
+        raise RequestError(
+            "invalid request", f"{where} must be text or a non-empty list of text parts", where
+        )
+    for number, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise RequestError(
+                "invalid request", f"{where}[{number}] must be an object, got a {type(part).__name__}", where
+            )
+        if part.get("type") != "text":
+            raise RequestError(
+                "unsupported parameter",
+                f"{where}[{number}] has type {_show(part.get('type'))}: {where} may hold text parts only",
+                where,
+            )
+        if not isinstance(part.get("text"), str):
+            raise RequestError("invalid request", f"{where}[{number}].text must be a string", where)
 
 
 def _text_of(content: str | list[dict[str, Any]]) -> str:  # Any: JSON values.
@@ -200,7 +233,10 @@ def _embedding_request(body: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON 
             raise RequestError("empty prompt", f"{where} is empty", where)
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
-        raise RequestError("invalid request", f"body.encoding_format {encoding!r}", "body.encoding_format")
+        raise RequestError(
+            "invalid request", f"body.encoding_format {_show(encoding)}: use 'float' or 'base64'",
+            "body.encoding_format",
+        )  # fmt: skip
     request = {"prompt": texts[0], "meta": {"encoding_format": encoding}}
     if len(texts) > 1:
         request[EXTRA_INPUTS] = texts[1:]
@@ -213,18 +249,24 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> floa
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         raise RequestError(
-            "invalid request", f"body.{name}={value!r} must be a number in [{low}, {high}]", f"body.{name}"
+            "invalid request",
+            f"body.{name}={_show(value)} must be a number in [{low}, {high}]",
+            f"body.{name}",
         )
     return float(value)
 
 
-def _integer(body: Mapping[str, Any], name: str, low: int) -> int | None:  # Any: JSON values.
+def _integer(
+    body: Mapping[str, Any], name: str, low: int, high: int = _MAX_INT
+) -> int | None:  # Any: JSON values.
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise RequestError(
-            "invalid request", f"body.{name}={value!r} must be an integer >= {low}", f"body.{name}"
+            "invalid request",
+            f"body.{name}={_show(value)} must be an integer in [{low}, {high}]",
+            f"body.{name}",
         )
     return value
 
@@ -257,7 +299,7 @@ def _sampling_params(
             _number(body, "frequency_penalty", -2, 2), defaults.get("frequency_penalty"), 0.0
         ),
         "stop": stop if stop is not None else defaults.get("stop"),
-        "seed": _first(_integer(body, "seed", 0), defaults.get("seed")),
+        "seed": _first(_integer(body, "seed", 0, _MAX_SEED), defaults.get("seed")),
         "logprobs": _logprobs(body, endpoint),
         "structured_outputs": _structured_outputs(
             body.get("response_format"), defaults.get("structured_outputs")
@@ -318,14 +360,26 @@ def _structured_outputs(
     if kind == "json_object":
         return {"json_object": True}
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if not isinstance(schema, dict):
-            raise RequestError(
-                "invalid request", "body.response_format.json_schema.schema must be an object",
-                "body.response_format.json_schema.schema",
-            )  # fmt: skip
-        return {"json": json.dumps(schema)}
-    raise RequestError("unsupported parameter", f"body.response_format type {kind!r}", "body.response_format")
+        return {"json": _json_schema(response_format.get("json_schema"))}
+    raise RequestError(
+        "unsupported parameter", f"body.response_format type {_show(kind)}", "body.response_format"
+    )
+
+
+def _json_schema(json_schema: Any) -> str:  # Any: JSON values.
+    """The schema in OpenAI's ``response_format.json_schema`` (``{"name", "schema", "strict"}``), as JSON."""
+    where = "body.response_format.json_schema"
+    if not isinstance(json_schema, dict):
+        raise RequestError("invalid request", f"{where} must be an object with a schema", where)
+    schema = json_schema.get("schema")
+    if not isinstance(schema, dict):
+        raise RequestError("invalid request", f"{where}.schema must be an object", f"{where}.schema")
+    try:
+        return json.dumps(schema)
+    except RecursionError as err:  # nested as deep as the parser allowed: no encoder goes as deep
+        raise RequestError(
+            "invalid request", f"{where}.schema is nested too deeply", f"{where}.schema"
+        ) from err
 
 
 def fields_to_fill(requests: Iterable[str | None]) -> frozenset[str]:

@@ -1,12 +1,23 @@
-"""OpenAI batch lines: request bodies -> vLLM requests, engine results -> OpenAI output lines."""
+"""OpenAI batch lines: request bodies -> vLLM requests, engine results -> OpenAI output lines.
+
+The property tests feed random JSON values into every field of a line (hypothesis): a line's fault must
+be that line's RequestError, never another exception that fails a batch of millions of lines.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
 import struct
+from typing import Any
 
 import pytest
+
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ImportError:  # not importorskip: without hypothesis the property tests must fail, not vanish
+    given = settings = st = HealthCheck = None  # type: ignore[assignment]
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.pipeline import openai_batch
@@ -358,3 +369,181 @@ def test_finish_reason_is_vllms_own_where_the_engine_row_has_it() -> None:
         row["finish_reason"] = known
         body = openai_batch.response_line(row, CHAT, "tiny", "run-1")["response"]["body"]
         assert body["choices"][0]["finish_reason"] == expected
+
+
+# -- a malformed line is that line's RequestError, whatever it holds --------------------------------
+
+
+def deep(depth: int) -> dict[str, Any]:  # Any: JSON.
+    value: dict[str, Any] = {}  # Any: JSON.
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+DEEP_SCHEMA = {"name": "deep", "schema": deep(5000)}  # deeper than json.dumps goes
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "param", "detail"),
+    [
+        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, 5]}]),
+                     "invalid request", "body.messages[0].content", "content[1] must be an object",
+                     id="part-int"),
+        pytest.param(chat_line(messages=[{"role": "user", "content": []}]),
+                     "invalid request", "body.messages[0].content", "non-empty list", id="parts-empty"),
+        pytest.param(chat_line(messages=[{"role": "user", "content": ["hello"]}]),
+                     "invalid request", "body.messages[0].content", "content[0] must be an object",
+                     id="part-str"),
+        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": ["text"]}]}]),
+                     "unsupported parameter", "body.messages[0].content", "content[0] has type ['text']",
+                     id="part-type-unhashable"),
+        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]),
+                     "invalid request", "body.messages[0].content", "content[0].text must be a string",
+                     id="part-text-not-text"),
+        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+                     "invalid request", "body.messages[0].content", "content[0].text must be a string",
+                     id="part-without-text"),
+        pytest.param(chat_line(response_format={"type": "json_schema", "json_schema": "text"}),
+                     "invalid request", "body.response_format.json_schema", "must be an object",
+                     id="json-schema-text"),
+        pytest.param(chat_line(response_format={"type": "json_schema", "json_schema": [1]}),
+                     "invalid request", "body.response_format.json_schema", "must be an object",
+                     id="json-schema-list"),
+        pytest.param(chat_line(response_format={"type": {"a": 1}}),
+                     "unsupported parameter", "body.response_format", "type {'a': 1}", id="format-type-dict"),
+        pytest.param(chat_line(response_format={"type": "json_schema", "json_schema": DEEP_SCHEMA}),
+                     "invalid request", "body.response_format.json_schema.schema", "nested too deeply",
+                     id="schema-too-deep"),
+        pytest.param(chat_line(max_tokens=10**30), "invalid request", "body.max_tokens", "integer",
+                     id="huge-int"),
+        pytest.param(chat_line(seed=2**64), "invalid request", "body.seed", "integer", id="seed-over-int64"),
+        pytest.param(chat_line(top_logprobs=10**20, logprobs=True), "invalid request", "body.top_logprobs",
+                     "", id="huge-top-logprobs"),
+        pytest.param({**chat_line(), "method": "x" * 10_000}, "unsupported method", "method", "...",
+                     id="long-method"),
+        pytest.param(chat_line(**{"x" * 10_000: 1}), "unsupported parameter", None, "...",
+                     id="long-field-name"),
+    ],
+)  # fmt: skip
+def test_a_malformed_line_is_a_request_error_naming_the_field(
+    line: dict, kind: str, param: str | None, detail: str
+) -> None:
+    with pytest.raises(RequestError) as caught:
+        openai_batch.parse_request(line, CHAT, {})
+
+    reason = str(caught.value)
+    assert reason.startswith(f"{kind}: ") and detail in reason
+    assert len(reason) < 300  # long values are shortened, not dumped into the error file
+    if param is not None:
+        assert caught.value.param == param
+
+
+@pytest.mark.parametrize("line", [None, 42, "text", [1, 2], ["custom_id"]])
+def test_a_line_that_is_not_an_object_is_a_request_error(line: Any) -> None:  # Any: any JSON value.
+    for call in (lambda: openai_batch.custom_id_of(line), lambda: openai_batch.parse_request(line, CHAT, {})):
+        with pytest.raises(RequestError, match="^not a JSON object: "):
+            call()
+
+
+def json_values() -> Any:  # Any: a hypothesis strategy.
+    """Any JSON value, as json.loads gives them (NaN and infinities included: Python's parser takes them)."""
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+    return st.recursive(scalars, lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20)
+
+
+BASE_BODIES = {
+    CHAT: {"model": "m", "messages": [{"role": "user", "content": "Hello"}]},
+    COMPLETIONS: {"model": "m", "prompt": "Once"},
+    EMBEDDINGS: {"model": "m", "input": "text"},
+}
+#: Each endpoint's honoured fields, one ignored field, stream (ignored unless true) and one unknown field.
+FIELDS = {
+    endpoint: sorted(openai_batch._HONOURED_FIELDS[endpoint] | {"model", "stream", "tools"})
+    for endpoint in BASE_BODIES
+}
+
+
+def served_or_refused(line: Any, endpoint: str) -> None:  # Any: any JSON value.
+    """parse_request either serves the line (as JSON the pipeline can carry) or refuses it with a reason."""
+    try:
+        request = openai_batch.parse_request(line, endpoint, {})
+    except RequestError as err:
+        reason = str(err)
+        kind, sep, detail = reason.partition(": ")
+        assert sep and kind.strip() and detail.strip(), reason
+        assert len(reason) < 400, reason
+        return
+    json.dumps(request, ensure_ascii=False)
+
+
+def _needs_hypothesis() -> None:
+    if given is None:
+        pytest.fail(
+            "hypothesis is not importable here: add 'hypothesis>=6' to the [test] extra in pyproject.toml."
+        )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "field"), [(endpoint, field) for endpoint in BASE_BODIES for field in FIELDS[endpoint]]
+)
+def test_any_value_in_any_body_field_is_served_or_refused(endpoint: str, field: str) -> None:
+    _needs_hypothesis()
+
+    @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(value=json_values())
+    def check(value: Any) -> None:  # Any: any JSON value.
+        body = {**BASE_BODIES[endpoint], field: value}
+        served_or_refused({"custom_id": "c", "method": "POST", "url": endpoint, "body": body}, endpoint)
+
+    check()
+
+
+def test_any_value_inside_a_chat_message_is_served_or_refused() -> None:
+    _needs_hypothesis()
+    message_values = st.fixed_dictionaries({}, optional={"role": json_values(), "content": json_values()})
+    parts = st.lists(st.fixed_dictionaries({}, optional={"type": json_values() | st.just("text"),
+                                                         "text": json_values()}) | json_values())  # fmt: skip
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(message=message_values | json_values(), content=parts)
+    def check(message: Any, content: Any) -> None:  # Any: any JSON value.
+        messages = [{"role": "user", "content": content}, message]  # the parts first: checked first
+        served_or_refused(chat_line(messages=messages), CHAT)
+
+    check()
+
+
+def test_any_response_format_is_served_or_refused() -> None:
+    _needs_hypothesis()
+    formats = st.fixed_dictionaries(
+        {"type": st.sampled_from(["json_schema", "json_object", "text"]) | json_values()},
+        optional={
+            "json_schema": json_values() | st.fixed_dictionaries({}, optional={"schema": json_values()})
+        },
+    )
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(response_format=formats | json_values())
+    def check(response_format: Any) -> None:  # Any: any JSON value.
+        served_or_refused(chat_line(response_format=response_format), CHAT)
+
+    check()
+
+
+def test_any_line_is_served_or_refused() -> None:
+    _needs_hypothesis()
+    keys = st.sampled_from(["custom_id", "method", "url", "body"]) | st.text()
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(
+        line=st.dictionaries(keys, json_values()) | json_values(), endpoint=st.sampled_from(list(BASE_BODIES))
+    )
+    def check(line: Any, endpoint: str) -> None:  # Any: any JSON value.
+        try:
+            openai_batch.custom_id_of(line)
+        except RequestError as err:
+            assert str(err).split(": ", 1)[1]
+        served_or_refused(line, endpoint)
+
+    check()
