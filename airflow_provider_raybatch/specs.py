@@ -40,6 +40,9 @@ ERROR_COLUMN = "error"
 #: default, since a prompt or data change that breaks one row in ten is worth a look before the
 #: next task reads the output.
 DEFAULT_MAX_FAILED_FRACTION = 0.1
+#: The most pixels an image part may hold (``pipeline/images.py`` PART_MAX_PIXELS; images are not
+#: imported here, the operator's side has no Pillow).
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 #: Column added when the input has no id column: ``<file name>:<row number>``.
 DERIVED_ID_COLUMN = "row_id"
 
@@ -390,6 +393,11 @@ class BatchInferenceSpec(BaseModel):
             raise ValueError(
                 f"image_column={column!r} is in keep_columns={self.keep_columns!r}; images are never copied "
                 "to the outputs: drop it from keep_columns."
+            )
+        if self.image_size is not None and self.image_size[0] * self.image_size[1] > MAX_IMAGE_PIXELS:
+            raise ValueError(
+                f"image_size={self.image_size!r} is {self.image_size[0] * self.image_size[1]:,} pixels, over "
+                f"the {MAX_IMAGE_PIXELS:,} an image part may hold; vision models take far fewer (e.g. (448, 448))."
             )
         if self.image_size is not None and self.image_max_side is not None:
             raise ValueError(

@@ -20,7 +20,7 @@ from typing import Any
 
 from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
 
-from airflow_provider_raybatch.pipeline.row_steps import INFERENCE_ERROR
+from airflow_provider_raybatch.pipeline.row_steps import INFERENCE_ERROR, ROW_REASON_MARK
 
 CHAT_TEMPLATE_FAILED = "chat template failed"
 
@@ -46,7 +46,7 @@ class RaybatchChatTemplateUDF(ChatTemplateUDF):
             try:
                 prompt = self._render(conversation_of(row["messages"]))
             except Exception as err:  # noqa: BLE001 - this row's conversation, not the job's
-                reason = f"{CHAT_TEMPLATE_FAILED}: {type(err).__name__}: {err}"
+                reason = f"{ROW_REASON_MARK}{CHAT_TEMPLATE_FAILED}: {type(err).__name__}: {err}"
                 yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": "", INFERENCE_ERROR: reason}
                 continue
             yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": prompt}

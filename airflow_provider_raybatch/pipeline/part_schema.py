@@ -59,7 +59,13 @@ def strict_json_value(value: Any) -> Any:  # Any: a JSON value from json.loads.
 def json_text(value: Any) -> str | None:  # Any: a JSON value.
     """A cell of a JSON text column: the value's strict JSON; null stays null."""
     value = strict_json_value(value)
-    return None if value is None else json.dumps(value, ensure_ascii=False)
+    return None if value is None else utf8_safe_json(json.dumps(value, ensure_ascii=False))
+
+
+def utf8_safe_json(text: str) -> str:
+    """JSON text with any lone surrogate (JSON's ``"\ud800"`` decodes to one) written as its escape,
+    which is the same JSON: Arrow and UTF-8 files take no lone surrogates."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _same(written: Any, read: Any) -> bool:  # Any: JSON values.

@@ -52,7 +52,8 @@ def _encode(
         Unicode separators (str.splitlines splits on U+2028 and U+0085) cuts a line in two."""
     if output_format == "jsonl":
         lines = (json.dumps(part_schema.strict_json_value(record), ensure_ascii=ascii_only) for record in records)
-        return "".join(_escape_line_breaks(line) + "\n" for line in lines).encode(), {}
+        text = "".join(_escape_line_breaks(line) + "\n" for line in lines)
+        return text.encode("utf-8", "backslashreplace"), {}  # a lone surrogate as its JSON escape
     table = part_schema.table_of(records)
     return part_schema.encode_parquet(table), part_schema.column_types(table)
 

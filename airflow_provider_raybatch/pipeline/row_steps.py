@@ -44,8 +44,11 @@ _PREPARED_COLUMNS = ("id", "source", "row", "messages", "prompt", "sampling", "r
 ROW_SAMPLING_PARAMS = "sampling_params"
 #: The kind of a row's error that no step foresaw (the row firewall's).
 UNEXPECTED_ROW_ERROR = "unexpected row error"
-#: Reasons that the stages after ours put in ray.data.llm's error column with a kind of our own.
-_OWN_ENGINE_REASONS = ("chat template failed:", "bad image:", UNEXPECTED_ROW_ERROR + ":")
+#: Marks a reason of ours in ray.data.llm's error column (set by our steps after prepare: the engine
+#: request, the chat template), so that it is not reported as the engine's ("inference failed: ...").
+ROW_REASON_MARK = "raybatch row error: "
+#: Fields of a prepared row that hold JSON text (re-encoded with escapes if they hold lone surrogates).
+_JSON_TEXT_COLUMNS = ("row", "messages", "sampling", "request")
 EXTRA_COLUMNS = (
     openai_batch.EXTRA_INPUTS,
     openai_batch.EXTRA_CHOICES,
@@ -82,10 +85,27 @@ def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         return {**prepared, "error": record["error"]}
     try:
         if spec.openai_endpoint is not None:
-            return _prepare_openai_line(prepared, spec)
-        return _prepare_user_row(prepared, spec)
+            return _utf8_safe(_prepare_openai_line(prepared, spec))
+        return _utf8_safe(_prepare_user_row(prepared, spec))
     except Exception as err:  # noqa: BLE001 - a row's fault fails the row, never the job
-        return {**prepared, "error": f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"}
+        return _utf8_safe({**prepared, "error": f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"})
+
+
+def _utf8_safe(prepared: dict[str, Any]) -> dict[str, Any]:  # Any: text or None.
+    """The prepared row with no lone surrogate left (JSON's ``"\ud800"`` decodes to one): Arrow, and so
+    Ray's blocks, take UTF-8 only, and one such row would fail the whole block. JSON text is written
+    again with escapes (the same JSON); other text gets ``\ud800`` spelt out."""
+    for key, value in prepared.items():
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            if key in _JSON_TEXT_COLUMNS:
+                prepared[key] = json.dumps(json.loads(value), ensure_ascii=True)
+            else:
+                prepared[key] = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return prepared
 
 
 def _prepare_user_row(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
@@ -284,8 +304,11 @@ def engine_request(
         if row["messages"] is not None:
             try:
                 messages, decoded = images.split_image_parts(json.loads(row["messages"]))
+            except ValueError as err:  # the reason, with its kind (images.ImageError)
+                return {**engine_row, INFERENCE_ERROR: ROW_REASON_MARK + str(err)}
             except Exception as err:  # noqa: BLE001 - this row's images, not the job's
-                return {**engine_row, INFERENCE_ERROR: f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"}
+                reason = f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"
+                return {**engine_row, INFERENCE_ERROR: ROW_REASON_MARK + reason}
             engine_row["messages"] = json.dumps(messages, ensure_ascii=False)
             engine_row["multimodal_data"] = {"image": decoded} if decoded else None
     return engine_row
@@ -327,9 +350,9 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
     """Engine result -> the staged row: the user's output row, or an error row with its reason."""
     if row.get(INFERENCE_ERROR):
         reason = str(row[INFERENCE_ERROR])
-        return _staged_error(
-            row, reason if reason.startswith(_OWN_ENGINE_REASONS) else f"inference failed: {reason}", spec
-        )
+        if reason.startswith(ROW_REASON_MARK):
+            return _staged_error(row, reason.removeprefix(ROW_REASON_MARK), spec)
+        return _staged_error(row, f"inference failed: {reason}", spec)
     if spec.openai_endpoint is not None:
         line = openai_batch.response_line(row, spec.openai_endpoint, spec.model, spec.run_key)
         return {"source": row["source"], "ok": True, "record": json.dumps(line, ensure_ascii=False)}

@@ -572,3 +572,15 @@ def test_max_failed_fraction_is_a_share(value: float) -> None:
 
 def test_failed_row_thresholds_do_not_change_the_fingerprint() -> None:
     assert build(max_failed_fraction=0.5, max_failed_rows=3).fingerprint() == build().fingerprint()
+
+
+def test_an_image_size_past_what_an_image_part_holds_is_refused() -> None:
+    with pytest.raises(BatchSpecError, match=r"image_size=\(10000, 10000\) is 100,000,000 pixels"):
+        build(image_column="image", user_template="Describe it.", image_size=(10000, 10000))
+
+
+def test_the_spec_and_the_images_agree_on_the_largest_image() -> None:
+    from airflow_provider_raybatch.pipeline import images
+    from airflow_provider_raybatch.specs import MAX_IMAGE_PIXELS
+
+    assert MAX_IMAGE_PIXELS == images.PART_MAX_PIXELS

@@ -42,5 +42,7 @@ def test_a_rejected_conversation_fails_its_row_and_the_others_render() -> None:
     rows = sorted(run_in_ray_env(_RUN), key=lambda row: row["__idx_in_batch"])
 
     assert [row["prompt"] for row in rows] == ["<user>hi<assistant>", "", "a ready prompt", "<user>q<assistant>prefill"]
-    assert rows[1]["__inference_error__"].startswith("chat template failed: ValueError: Conversation roles must alternate")
+    assert rows[1]["__inference_error__"].startswith(
+        "raybatch row error: chat template failed: ValueError: Conversation roles must alternate"
+    )
     assert all("__inference_error__" not in row for row in (rows[0], rows[2], rows[3]))

@@ -180,6 +180,18 @@ def test_drifting_types_and_nested_values_never_fail_the_job(tmp_path: Path) -> 
             assert by_id["d"]["text"] == "line\u2028sep\x00ctl é"
 
 
+def test_lone_surrogates_from_json_escapes_never_fail_the_block(tmp_path: Path) -> None:
+    lines = b'{"Id": "a", "q": "bad \\ud800 text"}\n{"Id": "b\\udfff", "q": "fine"}\n'
+    for output_format in ("parquet", "jsonl"):
+        spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id", output_format=output_format,
+                       output_uri=str(tmp_path / output_format))  # fmt: skip
+        result = run_rows({"x.jsonl": lines}, spec, tmp_path)
+
+        assert_invariants(result)
+        assert result.manifest["rows_out"] == 2, result.errors
+        assert sorted(row["Id"] for row in result.outputs) == ["a", "b\\udfff"]
+
+
 def test_ids_are_text_as_written(tmp_path: Path) -> None:
     data = "Id,Company\n007,A\n7,B\n1e3,C\nNaN,D\n,E\n".encode()
     spec = spec_of(tmp_path, "c.csv", user_template="{Company}", id_column="Id")
@@ -286,6 +298,7 @@ JSON_SCALARS = (
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=30)
+    | st.text(alphabet=st.characters(codec=None, categories=["Cs", "Cc", "Zl", "Zp"]), max_size=3)
     | st.just("x" * 100_000)  # a huge value
 )
 JSON_VALUES = st.recursive(
