@@ -51,6 +51,8 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     assert "state=success" in log, log[-4000:]
     # The task deferred: the trigger, not the worker, waited for the job.
     assert "RayJobTrigger" in log
+    # A run that succeeds logs no error-level line (Airflow's "[error] XCom not found" at deferral was one).
+    assert not [line for line in log.splitlines() if "[error" in line.lower() or " ERROR " in line], log[-4000:]
 
     xcoms = airflow_env.xcoms(DAG_ID, day)
     output_uri = str(tmp_path / "company_industry" / day)
