@@ -41,7 +41,7 @@ class RaybatchChatTemplateUDF(ChatTemplateUDF):
         for row in batch:
             index = row[self.IDX_IN_BATCH_COLUMN]
             if row.get("messages") is None:  # the row's own prompt (a preprocess returned 'prompt')
-                yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": row.get("prompt")}
+                yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": row.get("prompt"), INFERENCE_ERROR: ""}
                 continue
             try:
                 prompt = self._render(conversation_of(row["messages"]))
@@ -49,7 +49,9 @@ class RaybatchChatTemplateUDF(ChatTemplateUDF):
                 reason = f"{ROW_REASON_MARK}{CHAT_TEMPLATE_FAILED}: {type(err).__name__}: {err}"
                 yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": "", INFERENCE_ERROR: reason}
                 continue
-            yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": prompt}
+            # "" on a good row, never missing: in a block where another row failed, Arrow would give
+            # this one None, which Ray Data LLM's later stages take for a failure.
+            yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": prompt, INFERENCE_ERROR: ""}
 
     def _render(self, conversation: list[dict[str, Any]]) -> str:  # Any: JSON values.
         """What Ray Data LLM's loop does for one conversation (Ray 2.57 and 2.60)."""

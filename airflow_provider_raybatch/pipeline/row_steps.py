@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -91,6 +92,21 @@ def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         return _utf8_safe({**prepared, "error": f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"})
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _prompt_text_only(value: Any) -> Any:  # Any: messages or prompt text.
+    """What the model reads, with each lone surrogate (JSON's ``"\ud800"``) as U+FFFD: it has no UTF-8
+    form, so no tokenizer takes it and no Arrow block holds it. The row as written keeps the escape."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_prompt_text_only(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _prompt_text_only(item) for key, item in value.items()}
+    return value
+
+
 def _utf8_safe(prepared: dict[str, Any]) -> dict[str, Any]:  # Any: text or None.
     """The prepared row with no lone surrogate left (JSON's ``"\ud800"`` decodes to one): Arrow, and so
     Ray's blocks, take UTF-8 only, and one such row would fail the whole block. JSON text is written
@@ -158,12 +174,13 @@ def _prompt(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[
     elif row.get("messages") is not None:
         messages = messages_from_column("messages", row)
     elif isinstance(row.get("prompt"), str) and row["prompt"].strip():
-        return {"prompt": row["prompt"]}
+        return {"prompt": _prompt_text_only(row["prompt"])}
     else:
         raise ValueError(
             f"no prompt: {spec.preprocess} returned neither 'messages' nor a non-empty 'prompt' "
             f"(its columns: {sorted(row)[:20]})"
         )
+    messages = _prompt_text_only(messages)
     if not spec.image_column and any(isinstance(message.get("content"), list) for message in messages):
         # Content parts: images a preprocess or the messages column put in the messages.
         messages = images.normalize_message_images(messages, options, relative_to=folder)
@@ -295,6 +312,10 @@ def engine_request(
         return {**extras, **prompt}
     engine_row = {
         **extras,
+        # "" and not None on a good row: the stages after this one take a row whose error column is
+        # not "" for a failed one (Ray Data LLM's test), and in a block where some row carries a
+        # reason, Arrow gives the others None.
+        INFERENCE_ERROR: "",
         "messages": row["messages"],
         "prompt": row["prompt"],
         "sampling_params": row["sampling"],

@@ -18,3 +18,9 @@ def picky(row: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
     if "hates" in row["q"]:
         raise ValueError("I do not like this row")
     return row
+
+
+def to_messages(row: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
+    """Messages only; two user turns in a row where the row asks for it (strict templates reject that)."""
+    turns = [{"role": "user", "content": row["q"]}]
+    return {"messages": turns * 2 if row.get("twice") else turns}

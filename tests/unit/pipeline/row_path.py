@@ -47,18 +47,29 @@ def _through_arrow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:  # Any: 
     return pa.Table.from_pylist(rows).to_pylist()
 
 
+def _failed(row: dict[str, Any]) -> bool:  # Any: row values.
+    """Ray Data LLM's own test (stages/base.py): a row whose error column is not "" failed earlier."""
+    return row.get(row_steps.INFERENCE_ERROR, "") != ""
+
+
 def _render(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
-    """The chat-template step's contract (pipeline/chat_template.py): JSON messages -> one prompt."""
+    """The chat-template step's contract (pipeline/chat_template.py): JSON messages -> one prompt, ""
+    in the error column; a conversation whose roles do not alternate is rejected, as strict templates do."""
+    good = {row_steps.INFERENCE_ERROR: ""}
     if row.get("messages") is None:
-        return {"prompt": row.get("prompt")}
+        return {"prompt": row.get("prompt"), **good}
     conversation = json.loads(row["messages"])
+    roles = [message["role"] for message in conversation]
+    if any(a == b for a, b in zip(roles, roles[1:], strict=False)):
+        reason = "chat template failed: TemplateError: Conversation roles must alternate"
+        return {"prompt": "", row_steps.INFERENCE_ERROR: row_steps.ROW_REASON_MARK + reason}
     parts = []
     for message in conversation:
         content = message["content"]
         if isinstance(content, list):
             content = " ".join(part.get("text", "<image>") for part in content if isinstance(part, dict))
         parts.append(f"{message['role']}: {content}")
-    return {"prompt": "\n".join(parts)}
+    return {"prompt": "\n".join(parts), **good}
 
 
 def _generate(row: dict[str, Any], requests: list[dict[str, Any]]) -> dict[str, Any]:  # Any: row values.
@@ -118,13 +129,9 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     engine_rows = [{**row, **row_steps.engine_request(row, with_images=with_images)} for row in accepted]
     for row in engine_rows:
         row.pop("multimodal_data", None)  # decoded images: Ray pickles them; nothing to check here
-    engine_rows = _through_arrow(engine_rows)
-    finished = []
-    for row in engine_rows:
-        if not row.get(row_steps.INFERENCE_ERROR):
-            row = {**row, **_render(row)}
-            row = {**row, **_generate(row, requests)}
-        finished.append(row)
+    # Each stage takes a block (Arrow) and passes by the rows that failed before it, by Ray's test.
+    rendered = _through_arrow([row if _failed(row) else {**row, **_render(row)} for row in _through_arrow(engine_rows)])
+    finished = [row if _failed(row) else {**row, **_generate(row, requests)} for row in rendered]
     for start in range(0, len(finished), _STAGE_ROWS):
         row_steps.stage_engine_rows(finished[start : start + _STAGE_ROWS], spec, parts)
 

@@ -45,4 +45,4 @@ def test_a_rejected_conversation_fails_its_row_and_the_others_render() -> None:
     assert rows[1]["__inference_error__"].startswith(
         "raybatch row error: chat template failed: ValueError: Conversation roles must alternate"
     )
-    assert all("__inference_error__" not in row for row in (rows[0], rows[2], rows[3]))
+    assert [rows[i]["__inference_error__"] for i in (0, 2, 3)] == ["", "", ""]  # good rows: "", never None

@@ -137,6 +137,15 @@ def test_a_preprocess_that_returns_no_prompt_fails_that_row_with_its_reason(tmp_
     assert [row["error"].split(":")[0] for row in result.errors] == ["preprocess failed"]
 
 
+def test_a_conversation_the_template_rejects_fails_alone_in_its_block(tmp_path: Path) -> None:
+    rows = [{"q": "fine"}, {"q": "twice", "twice": True}, {"q": "also fine"}]
+    spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.to_messages")
+    result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert result.manifest["rows_out"] == 2, result.errors
+    assert [row["error"].split(":")[0] for row in result.errors] == ["chat template failed"]
+
+
 def test_per_row_sampling_params_that_the_pipeline_cannot_honour_fail_the_row(tmp_path: Path) -> None:
     spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.with_own_params")
     rows = [{"q": "ok", "params": {"max_tokens": 3}}, {"q": "n", "params": {"n": 3}},
