@@ -232,7 +232,7 @@ def write_version(
               "rows_duplicate": reasons.get(DUPLICATE_ID_REASON, 0), "errors_by_reason": run.errors_by_reason,
               "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri}  # fmt: skip
     run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
-    if spec.structured_choices is not None:
+    if spec.structured_choices is not None or labels:  # the operator's choice, or rows' own
         run.generated_text_counts = dict(sorted(labels.items()))
     # Rendered before anything moves: a rendering bug must not leave the parts half committed.
     page = _render_report(run, spec, parts, rows_in, rows_resumed, started_at, versions)

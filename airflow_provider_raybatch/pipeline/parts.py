@@ -36,6 +36,8 @@ from airflow_provider_raybatch.pipeline.commit import (
 from airflow_provider_raybatch.pipeline.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 
+#: A staged row from before rows said their label (a part read back to be staged again): its text counts.
+_NO_LABEL = object()
 #: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`).
 COLUMNS_KEY = "columns"
 
@@ -111,7 +113,12 @@ class PartWriter:
         part = f"part-{uuid.uuid4().hex}"
         outputs = [json.loads(row["record"]) for row in rows if row["ok"]]
         errors = [json.loads(row["record"]) for row in rows if not row["ok"]]
-        tokens = [self.tokens_of(record) for record in outputs]
+        # The engine's counts where the row carries them (a postprocess may drop or rename the
+        # token columns), else what the written row says.
+        tokens = [
+            tuple(row["tokens"]) if row.get("tokens") else self.tokens_of(record)
+            for row, record in zip((row for row in rows if row["ok"]), outputs, strict=True)
+        ]
         in_file_order = [row for row in rows if row["ok"]] + [row for row in rows if not row["ok"]]
         sidecar: dict[str, Any] = {  # Any: JSON values.
             "sources": [row["source"] for row in in_file_order],
@@ -123,8 +130,10 @@ class PartWriter:
             "tokens_out": sum(pair[1] for pair in tokens),
             "errors_by_reason": dict(Counter(reason_kind(self.reason_of(record)) for record in errors)),
         }
-        if self.count_labels:
-            sidecar["generated_text_counts"] = dict(Counter(str(r.get("generated_text")) for r in outputs))
+        if self.count_labels:  # the answers of rows constrained to labels (a choice), not free text
+            labels = [row.get("label", _NO_LABEL) for row in rows if row["ok"]]
+            answers = [str(r.get("generated_text")) if label is _NO_LABEL else label for label, r in zip(labels, outputs, strict=True)]
+            sidecar["generated_text_counts"] = dict(Counter(answer for answer in answers if answer is not None))
         for folder, records in (("outputs", outputs), ("errors", errors)):
             if records:
                 name = f"{part}.{self.extension}"
@@ -134,7 +143,7 @@ class PartWriter:
                 if types:
                     sidecar.setdefault(COLUMNS_KEY, {})[folder] = types
         # written_at: now, when the part's data is in place
-        sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of))
+        sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of, token_counts=tokens))
         # The sidecar last: until it exists the part's files do not count.
         sidecar_uri = storage.join(self.staging_uri, "parts", f"{part}.json")
         storage.write_bytes(sidecar_uri, json.dumps(sidecar).encode())

@@ -60,11 +60,13 @@ def part_report_fields(
     outputs: list[dict[str, Any]],  # Any: output row values.
     written_at: datetime | None = None,
     tokens_of: Callable[[Mapping[str, Any]], tuple[int, int]] = row_tokens,  # Any: output row values.
+    token_counts: list[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:  # Any: JSON values.
     """What a part's sidecar carries for the report: ``written_at`` (default: now, UTC, ISO) and
     ``token_histograms`` (``input`` and ``generated``: :func:`token_histogram` of the output rows'
-    ``tokens_of``, which reads another output shape, e.g. OpenAI's ``usage``)."""
-    counts = [tokens_of(record) for record in outputs]
+    ``tokens_of``, which reads another output shape, e.g. OpenAI's ``usage``; or ``token_counts``, the
+    engine's own, one (in, out) pair per output row)."""
+    counts = token_counts if token_counts is not None else [tokens_of(record) for record in outputs]
     return {
         "written_at": (written_at or datetime.now(UTC)).isoformat(timespec="milliseconds"),
         "token_histograms": {

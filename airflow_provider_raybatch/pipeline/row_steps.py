@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import images, openai_batch, storage
+from airflow_provider_raybatch.pipeline.part_schema import strict_json_value
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.prompts import (
     RowFunction,
@@ -387,6 +388,10 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
             "raise sampling_params['max_tokens']",
         )
     output = _output_row(json.loads(row["row"]), row, spec)
+    engine_counts = {
+        "tokens": [int(row["num_input_tokens"]), int(row["num_generated_tokens"])],  # whatever postprocess returns
+        "label": row["generated_text"] if choices is not None else None,  # counted only for a choice
+    }
     if spec.postprocess:
         try:
             output = _returned_row(user_function(spec.postprocess)(output))
@@ -395,7 +400,7 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
             reason = f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}"
             return _staged_error(row, reason, spec)
-    return {"source": row["source"], "ok": True, "record": row_to_json(output)}
+    return {"source": row["source"], "ok": True, "record": row_to_json(output), **engine_counts}
 
 
 def _choices(row: dict[str, Any], spec: BatchInferenceSpec) -> list[str] | None:  # Any: row values.
@@ -437,8 +442,15 @@ def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) ->
         custom_id = line.get("custom_id") if isinstance(line.get("custom_id"), str) else None
         record = openai_batch.error_line(custom_id, row["source"], reason, spec.run_key)
     else:
-        record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": row["row"]}
+        record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": _strict_json(row["row"])}
     return {"source": row["source"], "ok": False, "record": json.dumps(record, ensure_ascii=False)}
+
+
+def _strict_json(text: str | None) -> str | None:
+    """JSON text as strict JSON: NaN and Infinity (which Python's json reads and writes) as null."""
+    if text is None or not any(word in text for word in ("NaN", "Infinity")):
+        return text
+    return json.dumps(strict_json_value(json.loads(text)), ensure_ascii=False)
 
 
 def rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:

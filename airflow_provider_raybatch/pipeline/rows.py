@@ -10,8 +10,9 @@ An error reason starts with its kind and a colon (``malformed CSV: row 3 has 4 f
 
 CSV is read twice over: Python's ``csv`` module decides the structure (quoted newlines stay in their
 field, and it hands us each record so a ragged one fails alone), then pyarrow reads the good records
-again to infer each column's type as Ray Data's ``read_csv`` would, except the id column, which
-stays the text as written (``007`` is not ``7``).
+again to infer each column's type as Ray Data's ``read_csv`` would, wherever that keeps what users
+wrote: the id column, numbers with leading zeros or too many digits (``02134`` is not ``2134``), and
+dates and times stay the text as written.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def _json_default(value: Any) -> Any:  # Any: whatever pyarrow, a preprocess or 
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)  # text keeps every digit; a float would not
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, bytes | bytearray | memoryview):  # exactly, as a data URL (text would lose bytes)
+        return BYTES_DATA_URL_PREFIX + base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, set | frozenset):
         return _set_items(value)
     # Checked by module name so that rows never import numpy; a preprocess may return its values.
@@ -101,8 +102,17 @@ def _ok(source: str, row: dict[str, Any], binary_columns: tuple[str, ...] = ()) 
     return {"source": source, "row": text, "error": None}
 
 
-def _bad(source: str, error: str) -> Record:
-    return {"source": source, "row": None, "error": error}
+#: How much of a line that could not be read as a row its error row keeps (as ``input``).
+RAW_LINE_KEPT_CHARS = 64 * 1024
+
+
+def _bad(source: str, error: str, raw: bytes | str | None = None) -> Record:
+    """An error record; ``raw``: the line or cells as read, kept (as a JSON string, bad bytes
+    replaced, cut at ``RAW_LINE_KEPT_CHARS``) so that the error row shows what was written."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    kept = None if raw is None else json.dumps(raw[:RAW_LINE_KEPT_CHARS], ensure_ascii=False)
+    return {"source": source, "row": kept, "error": error}
 
 
 def _unreadable(name: str, input_format: str, why: str) -> Record:
@@ -138,7 +148,7 @@ def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
             continue
         value = _json_object(line, number)
         source = f"{name}:{number}"
-        yield _bad(source, value) if isinstance(value, str) else _ok(source, value)
+        yield _bad(source, value, raw=line) if isinstance(value, str) else _ok(source, value)
 
 
 # -- Arrow tables (Parquet, and CSV after type inference) -------------------------------------------
@@ -236,7 +246,7 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
 # -- CSV ------------------------------------------------------------------------------------------
 
 #: One CSV data record: its row number and its cells, or the reason it cannot be a row.
-_CsvEntry = tuple[int, list[str] | str]
+_CsvEntry = tuple[int, list[str], str | None]  # (data record number, its cells, why it is bad or None)
 
 
 def _csv_row_error(cells: list[str], header: list[str], number: int, undecodable: bool) -> str | None:
@@ -262,11 +272,11 @@ def _csv_entries(reader: Iterator[list[str]], header: list[str], undecodable: bo
             return
         except csv.Error as err:  # the reader moves past the bad line, so the next call goes on
             number += 1
-            yield number, f"malformed CSV: row {number}: {err}"
+            yield number, [], f"malformed CSV: row {number}: {err}"
             continue
         if cells:
             number += 1
-            yield number, _csv_row_error(cells, header, number, undecodable) or cells
+            yield number, cells, _csv_row_error(cells, header, number, undecodable)
 
 
 def _csv_structure(text: str) -> tuple[list[str], list[_CsvEntry]] | str:
@@ -287,8 +297,49 @@ def _csv_structure(text: str) -> tuple[list[str], list[_CsvEntry]] | str:
     return header, list(_csv_entries(reader, header, _UNDECODABLE.search(text) is not None))
 
 
+#: A number whose text carries more than its value: leading zeros (``02134``, ``007``), or an integer
+#: too long for a float to hold exactly. Its column stays text, as written.
+_LEADING_ZERO = re.compile(r"\s*[+-]?0\d")
+_LONG_INTEGER = re.compile(r"\s*[+-]?\d{16,}\s*")
+
+
+def _lossy_number_text(text: str) -> bool:
+    return bool(_LEADING_ZERO.match(text) or _LONG_INTEGER.fullmatch(text))
+
+
+def _columns_to_keep_as_text(table: Any, header: list[str], rows: list[list[str]]) -> set[str]:  # Any: Table.
+    """Columns whose inferred type would change what users wrote: numbers with leading zeros or too
+    many digits (zip codes, account numbers), and dates and times (their text would come back in
+    another format). Ints, floats and bools whose text they hold exactly keep their type."""
+    import pyarrow as pa
+
+    keep = set()
+    for index, field in enumerate(table.schema):
+        kind = field.type
+        if pa.types.is_temporal(kind):
+            keep.add(header[index])
+        elif (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and any(
+            _lossy_number_text(cells[index]) for cells in rows
+        ):
+            keep.add(header[index])
+    return keep
+
+
+def _read_typed(buffer: bytes, header: list[str], text_columns: set[str]) -> Any:  # Any: pyarrow.Table.
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    return pa_csv.read_csv(
+        io.BytesIO(buffer),
+        read_options=pa_csv.ReadOptions(column_names=header),
+        parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+        convert_options=pa_csv.ConvertOptions(column_types=dict.fromkeys(text_columns, pa.string())),
+    )
+
+
 def _typed_csv_rows(header: list[str], rows: list[list[str]], id_column: str | None) -> list[dict[str, Any]]:
-    """Rows with each column's type inferred by pyarrow (as Ray Data's ``read_csv``), the id as text.
+    """Rows with each column's type inferred by pyarrow (as Ray Data's ``read_csv``) where that keeps
+    what users wrote (:func:`_columns_to_keep_as_text`); the id, always, as the text written.
 
     The good records are written out again (every field quoted) and read by pyarrow with the
     header's names, so quoting and newlines mean the same to both readers. pyarrow's one-shot reader
@@ -297,18 +348,13 @@ def _typed_csv_rows(header: list[str], rows: list[list[str]], id_column: str | N
     """
     buffer = io.StringIO()
     csv.writer(buffer, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
+    data = buffer.getvalue().encode("utf-8")
+    text_columns = {id_column} & set(header)
     try:
-        import pyarrow as pa
-        import pyarrow.csv as pa_csv
-
-        table = pa_csv.read_csv(
-            io.BytesIO(buffer.getvalue().encode("utf-8")),
-            read_options=pa_csv.ReadOptions(column_names=header),
-            parse_options=pa_csv.ParseOptions(newlines_in_values=True),
-            convert_options=pa_csv.ConvertOptions(
-                column_types={id_column: pa.string()} if id_column in header else {}
-            ),
-        )
+        table = _read_typed(data, header, text_columns)
+        more_text = _columns_to_keep_as_text(table, header, rows) - text_columns
+        if more_text:
+            table = _read_typed(data, header, text_columns | more_text)
         typed = _table_rows(table)
     except Exception:  # noqa: BLE001 - type inference is a nicety; the rows themselves are already read
         typed = []
@@ -324,11 +370,20 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
         yield _unreadable(name, "csv", structure)
         return
     header, entries = structure
-    good = [cells for _, cells in entries if isinstance(cells, list)]
+    good = [cells for _, cells, reason in entries if reason is None]
     typed = iter(_typed_csv_rows(header, good, id_column) if good else [])
-    for number, cells in entries:
+    for number, cells, reason in entries:
         source = f"{name}:{number}"
-        yield _bad(source, cells) if isinstance(cells, str) else _ok(source, next(typed))
+        if reason is None:
+            yield _ok(source, next(typed))
+        else:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
+            yield _bad(source, reason, raw=_csv_line(cells).encode("utf-8", "surrogateescape") if cells else None)
+
+
+def _csv_line(cells: list[str]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(cells)
+    return buffer.getvalue()
 
 
 # -- any format -----------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     parts = PartWriter(
         layout.staging_uri,
         spec.output_format,
-        count_labels=spec.structured_choices is not None and spec.openai_endpoint is None,
+        count_labels=spec.openai_endpoint is None,  # rows constrained to a choice (the spec's or their own)
         openai_lines=spec.openai_endpoint is not None,
     )
     building = _build_while_reading(spec, model_source, parts)

@@ -116,7 +116,7 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     layout = OutputLayout(spec.output_uri, spec.run_key)
     commit.open_staging(layout, spec)
     parts = PartWriter(
-        layout.staging_uri, spec.output_format, count_labels=spec.structured_choices is not None
+        layout.staging_uri, spec.output_format, count_labels=spec.openai_endpoint is None
     )
     parts.create_folders()
     rejected = [row_steps.rejected_result(row, spec) for row in prepared if row["error"] is not None]
@@ -141,6 +141,8 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
         "rows_in": rows_in,
         "rows_out": committed.rows_out,
         "rows_failed": committed.rows_failed,
+        "tokens_in": committed.tokens_in,
+        "tokens_out": committed.tokens_out,
         "errors_by_reason": committed.errors_by_reason,
         "json_columns": committed.json_columns,
         "failed_rows_message": committed.failed_rows_message,

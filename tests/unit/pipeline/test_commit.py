@@ -439,14 +439,23 @@ def test_write_version_adds_up_the_parts_and_moves_them(layout: OutputLayout) ->
     assert not Path(layout.manifest_uri).exists()  # invisible until publish
 
 
-def test_write_version_without_choices_counts_no_labels(layout: OutputLayout) -> None:
+def test_write_version_without_choices_or_labels_counts_none(layout: OutputLayout) -> None:
     spec = spec_of(run_key=RUN_KEY)
-    stage_part(layout, "part-a", ["1"], labels={"yes": 1})
+    stage_part(layout, "part-a", ["1"], labels={})
 
     run = commit.write_version(layout, spec, rows_in=1)
 
     assert run.generated_text_counts is None
     assert run.errors_by_reason == {}
+
+
+def test_write_version_counts_the_labels_of_rows_with_their_own_choice(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)  # no choice in the operator's sampling_params; a preprocess set one
+    stage_part(layout, "part-a", ["1"], labels={"yes": 1})
+
+    run = commit.write_version(layout, spec, rows_in=1)
+
+    assert run.generated_text_counts == {"yes": 1}
 
 
 def test_write_version_of_choices_without_outputs_has_empty_label_counts(layout: OutputLayout) -> None:

@@ -87,7 +87,23 @@ def test_per_row_structured_outputs_reach_the_engine_and_are_checked(tmp_path: P
     for request in result.engine_requests:  # the row's over the operator's, key by key
         assert request["sampling_params"] == {"max_tokens": 8, "temperature": 0,
                                               "structured_outputs": {"choice": examples.INDUSTRIES}}  # fmt: skip
-    assert result.manifest["generated_text_counts"] is None  # the operator's params have no choice
+    # The rows' own labels are counted (the operator's params set no choice).
+    assert sum(result.manifest["generated_text_counts"].values()) == 3
+    assert set(result.manifest["generated_text_counts"]) <= set(examples.INDUSTRIES)
+
+
+def test_labels_are_counted_for_constrained_rows_only_and_tokens_before_postprocess(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.choice_on_some_rows",
+                   postprocess="tests.unit.pipeline.row_functions.answer_only")  # fmt: skip
+    rows = [{"q": "a", "labels": ["yes", "no"]}, {"q": "b free text"}, {"q": "c", "labels": ["yes", "no"]}]
+    result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert result.manifest["generated_text_counts"] == {"yes": 2}  # not the free-text answer
+    assert all(set(row) == {"answer"} for row in result.outputs)  # postprocess dropped the token columns
+    assert result.manifest["rows_out"] == 3
+    # Tokens are the engine's, whatever postprocess kept: the stand-in engine answers "yes" (1 token)
+    # twice and the free-text row with the last words of its prompt ("b free text": 3 tokens).
+    assert result.manifest["tokens_out"] == 5 and result.manifest["tokens_in"] > 0
 
 
 def test_a_json_schema_with_differing_branches_reaches_the_engine_intact(tmp_path: Path) -> None:

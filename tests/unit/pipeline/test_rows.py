@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.rows import BYTES_DATA_URL_PREFIX, RAW_LINE_KEPT_CHARS, _csv_line, parse_file, row_to_json
 
 
 def rows_of(data: bytes, name: str = "part/in.jsonl") -> list[dict]:
@@ -65,7 +65,7 @@ def test_malformed_json_becomes_an_error_record_with_its_line_number() -> None:
 
     assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2", "part/in.jsonl:3"]
     bad = records[1]
-    assert bad["row"] is None
+    assert bad["row"] == json.dumps('{"a": 2,,}')  # the line as written, for the error row's input
     assert bad["error"].startswith("malformed JSON: line 2, column ")
     assert re.fullmatch(r"malformed JSON: line 2, column \d+: .+", bad["error"]), bad["error"]
     assert records[0]["error"] is None and records[2]["error"] is None
@@ -79,7 +79,7 @@ def test_non_object_line_is_an_error(line: bytes, kind: str) -> None:
 
     assert record == {
         "source": "x.jsonl:1",
-        "row": None,
+        "row": json.dumps(line.decode()),
         "error": f"not a JSON object: line 1 is a JSON {kind}",
     }
 
@@ -87,7 +87,7 @@ def test_non_object_line_is_an_error(line: bytes, kind: str) -> None:
 def test_invalid_utf8_is_an_error_for_that_line_only() -> None:
     records = rows_of(b'{"a": "ok"}\n{"a": "\xff\xfe"}\n{"a": "fine"}\n')
 
-    assert records[1]["row"] is None
+    assert json.loads(records[1]["row"]) == '{"a": "\ufffd\ufffd"}'  # the line, bad bytes replaced
     assert re.fullmatch(r"invalid UTF-8: byte \d+ of line 2", records[1]["error"]), records[1]["error"]
     assert [r["error"] is None for r in records] == [True, False, True]
 
@@ -117,11 +117,11 @@ def test_row_to_json_handles_non_json_cells() -> None:
         "when": "2026-01-02T03:04:05",
         "day": "2026-01-02",
         "price": "1.10",
-        "blob": "café",
+        "blob": BYTES_DATA_URL_PREFIX + "Y2Fmw6k=",
         "other": [],
         "at": "09:30:00",
         "big": "12345678901234567890.000000000000000001",
-        "buffer": "ok",
+        "buffer": BYTES_DATA_URL_PREFIX + "b2s=",
     }
 
 
@@ -214,7 +214,7 @@ def test_binary_columns_keep_their_bytes_exactly() -> None:
     assert rows[2]["image"] is None
     assert rows[0]["raw"] == BYTES_DATA_URL_PREFIX + base64.b64encode(b"\xff").decode()
     assert rows[2]["raw"] is None and rows[0]["note"] == "a"
-    assert plain[0]["raw"] == "\ufffd"  # without binary_columns: text, as before
+    assert plain[0]["raw"] == BYTES_DATA_URL_PREFIX + "/w=="  # bytes are kept exactly everywhere
 
 
 def test_binary_columns_leave_text_values_alone() -> None:
@@ -251,7 +251,7 @@ def test_an_integer_past_pythons_digit_limit_is_an_error_row_not_an_exception() 
     """json.loads raises ValueError (not JSONDecodeError) for an int of over 4,300 digits."""
     records = rows_of(b'{"n": ' + b"9" * 5000 + b'}\n{"n": 1}\n')
 
-    assert records[0]["row"] is None
+    assert json.loads(records[0]["row"]) == '{"n": ' + "9" * 5000 + "}"  # the line, kept for the error row
     assert records[0]["error"].startswith("unsupported JSON: line 1: ValueError: ")
     assert records[1] == {"source": "part/in.jsonl:2", "row": '{"n": 1}', "error": None}
 
@@ -272,7 +272,7 @@ def test_nesting_past_the_recursion_limit_is_an_error_row_not_an_exception() -> 
 
     records = rows_of(deep + b'\n{"a": 2}\n')
 
-    assert records[0]["row"] is None
+    assert len(json.loads(records[0]["row"])) == RAW_LINE_KEPT_CHARS  # the line, cut to a bound
     assert records[0]["error"].startswith("unsupported JSON: line 1: RecursionError: ")
     assert json.loads(records[1]["row"]) == {"a": 2}
 
@@ -431,9 +431,30 @@ def test_csv_columns_other_than_the_id_keep_pyarrows_types() -> None:
 
 
 def test_csv_without_an_id_column_infers_every_column() -> None:
-    rows = [json.loads(r["row"]) for r in csv_rows(b"a,b\n007,x\n8,y\n")]
+    rows = [json.loads(r["row"]) for r in csv_rows(b"a,b,c\n7,x,1.5\n8,y,2\n")]
 
-    assert rows == [{"a": 7, "b": "x"}, {"a": 8, "b": "y"}]
+    assert rows == [{"a": 7, "b": "x", "c": 1.5}, {"a": 8, "b": "y", "c": 2.0}]
+
+
+@pytest.mark.parametrize(
+    ("cells", "kept"),
+    [
+        (["02134", "00501"], ["02134", "00501"]),  # zip codes: leading zeros are part of the value
+        (["12", "007"], ["12", "007"]),  # one such cell keeps the whole column as text
+        (["99999999999999999999999", "1"], ["99999999999999999999999", "1"]),  # past a float's digits
+        (["2026-01-01 10:00:00", "2026-01-02"], ["2026-01-01 10:00:00", "2026-01-02"]),  # as written
+    ],
+)
+def test_csv_columns_whose_type_would_change_what_was_written_stay_text(cells: list[str], kept: list[str]) -> None:
+    data = ("v\n" + "\n".join(cells) + "\n").encode()
+    assert [json.loads(r["row"])["v"] for r in csv_rows(data)] == kept
+
+
+def test_csv_numbers_that_their_type_holds_exactly_keep_it() -> None:
+    data = b"n,f,b\n0,1.50,TRUE\n-12,1e3,false\n"
+    assert [json.loads(r["row"]) for r in csv_rows(data)] == [
+        {"n": 0, "f": 1.5, "b": True}, {"n": -12, "f": 1000.0, "b": False},
+    ]  # fmt: skip
 
 
 def test_csv_id_column_missing_from_the_header_changes_nothing() -> None:
@@ -513,7 +534,7 @@ def test_a_ragged_csv_row_fails_alone() -> None:
         "malformed CSV: row 3 has 2 fields, the header has 3",
         None,
     ]
-    assert records[1]["row"] is None and records[2]["row"] is None
+    assert [json.loads(records[i]["row"]) for i in (1, 2)] == ["4,5,6,7", "8,9"]  # the records as read
     assert [json.loads(records[i]["row"]) for i in (0, 3)] == [
         {"a": 1, "b": 2, "c": 3},
         {"a": 10, "b": 11, "c": 12},
@@ -647,7 +668,7 @@ def test_parquet_values_of_many_types() -> None:
     assert [row["dec"] for row in rows] == ["12345678901234567890.0123456789", "-0.1000000000", None, "0E-10"]
     assert rows[0]["dec256"] == "1" * 60
     assert [row["struct"] for row in rows] == [{"a": {"b": [1, 2]}}, {"a": None}, None, {"a": {"b": []}}]
-    assert [row["bin"] for row in rows] == ["café", "\ufffd", None, ""]
+    assert [row["bin"] for row in rows] == [BYTES_DATA_URL_PREFIX + "Y2Fmw6k=", BYTES_DATA_URL_PREFIX + "/w==", None, BYTES_DATA_URL_PREFIX]
     assert [row["big_text"] for row in rows] == ["x" * 100_000, "", None, "é"]
     assert [row["category"] for row in rows] == ["a", "b", "a", None]
     assert rows[0]["f"] == 1.5 and math.isnan(rows[1]["f"]) and rows[2]["f"] is None
@@ -703,7 +724,7 @@ def test_csv_property_one_record_per_row_in_order_with_the_id_as_written(
     assert [r["source"] for r in records] == [f"t.csv:{n}" for n in range(1, len(rows) + 1)]
     for record, cells in zip(records, rows, strict=True):
         if len(cells) != len(header):
-            assert record["row"] is None
+            assert json.loads(record["row"]) == _csv_line(cells)  # the record as read
             assert record["error"] == (
                 f"malformed CSV: row {record['source'].split(':')[1]} has {len(cells)} fields, "
                 f"the header has {len(header)}"
@@ -751,7 +772,8 @@ def test_jsonl_property_one_record_per_non_blank_line(
     kept = [(n, kind, value) for n, (kind, raw, value) in enumerate(lines, start=1) if raw.strip()]
     assert [r["source"] for r in records] == [f"in.jsonl:{n}" for n, _, _ in kept]
     for record, (_, kind, value) in zip(records, kept, strict=True):
-        assert (record["row"] is None) != (record["error"] is None)
+        # A good row is its object; a bad line keeps its text (a JSON string) for the error row.
+        assert isinstance(json.loads(record["row"]), dict if record["error"] is None else str)
         if record["error"] is not None:
             assert re.match(r"[A-Za-z][\w -]*: \S", record["error"]), record["error"]
         if kind == "object":
