@@ -13,7 +13,6 @@ turn whatever one row raises into that row's error.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import re
@@ -128,9 +127,11 @@ def _utf8_safe(prepared: dict[str, Any]) -> dict[str, Any]:  # Any: text or None
 def _prepare_user_row(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
     row = json.loads(prepared["row"])
     prepared["row"] = _shown_row(row, spec)
-    with contextlib.suppress(ValueError):  # named by its id even when the preprocess fails
+    id_from_input = True
+    try:  # named by its id even when the preprocess fails
         prepared["id"] = row_id(spec, row, prepared["source"])
-    id_in_input = prepared["id"] != prepared["source"] or spec.id_column is None
+    except ValueError:
+        id_from_input = False  # a preprocess may make the id column; read it again after
     if spec.preprocess:
         try:
             # Laid over the input row, as Ray Data LLM's preprocess wrapper does: later steps (and the
@@ -140,7 +141,7 @@ def _prepare_user_row(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dic
             return {**prepared, "error": f"preprocess failed: {spec.preprocess}: {type(err).__name__}: {err}"}
         prepared["row"] = _shown_row(row, spec)
     try:
-        if not id_in_input:  # the id column is missing from the input: a preprocess may have made it
+        if not id_from_input:
             prepared["id"] = row_id(spec, row, prepared["source"])
         prepared["sampling"] = json.dumps(_sampling_params(row, spec), ensure_ascii=False)
         prepared.update(_prompt(row, spec, prepared["source"]))
