@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tests.integration.conftest import AIRFLOW_BIN, ROOT
+from tests.conftest import AIRFLOW_BIN, ROOT
 
 
 @dataclass(frozen=True)

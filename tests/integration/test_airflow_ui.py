@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
 from tests.integration.standalone import Airflow, airflow_standalone
 from tests.integration.test_ticket_summary_dag import TICKETS, _write_tickets
 

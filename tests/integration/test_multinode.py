@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import RayHook, _Request
 from airflow_provider_raybatch.manifest import manifest_from_log
-from tests.integration.conftest import REPLICA_SLOT, submit_pipeline, wait_for_job
+from tests.conftest import REPLICA_SLOT, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

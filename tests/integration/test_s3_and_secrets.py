@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, S3Server
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, S3Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -145,7 +145,7 @@ def _seed_hub_cache(model: Path, hf_home: Path, repo_id: str) -> None:
 
 
 def test_model_from_a_hugging_face_id(ray_connection, tiny_model: Path, tmp_path: Path) -> None:
-    from tests.integration.conftest import submit_pipeline, wait_for_job
+    from tests.conftest import submit_pipeline, wait_for_job
     from tests.integration.test_pipeline_job import make_operator
 
     repo_id = "raybatch-tests/tiny-llama"

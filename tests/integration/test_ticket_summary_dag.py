@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -16,7 +16,7 @@ import pytest
 from airflow_provider_raybatch.exceptions import RayHookError, RayUnavailableError
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
-from tests.integration.conftest import DASHBOARD_PORT
+from tests.conftest import DASHBOARD_PORT
 from tests.integration.proxy import TcpProxy, make_tls_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

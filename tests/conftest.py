@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
 DASHBOARD_PORT = 8275
