@@ -6,12 +6,21 @@ as its API key. Every route checks that token with Airflow's own auth manager: r
 access to the batch DAG's runs, uploading, creating and cancelling need to create or edit them.
 Each batch is a run of the batch DAG (:mod:`.dag`) whose run id is the batch id.
 
+Who sees what (docs/security.md): each file and batch records its owner, and a user sees and acts on
+their own only; an *admin* (a user who may edit Airflow connections, and so could reach the job's
+data anyway) sees and acts on all. Another user's object answers 404, as a missing one does. The
+token must come in the ``Authorization`` header: the API server's session cookie is not taken here,
+so a page on another site cannot make a signed-in browser upload, create or cancel (CSRF).
+Request bodies are bounded (``[raybatch] openai_max_upload_bytes``, ``openai_max_body_bytes``) before
+they are parsed, and ``metadata`` by OpenAI's limits.
+
 The dependencies are imported at module level: FastAPI resolves the routes' (string) annotations in
 this module's globals.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -22,13 +31,17 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from airflow_provider_raybatch.openai_api import settings as openai_settings
+from airflow_provider_raybatch.openai_api.body_limit import BodySizeLimit
 from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
 from airflow_provider_raybatch.openai_api.status import TERMINAL_STATUSES, RunState, batch_status
-from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, new_id, public
+from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, TooLargeError, new_id, public
+from airflow_provider_raybatch.pipeline.jsonl import count_requests
 from airflow_provider_raybatch.pipeline.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
+
+log = logging.getLogger(__name__)
 
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
 #: OpenAI's only completion window is "24h"; a private deployment may want another, so a duration in
@@ -42,7 +55,7 @@ class CreateBatchRequest(BaseModel):
     input_file_id: str
     endpoint: str
     completion_window: str = "24h"
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    metadata: dict[str, str] | None = None
 
 
 def completion_window_seconds(window: str) -> int | None:
@@ -113,11 +126,63 @@ def _stop_run(session: Any, dag_id: str, run_id: str) -> None:  # Any: a SQLAlch
         set_dag_run_state_to_failed(dag=dag, run_id=run_id, commit=True, session=session)
 
 
+def _require_bearer_token(request: Request) -> None:
+    """The API token must come in the Authorization header: a browser's session cookie is refused.
+
+    A cross-site form (multipart upload, a body-less POST) is a "simple" request that carries the
+    cookie; it can never set this header without a CORS preflight, which the server does not grant.
+    """
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _openai_error(
+            401, "Send your Airflow API token as 'Authorization: Bearer <token>' (cookies are not accepted here)."
+        )
+
+
+def _check_metadata(metadata: dict[str, str] | None, config: openai_settings.OpenAISettings) -> None:
+    """OpenAI's metadata limits (configurable): a 400 naming the limit, never a stored oversize record."""
+    if metadata is None:
+        return
+    if len(metadata) > config.max_metadata_pairs:
+        raise _openai_error(
+            400, f"metadata has {len(metadata)} keys; at most {config.max_metadata_pairs} are allowed.", "metadata"
+        )
+    for key, value in metadata.items():
+        if len(key) > config.max_metadata_key_chars:
+            raise _openai_error(
+                400, f"metadata key {key[:20]!r}... is over {config.max_metadata_key_chars} characters.", "metadata"
+            )
+        if len(value) > config.max_metadata_value_chars:
+            raise _openai_error(
+                400, f"metadata[{key!r}] is over {config.max_metadata_value_chars} characters.", "metadata"
+            )
+
+
+def _is_admin(user: Any) -> bool:  # Any: the auth manager's user.
+    """Whether ``user`` sees everyone's files and batches: one who may edit Airflow connections.
+
+    Such a user can already change the credentials the batch job uses, so the store's data is no
+    secret from them; every other user sees their own objects only.
+    """
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return bool(get_auth_manager().is_authorized_connection(method="PUT", user=user))
+
+
 def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901 - one route per endpoint
     app = FastAPI(
         title="Ray Batch: OpenAI-compatible Batch API",
         description="OpenAI's /v1/files and /v1/batches, run as Airflow DAG runs on a Ray cluster.",
+        # No unauthenticated /docs, /redoc or /openapi.json: the routes are OpenAI's, documented there.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        dependencies=[Depends(_require_bearer_token)],
     )
+    app.add_middleware(
+        BodySizeLimit, upload_path_suffix="/v1/files", max_upload_bytes=config.max_upload_bytes,
+        max_body_bytes=config.max_body_bytes,
+    )  # fmt: skip
     store = OpenAIStore(config.files_uri, config.files_conn_id)
     dag_id = config.dag_id
     can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=dag_id))]
@@ -128,63 +193,82 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
     async def openai_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse(_error_body(exc), status_code=exc.status_code, headers=exc.headers)
 
-    def found(lookup: Any, what: str, object_id: str) -> Any:  # Any: the lookup's result.
+    def owned(lookup: Any, what: str, object_id: str, user: Any) -> Any:  # Any: the lookup's result, a user.
+        """The file or batch, if it exists and ``user`` owns it (or is an admin); else a 404 for both."""
         try:
-            return lookup(object_id)
+            record = lookup(object_id)
         except NotFoundError as err:
-            raise _openai_error(404, f"No {what} with id {object_id!r}.", code="not_found") from err
+            raise _openai_error(404, f"No {what} with id {object_id[:80]!r}.", code="not_found") from err
+        if record.get("owner") != user.get_id() and not _is_admin(user):
+            raise _openai_error(404, f"No {what} with id {object_id[:80]!r}.", code="not_found")
+        return record
+
+    def visible(records: list[dict[str, Any]], user: Any) -> list[dict[str, Any]]:  # Any: JSON, a user.
+        if _is_admin(user):
+            return records
+        return [record for record in records if record.get("owner") == user.get_id()]
 
     # -- files ----------------------------------------------------------------------------------
 
     @app.post("/v1/files", dependencies=can_write)
-    def upload_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]) -> dict[str, Any]:
+    def upload_file(
+        file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], user: GetUserDep
+    ) -> dict[str, Any]:
         if purpose != "batch":
-            raise _openai_error(400, f"purpose {purpose!r}: this API takes 'batch' files only.", "purpose")
+            raise _openai_error(400, f"purpose {purpose[:40]!r}: this API takes 'batch' files only.", "purpose")
 
         def chunks() -> Iterator[bytes]:
             while chunk := file.file.read(_CHUNK):
                 yield chunk
 
-        return public(store.add_file(chunks(), file.filename or "upload.jsonl", purpose))
+        try:
+            record = store.add_file(
+                chunks(), (file.filename or "upload.jsonl")[:255], purpose, owner=user.get_id(),
+                owner_name=user.get_name(), max_bytes=config.max_upload_bytes,
+            )  # fmt: skip
+        except TooLargeError as err:
+            raise _openai_error(413, f"{err} Split it into smaller files.", "file", "file_too_large") from err
+        return public(record)
 
     @app.get("/v1/files", dependencies=can_read)
-    def list_files(purpose: str | None = None) -> dict[str, Any]:
-        records = [public(r) for r in store.files() if purpose is None or r["purpose"] == purpose]
+    def list_files(user: GetUserDep, purpose: str | None = None) -> dict[str, Any]:
+        records = [public(r) for r in visible(store.files(), user) if purpose is None or r["purpose"] == purpose]
         records.sort(key=lambda record: (record["created_at"], record["id"]), reverse=True)
         return {"object": "list", "data": records, "has_more": False}
 
     @app.get("/v1/files/{file_id}", dependencies=can_read)
-    def retrieve_file(file_id: str) -> dict[str, Any]:
-        return public(found(store.file, "file", file_id))
+    def retrieve_file(file_id: str, user: GetUserDep) -> dict[str, Any]:
+        return public(owned(store.file, "file", file_id, user))
 
     @app.get("/v1/files/{file_id}/content", dependencies=can_read)
-    def file_content(file_id: str) -> StreamingResponse:
-        found(store.file, "file", file_id)
+    def file_content(file_id: str, user: GetUserDep) -> StreamingResponse:
+        owned(store.file, "file", file_id, user)
         return StreamingResponse(store.file_content(file_id), media_type="application/jsonl")
 
     @app.delete("/v1/files/{file_id}", dependencies=can_write)
-    def delete_file(file_id: str) -> dict[str, Any]:
-        found(store.delete_file, "file", file_id)
+    def delete_file(file_id: str, user: GetUserDep) -> dict[str, Any]:
+        owned(store.file, "file", file_id, user)
+        try:
+            store.delete_file(file_id)
+        except NotFoundError as err:
+            raise _openai_error(404, f"No file with id {file_id!r}.", code="not_found") from err
         return {"id": file_id, "object": "file", "deleted": True}
 
     # -- batches --------------------------------------------------------------------------------
 
     def batch_object(record: dict[str, Any], session: Any) -> dict[str, Any]:  # Any: JSON, a session.
+        """The OpenAI batch object, read only: a GET never writes to the store or changes the run (an
+        expired batch is stopped by its own task, whose deadline is the completion window)."""
         run = _run_state(session, dag_id, record["id"])
-        status, times = batch_status(record, run)
-        if status not in TERMINAL_STATUSES and time.time() > record["expires_at"]:
-            record = {**record, "expired_at": int(time.time())}
-            store.save_batch(record)
-            _stop_run(session, dag_id, record["id"])
-            status, times = batch_status(record, _run_state(session, dag_id, record["id"]))
+        status, times = batch_status(record, run, now=time.time())
         manifest = store.read_json(f"{record['output_uri']}/manifest.json") if status == "completed" else None
         counts = _staged_counts(record)
         if manifest is not None:
-            counts = {key: manifest["request_counts"][key] for key in ("completed", "failed")}
+            counts = {key: int(manifest["request_counts"][key]) for key in ("completed", "failed")}
         output_file_id = error_file_id = None
         if manifest is not None:
-            output_file_id = _output_file(record, manifest, "outputs_uri", "output", counts["completed"])
-            error_file_id = _output_file(record, manifest, "errors_uri", "errors", counts["failed"])
+            output_file_id = store.output_file_id(record["id"], "output") if counts["completed"] else None
+            error_file_id = store.output_file_id(record["id"], "errors") if counts["failed"] else None
         return {
             "id": record["id"], "object": "batch", "endpoint": record["endpoint"], "errors": None,
             "input_file_id": record["input_file_id"], "completion_window": record["completion_window"],
@@ -194,24 +278,10 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             "metadata": record.get("metadata"),
         }  # fmt: skip
 
-    def _output_file(
-        record: dict[str, Any], manifest: dict[str, Any], key: str, kind: str, lines: int
-    ) -> str | None:
-        if not lines:
-            return None
-        file_id = f"file-{record['id'].removeprefix('batch_')}-{kind}"
-        try:
-            store.file(file_id)
-        except NotFoundError:
-            uri = manifest[key]
-            store.add_output_file(file_id, uri, f"{record['id']}_{kind}.jsonl", store.size_of(uri))
-        return file_id
-
     def _staged_counts(record: dict[str, Any]) -> dict[str, int]:  # Any: JSON values.
         """Requests done so far: the staged parts' sidecars (pipeline/parts.py) of the running job."""
         done = {"completed": 0, "failed": 0}
-        for uri in store.glob(f"{record['output_uri']}/_staging", "*/parts/*.json"):
-            sidecar = store.read_json(uri) or {}
+        for sidecar in store.staged_sidecars(record["id"]):
             done["completed"] += int(sidecar.get("rows_out", 0))
             done["failed"] += int(sidecar.get("rows_failed", 0))
         return done
@@ -223,52 +293,57 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
 
         if body.endpoint not in ENDPOINTS:
             raise _openai_error(
-                400, f"endpoint {body.endpoint!r}: supported are {list(ENDPOINTS)}.", "endpoint"
+                400, f"endpoint {body.endpoint[:60]!r}: supported are {list(ENDPOINTS)}.", "endpoint"
             )
         window = completion_window_seconds(body.completion_window)
         if window is None:
             raise _openai_error(
                 400,
-                f"completion_window {body.completion_window!r}: use '24h' (or a duration such as '90m').",
+                f"completion_window {body.completion_window[:20]!r}: use '24h' (or a duration such as '90m').",
                 "completion_window",
             )
-        input_file = found(store.file, "file", body.input_file_id)
+        _check_metadata(body.metadata, config)
+        input_file = owned(store.file, "file", body.input_file_id, user)
         if input_file["purpose"] != "batch":
             raise _openai_error(
                 400,
                 f"file {body.input_file_id!r} has purpose {input_file['purpose']!r}, not 'batch'.",
                 "input_file_id",
             )
-        total = _count_requests(store.file_content(body.input_file_id))
-        batch_id = new_id("batch").replace("-", "_")
+        total = count_requests(store.file_content(body.input_file_id))
+        batch_id = new_id("batch")
         created_at = int(time.time())
         record = {
             "id": batch_id, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
             "completion_window": body.completion_window, "created_at": created_at,
-            "expires_at": created_at + window,
-            "metadata": body.metadata, "request_total": total, "output_uri": store.output_uri(batch_id),
+            "expires_at": created_at + window, "metadata": body.metadata, "request_total": total,
+            "output_uri": store.output_uri(batch_id), "owner": user.get_id(), "owner_name": user.get_name(),
         }  # fmt: skip
         store.save_batch(record)
-        conf = {"input_uri": input_file["uri"], "output_uri": record["output_uri"], "endpoint": body.endpoint}
         try:
+            # No conf: the run's task reads this record (its id is the run id) for its paths.
             trigger_dag(
-                dag_id, run_id=batch_id, conf=conf, triggered_by=DagRunTriggeredByType.REST_API,
+                dag_id, run_id=batch_id, conf={}, triggered_by=DagRunTriggeredByType.REST_API,
                 triggering_user_name=user.get_name(), session=session,
             )  # fmt: skip
-        except Exception as err:  # DagNotFound, a DAG that refuses manual runs: say which, keep nothing
+        except Exception as err:  # DagNotFound, a DAG that refuses manual runs: log it, keep nothing
             store.delete_batch(batch_id)
-            raise _openai_error(503, f"Could not start the batch DAG {dag_id!r}: {err}") from err
+            log.exception("Could not start a run of the batch DAG %r for %s.", dag_id, batch_id)
+            raise _openai_error(
+                503, f"Could not start the batch DAG {dag_id!r} ({type(err).__name__}); see the API server's log."
+            ) from err
         return batch_object(record, session)
 
     @app.get("/v1/batches/{batch_id}", dependencies=can_read)
-    def retrieve_batch(batch_id: str, session: SessionDep) -> dict[str, Any]:
-        return batch_object(found(store.batch, "batch", batch_id), session)
+    def retrieve_batch(batch_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
+        return batch_object(owned(store.batch, "batch", batch_id, user), session)
 
     @app.get("/v1/batches", dependencies=can_read)
     def list_batches(
-        session: SessionDep, after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
-    ) -> dict[str, Any]:
-        records = store.batches()
+        session: SessionDep, user: GetUserDep, after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    ) -> dict[str, Any]:  # fmt: skip
+        records = visible(store.batches(), user)
         if after is not None:
             ids = [record["id"] for record in records]
             records = records[ids.index(after) + 1 :] if after in ids else []
@@ -279,9 +354,9 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         }  # fmt: skip
 
     @app.post("/v1/batches/{batch_id}/cancel", dependencies=can_cancel)
-    def cancel_batch(batch_id: str, session: SessionDep) -> dict[str, Any]:
-        record = found(store.batch, "batch", batch_id)
-        status, _ = batch_status(record, _run_state(session, dag_id, batch_id))
+    def cancel_batch(batch_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
+        record = owned(store.batch, "batch", batch_id, user)
+        status, _ = batch_status(record, _run_state(session, dag_id, batch_id), now=time.time())
         if status in TERMINAL_STATUSES:
             raise _openai_error(409, f"Batch {batch_id!r} is already {status}.", code="batch_not_cancellable")
         if record.get("cancelling_at") is None:
@@ -291,13 +366,3 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         return batch_object(record, session)
 
     return app
-
-
-def _count_requests(chunks: Iterator[bytes]) -> int:
-    """Non-blank lines, as the pipeline counts its input rows (a blank line is no request)."""
-    count, rest = 0, b""
-    for chunk in chunks:
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        count += sum(1 for line in lines if line.strip())
-    return count + (1 if rest.strip() else 0)

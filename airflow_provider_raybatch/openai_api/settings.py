@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_DAG_ID = "raybatch_openai_batch"
+#: OpenAI's own limits: a batch input file of up to 200 MB; metadata of up to 16 pairs, keys of up
+#: to 64 characters and values of up to 512.
+DEFAULT_MAX_UPLOAD_BYTES = 200 * 1000 * 1000
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_METADATA_PAIRS = 16
+DEFAULT_MAX_METADATA_KEY_CHARS = 64
+DEFAULT_MAX_METADATA_VALUE_CHARS = 512
 
 
 @dataclass(frozen=True)
@@ -15,14 +22,32 @@ class OpenAISettings:
     files_conn_id: str | None
     #: The DAG each batch runs as (built with :func:`..dag.openai_batch_dag`).
     dag_id: str
+    #: The largest upload, in bytes (413 past it).
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    #: The largest request body other than an upload, in bytes (413 past it).
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_metadata_pairs: int = DEFAULT_MAX_METADATA_PAIRS
+    max_metadata_key_chars: int = DEFAULT_MAX_METADATA_KEY_CHARS
+    max_metadata_value_chars: int = DEFAULT_MAX_METADATA_VALUE_CHARS
 
     @classmethod
     def from_airflow_config(cls) -> OpenAISettings:
         from airflow.configuration import AIRFLOW_HOME, conf
+
+        def limit(option: str, default: int) -> int:
+            value = conf.getint("raybatch", option, fallback=default)
+            if value < 1:
+                raise ValueError(f"[raybatch] {option} = {value}: give a positive number.")
+            return value
 
         return cls(
             files_uri=conf.get("raybatch", "openai_files_uri", fallback=None)
             or f"{AIRFLOW_HOME}/raybatch/openai",
             files_conn_id=conf.get("raybatch", "openai_files_conn_id", fallback=None) or None,
             dag_id=conf.get("raybatch", "openai_batch_dag_id", fallback=None) or DEFAULT_DAG_ID,
+            max_upload_bytes=limit("openai_max_upload_bytes", DEFAULT_MAX_UPLOAD_BYTES),
+            max_body_bytes=limit("openai_max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+            max_metadata_pairs=limit("openai_max_metadata_pairs", DEFAULT_MAX_METADATA_PAIRS),
+            max_metadata_key_chars=limit("openai_max_metadata_key_chars", DEFAULT_MAX_METADATA_KEY_CHARS),
+            max_metadata_value_chars=limit("openai_max_metadata_value_chars", DEFAULT_MAX_METADATA_VALUE_CHARS),
         )

@@ -10,7 +10,8 @@ completed      the run succeeded
 failed         the run failed (and nobody cancelled it)
 cancelling     cancel was asked; the run has not stopped yet
 cancelled      cancel was asked and the run stopped
-expired        the completion window passed before the run finished (it is then cancelled)
+expired        the completion window passed before the run succeeded (the batch task's deadline is
+               the window's end, so its job is stopped then; reading a batch never changes it)
 =============  ===========================================================================
 """
 
@@ -43,10 +44,23 @@ def _epoch(moment: datetime | None) -> int | None:
     return int(moment.timestamp()) if moment is not None else None
 
 
+def _expired_at(record: dict[str, Any], run: RunState, now: float) -> int | None:  # Any: JSON.
+    """When the batch expired: its window ended before its run did, and the run did not succeed."""
+    if record.get("expired_at") is not None:  # written by an earlier version of this API
+        return int(record["expired_at"])
+    expires_at = int(record["expires_at"])
+    if now <= expires_at or run.run_state == "success":
+        return None
+    if run.run_state in (None, "failed") and (run.run_end is None or run.run_end.timestamp() >= expires_at):
+        return expires_at
+    return None  # still running past its window: its task's deadline is stopping it
+
+
 def batch_status(
-    record: dict[str, Any], run: RunState
+    record: dict[str, Any], run: RunState, now: float
 ) -> tuple[BatchStatus, dict[str, int | None]]:  # Any: JSON.
-    """The batch's status and its ``*_at`` timestamps (Unix seconds, None until reached)."""
+    """The batch's status at ``now`` and its ``*_at`` timestamps (Unix seconds, None until reached)."""
+    expired_at = _expired_at(record, run, now)
     times: dict[str, int | None] = {
         "in_progress_at": _epoch(run.task_start),
         "finalizing_at": None,
@@ -54,11 +68,14 @@ def batch_status(
         "failed_at": None,
         "cancelling_at": record.get("cancelling_at"),
         "cancelled_at": None,
-        "expired_at": record.get("expired_at"),
+        "expired_at": None,
     }
     ended = run.run_state in ("success", "failed")
-    if record.get("expired_at") is not None and (ended or run.run_state is None):
-        return "expired", times
+    legacy_expiry = record.get("expired_at") is not None  # that version also set cancelling_at
+    if expired_at is not None and (ended or run.run_state is None):
+        if legacy_expiry or record.get("cancelling_at") is None:
+            times["expired_at"] = expired_at
+            return "expired", times
     if record.get("cancelling_at") is not None:
         if ended or run.run_state is None:
             times["cancelled_at"] = _epoch(run.run_end) or record["cancelling_at"]

@@ -2,20 +2,29 @@
 
 Layout under the configured root (``[raybatch] openai_files_uri``)::
 
-    files/<file id>.json            the file object (OpenAI's fields, plus where its bytes are)
+    files/<file id>.json            the file object (OpenAI's fields and its owner)
     files/<file id>.jsonl           an uploaded file's bytes
-    batches/<batch id>.json         the batch record: what was asked, and when it was cancelled
+    batches/<batch id>.json         the batch record: what was asked, by whom, when it was cancelled
     batches/<batch id>/output/      the batch's run output (manifest.json, versions/...)
 
 The Ray job reads an uploaded file and writes the output folder itself, so the root must be reachable
 from the cluster too: a local folder for a single-machine setup, ``s3://...`` otherwise. Paths are
 Airflow's :class:`~airflow.sdk.ObjectStoragePath`, so ``openai_files_conn_id`` names the
 connection for a remote store.
+
+Every id from a request is checked against the exact shape this store issues before it becomes
+part of a path (``file-<32 hex>``, ``file-<32 hex>-output|errors``, ``batch_<32 hex>``), and no path
+is ever read from a record: an upload's bytes are always ``files/<id>.jsonl``, and a batch's output
+files are the folders its committed ``manifest.json`` names, accepted only inside that batch's own
+output folder. (A record's path once was trusted: ``<id>.jsonl%3FversionId%3D`` made s3fs read an
+upload as a record whose ``uri`` pointed anywhere.) Output file records are derived on read from
+the batch and its manifest, so reading never writes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,16 +32,26 @@ from typing import Any
 
 from airflow.sdk import ObjectStoragePath
 
-#: File object fields that are ours, not OpenAI's: kept in the record, never returned.
-_PRIVATE_FIELDS = ("uri",)
+#: The shapes of the ids this store issues; anything else is no file or batch of ours.
+FILE_ID = re.compile(r"file-[0-9a-f]{32}")
+OUTPUT_FILE_ID = re.compile(r"file-(?P<batch>[0-9a-f]{32})-(?P<kind>output|errors)")
+BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
+#: Record fields that are ours, not OpenAI's: kept in the record, never returned.
+_PRIVATE_FIELDS = ("uri", "owner", "owner_name", "deleted_files")
+_OUTPUT_KINDS = {"output": ("outputs_uri", "completed"), "errors": ("errors_uri", "failed")}
 
 
 class NotFoundError(LookupError):
-    """No file or batch with that id."""
+    """No file or batch with that id (or one whose id is not a shape we issue)."""
+
+
+class TooLargeError(ValueError):
+    """An upload over the configured limit; nothing of it is kept."""
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """``file-<hex>``, or ``batch_<hex>`` (a batch id is also the DAG run id: no dashes there)."""
+    return f"file-{uuid.uuid4().hex}" if prefix == "file" else f"batch_{uuid.uuid4().hex}"
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
@@ -40,21 +59,29 @@ def public(record: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
 
 
 def _file_record(
-    file_id: str, size: int, filename: str, purpose: str, uri: str
-) -> dict[str, Any]:  # Any: JSON values.
-    """An OpenAI file object, plus ``uri``: where its bytes are (a file, or a folder of part files)."""
+    file_id: str, size: int, filename: str, purpose: str, owner: str | None, owner_name: str | None,
+    created_at: int | None = None,
+) -> dict[str, Any]:  # Any: JSON values.  # fmt: skip
+    """An OpenAI file object, plus who uploaded it (its owner)."""
     return {
         "id": file_id,
         "object": "file",
         "bytes": size,
-        "created_at": int(time.time()),
+        "created_at": int(time.time()) if created_at is None else created_at,
         "filename": filename,
         "purpose": purpose,
         "status": "processed",
         "status_details": None,
         "expires_at": None,
-        "uri": uri,
+        "owner": owner,
+        "owner_name": owner_name,
     }
+
+
+def _checked(pattern: re.Pattern[str], object_id: str) -> str:
+    if not isinstance(object_id, str) or not pattern.fullmatch(object_id):
+        raise NotFoundError(object_id)
+    return object_id
 
 
 class OpenAIStore:
@@ -64,14 +91,6 @@ class OpenAIStore:
         if "://" not in root:
             root = f"file://{root}"
         self.root = ObjectStoragePath(root, conn_id=conn_id)
-
-    def _path(self, *parts: str) -> ObjectStoragePath:
-        path = self.root
-        for part in parts:
-            if "/" in part or part in ("", ".", ".."):
-                raise NotFoundError(part)  # an id from a URL is never a path
-            path = path / part
-        return path
 
     @staticmethod
     def uri(path: ObjectStoragePath) -> str:
@@ -86,97 +105,181 @@ class OpenAIStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, sort_keys=True))
 
-    def _read_json(self, path: ObjectStoragePath) -> dict[str, Any]:  # Any: JSON values.
+    def _read_json(self, path: ObjectStoragePath, object_id: str) -> dict[str, Any]:  # Any: JSON values.
         try:
-            return json.loads(path.read_text())
+            record = json.loads(path.read_text())
         except FileNotFoundError as err:
-            raise NotFoundError(path.name.removesuffix(".json")) from err
+            raise NotFoundError(object_id) from err
+        if not isinstance(record, dict) or record.get("id") != object_id:
+            raise NotFoundError(object_id)  # not a record this store wrote for that id
+        return record
+
+    def _inside(self, uri: str, folder: ObjectStoragePath) -> ObjectStoragePath:
+        """``uri`` as a path, if it lies under ``folder`` (a run's output folder); else NotFoundError.
+
+        Text only, no resolution: ``..``, query strings, fragments and NULs are refused outright.
+        """
+        base = self.uri(folder).rstrip("/") + "/"
+        parts = uri.removeprefix(base).split("/")
+        if not uri.startswith(base) or any(part in ("", ".", "..") for part in parts):
+            raise NotFoundError(uri)
+        if any(char in uri for char in "?#\x00\\"):
+            raise NotFoundError(uri)
+        return ObjectStoragePath(uri if "://" in uri else f"file://{uri}", conn_id=self.root.conn_id)
 
     # -- files ------------------------------------------------------------------------------------
 
-    def add_file(self, chunks: Iterator[bytes], filename: str, purpose: str) -> dict[str, Any]:  # Any: JSON.
-        """Store an upload's bytes, then its file object (so a listed file always has its bytes)."""
+    def upload_path(self, file_id: str) -> ObjectStoragePath:
+        """Where an upload's bytes are: ``files/<id>.jsonl``, derived from the checked id."""
+        return self.root / "files" / f"{_checked(FILE_ID, file_id)}.jsonl"
+
+    def upload_uri(self, file_id: str) -> str:
+        """An upload's bytes as the Ray job reads them (the batch DAG's input)."""
+        return self.uri(self.upload_path(file_id))
+
+    def add_file(
+        self, chunks: Iterator[bytes], filename: str, purpose: str, *, owner: str | None = None,
+        owner_name: str | None = None, max_bytes: int | None = None,
+    ) -> dict[str, Any]:  # Any: JSON.  # fmt: skip
+        """Store an upload's bytes, then its file object (so a listed file always has its bytes).
+
+        Raises TooLargeError past ``max_bytes``, having removed what was written.
+        """
         file_id = new_id("file")
-        data = self._path("files", f"{file_id}.jsonl")
+        data = self.upload_path(file_id)
         data.parent.mkdir(parents=True, exist_ok=True)
         size = 0
-        with data.open("wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-                size += len(chunk)
-        record = _file_record(file_id, size, filename, purpose, self.uri(data))
-        self._write_json(self._path("files", f"{file_id}.json"), record)
-        return record
-
-    def add_output_file(
-        self, file_id: str, folder: str, filename: str, size: int
-    ) -> dict[str, Any]:  # Any: JSON.
-        """A file object for a batch's output or error lines, which the run wrote as part files."""
-        record = _file_record(file_id, size, filename, "batch_output", folder)
-        self._write_json(self._path("files", f"{file_id}.json"), record)
+        try:
+            with data.open("wb") as out:
+                for chunk in chunks:
+                    size += len(chunk)
+                    if max_bytes is not None and size > max_bytes:
+                        raise TooLargeError(f"The file is over the {max_bytes}-byte upload limit.")
+                    out.write(chunk)
+        except BaseException:
+            data.unlink(missing_ok=True)
+            raise
+        record = _file_record(file_id, size, filename, purpose, owner, owner_name)
+        self._write_json(self.root / "files" / f"{file_id}.json", record)
         return record
 
     def file(self, file_id: str) -> dict[str, Any]:  # Any: JSON values.
-        return self._read_json(self._path("files", f"{file_id}.json"))
+        """An upload's file object, or a batch's output or error file derived from its manifest."""
+        match = OUTPUT_FILE_ID.fullmatch(file_id) if isinstance(file_id, str) else None
+        if match is not None:
+            return self._output_file(file_id, f"batch_{match['batch']}", match["kind"])[0]
+        return self._read_json(self.root / "files" / f"{_checked(FILE_ID, file_id)}.json", file_id)
+
+    def _output_file(
+        self, file_id: str, batch_id: str, kind: str
+    ) -> tuple[dict[str, Any], ObjectStoragePath]:  # Any: JSON.
+        """An output or error file of a completed batch, and the folder of part files it is."""
+        batch = self.batch(batch_id)
+        if file_id in batch.get("deleted_files", ()):
+            raise NotFoundError(file_id)
+        output = self.output_path(batch_id)
+        manifest = self.read_json(self.uri(output / "manifest.json"))
+        uri_key, count_key = _OUTPUT_KINDS[kind]
+        if manifest is None or not int((manifest.get("request_counts") or {}).get(count_key) or 0):
+            raise NotFoundError(file_id)
+        folder = self._inside(str(manifest.get(uri_key)), output)
+        size = sum(path.stat().st_size for path in folder.iterdir() if path.name.endswith(".jsonl"))
+        record = _file_record(
+            file_id, size, f"{batch_id}_{kind}.jsonl", "batch_output", batch.get("owner"),
+            batch.get("owner_name"), created_at=batch["created_at"],
+        )  # fmt: skip
+        return record, folder
+
+    def output_file_id(self, batch_id: str, kind: str) -> str:
+        return f"file-{_checked(BATCH_ID, batch_id).removeprefix('batch_')}-{kind}"
 
     def files(self) -> list[dict[str, Any]]:  # Any: JSON values.
-        folder = self._path("files")
-        if not folder.exists():
-            return []
-        return [json.loads(path.read_text()) for path in folder.iterdir() if path.name.endswith(".json")]
+        """Every upload, and the output and error files of every completed batch."""
+        folder = self.root / "files"
+        records = []
+        if folder.exists():
+            for path in folder.iterdir():
+                file_id = path.name.removesuffix(".json")
+                if path.name.endswith(".json") and FILE_ID.fullmatch(file_id):
+                    records.append(self.file(file_id))
+        for batch in self.batches():
+            for kind in _OUTPUT_KINDS:
+                try:
+                    records.append(self.file(self.output_file_id(batch["id"], kind)))
+                except NotFoundError:
+                    pass
+        return records
 
     def file_content(self, file_id: str) -> Iterator[bytes]:
         """An upload's bytes, or an output file's part files one after the other (by name)."""
-        source = self.path_of(self.file(file_id)["uri"])
-        sources = (
-            sorted(p for p in source.iterdir() if p.name.endswith(".jsonl")) if source.is_dir() else [source]
-        )
+        match = OUTPUT_FILE_ID.fullmatch(file_id) if isinstance(file_id, str) else None
+        if match is not None:
+            folder = self._output_file(file_id, f"batch_{match['batch']}", match["kind"])[1]
+            sources = sorted(p for p in folder.iterdir() if p.name.endswith(".jsonl"))
+        else:
+            sources = [self.upload_path(file_id)]
         for path in sources:
             with path.open("rb") as data:
                 while chunk := data.read(1 << 20):
                     yield chunk
 
-    def path_of(self, uri: str) -> ObjectStoragePath:
-        """A path the store wrote (:meth:`uri`), on the store's connection."""
-        return ObjectStoragePath(uri if "://" in uri else f"file://{uri}", conn_id=self.root.conn_id)
-
     def delete_file(self, file_id: str) -> None:
+        """An upload goes with its bytes; an output file is only hidden (its lines stay with the
+        run's committed version, which the batch DAG's outputs still name)."""
         record = self.file(file_id)
-        if record["purpose"] != "batch_output":  # output lines stay with their run's versions
-            self.path_of(record["uri"]).unlink(missing_ok=True)
-        self._path("files", f"{file_id}.json").unlink()
+        if record["purpose"] == "batch_output":
+            batch_id = f"batch_{file_id.split('-')[1]}"
+            batch = self.batch(batch_id)
+            self.save_batch({**batch, "deleted_files": [*batch.get("deleted_files", ()), file_id]})
+            return
+        self.upload_path(file_id).unlink(missing_ok=True)
+        (self.root / "files" / f"{file_id}.json").unlink()
 
     # -- batches ------------------------------------------------------------------------------------
 
+    def output_path(self, batch_id: str) -> ObjectStoragePath:
+        return self.root / "batches" / _checked(BATCH_ID, batch_id) / "output"
+
     def output_uri(self, batch_id: str) -> str:
-        return self.uri(self._path("batches", batch_id, "output"))
+        """Where the batch's run writes (the batch DAG's output), derived from the checked id."""
+        return self.uri(self.output_path(batch_id))
 
     def save_batch(self, record: dict[str, Any]) -> None:  # Any: JSON values.
-        self._write_json(self._path("batches", f"{record['id']}.json"), record)
+        self._write_json(self.root / "batches" / f"{_checked(BATCH_ID, record['id'])}.json", record)
 
     def delete_batch(self, batch_id: str) -> None:
-        self._path("batches", f"{batch_id}.json").unlink(missing_ok=True)
+        (self.root / "batches" / f"{_checked(BATCH_ID, batch_id)}.json").unlink(missing_ok=True)
 
     def batch(self, batch_id: str) -> dict[str, Any]:  # Any: JSON values.
-        return self._read_json(self._path("batches", f"{batch_id}.json"))
+        return self._read_json(self.root / "batches" / f"{_checked(BATCH_ID, batch_id)}.json", batch_id)
 
     def batches(self) -> list[dict[str, Any]]:  # Any: JSON values.
         """Every batch record, newest first."""
-        folder = self._path("batches")
+        folder = self.root / "batches"
         if not folder.exists():
             return []
-        records = [json.loads(p.read_text()) for p in folder.iterdir() if p.name.endswith(".json")]
+        records = []
+        for path in folder.iterdir():
+            batch_id = path.name.removesuffix(".json")
+            if path.name.endswith(".json") and BATCH_ID.fullmatch(batch_id):
+                try:
+                    records.append(self.batch(batch_id))
+                except (NotFoundError, ValueError):
+                    continue  # a foreign or half-written file is no batch of ours
         return sorted(records, key=lambda record: (record["created_at"], record["id"]), reverse=True)
 
     def read_json(self, uri: str) -> dict[str, Any] | None:  # Any: JSON values.
         """A JSON file the run wrote (its manifest, a staged part's sidecar), or None if absent."""
-        path = self.path_of(uri)
-        return json.loads(path.read_text()) if path.exists() else None
+        path = ObjectStoragePath(uri if "://" in uri else f"file://{uri}", conn_id=self.root.conn_id)
+        try:
+            value = json.loads(path.read_text()) if path.exists() else None
+        except ValueError:
+            return None  # half written, or not ours
+        return value if isinstance(value, dict) else None
 
-    def glob(self, uri: str, pattern: str) -> list[str]:
-        folder = self.path_of(uri)
-        return [self.uri(path) for path in folder.glob(pattern)] if folder.exists() else []
-
-    def size_of(self, uri: str) -> int:
-        folder = self.path_of(uri)
-        return sum(path.stat().st_size for path in folder.iterdir() if path.name.endswith(".jsonl"))
+    def staged_sidecars(self, batch_id: str) -> list[dict[str, Any]]:  # Any: JSON values.
+        """The sidecars of the parts a running batch has staged (pipeline/parts.py)."""
+        staging = self.output_path(batch_id) / "_staging"
+        if not staging.exists():
+            return []
+        return [record for path in staging.glob("*/parts/*.json") if (record := self.read_json(self.uri(path)))]

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
-from tests.integration.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
 from tests.integration.standalone import Airflow, airflow_standalone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -163,7 +163,7 @@ def test_a_batch_past_its_completion_window_expires_and_its_ray_job_stops(
     airflow: Airflow, ray_connection, tmp_path: Path
 ) -> None:
     """A 45 s window (the API takes durations besides OpenAI's "24h") on a batch that needs longer:
-    a retrieve after the window marks it expired and stops its run, which stops its Ray job."""
+    the window is the batch task's deadline, so the task stops its Ray job then; reads only read."""
     client = client_for(airflow, _token(airflow, "batchuser"))
     batch = _long_batch(client, tmp_path / "slow.jsonl", completion_window="45s")
     assert batch.expires_at == batch.created_at + 45

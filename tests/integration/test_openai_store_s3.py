@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, public
+from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, new_id, public
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +33,10 @@ def _keys(client, bucket: str) -> set[str]:
 
 def test_upload_read_list_and_delete_on_s3(s3_store) -> None:
     store, client, bucket, prefix = s3_store
-    record = store.add_file(iter([b'{"a": 1}\n', b'{"b": 2}\n']), "in.jsonl", "batch")
+    record = store.add_file(iter([b'{"a": 1}\n', b'{"b": 2}\n']), "in.jsonl", "batch", owner="alice")
 
     # What the Ray job is given: an s3:// URI of the upload's bytes, which are really in the bucket.
-    assert record["uri"] == f"s3://{bucket}/{prefix}/files/{record['id']}.jsonl"
+    assert store.upload_uri(record["id"]) == f"s3://{bucket}/{prefix}/files/{record['id']}.jsonl"
     body = client.get_object(Bucket=bucket, Key=f"{prefix}/files/{record['id']}.jsonl")["Body"].read()
     assert body == b'{"a": 1}\n{"b": 2}\n'
     assert f"{prefix}/files/{record['id']}.json" in _keys(client, bucket)
@@ -52,29 +52,31 @@ def test_upload_read_list_and_delete_on_s3(s3_store) -> None:
 
 def test_a_batch_output_written_by_the_run_is_served_from_s3(s3_store) -> None:
     store, client, bucket, prefix = s3_store
-    store.save_batch({"id": "batch_a", "created_at": 5})
-    store.save_batch({"id": "batch_b", "created_at": 9})
-    assert [b["id"] for b in store.batches()] == ["batch_b", "batch_a"]
-    output_uri = store.output_uri("batch_b")
-    assert output_uri == f"s3://{bucket}/{prefix}/batches/batch_b/output"
+    older, newer = new_id("batch"), new_id("batch")
+    store.save_batch({"id": older, "created_at": 5, "owner": "alice"})
+    store.save_batch({"id": newer, "created_at": 9, "owner": "alice"})
+    assert [b["id"] for b in store.batches()] == [newer, older]
+    output_uri = store.output_uri(newer)
+    assert output_uri == f"s3://{bucket}/{prefix}/batches/{newer}/output"
 
     # The run (a Ray job) writes its version's part files and manifest under the output URI.
-    run = f"{prefix}/batches/batch_b/output"
+    run = f"{prefix}/batches/{newer}/output"
     client.put_object(Bucket=bucket, Key=f"{run}/versions/v1/outputs/part-b.jsonl", Body=b"2\n")
     client.put_object(Bucket=bucket, Key=f"{run}/versions/v1/outputs/part-a.jsonl", Body=b"1\n")
-    client.put_object(Bucket=bucket, Key=f"{run}/manifest.json", Body=json.dumps({"rows_out": 2}).encode())
     client.put_object(Bucket=bucket, Key=f"{run}/_staging/k/parts/p1.json", Body=b'{"rows_out": 1}')
-
-    assert store.read_json(f"{output_uri}/manifest.json") == {"rows_out": 2}
+    assert store.staged_sidecars(newer) == [{"rows_out": 1}]
+    manifest = {"outputs_uri": f"{output_uri}/versions/v1/outputs", "errors_uri": f"{output_uri}/versions/v1/errors",
+                "request_counts": {"completed": 2, "failed": 0}}  # fmt: skip
+    client.put_object(Bucket=bucket, Key=f"{run}/manifest.json", Body=json.dumps(manifest).encode())
+    assert store.read_json(f"{output_uri}/manifest.json") == manifest
     assert store.read_json(f"{output_uri}/absent.json") is None
-    parts = f"{output_uri}/_staging/k/parts"
-    assert store.glob(parts, "*.json") == [f"{parts}/p1.json"]
-    outputs = f"{output_uri}/versions/v1/outputs"
-    store.add_output_file("file-b-output", outputs, "batch_b_output.jsonl", store.size_of(outputs))
-    assert store.file("file-b-output")["bytes"] == 4
-    assert b"".join(store.file_content("file-b-output")) == b"1\n2\n"  # part files in name order
 
-    store.delete_file("file-b-output")  # the output lines stay with their run's version
+    file_id = store.output_file_id(newer, "output")
+    assert store.file(file_id)["bytes"] == 4 and store.file(file_id)["owner"] == "alice"
+    assert b"".join(store.file_content(file_id)) == b"1\n2\n"  # part files in name order
+    store.delete_file(file_id)  # the output lines stay with their run's version
     assert f"{run}/versions/v1/outputs/part-a.jsonl" in _keys(client, bucket)
-    store.delete_batch("batch_a")
-    assert [b["id"] for b in store.batches()] == ["batch_b"]
+    with pytest.raises(NotFoundError):
+        store.file(file_id)
+    store.delete_batch(older)
+    assert [b["id"] for b in store.batches()] == [newer]

@@ -10,7 +10,8 @@ import pytest
 from airflow_provider_raybatch.openai_api.status import RunState, batch_status
 
 T0 = datetime(2026, 11, 22, 6, 0, tzinfo=UTC)
-RECORD = {"id": "batch_1", "created_at": int(T0.timestamp()) - 10}
+RECORD = {"id": "batch_1", "created_at": int(T0.timestamp()) - 10, "expires_at": int(T0.timestamp()) + 100}
+NOW = T0.timestamp() + 50  # inside the window
 
 
 def at(seconds: int) -> datetime:
@@ -43,15 +44,35 @@ def at(seconds: int) -> datetime:
     ],
 )
 def test_status_follows_the_run(run: RunState, record: dict, expected: str) -> None:
-    assert batch_status({**RECORD, **record}, run)[0] == expected
+    assert batch_status({**RECORD, **record}, run, now=NOW)[0] == expected
+
+
+@pytest.mark.parametrize(
+    ("run", "record", "expected"),
+    [
+        (RunState("failed", at(0), at(101), "failed"), {}, "expired"),  # the task's deadline stopped it
+        (RunState(None), {}, "expired"),  # never started in its window
+        (RunState("queued"), {}, "validating"),  # its task will refuse to start: not expired yet
+        (RunState("failed", at(0), at(60), "failed"), {}, "failed"),  # failed inside the window
+        (RunState("running", at(0), task_state="deferred", task_start=at(1)), {}, "in_progress"),
+        (RunState("success", at(0), at(102), "success", at(1), at(99)), {}, "completed"),
+        (RunState("failed", at(0), at(101), "failed"), {"cancelling_at": 70}, "cancelled"),
+    ],
+)
+def test_past_its_window_a_batch_is_expired_without_anyone_writing(run: RunState, record: dict, expected: str) -> None:
+    status, times = batch_status({**RECORD, **record}, run, now=T0.timestamp() + 200)
+    assert status == expected
+    assert (times["expired_at"] == RECORD["expires_at"]) == (expected == "expired")
 
 
 def test_timestamps_come_from_the_run_and_task() -> None:
-    status, times = batch_status(RECORD, RunState("success", at(0), at(10), "success", at(1), at(9)))
+    status, times = batch_status(RECORD, RunState("success", at(0), at(10), "success", at(1), at(9)), now=NOW)
     assert status == "completed"
     assert (times["in_progress_at"], times["finalizing_at"], times["completed_at"]) == (
         int(at(1).timestamp()), int(at(9).timestamp()), int(at(10).timestamp()),
     )  # fmt: skip
     assert times["failed_at"] is None and times["cancelled_at"] is None
-    _, cancelled = batch_status({**RECORD, "cancelling_at": 123}, RunState("failed", at(0), at(10), "failed"))
+    _, cancelled = batch_status(
+        {**RECORD, "cancelling_at": 123}, RunState("failed", at(0), at(10), "failed"), now=NOW
+    )
     assert cancelled["cancelling_at"] == 123 and cancelled["cancelled_at"] == int(at(10).timestamp())

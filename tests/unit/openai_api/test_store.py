@@ -1,59 +1,80 @@
-"""The OpenAI API's file store on a local folder: files, output files, batch records."""
+"""The OpenAI API's file store on a local folder: files, output files, batch records.
+
+The hostile ids and records of the security review are in tests/security/test_openai_store.py.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.openai_api.app import _count_requests, completion_window_seconds
-from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, public
+from airflow_provider_raybatch.openai_api.app import completion_window_seconds
+from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, TooLargeError, new_id, public
 
 
 def test_upload_read_and_delete(tmp_path: Path) -> None:
     store = OpenAIStore(str(tmp_path))
-    record = store.add_file(iter([b'{"a": 1}\n', b'{"b": 2}\n']), "in.jsonl", "batch")
-    assert record["bytes"] == 18 and record["id"].startswith("file-")
-    assert "uri" not in public(record) and public(record)["object"] == "file"
+    record = store.add_file(iter([b'{"a": 1}\n', b'{"b": 2}\n']), "in.jsonl", "batch", owner="alice")
+    assert record["bytes"] == 18 and record["id"].startswith("file-") and record["owner"] == "alice"
+    assert {"uri", "owner", "owner_name"}.isdisjoint(public(record)) and public(record)["object"] == "file"
     assert b"".join(store.file_content(record["id"])) == b'{"a": 1}\n{"b": 2}\n'
     assert [r["id"] for r in store.files()] == [record["id"]]
+    assert store.upload_uri(record["id"]) == str(tmp_path / "files" / f"{record['id']}.jsonl")
     store.delete_file(record["id"])
     with pytest.raises(NotFoundError):
         store.file(record["id"])
-    assert not Path(record["uri"]).exists()
+    assert not (tmp_path / "files" / f"{record['id']}.jsonl").exists()
 
 
-def test_an_output_file_is_its_part_files_in_order(tmp_path: Path) -> None:
+def test_an_upload_over_the_limit_keeps_nothing(tmp_path: Path) -> None:
     store = OpenAIStore(str(tmp_path))
-    outputs = tmp_path / "run" / "outputs"
-    outputs.mkdir(parents=True)
-    (outputs / "part-b.jsonl").write_text("2\n")
-    (outputs / "part-a.jsonl").write_text("1\n")
-    store.add_output_file("file-x-output", str(outputs), "x_output.jsonl", store.size_of(str(outputs)))
-    assert store.file("file-x-output")["bytes"] == 4
-    assert b"".join(store.file_content("file-x-output")) == b"1\n2\n"
-    store.delete_file("file-x-output")
-    assert (outputs / "part-a.jsonl").exists()  # output lines stay with their run
+    with pytest.raises(TooLargeError, match="10-byte upload limit"):
+        store.add_file(iter([b"0123456", b"789ab"]), "big.jsonl", "batch", max_bytes=10)
+    assert list((tmp_path / "files").iterdir()) == []
 
 
-def test_ids_are_never_paths(tmp_path: Path) -> None:
+def _completed_batch(store: OpenAIStore, tmp_path: Path, completed: int, failed: int) -> dict:
+    batch = {"id": new_id("batch"), "created_at": 5, "owner": "alice"}
+    store.save_batch(batch)
+    output = Path(store.output_uri(batch["id"]))
+    for kind, lines in (("outputs", ["2\n", "1\n"]), ("errors", ["e\n"])):
+        (output / "versions" / "v1" / kind).mkdir(parents=True)
+        for name, line in zip(("part-b.jsonl", "part-a.jsonl"), lines, strict=False):
+            (output / "versions" / "v1" / kind / name).write_text(line)
+    manifest = {
+        "outputs_uri": str(output / "versions" / "v1" / "outputs"),
+        "errors_uri": str(output / "versions" / "v1" / "errors"),
+        "request_counts": {"completed": completed, "failed": failed},
+    }
+    (output / "manifest.json").write_text(json.dumps(manifest))
+    return batch
+
+
+def test_an_output_file_is_derived_from_the_batch_manifest_and_its_parts_in_order(tmp_path: Path) -> None:
     store = OpenAIStore(str(tmp_path))
-    for bad in ("../secrets", "a/b", ".."):
-        with pytest.raises(NotFoundError):
-            store.file(bad)
+    batch = _completed_batch(store, tmp_path, completed=2, failed=0)
+    file_id = store.output_file_id(batch["id"], "output")
+    record = store.file(file_id)
+    assert record["bytes"] == 4 and record["purpose"] == "batch_output" and record["owner"] == "alice"
+    assert b"".join(store.file_content(file_id)) == b"1\n2\n"
+    with pytest.raises(NotFoundError):  # no failed lines: no error file
+        store.file(store.output_file_id(batch["id"], "errors"))
+    assert file_id in {r["id"] for r in store.files()}
+    store.delete_file(file_id)
+    with pytest.raises(NotFoundError):
+        store.file(file_id)
+    assert (Path(store.output_uri(batch["id"])) / "versions/v1/outputs/part-a.jsonl").exists()  # lines stay
 
 
 def test_batches_list_newest_first(tmp_path: Path) -> None:
     store = OpenAIStore(str(tmp_path))
-    for i, created in enumerate((5, 9, 7)):
-        store.save_batch({"id": f"batch_{i}", "created_at": created})
-    assert [b["id"] for b in store.batches()] == ["batch_1", "batch_2", "batch_0"]
-    assert store.output_uri("batch_1") == str(tmp_path / "batches" / "batch_1" / "output")
-
-
-def test_requests_are_the_non_blank_lines_across_chunks() -> None:
-    assert _count_requests(iter([b'{"a"', b': 1}\n\n  \n{"b": 2}'])) == 2
-    assert _count_requests(iter([b""])) == 0
+    ids = [new_id("batch") for _ in range(3)]
+    for batch_id, created in zip(ids, (5, 9, 7), strict=True):
+        store.save_batch({"id": batch_id, "created_at": created})
+    assert [b["id"] for b in store.batches()] == [ids[1], ids[2], ids[0]]
+    assert store.output_uri(ids[1]) == str(tmp_path / "batches" / ids[1] / "output")
 
 
 @pytest.mark.parametrize(

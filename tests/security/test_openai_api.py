@@ -1,0 +1,317 @@
+"""The security review's reproductions against the Batch API, on a real `airflow standalone`.
+
+Findings 1 (forged ids reach any object), 2 (batch paths from the run conf), 3 (no per-user
+isolation; a read that writes), 7 (no size limits) and 9 (CSRF-able requests under the session
+cookie, unauthenticated /docs, a NUL byte answered 500), each as it was shown to work before.
+
+The file store is on a real S3-compatible server on loopback (moto); Airflow's simple auth manager
+has two ordinary users (alice, bob), an op (an admin of the store: may edit connections) and a
+viewer. No Ray cluster: the batch DAG's Ray connection points at a closed port, so a batch that
+gets as far as submitting fails at once; nothing here needs a job to run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from airflow_provider_raybatch.openai_api.body_limit import MULTIPART_ENVELOPE_BYTES
+from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
+from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
+from tests.integration.standalone import Airflow, airflow_standalone
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+API_PORT = 8311
+STORE_CONN_ID = "raybatch_security_store"
+BUCKET = f"sec-store-{uuid.uuid4().hex[:6]}"
+USERS = {
+    "alice": ("user", "alice-pass-1"), "bob": ("user", "bob-pass-2"),
+    "ops": ("op", "ops-pass-3"), "viewer": ("viewer", "viewer-pass-4"),
+}  # fmt: skip
+MAX_UPLOAD_BYTES = 100_000
+MAX_BODY_BYTES = 8192
+CLOSED_RAY = json.dumps(
+    {
+        "conn_type": "ray",
+        "host": "127.0.0.1",
+        "port": 9,
+        "password": "t",
+        "extra": {"retry_window_seconds": 0},
+    }
+)
+
+
+def _token(airflow: Airflow, user: str) -> str:
+    response = httpx.post(
+        f"{airflow.url}/auth/token", json={"username": user, "password": USERS[user][1]}, timeout=30
+    )
+    response.raise_for_status()
+    return response.json()["access_token"]
+
+
+class Client:
+    """One user's raw HTTP calls to /openai/v1 (raw, to send what an OpenAI client never would)."""
+
+    def __init__(self, airflow: Airflow, user: str) -> None:
+        self.airflow = airflow
+        self.headers = {"Authorization": f"Bearer {_token(airflow, user)}"}
+
+    def call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return httpx.request(
+            method, f"{self.airflow.url}/openai/v1{path}", headers=headers, timeout=60, **kwargs
+        )
+
+    def upload(self, data: bytes, name: str = "in.jsonl") -> str:
+        response = self.call("POST", "/files", files={"file": (name, data)}, data={"purpose": "batch"})
+        assert response.status_code == 200, response.text
+        return response.json()["id"]
+
+    def create_batch(self, file_id: str, **extra) -> httpx.Response:
+        body = {
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            **extra,
+        }
+        return self.call("POST", "/batches", json=body)
+
+
+@pytest.fixture(scope="module")
+def store_s3(s3_server):
+    client = s3_server.client()
+    client.create_bucket(Bucket=BUCKET)
+    client.create_bucket(Bucket="payroll")
+    client.put_object(Bucket="payroll", Key="payroll.jsonl", Body=b"salary: 1\n")
+    return client
+
+
+@pytest.fixture(scope="module")
+def airflow(store_s3, s3_server, tmp_path_factory) -> Iterator[Airflow]:
+    home = tmp_path_factory.mktemp("airflow-security")
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({user: password for user, (_, password) in USERS.items()}))
+    extra_env = {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+            f"{user}:{role}" for user, (role, _) in USERS.items()
+        ),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        f"AIRFLOW_CONN_{STORE_CONN_ID.upper()}": s3_server.connection_json(),
+        "AIRFLOW__RAYBATCH__OPENAI_FILES_URI": f"s3://{BUCKET}/root",
+        "AIRFLOW__RAYBATCH__OPENAI_FILES_CONN_ID": STORE_CONN_ID,
+        "AIRFLOW__RAYBATCH__OPENAI_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
+        "AIRFLOW__RAYBATCH__OPENAI_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        "AIRFLOW_VAR_RAYBATCH_OPENAI_MODEL": "/nonexistent/model",
+    }
+    with airflow_standalone(
+        home,
+        API_PORT,
+        CLOSED_RAY,
+        {DEFAULT_DAG_ID},
+        extra_env,
+        token=lambda instance: _token(instance, "ops"),
+    ) as instance:
+        yield instance
+
+
+def _objects(store_s3) -> dict[str, tuple[str, object]]:
+    """Every object in the store's bucket and in the victim's, with its ETag and time."""
+    found = {}
+    for bucket in (BUCKET, "payroll"):
+        for item in store_s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+            found[f"{bucket}/{item['Key']}"] = (item["ETag"], item["LastModified"])
+    return found
+
+
+def _task_failed_saying(airflow: Airflow, run_id: str, text: str) -> None:
+    def ended():
+        ti = airflow.task_instance(DEFAULT_DAG_ID, run_id, BATCH_TASK_ID)
+        return ti if ti["state"] in ("failed", "success", "upstream_failed") else None
+
+    ti = airflow.wait(f"run {run_id}'s batch task to end", ended, timeout=300)
+    assert ti["state"] == "failed"
+    log = httpx.get(
+        f"{airflow.url}/api/v2/dags/{DEFAULT_DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{BATCH_TASK_ID}"
+        f"/logs/{ti['try_number']}", headers={**airflow.headers, "Accept": "application/json"}, timeout=30,
+    ).text  # fmt: skip
+    assert text in log, log[-3000:]
+
+
+# -- finding 1: forged ids ----------------------------------------------------------------------
+
+
+def test_a_forged_record_id_reads_deletes_or_runs_nothing_of_another_bucket(airflow, store_s3) -> None:
+    alice = Client(airflow, "alice")
+    forged = json.dumps(
+        {"id": "x", "object": "file", "purpose": "batch", "uri": "s3://payroll/payroll.jsonl"}
+    )
+    file_id = alice.upload(forged.encode() + b"\n")
+    for trick in (
+        f"{file_id}.jsonl%3FversionId%3D",
+        f"{file_id}.jsonl%3FversionId%3D1",
+        f"{file_id}%2F..%2F",
+    ):
+        for method, path in (("GET", f"/files/{trick}/content"), ("GET", f"/files/{trick}"),
+                             ("DELETE", f"/files/{trick}")):  # fmt: skip
+            response = alice.call(method, path)
+            assert response.status_code == 404, (method, path, response.text)
+            assert b"salary" not in response.content
+        assert alice.create_batch(f"{file_id}.jsonl?versionId=").status_code == 404
+    assert store_s3.get_object(Bucket="payroll", Key="payroll.jsonl")["Body"].read() == b"salary: 1\n"
+    assert alice.call("GET", f"/files/{file_id}/content").content == forged.encode() + b"\n"
+
+
+def test_a_nul_byte_or_an_overlong_id_is_a_404_not_a_500(airflow) -> None:
+    alice = Client(airflow, "alice")
+    for path in ("/files/file-%00", "/files/file-%00/content", "/batches/batch_%00", "/files/" + "a" * 5000):
+        response = alice.call("GET", path)
+        assert response.status_code == 404, (path, response.status_code, response.text[:200])
+
+
+# -- finding 2: paths from the run conf ------------------------------------------------------------
+
+
+def test_the_batch_dag_refuses_a_run_conf_that_names_paths(airflow, store_s3) -> None:
+    """Anyone who may create batches may trigger the batch DAG: its conf once chose what to read and
+    where to write (any bucket the job reaches, another batch's manifest)."""
+    before = _objects(store_s3)
+    conf = {
+        "input_uri": "s3://payroll/payroll.jsonl",
+        "output_uri": f"s3://{BUCKET}/root/files",
+        "endpoint": "x",
+    }
+    run_id = airflow.api(
+        "POST", f"/dags/{DEFAULT_DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf}
+    ).json()["dag_run_id"]
+    _task_failed_saying(airflow, run_id, "takes no run conf")
+    assert _objects(store_s3) == before  # nothing read into, or written to, either bucket
+
+
+def test_the_batch_dag_refuses_a_run_that_is_no_batch(airflow, store_s3) -> None:
+    run_id = f"batch_{uuid.uuid4().hex}"
+    airflow.api("POST", f"/dags/{DEFAULT_DAG_ID}/dagRuns", json={"dag_run_id": run_id, "logical_date": None})
+    _task_failed_saying(airflow, run_id, "no batch record has that id")
+
+
+# -- finding 3: owners ---------------------------------------------------------------------------
+
+
+def test_users_see_and_act_on_their_own_files_and_batches_and_admins_on_all(airflow) -> None:
+    alice, bob, ops, viewer = (Client(airflow, user) for user in ("alice", "bob", "ops", "viewer"))
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    file_id = alice.upload(json.dumps(line).encode() + b"\n")
+    created = alice.create_batch(file_id)
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+
+    for other in (bob, viewer):
+        assert file_id not in [f["id"] for f in other.call("GET", "/files").json()["data"]]
+        assert batch_id not in [b["id"] for b in other.call("GET", "/batches").json()["data"]]
+        for path in (f"/files/{file_id}", f"/files/{file_id}/content", f"/batches/{batch_id}"):
+            assert other.call("GET", path).status_code == 404, path
+    assert bob.call("DELETE", f"/files/{file_id}").status_code == 404
+    assert bob.call("POST", f"/batches/{batch_id}/cancel").status_code == 404
+    assert bob.create_batch(file_id).status_code == 404  # nor run a batch on her file
+    assert viewer.call("POST", f"/batches/{batch_id}/cancel").status_code == 403  # Airflow's own check first
+
+    assert file_id in [f["id"] for f in alice.call("GET", "/files").json()["data"]]
+    assert ops.call("GET", f"/files/{file_id}/content").status_code == 200  # an admin sees all
+    assert batch_id in [b["id"] for b in ops.call("GET", "/batches").json()["data"]]
+    assert alice.call("GET", f"/batches/{batch_id}").json()["id"] == batch_id
+    assert alice.call("DELETE", f"/files/{file_id}").json()["deleted"] is True
+
+
+def test_reading_an_expired_batch_writes_nothing(airflow, store_s3) -> None:
+    """A GET past the window once saved the record and failed the run, with read permission only.
+    Now the batch's own task has the window as its deadline, and a read only reads."""
+    alice = Client(airflow, "alice")
+    file_id = alice.upload(
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    )
+    batch = alice.create_batch(file_id, completion_window="1s").json()
+    time.sleep(2)
+    _task_failed_saying(airflow, batch["id"], "expired before it could finish")
+    before = _objects(store_s3)
+    for _ in range(2):
+        current = alice.call("GET", f"/batches/{batch['id']}").json()
+        assert current["status"] == "expired" and current["expired_at"] == batch["expires_at"]
+    assert _objects(store_s3) == before
+
+
+# -- finding 7: limits ---------------------------------------------------------------------------
+
+
+def test_bodies_over_the_limits_are_refused_before_they_are_stored(airflow, store_s3) -> None:
+    alice = Client(airflow, "alice")
+    before = _objects(store_s3)
+    big = b'{"x": "' + b"a" * (MAX_UPLOAD_BYTES + 2 * MULTIPART_ENVELOPE_BYTES) + b'"}\n'
+    response = alice.call("POST", "/files", files={"file": ("big.jsonl", big)}, data={"purpose": "batch"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+    def chunked():  # a well-formed multipart upload without Content-Length: cut off past the limit
+        yield (b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+               b"Content-Type: application/octet-stream\r\n\r\n")  # fmt: skip
+        for _ in range(64):
+            yield b"a" * 65536
+
+    response = alice.call(
+        "POST", "/files", content=chunked(), headers={"Content-Type": "multipart/form-data; boundary=xyz"}
+    )
+    assert response.status_code == 413
+    # Just under the envelope's room, the file itself is over: the store's own check says so.
+    response = alice.call("POST", "/files", files={"file": ("b.jsonl", b"a" * (MAX_UPLOAD_BYTES + 1))},
+                          data={"purpose": "batch"})  # fmt: skip
+    assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
+    assert _objects(store_s3) == before
+
+    response = alice.call("POST", "/batches", content=b"{" + b" " * MAX_BODY_BYTES + b"}",
+                          headers={"Content-Type": "application/json"})  # fmt: skip
+    assert response.status_code == 413
+    file_id = alice.upload(b"{}\n")
+    for metadata, fragment in (
+        ({f"k{i}": "v" for i in range(17)}, "at most 16"),
+        ({"k" * 65: "v"}, "over 64 characters"),
+        ({"k": "v" * 513}, "over 512 characters"),
+    ):
+        response = alice.create_batch(file_id, metadata=metadata)
+        assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+        assert response.json()["error"]["param"] == "metadata"
+
+
+# -- finding 9: CSRF, docs, error text -------------------------------------------------------------
+
+
+def test_the_session_cookie_alone_changes_nothing(airflow, store_s3) -> None:
+    """A page on another site can make a signed-in browser send a multipart POST or a body-less POST
+    with Airflow's session cookie (a "simple" request): the token must come in the header."""
+    alice = Client(airflow, "alice")
+    file_id = alice.upload(b"{}\n")
+    cookie = {"_token": alice.headers["Authorization"].removeprefix("Bearer ")}
+    before = _objects(store_s3)
+    upload = httpx.post(f"{airflow.url}/openai/v1/files", files={"file": ("x.jsonl", b"{}\n")},
+                        data={"purpose": "batch"}, cookies=cookie, timeout=30)  # fmt: skip
+    delete = httpx.delete(f"{airflow.url}/openai/v1/files/{file_id}", cookies=cookie, timeout=30)
+    assert (upload.status_code, delete.status_code) == (401, 401)
+    assert "Authorization" in upload.json()["error"]["message"]
+    assert _objects(store_s3) == before
+
+
+def test_no_unauthenticated_api_description(airflow) -> None:
+    for path in ("/openai/docs", "/openai/redoc", "/openai/openapi.json"):
+        assert httpx.get(f"{airflow.url}{path}", timeout=30).status_code in (401, 404), path
+
+
+def test_the_request_count_agrees_with_the_pipeline_on_a_bare_carriage_return(airflow) -> None:
+    """A bare \\r inside a line was one request to the API and two error rows to the pipeline."""
+    alice = Client(airflow, "alice")
+    line = b'{"custom_id": "a",\r"method": "POST", "url": "/v1/chat/completions", "body": {}}'
+    file_id = alice.upload(line + b"\n" + line.replace(b'"a"', b'"b"') + b"\r\n\r\n \n")
+    assert alice.create_batch(file_id).json()["request_counts"]["total"] == 2
