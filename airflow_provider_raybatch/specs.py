@@ -9,6 +9,7 @@ Airflow, the Airflow side has no Ray).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import string
@@ -71,6 +72,8 @@ STRUCTURED_OUTPUT_OPTIONS = frozenset(
     {"disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"}
 )
 _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.][A-Za-z_]\w*)$")
+# A host name as a URL carries it: dot-separated labels of letters, digits, '-' and '_' (internal names).
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_](?:[a-z0-9_-]{0,62})(?:\.[a-z0-9_](?:[a-z0-9_-]{0,62}))*$")
 
 ColumnName = Annotated[str, Field(min_length=1)]
 
@@ -172,6 +175,31 @@ class BatchInferenceSpec(BaseModel):
         description="Shrink (never enlarge) every image so its longer side is at most this many pixels, "
         "keeping the aspect ratio; exclusive with image_size. Needs image_column.",
     )
+    image_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts whose http(s):// images may be fetched although they are not on the public "
+        "internet: host names, matched exactly (e.g. 'images.internal'), IP addresses ('10.1.2.3') or CIDR "
+        "blocks ('10.0.0.0/8'). Unset, an image URL whose host is or resolves to a loopback, private "
+        "(10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, where cloud metadata services "
+        "answer; fe80::/10), shared, multicast, unspecified or reserved address fails its row with "
+        "'image source not allowed', before any connection is made. The check is on the address the fetch "
+        "connects to, and again for every redirect; proxies from the environment (HTTP(S)_PROXY) are not "
+        "used. Applies to image_column and to images in messages.",
+    )
+    image_allowed_local_path: str | None = Field(
+        default=None,
+        description="An absolute folder on the cluster's nodes that images given as local paths or file:// "
+        "URIs may also be read from; unset: only the input folder (input_uri's folder, or input_uri itself "
+        "when it is a folder, when it is local). A path is judged after its symlinks and '..' steps are "
+        "resolved; one outside fails its row with 'image source not allowed'. Like vLLM's "
+        "allowed_local_media_path.",
+    )
+    image_allowed_s3_prefixes: list[str] = Field(
+        default_factory=list,
+        description="s3:// folders that images may also be read from with the job's S3 credentials, e.g. "
+        "['s3://media-bucket/photos']; unset: only the input's own folder when input_uri is on S3. A key "
+        "outside them, or with a '.' or '..' step, fails its row with 'image source not allowed'.",
+    )
     preprocess: str | None = Field(
         default=None,
         description="Dotted path of a row -> row function applied before the prompt is built. With "
@@ -263,6 +291,27 @@ class BatchInferenceSpec(BaseModel):
                 f"{info.field_name}={value!r} is not a dotted path; use 'my_module.my_function' "
                 "or 'my_package.my_module:my_function'."
             )
+        return value
+
+    @field_validator("image_allowed_hosts")
+    @classmethod
+    def _check_image_allowed_hosts(cls, value: list[str]) -> list[str]:
+        for index, entry in enumerate(value):
+            parse_allowed_host(entry, f"image_allowed_hosts[{index}]")
+        return value
+
+    @field_validator("image_allowed_local_path")
+    @classmethod
+    def _check_image_allowed_local_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_allowed_local_path(value)
+        return value
+
+    @field_validator("image_allowed_s3_prefixes")
+    @classmethod
+    def _check_image_allowed_s3_prefixes(cls, value: list[str]) -> list[str]:
+        for index, prefix in enumerate(value):
+            parse_s3_prefix(prefix, f"image_allowed_s3_prefixes[{index}]")
         return value
 
     @field_validator("sampling_params")
@@ -533,6 +582,50 @@ def _check_structured_outputs(structured: Any, name: str = "sampling_params") ->
                 f"{name}['structured_outputs']['choice']={choice!r} must be a non-empty list of "
                 "non-empty strings."
             )
+
+
+def parse_allowed_host(
+    entry: str, name: str = "image_allowed_hosts"
+) -> str | ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """An ``image_allowed_hosts`` entry: a host name (lower case, no trailing dot) or an IP network.
+
+    Raises ValueError naming ``name``. Shared by the spec and the pipeline's image policy
+    (``pipeline/image_sources.py``), so the two read an entry the same way.
+    """
+    text = entry.strip().lower() if isinstance(entry, str) else ""
+    text = text[1:-1] if text.startswith("[") and text.endswith("]") else text  # [::1], as in a URL
+    try:
+        return ipaddress.ip_network(text, strict=True)  # an address is a network of one
+    except ValueError as err:
+        if "/" in text and "://" not in text:
+            raise ValueError(f"{name}={entry!r} is not a CIDR block: {err}; e.g. '10.0.0.0/8'.") from err
+    host = text.removesuffix(".")
+    if not _HOST_NAME.match(host) or host.replace(".", "").isdigit():
+        raise ValueError(
+            f"{name}={entry!r} is not a host name, IP address or CIDR block; pass e.g. 'images.internal', "
+            "'10.1.2.3' or '10.0.0.0/8', without a scheme, port or path."
+        )
+    return host
+
+
+def check_allowed_local_path(path: str, name: str = "image_allowed_local_path") -> None:
+    """An extra local image folder must be an absolute path on the cluster's nodes; raises ValueError."""
+    if not path.startswith("/") or "://" in path or "\x00" in path:
+        raise ValueError(
+            f"{name}={path!r} must be an absolute folder on the cluster's nodes, e.g. '/data/images' "
+            "(no scheme; s3:// folders go in image_allowed_s3_prefixes)."
+        )
+
+
+def parse_s3_prefix(prefix: str, name: str = "image_allowed_s3_prefixes") -> tuple[str, str]:
+    """An ``s3://bucket[/folder]`` prefix as (bucket, folder key without end slashes); raises ValueError."""
+    bucket, _, key = prefix.removeprefix("s3://").partition("/")
+    steps = key.strip("/").split("/")
+    if not prefix.startswith("s3://") or not bucket or "." in steps or ".." in steps:
+        raise ValueError(
+            f"{name}={prefix!r} must be an s3:// folder without '.' or '..' steps, e.g. 's3://bucket/images'."
+        )
+    return bucket, key.strip("/")
 
 
 def _is_inside(uri: str, folder: str) -> bool:

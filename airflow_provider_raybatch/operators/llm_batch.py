@@ -52,7 +52,8 @@ PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 # Spec fields that take a dict, list or number; after templating they may arrive as (JSON) text.
 _JSON_PARAMS = (
     "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",
-    "image_max_side", "max_failed_fraction", "max_failed_rows",
+    "image_max_side", "image_allowed_hosts", "image_allowed_s3_prefixes", "max_failed_fraction",
+    "max_failed_rows",
 )  # fmt: skip
 #: Key under which the job id is kept in Airflow's task state store across tries.
 JOB_ID_STATE_KEY = "raybatch_job_id"
@@ -89,7 +90,8 @@ class RayLLMBatchOperator(BaseOperator):
     The batch parameters (``model``, ``input_uri``, ``output_uri``, ``input_format``, ``output_format``,
     ``openai_endpoint``,
     ``messages_column``, ``system_prompt``, ``user_template``, ``image_column``, ``image_size``,
-    ``image_max_side``, ``preprocess``, ``postprocess``,
+    ``image_max_side``, ``image_allowed_hosts``, ``image_allowed_local_path``,
+    ``image_allowed_s3_prefixes``, ``preprocess``, ``postprocess``,
     ``sampling_params``, ``engine_kwargs``, ``batch_size``, ``concurrency``, ``max_concurrent_batches``,
     ``accelerator_type``,
     ``replica_resources``, ``id_column``, ``keep_columns``, ``max_failed_fraction``, ``max_failed_rows``)
@@ -155,6 +157,9 @@ class RayLLMBatchOperator(BaseOperator):
         "image_column",
         "image_size",
         "image_max_side",
+        "image_allowed_hosts",
+        "image_allowed_local_path",
+        "image_allowed_s3_prefixes",
         "sampling_params",
         "engine_kwargs",
         "concurrency",
@@ -185,6 +190,9 @@ class RayLLMBatchOperator(BaseOperator):
         image_column: str | None = None,
         image_size: tuple[int, int] | list[int] | str | None = None,
         image_max_side: int | str | None = None,
+        image_allowed_hosts: list[str] | str | None = None,
+        image_allowed_local_path: str | None = None,
+        image_allowed_s3_prefixes: list[str] | str | None = None,
         preprocess: str | None = None,
         postprocess: str | None = None,
         sampling_params: dict[str, Any] | str | None = None,  # Any: vLLM SamplingParams values.
@@ -227,6 +235,9 @@ class RayLLMBatchOperator(BaseOperator):
         self.image_column = image_column
         self.image_size = image_size
         self.image_max_side = image_max_side
+        self.image_allowed_hosts = image_allowed_hosts or []
+        self.image_allowed_local_path = image_allowed_local_path
+        self.image_allowed_s3_prefixes = image_allowed_s3_prefixes or []
         self.preprocess = preprocess
         self.postprocess = postprocess
         self.sampling_params = sampling_params or {}

@@ -2,11 +2,12 @@
 
 A row's image may be a Hugging Face image struct (``{"bytes": b"...", "path": ...}`` as image
 datasets store it in Parquet), raw bytes, a ``data:image/...;base64,`` URL, a local path, a
-``file://`` / ``s3://`` URI (read through pyarrow's filesystems, as :mod:`.storage` does), an
-``http(s)://`` URL (fetched with a deadline for the whole fetch and a size cap) or, in messages a
-preprocess returns, a PIL image. :func:`load_image` reads it, checks it with Pillow (identify, verify,
-decode, size limits), applies the EXIF orientation, converts it to RGB (transparent pixels over
-white) and resizes it to bound the vision-token budget.
+``file://`` / ``s3://`` URI, an ``http(s)://`` URL or, in messages a preprocess returns, a PIL image.
+Paths and URLs are read by :mod:`.image_sources`, within the job's policy of where images may come
+from (``ImageOptions.sources``: public http(s) addresses, the input folder, the input's S3 folder,
+and what the spec's ``image_allowed_*`` fields add). :func:`load_image` reads it, checks it with
+Pillow (identify, verify, decode, size limits), applies the EXIF orientation, converts it to RGB
+(transparent pixels over white) and resizes it to bound the vision-token budget.
 
 A bad value raises ``ValueError`` whose text is the row's error reason, ``"<kind>: <detail>"`` with
 one of the ``*_KIND`` constants, the convention :mod:`.prompts` uses (``run.py`` turns it into an
@@ -38,39 +39,40 @@ Pillow is imported lazily: the module imports on a machine without it (the Airfl
 from __future__ import annotations
 
 import base64
-import binascii
-import contextlib
 import functools
-import http.client
 import io
 import math
 import os
-import reprlib
-import socket
-import ssl
-import stat
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# The kinds of reading a row's image come from image_sources, with ImageError; they are named here
+# too, beside the kinds of decoding, for the readers of rows' reasons (TOO_LARGE_KIND also covers
+# pixels and the engine's encoding here).
+from airflow_provider_raybatch.pipeline.image_sources import (  # noqa: F401 - re-exported
+    BAD_VALUE_KIND,
+    DEFAULT_SOURCES,
+    FETCH_KIND,
+    MISSING_KIND,
+    NOT_ALLOWED_KIND,
+    TOO_LARGE_KIND,
+    ImageError,
+    ImageSources,
+    read_source,
+)
+from airflow_provider_raybatch.pipeline.image_sources import briefly as _describe
+from airflow_provider_raybatch.pipeline.image_sources import decode_data_url as _decode_data_url
+from airflow_provider_raybatch.pipeline.image_sources import reason as _reason
+from airflow_provider_raybatch.pipeline.image_sources import shorten as _short
+
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-#: The value is None or empty, or names a file that does not exist.
-MISSING_KIND = "missing image"
-#: The value is not something an image can be read from (wrong type or shape, unsupported scheme).
-BAD_VALUE_KIND = "bad image value"
-#: Reading the file, object or URL failed (HTTP error, timeout, permission, network).
-FETCH_KIND = "image fetch failed"
-#: The bytes are over ``max_bytes``, the pixels over ``max_pixels`` (decompression bombs), or the
-#: encoding for the engine over ``max_output_bytes``.
-TOO_LARGE_KIND = "image too large"
+    from airflow_provider_raybatch.specs import BatchInferenceSpec
+
 #: A side is under ``min_side``: nothing there for a caption to describe.
 TOO_SMALL_KIND = "image too small"
 #: Pillow cannot identify, verify or decode the bytes (corrupt, truncated, not an image).
@@ -90,8 +92,6 @@ PART_MAX_PIXELS = 64 * 1024 * 1024
 DEFAULT_MAX_IMAGES = 16
 
 _DATA_URL_PREFIX = "data:"
-_HTTP_SCHEMES = ("http://", "https://")
-_CHUNK_BYTES = 1 << 16
 _ENCODE_MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
 _ENCODE_FORMATS = ("auto", *_ENCODE_MIME)
 #: Formats Pillow may decode: the common ones, so that no rarely used decoder sees untrusted bytes.
@@ -119,6 +119,8 @@ class ImageOptions:
         most this many pixels, keeping the aspect ratio (default ``DEFAULT_MAX_OUTPUT_PIXELS``, 4 Mi).
     :param max_output_bytes: refuse an image whose encoding for the engine is over this (default
         ``DEFAULT_MAX_OUTPUT_BYTES``, 16 MiB; at most ``PART_MAX_BYTES``).
+    :param sources: where paths and URLs may be read from (:class:`.image_sources.ImageSources`);
+        default: public http(s) addresses, and local paths or s3:// objects under ``relative_to``.
     """
 
     size: tuple[int, int] | None = None
@@ -131,6 +133,7 @@ class ImageOptions:
     jpeg_quality: int = 95
     max_output_pixels: int = DEFAULT_MAX_OUTPUT_PIXELS
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    sources: ImageSources = DEFAULT_SOURCES
 
     def __post_init__(self) -> None:
         # TypeError, not ValueError: a bad option is the job's mistake, not a row's.
@@ -167,37 +170,36 @@ class ImageOptions:
 DEFAULT_OPTIONS = ImageOptions()
 
 
-class ImageError(ValueError):
-    """A row's image (or messages) at fault: ``str()`` is the row's reason, ``"<kind>: <detail>"``.
+def options_for(spec: BatchInferenceSpec) -> ImageOptions:
+    """A job's image options: its image_size / image_max_side and where its images may come from."""
+    return _options(
+        spec.image_size,
+        spec.image_max_side,
+        spec.input_uri,
+        tuple(spec.image_allowed_hosts),
+        spec.image_allowed_local_path,
+        tuple(spec.image_allowed_s3_prefixes),
+    )
 
-    Every function here raises only this for a row's value; its own type lets the guards that turn
-    any other failure into a reason pass it through unchanged.
-    """
 
-
-def _reason(kind: str, detail: str) -> ValueError:
-    return ImageError(f"{kind}: {detail}")
+@functools.cache
+def _options(
+    size: tuple[int, int] | None,
+    max_side: int | None,
+    input_uri: str,
+    allowed_hosts: tuple[str, ...],
+    allowed_local_path: str | None,
+    allowed_s3_prefixes: tuple[str, ...],
+) -> ImageOptions:
+    """One ImageOptions per job and process (built per row, it would parse the allow-lists per row)."""
+    sources = ImageSources(input_uri, allowed_hosts, allowed_local_path, allowed_s3_prefixes)
+    return ImageOptions(size=size, max_side=max_side, sources=sources)
 
 
 def _located(err: ValueError, where: str) -> ValueError:
     """``err``'s reason with the place of the image in the messages after its kind."""
     kind, _, detail = str(err).partition(": ")
     return _reason(kind, f"{where}: {detail}")
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 2, 60, 60, 4, 4
-
-
-def _describe(value: Any) -> str:  # Any: whatever the row holds.
-    """A short repr: a row's value may be megabytes, or nested deeper than repr() can go."""
-    text = _REPR.repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-def _short(text: str, limit: int = 200) -> str:
-    """A path or URL as a reason shows it: a row's value may be megabytes long."""
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _is_pil_image(value: Any) -> bool:  # Any: a row's value.
@@ -208,268 +210,15 @@ def _is_pil_image(value: Any) -> bool:  # Any: a row's value.
 # -- reading the encoded bytes -------------------------------------------------------------------
 
 
-def _read_capped(
-    read: Callable[[int], bytes], where: str, max_bytes: int, deadline: float | None = None
-) -> bytes:
-    chunks, total = [], 0
-    while chunk := read(_CHUNK_BYTES):
-        total += len(chunk)
-        if total > max_bytes:
-            raise _reason(TOO_LARGE_KIND, f"{_short(where)} is over max_bytes={max_bytes}")
-        if deadline is not None and time.monotonic() > deadline:
-            raise _reason(FETCH_KIND, f"{_short(where)}: timed out while reading")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _read_local(path: str, max_bytes: int) -> bytes:
-    """A local file's bytes. Regular files only: a FIFO would block the row forever, /dev/zero never end."""
-    shown = _short(path)
-    try:
-        mode = os.stat(path).st_mode
-        if stat.S_ISDIR(mode):
-            raise _reason(BAD_VALUE_KIND, f"{shown} is a folder, not an image file")
-        if not stat.S_ISREG(mode):
-            raise _reason(BAD_VALUE_KIND, f"{shown} is not a regular file")
-        with open(path, "rb") as stream:
-            return _read_capped(stream.read, path, max_bytes)
-    except FileNotFoundError as err:
-        raise _reason(MISSING_KIND, f"no such file: {shown}") from err
-    except OSError as err:  # permission, a name too long, I/O
-        raise _reason(FETCH_KIND, f"{shown}: {err.strerror or err}") from err
-    except ImageError:
-        raise
-    except ValueError as err:  # a NUL byte, or text that is no file name (a lone surrogate)
-        raise _reason(BAD_VALUE_KIND, f"cannot open {_describe(path)}: {err}") from err
-
-
-def _read_uri(uri: str, max_bytes: int) -> bytes:
-    from pyarrow import fs
-
-    from airflow_provider_raybatch.pipeline import storage
-
-    shown = _short(uri)
-    try:
-        filesystem, path = storage.filesystem(uri)
-    except Exception as err:  # noqa: BLE001 - pyarrow.ArrowInvalid (unknown scheme), a bad bucket name, ...
-        raise _reason(BAD_VALUE_KIND, f"cannot read {shown}: {_short(str(err))}") from err
-    try:
-        info = filesystem.get_file_info(path)
-        if info.type == fs.FileType.NotFound:
-            raise _reason(MISSING_KIND, f"no such object: {shown}")
-        if info.type != fs.FileType.File:
-            raise _reason(BAD_VALUE_KIND, f"{shown} is a folder, not an image file")
-        if info.size is not None and info.size > max_bytes:
-            raise _reason(TOO_LARGE_KIND, f"{shown} has {info.size} bytes, over max_bytes={max_bytes}")
-        with filesystem.open_input_stream(path) as stream:
-            return _read_capped(stream.read, uri, max_bytes)
-    except ImageError:
-        raise
-    except Exception as err:  # noqa: BLE001 - access denied, network, throttling: any is this row's fetch failing
-        raise _reason(FETCH_KIND, f"{shown}: {type(err).__name__}: {_short(str(err))}") from err
-
-
-class _Deadline:
-    """A fetch's deadline, kept by a timer thread that shuts the fetch's sockets down when it passes.
-
-    A socket timeout bounds each read, not the fetch: a server that sends a byte every few seconds
-    would hold the row (and its Ray worker) for hours. Shutting a socket down wakes a read blocked on it.
-    Name resolution is the one step it cannot cut short (the system resolver's own timeouts bound it).
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.at = time.monotonic() + seconds
-        self.expired = False
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._timer.cancel()
-
-    def watch(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._sockets.append(sock)
-            expired = self.expired
-        if expired:
-            _shut(sock)
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shut(sock)
-
-
-def _shut(sock: socket.socket) -> None:
-    # socket.socket's own shutdown, also on an SSLSocket: it leaves the TLS state to the reading thread.
-    with contextlib.suppress(OSError):  # already closed
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-
-class _WatchedConnection:
-    """An http.client connection that hands its socket to the fetch's deadline once connected."""
-
-    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:  # Any: http.client's.
-        super().__init__(*args, **kwargs)
-        self._deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        self._deadline.watch(self.sock)  # type: ignore[attr-defined]
-
-
-class _HTTPConnection(_WatchedConnection, http.client.HTTPConnection):
-    pass
-
-
-class _HTTPSConnection(_WatchedConnection, http.client.HTTPSConnection):
-    pass
-
-
-class _WatchedHandler:
-    """urllib's HTTP(S) handler, opening watched connections (do_open is the seam urllib offers)."""
-
-    def __init__(self, deadline: _Deadline, **kwargs: Any) -> None:  # Any: the urllib handler's own.
-        super().__init__(**kwargs)
-        self._deadline = deadline
-
-    def do_open(self, http_class: type, req: urllib.request.Request, **kwargs: Any) -> Any:  # Any: urllib's.
-        secure = issubclass(http_class, http.client.HTTPSConnection)
-        watched = functools.partial(_HTTPSConnection if secure else _HTTPConnection, deadline=self._deadline)
-        return super().do_open(watched, req, **kwargs)  # type: ignore[misc]
-
-
-class _HTTPHandler(_WatchedHandler, urllib.request.HTTPHandler):
-    pass
-
-
-class _HTTPSHandler(_WatchedHandler, urllib.request.HTTPSHandler):
-    pass
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One context per process: loading the CA certificates for every image would cost more than its fetch."""
-    return ssl.create_default_context()
-
-
-def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
-    """urllib with http(s) only: a redirect to ftp:// or file:// fails the fetch instead of following.
-
-    Proxies come from the environment, as with urllib's default opener.
-    """
-    opener = urllib.request.OpenerDirector()
-    handlers = (
-        urllib.request.ProxyHandler(),
-        urllib.request.UnknownHandler(),
-        _HTTPHandler(deadline),
-        _HTTPSHandler(deadline, context=_tls_context()),
-        urllib.request.HTTPDefaultErrorHandler(),
-        urllib.request.HTTPRedirectHandler(),
-        urllib.request.HTTPErrorProcessor(),
-    )
-    for handler in handlers:
-        opener.add_handler(handler)
-    return opener
-
-
-def _declared_length(response: Any) -> int | None:  # Any: http.client.HTTPResponse.
-    declared = response.headers.get("Content-Length") or ""
-    return int(declared) if declared.isascii() and declared.isdigit() else None
-
-
-def _fetch(url: str, max_bytes: int, deadline: _Deadline) -> bytes:
-    request = urllib.request.Request(url, headers={"User-Agent": "airflow-provider-raybatch"})
-    with _opener(deadline).open(request, timeout=deadline.seconds) as response:
-        declared = _declared_length(response)
-        if declared is not None and declared > max_bytes:
-            raise _reason(
-                TOO_LARGE_KIND, f"{_short(url)} declares {declared} bytes, over max_bytes={max_bytes}"
-            )
-        # read1: one recv at a time, so that the deadline is looked at between the bytes of a slow server.
-        data = _read_capped(getattr(response, "read1", response.read), url, max_bytes, deadline.at)
-    if deadline.expired:  # the timer shut the socket: what came is cut short
-        raise _reason(FETCH_KIND, f"{_short(url)}: timed out after {deadline.seconds:g} s")
-    if declared is not None and len(data) < declared:
-        raise _reason(
-            FETCH_KIND, f"{_short(url)}: the connection closed after {len(data)} of {declared} bytes"
-        )
-    return data
-
-
-def _fetch_failure(err: Exception, deadline: _Deadline) -> str:
-    if deadline.expired:
-        return f"timed out after {deadline.seconds:g} s"
-    if isinstance(err, urllib.error.HTTPError):
-        return f"HTTP {err.code} {_short(str(err.reason))}"
-    if isinstance(err, urllib.error.URLError):
-        if not isinstance(err.reason, BaseException):
-            return _short(str(err.reason))
-        err = err.reason  # type: ignore[assignment]
-    return f"{type(err).__name__}: {_short(str(err))}"
-
-
-def _read_http(url: str, max_bytes: int, timeout_seconds: float) -> bytes:
-    """The bytes at ``url``; every failure of the fetch is this row's ``image fetch failed``.
-
-    urllib, http.client, ssl and socket raise a dozen types (InvalidURL for a space, BadStatusLine,
-    IncompleteRead, RemoteDisconnected, LineTooLong, timeouts, UnicodeError for a host, OverflowError
-    for a port): none of them may fail the job.
-    """
-    deadline = _Deadline(timeout_seconds)
-    try:
-        with deadline:
-            return _fetch(url, max_bytes, deadline)
-    except ImageError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a row's fetch failing fails that row, never the job
-        raise _reason(FETCH_KIND, f"{_short(url)}: {_fetch_failure(err, deadline)}") from err
-
-
-def _decode_data_url(url: str, max_bytes: int) -> bytes:
-    header, comma, payload = url.partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise _reason(BAD_VALUE_KIND, f"a data URL must be data:<mime>;base64,<data>, got {_describe(url)}")
-    size = len(payload) * 3 // 4 - (len(payload) - len(payload.rstrip("=")))  # the decoded size
-    if size > max_bytes:
-        raise _reason(TOO_LARGE_KIND, f"data URL of ~{size} bytes, over max_bytes={max_bytes}")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as err:  # ValueError: text that is not ASCII
-        raise _reason(BAD_VALUE_KIND, f"data URL is not valid base64: {_short(str(err))}") from err
-
-
-def _read_path(path: str, options: ImageOptions, relative_to: str | None) -> bytes:
-    if not path.strip():
-        raise _reason(MISSING_KIND, "the image path is empty")
-    if path.startswith(_DATA_URL_PREFIX):
-        return _decode_data_url(path, options.max_bytes)
-    if path.startswith(_HTTP_SCHEMES):
-        return _read_http(path, options.max_bytes, options.timeout_seconds)
-    if "://" in path:
-        return _read_uri(path, options.max_bytes)
-    if relative_to is not None and not os.path.isabs(path):
-        if "://" in relative_to:
-            return _read_uri(f"{relative_to.rstrip('/')}/{path}", options.max_bytes)
-        path = os.path.join(relative_to, path)
-    return _read_local(path, options.max_bytes)
-
-
 def read_image_bytes(
     value: Any, options: ImageOptions = DEFAULT_OPTIONS, relative_to: str | None = None
 ) -> bytes:  # Any: a row's cell.
     """The encoded bytes of a row's image value; raises ValueError with the row's reason.
 
-    :param relative_to: folder (local or URI) that relative paths are resolved against, e.g. the
-        input folder; None resolves them against the working directory.
+    :param relative_to: folder (local or URI) that relative paths are resolved against: the folder of
+        the row's input file. Local images are read under it (or the whole input folder, with
+        ``options.sources.input_uri``), and s3:// images under it when it is on S3. None: relative paths
+        start from the working directory, and only ``options.sources``' own folders are allowed.
     """
     if value is None:
         raise _reason(MISSING_KIND, "the image value is None")
@@ -479,9 +228,9 @@ def read_image_bytes(
             raise _reason(TOO_LARGE_KIND, f"{len(data)} bytes, over max_bytes={options.max_bytes}")
         return data
     if isinstance(value, os.PathLike):
-        return _read_path(os.fspath(value), options, relative_to)
+        value = os.fspath(value)
     if isinstance(value, str):
-        return _read_path(value, options, relative_to)
+        return read_source(value, options.max_bytes, options.timeout_seconds, options.sources, relative_to)
     if isinstance(value, dict):
         return _read_struct(value, options, relative_to)
     raise _reason(BAD_VALUE_KIND, f"cannot read an image from a {type(value).__name__}: {_describe(value)}")

@@ -169,7 +169,7 @@ def _prompt(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[
     """``{"messages": <JSON>}`` or ``{"prompt": <text>}``: from the spec's template or messages column,
     else (a preprocess in Ray Data LLM's manner) from the row's own ``messages`` or ``prompt``."""
     folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
-    options = _image_options(spec.image_size, spec.image_max_side)
+    options = images.options_for(spec)
     if spec.user_template is not None or spec.messages_column is not None:
         image_part = _image_part(row, spec, source) if spec.image_column else None
         messages = build_messages(spec, row, image_part)
@@ -212,17 +212,12 @@ def _shown_row(row: dict[str, Any], spec: BatchInferenceSpec) -> str:  # Any: ce
     return row_to_json(row)
 
 
-@functools.cache
-def _image_options(size: tuple[int, int] | None, max_side: int | None) -> images.ImageOptions:
-    return images.ImageOptions(size=size, max_side=max_side)
-
-
 def _image_part(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[str, Any]:  # Any: JSON.
     """The row's image, read, checked and resized, as a content part; raises ValueError with the reason."""
     column = spec.image_column or ""
     if column not in row:
         raise ValueError(f"{images.MISSING_KIND}: the row has no column {column!r} (image_column)")
-    options = _image_options(spec.image_size, spec.image_max_side)
+    options = images.options_for(spec)
     folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
     return images.content_part_for(row[column], options, relative_to=folder)
 

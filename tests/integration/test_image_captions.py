@@ -69,6 +69,9 @@ def write_image_corpus(folder: Path) -> dict[str, str]:
         "bad-none": (None, "missing image"),
         "bad-missing-path": ({"bytes": None, "path": "photos/no-such.png"}, "missing image"),
         "bad-tiny": ({"bytes": encode(Image.new("RGB", (4, 4)), "PNG"), "path": None}, "image too small"),
+        # Hostile values: a file of the node outside the input folder, the cloud metadata service.
+        "bad-outside": ({"bytes": None, "path": "/etc/hostname"}, "image source not allowed"),
+        "bad-metadata": ({"bytes": None, "path": "http://169.254.169.254/latest/"}, "image source not allowed"),
     }
     rows += [{"image_id": key, "filename": f"{key}.x", "image": value} for key, (value, _) in bad.items()]
     schema = pa.schema([("image_id", pa.string()), ("filename", pa.string()), ("image", IMAGE_TYPE)])
@@ -129,7 +132,7 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
     assert inputs["bad-none"]["image"] is None
 
     rows_in = GOOD_IMAGES + len(expected_errors)
-    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows_in, GOOD_IMAGES, 7)
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows_in, GOOD_IMAGES, len(expected_errors))
     assert manifest["errors_by_reason"] == dict(Counter(expected_errors.values()))
     assert manifest["tokens_in"] == sum(row["num_input_tokens"] for row in outputs)
     assert manifest["spec_fingerprint"] == operator.build_spec().fingerprint()
@@ -147,7 +150,7 @@ def test_daily_image_captions_dag(airflow_env, tiny_vlm, tmp_path) -> None:
         "engine_kwargs": {**CPU_ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 1}},
         "image_max_side": 224,
         "replica_resources": CPU_REPLICA,
-        "max_failed_fraction": 0.5,  # 7 of 19 images are bad on purpose
+        "max_failed_fraction": 0.5,  # 9 of 21 images are bad on purpose
     }
 
     result = airflow_env.dags_test(dag_id, day, conf)
@@ -156,7 +159,7 @@ def test_daily_image_captions_dag(airflow_env, tiny_vlm, tmp_path) -> None:
 
     manifest = airflow_env.xcoms(dag_id, day)[("caption_images", "manifest")]
     rows_in = GOOD_IMAGES + len(expected_errors)
-    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows_in, GOOD_IMAGES, 7)
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows_in, GOOD_IMAGES, len(expected_errors))
     assert manifest["errors_by_reason"] == dict(Counter(expected_errors.values()))
     outputs = pq.read_table(manifest["outputs_uri"])
     assert outputs.num_rows == GOOD_IMAGES and "image" not in outputs.column_names

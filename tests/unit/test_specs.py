@@ -369,6 +369,9 @@ def test_fingerprint_equal_for_equal_specs() -> None:
         {"image_column": "image"},
         {"image_column": "image", "image_size": (448, 448)},
         {"image_column": "image", "image_max_side": 448},
+        {"image_allowed_hosts": ["images.internal"]},
+        {"image_allowed_local_path": "/data/images"},
+        {"image_allowed_s3_prefixes": ["s3://media/photos"]},
     ],
 )
 def test_fingerprint_changes_with_any_field(change: dict[str, Any]) -> None:
@@ -584,3 +587,61 @@ def test_the_spec_and_the_images_agree_on_the_largest_image() -> None:
     from airflow_provider_raybatch.specs import MAX_IMAGE_PIXELS
 
     assert MAX_IMAGE_PIXELS == images.PART_MAX_PIXELS
+
+
+# -- where images may come from (pipeline/image_sources.py) --------------------------------------
+
+
+def test_image_sources_default_to_nothing_extra_and_round_trip() -> None:
+    plain = build()
+    assert (plain.image_allowed_hosts, plain.image_allowed_local_path, plain.image_allowed_s3_prefixes) == (
+        [], None, [],
+    )  # fmt: skip
+
+    spec = build(
+        image_column="image",
+        image_allowed_hosts=["images.internal", "10.0.0.0/8", "fd00::/8", "192.168.1.2", "[::1]", "Cdn.Corp"],
+        image_allowed_local_path="/data/images",
+        image_allowed_s3_prefixes=["s3://media/photos/", "s3://other-bucket"],
+    )
+
+    assert BatchInferenceSpec.from_json(spec.model_dump_json()) == spec
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"image_allowed_hosts": ["http://images.internal"]}, "image_allowed_hosts[0]='http://images.internal'"),
+        ({"image_allowed_hosts": ["ok.internal", "images.internal:8080"]}, "image_allowed_hosts[1]"),
+        ({"image_allowed_hosts": ["images.internal/photos"]}, "image_allowed_hosts[0]"),
+        ({"image_allowed_hosts": ["10.0.0.1/8"]}, "is not a CIDR block"),
+        ({"image_allowed_hosts": ["*.internal"]}, "not a host name, IP address or CIDR block"),
+        ({"image_allowed_hosts": [""]}, "image_allowed_hosts[0]"),
+        ({"image_allowed_hosts": ["2130706433"]}, "image_allowed_hosts[0]"),
+        ({"image_allowed_hosts": "images.internal"}, "image_allowed_hosts"),
+        ({"image_allowed_local_path": "data/images"}, "image_allowed_local_path='data/images' must be"),
+        ({"image_allowed_local_path": "s3://b/images"}, "image_allowed_s3_prefixes"),
+        ({"image_allowed_local_path": "file:///data"}, "image_allowed_local_path"),
+        ({"image_allowed_s3_prefixes": ["media/photos"]}, "image_allowed_s3_prefixes[0]='media/photos'"),
+        ({"image_allowed_s3_prefixes": ["s3://"]}, "image_allowed_s3_prefixes[0]"),
+        ({"image_allowed_s3_prefixes": ["s3://media/../secret"]}, "without '.' or '..' steps"),
+        ({"image_allowed_s3_prefixes": ["gs://media/photos"]}, "image_allowed_s3_prefixes[0]"),
+    ],
+)  # fmt: skip
+def test_image_sources_named_badly_are_refused(overrides: dict[str, Any], expected: str) -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(image_column="image", **overrides)
+
+    assert expected in str(info.value)
+
+
+def test_the_spec_and_the_image_policy_read_an_allowed_host_the_same_way() -> None:
+    """The pipeline's ImageSources checks what the spec checks, with the same functions."""
+    from airflow_provider_raybatch.pipeline.image_sources import ImageSources
+
+    with pytest.raises(TypeError, match=r"allowed_hosts\[0\]='images.internal:8080'"):
+        ImageSources(allowed_hosts=("images.internal:8080",))
+    with pytest.raises(TypeError, match="allowed_local_path"):
+        ImageSources(allowed_local_path="relative/path")
+    with pytest.raises(TypeError, match="allowed_s3_prefixes"):
+        ImageSources(allowed_s3_prefixes=("media/photos",))

@@ -2,6 +2,10 @@
 
 The corrupt-image corpus is made here, in memory and under tmp_path; URLs are served by a local
 HTTP server on 127.0.0.1 (no network). Needs Pillow (it comes with vLLM on the cluster side).
+
+These tests are about reading, checking and encoding an image, so most of them read with ``OPEN``,
+a policy that allows the loopback test servers and any local path; where images may come from is
+tested in tests/security/test_image_fetch.py (and the defaults' refusals here, where a test meets them).
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ from airflow_provider_raybatch.pipeline.images import (
     BAD_VALUE_KIND,
     FETCH_KIND,
     MISSING_KIND,
+    NOT_ALLOWED_KIND,
     TOO_LARGE_KIND,
     TOO_SMALL_KIND,
     ImageOptions,
+    ImageSources,
     content_part_for,
     image_content_part,
     load_image,
@@ -73,6 +79,9 @@ def png_header_only(width: int, height: int) -> bytes:
 
 
 RGB_PNG = encode(Image.new("RGB", (40, 30), (200, 10, 10))) if Image else b""
+#: Where these tests may read images from: the loopback test servers and any local path.
+OPEN = ImageSources(allowed_hosts=("127.0.0.0/8",), allowed_local_path="/")
+OPEN_OPTIONS = ImageOptions(sources=OPEN)
 RGB_JPEG = encode(Image.new("RGB", (64, 48), (10, 200, 10)), "JPEG", quality=90) if Image else b""
 
 
@@ -87,7 +96,7 @@ def _needs_pillow() -> None:
 
 def kind_of(value: Any, **options: Any) -> str:  # Any: a row's cell; ImageOptions fields.
     with pytest.raises(ValueError) as caught:
-        load_image(value, ImageOptions(**options))
+        load_image(value, ImageOptions(**{"sources": OPEN, **options}))
     reason = str(caught.value)
     assert reason.startswith(reason_kind(reason) + ": ") and len(reason) > len(reason_kind(reason)) + 2
     return reason_kind(reason)
@@ -173,8 +182,9 @@ def test_hugging_face_image_struct_with_bytes() -> None:
 
 def test_hugging_face_image_struct_with_path_only(tmp_path: Path) -> None:
     (tmp_path / "a.png").write_bytes(RGB_PNG)
+    struct = {"bytes": None, "path": str(tmp_path / "a.png")}
 
-    assert load_image({"bytes": None, "path": str(tmp_path / "a.png")}).size == (40, 30)
+    assert load_image(struct, relative_to=str(tmp_path)).size == (40, 30)
 
 
 def test_hugging_face_image_struct_read_back_from_parquet(tmp_path: Path) -> None:
@@ -193,8 +203,8 @@ def test_hugging_face_image_struct_read_back_from_parquet(tmp_path: Path) -> Non
 def test_local_path_str_and_pathlike(tmp_path: Path) -> None:
     (tmp_path / "a.jpg").write_bytes(RGB_JPEG)
 
-    assert load_image(str(tmp_path / "a.jpg")).size == (64, 48)
-    assert load_image(tmp_path / "a.jpg").size == (64, 48)
+    assert load_image(str(tmp_path / "a.jpg"), relative_to=str(tmp_path)).size == (64, 48)
+    assert load_image(tmp_path / "a.jpg", relative_to=str(tmp_path)).size == (64, 48)
 
 
 def test_relative_path_resolves_against_relative_to(tmp_path: Path) -> None:
@@ -209,7 +219,7 @@ def test_relative_path_resolves_against_relative_to(tmp_path: Path) -> None:
 def test_file_uri_reads_through_pyarrow(tmp_path: Path) -> None:
     (tmp_path / "a.png").write_bytes(RGB_PNG)
 
-    assert load_image(f"file://{tmp_path}/a.png").size == (40, 30)
+    assert load_image(f"file://{tmp_path}/a.png", relative_to=str(tmp_path)).size == (40, 30)
     assert kind_of(f"file://{tmp_path}/nope.png") == MISSING_KIND
 
 
@@ -226,10 +236,11 @@ def test_s3_uri_reads_through_the_storage_filesystem(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(storage, "filesystem", fake_filesystem)
 
-    assert load_image("s3://bucket/a.png").size == (40, 30)
-    assert kind_of("s3://bucket/missing.png") == MISSING_KIND
-    assert kind_of("s3://bucket") == BAD_VALUE_KIND
-    assert kind_of("s3://bucket/a.png", max_bytes=10) == TOO_LARGE_KIND
+    assert load_image("s3://bucket/a.png", relative_to="s3://bucket").size == (40, 30)
+    in_bucket = ImageSources(allowed_s3_prefixes=("s3://bucket",))
+    assert kind_of("s3://bucket/missing.png", sources=in_bucket) == MISSING_KIND
+    assert kind_of("s3://bucket", sources=in_bucket) == BAD_VALUE_KIND
+    assert kind_of("s3://bucket/a.png", max_bytes=10, sources=in_bucket) == TOO_LARGE_KIND
     assert seen[0] == "s3://bucket/a.png"
 
 
@@ -281,7 +292,7 @@ def http_base() -> Iterator[str]:
 
 
 def test_http_url(http_base: str) -> None:
-    assert load_image(f"{http_base}/ok.png").size == (40, 30)
+    assert load_image(f"{http_base}/ok.png", OPEN_OPTIONS).size == (40, 30)
 
 
 @pytest.mark.parametrize(
@@ -296,7 +307,7 @@ def test_http_url(http_base: str) -> None:
 )
 def test_http_failures(http_base: str, path: str, options: dict[str, Any], kind: str, detail: str) -> None:
     with pytest.raises(ValueError) as caught:
-        load_image(http_base + path, ImageOptions(**options))
+        load_image(http_base + path, ImageOptions(sources=OPEN, **options))
 
     assert reason_kind(str(caught.value)) == kind
     assert detail in str(caught.value)
@@ -304,7 +315,7 @@ def test_http_failures(http_base: str, path: str, options: dict[str, Any], kind:
 
 def test_http_connection_refused() -> None:
     with pytest.raises(ValueError, match=r"^image fetch failed: http://127\.0\.0\.1:9/a\.png: "):
-        load_image("http://127.0.0.1:9/a.png", ImageOptions(timeout_seconds=2))
+        load_image("http://127.0.0.1:9/a.png", ImageOptions(timeout_seconds=2, sources=OPEN))
 
 
 # -- servers that misbehave: every failure of a fetch is the row's reason, never the job's ------------
@@ -405,7 +416,7 @@ def fetch_reason(url: str, timeout_seconds: float = 5.0) -> tuple[str, float]:
 
     def reason() -> str:
         with pytest.raises(ValueError) as caught:
-            load_image(url, ImageOptions(timeout_seconds=timeout_seconds))
+            load_image(url, ImageOptions(timeout_seconds=timeout_seconds, sources=OPEN))
         return str(caught.value)
 
     started = time.monotonic()
@@ -443,7 +454,7 @@ def test_a_fetch_ends_at_its_deadline_however_slowly_the_server_sends(bad_base: 
 
 
 def test_an_unreadable_content_length_is_ignored(bad_base: str) -> None:
-    assert load_image(bad_base + "/odd-content-length").size == (40, 30)
+    assert load_image(bad_base + "/odd-content-length", OPEN_OPTIONS).size == (40, 30)
 
 
 @pytest.mark.parametrize(
@@ -550,7 +561,7 @@ def test_reasons_name_the_problem(tmp_path: Path) -> None:
 
     def reason(value: Any, **options: Any) -> str:  # Any: a row's cell; ImageOptions fields.
         with pytest.raises(ValueError) as caught:
-            load_image(value, ImageOptions(**options))
+            load_image(value, ImageOptions(sources=OPEN, **options))
         return str(caught.value)
 
     assert reason(str(tmp_path / "notes.txt")).startswith("bad image: cannot identify image file")
@@ -575,7 +586,7 @@ def test_min_side_can_be_lowered() -> None:
 def test_read_image_bytes_returns_the_encoded_bytes(tmp_path: Path) -> None:
     (tmp_path / "a.png").write_bytes(RGB_PNG)
 
-    assert read_image_bytes(str(tmp_path / "a.png")) == RGB_PNG
+    assert read_image_bytes(str(tmp_path / "a.png"), relative_to=str(tmp_path)) == RGB_PNG
     assert read_image_bytes({"bytes": RGB_JPEG}) == RGB_JPEG
 
 
@@ -824,7 +835,7 @@ def test_importing_the_module_loads_no_pillow_or_pyarrow() -> None:
 
 def test_kinds_are_distinct_and_have_no_colon() -> None:
     kinds = [images.MISSING_KIND, images.BAD_VALUE_KIND, images.FETCH_KIND, images.TOO_LARGE_KIND,
-             images.TOO_SMALL_KIND, images.BAD_IMAGE_KIND]  # fmt: skip
+             images.TOO_SMALL_KIND, images.BAD_IMAGE_KIND, images.NOT_ALLOWED_KIND]  # fmt: skip
 
     assert len(set(kinds)) == len(kinds)
     assert all(":" not in kind for kind in kinds)
@@ -905,7 +916,7 @@ def test_each_image_form_of_a_message_becomes_the_canonical_part(
         user_message({"type": "image", "image": image_forms[form]}),
     ]
 
-    prepared = images.normalize_message_images(messages, relative_to=str(tmp_path))
+    prepared = images.normalize_message_images(messages, OPEN_OPTIONS, relative_to=str(tmp_path))
 
     assert json.loads(json.dumps(prepared)) == prepared  # JSON text, as the pipeline carries it
     assert prepared[0] == messages[0]
@@ -924,7 +935,7 @@ def test_image_url_parts_are_read_the_same_way(image_forms: dict[str, Any], form
         {"type": "image_url", "image_url": {"url": url, "detail": "high"}},
         {"type": "image_url", "image_url": url},
     ):
-        (prepared,) = images.normalize_message_images([user_message(part)])
+        (prepared,) = images.normalize_message_images([user_message(part)], OPEN_OPTIONS)
 
         assert decoded_part(prepared["content"][0]).size == (40, 30)
 
@@ -986,7 +997,7 @@ def test_a_big_pil_image_is_bounded_like_any_other() -> None:
 )  # fmt: skip
 def test_a_malformed_message_or_image_is_the_rows_reason(messages: Any, reason: str) -> None:  # Any: JSON.
     with pytest.raises(ValueError) as caught:
-        images.normalize_message_images(messages)
+        images.normalize_message_images(messages, OPEN_OPTIONS)
 
     assert str(caught.value).startswith(reason)
 
@@ -1003,7 +1014,7 @@ def test_describe_message_images_carries_no_image_bytes(image_forms: dict[str, A
     parts.append({"type": "image_url", "image_url": {"url": image_forms["data-url"]}})
     parts.append({"type": "image_url", "image_url": image_forms["data-url"]})
     messages = [{"role": "system", "content": "Caption."}, user_message(*parts)]
-    prepared = images.normalize_message_images(messages[1:], relative_to=str(tmp_path))
+    prepared = images.normalize_message_images(messages[1:], OPEN_OPTIONS, relative_to=str(tmp_path))
     messages.append({"role": "user", "content": prepared[0]["content"]})
 
     described = images.describe_message_images(messages)
@@ -1053,6 +1064,7 @@ KINDS = {
     TOO_LARGE_KIND,
     TOO_SMALL_KIND,
     BAD_IMAGE_KIND,
+    NOT_ALLOWED_KIND,
     "bad messages",
 }
 
