@@ -43,9 +43,12 @@ def fetch_model(model_uri: str, target: str) -> int:
         raise FileNotFoundError(f"model={model_uri!r}: no files under that prefix.")
     filesystem, prefix = storage.filesystem(model_uri)
     partial = f"{target}.partial-{uuid.uuid4().hex[:8]}"
+    # Every key is checked before anything is written: S3 keys are plain strings, so one named
+    # "m/../../.bashrc" or "m//etc/x" would otherwise be written outside the model's folder.
+    relative_paths = [_relative_model_path(model_uri, prefix, path) for path in files]
     try:
-        for path in files:
-            local = posixpath.join(partial, path[len(prefix.rstrip("/")) + 1 :])
+        for path, relative in zip(files, relative_paths, strict=True):
+            local = _inside(partial, relative, model_uri)
             os.makedirs(posixpath.dirname(local), exist_ok=True)
             with filesystem.open_input_stream(path) as source, open(local, "wb") as sink:
                 shutil.copyfileobj(source, sink, length=8 << 20)
@@ -58,6 +61,30 @@ def fetch_model(model_uri: str, target: str) -> int:
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-copied stays in the cache
     return len(files)
+
+
+def _relative_model_path(model_uri: str, prefix: str, path: str) -> str:
+    """A listed file's path below the model's prefix; raises ValueError naming the key unless it is a
+    plain relative path: not empty, not absolute, no ``.``, ``..`` or empty step, no NUL byte."""
+    base = prefix.rstrip("/") + "/"
+    relative = path[len(base) :] if path.startswith(base) else ""
+    steps = relative.split("/")
+    if not relative or "\0" in relative or any(step in ("", ".", "..") for step in steps):
+        raise ValueError(
+            f"model={model_uri!r}: refusing to fetch the model: the object {path!r} under it is not a "
+            "plain relative path (an empty, '.' or '..' step, an absolute path, or a NUL byte), so it "
+            "could be written outside the model's folder. Remove or rename that object in the bucket."
+        )
+    return relative
+
+
+def _inside(folder: str, relative: str, model_uri: str) -> str:
+    """``folder``/``relative``, checked to resolve inside ``folder`` (links included) before any write."""
+    local = posixpath.join(folder, relative)
+    root = os.path.realpath(folder)
+    if os.path.commonpath([root, os.path.realpath(local)]) != root:
+        raise ValueError(f"model={model_uri!r}: the file {relative!r} would be written outside {folder!r}.")
+    return local
 
 
 def resolve_model_source(model: str, cache_dir: str) -> str:

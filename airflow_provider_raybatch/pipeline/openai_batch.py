@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.part_schema import unsafe_number
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
@@ -141,6 +143,10 @@ def parse_request(
         raise RequestError("unsupported parameter", f"{name} is not supported", name)
     if body.get("stream"):
         raise RequestError("unsupported parameter", "body.stream must be false in a batch", "body.stream")
+    unsafe = unsafe_number(body, "body")
+    if unsafe is not None:  # the fields checked below have tighter ranges; this covers every other value
+        path, reason = unsafe
+        raise RequestError("invalid request", reason, path)
     if endpoint == EMBEDDINGS:
         return _embedding_request(body)
     request = {"sampling_params": _sampling_params(body, endpoint, defaults)}

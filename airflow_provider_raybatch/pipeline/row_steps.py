@@ -16,11 +16,11 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import images, openai_batch, storage
-from airflow_provider_raybatch.pipeline.part_schema import strict_json_value
+from airflow_provider_raybatch.pipeline.part_schema import strict_json_value, unsafe_number
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.prompts import (
     RowFunction,
@@ -29,7 +29,7 @@ from airflow_provider_raybatch.pipeline.prompts import (
     messages_from_column,
     row_id,
 )
-from airflow_provider_raybatch.pipeline.rows import parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.rows import check_input_file_size, parse_file, row_to_json
 from airflow_provider_raybatch.specs import (
     DERIVED_ID_COLUMN,
     ERROR_COLUMN,
@@ -64,11 +64,17 @@ def parse_file_row(
     input_format: str,
     binary_columns: tuple[str, ...] = (),
     id_column: str | None = None,
-) -> list[dict[str, Any]]:  # Any: Ray's file row and our records.
-    """One input file (Ray's ``{"path", "bytes"}`` row) -> its records (:func:`.rows.parse_file`)."""
+) -> Iterator[dict[str, Any]]:  # Any: Ray's file row and our records.
+    """One input file (Ray's ``{"path", "bytes"}`` row) -> its records (:func:`.rows.parse_file`).
+
+    A generator: Ray Data's ``flat_map`` cuts what it yields into blocks as they fill, so a large
+    file's records are never all in memory at once. A file over ``MAX_INPUT_FILE_BYTES`` fails the
+    job with its name (:func:`.rows.check_input_file_size`).
+    """
     name = storage.relative_name(file_row["path"], input_uri)
-    records = parse_file(name, file_row["bytes"], input_format, binary_columns, id_column=id_column)  # type: ignore[arg-type]
-    return list(records)
+    data = file_row["bytes"]
+    check_input_file_size(name, len(data))
+    yield from parse_file(name, data, input_format, binary_columns, id_column=id_column)  # type: ignore[arg-type]
 
 
 def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
@@ -158,10 +164,16 @@ def _sampling_params(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str,
         return dict(spec.sampling_params)
     if hasattr(own, "items"):
         own = dict(own)
+    name = f"the row's {ROW_SAMPLING_PARAMS}"
     try:
-        check_sampling_params(own, one_text_per_row=True, name=f"the row's {ROW_SAMPLING_PARAMS}")
+        check_sampling_params(own, one_text_per_row=True, name=name)
     except ValueError as err:
         raise ValueError(f"bad sampling_params: {err}") from err
+    # vLLM takes these as numbers (a torch seed, int64 arrays, C loop bounds): 10**20 or NaN there
+    # could fail the replica's whole batch, not this row.
+    unsafe = unsafe_number(own, name)
+    if unsafe is not None:
+        raise ValueError(f"bad sampling_params: {unsafe[1]}")
     return {**spec.sampling_params, **own}
 
 

@@ -27,11 +27,11 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.jsonl import BYTE_ORDER_MARK, split_lines
 from airflow_provider_raybatch.specs import InputFormat
 
 Record = dict[str, str | None]
 
-_BYTE_ORDER_MARK = b"\xef\xbb\xbf"  # the UTF-8 byte order mark some editors write
 # Bytes that are not UTF-8 decode to these under "surrogateescape", and valid UTF-8 never does,
 # so a CSV row can fail for its own bad bytes while the rest of the file parses.
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
@@ -141,11 +141,9 @@ def _json_object(line: bytes, number: int) -> dict[str, Any] | str:  # Any: JSON
 
 
 def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
-    # bytes.splitlines splits at \n, \r and \r\n only, so U+2028 or U+0085 inside a string (UTF-8
-    # bytes without \r or \n) stays in its line, as JSON Lines requires.
-    for number, line in enumerate(data.removeprefix(_BYTE_ORDER_MARK).splitlines(), start=1):
-        if not line.strip():
-            continue
+    # Lines end at \n only, the rule the API counts requests by (jsonl.py): a bare \r stays in its
+    # line, and U+2028 or U+0085 inside a string (UTF-8 bytes without \n) too, as JSON Lines requires.
+    for number, line in split_lines(data):
         value = _json_object(line, number)
         source = f"{name}:{number}"
         yield _bad(source, value, raw=line) if isinstance(value, str) else _ok(source, value)
@@ -364,7 +362,7 @@ def _typed_csv_rows(header: list[str], rows: list[list[str]], id_column: str | N
 
 
 def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Record]:
-    text = data.removeprefix(_BYTE_ORDER_MARK).decode("utf-8", errors="surrogateescape")
+    text = data.removeprefix(BYTE_ORDER_MARK).decode("utf-8", errors="surrogateescape")
     structure = _csv_structure(text)
     if isinstance(structure, str):
         yield _unreadable(name, "csv", structure)
@@ -387,6 +385,32 @@ def _csv_line(cells: list[str]) -> str:
 
 
 # -- any format -----------------------------------------------------------------------------------
+
+#: The largest input file a job reads, in bytes. Ray Data reads each input file whole into one worker
+#: (``read_binary_files``) and the parse needs more on top (measured on 200 MiB: a Ray worker peaked
+#: at about 5x the file for JSONL; the CSV parse alone took 12x), so one huge upload could exhaust a
+#: worker's memory. Split larger inputs into several files, which are also read in parallel.
+MAX_INPUT_FILE_BYTES = 1 << 30
+
+
+class InputFileTooLargeError(ValueError):
+    """An input file is larger than a job reads (``MAX_INPUT_FILE_BYTES``); the message names it."""
+
+
+def check_input_file_size(name: str, size: int, limit: int | None = None) -> None:
+    """Raise :class:`InputFileTooLargeError` naming the file when it is over ``limit`` bytes
+    (default: ``MAX_INPUT_FILE_BYTES``, read at each call)."""
+    limit = MAX_INPUT_FILE_BYTES if limit is None else limit
+    if size > limit:
+        raise InputFileTooLargeError(
+            f"input file {name!r} is {_size_text(size)}, over the {_size_text(limit)} one input file may "
+            "have: each file is read whole into one Ray worker's memory. Split it into smaller files "
+            "(JSONL and CSV by lines, Parquet by row groups)."
+        )
+
+
+def _size_text(size: int) -> str:
+    return f"{size} bytes" if size < 1 << 20 else f"{size} bytes ({size / 2**20:.0f} MiB)"
 
 
 def parse_file(

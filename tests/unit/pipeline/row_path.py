@@ -83,7 +83,7 @@ def _generate(row: dict[str, Any], requests: list[dict[str, Any]]) -> dict[str, 
         wanted = [choice for choice in choices if f"answer_with {choice}" in row["prompt"]]
         text = (wanted or choices)[0]
     else:
-        text = " ".join((row["prompt"] or "").split()[-3:])[: 8 * params.get("max_tokens", 16)]
+        text = " ".join((row["prompt"] or "").split()[-3:])[: 8 * (params.get("max_tokens") or 16)]
     tokens = len(text.split())
     return {
         "generated_text": text,
@@ -116,7 +116,10 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     layout = OutputLayout(spec.output_uri, spec.run_key)
     commit.open_staging(layout, spec)
     parts = PartWriter(
-        layout.staging_uri, spec.output_format, count_labels=spec.openai_endpoint is None
+        layout.staging_uri,
+        spec.output_format,
+        count_labels=spec.openai_endpoint is None,
+        openai_lines=spec.openai_endpoint is not None,
     )
     parts.create_folders()
     rejected = [row_steps.rejected_result(row, spec) for row in prepared if row["error"] is not None]

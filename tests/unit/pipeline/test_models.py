@@ -175,6 +175,34 @@ def test_fetch_model_of_a_missing_prefix_names_the_model(tmp_path: Path) -> None
         fetch_model(missing, str(tmp_path / "cache" / "m"))
 
 
+@pytest.mark.parametrize(
+    "tail", ["a/../../escaped", "../escaped", "/abs/escaped", "a//b", "./config.json", "a/..", "x\0y", ""]
+)
+def test_fetch_model_refuses_a_listed_key_that_is_not_a_plain_relative_path(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail: str
+) -> None:
+    """S3 keys are plain strings (tests/security/test_pipeline_inputs.py has them on a real S3 server);
+    here a listing that returns one, next to good files, fails before anything is written."""
+    listed = [f"{source}/config.json", f"{source}/{tail}", f"{source}/tokenizer/tokenizer.json"]
+    monkeypatch.setattr(storage, "list_files", lambda uri: listed)
+    cache = tmp_path / "cache"
+
+    with pytest.raises(ValueError, match="refusing to fetch the model") as caught:
+        fetch_model(str(source), str(cache / "m"))
+
+    assert repr(f"{source}/{tail}") in str(caught.value)
+    assert not cache.exists()
+
+
+def test_fetch_model_refuses_a_listed_path_outside_the_prefix(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "list_files", lambda uri: [f"{source}-other/config.json"])
+
+    with pytest.raises(ValueError, match="not a plain relative path"):
+        fetch_model(str(source), str(tmp_path / "cache" / "m"))
+
+
 # -- resolve_model_source -----------------------------------------------------------------------
 
 

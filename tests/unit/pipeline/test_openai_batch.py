@@ -22,6 +22,7 @@ except ImportError:  # not importorskip: without hypothesis the property tests m
 from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.pipeline import openai_batch
 from airflow_provider_raybatch.pipeline.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS, RequestError
+from airflow_provider_raybatch.pipeline.part_schema import unsafe_number
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 
@@ -418,6 +419,15 @@ DEEP_SCHEMA = {"name": "deep", "schema": deep(5000)}  # deeper than json.dumps g
         pytest.param(chat_line(max_tokens=10**30), "invalid request", "body.max_tokens", "integer",
                      id="huge-int"),
         pytest.param(chat_line(seed=2**64), "invalid request", "body.seed", "integer", id="seed-over-int64"),
+        pytest.param(chat_line(response_format={"type": "json_schema",
+                                                "json_schema": {"schema": {"maxItems": 2**64}}}),
+                     "invalid request", "body.response_format.json_schema.schema.maxItems",
+                     "18446744073709551616 is out of range", id="schema-int-over-int64"),
+        pytest.param(chat_line(messages=[{"role": "user", "content": "hi", "weight": float("nan")}]),
+                     "invalid request", "body.messages[0].weight", "nan is not a finite number",
+                     id="nan-in-a-message"),
+        pytest.param(chat_line(metadata={"x": float("-inf")}), "invalid request", "body.metadata.x",
+                     "-inf is not a finite number", id="infinity-in-an-ignored-field"),
         pytest.param(chat_line(top_logprobs=10**20, logprobs=True), "invalid request", "body.top_logprobs",
                      "", id="huge-top-logprobs"),
         pytest.param({**chat_line(), "method": "x" * 10_000}, "unsupported method", "method", "...",
@@ -475,6 +485,8 @@ def served_or_refused(line: Any, endpoint: str) -> None:  # Any: any JSON value.
         assert len(reason) < 400, reason
         return
     json.dumps(request, ensure_ascii=False)
+    # Nothing the engine takes as a number is past int64, NaN or infinite (the line fails instead).
+    assert unsafe_number(request, "request") is None, request
 
 
 def _needs_hypothesis() -> None:

@@ -108,3 +108,62 @@ def test_any_json_rows_are_written_and_read_back_as_written(records: list[dict])
     for written, read in zip(records, back, strict=True):
         for key, value in written.items():
             assert part_schema._same(value, read[key]), (key, value, read[key])
+
+
+# -- unsafe_number: what may not go to the engine as a number ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"max_tokens": 10**20}, ("p.max_tokens", "p.max_tokens: 100000000000000000000 is out of range")),
+        ({"seed": -(2**63) - 1}, ("p.seed", "p.seed: -9223372036854775809 is out of range")),
+        ({"a": [1, {"b c": float("nan")}]}, ("p.a[1]['b c']", "p.a[1]['b c']: nan is not a finite number")),
+        ([float("-inf")], ("p[0]", "p[0]: -inf is not a finite number")),
+        (
+            {"n": 10**500},
+            ("p.n", "p.n: 100000000000000000...000000000000000000 (501 digits) is out of range"),
+        ),
+    ],
+)
+def test_unsafe_number_names_the_first_bad_number_by_its_path(
+    value: object, expected: tuple[str, str]
+) -> None:
+    path, reason = part_schema.unsafe_number(value, "p")
+
+    assert (path, reason[: len(expected[1])]) == expected
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, "text", 2**63 - 1, -(2**63), 1.5e308, {"a": [0, -1.0, "NaN"]}, [], {}]
+)
+def test_unsafe_number_passes_what_int64_and_finite_floats_hold(value: object) -> None:
+    assert part_schema.unsafe_number(value, "p") is None
+
+
+def test_unsafe_number_walks_a_value_nested_past_the_recursion_limit() -> None:
+    value = inner = []
+    for _ in range(50_000):
+        inner.append([])
+        inner = inner[0]
+    inner.append(2**64)
+
+    path, reason = part_schema.unsafe_number(value, "p")
+
+    assert path == "p[0][0][0][0][...][0][0][0][0]" and "out of range" in reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON | st.integers() | st.floats())
+def test_unsafe_number_agrees_with_what_int64_and_finite_floats_hold(value: object) -> None:
+    def numbers(item: object) -> list[object]:
+        if isinstance(item, dict):
+            return [n for child in item.values() for n in numbers(child)]
+        if isinstance(item, list):
+            return [n for child in item for n in numbers(child)]
+        return [item] if isinstance(item, int | float) and not isinstance(item, bool) else []
+
+    bad = [
+        n for n in numbers(value) if not (math.isfinite(n) if isinstance(n, float) else -(2**63) <= n < 2**63)
+    ]
+    assert (part_schema.unsafe_number(value, "p") is None) == (not bad)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.pipeline import rows as rows_module
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from tests.unit.pipeline.row_path import FAIL_ROW, run_rows
 
@@ -173,6 +174,36 @@ def test_per_row_sampling_params_that_the_pipeline_cannot_honour_fail_the_row(tm
     reasons = sorted(row["error"] for row in result.errors)
     assert all(reason.startswith("bad sampling_params: the row's sampling_params") for reason in reasons)
     assert any("'n'" in r for r in reasons) and any("detokenize" in r for r in reasons)
+
+
+def test_per_row_sampling_numbers_past_int64_or_not_finite_fail_the_row(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.with_own_params")
+    data = (b'{"q": "ok", "params": {"seed": 9223372036854775807}}\n'
+            b'{"q": "big", "params": {"max_tokens": 100000000000000000000}}\n'
+            b'{"q": "nan", "params": {"top_p": NaN}}\n')  # fmt: skip
+    result = run_rows({"x.jsonl": data}, spec, tmp_path)
+
+    assert result.manifest["rows_out"] == 1
+    assert sorted(row["error"] for row in result.errors) == [
+        "bad sampling_params: the row's sampling_params.max_tokens: 100000000000000000000 is out of range "
+        "(at most 64-bit integers)",
+        "bad sampling_params: the row's sampling_params.top_p: nan is not a finite number",
+    ]
+    assert [r["sampling_params"] for r in result.engine_requests] == [{"seed": 2**63 - 1}]
+
+
+def test_parse_file_row_yields_records_and_refuses_a_file_over_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    file_row = {"path": "/in/a.jsonl", "bytes": b'{"a": 1}\n{"a": 2}\n'}
+
+    records = row_steps.parse_file_row(file_row, "/in", "jsonl")
+
+    assert not isinstance(records, list)  # a generator: Ray's flat_map blocks it as it goes
+    assert [r["source"] for r in records] == ["a.jsonl:1", "a.jsonl:2"]
+    monkeypatch.setattr(rows_module, "MAX_INPUT_FILE_BYTES", 17)
+    with pytest.raises(rows_module.InputFileTooLargeError, match="'a.jsonl' is 18 bytes, over the 17 bytes"):
+        next(row_steps.parse_file_row(file_row, "/in", "jsonl"))
 
 
 # -- drift and ids ---------------------------------------------------------------------------------

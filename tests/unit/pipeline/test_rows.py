@@ -19,7 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.rows import BYTES_DATA_URL_PREFIX, RAW_LINE_KEPT_CHARS, _csv_line, parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.rows import (
+    BYTES_DATA_URL_PREFIX,
+    MAX_INPUT_FILE_BYTES,
+    RAW_LINE_KEPT_CHARS,
+    InputFileTooLargeError,
+    _csv_line,
+    check_input_file_size,
+    parse_file,
+    row_to_json,
+)
 
 
 def rows_of(data: bytes, name: str = "part/in.jsonl") -> list[dict]:
@@ -54,6 +63,17 @@ def test_crlf_line_endings() -> None:
 
     assert [json.loads(r["row"]) for r in records] == [{"a": 1}, {"a": 2}]
     assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2"]
+
+
+def test_a_bare_cr_is_part_of_its_line_not_a_line_break() -> None:
+    """Lines end at \n only, as the API counts requests (pipeline/jsonl.py); splitlines() split here."""
+    records = rows_of(b'{"a":\r1}\n{"q": "x\ry"}\n\r\n{"b": 2}\r\n')
+
+    assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2", "part/in.jsonl:4"]
+    assert json.loads(records[0]["row"]) == {"a": 1}  # between tokens: whitespace
+    assert records[1]["error"].startswith("malformed JSON: line 2, column 9: Invalid control character")
+    assert json.loads(records[1]["row"]) == '{"q": "x\ry"}'  # the line as written, in the error row
+    assert json.loads(records[2]["row"]) == {"b": 2}
 
 
 def test_no_trailing_newline_keeps_the_last_row() -> None:
@@ -780,3 +800,15 @@ def test_jsonl_property_one_record_per_non_blank_line(
             assert json.loads(record["row"]) == value
         elif kind in ("not a JSON object", "invalid UTF-8"):
             assert record["error"].startswith(kind)
+
+
+# -- the input file size cap ------------------------------------------------------------------------
+
+
+def test_check_input_file_size_names_the_file_and_the_cap() -> None:
+    with pytest.raises(InputFileTooLargeError, match=r"'a/b.csv' is 2147483648 bytes \(2048 MiB\), over the"):
+        check_input_file_size("a/b.csv", 2 << 30)
+    check_input_file_size("a/b.csv", MAX_INPUT_FILE_BYTES)  # at the cap: read
+    check_input_file_size("a/b.csv", 10, limit=10)
+    with pytest.raises(InputFileTooLargeError, match="over the 10 bytes"):
+        check_input_file_size("a/b.csv", 11, limit=10)
