@@ -31,7 +31,7 @@ from airflow_provider_raybatch.manifest import (
     failed_rows_verdict,
     manifest_from_log,
 )
-from airflow_provider_raybatch.pipeline.credentials import package_files
+from airflow_provider_raybatch.pipeline.credentials import settings_upload
 from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import (
     DEFAULT_PROGRESS_INTERVAL_SECONDS,
@@ -42,7 +42,7 @@ from airflow_provider_raybatch.triggers.ray import (
 from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 from airflow_provider_raybatch.utils.layout import plan_layout
-from airflow_provider_raybatch.utils.packaging import build_package, build_py_module_package
+from airflow_provider_raybatch.utils.packaging import RayPackage, build_job_package, build_py_module_package
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -79,6 +79,20 @@ def _asset_extra(manifest: dict[str, Any], job_id: str) -> dict[str, Any]:  # An
     }
 
 
+def _top_level_module_path(field: str, dotted_path: str) -> Path:
+    """The folder of the top-level package (or the single file) holding a pre/postprocess function."""
+    module_name = dotted_path.partition(":")[0] if ":" in dotted_path else dotted_path.rpartition(".")[0]
+    try:
+        importlib.import_module(module_name)
+    except ImportError as err:
+        raise BatchSpecError(
+            f"{field}={dotted_path!r}: module {module_name!r} cannot be imported here ({err}); "
+            "put it beside the DAG file or in the DAGs folder so it can be shipped with the job."
+        ) from err
+    top = sys.modules[module_name.split(".")[0]]
+    return Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
+
+
 def _try_number(job: JobInfo) -> int:
     value = job.metadata.get("airflow_try_number", "")
     return int(value) if value.isdigit() else 0
@@ -112,8 +126,9 @@ class RayLLMBatchOperator(BaseOperator):
         counted). Default None: only ``max_failed_fraction`` applies. Templated.
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
     :param aws_conn_id: Airflow AWS connection whose credentials, region and ``endpoint_url`` the job
-        uses for ``s3://`` input, output and model (for an S3-compatible store too). They travel in a
-        package of their own, never in the job's entrypoint, environment or metadata. Unset (the
+        uses for ``s3://`` input, output and model (for an S3-compatible store too). They wait in the
+        cluster's in-memory store for the job's driver, which deletes them when it ends; never in the
+        job's entrypoint, environment, metadata or any node's disk (pipeline/credentials.py). Unset (the
         default and the better choice where possible): the cluster's own credentials, e.g. an IAM role.
         An assumed role's short-lived credentials must outlast the job.
     :param model_cache_dir: Where each node keeps an ``s3://`` model it fetched (with ``aws_conn_id``).
@@ -129,7 +144,9 @@ class RayLLMBatchOperator(BaseOperator):
         nodes and fail at once if not (default). Turn off for a cluster whose worker groups scale
         up from zero, where the nodes appear only once the job asks for them.
     :param runtime_env: Extra Ray runtime_env for the job (``env_vars``, ``pip``, more ``py_modules``).
-        The pipeline module and the modules of ``preprocess`` / ``postprocess`` are added to it.
+        The pipeline module, the packages of ``preprocess`` / ``postprocess`` (without hidden files,
+        private keys or dependency folders: utils/packaging.py) and the job package holding the spec
+        (``raybatch_job``) are added to it.
     :param entrypoint_resources: Custom resources the job's driver needs, e.g. ``{"head": 1}``.
     :param keep_versions: Keep earlier committed versions of ``output_uri`` (default: a rerun replaces them).
     :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
@@ -309,27 +326,36 @@ class RayLLMBatchOperator(BaseOperator):
         return BatchInferenceSpec.build(**params)
 
     def entrypoint(self, spec: BatchInferenceSpec) -> str:
-        return f"python -m {PIPELINE_MODULE} --spec {shlex.quote(spec.model_dump_json())}"
+        """A few words whatever the spec's size: the spec travels in the job package (_runtime_env)."""
+        return f"python -m {PIPELINE_MODULE} --spec-fingerprint {shlex.quote(spec.fingerprint())}"
 
     def _local_modules(self, spec: BatchInferenceSpec) -> list[Path]:
         """The provider package plus the DAG author's modules named by preprocess / postprocess."""
         paths = [Path(airflow_provider_raybatch.__file__).parent]
-        for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
-            module_name = dotted_path.partition(":")[0] if ":" in dotted_path else dotted_path.rpartition(".")[0]
-            top_name = module_name.split(".")[0]
-            try:
-                importlib.import_module(module_name)
-            except ImportError as err:
-                field = "preprocess" if dotted_path == spec.preprocess else "postprocess"
-                raise BatchSpecError(
-                    f"{field}={dotted_path!r}: module {module_name!r} cannot be imported here ({err}); "
-                    "put it beside the DAG file or in the DAGs folder so it can be shipped with the job."
-                ) from err
-            top = sys.modules[top_name]
-            path = Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
+        for field, dotted_path in self._user_functions(spec):
+            path = _top_level_module_path(field, dotted_path)
             if path not in paths:
                 paths.append(path)
         return paths
+
+    @staticmethod
+    def _user_functions(spec: BatchInferenceSpec) -> list[tuple[str, str]]:
+        """(parameter, dotted path) of the pre/postprocess functions that are set."""
+        pairs = (("preprocess", spec.preprocess), ("postprocess", spec.postprocess))
+        return [(field, dotted_path) for field, dotted_path in pairs if dotted_path]
+
+    def _module_packages(self, spec: BatchInferenceSpec) -> list[RayPackage]:
+        """The zipped :meth:`_local_modules`; a folder that cannot ship fails naming its parameter."""
+        packages = []
+        for path in self._local_modules(spec):
+            try:
+                packages.append(build_py_module_package(path))
+            except ValueError as err:
+                named = [f"{field}={dotted_path!r}" for field, dotted_path in self._user_functions(spec)
+                         if _top_level_module_path(field, dotted_path) == path]  # fmt: skip
+                who = " and ".join(named) or "The provider package"
+                raise BatchSpecError(f"{who}: cannot ship {err}") from err
+        return packages
 
     def _s3_settings(self, spec: BatchInferenceSpec) -> dict[str, str | None] | None:
         """Credentials, region and endpoint from ``aws_conn_id``, resolved now (an assumed role's are
@@ -356,11 +382,19 @@ class RayLLMBatchOperator(BaseOperator):
         }
 
     def _runtime_env(self, hook: RayHook, spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: runtime_env.
-        packages = [build_py_module_package(path) for path in self._local_modules(spec)]
+        """Upload the code and the job package (the spec) for ``py_modules``, and the S3 settings for none.
+
+        The settings' upload is named only inside the job package: no node unpacks it, and the job's
+        driver moves it into its own in-memory copy, deleted when it ends (pipeline/credentials.py).
+        It goes last, so as little time as possible passes between its upload and the job's start.
+        """
+        packages = self._module_packages(spec)
         s3_settings = self._s3_settings(spec)
-        if s3_settings is not None:
-            packages.append(build_package(package_files(s3_settings)))
+        settings = settings_upload(s3_settings) if s3_settings is not None else None
+        packages.append(build_job_package(spec.model_dump_json(), settings.uri if settings else None))
         uploaded = [hook.upload_package(package) for package in packages]
+        if settings is not None:
+            hook.upload_package(settings)
         runtime_env = dict(self.runtime_env)
         runtime_env["py_modules"] = [*uploaded, *runtime_env.get("py_modules", [])]
         return runtime_env

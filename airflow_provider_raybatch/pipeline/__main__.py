@@ -1,4 +1,11 @@
-"""Entry point of the Ray job: ``python -m airflow_provider_raybatch.pipeline --spec '<json>'``."""
+"""Entry point of the Ray job: ``python -m airflow_provider_raybatch.pipeline --spec-fingerprint <fp>``.
+
+The spec itself travels in the job package (``raybatch_job/spec.json``, utils/packaging.py), which
+Ray puts on the driver's path: as the entrypoint's argument, a spec past 128 KiB (a long system
+prompt, a large JSON schema) could not start (``[Errno 7] Argument list too long``). The entrypoint
+names the spec's fingerprint, so the Ray dashboard still tells one batch's jobs from another's, and
+the job checks that the package it found holds that spec.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +13,46 @@ import argparse
 import os
 import sys
 
+from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.packaging import JOB_MODULE, SPEC_FILE, read_job_file
+
+
+def shipped_spec(fingerprint: str) -> BatchInferenceSpec:
+    """The spec in this job's package; raises BatchSpecError when it is missing or not the one named."""
+    data = read_job_file(SPEC_FILE)
+    if data is None:
+        raise BatchSpecError(
+            f"No {JOB_MODULE}/{SPEC_FILE} on this job's path: submit it with RayLLMBatchOperator, which "
+            f"uploads the {JOB_MODULE} package and names it in the runtime_env's py_modules."
+        )
+    spec = BatchInferenceSpec.from_json(data.decode())
+    if spec.fingerprint() != fingerprint:
+        raise BatchSpecError(
+            f"The {JOB_MODULE} package on this job's path holds spec {spec.fingerprint()}, but the "
+            f"entrypoint names {fingerprint}: another py_module named {JOB_MODULE!r} shadows the job's own."
+        )
+    return spec
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m airflow_provider_raybatch.pipeline")
-    parser.add_argument("--spec", required=True, help="BatchInferenceSpec as JSON (model_dump_json).")
+    parser.add_argument(
+        "--spec-fingerprint",
+        required=True,
+        help=f"BatchInferenceSpec.fingerprint() of {JOB_MODULE}/{SPEC_FILE}.",
+    )
     args = parser.parse_args(argv)
-    spec = BatchInferenceSpec.from_json(args.spec)
+    spec = shipped_spec(args.spec_fingerprint)
 
+    import ray
+
+    from airflow_provider_raybatch.pipeline.credentials import held_for_this_job
     from airflow_provider_raybatch.pipeline.run import run_batch  # heavy: Ray Data and vLLM
 
-    run_batch(spec)
+    ray.init()
+    with held_for_this_job():  # the S3 settings, if any, leave the cluster's store when this ends
+        run_batch(spec)
     return 0
 
 

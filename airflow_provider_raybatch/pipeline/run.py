@@ -173,7 +173,10 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     started_at = datetime.now(UTC)
     clock = time.perf_counter()
-    ray.init(ignore_reinit_error=True)
+    if not ray.is_initialized():
+        # Not ray.init(ignore_reinit_error=True) after __main__'s: even then it installs Ray's SIGTERM
+        # handler again, over the one that deletes the job's S3 settings first (pipeline/credentials.py).
+        ray.init()
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):

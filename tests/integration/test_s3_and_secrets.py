@@ -3,7 +3,9 @@
 The example DAG runs through real Airflow with the Ray token in the ``ray`` connection and an S3
 secret key in an AWS connection; afterwards both are searched for everywhere they could have
 leaked: the task logs, Airflow's whole metadata DB (XComs, rendered template fields, trigger
-arguments), and the Ray dashboard's job info and driver logs.
+arguments), the Ray dashboard's job info and driver logs, and, during and after the job, every file
+of the Ray session folder and the cluster's key-value store (the job's copy is gone once it ends).
+A job whose spec is over 128 KiB (a JSON schema with a long labelling guide) runs end to end.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import json
 import shutil
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, S3Server
+from tests.security.test_job_credentials import cluster_store, files_holding
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -61,6 +65,31 @@ def hook_request(method: str, path: str):
     return _Request(method, path)
 
 
+class _DiskWatch:
+    """Searches every file of the Ray session folder for a secret every few seconds, in a thread,
+    while the job runs (the files of a running job come and go: one search at the end is not enough)."""
+
+    def __init__(self, session: Path, secret: str, interval_seconds: float = 3.0) -> None:
+        self.session, self.secret, self.interval_seconds = session, secret, interval_seconds
+        self.hits: set[str] = set()
+        self.searches = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.interval_seconds):
+            self.hits.update(files_holding(self.session, self.secret))
+            self.searches += 1
+
+    def __enter__(self) -> _DiskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def _airflow_db_dump(home: Path) -> str:
     with sqlite3.connect(home / "airflow.db") as db:
         return "\n".join(db.iterdump())
@@ -88,7 +117,9 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
         "replica_resources": CPU_REPLICA,
         "aws_conn_id": AWS_CONN_ID,
     }
-    result = env.dags_test(DAG_ID, day, conf)
+    session = Path("/tmp/ray/session_latest").resolve()  # the fixture's cluster: Ray's default temp dir
+    with _DiskWatch(session, s3_server.secret_key) as watch:
+        result = env.dags_test(DAG_ID, day, conf)
     task_log = result.stdout + result.stderr
     assert result.returncode == 0, task_log[-4000:]
     assert "state=success" in task_log, task_log[-4000:]
@@ -124,15 +155,23 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
     # The searches look where they should: the run's rendered fields and XComs are in the dump.
     dump = views["Airflow metadata DB (xcom, rendered_task_instance_fields, trigger, ...)"]
     assert "rendered_task_instance_fields" in dump and output_uri in dump
-    assert model_uri in views[f"Ray dashboard GET /api/jobs/{job_id}"]
+    job_view = views[f"Ray dashboard GET /api/jobs/{job_id}"]
+    assert f"--spec-fingerprint {manifest['spec_fingerprint']}" in job_view  # the entrypoint names the spec
     secrets = {"Ray token": ray_connection.token, "S3 secret key": s3_server.secret_key}
     leaks = [f"{secret} in {where}" for secret, value in secrets.items() for where, text in views.items() if value in text]
     assert leaks == [], leaks
 
-    # The settings reached the job by the one route meant for them: a package named only by its URI.
+    # The job's code and spec are the only packages its nodes unpacked; the settings were in none.
     runtime_env = json.loads(views[f"Ray dashboard GET /api/jobs/{job_id}"])["runtime_env"]
     assert len([uri for uri in runtime_env["py_modules"] if uri.startswith("gcs://")]) == 2, runtime_env
     assert "env_vars" not in runtime_env
+
+    # -- the cluster: the key was never in a file of the session folder, and has left the store ----
+    store = cluster_store(ray_connection)
+    assert Path(store["session_dir"]) == session
+    assert watch.searches > 0
+    assert sorted(watch.hits | set(files_holding(session, s3_server.secret_key))) == []
+    assert (store["copies"], store["uploads"]) == ([], []), store
 
 
 def _seed_hub_cache(model: Path, hf_home: Path, repo_id: str) -> None:
@@ -144,19 +183,34 @@ def _seed_hub_cache(model: Path, hf_home: Path, repo_id: str) -> None:
     (repo / "refs" / "main").write_text(revision)
 
 
-def test_model_from_a_hugging_face_id(ray_connection, tiny_model: Path, tmp_path: Path) -> None:
+def _labelling_guide(size: int) -> str:
+    """A long labelling guide, as teams put in a JSON schema's description; about ``size`` bytes."""
+    rule = "Rule {0}: a ticket mentioning case {0:06d} is neutral unless it says otherwise."
+    return "\n".join(rule.format(i) for i in range(size // 70))
+
+
+def test_model_from_a_hugging_face_id_with_a_spec_over_128_kib(
+    ray_connection, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A Hugging Face id resolved from the hub cache, and a spec far past the 128 KiB that one ``sh -c``
+    argument may hold (the spec ships in the job package, not in the entrypoint)."""
     from tests.conftest import submit_pipeline, wait_for_job
-    from tests.integration.test_pipeline_job import make_operator
+    from tests.integration.test_pipeline_job import LABELS, make_operator
 
     repo_id = "raybatch-tests/tiny-llama"
     _seed_hub_cache(tiny_model, tmp_path / "hf", repo_id)
     source = tmp_path / "tickets.jsonl"
     source.write_text("".join(json.dumps({"id": i, "text": f"ticket {i}"}) + "\n" for i in range(12)))
+    schema = {"type": "string", "enum": LABELS, "description": _labelling_guide(300 * 1024)}
     operator = make_operator(
         repo_id, str(source), str(tmp_path / "out"),
         messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
+        sampling_params={"temperature": 0, "max_tokens": 32,
+                         "structured_outputs": {"json": schema, "disable_any_whitespace": True}},
         runtime_env={"env_vars": {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}},
     )  # fmt: skip
+    spec = operator.build_spec(run_key="hf-id")
+    assert len(spec.model_dump_json()) > 300 * 1024 and len(operator.entrypoint(spec)) < 1024
 
     job_id = submit_pipeline(operator, run_key="hf-id", submission_id="raybatch-test-hf-id")
     status = wait_for_job(job_id)
@@ -169,3 +223,7 @@ def test_model_from_a_hugging_face_id(ray_connection, tiny_model: Path, tmp_path
     manifest = manifest_from_log(log)
     assert manifest is not None and manifest["model"] == repo_id
     assert (manifest["rows_in"], manifest["rows_out"]) == (12, 12)
+    assert manifest["spec_fingerprint"] == spec.fingerprint()
+    # The schema reached the engine whole: every answer is one of its labels, as JSON.
+    outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
+    assert {json.loads(row["generated_text"]) for row in outputs} <= set(LABELS)

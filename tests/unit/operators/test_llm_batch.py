@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
 import sys
+import zipfile
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -31,7 +33,12 @@ from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from airflow_provider_raybatch.utils.events import job_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
-from airflow_provider_raybatch.utils.packaging import build_py_module_package
+from airflow_provider_raybatch.utils.packaging import (
+    JOB_MODULE,
+    SPEC_FILE,
+    build_job_package,
+    build_py_module_package,
+)
 from tests.unit.conftest import RAY_URL
 
 PROVIDER_DIR = Path(airflow_provider_raybatch.__file__).parent
@@ -271,7 +278,16 @@ def test_batch_parameters_are_templated_and_match_the_spec() -> None:
 # -- entrypoint ---------------------------------------------------------------------------------
 
 
-def test_entrypoint_round_trip() -> None:
+def spec_in_package(data: bytes) -> BatchInferenceSpec | None:
+    """The spec inside an uploaded zip, or None when it is not a job package."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        name = f"{JOB_MODULE}/{SPEC_FILE}"
+        if name not in archive.namelist():
+            return None
+        return BatchInferenceSpec.from_json(archive.read(name).decode())
+
+
+def test_entrypoint_names_the_fingerprint_and_the_job_package_holds_the_spec() -> None:
     spec = make_operator(
         system_prompt="Say 'yes' or \"no\"; don't `echo $HOME` \\ nor $(rm -rf /).\nThanks — merci.",
         user_template="Is {Company} ok?",
@@ -280,12 +296,10 @@ def test_entrypoint_round_trip() -> None:
     ).build_spec()
     op = make_operator()
 
-    entrypoint = op.entrypoint(spec)
-    argv = shlex.split(entrypoint)
+    argv = shlex.split(op.entrypoint(spec))
 
-    assert argv[:4] == ["python", "-m", PIPELINE_MODULE, "--spec"]
-    assert len(argv) == 5
-    assert BatchInferenceSpec.from_json(argv[4]) == spec
+    assert argv == ["python", "-m", PIPELINE_MODULE, "--spec-fingerprint", spec.fingerprint()]
+    assert spec_in_package(build_job_package(spec.model_dump_json()).data) == spec
 
 
 # -- shipped modules ----------------------------------------------------------------------------
@@ -363,18 +377,21 @@ def test_runtime_env_uploads_modules_and_keeps_the_users(
     uploads = ray_api.put(url__regex=r"/api/packages/gcs/_ray_pkg_[0-9a-f]+\.zip$").respond(200)
     user_env = {"env_vars": {"HF_HOME": "/models"}, "py_modules": ["s3://b/extra.zip"]}
     op = make_operator(preprocess="raybatch_unit_fns.pre", runtime_env=user_env)
+    spec = op.build_spec()
 
-    runtime_env = op._runtime_env(hook, op.build_spec())
+    runtime_env = op._runtime_env(hook, spec)
 
     provider_uri = build_py_module_package(PROVIDER_DIR).uri
     user_uri = build_py_module_package(user_code / "raybatch_unit_fns.py").uri
+    job_uri = build_job_package(spec.model_dump_json()).uri
     assert runtime_env == {
         "env_vars": {"HF_HOME": "/models"},
-        "py_modules": [provider_uri, user_uri, "s3://b/extra.zip"],
+        "py_modules": [provider_uri, user_uri, job_uri, "s3://b/extra.zip"],
     }
     assert op.runtime_env == {"env_vars": {"HF_HOME": "/models"}, "py_modules": ["s3://b/extra.zip"]}
-    assert probes.call_count == 2
-    assert uploads.call_count == 2
+    assert probes.call_count == 3
+    assert uploads.call_count == 3
+    assert spec_in_package(uploads.calls.last.request.content) == spec
 
 
 # -- submit, wait, complete ---------------------------------------------------------------------
@@ -395,7 +412,10 @@ def test_submit_sends_the_spec_metadata_and_resources(hook: RayHook, ray_api: re
     assert body["entrypoint"] == op.entrypoint(spec)
     assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()}
     assert body["entrypoint_resources"] == {"head": 1}
-    assert body["runtime_env"]["py_modules"] == [build_py_module_package(PROVIDER_DIR).uri]
+    assert body["runtime_env"]["py_modules"] == [
+        build_py_module_package(PROVIDER_DIR).uri,
+        build_job_package(spec.model_dump_json()).uri,
+    ]
 
 
 # -- execute: submit, attach, take over or resubmit ---------------------------------------------
@@ -434,7 +454,8 @@ class FakeCluster:
         self.listing = router.get("/api/jobs/").mock(
             side_effect=lambda _: httpx.Response(200, json=self.jobs)
         )
-        router.get(url__regex=r"/api/packages/gcs/").respond(200)  # the cluster has the packages
+        router.get(url__regex=r"/api/packages/gcs/").respond(404)  # a cluster without the packages yet
+        self.uploads = router.put(url__regex=r"/api/packages/gcs/").respond(200)
         self.submit = router.post("/api/jobs/").mock(side_effect=self._submitted)
         self.stops: dict[str, respx.Route] = {}
         self.gets: dict[str, respx.Route] = {}
@@ -469,6 +490,10 @@ class FakeCluster:
     def submitted(self) -> list[dict[str, Any]]:  # Any: JSON bodies.
         return [json.loads(call.request.content) for call in self.submit.calls]
 
+    def shipped_specs(self) -> list[BatchInferenceSpec]:
+        """The specs of the job packages uploaded so far."""
+        return [spec for call in self.uploads.calls if (spec := spec_in_package(call.request.content))]
+
 
 @pytest.fixture
 def cluster(ray_api: respx.MockRouter, job_payload: Any) -> FakeCluster:
@@ -497,7 +522,8 @@ def test_execute_submits_when_there_is_no_previous_job(ray_conn: str, cluster: F
     [body] = cluster.submitted()
     assert body["submission_id"] == task_try.submission_id()
     assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: FINGERPRINT}
-    spec = BatchInferenceSpec.from_json(shlex.split(body["entrypoint"])[4])
+    [spec] = cluster.shipped_specs()
+    assert body["entrypoint"].endswith(f"--spec-fingerprint {FINGERPRINT}")
     assert spec.run_key == task_try.run_key()
     assert spec.fingerprint() == FINGERPRINT
     assert store.sets == [(JOB_ID_STATE_KEY, task_try.submission_id())]
@@ -614,7 +640,7 @@ def test_execute_resubmits_after_a_failed_or_stopped_job(
     assert "-t2-" in new_id
     assert body["metadata"]["airflow_try_number"] == "2"
     # Same logical run: the new job resumes the earlier one's staging.
-    spec = BatchInferenceSpec.from_json(shlex.split(body["entrypoint"])[4])
+    [spec] = cluster.shipped_specs()
     assert spec.run_key == task_try_of(ti, 1).run_key()
     assert store.values[JOB_ID_STATE_KEY] == new_id
     assert info.value.trigger.serialize()[1]["job_id"] == new_id

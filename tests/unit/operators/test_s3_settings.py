@@ -1,5 +1,6 @@
 """Tests of RayLLMBatchOperator's S3 settings (``aws_conn_id``): when they are shipped, what they hold,
-and that they travel only inside their own package, never in the job's submit request.
+and that they travel only in an upload of their own that no runtime_env field names (no node unpacks
+it), found by the job through its job package, never in the job's submit request.
 
 The Airflow AWS connection comes from the environment; no AWS or Ray call is made (respx fakes the
 Ray Jobs API).
@@ -21,8 +22,12 @@ from airflow.sdk.exceptions import TaskDeferred
 import airflow_provider_raybatch
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from airflow_provider_raybatch.pipeline.credentials import CREDENTIALS_MODULE
-from airflow_provider_raybatch.utils.packaging import build_py_module_package
+from airflow_provider_raybatch.pipeline.credentials import UPLOAD_PREFIX
+from airflow_provider_raybatch.utils.packaging import (
+    JOB_MODULE,
+    S3_SETTINGS_URI_FILE,
+    build_py_module_package,
+)
 from tests.unit.operators.test_llm_batch import FakeTI
 
 AWS_CONN_ID = "aws_test"
@@ -30,7 +35,7 @@ ACCESS_KEY = "AKIAUNITTEST000001"
 SECRET_KEY = "unit/Secret+Key/0123456789abcdefSECRET"
 ENDPOINT_URL = "http://127.0.0.1:9000"
 REGION = "eu-west-1"
-PACKAGE_PATH = r"/api/packages/gcs/_ray_pkg_[0-9a-f]+\.zip$"
+PACKAGE_PATH = r"/api/packages/gcs/[^/]+$"
 PROVIDER_DIR = Path(airflow_provider_raybatch.__file__).parent
 
 
@@ -78,10 +83,20 @@ EXPECTED = {
 
 
 def credentials_in(data: bytes) -> dict[str, Any] | None:  # Any: JSON values.
-    """The S3 settings inside an uploaded zip, or None when it is not the credentials package."""
+    """The S3 settings of an upload, or None when it is a zipped package (code or job package)."""
+    return None if zipfile.is_zipfile(io.BytesIO(data)) else json.loads(data)
+
+
+def settings_uri_in(data: bytes) -> str | None:
+    """Where the job package in ``data`` says its S3 settings wait; None without settings or when
+    ``data`` is not a job package."""
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        name = f"{CREDENTIALS_MODULE}/s3.json"
-        return json.loads(archive.read(name)) if name in archive.namelist() else None
+        name = f"{JOB_MODULE}/{S3_SETTINGS_URI_FILE}"
+        return archive.read(name).decode() if name in archive.namelist() else None
+
+
+def uri_of(call: Any) -> str:  # Any: a respx call.
+    return "gcs://" + call.request.url.path.rsplit("/", 1)[-1]
 
 
 # -- _s3_settings -------------------------------------------------------------------------------
@@ -148,7 +163,7 @@ def packages(ray_api: respx.MockRouter) -> tuple[respx.Route, respx.Route]:
     return probes, uploads
 
 
-def test_runtime_env_ships_the_credentials_package(
+def test_runtime_env_uploads_the_settings_for_no_field_and_names_them_in_the_job_package(
     aws_conn: str, hook: RayHook, packages: tuple[respx.Route, respx.Route]
 ) -> None:
     probes, uploads = packages
@@ -156,20 +171,22 @@ def test_runtime_env_ships_the_credentials_package(
 
     runtime_env = op._runtime_env(hook, op.build_spec())
 
-    assert probes.call_count == 2
-    assert uploads.call_count == 2
-    provider_uri = build_py_module_package(PROVIDER_DIR).uri
-    uploaded_uris = ["gcs://" + call.request.url.path.rsplit("/", 1)[-1] for call in uploads.calls]
-    assert runtime_env["py_modules"] == uploaded_uris
-    assert runtime_env["py_modules"][0] == provider_uri
-    shipped = [credentials_in(call.request.content) for call in uploads.calls]
-    assert shipped == [None, EXPECTED]
+    # Code, job package, then the settings last: the least time between their upload and the job.
+    assert probes.call_count == uploads.call_count == 3
+    code, job, settings = uploads.calls
+    assert runtime_env["py_modules"] == [uri_of(code), uri_of(job)]
+    assert runtime_env["py_modules"][0] == build_py_module_package(PROVIDER_DIR).uri
+    assert credentials_in(settings.request.content) == EXPECTED
+    assert uri_of(settings).startswith(UPLOAD_PREFIX)
+    # No node fetches the settings: their upload is in no runtime_env field, only in the job package.
+    assert uri_of(settings) not in json.dumps(runtime_env)
+    assert settings_uri_in(job.request.content) == uri_of(settings)
     assert SECRET_KEY not in json.dumps(runtime_env)
     assert ACCESS_KEY not in json.dumps(runtime_env)
     assert "env_vars" not in runtime_env
 
 
-def test_runtime_env_without_a_connection_ships_only_the_code(
+def test_runtime_env_without_a_connection_ships_only_the_code_and_the_spec(
     hook: RayHook, packages: tuple[respx.Route, respx.Route]
 ) -> None:
     probes, uploads = packages
@@ -177,13 +194,13 @@ def test_runtime_env_without_a_connection_ships_only_the_code(
 
     runtime_env = op._runtime_env(hook, op.build_spec())
 
-    assert probes.call_count == 1
-    assert uploads.call_count == 1
-    assert runtime_env["py_modules"] == [build_py_module_package(PROVIDER_DIR).uri]
-    assert credentials_in(uploads.calls.last.request.content) is None
+    assert probes.call_count == uploads.call_count == 2
+    assert runtime_env["py_modules"] == [uri_of(call) for call in uploads.calls]
+    assert runtime_env["py_modules"][0] == build_py_module_package(PROVIDER_DIR).uri
+    assert [settings_uri_in(call.request.content) for call in uploads.calls] == [None, None]
 
 
-def test_runtime_env_with_a_connection_but_nothing_on_s3_ships_only_the_code(
+def test_runtime_env_with_a_connection_but_nothing_on_s3_ships_no_settings(
     aws_conn: str, hook: RayHook, packages: tuple[respx.Route, respx.Route]
 ) -> None:
     _, uploads = packages
@@ -191,25 +208,30 @@ def test_runtime_env_with_a_connection_but_nothing_on_s3_ships_only_the_code(
 
     runtime_env = op._runtime_env(hook, op.build_spec())
 
-    assert uploads.call_count == 1
-    assert len(runtime_env["py_modules"]) == 1
+    assert uploads.call_count == 2
+    assert len(runtime_env["py_modules"]) == 2
+    assert settings_uri_in(uploads.calls.last.request.content) is None
 
 
-def test_each_runtime_env_gets_its_own_credentials_package(
+def test_each_runtime_env_gets_its_own_settings_upload(
     aws_conn: str, hook: RayHook, packages: tuple[respx.Route, respx.Route]
 ) -> None:
-    """The nonce: the same keys never give the same (guessable, shared) package URI."""
+    """A random name: the same keys never give the same (guessable, shared) upload, which the first
+    job's driver deletes."""
     op = make_operator(aws_conn_id=aws_conn)
     spec = op.build_spec()
 
     first = op._runtime_env(hook, spec)["py_modules"]
     second = op._runtime_env(hook, spec)["py_modules"]
 
-    assert len(first) == len(second) == 2
-    assert first[1] != second[1]
+    _, uploads = packages
+    settings = [uri_of(call) for call in uploads.calls if credentials_in(call.request.content)]
+    assert len(settings) == 2 and settings[0] != settings[1]
+    assert first[0] == second[0]  # the same code
+    assert first[1] != second[1]  # job packages naming different uploads
 
 
-def test_runtime_env_keeps_the_users_entries_after_the_credentials(
+def test_runtime_env_keeps_the_users_entries_after_its_own(
     aws_conn: str, hook: RayHook, packages: tuple[respx.Route, respx.Route]
 ) -> None:
     user_env = {"env_vars": {"HF_HOME": "/models"}, "py_modules": ["s3://bucket/extra.zip"]}
@@ -226,7 +248,7 @@ def test_runtime_env_keeps_the_users_entries_after_the_credentials(
 # -- the whole submit ---------------------------------------------------------------------------
 
 
-def test_execute_never_sends_the_keys_outside_the_credentials_package(
+def test_execute_never_sends_the_keys_outside_their_own_upload(
     aws_conn: str, ray_conn: str, ray_api: respx.MockRouter, packages: tuple[respx.Route, respx.Route]
 ) -> None:
     _, uploads = packages
@@ -248,12 +270,14 @@ def test_execute_never_sends_the_keys_outside_the_credentials_package(
         assert secret not in body_text
     assert SECRET_KEY not in body["entrypoint"]
     assert "env_vars" not in body["runtime_env"]
-    # The credentials reach the job only through the package named in py_modules.
+    # The settings reach the job only through their own upload, named in the job package alone.
     credential_uploads = [call for call in uploads.calls if credentials_in(call.request.content) is not None]
     assert len(credential_uploads) == 1
-    credentials_uri = "gcs://" + credential_uploads[0].request.url.path.rsplit("/", 1)[-1]
-    assert credentials_uri in body["runtime_env"]["py_modules"]
     assert credentials_in(credential_uploads[0].request.content) == EXPECTED
+    settings_uri = uri_of(credential_uploads[0])
+    assert settings_uri not in body_text
+    job_packages = [call for call in uploads.calls if uri_of(call) in body["runtime_env"]["py_modules"]]
+    assert [settings_uri_in(call.request.content) for call in job_packages].count(settings_uri) == 1
     # No other request (probes, listing, uploads of code) carries a key in clear either.
     for call in ray_api.calls:
         if any(call is upload for upload in credential_uploads):

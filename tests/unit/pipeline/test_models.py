@@ -7,20 +7,16 @@ need Ray are left to the integration tests, and the ones here must not import it
 
 from __future__ import annotations
 
-import io
 import posixpath
 import subprocess
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import models, storage
-from airflow_provider_raybatch.pipeline.credentials import CREDENTIALS_MODULE, package_files
+from airflow_provider_raybatch.pipeline import credentials, models, storage
 from airflow_provider_raybatch.pipeline.models import fetch_model, local_model_dir, resolve_model_source
-from airflow_provider_raybatch.utils.packaging import build_package
 
 MODEL_FILES = {
     "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
@@ -34,9 +30,8 @@ MODEL_FILES = {
 def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No credentials module and no cached S3 options leak in or out of a test."""
     monkeypatch.setattr(storage, "_s3_options", None)
-    monkeypatch.delitem(sys.modules, CREDENTIALS_MODULE, raising=False)
+    monkeypatch.setattr(credentials, "_settings", None)
     yield
-    sys.modules.pop(CREDENTIALS_MODULE, None)
 
 
 @pytest.fixture
@@ -62,11 +57,10 @@ def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def ship_credentials(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make a credentials module importable, as a job with ``aws_conn_id`` has one."""
-    package = build_package(package_files({"endpoint_url": "http://127.0.0.1:9000", "region": "eu-west-1"}))
-    with zipfile.ZipFile(io.BytesIO(package.data)) as archive:
-        archive.extractall(root)
-    monkeypatch.syspath_prepend(str(root))
+    """This process holds S3 settings, as the driver of a job with ``aws_conn_id`` does
+    (pipeline/credentials.py: held_for_this_job)."""
+    settings = {"endpoint_url": "http://127.0.0.1:9000", "region": "eu-west-1"}
+    monkeypatch.setattr(credentials, "_settings", settings)
 
 
 # -- local_model_dir ----------------------------------------------------------------------------

@@ -1,15 +1,28 @@
-"""Tests of airflow_provider_raybatch/utils/packaging.py: content-addressed py_modules zips."""
+"""Tests of airflow_provider_raybatch/utils/packaging.py: content-addressed py_modules zips, what a
+module folder ships (and what never), and the generated job package with its cluster-side reader."""
 
 from __future__ import annotations
 
 import io
 import re
+import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.utils.packaging import RayPackage, build_py_module_package
+from airflow_provider_raybatch.utils import packaging
+from airflow_provider_raybatch.utils.packaging import (
+    JOB_MODULE,
+    MAX_MODULE_BYTES,
+    S3_SETTINGS_URI_FILE,
+    SPEC_FILE,
+    RayPackage,
+    build_job_package,
+    build_py_module_package,
+    read_job_file,
+)
 
 URI = re.compile(r"gcs://_ray_pkg_[0-9a-f]{40}\.zip")
 
@@ -122,3 +135,146 @@ def test_empty_dir_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="holds no files"):
         build_py_module_package(empty)
+
+
+# -- what a module folder never ships -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "relative",
+    [
+        ".env", ".envrc", ".netrc", ".git/config", ".git/objects/ab/cdef", ".aws/credentials", ".ssh/id_rsa",
+        ".venv/lib/site.py", "sub/.secrets/token.txt", "sub/.hidden.py",
+        "server.pem", "certs/tls.key", "store.p12", "store.pfx", "CERT.PEM", "id_rsa", "id_rsa.pub", "id_dsa",
+        "keys/id_ecdsa", "id_ed25519", "node_modules/left-pad/index.js", "sub/site-packages/x.py",
+        "__pycache__/fns.cpython-311.pyc", "stray.pyo",
+    ],
+)  # fmt: skip
+def test_hidden_secret_and_dependency_files_are_left_out(tmp_path: Path, relative: str) -> None:
+    package_dir = make_package(tmp_path)
+    (package_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+    (package_dir / relative).write_text("AWS_SECRET_ACCESS_KEY=do-not-ship\n")
+
+    package = build_py_module_package(package_dir)
+
+    assert f"user_pkg/{relative}" not in names_in(package)
+    assert names_in(package) == names_in(build_py_module_package(make_package(tmp_path / "clean")))
+
+
+def test_prompt_templates_and_data_files_are_shipped(tmp_path: Path) -> None:
+    package_dir = make_package(tmp_path)
+    (package_dir / "prompts").mkdir()
+    (package_dir / "prompts" / "template.txt").write_text("Classify {Company}.")
+    (package_dir / "keys.json").write_text("{}")  # a name alone is no secret
+
+    names = names_in(build_py_module_package(package_dir))
+
+    assert {"user_pkg/prompts/template.txt", "user_pkg/keys.json", "user_pkg/fns.py"} <= set(names)
+
+
+def test_a_virtualenv_folder_is_not_walked(tmp_path: Path) -> None:
+    package_dir = make_package(tmp_path)
+    venv = package_dir / "env"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "lib" / "dep.py").write_text("")
+
+    assert not any(
+        name.startswith("user_pkg/env/") for name in names_in(build_py_module_package(package_dir))
+    )
+
+
+def test_a_symlink_out_of_the_folder_is_left_out_and_one_inside_is_shipped(tmp_path: Path) -> None:
+    outside = tmp_path / "credentials"
+    outside.write_text("[default]\naws_secret_access_key = do-not-ship\n")
+    package_dir = make_package(tmp_path)
+    (package_dir / "creds.txt").symlink_to(outside)
+    (package_dir / "same.json").symlink_to(package_dir / "data.json")
+    (package_dir / "linked_dir").symlink_to(tmp_path, target_is_directory=True)
+
+    package = build_py_module_package(package_dir)
+
+    names = names_in(package)
+    assert "user_pkg/creds.txt" not in names
+    assert not any(name.startswith("user_pkg/linked_dir") for name in names)
+    assert "user_pkg/same.json" in names
+    with zipfile.ZipFile(io.BytesIO(package.data)) as archive:
+        assert all(b"do-not-ship" not in archive.read(name) for name in names)
+
+
+def test_a_folder_over_the_size_cap_fails_naming_the_largest_files(tmp_path: Path) -> None:
+    package_dir = make_package(tmp_path)
+    (package_dir / "data").mkdir()
+    with open(package_dir / "data" / "embeddings.bin", "wb") as sparse:  # no bytes written: a sparse file
+        sparse.truncate(MAX_MODULE_BYTES + 1)
+
+    with pytest.raises(ValueError) as info:
+        build_py_module_package(package_dir)
+
+    message = str(info.value)
+    assert str(package_dir) in message
+    assert "user_pkg/data/embeddings.bin (64.0 MiB)" in message
+    assert "read it from input_uri" in message
+
+
+def test_a_folder_at_the_size_cap_ships(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package_dir = make_package(tmp_path)
+    files_bytes = sum(path.stat().st_size for path in package_dir.rglob("*.py")) + len('{"k": 1}')
+    monkeypatch.setattr(packaging, "MAX_MODULE_BYTES", files_bytes)
+
+    assert "user_pkg/fns.py" in names_in(build_py_module_package(package_dir))
+
+
+# -- the job package ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_job_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delitem(sys.modules, JOB_MODULE, raising=False)
+    yield
+    sys.modules.pop(JOB_MODULE, None)
+
+
+def test_job_package_layout() -> None:
+    package = build_job_package('{"model": "m"}', "gcs://raybatch_s3_settings_0.json")
+
+    assert names_in(package) == [
+        f"{JOB_MODULE}/__init__.py",
+        f"{JOB_MODULE}/{S3_SETTINGS_URI_FILE}",
+        f"{JOB_MODULE}/{SPEC_FILE}",
+    ]
+    assert URI.fullmatch(package.uri)
+    assert names_in(build_job_package('{"model": "m"}')) == [
+        f"{JOB_MODULE}/__init__.py",
+        f"{JOB_MODULE}/{SPEC_FILE}",
+    ]
+
+
+def test_job_package_is_content_addressed() -> None:
+    assert build_job_package("{}").uri == build_job_package("{}").uri
+    assert build_job_package("{}").uri != build_job_package('{"a": 1}').uri
+    assert build_job_package("{}", "gcs://a.json").uri != build_job_package("{}", "gcs://b.json").uri
+
+
+@pytest.mark.parametrize("unpacked", [True, False], ids=["unpacked", "zip on the path"])
+def test_read_job_file_as_the_cluster_sees_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_job_module: None, unpacked: bool
+) -> None:
+    spec_json = '{"system_prompt": "' + "é" * 200_000 + '"}'
+    data = build_job_package(spec_json, "gcs://raybatch_s3_settings_0.json").data
+    if unpacked:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            archive.extractall(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    else:
+        (tmp_path / "job.zip").write_bytes(data)
+        monkeypatch.syspath_prepend(str(tmp_path / "job.zip"))
+
+    assert read_job_file(SPEC_FILE) == spec_json.encode()
+    assert read_job_file(S3_SETTINGS_URI_FILE) == b"gcs://raybatch_s3_settings_0.json"
+    assert read_job_file("missing") is None
+
+
+def test_read_job_file_outside_a_job_is_none(no_job_module: None) -> None:
+    assert read_job_file(SPEC_FILE) is None
+    assert JOB_MODULE not in sys.modules
