@@ -98,6 +98,20 @@ def get_provider_info() -> dict:
                         "example": None,
                         "default": "64",
                     },
+                    "openai_max_files_per_user": {
+                        "description": "The most uploads one user keeps at once; past it an upload answers 429 until they delete some.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": None,
+                        "default": "500",
+                    },
+                    "openai_max_open_batches_per_user": {
+                        "description": "The most batches one user has open (inside their completion window and not finished) at once; past it creating one answers 429.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": None,
+                        "default": "20",
+                    },
                     "openai_max_metadata_value_chars": {
                         "description": 'The longest metadata value, in characters (OpenAI: 512).',
                         "version_added": "0.1.0",

@@ -3,7 +3,8 @@
 Served as an Airflow 3 FastAPI plugin (:mod:`.plugin`) under ``/openai``, so an OpenAI client works
 unchanged with ``base_url="<airflow>/openai/v1"`` and an Airflow API token (``POST /auth/token``)
 as its API key. Every route checks that token with Airflow's own auth manager: reading needs read
-access to the batch DAG's runs, uploading, creating and cancelling need to create or edit them.
+access to the batch DAG's runs; uploading, deleting, creating and cancelling need permission to create
+them (never to edit or delete them: see docs/security.md for the roles to give Batch API users).
 Each batch is a run of the batch DAG (:mod:`.dag`) whose run id is the batch id.
 
 Who sees what (docs/security.md): each file and batch records its owner, and a user sees and acts on
@@ -29,9 +30,13 @@ from typing import Annotated, Any
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
-from fastapi import Depends, FastAPI, File, Form, HTTPException, Query, Request, UploadFile
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_raybatch.openai_api import settings as openai_settings
 from airflow_provider_raybatch.openai_api.body_limit import BodySizeLimit
@@ -48,6 +53,8 @@ ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
 #: seconds, minutes, hours or days ("90m", "2h", "45s") is taken too.
 _WINDOW = re.compile(r"([1-9][0-9]{0,6})([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: The longest window taken: past it a deadline is no deadline (and timers overflow).
+MAX_WINDOW_SECONDS = 30 * 86400
 _CHUNK = 1 << 20
 
 
@@ -59,9 +66,10 @@ class CreateBatchRequest(BaseModel):
 
 
 def completion_window_seconds(window: str) -> int | None:
-    """``"24h"`` -> 86400; None for what is not a duration."""
+    """``"24h"`` -> 86400; None for what is not a duration of at most 30 days."""
     match = _WINDOW.fullmatch(window)
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match else None
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)] if match else None
+    return seconds if seconds is not None and seconds <= MAX_WINDOW_SECONDS else None
 
 
 def _openai_error(
@@ -71,7 +79,7 @@ def _openai_error(
     return HTTPException(status_code, {"message": message, "param": param, "code": code})
 
 
-def _error_body(exc: HTTPException) -> dict[str, Any]:  # Any: JSON values.
+def _error_body(exc: StarletteHTTPException) -> dict[str, Any]:  # Any: JSON values.
     detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
     kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}.get(
         exc.status_code, "invalid_request_error"
@@ -187,11 +195,18 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
     dag_id = config.dag_id
     can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=dag_id))]
     can_write = [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=dag_id))]
-    can_cancel = [Depends(requires_access_dag("PUT", DagAccessEntity.RUN, param_dag_id=dag_id))]
 
-    @app.exception_handler(HTTPException)
-    async def openai_error(request: Request, exc: HTTPException) -> JSONResponse:
+    @app.exception_handler(StarletteHTTPException)  # ours, FastAPI's and the router's (404, 405)
+    async def openai_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(_error_body(exc), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A 400 in OpenAI's shape naming the first bad field, without echoing the body back."""
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "Invalid request."))
+        return JSONResponse(_error_body(_openai_error(400, message[:300], where)), status_code=400)
 
     def owned(lookup: Any, what: str, object_id: str, user: Any) -> Any:  # Any: the lookup's result, a user.
         """The file or batch, if it exists and ``user`` owns it (or is an admin); else a 404 for both."""
@@ -203,36 +218,47 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             raise _openai_error(404, f"No {what} with id {object_id[:80]!r}.", code="not_found")
         return record
 
-    def visible(records: list[dict[str, Any]], user: Any) -> list[dict[str, Any]]:  # Any: JSON, a user.
-        if _is_admin(user):
-            return records
-        return [record for record in records if record.get("owner") == user.get_id()]
+    def listed(lister: Any, user: Any) -> list[dict[str, Any]]:  # Any: store.files or .batches, a user.
+        """Everyone's records for an admin; else the user's own, read from their owner index only."""
+        return lister(None) if _is_admin(user) else lister(user.get_id())
 
     # -- files ----------------------------------------------------------------------------------
 
     @app.post("/v1/files", dependencies=can_write)
-    def upload_file(
-        file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], user: GetUserDep
-    ) -> dict[str, Any]:
-        if purpose != "batch":
-            raise _openai_error(400, f"purpose {purpose[:40]!r}: this API takes 'batch' files only.", "purpose")
-
-        def chunks() -> Iterator[bytes]:
-            while chunk := file.file.read(_CHUNK):
-                yield chunk
-
+    async def upload_file(request: Request, user: GetUserDep) -> dict[str, Any]:
+        """The multipart body is read here, after the token and permission checks (a declared File()
+        parameter would be spooled to disk before any check)."""
+        form = await request.form(max_files=1, max_fields=1)
         try:
-            record = store.add_file(
-                chunks(), (file.filename or "upload.jsonl")[:255], purpose, owner=user.get_id(),
-                owner_name=user.get_name(), max_bytes=config.max_upload_bytes,
-            )  # fmt: skip
-        except TooLargeError as err:
-            raise _openai_error(413, f"{err} Split it into smaller files.", "file", "file_too_large") from err
+            file, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(file, UploadFile):
+                raise _openai_error(400, "Send the file as the multipart field 'file'.", "file")
+            if purpose != "batch":
+                raise _openai_error(400, f"purpose {str(purpose)[:40]!r}: this API takes 'batch' files only.", "purpose")
+            if store.count_files(user.get_id()) >= config.max_files_per_user:
+                raise _openai_error(
+                    429, f"You have {config.max_files_per_user} files, the most one user may keep: delete some first.",
+                    "file", "too_many_files",
+                )  # fmt: skip
+
+            def chunks() -> Iterator[bytes]:
+                while chunk := file.file.read(_CHUNK):
+                    yield chunk
+
+            try:
+                record = await run_in_threadpool(
+                    store.add_file, chunks(), (file.filename or "upload.jsonl")[:255], purpose,
+                    owner=user.get_id(), owner_name=user.get_name(), max_bytes=config.max_upload_bytes,
+                )  # fmt: skip
+            except TooLargeError as err:
+                raise _openai_error(413, f"{err} Split it into smaller files.", "file", "file_too_large") from err
+        finally:
+            await form.close()
         return public(record)
 
     @app.get("/v1/files", dependencies=can_read)
     def list_files(user: GetUserDep, purpose: str | None = None) -> dict[str, Any]:
-        records = [public(r) for r in visible(store.files(), user) if purpose is None or r["purpose"] == purpose]
+        records = [public(r) for r in listed(store.files, user) if purpose is None or r["purpose"] == purpose]
         records.sort(key=lambda record: (record["created_at"], record["id"]), reverse=True)
         return {"object": "list", "data": records, "has_more": False}
 
@@ -304,6 +330,17 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             )
         _check_metadata(body.metadata, config)
         input_file = owned(store.file, "file", body.input_file_id, user)
+        now = time.time()
+        open_batches = [
+            record for record in store.batches(user.get_id())
+            if record["expires_at"] > now
+            and batch_status(record, _run_state(session, dag_id, record["id"]), now=now)[0] not in TERMINAL_STATUSES
+        ]  # fmt: skip
+        if len(open_batches) >= config.max_open_batches_per_user:
+            raise _openai_error(
+                429, f"You have {len(open_batches)} batches open, the most one user may: wait for some to finish.",
+                code="too_many_open_batches",
+            )  # fmt: skip
         if input_file["purpose"] != "batch":
             raise _openai_error(
                 400,
@@ -343,7 +380,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         session: SessionDep, user: GetUserDep, after: str | None = None,
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
     ) -> dict[str, Any]:  # fmt: skip
-        records = visible(store.batches(), user)
+        records = listed(store.batches, user)
         if after is not None:
             ids = [record["id"] for record in records]
             records = records[ids.index(after) + 1 :] if after in ids else []
@@ -353,7 +390,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
         }  # fmt: skip
 
-    @app.post("/v1/batches/{batch_id}/cancel", dependencies=can_cancel)
+    @app.post("/v1/batches/{batch_id}/cancel", dependencies=can_write)
     def cancel_batch(batch_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
         record = owned(store.batch, "batch", batch_id, user)
         status, _ = batch_status(record, _run_state(session, dag_id, batch_id), now=time.time())

@@ -58,6 +58,12 @@ class OpenAIBatchRunOperator(RayLLMBatchOperator):
                 f"Run {run.run_id!r} is no batch of the OpenAI-compatible API: no batch record has that "
                 "id. Batches are created with POST /openai/v1/batches, never by triggering this DAG."
             ) from err
+        started_by = getattr(run, "triggering_user_name", None)
+        if batch.get("owner_name") is not None and started_by != batch["owner_name"]:
+            raise AirflowFailException(
+                f"Run {run.run_id!r} was started by {started_by!r}, not by the batch's owner: a batch runs "
+                "only as the run the API started for it (clearing that run's task re-runs it)."
+            )
         self.output_uri = store.output_uri(batch["id"])
         self.openai_endpoint = batch["endpoint"]
         left = batch["expires_at"] - time.time()

@@ -12,6 +12,9 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_METADATA_PAIRS = 16
 DEFAULT_MAX_METADATA_KEY_CHARS = 64
 DEFAULT_MAX_METADATA_VALUE_CHARS = 512
+#: Per user: uploads kept at once, and batches open (not yet past their window) at once.
+DEFAULT_MAX_FILES_PER_USER = 500
+DEFAULT_MAX_OPEN_BATCHES_PER_USER = 20
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class OpenAISettings:
     max_metadata_pairs: int = DEFAULT_MAX_METADATA_PAIRS
     max_metadata_key_chars: int = DEFAULT_MAX_METADATA_KEY_CHARS
     max_metadata_value_chars: int = DEFAULT_MAX_METADATA_VALUE_CHARS
+    #: One user's uploads at once (429 past it): nobody fills the store or slows others' listings.
+    max_files_per_user: int = DEFAULT_MAX_FILES_PER_USER
+    #: One user's open batches at once (429 past it): nobody queues hundreds ahead of everyone else.
+    max_open_batches_per_user: int = DEFAULT_MAX_OPEN_BATCHES_PER_USER
 
     @classmethod
     def from_airflow_config(cls) -> OpenAISettings:
@@ -50,4 +57,6 @@ class OpenAISettings:
             max_metadata_pairs=limit("openai_max_metadata_pairs", DEFAULT_MAX_METADATA_PAIRS),
             max_metadata_key_chars=limit("openai_max_metadata_key_chars", DEFAULT_MAX_METADATA_KEY_CHARS),
             max_metadata_value_chars=limit("openai_max_metadata_value_chars", DEFAULT_MAX_METADATA_VALUE_CHARS),
+            max_files_per_user=limit("openai_max_files_per_user", DEFAULT_MAX_FILES_PER_USER),
+            max_open_batches_per_user=limit("openai_max_open_batches_per_user", DEFAULT_MAX_OPEN_BATCHES_PER_USER),
         )

@@ -6,6 +6,8 @@ Layout under the configured root (``[raybatch] openai_files_uri``)::
     files/<file id>.jsonl           an uploaded file's bytes
     batches/<batch id>.json         the batch record: what was asked, by whom, when it was cancelled
     batches/<batch id>/output/      the batch's run output (manifest.json, versions/...)
+    owners/<owner key>/<id>         an empty marker per file and batch of one owner, so that a user's
+                                    listing reads their own records only (not everyone's)
 
 The Ray job reads an uploaded file and writes the output folder itself, so the root must be reachable
 from the cluster too: a local folder for a single-machine setup, ``s3://...`` otherwise. Paths are
@@ -23,6 +25,7 @@ the batch and its manifest, so reading never writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -76,6 +79,22 @@ def _file_record(
         "owner": owner,
         "owner_name": owner_name,
     }
+
+
+def owner_key(owner: str) -> str:
+    """The folder name of an owner's markers: a digest, so any user id makes a safe path segment."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:32]
+
+
+def _names(folder: ObjectStoragePath) -> list[str]:
+    """The names in ``folder``, fresh from the store (s3fs would answer from its listing cache, which
+    another request's upload or delete has made stale); none when it does not exist (an S3 prefix
+    whose last object was just deleted is gone)."""
+    try:
+        entries = folder.fs.ls(folder.path, detail=False, refresh=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries]
 
 
 def _checked(pattern: re.Pattern[str], object_id: str) -> str:
@@ -161,7 +180,21 @@ class OpenAIStore:
             raise
         record = _file_record(file_id, size, filename, purpose, owner, owner_name)
         self._write_json(self.root / "files" / f"{file_id}.json", record)
+        self._mark(owner, file_id)
         return record
+
+    def _mark(self, owner: str | None, object_id: str) -> None:
+        if owner is not None:
+            marker = self.root / "owners" / owner_key(owner) / object_id
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_bytes(b"")
+
+    def _owned_ids(self, owner: str, pattern: re.Pattern[str]) -> list[str]:
+        return [name for name in _names(self.root / "owners" / owner_key(owner)) if pattern.fullmatch(name)]
+
+    def count_files(self, owner: str) -> int:
+        """How many uploads ``owner`` has (their quota's measure)."""
+        return len(self._owned_ids(owner, FILE_ID))
 
     def file(self, file_id: str) -> dict[str, Any]:  # Any: JSON values.
         """An upload's file object, or a batch's output or error file derived from its manifest."""
@@ -193,21 +226,22 @@ class OpenAIStore:
     def output_file_id(self, batch_id: str, kind: str) -> str:
         return f"file-{_checked(BATCH_ID, batch_id).removeprefix('batch_')}-{kind}"
 
-    def files(self) -> list[dict[str, Any]]:  # Any: JSON values.
-        """Every upload, and the output and error files of every completed batch."""
-        folder = self.root / "files"
+    def files(self, owner: str | None = None) -> list[dict[str, Any]]:  # Any: JSON values.
+        """The uploads, and the output and error files of completed batches: ``owner``'s, or everyone's
+        (None). A record deleted while the listing runs is left out, never an error."""
+        if owner is not None:
+            upload_ids = self._owned_ids(owner, FILE_ID)
+        else:
+            names = _names(self.root / "files")
+            upload_ids = [name.removesuffix(".json") for name in names if name.endswith(".json")]
+        file_ids = [file_id for file_id in upload_ids if FILE_ID.fullmatch(file_id)]
+        file_ids += [self.output_file_id(batch["id"], kind) for batch in self.batches(owner) for kind in _OUTPUT_KINDS]
         records = []
-        if folder.exists():
-            for path in folder.iterdir():
-                file_id = path.name.removesuffix(".json")
-                if path.name.endswith(".json") and FILE_ID.fullmatch(file_id):
-                    records.append(self.file(file_id))
-        for batch in self.batches():
-            for kind in _OUTPUT_KINDS:
-                try:
-                    records.append(self.file(self.output_file_id(batch["id"], kind)))
-                except NotFoundError:
-                    pass
+        for file_id in file_ids:
+            try:
+                records.append(self.file(file_id))
+            except (NotFoundError, ValueError):
+                continue  # deleted meanwhile, no output of that kind, or half written
         return records
 
     def file_content(self, file_id: str) -> Iterator[bytes]:
@@ -233,7 +267,9 @@ class OpenAIStore:
             self.save_batch({**batch, "deleted_files": [*batch.get("deleted_files", ()), file_id]})
             return
         self.upload_path(file_id).unlink(missing_ok=True)
-        (self.root / "files" / f"{file_id}.json").unlink()
+        (self.root / "files" / f"{file_id}.json").unlink(missing_ok=True)
+        if record.get("owner") is not None:
+            (self.root / "owners" / owner_key(record["owner"]) / file_id).unlink(missing_ok=True)
 
     # -- batches ------------------------------------------------------------------------------------
 
@@ -246,26 +282,34 @@ class OpenAIStore:
 
     def save_batch(self, record: dict[str, Any]) -> None:  # Any: JSON values.
         self._write_json(self.root / "batches" / f"{_checked(BATCH_ID, record['id'])}.json", record)
+        self._mark(record.get("owner"), record["id"])
 
     def delete_batch(self, batch_id: str) -> None:
-        (self.root / "batches" / f"{_checked(BATCH_ID, batch_id)}.json").unlink(missing_ok=True)
+        path = self.root / "batches" / f"{_checked(BATCH_ID, batch_id)}.json"
+        try:
+            owner = self.batch(batch_id).get("owner")
+        except (NotFoundError, ValueError):
+            owner = None
+        path.unlink(missing_ok=True)
+        if owner is not None:
+            (self.root / "owners" / owner_key(owner) / batch_id).unlink(missing_ok=True)
 
     def batch(self, batch_id: str) -> dict[str, Any]:  # Any: JSON values.
         return self._read_json(self.root / "batches" / f"{_checked(BATCH_ID, batch_id)}.json", batch_id)
 
-    def batches(self) -> list[dict[str, Any]]:  # Any: JSON values.
-        """Every batch record, newest first."""
-        folder = self.root / "batches"
-        if not folder.exists():
-            return []
+    def batches(self, owner: str | None = None) -> list[dict[str, Any]]:  # Any: JSON values.
+        """``owner``'s batch records, or everyone's (None), newest first."""
+        if owner is not None:
+            batch_ids = self._owned_ids(owner, BATCH_ID)
+        else:
+            batch_ids = [name.removesuffix(".json") for name in _names(self.root / "batches") if name.endswith(".json")]
         records = []
-        for path in folder.iterdir():
-            batch_id = path.name.removesuffix(".json")
-            if path.name.endswith(".json") and BATCH_ID.fullmatch(batch_id):
+        for batch_id in batch_ids:
+            if BATCH_ID.fullmatch(batch_id):
                 try:
                     records.append(self.batch(batch_id))
                 except (NotFoundError, ValueError):
-                    continue  # a foreign or half-written file is no batch of ours
+                    continue  # a foreign, half-written or just deleted file is no batch of ours
         return sorted(records, key=lambda record: (record["created_at"], record["id"]), reverse=True)
 
     def read_json(self, uri: str) -> dict[str, Any] | None:  # Any: JSON values.

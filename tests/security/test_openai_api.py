@@ -13,6 +13,8 @@ gets as far as submitting fails at once; nothing here needs a job to run.
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,11 +34,14 @@ API_PORT = 8311
 STORE_CONN_ID = "raybatch_security_store"
 BUCKET = f"sec-store-{uuid.uuid4().hex[:6]}"
 USERS = {
-    "alice": ("user", "alice-pass-1"), "bob": ("user", "bob-pass-2"),
+    "alice": ("user", "alice-pass-1"), "bob": ("user", "bob-pass-2"), "carol": ("user", "carol-pass-5"),
+    "dave": ("user", "dave-pass-6"), "erin": ("user", "erin-pass-7"),
     "ops": ("op", "ops-pass-3"), "viewer": ("viewer", "viewer-pass-4"),
 }  # fmt: skip
 MAX_UPLOAD_BYTES = 100_000
 MAX_BODY_BYTES = 8192
+MAX_FILES_PER_USER = 12
+MAX_OPEN_BATCHES_PER_USER = 2
 CLOSED_RAY = json.dumps(
     {
         "conn_type": "ray",
@@ -108,6 +113,8 @@ def airflow(store_s3, s3_server, tmp_path_factory) -> Iterator[Airflow]:
         "AIRFLOW__RAYBATCH__OPENAI_FILES_CONN_ID": STORE_CONN_ID,
         "AIRFLOW__RAYBATCH__OPENAI_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
         "AIRFLOW__RAYBATCH__OPENAI_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        "AIRFLOW__RAYBATCH__OPENAI_MAX_FILES_PER_USER": str(MAX_FILES_PER_USER),
+        "AIRFLOW__RAYBATCH__OPENAI_MAX_OPEN_BATCHES_PER_USER": str(MAX_OPEN_BATCHES_PER_USER),
         "AIRFLOW_VAR_RAYBATCH_OPENAI_MODEL": "/nonexistent/model",
     }
     with airflow_standalone(
@@ -315,3 +322,109 @@ def test_the_request_count_agrees_with_the_pipeline_on_a_bare_carriage_return(ai
     line = b'{"custom_id": "a",\r"method": "POST", "url": "/v1/chat/completions", "body": {}}'
     file_id = alice.upload(line + b"\n" + line.replace(b'"a"', b'"b"') + b"\r\n\r\n \n")
     assert alice.create_batch(file_id).json()["request_counts"]["total"] == 2
+
+
+# -- found by the security trial (helper) after the first round of fixes ------------------------------
+
+
+def test_a_run_re_created_under_a_batch_id_by_someone_else_runs_nothing(airflow) -> None:
+    """bob deletes erin's batch run (the simple auth manager's "user" role may) and starts one with
+    her batch id: the task refuses, as the run was not started by her through the API."""
+    alice, bob = Client(airflow, "erin"), Client(airflow, "bob")
+    file_id = alice.upload(b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n')
+    created = alice.create_batch(file_id)
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    _task_failed_saying(airflow, batch_id, "Connection refused")  # ran as hers, to the closed Ray port
+    for method, json_body in (("DELETE", None), ("POST", {"dag_run_id": batch_id, "logical_date": None})):
+        path = f"{airflow.url}/api/v2/dags/{DEFAULT_DAG_ID}/dagRuns" + (f"/{batch_id}" if method == "DELETE" else "")
+        assert httpx.request(method, path, json=json_body, headers=bob.headers, timeout=30).status_code < 300
+    _task_failed_saying(airflow, batch_id, "not by the batch's owner")
+
+
+def _first_bytes_answer(airflow: Airflow, headers: dict[str, str]) -> bytes:
+    """Send an upload's headers and the first 1 KiB of a 90 KB body, then wait: what came back?"""
+    host, port = airflow.url.removeprefix("http://").split(":")
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    request = (f"POST /openai/v1/files HTTP/1.1\r\nHost: {host}\r\n{head}Content-Length: 90000\r\n"
+               "Content-Type: multipart/form-data; boundary=xyz\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(request + b"--xyz\r\n" + b"a" * 1024)
+        try:
+            return sock.recv(200)
+        except TimeoutError:
+            return b"(no answer while the body was still coming)"
+
+
+def test_an_upload_is_refused_before_its_body_is_read_without_a_token_or_permission(airflow) -> None:
+    """Uploads were parsed (spooled to the server's disk) before the token was checked."""
+    assert _first_bytes_answer(airflow, {}).startswith(b"HTTP/1.1 401")
+    viewer = Client(airflow, "viewer")
+    assert _first_bytes_answer(airflow, viewer.headers).startswith(b"HTTP/1.1 403")
+
+
+def test_listing_while_someone_else_uploads_and_deletes_never_fails(airflow) -> None:
+    alice, bob = Client(airflow, "alice"), Client(airflow, "bob")
+    stop = threading.Event()
+    failures: list[int] = []
+
+    def churn() -> None:
+        while not stop.is_set():
+            file_id = bob.upload(b"{}\n")
+            bob.call("DELETE", f"/files/{file_id}")
+
+    workers = [threading.Thread(target=churn) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in range(25):
+            for client in (alice, Client(airflow, "ops")):
+                response = client.call("GET", "/files")
+                if response.status_code != 200:
+                    failures.append(response.status_code)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert failures == []
+
+
+def test_one_user_cannot_fill_the_store_or_the_queue(airflow) -> None:
+    carol = Client(airflow, "carol")
+    files = [carol.upload(b"{}\n") for _ in range(MAX_FILES_PER_USER)]
+    over = carol.call("POST", "/files", files={"file": ("x.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_files"
+    carol.call("DELETE", f"/files/{files.pop()}")
+    files.append(carol.upload(b"{}\n"))  # room again
+
+    airflow.api("PATCH", f"/dags/{DEFAULT_DAG_ID}", json={"is_paused": True})  # runs stay queued: open
+    try:
+        for _ in range(MAX_OPEN_BATCHES_PER_USER):
+            assert carol.create_batch(files[0]).status_code == 200
+        over = carol.create_batch(files[0])
+        assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_open_batches"
+        dave = Client(airflow, "dave")  # another user's limit is their own
+        assert dave.create_batch(dave.upload(b"{}\n")).status_code == 200
+    finally:
+        airflow.api("PATCH", f"/dags/{DEFAULT_DAG_ID}", json={"is_paused": False})
+
+
+def test_every_error_is_in_openais_shape_and_echoes_no_body(airflow) -> None:
+    alice = Client(airflow, "alice")
+    secret = "x" * 500 + "ECHO-ME"
+    for response in (
+        alice.call("POST", "/batches", json={"input_file_id": 5, "endpoint": secret}),
+        alice.call("POST", "/batches", content=b"{not json", headers={"Content-Type": "application/json"}),
+        alice.call("GET", "/no-such-route"),
+        alice.call("POST", "/files", content=b"--xyz\r\nbroken", headers={"Content-Type": "multipart/form-data; boundary=xyz"}),
+    ):
+        assert response.status_code in (400, 404), response.text[:300]
+        assert set(response.json()) == {"error"} and "ECHO-ME" not in response.text, response.text[:300]
+
+
+def test_a_completion_window_is_at_most_30_days(airflow) -> None:
+    alice = Client(airflow, "alice")
+    file_id = alice.upload(b"{}\n")
+    for window in ("9999999d", "31d", "745h"):
+        response = alice.create_batch(file_id, completion_window=window)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "completion_window"

@@ -84,3 +84,22 @@ def test_batches_list_newest_first(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_completion_window_is_24h_or_another_duration(window: str, seconds: int | None) -> None:
     assert completion_window_seconds(window) == seconds
+
+
+def test_a_users_listing_reads_their_own_records_only(tmp_path: Path) -> None:
+    """An owner index: bob's records are never read for alice's listing (his thousands of uploads
+    cannot slow hers), and a record gone between listing and reading is left out."""
+    store = OpenAIStore(str(tmp_path))
+    mine = store.add_file(iter([b"{}\n"]), "a.jsonl", "batch", owner="alice")
+    theirs = store.add_file(iter([b"{}\n"]), "b.jsonl", "batch", owner="bob")
+    (tmp_path / "files" / f"{theirs['id']}.json").write_text("{half written")
+    batch = {"id": new_id("batch"), "created_at": 1, "owner": "alice"}
+    store.save_batch(batch)
+    assert [r["id"] for r in store.files("alice")] == [mine["id"]]
+    assert [r["id"] for r in store.files(None)] == [mine["id"]]  # the unreadable one is left out
+    assert [b["id"] for b in store.batches("alice")] == [batch["id"]] and store.batches("bob") == []
+    assert store.count_files("alice") == 1
+    (tmp_path / "files" / f"{mine['id']}.json").unlink()  # deleted while a listing runs
+    assert store.files("alice") == [] and store.count_files("alice") == 1
+    store.delete_batch(batch["id"])
+    assert store.batches("alice") == []
