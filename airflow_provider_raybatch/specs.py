@@ -179,7 +179,9 @@ class BatchInferenceSpec(BaseModel):
         default_factory=list,
         description="Hosts whose http(s):// images may be fetched although they are not on the public "
         "internet: host names, matched exactly (e.g. 'images.internal'), IP addresses ('10.1.2.3') or CIDR "
-        "blocks ('10.0.0.0/8'). Unset, an image URL whose host is or resolves to a loopback, private "
+        "blocks ('10.0.0.0/8'), each optionally with a port ('images.internal:8080', '[fd00::5]:443'). "
+        "Prefer host:port: an entry without a port allows every port on that host, so rows could reach "
+        "(and tell apart) the other services there, such as the Ray dashboard. Unset, an image URL whose host is or resolves to a loopback, private "
         "(10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, where cloud metadata services "
         "answer; fe80::/10), shared, multicast, unspecified or reserved address fails its row with "
         "'image source not allowed', before any connection is made. The check is on the address the fetch "
@@ -297,7 +299,7 @@ class BatchInferenceSpec(BaseModel):
     @classmethod
     def _check_image_allowed_hosts(cls, value: list[str]) -> list[str]:
         for index, entry in enumerate(value):
-            parse_allowed_host(entry, f"image_allowed_hosts[{index}]")
+            parse_allowed_host_entry(entry, f"image_allowed_hosts[{index}]")
         return value
 
     @field_validator("image_allowed_local_path")
@@ -552,6 +554,11 @@ def check_sampling_params(
     if structured is not None:
         _check_structured_outputs(structured, name)
     _check_json_serializable(name, value)
+    from airflow_provider_raybatch.pipeline.part_schema import unsafe_number  # pure, no pyarrow
+
+    bad_number = unsafe_number(value, name)
+    if bad_number is not None:  # a seed past int64, a NaN temperature: vLLM gets numbers, not text
+        raise ValueError(f"{bad_number[1]}.")
 
 
 def _check_structured_outputs(structured: Any, name: str = "sampling_params") -> None:  # Any: user input.
@@ -584,6 +591,30 @@ def _check_structured_outputs(structured: Any, name: str = "sampling_params") ->
             )
 
 
+def parse_allowed_host_entry(
+    entry: str, name: str = "image_allowed_hosts"
+) -> tuple[str | ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]:
+    """An ``image_allowed_hosts`` entry as (host or network, port or None for every port).
+
+    ``host:port``, ``1.2.3.4:port`` and ``[v6]:port`` carry a port; a bare IPv6 address or a CIDR block
+    does not. Raises ValueError naming ``name``.
+    """
+    text = entry.strip() if isinstance(entry, str) else ""
+    if "://" in text:
+        raise ValueError(f"{name}={entry!r}: give the host (and port), without a scheme or path.")
+    host, port_text = text, None
+    if text.startswith("[") and "]:" in text:
+        host, port_text = text[1 : text.index("]:")], text[text.index("]:") + 2 :]
+    elif text.count(":") == 1 and "/" not in text:
+        host, port_text = text.split(":")
+    port = None
+    if port_text is not None:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError(f"{name}={entry!r}: the port must be a number from 1 to 65535.")
+        port = int(port_text)
+    return parse_allowed_host(host, name), port
+
+
 def parse_allowed_host(
     entry: str, name: str = "image_allowed_hosts"
 ) -> str | ipaddress.IPv4Network | ipaddress.IPv6Network:
@@ -602,8 +633,8 @@ def parse_allowed_host(
     host = text.removesuffix(".")
     if not _HOST_NAME.match(host) or host.replace(".", "").isdigit():
         raise ValueError(
-            f"{name}={entry!r} is not a host name, IP address or CIDR block; pass e.g. 'images.internal', "
-            "'10.1.2.3' or '10.0.0.0/8', without a scheme, port or path."
+            f"{name}={entry!r} is not a host name, IP address or CIDR block; pass e.g. 'images.internal:8080', "
+            "'10.1.2.3' or '10.0.0.0/8', without a scheme or path."
         )
     return host
 

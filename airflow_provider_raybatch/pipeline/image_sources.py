@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.specs import check_allowed_local_path, parse_allowed_host, parse_s3_prefix
+from airflow_provider_raybatch.specs import check_allowed_local_path, parse_allowed_host_entry, parse_s3_prefix
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -163,8 +163,8 @@ class ImageSources:
     allowed_hosts: tuple[str, ...] = ()
     allowed_local_path: str | None = None
     allowed_s3_prefixes: tuple[str, ...] = ()
-    _host_names: frozenset[str] = field(init=False, repr=False, compare=False)
-    _networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
+    _host_names: frozenset[tuple[str, int | None]] = field(init=False, repr=False, compare=False)
+    _networks: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None], ...] = field(
         init=False, repr=False, compare=False
     )
 
@@ -173,7 +173,7 @@ class ImageSources:
         # the same values with the same functions, so a job never gets here with a bad one.
         try:
             parsed = [
-                parse_allowed_host(entry, f"allowed_hosts[{i}]") for i, entry in enumerate(self.allowed_hosts)
+                parse_allowed_host_entry(entry, f"allowed_hosts[{i}]") for i, entry in enumerate(self.allowed_hosts)
             ]
             if self.allowed_local_path is not None:
                 check_allowed_local_path(self.allowed_local_path, "allowed_local_path")
@@ -182,9 +182,9 @@ class ImageSources:
         except ValueError as err:
             raise TypeError(str(err)) from err
         object.__setattr__(
-            self, "_host_names", frozenset(entry for entry in parsed if isinstance(entry, str))
+            self, "_host_names", frozenset(entry for entry in parsed if isinstance(entry[0], str))
         )
-        object.__setattr__(self, "_networks", tuple(entry for entry in parsed if not isinstance(entry, str)))
+        object.__setattr__(self, "_networks", tuple(entry for entry in parsed if not isinstance(entry[0], str)))
 
     @classmethod
     def from_spec(cls, spec: BatchInferenceSpec) -> ImageSources:
@@ -198,13 +198,19 @@ class ImageSources:
 
     # -- http(s) --
 
-    def address_allowed(self, host: str, address: IPAddress) -> bool:
-        """Whether a connection for ``host`` may go to ``address``: public, or allowed by name or network."""
-        if host.lower().strip("[]").removesuffix(".") in self._host_names:
+    def address_allowed(self, host: str, address: IPAddress, port: int | None = None) -> bool:
+        """Whether a connection for ``host`` may go to ``address`` (on ``port``): public, or allowed by
+        name or network, for every port or for that one."""
+        name = host.lower().strip("[]").removesuffix(".")
+        if (name, None) in self._host_names or (port is not None and (name, port) in self._host_names):
             return True
         carried = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
         candidates = [address] if carried is None else [address, carried]
-        if any(candidate in network for network in self._networks for candidate in candidates):
+        if any(
+            candidate in network and allowed_port in (None, port)
+            for network, allowed_port in self._networks
+            for candidate in candidates
+        ):
             return True
         return is_public_address(address)
 
@@ -224,7 +230,7 @@ class ImageSources:
         host, port = address
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
-        if not addresses or not all(self.address_allowed(host, ip) for ip in addresses):
+        if not addresses or not all(self.address_allowed(host, ip, int(port)) for ip in addresses):
             raise RefusedHost(scheme, host)
         last_error: OSError | None = None
         for family, kind, proto, _, sockaddr in infos:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, engine, models, openai_batch, row_steps, storage
+from airflow_provider_raybatch.pipeline import commit, engine, models, openai_batch, row_steps, rows, storage
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.processor import build_llm_processor
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
@@ -38,11 +38,16 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
     import ray.data
 
     filesystem, _ = storage.filesystem(spec.input_uri)
+    extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
+    # Each file is read whole into one worker: one too large fails the job here, naming it, before
+    # any worker (or GPU) is spent on it, not as an out-of-memory worker later.
+    for path, size in storage.input_file_sizes(spec.input_uri, extensions):
+        rows.check_input_file_size(path, size)
     files = ray.data.read_binary_files(
         spec.input_uri,
         filesystem=filesystem,  # S3 through the job's own settings (pipeline/credentials.py)
         include_paths=True,
-        file_extensions=storage.extensions_for(spec.input_uri, spec.resolved_input_format),
+        file_extensions=extensions,
     )
     binary_columns = (spec.image_column,) if spec.image_column else ()
     return files.flat_map(

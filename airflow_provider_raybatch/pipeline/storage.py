@@ -210,6 +210,24 @@ def list_files(uri: str) -> list[str]:
     return sorted(info.path for info in infos if info.type == fs.FileType.File)
 
 
+def input_file_sizes(input_uri: str, extensions: list[str] | None) -> list[tuple[str, int]]:
+    """(path, bytes) of each file the job will read: ``input_uri`` itself, or the files under it with
+    one of ``extensions`` (as :func:`extensions_for` gives). One listing, before any worker reads."""
+    from pyarrow import fs
+
+    filesystem_, path = filesystem(input_uri)
+    info = filesystem_.get_file_info(path)
+    if info.type == fs.FileType.File:
+        return [(info.path, info.size)]
+    if info.type != fs.FileType.Directory:
+        return []
+    infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
+    return [
+        (item.path, item.size) for item in infos
+        if item.type == fs.FileType.File and (extensions is None or item.path.endswith(tuple(extensions)))
+    ]  # fmt: skip
+
+
 def write_dataset(dataset: Any, uri: str, output_format: OutputFormat) -> None:  # Any: ray Dataset.
     """Write a dataset as files under ``uri``; the folder exists afterwards even when it is empty."""
     filesystem_, path = filesystem(uri)

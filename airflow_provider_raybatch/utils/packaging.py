@@ -37,8 +37,14 @@ from pathlib import Path
 #: Folders never walked: byte-code caches and dependency trees (hidden folders are skipped too).
 _SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 _SKIPPED_SUFFIXES = (".pyc", ".pyo")
-#: Files never shipped, in any folder: private keys, certificates with their keys, key stores.
-SECRET_FILE_PATTERNS = ("*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*")
+#: Files never shipped, in any folder (names matched lower-cased): private keys, certificates with
+#: their keys, key stores, environment and credentials files, cloud service-account keys, anything
+#: named as a secret. A legitimate file caught here (``secret_santa.txt``) is better renamed than shipped.
+SECRET_FILE_PATTERNS = (
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk", "*.kdbx", "*.tfstate", "*.env",
+    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "credentials", "credentials.*", "*secret*",
+    "service-account*.json", "*service_account*.json",
+)  # fmt: skip
 #: Most bytes of files one module folder may ship (Ray's package store warns at 256 MiB).
 MAX_MODULE_BYTES = 64 * 1024 * 1024
 # A fixed timestamp keeps the zip bytes (and so uploads) identical for identical sources.
@@ -64,17 +70,39 @@ class RayPackage:
 
 
 def _skipped_dir(path: Path) -> bool:
-    return path.name.startswith(".") or path.name in _SKIPPED_DIRS or (path / "pyvenv.cfg").exists()
+    """Hidden folders, dependency trees and environments (a virtualenv's ``pyvenv.cfg``, conda's
+    ``conda-meta``)."""
+    return (
+        path.name.startswith(".")
+        or path.name in _SKIPPED_DIRS
+        or (path / "pyvenv.cfg").exists()
+        or (path / "conda-meta").is_dir()
+    )
+
+
+def _skipped_name(name: str) -> bool:
+    lowered = name.lower()
+    return (
+        name.startswith(".")
+        or name.endswith(_SKIPPED_SUFFIXES)
+        or any(fnmatch.fnmatchcase(lowered, pattern) for pattern in SECRET_FILE_PATTERNS)
+    )
 
 
 def _skipped_file(path: Path, root: Path) -> bool:
-    name = path.name
-    if name.startswith(".") or name.endswith(_SKIPPED_SUFFIXES):
+    if _skipped_name(path.name):
         return True
-    if any(fnmatch.fnmatchcase(name.lower(), pattern) for pattern in SECRET_FILE_PATTERNS):
+    if not path.is_symlink():
+        return False
+    # A link ships what it points at, so the target is judged, not the link's name: one out of the
+    # folder (~/.aws/credentials, /etc/...), or to a file or folder left out here (envcopy -> .env).
+    target = path.resolve()
+    if not target.is_relative_to(root):
         return True
-    # A link out of the folder would ship whatever it points at (~/.aws/credentials, /etc/...).
-    return path.is_symlink() and not path.resolve().is_relative_to(root)
+    steps = target.relative_to(root).parts
+    return _skipped_name(steps[-1]) or any(
+        _skipped_dir(root.joinpath(*steps[: index + 1])) for index in range(len(steps) - 1)
+    )
 
 
 def _too_large(module_path: Path, sizes: list[tuple[int, str]]) -> ValueError:

@@ -257,6 +257,26 @@ def test_an_allowed_loopback_server_is_fetched(server, resolver, connects) -> No
     assert set(connects) == {("127.0.0.1", port)}
 
 
+def test_a_host_allowed_with_its_port_reaches_that_port_only(server, resolver, connects) -> None:
+    """Found by the new-user trial: allowing 127.0.0.1 for an image server let rows reach the Ray
+    dashboard's port on it too, and tell open ports from closed ones by the reason."""
+    port, requests = server
+    for entry, host in [(f"127.0.0.1:{port}", "127.0.0.1"), (f"127.0.0.0/8:{port}", "127.0.0.1"),
+                        (f"images.internal:{port}", "images.internal")]:  # fmt: skip
+        if "/" in entry:  # a CIDR block takes no port: it is refused when the spec is built
+            with pytest.raises(TypeError):
+                ImageSources(allowed_hosts=(entry,))
+            continue
+        options = ImageOptions(timeout_seconds=3, sources=ImageSources(allowed_hosts=(entry,)))
+        assert load_image(f"http://{host}:{port}/ok.png", options).size == (40, 30)
+        before = len(requests)
+        assert refusal(f"http://{host}:{closed_port()}/ok.png", options) == refusal(
+            f"http://{host}:8275/api/jobs/", options
+        ) == host_refusal(f"http://{host}")
+        assert len(requests) == before
+    assert set(connects) == {("127.0.0.1", port)}
+
+
 def test_an_allowed_server_may_redirect_to_an_allowed_address(server, connects) -> None:
     port, _ = server
     options = ImageOptions(sources=ImageSources(allowed_hosts=("127.0.0.1",)))

@@ -241,3 +241,34 @@ def test_a_preprocess_package_holding_a_data_folder_fails_before_submitting(dag_
     )
     assert "raybatch_sec_pkg/prompts/corpus.bin (64.0 MiB)" in message
     assert hook.packages == []  # nothing was uploaded
+
+
+def test_a_link_ships_only_what_would_ship_itself_and_secret_names_are_left_out(tmp_path) -> None:
+    """Found by the new-user trial: ``envcopy -> .env`` shipped the .env under the link's name, and
+    ``prod.env``, ``credentials``, ``service-account.json``, ``keystore.jks``, ``putty.ppk``,
+    ``secrets.toml`` and a conda environment shipped."""
+    from airflow_provider_raybatch.utils.packaging import build_py_module_package
+
+    package = tmp_path / "mypre"
+    (package / ".aws").mkdir(parents=True)
+    (package / ".aws" / "credentials").write_text("aws_secret_access_key=LEAK1")
+    (package / ".env").write_text("AWS_SECRET=LEAK2")
+    (package / "id_rsa").write_text("LEAK3")
+    (package / "prompts").mkdir()
+    (package / "prompts" / "template.txt").write_text("Classify {name}.")
+    (package / "__init__.py").write_text("")
+    for name in ("prod.env", "credentials", "service-account.json", "keystore.jks", "putty.ppk", "secrets.toml"):
+        (package / name).write_text("LEAK4")
+    (package / "condaenv" / "conda-meta").mkdir(parents=True)
+    (package / "condaenv" / "lib.py").write_text("LEAK5")
+    for link, target in (("envcopy", ".env"), ("aws_link", ".aws/credentials"), ("id_link", "id_rsa"),
+                         ("template_link.txt", "prompts/template.txt")):  # fmt: skip
+        (package / link).symlink_to(package / target)
+
+    import io
+    import zipfile
+
+    shipped = zipfile.ZipFile(io.BytesIO(build_py_module_package(package).data))
+    names = set(shipped.namelist())
+    assert names == {"mypre/__init__.py", "mypre/prompts/template.txt", "mypre/template_link.txt"}
+    assert not any(b"LEAK" in shipped.read(name) for name in names)

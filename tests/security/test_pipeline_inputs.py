@@ -335,3 +335,36 @@ def test_a_large_jsonl_file_is_parsed_one_record_at_a_time() -> None:
 
     assert count == 40_000
     assert peak < len(data) // 8, peak  # the old path: over 2x len(data)
+
+
+@pytest.mark.parametrize(
+    "sampling_params",
+    [{"seed": 10**20}, {"temperature": float("nan")}, {"top_p": float("inf")},
+     {"structured_outputs": {"json": {"type": "integer", "maximum": float("inf")}}}],
+)  # fmt: skip
+def test_the_operators_own_sampling_params_refuse_numbers_the_engine_cannot_take(sampling_params) -> None:
+    """Not a row's value but the DAG's: refused when the spec is built, naming the field, before any
+    job starts (it would otherwise reach vLLM on every row)."""
+    from airflow_provider_raybatch.exceptions import BatchSpecError
+    from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+    with pytest.raises(BatchSpecError, match=r"sampling_params\.\S+: .*(out of range|not a finite number)"):
+        BatchInferenceSpec.build(model="m", input_uri="/in.jsonl", output_uri="/out", sampling_params=sampling_params)
+
+
+def test_an_input_file_over_the_cap_is_named_before_any_worker_reads_it(tmp_path: Path, monkeypatch) -> None:
+    """The driver lists the input's files with their sizes (run._read_records does this before
+    read_binary_files), so one file too large to parse fails the job naming it, not a worker OOM."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "small.jsonl").write_bytes(b'{"a": 1}\n')
+    (folder / "huge.jsonl").write_bytes(b'{"a": "' + b"x" * 4096 + b'"}\n')
+    (folder / "notes.txt").write_bytes(b"x" * 10_000)  # not an input file: never read, never checked
+    monkeypatch.setattr(rows, "MAX_INPUT_FILE_BYTES", 2048)
+    sizes = dict(storage.input_file_sizes(str(folder), [".jsonl"]))
+    assert set(sizes) == {str(folder / "small.jsonl"), str(folder / "huge.jsonl")}
+    rows.check_input_file_size(str(folder / "small.jsonl"), sizes[str(folder / "small.jsonl")])
+    with pytest.raises(rows.InputFileTooLargeError, match="huge.jsonl"):
+        for path, size in sorted(sizes.items()):
+            rows.check_input_file_size(path, size)
+    assert storage.input_file_sizes(str(folder / "small.jsonl"), None) == [(str(folder / "small.jsonl"), 9)]

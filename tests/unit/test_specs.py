@@ -612,7 +612,8 @@ def test_image_sources_default_to_nothing_extra_and_round_trip() -> None:
     ("overrides", "expected"),
     [
         ({"image_allowed_hosts": ["http://images.internal"]}, "image_allowed_hosts[0]='http://images.internal'"),
-        ({"image_allowed_hosts": ["ok.internal", "images.internal:8080"]}, "image_allowed_hosts[1]"),
+        ({"image_allowed_hosts": ["ok.internal:8080", "images.internal:99999"]}, "image_allowed_hosts[1]"),
+        ({"image_allowed_hosts": ["10.0.0.0/8:80"]}, "image_allowed_hosts[0]"),
         ({"image_allowed_hosts": ["images.internal/photos"]}, "image_allowed_hosts[0]"),
         ({"image_allowed_hosts": ["10.0.0.1/8"]}, "is not a CIDR block"),
         ({"image_allowed_hosts": ["*.internal"]}, "not a host name, IP address or CIDR block"),
@@ -639,8 +640,8 @@ def test_the_spec_and_the_image_policy_read_an_allowed_host_the_same_way() -> No
     """The pipeline's ImageSources checks what the spec checks, with the same functions."""
     from airflow_provider_raybatch.pipeline.image_sources import ImageSources
 
-    with pytest.raises(TypeError, match=r"allowed_hosts\[0\]='images.internal:8080'"):
-        ImageSources(allowed_hosts=("images.internal:8080",))
+    with pytest.raises(TypeError, match=r"allowed_hosts\[0\]='images.internal:0'"):
+        ImageSources(allowed_hosts=("images.internal:0",))
     with pytest.raises(TypeError, match="allowed_local_path"):
         ImageSources(allowed_local_path="relative/path")
     with pytest.raises(TypeError, match="allowed_s3_prefixes"):
