@@ -558,7 +558,7 @@ def check_sampling_params(
 
     bad_number = unsafe_number(value, name)
     if bad_number is not None:  # a seed past int64, a NaN temperature: vLLM gets numbers, not text
-        raise ValueError(f"{bad_number[1]}.")
+        raise ValueError(bad_number[1])
 
 
 def _check_structured_outputs(structured: Any, name: str = "sampling_params") -> None:  # Any: user input.
