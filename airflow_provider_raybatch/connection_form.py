@@ -47,7 +47,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {  # Any: JSON Schema values.
 _HIDDEN_FIELDS = ["schema", "login"]
 _RELABELING = {"host": "Ray dashboard address", "password": "Ray auth token"}
 _PLACEHOLDERS = {
-    "host": "http://127.0.0.1 or https://ray.example.com",
+    "host": "127.0.0.1, https://ray.example.com or https://gateway.example.com/ray",
     "port": str(DEFAULT_PORT),
     "password": "the cluster's token (ray start writes it to ~/.ray/auth_token)",
 }

@@ -45,6 +45,31 @@ class RayJobAlreadyExistsError(RayHookError):
     """A job with the given submission id was submitted before."""
 
 
+class RayUnexpectedResponseError(RayHookError):
+    """The dashboard address answered, but not as the Ray Jobs API does: a redirect or a non-JSON page.
+
+    Almost always a proxy in front of the dashboard (an SSO or OAuth gateway whose session cookie
+    expired, an ingress that wants https or another path), or a host that is not a Ray dashboard.
+    Not retried: it does not pass with time. :attr:`url` is the address called (never with
+    credentials), :attr:`location` a redirect's target without its query, :attr:`content_type`
+    what the answer said it was.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        url: str,
+        location: str | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code)
+        self.url = url
+        self.location = location
+        self.content_type = content_type
+
+
 class RayJobFailedError(RayBatchError):
     """The Ray job ended FAILED or STOPPED."""
 

@@ -15,12 +15,13 @@ import functools
 import http.cookiejar
 import json
 import os
+import re
 import ssl
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 import aiohttp
 import httpx
@@ -36,6 +37,7 @@ from airflow_provider_raybatch.exceptions import (
     RayJobAlreadyExistsError,
     RayJobNotFoundError,
     RayUnavailableError,
+    RayUnexpectedResponseError,
 )
 from airflow_provider_raybatch.utils.layout import (
     CLUSTER_NODES_ENDPOINT,
@@ -85,6 +87,7 @@ class JobInfo:
 
     @classmethod
     def from_api(cls, payload: dict[str, Any]) -> JobInfo:  # Any: Ray's JSON job details.
+        """:raises KeyError, ValueError: not Ray's job details (no ``status``, or an unknown one)."""
         return cls(
             job_id=payload.get("submission_id") or payload.get("job_id") or "",
             status=JobStatus(payload["status"]),
@@ -119,17 +122,121 @@ class _Request:
 
 @dataclass(frozen=True)
 class _Answer:
-    """An answer of the async client, read whole: the parts of ``httpx.Response`` the hook uses."""
+    """An answer read whole, from the sync or the async client: the parts of it the hook uses.
 
+    Both twins build one, so everything after the I/O (status checks, JSON decoding, their errors)
+    is the same code for both.
+    """
+
+    request: _Request
+    #: The address called: the dashboard's (never with credentials) and the request's path.
+    url: str
     status_code: int
     content: bytes
+    content_type: str = ""
+    location: str | None = None
 
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", errors="replace")
 
-    def json(self) -> Any:  # Any: JSON values.
-        return json.loads(self.content)
+    def json(self, expected: type = object) -> Any:  # Any: JSON values.
+        """The body as JSON of the ``expected`` type.
+
+        :raises RayUnexpectedResponseError: the body is not JSON, or not of that type; a proxy's
+            login page answered instead of the Jobs API (a bare JSONDecodeError would say nothing,
+            and would crash a trigger instead of failing the task with a reason).
+        """
+        try:
+            value = json.loads(self.content)
+        except ValueError as err:  # JSONDecodeError, or UnicodeDecodeError for a binary body
+            raise _not_json(self) from err
+        if not isinstance(value, expected):
+            raise _unexpected(
+                self,
+                f"JSON {type(value).__name__} where Ray answers a JSON {expected.__name__}",
+                "Check that the connection's host is the Ray dashboard's address (with its path prefix "
+                "behind an ingress) and that the cluster runs a Ray version with the Jobs API.",
+            )
+        return value
+
+    def job_info(self) -> JobInfo:
+        """The body as one job's details."""
+        return self._job_info(self.json(dict))
+
+    def job_infos(self) -> list[JobInfo]:
+        """The body as a list of jobs' details."""
+        return [self._job_info(item) for item in self.json(list)]
+
+    def _job_info(self, payload: Any) -> JobInfo:  # Any: one JSON value of the answer.
+        try:
+            return JobInfo.from_api(payload)
+        except (KeyError, ValueError, TypeError, AttributeError) as err:
+            raise _unexpected(
+                self,
+                f"JSON that is not Ray's job details ({type(err).__name__}: {err})"[:300],
+                "Check that the connection's host is the Ray dashboard's address and that the cluster "
+                "runs a Ray version with the Jobs API.",
+            ) from err
+
+
+#: What to do about an answer that a proxy in front of the dashboard gave (shared by the messages).
+_PROXY_ADVICE = (
+    "Most likely a proxy in front of the dashboard answered: an SSO or OAuth proxy whose session "
+    "expired or was never given (renew the cookie or header in the connection's extra 'cookies' or "
+    "'headers', or give it a credential that needs no login), or an ingress that serves the dashboard "
+    "at another address (set the connection's host to it, path prefix included)."
+)
+
+#: An HTML page's title, to tell a login page from an error page in the message.
+_HTML_TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def _unexpected(answer: _Answer, what: str, advice: str) -> RayUnexpectedResponseError:
+    request = answer.request
+    return RayUnexpectedResponseError(
+        f"Ray Jobs API call {request.method} {request.path} to {answer.url} answered "
+        f"{answer.status_code} with {what}. {advice}",
+        status_code=answer.status_code,
+        url=answer.url,
+        location=answer.location,
+        content_type=answer.content_type or None,
+    )
+
+
+def _not_json(answer: _Answer) -> RayUnexpectedResponseError:
+    """The error for a body that is not JSON: an HTML page is a proxy's (or another server's)."""
+    content_type = answer.content_type or "no content type"
+    head = answer.content.lstrip()[:1]
+    if "html" in content_type.lower() or head == b"<":
+        what = f"an HTML page ({content_type}"
+        title = _HTML_TITLE.search(answer.content[:65536])
+        if title:
+            what += f", titled {' '.join(title.group(1).decode('utf-8', 'replace').split())[:100]!r}"
+        what += ") instead of JSON"
+    elif not answer.content:
+        what = "an empty body instead of JSON"
+    else:
+        what = f"{len(answer.content)} bytes of {content_type} that are not JSON"
+    return _unexpected(answer, what, _PROXY_ADVICE)
+
+
+def _redirected(answer: _Answer) -> RayUnexpectedResponseError:
+    """The error for a 3xx: the Jobs API never redirects, so a proxy did (redirects are not followed)."""
+    target = _without_secrets(urljoin(answer.url, answer.location)) if answer.location else None
+    what = f"a redirect to {target}" if target else "a redirect without a Location"
+    return _unexpected(
+        answer,
+        what,
+        f"{_PROXY_ADVICE} Redirects are not followed, so the token is never sent to another address.",
+    )
+
+
+def _without_secrets(url: str) -> str:
+    """``url`` without user info, query or fragment: a login redirect's query may carry state tokens."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")) or "?"
 
 
 @dataclass(frozen=True)
@@ -146,16 +253,7 @@ class RayConnectionSettings:
     @classmethod
     def from_connection(cls, conn: Connection) -> RayConnectionSettings:
         extra = conn.extra_dejson
-        host = (conn.host or "127.0.0.1").rstrip("/")
-        if "://" in host:
-            scheme, host = host.split("://", 1)
-        else:
-            scheme = conn.schema or extra.get("scheme") or "http"
-        base_url = f"{scheme}://{host}"
-        if conn.port:
-            base_url += f":{conn.port}"
-        elif ":" not in host and scheme == "http":
-            base_url += f":{DEFAULT_PORT}"  # https without a port means an ingress on 443
+        base_url = _base_url(conn.host, conn.port, conn.schema or extra.get("scheme") or "http")
         headers = {str(k): str(v) for k, v in _json_object(extra, "headers").items()}
         token = conn.password or extra.get("token")
         if token and not any(k.lower() == "authorization" for k in headers):
@@ -190,6 +288,14 @@ class RayConnectionSettings:
             "timeout": self.timeout_seconds,
         }
 
+    def url(self, path: str) -> str:
+        """The address of one Jobs API call: the dashboard's address, its path prefix kept, and ``path``.
+
+        Both twins call this one address (httpx would merge ``base_url`` the same way; aiohttp has
+        no base URL that keeps a prefix), so a prefix cannot be kept by one and lost by the other.
+        """
+        return self.base_url.rstrip("/") + "/" + path.lstrip("/")
+
     @property
     def host(self) -> str:
         """The dashboard's host name, for messages."""
@@ -204,6 +310,78 @@ class RayConnectionSettings:
             self.verify,
             self.timeout_seconds,
         )
+
+
+def _base_url(host: str | None, port: int | None, default_scheme: str) -> str:
+    """The dashboard's address from the connection's host and port fields, without a trailing slash.
+
+    The host is a name (``127.0.0.1``) or a URL, which may carry a port and a path prefix: a
+    dashboard behind an ingress at ``https://gateway.example.com/ray/``. A bare dashboard is plain
+    http on 8265, so http with neither port nor path gets 8265; https, or any path (a proxy serves
+    it), means the scheme's own port unless one is given. A fragment (a dashboard page's address
+    copied from the browser, ``.../#/jobs``) is dropped: it never reaches the server.
+
+    :raises RayHookError: an address that no call could use, naming the field and the fix.
+    """
+    text = (host or "127.0.0.1").strip()
+    scheme_in_host = "://" in text
+    if not scheme_in_host:
+        text = f"{default_scheme}://{text}"
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    # Shown in errors: the host field, less any credentials it carries.
+    shown = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    if scheme not in ("http", "https"):
+        where = (
+            f"Connection host {shown!r} has scheme {parts.scheme!r}"
+            if scheme_in_host
+            # A ray:// URI's path lands in the schema field: ray://gateway/ray gives the scheme "ray".
+            else f"The connection's schema field (or extra 'scheme'; a ray:// URI's path) "
+            f"is {default_scheme!r}"
+        )
+        raise RayHookError(
+            f"{where}; the Ray dashboard is reached over http or https. Set the host to a URL such as "
+            "http://127.0.0.1 or https://gateway.example.com/ray (a path prefix goes in the host; in a "
+            "ray:// URI, URL-encode it: ray://:TOKEN@https%3A%2F%2Fgateway.example.com%2Fray)."
+        )
+    if "@" in parts.netloc:
+        raise RayHookError(
+            f"Connection host {shown!r} carries a user name or password (user:password@); it would show "
+            "in logs and links. Remove it: put the cluster's token in the connection's password, or an "
+            "Authorization header in the extra 'headers'."
+        )
+    if parts.query:
+        raise RayHookError(
+            f"Connection host {shown!r} has a query string ({'?' + parts.query!r}); the dashboard's "
+            "address takes none. Remove it (headers or cookies go in the connection's extras)."
+        )
+    try:
+        url_port = parts.port
+    except ValueError as err:
+        raise RayHookError(
+            f"Connection host {shown!r} has an invalid port: {err}. Give the port as a number, in the "
+            "host (https://gateway:8443/ray) or in the connection's port field."
+        ) from err
+    if not parts.hostname:
+        raise RayHookError(
+            f"Connection host {shown!r} names no host. Set it to e.g. 127.0.0.1 or https://ray.example.com."
+        )
+    if port and url_port and int(port) != url_port:
+        raise RayHookError(
+            f"Connection host {shown!r} carries port {url_port} but the connection's port field is {port}. "
+            "Leave the port field empty or make the two agree."
+        )
+    # One slash between segments and none at the end: calls append "/api/...".
+    path = re.sub(r"/{2,}", "/", parts.path).rstrip("/")
+    path = quote(path, safe="/%:@!$&'()*+,;=~")
+    chosen = url_port or port
+    if not chosen and scheme == "http" and not path:
+        chosen = DEFAULT_PORT  # a bare dashboard; https or a path prefix means a proxy on its own port
+    name = parts.hostname
+    netloc = f"[{name}]" if ":" in name else name  # an IPv6 address keeps its brackets
+    if chosen:
+        netloc += f":{chosen}"
+    return f"{scheme}://{netloc}{path}"
 
 
 class _KeepNoCookies(http.cookiejar.DefaultCookiePolicy):
@@ -373,11 +551,14 @@ def _unreachable(settings: RayConnectionSettings, err: Exception) -> RayHookErro
     return RayHookError(message)
 
 
-def _raise_for_response(request: _Request, response: httpx.Response | _Answer, host: str) -> None:
+def _raise_for_response(response: _Answer, host: str) -> None:
     """Translate an error answer into the narrowest provider exception."""
+    request = response.request
     status = response.status_code
-    if status < 400 or status in request.accepted_statuses:
+    if status < 300 or status in request.accepted_statuses:
         return
+    if status < 400:  # the Jobs API never redirects: a proxy does (and a 3xx is no success)
+        raise _redirected(response)
     text = response.text.strip()
     # Ray answers errors with a whole server traceback; its last line is the one that says why.
     body = (text.splitlines() or [""])[-1][:500]
@@ -430,9 +611,12 @@ def _submit_request(
 class RayHook(BaseHook):
     """Talk to a Ray cluster's Jobs API (the dashboard, port 8265 by default).
 
-    The connection's host (optionally with ``https://``) and port locate the dashboard; its password
-    is the cluster's auth token, sent as ``Authorization: Bearer``. Extras: ``headers`` (dict),
-    ``cookies`` (dict), ``verify`` (true, false or a CA bundle path), ``timeout_seconds``.
+    The connection's host and port locate the dashboard: a name (``127.0.0.1``, port 8265 by default)
+    or a URL that may carry a port and the path prefix of an ingress (``https://gateway.example.com/ray``);
+    see :func:`_base_url`. Its password is the cluster's auth token, sent as ``Authorization: Bearer``.
+    Extras: ``headers`` (dict), ``cookies`` (dict), ``verify`` (true, false or a CA bundle path),
+    ``timeout_seconds``. A redirect or a non-JSON page (an SSO proxy's login) raises
+    :class:`~airflow_provider_raybatch.exceptions.RayUnexpectedResponseError`.
 
     :param ray_conn_id: Airflow connection id of type ``ray``. Default ``ray_default``.
     """
@@ -504,23 +688,30 @@ class RayHook(BaseHook):
             "reraise": True,
         }
 
-    def _send(self, request: _Request) -> httpx.Response:
+    def _send(self, request: _Request) -> _Answer:
         settings = self.settings
         for attempt in Retrying(**self._retry_policy(request, settings)):
             with attempt:
                 return self._send_once(request, settings)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
-    def _send_once(self, request: _Request, settings: RayConnectionSettings) -> httpx.Response:
+    def _send_once(self, request: _Request, settings: RayConnectionSettings) -> _Answer:
+        url = settings.url(request.path)
         try:
             with httpx.Client(**settings.client_kwargs()) as client:
-                response = client.request(
-                    request.method, request.path, json=request.json, content=request.content
-                )
+                response = client.request(request.method, url, json=request.json, content=request.content)
         except httpx.HTTPError as err:
             raise _unreachable(settings, err) from err
-        _raise_for_response(request, response, settings.host)
-        return response
+        answer = _Answer(
+            request,
+            url,
+            response.status_code,
+            response.content,
+            response.headers.get("content-type", ""),
+            response.headers.get("location"),
+        )
+        _raise_for_response(answer, settings.host)
+        return answer
 
     async def _a_send(self, request: _Request) -> _Answer:
         """Async version of :meth:`_send`."""
@@ -532,30 +723,41 @@ class RayHook(BaseHook):
 
     async def _a_send_once(self, request: _Request, settings: RayConnectionSettings) -> _Answer:
         shared = await _async_client(settings)
-        # The path is quoted already (_job_path); encoded=True sends it as built, as httpx does.
-        url = yarl.URL(settings.base_url + request.path, encoded=True)
+        url = settings.url(request.path)
         try:
             async with (
                 shared.slots,
                 shared.session.request(
-                    request.method, url, json=request.json, data=request.content, allow_redirects=False
+                    request.method,
+                    # The path is quoted already (_job_path); encoded=True sends it as built, as httpx does.
+                    yarl.URL(url, encoded=True),
+                    json=request.json,
+                    data=request.content,
+                    allow_redirects=False,
                 ) as response,
             ):
-                answer = _Answer(response.status, await response.read())
+                answer = _Answer(
+                    request,
+                    url,
+                    response.status,
+                    await response.read(),
+                    response.headers.get("Content-Type", ""),
+                    response.headers.get("Location"),
+                )
         except (TimeoutError, aiohttp.ClientError) as err:
             raise _unreachable(settings, err) from err
-        _raise_for_response(request, answer, settings.host)
+        _raise_for_response(answer, settings.host)
         return answer
 
     # -- cluster -------------------------------------------------------------------------------
 
     def get_version(self) -> dict[str, Any]:  # Any: Ray's JSON.
         """Ray and Jobs API versions of the cluster (``GET /api/version``)."""
-        return self._send(_Request("GET", "/api/version")).json()
+        return self._send(_Request("GET", "/api/version")).json(dict)
 
     def get_cluster_resources(self) -> ClusterResources:
         """Each alive node's resources and accelerator type (the dashboard's state API)."""
-        return cluster_resources_from_api(self._send(_Request("GET", CLUSTER_NODES_ENDPOINT)).json())
+        return cluster_resources_from_api(self._send(_Request("GET", CLUSTER_NODES_ENDPOINT)).json(dict))
 
     def test_connection(self) -> tuple[bool, str]:
         """Check reachability, authentication and the Ray version, as the Airflow UI's Test button does."""
@@ -594,15 +796,19 @@ class RayHook(BaseHook):
             entrypoint_memory=entrypoint_memory,
             entrypoint_resources=entrypoint_resources,
         )
-        return self._send(request).json()["submission_id"]
+        answer = self._send(request)
+        submission_id = answer.json(dict).get("submission_id")
+        if not isinstance(submission_id, str) or not submission_id:
+            raise _unexpected(answer, "JSON without a submission_id", _PROXY_ADVICE)
+        return submission_id
 
     def get_job_info(self, job_id: str) -> JobInfo:
         """Details of one job. :raises RayJobNotFoundError: no such job."""
-        return JobInfo.from_api(self._send(_Request("GET", _job_path(job_id))).json())
+        return self._send(_Request("GET", _job_path(job_id))).job_info()
 
     async def a_get_job_info(self, job_id: str) -> JobInfo:
         """Async version of :meth:`get_job_info`."""
-        return JobInfo.from_api((await self._a_send(_Request("GET", _job_path(job_id)))).json())
+        return (await self._a_send(_Request("GET", _job_path(job_id)))).job_info()
 
     def get_job_status(self, job_id: str) -> JobStatus:
         return self.get_job_info(job_id).status
@@ -613,24 +819,24 @@ class RayHook(BaseHook):
 
     def list_jobs(self) -> list[JobInfo]:
         """Every job the cluster knows of."""
-        return [JobInfo.from_api(item) for item in self._send(_Request("GET", "/api/jobs/")).json()]
+        return self._send(_Request("GET", "/api/jobs/")).job_infos()
 
     def stop_job(self, job_id: str) -> bool:
         """Ask Ray to stop a job; False when it had already ended."""
-        return bool(self._send(_Request("POST", _job_path(job_id, "/stop"))).json().get("stopped"))
+        return bool(self._send(_Request("POST", _job_path(job_id, "/stop"))).json(dict).get("stopped"))
 
     async def a_stop_job(self, job_id: str) -> bool:
         """Async version of :meth:`stop_job`."""
         response = await self._a_send(_Request("POST", _job_path(job_id, "/stop")))
-        return bool(response.json().get("stopped"))
+        return bool(response.json(dict).get("stopped"))
 
     def get_job_logs(self, job_id: str) -> str:
         """The job driver's whole log."""
-        return self._send(_Request("GET", _job_path(job_id, "/logs"))).json().get("logs", "")
+        return self._send(_Request("GET", _job_path(job_id, "/logs"))).json(dict).get("logs", "")
 
     async def a_get_job_logs(self, job_id: str) -> str:
         """Async version of :meth:`get_job_logs`."""
-        return (await self._a_send(_Request("GET", _job_path(job_id, "/logs")))).json().get("logs", "")
+        return (await self._a_send(_Request("GET", _job_path(job_id, "/logs")))).json(dict).get("logs", "")
 
     def get_job_log_tail(self, job_id: str, lines: int = 40) -> str:
         """The end of a job's log for an error message; empty when the log cannot be had."""
