@@ -12,8 +12,7 @@ import hashlib
 import ipaddress
 import json
 import re
-import string
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -90,38 +89,85 @@ def infer_input_format(uri: str) -> InputFormat:
     )
 
 
-def template_fields(template: str) -> list[str]:
-    """Column names a user template refers to, in order; raises for positional or nested fields."""
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as err:
-        raise BatchSpecError(f"user_template={template!r} is not a valid format string: {err}.") from err
-    names: list[str] = []
-    for _, field_name, format_spec, conversion in parsed:
-        if field_name is None:
+# One row field of user_template: {Column}, {Column!r}, {Column:>10}, str.format's field syntax, but
+# only where a brace opens one. Its name, conversion and format spec hold no brace, quote or line
+# break, so a JSON example ({"label": ...}, keys quoted) or {} is never a field. See TemplateField.
+_TEMPLATE_FIELD = re.compile(
+    r"\{(?P<name>[^{}:!\"'\r\n]+)(?:!(?P<conversion>[^{}:\"'\r\n]*))?(?::(?P<format_spec>[^{}\"'\r\n]*))?\}"
+)
+
+
+class TemplateField(NamedTuple):
+    """One ``{Column}`` of ``user_template``: the column, its ``!r``/``!s``/``!a`` and format spec, and
+    its text as written (for error messages)."""
+
+    name: str
+    conversion: str | None
+    format_spec: str
+    text: str
+
+
+def parse_user_template(template: str) -> list[str | TemplateField]:
+    """``user_template`` (as Airflow rendered it) as literal text and row fields, in order.
+
+    The one templating rule, in two steps, so that a prompt can hold any literal brace:
+
+    1. Airflow renders the field with Jinja, as every templated field: ``{{ ds }}``, ``{{ params.x }}``.
+       Jinja reads only ``{{``, ``{%`` and ``{#``, none of which occur in JSON outside its strings.
+    2. For each row, ``{Column}`` (with an optional ``!r``/``!s``/``!a`` and ``:format_spec``, as in
+       ``str.format``) is that row's value. A field's name, conversion and format spec hold no brace,
+       quote or line break, and the name is not blank. Every other brace is literal text, so a JSON
+       example such as ``{"label": "..."}`` (its keys are quoted), ``{}`` or ``}}`` is sent as written.
+
+    Doubling (``{{``/``}}``) is not an escape here: Jinja owns ``{{``, so ``str.format``'s escape
+    could only be reached through ``{% raw %}``, and ``}}`` closes nested JSON objects. A literal
+    ``{Word}`` that reads as a field is built in a preprocess function instead. Documented, with why
+    this rule, in docs/howto-daily-run.md ("user_template: Jinja, then {Column}"). Raises BatchSpecError for a field the pipeline cannot fill: a
+    positional ``{0}``, attribute or index access ``{a.b}``, or an unknown conversion.
+    """
+    pieces: list[str | TemplateField] = []
+    literal_start = position = 0
+    while (position := template.find("{", position)) != -1:
+        match = _TEMPLATE_FIELD.match(template, position)
+        if match is None or not match["name"].strip():
+            position += 1  # a literal brace
             continue
-        if format_spec and "{" in format_spec:
-            raise BatchSpecError(
-                f"user_template={template!r} field {{{field_name}}} nests a field in its format spec; "
-                "use plain {Column} fields, or build the text in a preprocess function."
-            )
-        if conversion not in (None, "r", "s", "a"):
-            raise BatchSpecError(
-                f"user_template={template!r} field {{{field_name}!{conversion}}} has an unknown conversion; "
-                "use !r, !s or !a, or none."
-            )
-        if field_name == "" or field_name.isdigit():
-            raise BatchSpecError(
-                f"user_template={template!r} has a positional field {{{field_name}}}; "
-                "name a column instead, e.g. {Company}."
-            )
-        if any(c in field_name for c in ".[]"):
-            raise BatchSpecError(
-                f"user_template={template!r} field {{{field_name}}} uses attribute or index access; "
-                "refer to whole columns only, or build the text in a preprocess function."
-            )
-        names.append(field_name)
-    return names
+        field = TemplateField(match["name"], match["conversion"], match["format_spec"] or "", match[0])
+        _check_template_field(template, field)
+        if position > literal_start:
+            pieces.append(template[literal_start:position])
+        pieces.append(field)
+        literal_start = position = match.end()
+    if literal_start < len(template):
+        pieces.append(template[literal_start:])
+    return pieces
+
+
+def _check_template_field(template: str, field: TemplateField) -> None:
+    if field.conversion is not None and field.conversion not in ("r", "s", "a"):
+        raise BatchSpecError(
+            f"user_template={_shorten(template)!r} field {field.text} has an unknown conversion; "
+            "use !r, !s or !a, or none."
+        )
+    if field.name.strip().isdigit():
+        raise BatchSpecError(
+            f"user_template={_shorten(template)!r} has a positional field {field.text}; "
+            "name a column instead, e.g. {Company}."
+        )
+    if any(c in field.name for c in ".[]"):
+        raise BatchSpecError(
+            f"user_template={_shorten(template)!r} field {field.text} uses attribute or index access; "
+            "refer to whole columns only, or build the text in a preprocess function."
+        )
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def template_fields(template: str) -> list[str]:
+    """Column names a user template refers to, in order (:func:`parse_user_template`)."""
+    return [piece.name for piece in parse_user_template(template) if isinstance(piece, TemplateField)]
 
 
 class BatchInferenceSpec(BaseModel):
@@ -153,7 +199,10 @@ class BatchInferenceSpec(BaseModel):
     system_prompt: str | None = Field(default=None, description="System message put before the user message.")
     user_template: str | None = Field(
         default=None,
-        description="User message rendered from each row with str.format, e.g. 'Industry of {Company}?'.",
+        description="User message for each row, e.g. 'Sector of {Company}? Answer as {\"label\": \"...\"}'. "
+        "Airflow renders it with Jinja first ({{ ds }}); then each {Column} (optionally {Column!r} or "
+        "{Column:.2f}, as in str.format) is that row's value. Every other brace is literal text, so JSON "
+        "examples are written as they are; there is no doubled-brace escape (parse_user_template).",
     )
     image_column: ColumnName | None = Field(
         default=None,

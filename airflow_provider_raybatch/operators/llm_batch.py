@@ -417,6 +417,7 @@ class RayLLMBatchOperator(BaseOperator):
         if previous is not None and previous.status == JobStatus.SUCCEEDED and self.reuse_earlier_result:
             self.log.info("Ray job %s of an earlier try succeeded; taking its result.", previous.job_id)
             self.job_id = previous.job_id
+            self._push_job_link(context, hook, previous.job_id)  # this try's "Ray job" link names it too
             return self.execute_complete(context, event_for_job(previous))
         if previous is not None and not previous.status.is_terminal:
             self.log.info("Ray job %s of an earlier try is %s; attaching to it.", previous.job_id,
@@ -440,9 +441,7 @@ class RayLLMBatchOperator(BaseOperator):
     def _wait(self, context: Context, hook: RayHook, job_id: str) -> str:
         """Wait for the job: defer (default), or poll in the worker; then finish as it ended."""
         # Record the job id the instant it exists so it can be stopped or found even if the worker dies.
-        ti = context["ti"]
-        ti.xcom_push(key=JOB_ID_XCOM_KEY, value=job_id)
-        ti.xcom_push(key=DASHBOARD_URL_XCOM_KEY, value=hook.dashboard_url)  # for the "Ray job" link
+        self._push_job_link(context, hook, job_id)
         if self.deferrable:
             timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
             self.defer(
@@ -457,6 +456,14 @@ class RayLLMBatchOperator(BaseOperator):
                 timeout=None if timeout is None else timedelta(seconds=timeout + 60),
             )
         return self.execute_complete(context, self._wait_in_worker(hook, job_id))
+
+    @staticmethod
+    def _push_job_link(context: Context, hook: RayHook, job_id: str) -> None:
+        """Push the XComs the "Ray job" link reads, on every path that settles on a job: XComs belong
+        to one try, so a try that takes an earlier try's result must push them again."""
+        ti = context["ti"]
+        ti.xcom_push(key=JOB_ID_XCOM_KEY, value=job_id)
+        ti.xcom_push(key=DASHBOARD_URL_XCOM_KEY, value=hook.dashboard_url)
 
     def _previous_job(self, hook: RayHook, task_try: TaskTry, context: Context) -> JobInfo | None:
         """The newest Ray job of this logical run (any earlier try, or this one), if there is one.

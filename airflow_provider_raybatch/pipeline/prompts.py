@@ -12,7 +12,7 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.specs import BatchInferenceSpec, parse_user_template
 
 RowFunction = Callable[[dict[str, Any]], dict[str, Any]]  # Any: user rows hold any values.
 
@@ -34,34 +34,27 @@ def _is_missing(value: Any) -> bool:  # Any: a cell value.
 
 
 def _render_user_message(spec: BatchInferenceSpec, row: dict[str, Any]) -> str:  # Any: cell values.
-    """``user_template`` filled with the row's columns, each formatted alone so that a reason names its
-    column (``{score:.1f}`` on a list is that row's error, not the job's)."""
-    template = spec.user_template or ""
+    """``user_template`` filled with the row's columns (``specs.parse_user_template``: only ``{Column}``
+    is a field, every other brace is literal text), each field formatted alone so that a reason names
+    its column (``{score:.1f}`` on a list is that row's error, not the job's)."""
     formatter = string.Formatter()
     pieces = []
-    for literal, column, format_spec, conversion in formatter.parse(template):
-        pieces.append(literal)
-        if column is None:
+    for piece in parse_user_template(spec.user_template or ""):
+        if isinstance(piece, str):
+            pieces.append(piece)
             continue
+        column = piece.name
         if column not in row:
             raise ValueError(f"missing column: user_template needs column {column!r}, which the row lacks")
         value = row[column]
         if _is_missing(value) or str(value).strip() == "":
             raise ValueError(f"empty prompt: column {column!r} used by user_template is empty")
         try:
-            pieces.append(
-                formatter.format_field(formatter.convert_field(value, conversion), format_spec or "")
-            )
+            converted = formatter.convert_field(value, piece.conversion)
+            pieces.append(formatter.format_field(converted, piece.format_spec))
         except Exception as err:  # noqa: BLE001 - any value the spec cannot format fails this row only
-            shown = (
-                "{"
-                + column
-                + (f"!{conversion}" if conversion else "")
-                + (f":{format_spec}" if format_spec else "")
-                + "}"
-            )
             raise ValueError(
-                f"bad template value: column {column!r} holds a {type(value).__name__} that {shown} "
+                f"bad template value: column {column!r} holds a {type(value).__name__} that {piece.text} "
                 f"cannot format: {type(err).__name__}: {err}"
             ) from err
     return "".join(pieces)

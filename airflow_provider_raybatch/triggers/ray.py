@@ -96,6 +96,11 @@ class RayJobTrigger(BaseTrigger):
         or answers 5xx (a head restart); None takes the connection's (default 300 s).
     :param progress_interval_seconds: Least time between two progress lines (rows done / total,
         rows/s, output tokens/s, ETA) relayed from a raybatch job's driver log; 0 turns them off.
+    :param owns_job: Whether the deferred task owns the job: True (default, the operator that submitted
+        it) stops the job when the task is killed while deferred (marked failed or success, cleared) or
+        the timeout passes. False (:class:`~airflow_provider_raybatch.sensors.ray.RayJobSensor`) only
+        watches: the job is left running whatever happens to the task, as in worker mode. Default True,
+        which is also how a trigger serialized before this argument existed loads.
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class RayJobTrigger(BaseTrigger):
         timeout_seconds: float | None = None,
         retry_window_seconds: float | None = None,
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
+        owns_job: bool = True,
     ) -> None:
         super().__init__()
         if poll_interval_seconds <= 0:
@@ -116,6 +122,11 @@ class RayJobTrigger(BaseTrigger):
         self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
         self.retry_window_seconds = None if retry_window_seconds is None else float(retry_window_seconds)
         self.progress_interval_seconds = float(progress_interval_seconds)
+        if not isinstance(owns_job, bool):
+            raise TypeError(
+                f"owns_job={owns_job!r} must be a bool: True stops the job on kill, False only watches it."
+            )
+        self.owns_job = owns_job
 
     def serialize(self) -> tuple[str, dict[str, Any]]:  # Any: JSON-able constructor arguments.
         return (
@@ -127,6 +138,7 @@ class RayJobTrigger(BaseTrigger):
                 "timeout_seconds": self.timeout_seconds,
                 "retry_window_seconds": self.retry_window_seconds,
                 "progress_interval_seconds": self.progress_interval_seconds,
+                "owns_job": self.owns_job,
             },
         )
 
@@ -152,16 +164,29 @@ class RayJobTrigger(BaseTrigger):
                 self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
             if deadline is not None and time.monotonic() >= deadline:
                 message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s"
-                try:
-                    await hook.a_stop_job(self.job_id)
-                    message += "; stopped it."
-                except RayHookError as err:
-                    message += f"; stopping it failed: {err}"
+                if not self.owns_job:
+                    message += "; left it running (this task only watches it)."
+                else:
+                    try:
+                        await hook.a_stop_job(self.job_id)
+                        message += "; stopped it."
+                    except RayHookError as err:
+                        message += f"; stopping it failed: {err}"
                 yield TriggerEvent(job_event("error", self.job_id, message, "timeout"))
                 return
             await asyncio.sleep(self.poll_interval_seconds)
 
     async def on_kill(self) -> None:
-        """The task was marked failed, cleared or succeeded while deferred: stop its Ray job."""
+        """The task was marked failed, cleared or succeeded while deferred: stop its Ray job if it owns it.
+
+        A sensor's trigger (``owns_job=False``) leaves the job running, as the sensor does in worker mode:
+        the job belongs to whoever submitted it. Airflow calls this only on such user actions, never on
+        a triggerer restart or redistribution, so those never stop a job either way.
+        """
+        if not self.owns_job:
+            self.log.info(
+                "Task killed while deferred; Ray job %s left running: the task only watches it.", self.job_id
+            )
+            return
         stopped = await self._hook().a_stop_job(self.job_id)
         self.log.info("Task killed while deferred; stop of Ray job %s requested: %s.", self.job_id, stopped)

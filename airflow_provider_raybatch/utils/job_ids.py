@@ -34,9 +34,17 @@ class TaskTry:
         return "-".join([SUBMISSION_ID_PREFIX, *parts, f"m{self.map_index}", f"t{self.try_number}", digest])
 
     def run_key(self) -> str:
-        """The logical run's identity, without the try: every retry of it shares this key."""
+        """The logical run's identity, without the try: every retry of it shares this key.
+
+        ``<task id, cleaned, at most 24 characters>-m<map index>-<hash>``. It names the staging folder a
+        retry resumes from, so the key of an id that ever worked must never change. Leading dots are
+        dropped from the readable part: a task id Airflow allows may start with ``.``, and the key must
+        not (it is a folder name: never ``.`` or ``..``, nor hidden). No key that worked began with a
+        dot, so dropping them changes none of those.
+        """
         exact = "\x1f".join(map(str, (self.dag_id, self.run_id, self.task_id, self.map_index)))
-        return f"{_clean(self.task_id)[:24]}-m{self.map_index}-{hashlib.sha256(exact.encode()).hexdigest()[:16]}"
+        readable = _clean(self.task_id)[:24].lstrip(".")
+        return f"{readable}-m{self.map_index}-{hashlib.sha256(exact.encode()).hexdigest()[:16]}"
 
     def owns(self, metadata: dict[str, str]) -> bool:
         """Whether a Ray job's metadata says it belongs to this logical run (any try)."""

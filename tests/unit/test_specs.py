@@ -143,9 +143,6 @@ INVALID_CASES = [
         id="system-prompt-without-template",
     ),
     pytest.param(
-        {"user_template": "Industry of {}?"}, ["user_template", "positional"], id="template-empty-field"
-    ),
-    pytest.param(
         {"user_template": "Industry of {0}?"}, ["user_template", "positional"], id="template-index-field"
     ),
     pytest.param(
@@ -155,9 +152,9 @@ INVALID_CASES = [
         {"user_template": "Industry of {a[0]}?"}, ["user_template", "{a[0]}"], id="template-index-access"
     ),
     pytest.param(
-        {"user_template": "Industry of {Company?"},
-        ["user_template", "not a valid format"],
-        id="template-unclosed",
+        {"user_template": "Industry of {Company!x}?"},
+        ["user_template", "{Company!x}", "conversion"],
+        id="template-unknown-conversion",
     ),
     pytest.param(
         {"keep_columns": ["Company", "generated_text"]},
@@ -315,7 +312,10 @@ def test_infer_input_format_raises_naming_input_format(uri: str) -> None:
         ("{b} then {a} then {b}", ["b", "a", "b"]),
         ("Who is {Customer Id}?", ["Customer Id"]),
         ("{name!r:>10}", ["name"]),
-        ("{{literal}} and {x}", ["x"]),
+        # No doubled-brace escape (Jinja owns "{{"): "{{x}}" after Jinja is a brace, {x}, a brace.
+        ("{{literal}} and {x}", ["literal", "x"]),
+        ('Answer as {"label": "...", "tags": {}} for {Company}', ["Company"]),
+        ("{ } {} {Company {a:{w}} }}", ["w"]),
         ("no fields at all", []),
         ("", []),
     ],
@@ -324,7 +324,9 @@ def test_template_fields(template: str, expected: list[str]) -> None:
     assert template_fields(template) == expected
 
 
-@pytest.mark.parametrize("template", ["{}", "{0}", "{a.b}", "{a[x]}", "{a"])
+@pytest.mark.parametrize(
+    "template", ["{0}", "{ 12 }", "{a.b}", "{a[x]}", "{a!x}", 'JSON {"a": 1} then {x.y}']
+)
 def test_template_fields_rejects(template: str) -> None:
     with pytest.raises(BatchSpecError, match="user_template"):
         template_fields(template)

@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import TaskDeferred
 import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.links import RayJobLink
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
 from airflow_provider_raybatch.operators.llm_batch import (
@@ -606,8 +607,27 @@ def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: Fak
     assert result == "s3://b/out/"
     assert not cluster.submit.called
     assert op.job_id == previous
-    assert ti.xcoms == {"job_id": previous, "manifest": manifest, "output_uri": "s3://b/out/"}
+    assert ti.xcoms == {
+        "job_id": previous, "ray_dashboard_url": RAY_URL, "manifest": manifest, "output_uri": "s3://b/out/"
+    }
     assert store.sets == []
+
+
+def test_a_taken_result_has_its_ray_job_link(
+    ray_conn: str, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XComs belong to one try: a retry that takes an earlier job's result must push what the "Ray job"
+    link reads, or the link of the try that succeeded is blank."""
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(MANIFEST))
+    op = make_operator(ray_conn_id=ray_conn)
+
+    op.execute({"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: previous})})
+
+    monkeypatch.setattr(
+        "airflow.sdk.execution_time.xcom.XCom.get_value", lambda *, ti_key, key: ti.xcoms.get(key)
+    )
+    assert RayJobLink().get_link(op, ti_key=ti) == f"{RAY_URL}/#/jobs/{previous}"
 
 
 def test_execute_takes_the_result_of_a_succeeded_job_found_by_listing(
@@ -947,6 +967,7 @@ def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeC
         "timeout_seconds": 600.0,
         "retry_window_seconds": None,
         "progress_interval_seconds": 0.0,
+        "owns_job": True,  # the operator's trigger stops its job when the task is killed
     }
     assert info.value.method_name == "execute_complete"
     assert info.value.timeout == timedelta(seconds=660)

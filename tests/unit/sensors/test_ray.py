@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 import respx
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
-from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEventError
+from airflow_provider_raybatch.exceptions import RayHookError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.sensors.ray import RayJobSensor
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from airflow_provider_raybatch.utils.events import job_event
@@ -95,6 +98,7 @@ def test_deferrable_execute_defers_when_running(
         "timeout_seconds": None,
         "retry_window_seconds": None,
         "progress_interval_seconds": 60.0,
+        "owns_job": False,
     }
     assert info.value.method_name == "execute_complete"
     assert info.value.timeout == timedelta(seconds=300)
@@ -130,3 +134,134 @@ def test_execute_complete_error_raises_with_the_log_tail(
 def test_execute_complete_rejects_malformed_events(sensor: RayJobSensor, event: Any) -> None:
     with pytest.raises(RayTriggerEventError):
         sensor.execute_complete({}, event)
+
+
+# -- the sensor only watches ------------------------------------------------------------------------
+
+
+def rebuilt_in_the_triggerer(deferral: TaskDeferred) -> RayJobTrigger:
+    """The trigger as the triggerer loads it: from its serialized form."""
+    classpath, kwargs = deferral.trigger.serialize()
+    module_name, _, class_name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)(**kwargs)
+
+
+async def test_killing_the_deferred_sensor_leaves_the_job_running(
+    ray_conn: str, ray_api: respx.MockRouter, job_payload: Any
+) -> None:
+    """Marking the deferred sensor failed or success, or clearing it, runs its trigger's on_kill."""
+    ray_api.get(f"/api/jobs/{JOB}").respond(json=job_payload(JOB, "RUNNING"))
+    stop = ray_api.post(f"/api/jobs/{JOB}/stop").respond(json={"stopped": True})
+    sensor = RayJobSensor(task_id="wait", job_id=JOB, ray_conn_id=ray_conn, deferrable=True)
+    with pytest.raises(TaskDeferred) as info:
+        sensor.execute({})
+
+    await rebuilt_in_the_triggerer(info.value).on_kill()
+
+    assert not stop.called
+
+
+# -- soft_fail and never_fail mean the same in every mode --------------------------------------------
+
+
+MODES = ["poke", "deferrable-at-once", "deferrable-after-the-wait"]
+
+
+async def run_sensor(
+    sensor: RayJobSensor, mode: str, ray_api: respx.MockRouter, final: httpx.Response
+) -> None:
+    """Run ``sensor`` as Airflow would until the job's status answers ``final``.
+
+    poke: ``execute`` with the poke loop; deferrable-at-once: the job has ended before the sensor starts;
+    deferrable-after-the-wait: the sensor defers, its trigger sees ``final`` and Airflow resumes the sensor
+    with the event through ``resume_execution`` (which is where Airflow applies its own soft_fail logic).
+    """
+    status = ray_api.get(f"/api/jobs/{JOB}")
+    if mode != "deferrable-after-the-wait":
+        status.mock(return_value=final)
+        sensor.execute({})
+        return
+    status.respond(json={"submission_id": JOB, "status": "RUNNING"})  # the fields the hook reads
+    with pytest.raises(TaskDeferred) as info:
+        sensor.execute({})
+    status.mock(return_value=final)
+    events = [event.payload async for event in rebuilt_in_the_triggerer(info.value).run()]
+    assert len(events) == 1
+    sensor.resume_execution(info.value.method_name, {"event": events[0]}, {})
+
+
+def make_sensor(ray_conn: str, mode: str, **flags: bool) -> RayJobSensor:
+    return RayJobSensor(
+        task_id="wait",
+        job_id=JOB,
+        ray_conn_id=ray_conn,
+        poke_interval=0.01,
+        timeout=30,
+        deferrable=mode != "poke",
+        **flags,
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("flag", ["soft_fail", "never_fail"])
+@pytest.mark.parametrize("status", ["FAILED", "STOPPED"])
+async def test_a_job_that_ended_badly_skips_with_soft_fail_or_never_fail(
+    ray_conn: str, ray_api: respx.MockRouter, job_payload: Any, mode: str, flag: str, status: str
+) -> None:
+    ray_api.get(f"/api/jobs/{JOB}/logs").respond(json={"logs": LOG})
+    stop = ray_api.post(f"/api/jobs/{JOB}/stop").respond(json={"stopped": True})
+    final = httpx.Response(200, json=job_payload(JOB, status, message="exit code 1"))
+
+    with pytest.raises(AirflowSkipException, match=flag):
+        await run_sensor(make_sensor(ray_conn, mode, **{flag: True}), mode, ray_api, final)
+
+    assert not stop.called
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_job_that_ended_badly_fails_without_the_flags(
+    ray_conn: str, ray_api: respx.MockRouter, job_payload: Any, mode: str
+) -> None:
+    ray_api.get(f"/api/jobs/{JOB}/logs").respond(json={"logs": LOG})
+    final = httpx.Response(200, json=job_payload(JOB, "FAILED", message="exit code 1"))
+
+    with pytest.raises(RayJobFailedError) as info:
+        await run_sensor(make_sensor(ray_conn, mode), mode, ray_api, final)
+
+    assert info.value.status == "failed"
+    assert "ValueError: boom" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_api_error_skips_with_never_fail(
+    ray_conn: str, ray_api: respx.MockRouter, mode: str
+) -> None:
+    with pytest.raises(AirflowSkipException, match="never_fail"):
+        await run_sensor(make_sensor(ray_conn, mode, never_fail=True), mode, ray_api, httpx.Response(404))
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_api_error_still_fails_with_soft_fail(
+    ray_conn: str, ray_api: respx.MockRouter, mode: str
+) -> None:
+    """soft_fail skips what the sensor decides (a bad ending, the timeout), as Airflow's poke loop does."""
+    ray_api.get(f"/api/jobs/{JOB}/logs").respond(404)
+
+    with pytest.raises((RayHookError, RayJobFailedError), match="404"):
+        await run_sensor(make_sensor(ray_conn, mode, soft_fail=True), mode, ray_api, httpx.Response(404))
+
+
+@pytest.mark.parametrize("flag", ["soft_fail", "never_fail"])
+def test_the_deferral_timeout_skips_with_soft_fail_or_never_fail(ray_conn: str, flag: str) -> None:
+    """The sensor's ``timeout`` passing while deferred, as the task runner reports it."""
+    sensor = make_sensor(ray_conn, "deferrable", **{flag: True})
+
+    with pytest.raises(AirflowSkipException, match=flag):
+        sensor.resume_execution(TRIGGER_FAIL_REPR, {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, {})
+
+
+def test_a_malformed_event_skips_with_never_fail(ray_conn: str) -> None:
+    sensor = make_sensor(ray_conn, "deferrable", never_fail=True)
+
+    with pytest.raises(AirflowSkipException, match="never_fail"):
+        sensor.resume_execution("execute_complete", {"event": None}, {})

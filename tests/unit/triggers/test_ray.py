@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import itertools
+from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,8 +66,47 @@ def test_serialize_round_trip() -> None:
         "timeout_seconds": 600.0,
         "retry_window_seconds": None,
         "progress_interval_seconds": 60.0,
+        "owns_job": True,
     }
     assert rebuilt.serialize() == trigger.serialize()
+
+
+def test_serialize_round_trip_of_a_watching_trigger() -> None:
+    _, kwargs = RayJobTrigger(job_id=JOB, owns_job=False).serialize()
+
+    assert kwargs["owns_job"] is False
+    assert RayJobTrigger(**kwargs).owns_job is False
+
+
+#: What RayJobTrigger.serialize() returned before ``owns_job`` existed (the operator's and the sensor's
+#: triggers alike): such rows may be in the triggerer's table during an upgrade.
+OLD_SERIALIZED_KWARGS = {
+    "job_id": JOB,
+    "ray_conn_id": "ray_default",
+    "poll_interval_seconds": 10.0,
+    "timeout_seconds": 600.0,
+    "retry_window_seconds": None,
+    "progress_interval_seconds": 60.0,
+}
+
+
+async def test_a_trigger_serialized_before_owns_job_loads_and_still_stops_on_kill(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+
+    rebuilt = RayJobTrigger(**{**OLD_SERIALIZED_KWARGS, "ray_conn_id": ray_conn})
+    await rebuilt.on_kill()
+
+    assert rebuilt.owns_job is True
+    assert rebuilt.serialize()[1] == {**OLD_SERIALIZED_KWARGS, "ray_conn_id": ray_conn, "owns_job": True}
+    assert stop.call_count == 1
+
+
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_owns_job_must_be_a_bool(value: Any) -> None:
+    with pytest.raises(TypeError, match="owns_job="):
+        RayJobTrigger(job_id=JOB, owns_job=value)
 
 
 def test_serialize_without_timeout() -> None:
@@ -282,3 +323,83 @@ async def test_on_kill_stops_the_job(make_trigger: Any, ray_api: respx.MockRoute
     await make_trigger().on_kill()
 
     assert stop.call_count == 1
+
+
+async def test_on_kill_of_a_watching_trigger_leaves_the_job_running(
+    make_trigger: Any, ray_api: respx.MockRouter
+) -> None:
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+
+    await make_trigger(owns_job=False).on_kill()
+
+    assert not stop.called
+
+
+async def test_timeout_of_a_watching_trigger_leaves_the_job_running(
+    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any
+) -> None:
+    ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "RUNNING"))
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+
+    events = await events_of(make_trigger(timeout_seconds=0.05, owns_job=False))
+
+    assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
+    assert events[0]["message"].endswith("; left it running (this task only watches it).")
+    assert not stop.called
+
+
+# -- cancellation through Airflow's own triggerer code --------------------------------------------
+
+
+async def cancel_in_the_triggerer(trigger: RayJobTrigger, polls: respx.Route, *, user_action: bool) -> None:
+    """Run ``trigger`` in Airflow's TriggerRunner until it has polled, then cancel it as the triggerer does.
+
+    ``user_action``: the task was marked failed or success, or cleared (``cancel_triggers``, which
+    calls ``on_kill``); otherwise the triggerer is shutting down and cancels the task bare.
+    """
+    from airflow.jobs import triggerer_job_runner
+
+    runner = triggerer_job_runner.TriggerRunner()
+    task = asyncio.create_task(runner.run_trigger(1, trigger))
+    runner.triggers[1] = {"task": task, "is_watcher": False, "name": "ray_job_trigger", "events": 0}
+    for _ in range(500):
+        if polls.called:
+            break
+        await asyncio.sleep(0.01)
+    assert polls.called, "the trigger never polled"
+    if user_action:
+        runner.to_cancel.append(1)
+        await runner.cancel_triggers()
+    else:
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert runner.events == deque()  # cancelled: no event reached the task
+
+
+@pytest.mark.parametrize(
+    ("owns_job", "user_action", "stops"),
+    [
+        (True, True, 1),  # the operator's trigger: marking its task failed stops its job
+        (False, True, 0),  # the sensor's trigger only watches
+        (True, False, 0),  # a triggerer restart never stops a job
+        (False, False, 0),
+    ],
+    ids=["owner-killed", "watcher-killed", "owner-triggerer-restart", "watcher-triggerer-restart"],
+)
+async def test_cancel_in_the_triggerer_stops_only_an_owned_job_and_only_on_user_action(
+    make_trigger: Any,
+    ray_api: respx.MockRouter,
+    job_payload: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    owns_job: bool,
+    user_action: bool,
+    stops: int,
+) -> None:
+    monkeypatch.setenv("AIRFLOW_DISABLE_GREENBACK_PORTAL", "true")
+    polls = ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "RUNNING"))
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+
+    await cancel_in_the_triggerer(make_trigger(owns_job=owns_job), polls, user_action=user_action)
+
+    assert stop.call_count == stops

@@ -6,7 +6,12 @@ import re
 from dataclasses import replace
 
 import pytest
+from airflow.sdk.definitions._internal.node import validate_key
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.job_ids import SUBMISSION_ID_PREFIX, TaskTry
 
 TRY = TaskTry(
@@ -86,7 +91,7 @@ def test_metadata_values_are_strings() -> None:
 
 # -- run_key: one logical run, every try ----------------------------------------------------------
 
-RUN_KEY_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # BatchInferenceSpec.run_key's pattern
+RUN_KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")  # BatchInferenceSpec.run_key's pattern
 
 
 @pytest.mark.parametrize("try_number", [1, 2, 7, 99])
@@ -151,6 +156,86 @@ def test_run_key_matches_the_spec_pattern(task_try: TaskTry) -> None:
         model="m", input_uri="in.jsonl", output_uri="out", user_template="{x}", run_key=run_key
     )
     assert spec.run_key == run_key
+
+
+def spec_with(run_key: str) -> BatchInferenceSpec:
+    return BatchInferenceSpec.build(
+        model="m", input_uri="in.jsonl", output_uri="out", user_template="{x}", run_key=run_key
+    )
+
+
+@pytest.mark.parametrize("task_id", [".hidden", "..", "...", "._x", ".-", "." * 250, "_.x", "group..task"])
+def test_a_task_id_airflow_allows_that_starts_with_a_dot_gives_a_valid_run_key(task_id: str) -> None:
+    """Airflow accepts ``.hidden`` as a task id; its run key once began with a dot, which the spec
+    refuses, so every try failed on ``run_key``, a field the DAG author never set."""
+    validate_key(task_id)  # Airflow's own rule for task and DAG ids
+    task_try = replace(TRY, task_id=task_id)
+
+    assert spec_with(task_try.run_key()).run_key == task_try.run_key()
+    assert SAFE.fullmatch(task_try.submission_id())
+
+
+# What a run key was before dots were dropped (commit 569a760): the staging folders of runs in flight
+# are named by it, so every key of this form that the spec accepted must stay the same.
+GOLDEN_RUN_KEYS = [
+    (TRY, "classify-m-1-29d7049939633de0"),
+    (
+        TaskTry("daily_company_industry", "manual__2026-11-21T00:00:00+00:00",
+                "group.classify_each_company_in_the_list", 7, 3),
+        "group.classify_each_comp-m7-e05aab2639b1f409",
+    ),
+    (TaskTry("dág", "r", "ünïcödé", -1, 1), "n_c_d-m-1-3926c04ed54d8875"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("task_try", "run_key"), GOLDEN_RUN_KEYS)
+def test_run_keys_of_ordinary_ids_are_unchanged(task_try: TaskTry, run_key: str) -> None:
+    assert task_try.run_key() == run_key
+
+
+def _run_key_before_the_fix(task_try: TaskTry) -> str:
+    import hashlib
+
+    exact = "\x1f".join(map(str, (task_try.dag_id, task_try.run_id, task_try.task_id, task_try.map_index)))
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", task_try.task_id).strip("_")[:40]
+    return f"{cleaned[:24]}-m{task_try.map_index}-{hashlib.sha256(exact.encode()).hexdigest()[:16]}"
+
+
+# Airflow's key rule (validate_key: ``^[\w.-]+$`` with Unicode \w, at most 250 characters) for DAG
+# and task ids; run ids as its default allowed_run_id_pattern and its generated ids, at most 250.
+airflow_keys = st.from_regex(r"[\w.-]{1,250}", fullmatch=True).filter(
+    lambda key: validate_key(key) is None and len(key) <= 250
+)
+dotted_keys = st.builds(
+    lambda dots, rest: (dots + rest)[:250], st.text(".", min_size=1, max_size=30), airflow_keys
+)
+run_ids = st.from_regex(r"[A-Za-z0-9_.~:+-]{1,250}", fullmatch=True).filter(lambda run_id: len(run_id) <= 250)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dag_id=st.one_of(airflow_keys, dotted_keys),
+    task_id=st.one_of(airflow_keys, dotted_keys, st.just("." * 250), st.just("t" * 250)),
+    run_id=st.one_of(run_ids, st.just("r" * 250)),
+    map_index=st.integers(min_value=-1, max_value=10**6),
+    try_number=st.integers(min_value=0, max_value=10**4),
+)
+def test_every_id_airflow_accepts_gives_a_valid_run_key_and_submission_id(
+    dag_id: str, task_id: str, run_id: str, map_index: int, try_number: int
+) -> None:
+    task_try = TaskTry(dag_id, run_id, task_id, map_index, try_number)
+    run_key = task_try.run_key()
+
+    assert spec_with(run_key).run_key == run_key  # the spec's own rule, not a copy of it
+    assert not run_key.startswith(".")
+    submission_id = task_try.submission_id()
+    assert SAFE.fullmatch(submission_id) and len(submission_id) <= 200, submission_id
+    old = _run_key_before_the_fix(task_try)
+    try:
+        spec_with(old)
+    except BatchSpecError:
+        return  # never worked: no staged run to resume
+    assert run_key == old  # a key that worked is kept, so its staged rows still resume
 
 
 # -- owns: which Ray jobs belong to this logical run --------------------------------------------
