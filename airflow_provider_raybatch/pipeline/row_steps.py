@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import images, openai_batch, storage
-from airflow_provider_raybatch.pipeline.part_schema import strict_json_value, unsafe_number
+from airflow_provider_raybatch.pipeline.part_schema import strict_json_value
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.prompts import (
     RowFunction,
@@ -166,14 +166,11 @@ def _sampling_params(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str,
         own = dict(own)
     name = f"the row's {ROW_SAMPLING_PARAMS}"
     try:
+        # Also refuses ints past int64 and NaN/inf: vLLM takes these as numbers (a torch seed, C loop
+        # bounds), where 10**20 could fail the replica's whole batch, not this row.
         check_sampling_params(own, one_text_per_row=True, name=name)
     except ValueError as err:
         raise ValueError(f"bad sampling_params: {err}") from err
-    # vLLM takes these as numbers (a torch seed, int64 arrays, C loop bounds): 10**20 or NaN there
-    # could fail the replica's whole batch, not this row.
-    unsafe = unsafe_number(own, name)
-    if unsafe is not None:
-        raise ValueError(f"bad sampling_params: {unsafe[1]}")
     return {**spec.sampling_params, **own}
 
 

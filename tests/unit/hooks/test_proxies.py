@@ -25,13 +25,7 @@ from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from airflow_provider_raybatch.utils.packaging import RayPackage
 
 from ..conftest import RAY_TOKEN, RAY_URL, RespxBridge, _BridgeResolver, nodes_payload
-
-
-def connection(**fields: Any) -> Connection:  # Any: Connection's fields.
-    extra = fields.pop("extra", None)
-    return Connection(
-        conn_id="ray_test", conn_type="ray", extra=None if extra is None else json.dumps(extra), **fields
-    )
+from .test_ray import connection
 
 
 # -- finding 7: the connection's host forms ------------------------------------------------------
