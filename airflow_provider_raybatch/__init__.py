@@ -43,8 +43,20 @@ def get_provider_info() -> dict:
         ],
         "config": {
             "raybatch": {
-                "description": "The OpenAI-compatible Batch API served under /openai on the API server.",
+                "description": "The provider's settings: its jobs' identity, and the OpenAI-compatible "
+                "Batch API served under /openai on the API server.",
                 "options": {
+                    "job_identity_secret": {
+                        "description": "Secret that signs this deployment's Ray job ids, so that a job on "
+                        "a shared Ray cluster is adopted or stopped only by the deployment that submitted "
+                        "it. Set it to the same long random value on every worker. Empty: Airflow's "
+                        "[core] fernet_key, else [api_auth] jwt_secret.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "sensitive": True,
+                        "example": None,
+                        "default": "",
+                    },
                     "openai_files_uri": {
                         "description": "Where uploaded files, batch records and batch outputs are kept: a "
                         "folder or s3://bucket/prefix that the Ray cluster can read and write too. "

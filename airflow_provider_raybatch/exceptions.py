@@ -16,6 +16,10 @@ class BatchSpecError(RayBatchError, ValueError):
     """A parameter of the batch job is invalid; the message names the parameter and the fix."""
 
 
+class RayBatchConfigError(RayBatchError):
+    """The Airflow deployment lacks a setting the provider needs; the message names it."""
+
+
 class RayHookError(RayBatchError):
     """The Ray Jobs API answered with an error, or could not be reached."""
 

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseOperator
 
 import airflow_provider_raybatch
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError, RayJobNotFoundError
+from airflow_provider_raybatch.exceptions import (
+    BatchSpecError,
+    RayBatchRowsFailedError,
+    RayHookError,
+    RayJobNotFoundError,
+)
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.links import (
     DASHBOARD_URL_XCOM_KEY,
@@ -39,7 +44,9 @@ from airflow_provider_raybatch.triggers.ray import (
     RayJobTrigger,
     event_for_job,
 )
-from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
+from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
+from airflow_provider_raybatch.utils.deployment_secret import deployment_key
+from airflow_provider_raybatch.utils.events import job_event, job_failed_error, validate_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 from airflow_provider_raybatch.utils.layout import plan_layout
 from airflow_provider_raybatch.utils.packaging import RayPackage, build_job_package, build_py_module_package
@@ -61,6 +68,18 @@ JOB_ID_STATE_KEY = "raybatch_job_id"
 STOP_WAIT_SECONDS = 120.0
 #: Ray job metadata key holding the spec fingerprint the job was submitted with.
 FINGERPRINT_KEY = "raybatch_spec_fingerprint"
+#: How long after Airflow's deferral deadline Airflow itself gives up on the trigger: the trigger
+#: acts at the deadline (stops the job, fires an event), so Airflow's timeout is only a backstop.
+DEFERRAL_GRACE_SECONDS = 60.0
+#: A job this try attached to that stopped within this long of the attach was stopped by the earlier
+#: try's own cleanup (a clear or mark-failed of that try races this try's start): run again. Stopped
+#: later, someone stopped it on purpose (``ray job stop``): the task fails.
+CLEANUP_RACE_SECONDS = 60.0
+#: Retry window of the calls that clean up after a failure (stop, log tail): short, the task is failing.
+CLEANUP_RETRY_WINDOW_SECONDS = 30.0
+#: Airflow's ``next_method`` when a deferred task is resumed only to fail: its deferral timeout
+#: passed or its trigger crashed (airflow.sdk.bases.operator.TRIGGER_FAIL_REPR).
+_TRIGGER_FAIL = "__fail__"
 _TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
 
 
@@ -91,6 +110,14 @@ def _top_level_module_path(field: str, dotted_path: str) -> Path:
         ) from err
     top = sys.modules[module_name.split(".")[0]]
     return Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
+
+
+def _task_try(context: Context) -> TaskTry:
+    """The running task-instance try, with its DAG run's creation identity (``run_after``)."""
+    ti = context["ti"]
+    run_after = getattr(context.get("dag_run"), "run_after", None)
+    return TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number,
+                   run_after.isoformat() if run_after is not None else "")  # fmt: skip
 
 
 def _try_number(job: JobInfo) -> int:
@@ -402,12 +429,13 @@ class RayLLMBatchOperator(BaseOperator):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> str | None:
-        ti = context["ti"]
-        task_try = TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number)
+        deadline = self._deadline()
+        task_try = _task_try(context)
         spec = self.build_spec(run_key=task_try.run_key())
         self.log.info("Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri)
+        secret = deployment_key()
         hook = self.hook
-        previous = self._previous_job(hook, task_try, context)
+        previous = self._previous_job(hook, task_try, secret, context)
         if previous is not None and previous.metadata.get(FINGERPRINT_KEY) != spec.fingerprint():
             # The parameters changed since that job (a clear after editing the prompt): its rows are
             # not this spec's rows, so neither attach to it nor take its result.
@@ -419,43 +447,62 @@ class RayLLMBatchOperator(BaseOperator):
             self.job_id = previous.job_id
             self._push_job_link(context, hook, previous.job_id)  # this try's "Ray job" link names it too
             return self.execute_complete(context, event_for_job(previous))
+        attached_at = None
         if previous is not None and not previous.status.is_terminal:
             self.log.info("Ray job %s of an earlier try is %s; attaching to it.", previous.job_id,
                           previous.status.value)  # fmt: skip
             self.job_id = previous.job_id
+            attached_at = time.time()
         else:
             # A failed or stopped earlier job left its finished rows in staging: the new job resumes.
-            self.job_id = self._submit_and_record(hook, spec, task_try, context)
-        return self._wait(context, hook, self.job_id)
+            self.job_id = self._submit_and_record(hook, spec, task_try, secret, context)
+        return self._wait(context, hook, self.job_id, deadline, attached_at)
+
+    def _deadline(self) -> float | None:
+        """This try's one absolute deadline (epoch seconds): ``execution_timeout`` from now, or None.
+
+        Carried in the trigger's arguments and through ``execute_complete``, so neither a triggerer
+        restart nor a resubmission nor Airflow's own deferral timeout ever extends it.
+        """
+        return None if self.execution_timeout is None else time.time() + self.execution_timeout.total_seconds()
 
     def _submit_and_record(
-        self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, context: Context
+        self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, secret: bytes, context: Context
     ) -> str:
         """Submit, and keep the job id in the task state store (where Airflow has one) for later tries."""
-        job_id = self._submit(hook, spec, task_try)
+        job_id = self._submit(hook, spec, task_try, secret)
         store = context.get("task_state_store")
         if store is not None:
             store.set(JOB_ID_STATE_KEY, job_id)
         return job_id
 
-    def _wait(self, context: Context, hook: RayHook, job_id: str) -> str:
-        """Wait for the job: defer (default), or poll in the worker; then finish as it ended."""
+    def _wait(
+        self, context: Context, hook: RayHook, job_id: str, deadline: float | None, attached_at: float | None = None
+    ) -> str:
+        """Wait for the job: defer (default), or poll in the worker; then finish as it ended.
+
+        :param deadline: the try's absolute deadline (:meth:`_deadline`); the trigger stops the job
+            at it, and Airflow's own deferral timeout comes only :data:`DEFERRAL_GRACE_SECONDS` later.
+        :param attached_at: when this try attached to an earlier try's running job (finding 8).
+        """
         # Record the job id the instant it exists so it can be stopped or found even if the worker dies.
         self._push_job_link(context, hook, job_id)
         if self.deferrable:
-            timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
             self.defer(
                 trigger=RayJobTrigger(
                     job_id=job_id,
                     ray_conn_id=self.ray_conn_id,
                     poll_interval_seconds=self.poll_interval_seconds,
-                    timeout_seconds=timeout,
+                    timeout_seconds=self.execution_timeout.total_seconds() if self.execution_timeout else None,
                     progress_interval_seconds=self.progress_interval_seconds,
+                    deadline=deadline,
                 ),
                 method_name="execute_complete",
-                timeout=None if timeout is None else timedelta(seconds=timeout + 60),
+                kwargs={"deadline": deadline, "attached_at": attached_at},
+                timeout=None if deadline is None
+                else timedelta(seconds=max(deadline - time.time(), 0) + DEFERRAL_GRACE_SECONDS),
             )
-        return self.execute_complete(context, self._wait_in_worker(hook, job_id))
+        return self.execute_complete(context, self._wait_in_worker(hook, job_id), deadline, attached_at)
 
     @staticmethod
     def _push_job_link(context: Context, hook: RayHook, job_id: str) -> None:
@@ -465,20 +512,30 @@ class RayLLMBatchOperator(BaseOperator):
         ti.xcom_push(key=JOB_ID_XCOM_KEY, value=job_id)
         ti.xcom_push(key=DASHBOARD_URL_XCOM_KEY, value=hook.dashboard_url)
 
-    def _previous_job(self, hook: RayHook, task_try: TaskTry, context: Context) -> JobInfo | None:
+    def _previous_job(
+        self, hook: RayHook, task_try: TaskTry, secret: bytes, context: Context
+    ) -> JobInfo | None:
         """The newest Ray job of this logical run (any earlier try, or this one), if there is one.
 
         Airflow's task state store (where the installed Airflow has it) names it directly; otherwise,
-        or if the worker died before recording it, the job metadata found by listing does.
+        or if the worker died before recording it, listing the cluster's jobs finds it. Either way a
+        job counts only when its submission id proves it this deployment's job of this run
+        (:meth:`TaskTry.owns`): another deployment's, a re-created run's or a forged one is never
+        adopted, and never stopped.
         """
-        ours = {job.job_id: job for job in hook.list_jobs() if task_try.owns(job.metadata)}
+        ours = {job.job_id: job for job in hook.list_jobs() if task_try.owns(job.job_id, job.metadata, secret)}
         store = context.get("task_state_store")
         recorded = store.get(JOB_ID_STATE_KEY) if store is not None else None
         if recorded and str(recorded) not in ours:
             try:
-                ours[str(recorded)] = hook.get_job_info(str(recorded))
+                info = hook.get_job_info(str(recorded))
             except RayJobNotFoundError:
                 self.log.warning("Recorded Ray job %s is unknown to the cluster.", recorded)
+            else:
+                if task_try.owns(info.job_id, info.metadata, secret):
+                    ours[info.job_id] = info
+                else:
+                    self.log.warning("Recorded Ray job %s is not this run's job; leaving it alone.", recorded)
         return max(ours.values(), key=_try_number, default=None)
 
     def _check_layout(self, hook: RayHook, spec: BatchInferenceSpec) -> None:
@@ -488,11 +545,11 @@ class RayLLMBatchOperator(BaseOperator):
         if self.check_layout:
             plan.check_fits(hook.get_cluster_resources())
 
-    def _submit(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry) -> str:
+    def _submit(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, secret: bytes) -> str:
         self._check_layout(hook, spec)
         job_id = hook.submit_job(
             self.entrypoint(spec),
-            submission_id=task_try.submission_id(),
+            submission_id=task_try.submission_id(secret),
             runtime_env=self._runtime_env(hook, spec),
             metadata={**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
             entrypoint_resources=self.entrypoint_resources,
@@ -516,28 +573,39 @@ class RayLLMBatchOperator(BaseOperator):
             self._stop_job(hook, job_id)
             raise
 
-    def execute_complete(self, context: Context, event: dict[str, str] | None = None) -> str:
+    def execute_complete(
+        self,
+        context: Context,
+        event: dict[str, str] | None = None,
+        deadline: float | None = None,
+        attached_at: float | None = None,
+    ) -> str:
+        """Finish as the job ended: its committed result, or a failure that leaves no job running.
+
+        :param deadline: the try's deadline, kept if a new job must be submitted (see :meth:`_wait`).
+        :param attached_at: when this try attached to an earlier try's job, if it did.
+        """
         event = validate_event(event)
         hook = self.hook
         job_id = self.job_id = event["job_id"]  # also for a failed task's lineage
-        if event["status"] == "cancelled" and self._was_an_earlier_tries_job(hook, job_id, context):
+        if event["status"] == "cancelled" and self._stopped_by_earlier_tries_cleanup(hook, job_id, context,
+                                                                                     attached_at):  # fmt: skip
             # This try attached to a job whose own try was cleared or marked failed just before: that
             # try's cleanup stopped the job under us. Run again; the new job resumes from staging.
-            self.log.warning("Ray job %s of an earlier try was stopped while this try waited on it; "
-                             "submitting a new job, which resumes from the rows it staged.", job_id)  # fmt: skip
-            ti = context["ti"]
-            task_try = TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number)
+            self.log.warning("Ray job %s of an earlier try was stopped by that try's cleanup while this try "
+                             "waited on it; submitting a new job, which resumes from the rows it staged.",
+                             job_id)  # fmt: skip
+            task_try = _task_try(context)
             spec = self.build_spec(run_key=task_try.run_key())
-            self.job_id = self._submit_and_record(hook, spec, task_try, context)
-            return self._wait(context, hook, self.job_id)
+            self.job_id = self._submit_and_record(hook, spec, task_try, deployment_key(), context)
+            return self._wait(context, hook, self.job_id, deadline)
         if event["status"] != "success":
-            raise job_failed_error(event, hook.get_job_log_tail(job_id))
-        manifest = manifest_from_log(hook.get_job_logs(job_id))
-        if manifest is None:
-            raise job_failed_error(
-                {**event, "message": f"Ray job {job_id} succeeded but printed no run manifest."},
-                hook.get_job_log_tail(job_id),
-            )
+            # An error event (the deadline, the Jobs API unreachable, a crashed trigger) can leave
+            # the job running: stop it, as the worker path does whatever ends its wait.
+            cleanup = self._cleanup_hook()
+            self._stop_job(cleanup, job_id)
+            raise job_failed_error(event, cleanup.get_job_log_tail(job_id))
+        manifest = self._result(hook, job_id, context)
         self.manifest = manifest
         ti = context["ti"]
         ti.xcom_push(key="job_id", value=job_id)
@@ -566,12 +634,99 @@ class RayLLMBatchOperator(BaseOperator):
                 verdict, rows_in=int(manifest["rows_in"]), rows_failed=failed_rows(manifest), job_id=job_id
             )
 
-    @staticmethod
-    def _was_an_earlier_tries_job(hook: RayHook, job_id: str, context: Context) -> bool:
+    def _stopped_by_earlier_tries_cleanup(
+        self, hook: RayHook, job_id: str, context: Context, attached_at: float | None
+    ) -> bool:
+        """Whether a stopped job was an earlier try's, stopped by that try's own cleanup (then run again).
+
+        A clear or mark-failed of a deferred try makes Airflow start the next try while the
+        triggerer is still stopping the job; the next try may attach to it first. Such a stop
+        lands within :data:`CLEANUP_RACE_SECONDS` of the attach. A job stopped later, or one this
+        try submitted, was stopped on purpose (``ray job stop``, the dashboard): the task fails
+        rather than paying for the rows again.
+        """
         try:
-            return _try_number(hook.get_job_info(job_id)) < context["ti"].try_number
+            info = hook.get_job_info(job_id)
         except RayJobNotFoundError:
             return False
+        if attached_at is None or _try_number(info) >= context["ti"].try_number:
+            return False
+        ended_at = (info.end_time_ms or 0) / 1000
+        if ended_at <= attached_at + CLEANUP_RACE_SECONDS:
+            return True
+        self.log.warning("Ray job %s was stopped %.0f s after this try attached to it: not by Airflow's "
+                         "cleanup of an earlier try, so the task fails instead of running again.",
+                         job_id, ended_at - attached_at)  # fmt: skip
+        return False
+
+    def _result(self, hook: RayHook, job_id: str, context: Context) -> dict[str, Any]:  # Any: JSON values.
+        """The succeeded job's result: the manifest committed at ``output_uri``, else the driver log's.
+
+        The committed ``manifest.json`` is the truth and outlives the driver log (lost with a head
+        restart or a driver node scaled away); the log is read only when Airflow cannot reach
+        ``output_uri`` or finds another run's manifest there.
+        """
+        task_try = _task_try(context)
+        spec = self.build_spec(run_key=task_try.run_key())
+        committed = read_committed_manifest(spec.output_uri, self._storage_conn_id())
+        if committed.manifest is not None and is_result_of(committed.manifest, job_id, spec.run_key,
+                                                            spec.fingerprint()):  # fmt: skip
+            self.log.info("Result of Ray job %s read from its committed manifest at %s.", job_id, spec.output_uri)
+            return committed.manifest
+        why_not = committed.why_not or "the manifest there is another run's"
+        try:
+            driver_log = hook.get_job_logs(job_id)
+        except RayHookError as err:
+            driver_log, why_not = "", f"{why_not}; the driver log cannot be read ({err})"
+        manifest = manifest_from_log(driver_log)
+        if manifest is None:
+            message = (f"Ray job {job_id} succeeded, but its result cannot be found: {why_not}, and the "
+                       "driver log holds no run manifest (it printed none, or the log is gone).")  # fmt: skip
+            tail = "\n".join(driver_log.rstrip("\n").splitlines()[-40:])
+            raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
+        self.log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
+        return manifest
+
+    def _storage_conn_id(self) -> str | None:
+        """The connection Airflow reads ``output_uri`` with: ``aws_conn_id`` where set."""
+        return None if not self.aws_conn_id or self.aws_conn_id == "None" else self.aws_conn_id
+
+    def _cleanup_hook(self) -> RayHook:
+        """A hook for cleaning up after a failure: a short retry window, the task is failing anyway."""
+        return RayHook(ray_conn_id=self.ray_conn_id, retry_window_seconds=CLEANUP_RETRY_WINDOW_SECONDS)
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context  # Any: Airflow's.
+    ) -> Any:  # Any: what the resumed method returns.
+        """Stop this try's job when Airflow resumes the task only to fail it, then fail as Airflow does.
+
+        Airflow resumes a deferred task with ``__fail__`` when its own deferral timeout passed
+        before the trigger acted (a triggerer down or overloaded) or the trigger crashed; no event
+        reaches ``execute_complete`` then, and the job would keep running past the task.
+        """
+        if next_method == _TRIGGER_FAIL:
+            job_id = self._this_tries_job(context)
+            if job_id is not None:
+                self.log.warning("The wait for Ray job %s ended without an event; stopping the job.", job_id)
+                self.job_id = job_id
+                self._stop_job(self._cleanup_hook(), job_id)
+        return super().resume_execution(next_method, next_kwargs, context)
+
+    def _this_tries_job(self, context: Context) -> str | None:
+        """The job this try waited on (its XCom, else the task state store), if this deployment owns it."""
+        ti = context["ti"]
+        job_id = ti.xcom_pull(task_ids=ti.task_id, key=JOB_ID_XCOM_KEY, map_indexes=ti.map_index)
+        if not job_id:
+            store = context.get("task_state_store")
+            job_id = store.get(JOB_ID_STATE_KEY) if store is not None else None
+        if not job_id:
+            return None
+        try:
+            info = self._cleanup_hook().get_job_info(str(job_id))
+        except RayHookError as err:
+            self.log.warning("Could not look up Ray job %s to stop it: %s", job_id, err)
+            return None
+        return info.job_id if _task_try(context).owns(info.job_id, info.metadata, deployment_key()) else None
 
     def _stop_job(self, hook: RayHook, job_id: str, wait_seconds: float = 0) -> None:
         """Stop a job if it still runs; with ``wait_seconds``, also wait (bounded) until it has ended.

@@ -11,7 +11,9 @@ module maps those steps over Ray Data datasets.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -171,6 +173,20 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _ray_submission_id() -> str | None:
+    """The submission id of the Ray job this driver runs as (the Jobs API's id), or None outside one.
+
+    Ray's job supervisor hands the driver its job config, whose metadata holds the submission id.
+    It goes into the manifest so the operator can tell this job's committed result from another's.
+    """
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+        submission_id = (config.get("metadata") or {}).get("job_submission_id")
+    except (ValueError, AttributeError):
+        return None
+    return submission_id if isinstance(submission_id, str) and submission_id else None
+
+
 def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest.
     """Run the batch described by ``spec`` on the current Ray cluster and return its manifest."""
     import ray
@@ -267,6 +283,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         "wall_seconds": round(time.perf_counter() - clock, 3),
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
+        "job_id": _ray_submission_id(),
         "versions": versions,
         "report_uri": committed.report_uri,
         "json_columns": committed.json_columns,

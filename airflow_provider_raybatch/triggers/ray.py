@@ -16,6 +16,13 @@ from airflow_provider_raybatch.utils.events import job_event
 
 #: Least time between two progress lines in the task log (each costs one fetch of the driver log).
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 60.0
+#: How long a stop request at the deadline may take (retries included) before the event fires anyway.
+STOP_CALL_SECONDS = 30.0
+
+
+def _seconds_left(deadline: float | None) -> float | None:
+    """Seconds until an absolute deadline (None: no deadline, wait forever)."""
+    return None if deadline is None else deadline - time.time()
 
 
 def event_for_job(info: JobInfo) -> dict[str, str]:
@@ -91,7 +98,12 @@ class RayJobTrigger(BaseTrigger):
     :param job_id: Submission id of the Ray job.
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
     :param poll_interval_seconds: Seconds between status calls. Default 10.
-    :param timeout_seconds: Give up (and stop the job) after this long; None waits forever.
+    :param timeout_seconds: Give up (and stop the job) after this long from when the trigger first
+        runs; None waits forever. Kept for triggers serialized before ``deadline`` existed.
+    :param deadline: Give up (and stop the job) at this absolute time, in seconds since the epoch
+        (``time.time()``): the operator's ``execution_timeout`` counted from the try's start. Checked
+        before every wait and bounding each poll, so a triggerer restart, a slow poll or a late start
+        never extends it. Takes precedence over ``timeout_seconds``.
     :param retry_window_seconds: How long one poll keeps retrying while the Jobs API is unreachable
         or answers 5xx (a head restart); None takes the connection's (default 300 s).
     :param progress_interval_seconds: Least time between two progress lines (rows done / total,
@@ -112,6 +124,7 @@ class RayJobTrigger(BaseTrigger):
         retry_window_seconds: float | None = None,
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
         owns_job: bool = True,
+        deadline: float | None = None,
     ) -> None:
         super().__init__()
         if poll_interval_seconds <= 0:
@@ -120,6 +133,7 @@ class RayJobTrigger(BaseTrigger):
         self.ray_conn_id = ray_conn_id
         self.poll_interval_seconds = float(poll_interval_seconds)
         self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
+        self.deadline = None if deadline is None else float(deadline)
         self.retry_window_seconds = None if retry_window_seconds is None else float(retry_window_seconds)
         self.progress_interval_seconds = float(progress_interval_seconds)
         if not isinstance(owns_job, bool):
@@ -139,42 +153,79 @@ class RayJobTrigger(BaseTrigger):
                 "retry_window_seconds": self.retry_window_seconds,
                 "progress_interval_seconds": self.progress_interval_seconds,
                 "owns_job": self.owns_job,
+                "deadline": self.deadline,
             },
         )
 
     def _hook(self) -> RayHook:
         return RayHook(ray_conn_id=self.ray_conn_id, retry_window_seconds=self.retry_window_seconds)
 
+    def _deadline(self) -> float | None:
+        """The absolute deadline (epoch seconds): ``deadline``, else ``timeout_seconds`` from now."""
+        if self.deadline is not None:
+            return self.deadline
+        return None if self.timeout_seconds is None else time.time() + self.timeout_seconds
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
-        deadline = None if self.timeout_seconds is None else time.monotonic() + self.timeout_seconds
+        deadline = self._deadline()
         progress = ProgressRelay(self.job_id, self.progress_interval_seconds, self.log)
-        while True:
+        try:
+            while True:
+                left = _seconds_left(deadline)
+                if left is not None and left <= 0:
+                    yield TriggerEvent(await self._timed_out(hook))
+                    return
+                try:
+                    # The hook retries what passes (unreachable head, 5xx) for its retry window,
+                    # never past the deadline.
+                    info = await asyncio.wait_for(hook.a_get_job_info(self.job_id), left)
+                except TimeoutError:
+                    yield TriggerEvent(await self._timed_out(hook))
+                    return
+                except RayHookError as err:
+                    yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
+                    return
+                if info.status.is_terminal:
+                    await progress.a_relay(hook, info.status)  # the final count
+                    yield TriggerEvent(event_for_job(info))
+                    return
+                if not await progress.a_relay(hook, info.status):
+                    self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
+                left = _seconds_left(deadline)
+                await asyncio.sleep(self.poll_interval_seconds if left is None else
+                                    max(min(self.poll_interval_seconds, left), 0))  # fmt: skip
+        except Exception as err:  # noqa: BLE001 - any crash becomes an event the operator acts on.
+            # Without it Airflow fails the task with no event, and only the operator's
+            # resume_execution would still stop the job; with it, execute_complete does.
+            self.log.exception("Waiting for Ray job %s failed.", self.job_id)
+            yield TriggerEvent(
+                job_event("error", self.job_id, f"The trigger waiting for Ray job {self.job_id} failed: "
+                          f"{type(err).__name__}: {err}", "trigger_error")  # fmt: skip
+            )
+
+    async def _timed_out(self, hook: RayHook) -> dict[str, str]:
+        """The deadline passed: the job's end if it has ended (a result is not thrown away), else stop
+        it if this task owns it, and say so. Each call is bounded: the event fires in any case."""
+        try:
+            info = await asyncio.wait_for(hook.a_get_job_info(self.job_id), STOP_CALL_SECONDS)
+        except (RayHookError, TimeoutError):
+            info = None
+        if info is not None and info.status.is_terminal:
+            return event_for_job(info)
+        if self.timeout_seconds is not None:
+            message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s"
+        else:
+            message = f"Ray job {self.job_id} did not finish by the task's deadline"
+        if not self.owns_job:
+            message += "; left it running (this task only watches it)."
+        else:
             try:
-                # The hook retries what passes (unreachable head, 5xx) for its retry window.
-                info = await hook.a_get_job_info(self.job_id)
-            except RayHookError as err:
-                yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
-                return
-            if info.status.is_terminal:
-                await progress.a_relay(hook, info.status)  # the final count
-                yield TriggerEvent(event_for_job(info))
-                return
-            if not await progress.a_relay(hook, info.status):
-                self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
-            if deadline is not None and time.monotonic() >= deadline:
-                message = f"Ray job {self.job_id} did not finish within {self.timeout_seconds:.0f} s"
-                if not self.owns_job:
-                    message += "; left it running (this task only watches it)."
-                else:
-                    try:
-                        await hook.a_stop_job(self.job_id)
-                        message += "; stopped it."
-                    except RayHookError as err:
-                        message += f"; stopping it failed: {err}"
-                yield TriggerEvent(job_event("error", self.job_id, message, "timeout"))
-                return
-            await asyncio.sleep(self.poll_interval_seconds)
+                await asyncio.wait_for(hook.a_stop_job(self.job_id), STOP_CALL_SECONDS)
+                message += "; stopped it."
+            except (RayHookError, TimeoutError) as err:
+                message += f"; stopping it failed: {str(err) or 'no answer in time'}"
+        return job_event("error", self.job_id, message, "timeout")
 
     async def on_kill(self) -> None:
         """The task was marked failed, cleared or succeeded while deferred: stop its Ray job if it owns it.

@@ -1,37 +1,56 @@
-"""Deterministic Ray submission ids and job metadata derived from an Airflow task-instance try."""
+"""Ray submission ids and job metadata derived from an Airflow task-instance try.
+
+A submission id is deterministic, so a retried submit finds its job instead of starting a second
+one, and it carries an HMAC under this Airflow deployment's secret (utils/deployment_secret.py), so
+nobody else can make one: a job on a shared cluster is adopted or stopped only when its id proves
+it ours. Metadata on its own proves nothing: any cluster user can copy it.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 SUBMISSION_ID_PREFIX = "raybatch"
 _MAX_PART_LENGTH = 40
-_RUN_KEYS = ("airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index")
+_RUN_KEYS = ("airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index", "airflow_run_after")
+_TRY_KEY = "airflow_try_number"
+#: Hex digits of the HMAC in a submission id (64 bits: not guessable, still readable).
+_MAC_DIGITS = 16
 
 
 @dataclass(frozen=True)
 class TaskTry:
-    """Which task-instance try a Ray job belongs to."""
+    """Which task-instance try a Ray job belongs to.
+
+    ``run_after`` is the DAG run's own creation identity (Airflow's ``dag_run.run_after``, ISO
+    text): it stays the same through retries and clears of the run, and differs when a run is
+    deleted and created again under the same ``run_id``, whose jobs must then be new ones.
+    """
 
     dag_id: str
     run_id: str
     task_id: str
     map_index: int
     try_number: int
+    run_after: str = ""
 
-    def submission_id(self) -> str:
-        """``raybatch-<dag>-<task>-<run>-m<map index>-t<try>-<hash>``: readable, URL-safe, unique.
+    def submission_id(self, secret: bytes) -> str:
+        """``raybatch-<dag>-<task>-<run>-m<map index>-t<try>-<mac>``: readable, URL-safe, unique, ours.
 
-        The parts are shortened and cleaned for readability; the hash of the exact values keeps two
-        runs whose cleaned names collide apart.
+        The parts are shortened and cleaned for readability; ``<mac>``, an HMAC of the exact values
+        under the deployment's ``secret``, keeps two runs whose cleaned names collide apart, and
+        two deployments (or a re-created run) sharing names apart, and cannot be made without it.
         """
-        exact = "\x1f".join(map(str, (self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number)))
-        digest = hashlib.sha256(exact.encode()).hexdigest()[:10]
+        exact = "\x1f".join(
+            map(str, (self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.run_after))
+        )
+        mac = hmac.new(secret, exact.encode(), hashlib.sha256).hexdigest()[:_MAC_DIGITS]
         parts = [_clean(self.dag_id), _clean(self.task_id), _clean(self.run_id)]
-        return "-".join([SUBMISSION_ID_PREFIX, *parts, f"m{self.map_index}", f"t{self.try_number}", digest])
+        return "-".join([SUBMISSION_ID_PREFIX, *parts, f"m{self.map_index}", f"t{self.try_number}", mac])
 
     def run_key(self) -> str:
         """The logical run's identity, without the try: every retry of it shares this key.
@@ -46,10 +65,21 @@ class TaskTry:
         readable = _clean(self.task_id)[:24].lstrip(".")
         return f"{readable}-m{self.map_index}-{hashlib.sha256(exact.encode()).hexdigest()[:16]}"
 
-    def owns(self, metadata: dict[str, str]) -> bool:
-        """Whether a Ray job's metadata says it belongs to this logical run (any try)."""
+    def owns(self, job_id: str, metadata: dict[str, str], secret: bytes) -> bool:
+        """Whether a Ray job is one of this logical run's (any try), as only this deployment could say.
+
+        Its metadata must name this run, and its submission id must be the one this deployment
+        gives the try the metadata names: a copied or forged metadata, another deployment's job of
+        the same DAG and run id, or a job of an earlier run of the same run id all fail here.
+        """
         mine = self.metadata()
-        return all(metadata.get(key) == mine[key] for key in _RUN_KEYS)
+        if not all(metadata.get(key) == mine[key] for key in _RUN_KEYS):
+            return False
+        try_number = metadata.get(_TRY_KEY, "")
+        if not try_number.isdigit() or len(try_number) > 6:
+            return False
+        expected = replace(self, try_number=int(try_number)).submission_id(secret)
+        return hmac.compare_digest(job_id.encode(), expected.encode())
 
     def metadata(self) -> dict[str, str]:
         """Ray job metadata (string values only) that lets our jobs be found by listing."""
@@ -58,7 +88,8 @@ class TaskTry:
             "airflow_run_id": self.run_id,
             "airflow_task_id": self.task_id,
             "airflow_map_index": str(self.map_index),
-            "airflow_try_number": str(self.try_number),
+            "airflow_run_after": self.run_after,
+            _TRY_KEY: str(self.try_number),
         }
 
 

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import workload  # noqa: E402
 
 from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, RayLLMBatchOperator  # noqa: E402
+from airflow_provider_raybatch.utils.deployment_secret import signing_key  # noqa: E402
 from airflow_provider_raybatch.utils.job_ids import TaskTry  # noqa: E402
 from airflow_provider_raybatch.utils.packaging import RayPackage  # noqa: E402
 
@@ -71,7 +72,7 @@ def submission(name: str, n: int, concurrency: int = 1) -> dict[str, Any]:  # An
         # What RayHook.submit_job would POST to /api/jobs/ (entrypoint_resources unset: dropped).
         "body": {
             "entrypoint": operator.entrypoint(spec),
-            "submission_id": task_try.submission_id(),
+            "submission_id": task_try.submission_id(signing_key("bench-gpu")),  # no Airflow here: a fixed key
             "runtime_env": runtime_env,
             "metadata": {**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
         },

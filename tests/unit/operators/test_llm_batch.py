@@ -6,6 +6,7 @@ import io
 import json
 import shlex
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,6 +26,7 @@ from airflow_provider_raybatch.links import RayJobLink
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
 from airflow_provider_raybatch.operators.llm_batch import (
+    CLEANUP_RACE_SECONDS,
     FINGERPRINT_KEY,
     JOB_ID_STATE_KEY,
     PIPELINE_MODULE,
@@ -40,9 +42,12 @@ from airflow_provider_raybatch.utils.packaging import (
     build_job_package,
     build_py_module_package,
 )
-from tests.unit.conftest import RAY_URL
+from airflow_provider_raybatch.utils.deployment_secret import signing_key
+from tests.unit.conftest import RAY_URL, TEST_DEPLOYMENT_SECRET
 
 PROVIDER_DIR = Path(airflow_provider_raybatch.__file__).parent
+#: The key the operator signs job ids with in these tests (the conftest's deployment secret).
+KEY = signing_key(TEST_DEPLOYMENT_SECRET)
 REQUIRED = {
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
     "input_uri": "s3://b/in/data.jsonl",
@@ -400,13 +405,13 @@ def test_runtime_env_uploads_modules_and_keeps_the_users(
 
 def test_submit_sends_the_spec_metadata_and_resources(hook: RayHook, ray_api: respx.MockRouter) -> None:
     task_try = TaskTry("d", "r", "t", 2, 3)
-    submission_id = task_try.submission_id()
+    submission_id = task_try.submission_id(KEY)
     ray_api.get(url__regex=r"/api/packages/gcs/").respond(200)
     submit = ray_api.post("/api/jobs/").respond(json={"submission_id": submission_id})
     op = make_operator(entrypoint_resources={"head": 1})
     spec = op.build_spec(run_key=task_try.run_key())
 
-    assert op._submit(hook, spec, task_try) == submission_id
+    assert op._submit(hook, spec, task_try, KEY) == submission_id
 
     body = json.loads(submit.calls.last.request.content)
     assert body["submission_id"] == submission_id
@@ -465,9 +470,9 @@ class FakeCluster:
         return httpx.Response(200, json={"submission_id": json.loads(request.content)["submission_id"]})
 
     def add_job(
-        self, job_id: str, status: str, metadata: dict[str, str], logs: str = ""
+        self, job_id: str, status: str, metadata: dict[str, str], logs: str = "", end_time: int | None = None
     ) -> dict[str, Any]:  # Any: JSON job details.
-        payload = self.job_payload(job_id, status, metadata=metadata)
+        payload = self.job_payload(job_id, status, metadata=metadata, end_time=end_time)
         self.jobs.append(payload)
         self.gets[job_id] = self.router.get(f"/api/jobs/{job_id}").respond(json=payload)
         self.stops[job_id] = self.router.post(f"/api/jobs/{job_id}/stop").respond(json={"stopped": True})
@@ -475,15 +480,16 @@ class FakeCluster:
         return payload
 
     def add_try(
-        self, ti: FakeTI, try_number: int, status: str, fingerprint: str | None = FINGERPRINT, logs: str = ""
+        self, ti: FakeTI, try_number: int, status: str, fingerprint: str | None = FINGERPRINT, logs: str = "",
+        end_time: int | None = None,
     ) -> str:
         """A job an earlier (or this) try of ``ti`` submitted; returns its id."""
         task_try = task_try_of(ti, try_number)
         metadata = task_try.metadata()
         if fingerprint is not None:
             metadata[FINGERPRINT_KEY] = fingerprint
-        self.add_job(task_try.submission_id(), status, metadata, logs=logs)
-        return task_try.submission_id()
+        self.add_job(task_try.submission_id(KEY), status, metadata, logs=logs, end_time=end_time)
+        return task_try.submission_id(KEY)
 
     def add_unknown(self, job_id: str) -> None:
         self.gets[job_id] = self.router.get(f"/api/jobs/{job_id}").respond(404, text="Job does not exist")
@@ -513,7 +519,7 @@ def test_execute_submits_when_there_is_no_previous_job(ray_conn: str, cluster: F
     other_run = replace(task_try, run_id="scheduled__2026-11-20T00:00:00+00:00")
     cluster.add_job("someone-elses", "RUNNING", {"team": "x"})
     other_metadata = {**other_run.metadata(), FINGERPRINT_KEY: FINGERPRINT}
-    cluster.add_job(other_run.submission_id(), "RUNNING", other_metadata)
+    cluster.add_job(other_run.submission_id(KEY), "RUNNING", other_metadata)
     store = FakeStateStore()
     op = make_operator(ray_conn_id=ray_conn)
 
@@ -521,15 +527,15 @@ def test_execute_submits_when_there_is_no_previous_job(ray_conn: str, cluster: F
         op.execute({"ti": ti, "task_state_store": store})
 
     [body] = cluster.submitted()
-    assert body["submission_id"] == task_try.submission_id()
+    assert body["submission_id"] == task_try.submission_id(KEY)
     assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: FINGERPRINT}
     [spec] = cluster.shipped_specs()
     assert body["entrypoint"].endswith(f"--spec-fingerprint {FINGERPRINT}")
     assert spec.run_key == task_try.run_key()
     assert spec.fingerprint() == FINGERPRINT
-    assert store.sets == [(JOB_ID_STATE_KEY, task_try.submission_id())]
-    assert ti.xcoms == {"job_id": task_try.submission_id(), "ray_dashboard_url": RAY_URL}
-    assert info.value.trigger.serialize()[1]["job_id"] == task_try.submission_id()
+    assert store.sets == [(JOB_ID_STATE_KEY, task_try.submission_id(KEY))]
+    assert ti.xcoms == {"job_id": task_try.submission_id(KEY), "ray_dashboard_url": RAY_URL}
+    assert info.value.trigger.serialize()[1]["job_id"] == task_try.submission_id(KEY)
     assert not any(route.called for route in cluster.stops.values())
 
 
@@ -541,7 +547,7 @@ def test_execute_without_a_state_store_lists_jobs_and_submits(ray_conn: str, clu
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti})
 
     assert cluster.listing.call_count == 1
-    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id(KEY)]
 
 
 @pytest.mark.parametrize("status", ["RUNNING", "PENDING"])
@@ -569,19 +575,51 @@ def test_a_job_stopped_under_a_later_try_is_run_again(ray_conn: str, cluster: Fa
     """Cleared while deferred: the new try may attach before the old try's cleanup has stopped the
     job. When that stop lands, the new try submits a job of its own (which resumes), not fail."""
     ti = retry_ti(2)
-    previous = cluster.add_try(ti, 1, "STOPPED")  # as it is by the time the trigger reports it
+    attached_at = time.time() - 8
+    previous = cluster.add_try(ti, 1, "STOPPED", end_time=int((attached_at + 5) * 1000))  # as the trigger saw it
     store = FakeStateStore()
     op = make_operator(ray_conn_id=ray_conn)
     stopped = job_event("cancelled", previous, f"Ray job {previous} finished: STOPPED.", "stopped")
 
     with pytest.raises(TaskDeferred) as info:
-        op.execute_complete({"ti": ti, "task_state_store": store}, stopped)
+        op.execute_complete({"ti": ti, "task_state_store": store}, stopped, attached_at=attached_at)
 
     [body] = cluster.submitted()
-    assert body["submission_id"] == task_try_of(ti).submission_id()
+    assert body["submission_id"] == task_try_of(ti).submission_id(KEY)
     assert info.value.trigger.serialize()[1]["job_id"] == op.job_id == body["submission_id"]
     assert store.sets == [(JOB_ID_STATE_KEY, body["submission_id"])]
     assert ti.xcoms["job_id"] == body["submission_id"]
+
+
+@pytest.mark.parametrize("stopped_after_attach", [CLEANUP_RACE_SECONDS + 1, 3600])
+def test_a_deliberate_stop_of_an_earlier_tries_job_fails_the_task(
+    ray_conn: str, cluster: FakeCluster, stopped_after_attach: float
+) -> None:
+    """Finding 8: `ray job stop` of the job a later try attached to, well after the attach, is a
+    person's decision: the task fails instead of submitting (and paying for) the rows again."""
+    ti = retry_ti(2)
+    attached_at = time.time() - stopped_after_attach - 1
+    previous = cluster.add_try(ti, 1, "STOPPED", end_time=int((attached_at + stopped_after_attach) * 1000))
+    stopped = job_event("cancelled", previous, f"Ray job {previous} finished: STOPPED.", "stopped")
+
+    with pytest.raises(RayJobFailedError, match="STOPPED"):
+        make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, stopped, attached_at=attached_at)
+
+    assert not cluster.submit.called
+
+
+def test_attaching_to_an_earlier_tries_job_remembers_when(ray_conn: str, cluster: FakeCluster) -> None:
+    """The attach time travels through the deferral to execute_complete (finding 8's test needs it)."""
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "RUNNING")
+    before = time.time()
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": FakeStateStore()})
+
+    assert info.value.trigger.job_id == previous
+    assert before <= info.value.kwargs["attached_at"] <= time.time()
+    assert not cluster.submit.called
 
 
 def test_this_tries_own_stopped_job_fails_the_task(ray_conn: str, cluster: FakeCluster) -> None:
@@ -654,7 +692,7 @@ def test_execute_resubmits_after_a_failed_or_stopped_job(
     with pytest.raises(TaskDeferred) as info:
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
 
-    new_id = task_try_of(ti).submission_id()
+    new_id = task_try_of(ti).submission_id(KEY)
     [body] = cluster.submitted()
     assert body["submission_id"] == new_id != previous
     assert "-t2-" in new_id
@@ -715,7 +753,7 @@ def test_execute_stops_a_running_job_of_another_spec_and_submits(
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
 
     assert cluster.stops[previous].call_count == 1
-    new_id = task_try_of(ti).submission_id()
+    new_id = task_try_of(ti).submission_id(KEY)
     assert [body["submission_id"] for body in cluster.submitted()] == [new_id]
     assert info.value.trigger.serialize()[1]["job_id"] == new_id
     assert store.values[JOB_ID_STATE_KEY] == new_id
@@ -755,7 +793,7 @@ def test_the_wait_for_a_superseded_job_is_bounded(
 
     assert 7.0 <= sum(clock.sleeps) <= 8.0
     assert cluster.stops[previous].call_count == 1
-    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id(KEY)]
 
 
 @pytest.mark.parametrize("status", ["SUCCEEDED", "FAILED", "STOPPED"])
@@ -800,7 +838,7 @@ def test_execute_ignores_the_result_of_another_spec(ray_conn: str, cluster: Fake
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
 
     assert not cluster.stops[previous].called
-    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id(KEY)]
     assert "manifest" not in ti.xcoms
 
 
@@ -833,8 +871,8 @@ def test_execute_submits_when_the_recorded_job_is_unknown_and_none_is_listed(
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
 
     assert cluster.listing.call_count == 1
-    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
-    assert store.values[JOB_ID_STATE_KEY] == task_try_of(ti).submission_id()
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id(KEY)]
+    assert store.values[JOB_ID_STATE_KEY] == task_try_of(ti).submission_id(KEY)
 
 
 def test_a_recorded_job_missing_from_the_listing_is_fetched(ray_conn: str, cluster: FakeCluster) -> None:
@@ -900,13 +938,13 @@ def test_listing_ignores_jobs_of_other_runs(
 ) -> None:
     ti = retry_ti(2)
     other = replace(task_try_of(ti, 1), **change)
-    cluster.add_job(other.submission_id(), "RUNNING", {**other.metadata(), FINGERPRINT_KEY: FINGERPRINT})
+    cluster.add_job(other.submission_id(KEY), "RUNNING", {**other.metadata(), FINGERPRINT_KEY: FINGERPRINT})
 
     with pytest.raises(TaskDeferred):
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti})
 
-    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id()]
-    assert not cluster.stops[other.submission_id()].called
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti).submission_id(KEY)]
+    assert not cluster.stops[other.submission_id(KEY)].called
 
 
 def test_execute_in_the_worker_waits_for_the_attached_job(
@@ -950,8 +988,9 @@ def test_a_newer_unrecorded_job_wins_over_the_recorded_one(ray_conn: str, cluste
 
 def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeCluster) -> None:
     ti = FakeTI()
-    submission_id = task_try_of(ti).submission_id()
+    submission_id = task_try_of(ti).submission_id(KEY)
     op = make_operator(ray_conn_id=ray_conn, poll_interval_seconds=3, execution_timeout=timedelta(minutes=10))
+    started = time.time()
 
     with pytest.raises(TaskDeferred) as info:
         op.execute({"ti": ti})
@@ -960,7 +999,9 @@ def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeC
     assert op.job_id == submission_id
     trigger = info.value.trigger
     assert isinstance(trigger, RayJobTrigger)
-    assert trigger.serialize()[1] == {
+    kwargs = trigger.serialize()[1]
+    deadline = kwargs.pop("deadline")
+    assert kwargs == {
         "job_id": submission_id,
         "ray_conn_id": ray_conn,
         "poll_interval_seconds": 3.0,
@@ -969,8 +1010,11 @@ def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeC
         "progress_interval_seconds": 0.0,
         "owns_job": True,  # the operator's trigger stops its job when the task is killed
     }
+    # One absolute deadline, from the try's start; Airflow's own deferral timeout only a minute later.
+    assert started + 600 <= deadline <= time.time() + 600
     assert info.value.method_name == "execute_complete"
-    assert info.value.timeout == timedelta(seconds=660)
+    assert info.value.kwargs == {"deadline": deadline, "attached_at": None}
+    assert timedelta(seconds=655) <= info.value.timeout <= timedelta(seconds=660)
 
 
 def test_execute_invalid_spec_submits_nothing(ray_conn: str, ray_api: respx.MockRouter) -> None:
@@ -1041,7 +1085,8 @@ def test_execute_complete_success_without_manifest_fails(ray_conn: str, ray_api:
             {"ti": FakeTI()}, job_event("success", "j1", "ok", "succeeded")
         )
 
-    assert "printed no run manifest" in str(info.value)
+    assert "driver log holds no run manifest" in str(info.value)
+    assert "s3://b/out/" in str(info.value)  # where the committed manifest was looked for
     assert "no manifest here" in str(info.value)
 
 

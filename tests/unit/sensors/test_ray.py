@@ -99,6 +99,7 @@ def test_deferrable_execute_defers_when_running(
         "retry_window_seconds": None,
         "progress_interval_seconds": 60.0,
         "owns_job": False,
+        "deadline": None,
     }
     assert info.value.method_name == "execute_complete"
     assert info.value.timeout == timedelta(seconds=300)

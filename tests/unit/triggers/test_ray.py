@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
+import time
 from collections import deque
 from types import SimpleNamespace
 from typing import Any
@@ -67,8 +68,16 @@ def test_serialize_round_trip() -> None:
         "retry_window_seconds": None,
         "progress_interval_seconds": 60.0,
         "owns_job": True,
+        "deadline": None,
     }
     assert rebuilt.serialize() == trigger.serialize()
+
+
+def test_serialize_round_trip_with_a_deadline() -> None:
+    _, kwargs = RayJobTrigger(job_id=JOB, deadline=1_790_000_000.5).serialize()
+
+    assert kwargs["deadline"] == 1_790_000_000.5
+    assert RayJobTrigger(**kwargs).serialize()[1] == kwargs
 
 
 def test_serialize_round_trip_of_a_watching_trigger() -> None:
@@ -99,7 +108,9 @@ async def test_a_trigger_serialized_before_owns_job_loads_and_still_stops_on_kil
     await rebuilt.on_kill()
 
     assert rebuilt.owns_job is True
-    assert rebuilt.serialize()[1] == {**OLD_SERIALIZED_KWARGS, "ray_conn_id": ray_conn, "owns_job": True}
+    assert rebuilt.serialize()[1] == {
+        **OLD_SERIALIZED_KWARGS, "ray_conn_id": ray_conn, "owns_job": True, "deadline": None
+    }
     assert stop.call_count == 1
 
 
@@ -285,20 +296,20 @@ async def test_timeout_stops_the_job(make_trigger: Any, ray_api: respx.MockRoute
     assert stop.call_count == 1
 
 
-async def test_timeout_is_measured_with_monotonic(
+async def test_timeout_seconds_counts_from_the_first_run_on_the_wall_clock(
     make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fake clock, 100 s a reading: the 150 s deadline passes at the 2nd poll, whatever the wall clock."""
+    """A trigger serialized before ``deadline`` existed: a fake clock, 100 s a reading; the 150 s
+    timeout passes by the 2nd poll, and one last look finds the job still running before the stop."""
     clock = itertools.count(0, 100)
-    # Only monotonic is offered: reading time.time() would raise AttributeError.
-    monkeypatch.setattr(trigger_module, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
+    monkeypatch.setattr(trigger_module, "time", SimpleNamespace(time=lambda: float(next(clock))))
     polls = ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "RUNNING"))
     stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
 
     events = await events_of(make_trigger(timeout_seconds=150))
 
     assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
-    assert polls.call_count == 2
+    assert polls.call_count == 2  # one poll, then the last look at the deadline
     assert stop.call_count == 1
     assert "within 150 s" in events[0]["message"]
 
@@ -306,15 +317,84 @@ async def test_timeout_is_measured_with_monotonic(
 async def test_terminal_state_wins_over_an_expired_deadline(
     make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = itertools.count(0, 1000)
-    monkeypatch.setattr(trigger_module, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
+    """A job that succeeded just before the deadline is a success, not a timeout."""
     ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "SUCCEEDED"))
     stop = ray_api.post(STOP_PATH).respond(json={"stopped": False})
 
-    events = await events_of(make_trigger(timeout_seconds=1))
+    events = await events_of(make_trigger(deadline=time.time() - 5))
 
     assert [e["status"] for e in events] == ["success"]
     assert not stop.called
+
+
+# -- finding 1: one absolute deadline, checked before every wait ------------------------------------
+
+
+async def test_a_deadline_that_passed_while_the_triggerer_was_down_stops_the_job_at_once(
+    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any
+) -> None:
+    """Restarted after the deadline: a trigger that counted its timeout from its own start would wait
+    a full timeout more (and Airflow's deferral timeout would kill it first, leaving the job running)."""
+    polls = ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "RUNNING"))
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+
+    events = await events_of(make_trigger(deadline=time.time() - 1, timeout_seconds=3600, poll_interval_seconds=600))
+
+    assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
+    assert polls.call_count == 1 and stop.call_count == 1
+    assert events[0]["message"].endswith("stopped it.")
+
+
+async def test_a_long_poll_interval_never_sleeps_past_the_deadline(
+    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any
+) -> None:
+    ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "RUNNING"))
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+
+    started = time.monotonic()
+    events = await asyncio.wait_for(
+        events_of(make_trigger(deadline=time.time() + 0.5, poll_interval_seconds=3600)), timeout=20
+    )
+
+    assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
+    assert time.monotonic() - started < 15  # woke at the deadline, not after the hour's poll interval
+    assert stop.call_count == 1
+
+
+async def test_a_poll_hanging_in_its_retry_window_is_cut_at_the_deadline(
+    make_trigger: Any, ray_api: respx.MockRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Jobs API hangs (a head restarting behind a proxy): the poll is cut at the deadline and the
+    stop is still asked for, itself bounded, so the event fires in time whatever the API does."""
+
+    async def hangs(self: Any, job_id: str) -> JobInfo:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(ray_hook_module.RayHook, "a_get_job_info", hangs)
+    monkeypatch.setattr(trigger_module, "STOP_CALL_SECONDS", 0.5)
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+
+    events = await asyncio.wait_for(events_of(make_trigger(deadline=time.time() + 0.5)), timeout=20)
+
+    assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
+    assert stop.call_count == 1
+
+
+async def test_a_crash_in_the_trigger_is_an_error_event_not_a_silent_end(
+    make_trigger: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without an event Airflow fails the task and no execute_complete stops the job."""
+
+    async def crashes(self: Any, job_id: str) -> JobInfo:
+        raise RuntimeError("unexpected payload shape")
+
+    monkeypatch.setattr(ray_hook_module.RayHook, "a_get_job_info", crashes)
+
+    events = await events_of(make_trigger())
+
+    assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "trigger_error")]
+    assert "RuntimeError: unexpected payload shape" in events[0]["message"]
 
 
 async def test_on_kill_stops_the_job(make_trigger: Any, ray_api: respx.MockRouter) -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.deployment_secret import signing_key
 from airflow_provider_raybatch.utils.job_ids import SUBMISSION_ID_PREFIX, TaskTry
 
 TRY = TaskTry(
@@ -20,18 +21,21 @@ TRY = TaskTry(
     task_id="classify",
     map_index=-1,
     try_number=1,
+    run_after="2026-11-22T00:00:00+00:00",
 )
 SAFE = re.compile(r"[A-Za-z0-9_.-]+")
+KEY = signing_key("prod-deployment-secret")
+OTHER_KEY = signing_key("dev-deployment-secret")
 
 
 def test_submission_id_is_deterministic() -> None:
-    same = TaskTry(TRY.dag_id, TRY.run_id, TRY.task_id, TRY.map_index, TRY.try_number)
+    same = TaskTry(TRY.dag_id, TRY.run_id, TRY.task_id, TRY.map_index, TRY.try_number, TRY.run_after)
 
-    assert TRY.submission_id() == same.submission_id()
+    assert TRY.submission_id(KEY) == same.submission_id(KEY)
 
 
 def test_submission_id_is_readable() -> None:
-    submission_id = TRY.submission_id()
+    submission_id = TRY.submission_id(KEY)
 
     assert submission_id.startswith(f"{SUBMISSION_ID_PREFIX}-daily_company_industry-classify-scheduled__2026")
     assert "-m-1-t1-" in submission_id
@@ -47,17 +51,23 @@ def test_submission_id_is_readable() -> None:
         {"run_id": "manual__2026-11-21T00:00:00+00:00"},
         {"task_id": "classify_2"},
         {"dag_id": "other_dag"},
+        {"run_after": "2026-11-25T09:14:03.123456+00:00"},  # the same run id, deleted and created again
     ],
 )
 def test_submission_id_differs_per_try_map_index_and_run(change: dict) -> None:
-    assert replace(TRY, **change).submission_id() != TRY.submission_id()
+    assert replace(TRY, **change).submission_id(KEY) != TRY.submission_id(KEY)
+
+
+def test_submission_id_differs_per_deployment() -> None:
+    """Dev and prod running the same DAG and run id on one cluster get different job ids."""
+    assert TRY.submission_id(KEY) != TRY.submission_id(OTHER_KEY)
 
 
 def test_names_that_clean_alike_still_differ() -> None:
     first = replace(TRY, dag_id="a b", run_id="r:1")
     second = replace(TRY, dag_id="a/b", run_id="r 1")
 
-    assert first.submission_id() != second.submission_id()
+    assert first.submission_id(KEY) != second.submission_id(KEY)
 
 
 @pytest.mark.parametrize(
@@ -70,7 +80,7 @@ def test_names_that_clean_alike_still_differ() -> None:
     ],
 )
 def test_submission_id_uses_only_safe_characters(task_try: TaskTry) -> None:
-    submission_id = task_try.submission_id()
+    submission_id = task_try.submission_id(KEY)
 
     assert SAFE.fullmatch(submission_id), submission_id
     assert len(submission_id) <= 200
@@ -84,6 +94,7 @@ def test_metadata_values_are_strings() -> None:
         "airflow_run_id": TRY.run_id,
         "airflow_task_id": TRY.task_id,
         "airflow_map_index": "3",
+        "airflow_run_after": TRY.run_after,
         "airflow_try_number": "2",
     }
     assert all(isinstance(key, str) and isinstance(value, str) for key, value in metadata.items())
@@ -102,7 +113,7 @@ def test_run_key_is_the_same_for_every_try(try_number: int) -> None:
 def test_run_key_is_deterministic_and_readable() -> None:
     same = TaskTry(TRY.dag_id, TRY.run_id, TRY.task_id, TRY.map_index, TRY.try_number)
 
-    assert same.run_key() == TRY.run_key()
+    assert same.run_key() == TRY.run_key()  # run_after is not in it: staging outlives a re-created run
     assert re.fullmatch(r"classify-m-1-[0-9a-f]{16}", TRY.run_key()), TRY.run_key()
     assert re.fullmatch(r"classify-m3-[0-9a-f]{16}", replace(TRY, map_index=3).run_key())
 
@@ -172,7 +183,7 @@ def test_a_task_id_airflow_allows_that_starts_with_a_dot_gives_a_valid_run_key(t
     task_try = replace(TRY, task_id=task_id)
 
     assert spec_with(task_try.run_key()).run_key == task_try.run_key()
-    assert SAFE.fullmatch(task_try.submission_id())
+    assert SAFE.fullmatch(task_try.submission_id(KEY))
 
 
 # What a run key was before dots were dropped (commit 569a760): the staging folders of runs in flight
@@ -228,7 +239,7 @@ def test_every_id_airflow_accepts_gives_a_valid_run_key_and_submission_id(
 
     assert spec_with(run_key).run_key == run_key  # the spec's own rule, not a copy of it
     assert not run_key.startswith(".")
-    submission_id = task_try.submission_id()
+    submission_id = task_try.submission_id(KEY)
     assert SAFE.fullmatch(submission_id) and len(submission_id) <= 200, submission_id
     old = _run_key_before_the_fix(task_try)
     try:
@@ -238,16 +249,22 @@ def test_every_id_airflow_accepts_gives_a_valid_run_key_and_submission_id(
     assert run_key == old  # a key that worked is kept, so its staged rows still resume
 
 
-# -- owns: which Ray jobs belong to this logical run --------------------------------------------
+# -- owns: which Ray jobs belong to this logical run, as only this deployment can say ----------------
+
+
+def job_of(task_try: TaskTry, key: bytes = KEY) -> tuple[str, dict[str, str]]:
+    """The submission id and metadata a deployment with ``key`` gives the job of ``task_try``."""
+    return task_try.submission_id(key), task_try.metadata()
 
 
 @pytest.mark.parametrize("try_number", [1, 2, 10])
 def test_owns_the_jobs_of_every_try(try_number: int) -> None:
-    assert TRY.owns(replace(TRY, try_number=try_number).metadata())
+    assert TRY.owns(*job_of(replace(TRY, try_number=try_number)), KEY)
 
 
 def test_owns_ignores_extra_metadata() -> None:
-    assert TRY.owns({**TRY.metadata(), "raybatch_spec_fingerprint": "abc", "team": "ml"})
+    job_id, metadata = job_of(TRY)
+    assert TRY.owns(job_id, {**metadata, "raybatch_spec_fingerprint": "abc", "team": "ml"}, KEY)
 
 
 @pytest.mark.parametrize(
@@ -257,22 +274,68 @@ def test_owns_ignores_extra_metadata() -> None:
         {"run_id": "scheduled__2026-11-22T00:00:00+00:00"},
         {"task_id": "classify_2"},
         {"dag_id": "other_dag"},
+        {"run_after": "2026-11-25T09:14:03.123456+00:00"},
     ],
 )
 def test_owns_not_the_jobs_of_another_run(change: dict) -> None:
-    assert not TRY.owns(replace(TRY, **change).metadata())
+    assert not TRY.owns(*job_of(replace(TRY, **change)), KEY)
+
+
+def test_owns_not_another_deployments_job_of_the_same_run() -> None:
+    """Finding 2: dev's job of the same DAG, run id and task, on the same cluster, is not prod's."""
+    assert not TRY.owns(*job_of(TRY, OTHER_KEY), KEY)
 
 
 @pytest.mark.parametrize(
-    "missing", ["airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index"]
+    "forged_id",
+    [
+        "raybatch-daily_company_industry-classify-scheduled__2026-11-21T00_00_00_00_00-m-1-t1-0000000000000000",
+        "my-own-job",
+        "",
+        TRY.submission_id(KEY).upper(),
+        TRY.submission_id(KEY)[:-1],
+        TRY.submission_id(KEY) + "0",
+        replace(TRY, try_number=2).submission_id(KEY),  # a real id of ours, but of another try than it says
+    ],
+)
+def test_owns_not_a_job_whose_id_was_not_made_by_this_deployment(forged_id: str) -> None:
+    """Finding 2: anyone who can submit to the cluster can copy a job's metadata; the id they cannot make."""
+    assert not TRY.owns(forged_id, TRY.metadata(), KEY)
+
+
+@pytest.mark.parametrize("try_number", ["", "x", "-1", "1.0", "9" * 40, " 1"])
+def test_owns_not_a_job_with_a_strange_try_number(try_number: str) -> None:
+    job_id, metadata = job_of(TRY)
+    assert not TRY.owns(job_id, {**metadata, "airflow_try_number": try_number}, KEY)
+
+
+@pytest.mark.parametrize(
+    "missing", ["airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index", "airflow_run_after"]
 )
 def test_owns_not_a_job_missing_a_key(missing: str) -> None:
-    metadata = TRY.metadata()
+    job_id, metadata = job_of(TRY)
     del metadata[missing]
 
-    assert not TRY.owns(metadata)
+    assert not TRY.owns(job_id, metadata, KEY)
 
 
 def test_owns_not_foreign_or_empty_metadata() -> None:
-    assert not TRY.owns({})
-    assert not TRY.owns({"airflow_map_index": "-1"})
+    job_id, _ = job_of(TRY)
+    assert not TRY.owns(job_id, {}, KEY)
+    assert not TRY.owns(job_id, {"airflow_map_index": "-1"}, KEY)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dag_id=airflow_keys, task_id=airflow_keys, run_id=run_ids,
+    map_index=st.integers(min_value=-1, max_value=10**6), try_number=st.integers(min_value=1, max_value=10**4),
+    run_after=st.datetimes().map(lambda moment: moment.isoformat()),
+)  # fmt: skip
+def test_every_run_owns_its_own_jobs_and_no_other_deployments(
+    dag_id: str, task_id: str, run_id: str, map_index: int, try_number: int, run_after: str
+) -> None:
+    task_try = TaskTry(dag_id, run_id, task_id, map_index, try_number, run_after)
+    first_try = replace(task_try, try_number=1)
+
+    assert first_try.owns(*job_of(task_try), KEY)
+    assert not first_try.owns(*job_of(task_try, OTHER_KEY), KEY)

@@ -1,0 +1,106 @@
+"""Read a run's committed ``manifest.json`` from the Airflow side: the result that outlives logs.
+
+The pipeline commits a version by writing ``<output_uri>/manifest.json`` last; that file, not the
+driver log, is the run's result. The log is lost when the head restarts (even with GCS fault
+tolerance) or the driver's node is scaled away, while the committed output stays. So the operator
+reads the manifest here first and the log only when Airflow cannot reach ``output_uri`` (a path on
+the cluster's own disk, object storage without credentials here).
+
+A manifest is taken only when it is the committed result of the job asked about: its ``job_id``
+(written since this provider version) or, for an older manifest, the run's ``run_key`` and
+``spec_fingerprint`` must match. A later run's or another spec's manifest at the same place is
+not this job's result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
+
+log = logging.getLogger(__name__)
+
+#: The most bytes read of a manifest: a real one is a few KiB; past this it is not ours.
+MAX_MANIFEST_BYTES = 16 << 20
+#: The longest a read may take (an object store that does not answer, a credential lookup that
+#: hangs); past it the driver log is read instead.
+READ_TIMEOUT_SECONDS = 60.0
+#: Keys every committed manifest has (pipeline/run.py); one without them is not a run's manifest.
+_REQUIRED_KEYS = ("status", "output_uri", "rows_in", "rows_out", "rows_failed")
+
+
+@dataclass(frozen=True)
+class CommittedManifest:
+    """What was found at ``<output_uri>/manifest.json``: the manifest, or why there is none."""
+
+    manifest: dict[str, Any] | None  # Any: JSON values.
+    why_not: str = ""
+
+
+def manifest_uri(output_uri: str) -> str:
+    """Where a run's committed manifest is."""
+    return f"{output_uri.rstrip('/')}/{MANIFEST_FILE_NAME}"
+
+
+def _read_bytes(uri: str, conn_id: str | None) -> bytes | None:
+    """The file's first bytes (at most one past the limit), or None when it does not exist."""
+    if uri.startswith("file://"):
+        uri = uri.removeprefix("file://")
+    if "://" not in uri:
+        path = Path(uri)
+        if not path.is_file():
+            return None
+        with path.open("rb") as file:
+            return file.read(MAX_MANIFEST_BYTES + 1)
+    # Airflow's own object storage (fsspec) with the task's connection, as the Airflow providers do.
+    from airflow.sdk import ObjectStoragePath
+
+    path = ObjectStoragePath(uri, conn_id=conn_id)
+    if not path.exists():
+        return None
+    with path.open("rb") as file:
+        return file.read(MAX_MANIFEST_BYTES + 1)
+
+
+def read_committed_manifest(output_uri: str, conn_id: str | None = None) -> CommittedManifest:
+    """The manifest committed at ``output_uri``, or the reason it cannot be had from here.
+
+    Never raises: any failure (no such file, no filesystem for the scheme here, no credentials,
+    not JSON, too big) is a reason, and the caller falls back to the driver log.
+    """
+    uri = manifest_uri(output_uri)
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-manifest")
+    try:
+        data = executor.submit(_read_bytes, uri, conn_id).result(timeout=READ_TIMEOUT_SECONDS)
+    except FutureTimeout:
+        return CommittedManifest(None, f"{uri} did not answer within {READ_TIMEOUT_SECONDS:.0f} s")
+    except Exception as err:  # noqa: BLE001 - a reason to fall back, whatever the filesystem raised.
+        return CommittedManifest(None, f"{uri} cannot be read from Airflow ({type(err).__name__}: {err})")
+    finally:
+        executor.shutdown(wait=False)  # a read that hangs is left behind, never waited for
+    if data is None:
+        return CommittedManifest(None, f"{uri} does not exist where Airflow looks")
+    if len(data) > MAX_MANIFEST_BYTES:
+        return CommittedManifest(None, f"{uri} is over {MAX_MANIFEST_BYTES} bytes: not a run manifest")
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return CommittedManifest(None, f"{uri} is not JSON ({err})")
+    if not isinstance(manifest, dict) or any(key not in manifest for key in _REQUIRED_KEYS):
+        return CommittedManifest(None, f"{uri} is not a run manifest (keys {', '.join(_REQUIRED_KEYS)})")
+    return CommittedManifest(manifest)
+
+
+def is_result_of(manifest: dict[str, Any], job_id: str, run_key: str, fingerprint: str) -> bool:  # Any: JSON.
+    """Whether a committed manifest is the result of Ray job ``job_id`` (see the module docstring)."""
+    if manifest.get("status") != "complete":
+        return False
+    if manifest.get("job_id") is not None:
+        return manifest["job_id"] == job_id
+    return manifest.get("run_key") == run_key and manifest.get("spec_fingerprint") == fingerprint

@@ -1,0 +1,47 @@
+"""The secret that makes this Airflow deployment's Ray jobs its own (utils/job_ids.py signs with it).
+
+Two Airflow deployments (dev and prod) running the same DAG against one Ray cluster give their jobs
+the same names; anyone who can submit to the cluster can copy a job's metadata. Only a secret that
+this deployment's workers share and nobody else has tells our jobs apart. In order of preference:
+
+1. ``[raybatch] job_identity_secret`` (``AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET``): set it, the same
+   on every worker, where Airflow's own secrets below are not shared or are rotated;
+2. ``[core] fernet_key``, which Airflow generates in a new ``airflow.cfg`` and deployments share;
+3. ``[api_auth] jwt_secret``, likewise.
+
+The value is never used, printed or stored as it is: only a key derived from it signs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from airflow_provider_raybatch.exceptions import RayBatchConfigError
+
+#: (section, option) where the secret is looked for, in order.
+SECRET_OPTIONS = (("raybatch", "job_identity_secret"), ("core", "fernet_key"), ("api_auth", "jwt_secret"))
+_DERIVATION_LABEL = b"airflow-provider-raybatch job identity v1\x00"
+
+
+def signing_key(secret: str) -> bytes:
+    """The HMAC key derived from a configured secret: the secret itself never signs anything."""
+    return hashlib.sha256(_DERIVATION_LABEL + secret.encode()).digest()
+
+
+def deployment_key() -> bytes:
+    """This deployment's job-signing key, from the first of :data:`SECRET_OPTIONS` that is set.
+
+    :raises RayBatchConfigError: none is set; no job could be proven ours, so none is submitted.
+    """
+    from airflow.configuration import conf
+
+    for section, option in SECRET_OPTIONS:
+        value = (conf.get(section, option, fallback="") or "").strip()
+        if value:
+            return signing_key(value)
+    raise RayBatchConfigError(
+        "This Airflow deployment has no secret to sign its Ray jobs with: set [raybatch] "
+        "job_identity_secret (AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET) to a long random value, the "
+        "same on every worker. Without it a job could not be told apart from another deployment's "
+        "job of the same DAG and run on a shared Ray cluster."
+    )
