@@ -487,7 +487,7 @@ async def test_async_calls_share_one_client_per_loop_and_settings(
 async def test_async_calls_beyond_the_limit_wait_their_turn(
     hook: RayHook, ray_api: respx.MockRouter, job_payload: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ray_hook_module, "MAX_CONCURRENT_ASYNC_CALLS", 2)
+    monkeypatch.setattr("airflow_provider_raybatch.hooks.async_client.MAX_CONCURRENT_ASYNC_CALLS", 2)
     in_flight, most = 0, 0
 
     async def answer(request: httpx.Request) -> httpx.Response:
