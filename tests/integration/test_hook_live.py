@@ -115,3 +115,18 @@ async def test_trigger_timeout_stops_a_real_job(ray_connection) -> None:
     assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
     assert "stopped it" in events[0]["message"]
     assert _wait_terminal(hook, job_id, timeout=60) == JobStatus.STOPPED
+
+
+async def test_a_trigger_restarted_after_its_deadline_stops_the_real_job_at_once(ray_connection) -> None:
+    """Issue 18, finding 1: the deadline is absolute. A trigger the triggerer (re)starts after it,
+    with a long poll interval, stops the job on its first look instead of waiting a new timeout."""
+    hook = RayHook()
+    job_id = hook.submit_job("sleep 120", submission_id=f"live-deadline-{uuid.uuid4().hex[:8]}")
+    trigger = RayJobTrigger(job_id=job_id, poll_interval_seconds=600, timeout_seconds=600, deadline=time.time() - 1)
+
+    started = time.monotonic()
+    events = [event.payload async for event in trigger.run()]
+
+    assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
+    assert time.monotonic() - started < 60
+    assert _wait_terminal(hook, job_id, timeout=60) == JobStatus.STOPPED

@@ -1,0 +1,171 @@
+"""Two Airflow deployments (a dev and a prod `airflow standalone`, two Airflow homes) on one Ray head.
+
+Issue 18 (a): a job identity that is this deployment's alone. Both deployments run the same DAG with
+the same run id, as dev and prod do; each home's own generated ``[core] fernet_key`` is its secret
+(no ``[raybatch] job_identity_secret`` is set, as in most deployments). Before, prod took dev's
+running job for its own: it stopped it (their parameters differ) and then failed on the same
+submission id; with equal parameters it would have adopted dev's result. A run deleted and created
+again under the same run id took the deleted run's result. Issue 18 (c): once the driver log of a
+succeeded job is gone, a clear still takes the committed result instead of failing.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.integration.standalone import Airflow, airflow_standalone
+from tests.integration.test_ticket_summary_dag import _write_tickets
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+DEV_PORT, PROD_PORT = 8312, 8313
+DAG_ID = "daily_support_ticket_summary"
+TASK_ID = "summarise_tickets"
+DAY = "2026-11-05"
+#: Both deployments name the run alike, as two deployments of one DAG's schedule do.
+RUN_ID = f"daily__{DAY}"
+#: Dev's run must still be running when prod submits: a few minutes of work on 2 cores.
+DEV_TICKETS = 300
+PROD_TICKETS = 6
+
+
+def _deployment(home: Path, port: int, ray_cluster) -> Iterator[Airflow]:
+    extra_env = {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local test instance: no login
+        "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET": "",  # unset: each home's generated fernet_key signs
+    }
+    with airflow_standalone(home, port, ray_cluster.connection_json(), {DAG_ID}, extra_env) as instance:
+        yield instance
+
+
+@pytest.fixture(scope="module")
+def dev(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
+    yield from _deployment(tmp_path_factory.mktemp("airflow-dev"), DEV_PORT, ray_cluster)
+
+
+@pytest.fixture(scope="module")
+def prod(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
+    yield from _deployment(tmp_path_factory.mktemp("airflow-prod"), PROD_PORT, ray_cluster)
+
+
+def _fernet_key(home: Path) -> str:
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(home / "airflow.cfg")
+    return config.get("core", "fernet_key")
+
+
+def _conf(tiny_model: Path, data_root: Path) -> dict:
+    return {"model": str(tiny_model), "data_root": str(data_root), "engine_kwargs": CPU_ENGINE_KWARGS,
+            "replica_resources": CPU_REPLICA}  # fmt: skip
+
+
+def _trigger(airflow: Airflow, conf: dict) -> str:
+    """Create the day's run under RUN_ID (both deployments name it alike), unpaused."""
+    airflow.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    body = {"dag_run_id": RUN_ID, "logical_date": f"{DAY}T00:00:00Z", "conf": conf}
+    return airflow.api("POST", f"/dags/{DAG_ID}/dagRuns", json=body).json()["dag_run_id"]
+
+
+def _ti_path(run_id: str) -> str:
+    return f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
+
+
+def _xcom(airflow: Airflow, run_id: str, key: str) -> object:
+    """The task's XCom, or None until it is pushed (or while the loaded API server does not answer)."""
+    try:
+        value = airflow.api("GET", f"{_ti_path(run_id)}/xcomEntries/{key}").json()["value"]
+    except httpx.HTTPError:  # a 404 until pushed; two standalones and a job on 2 cores: slow answers
+        return None
+    return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
+
+
+def _job_of(airflow: Airflow, run_id: str, not_in: set[str] = frozenset()) -> str:
+    """Wait until the run's task has pushed a job id other than ``not_in``; return it."""
+
+    def pushed() -> str | None:
+        job_id = _xcom(airflow, run_id, "job_id")
+        return str(job_id) if job_id and job_id not in not_in else None
+
+    return airflow.wait(f"a job id of {run_id} at {airflow.url}", pushed, every=2)
+
+
+def _finished(airflow: Airflow, run_id: str, timeout: float = 900) -> dict:
+    return airflow.wait(
+        f"{run_id} at {airflow.url} to finish",
+        lambda: ti if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed") else None,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def _summarised(manifest: dict) -> list[str]:
+    files = sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
+    return sorted(json.loads(line)["ticket_id"] for file in files for line in file.read_text().splitlines())
+
+
+def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_others_jobs(
+    dev: Airflow, prod: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
+    hook = RayHook()
+    assert _fernet_key(dev.home) and _fernet_key(dev.home) != _fernet_key(prod.home)  # two deployments' secrets
+
+    # Dev runs the day on its own data; its job is running when prod starts the same run.
+    _write_tickets(tmp_path / "dev" / "tickets" / DAY / "tickets.jsonl", DEV_TICKETS)
+    run_id = _trigger(dev, _conf(tiny_model, tmp_path / "dev"))
+    dev_job = _job_of(dev, run_id)
+    assert not hook.get_job_status(dev_job).is_terminal
+
+    _write_tickets(tmp_path / "prod" / "tickets" / DAY / "tickets.jsonl", PROD_TICKETS)
+    assert _trigger(prod, _conf(tiny_model, tmp_path / "prod")) == run_id  # the same run id
+    prod_job = _job_of(prod, run_id)
+
+    assert prod_job != dev_job
+    assert not hook.get_job_status(dev_job).is_terminal, "prod stopped dev's job"
+    same_names = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
+    assert {job.job_id for job in same_names} == {dev_job, prod_job}
+    # The cluster has one engine slot: dev gives it up the way its users would (mark failed).
+    dev.api("PATCH", _ti_path(run_id), json={"new_state": "failed"})
+    dev.wait("dev's job to stop", lambda: True if hook.get_job_status(dev_job).is_terminal else None, timeout=180)
+
+    done = _finished(prod, run_id)
+    assert (done["state"], done["try_number"]) == ("success", 1)
+    assert hook.get_job_status(dev_job) == JobStatus.STOPPED
+    manifest = _xcom(prod, run_id, "manifest")
+    assert manifest["job_id"] == prod_job
+    assert _summarised(manifest) == [f"T-{i:03d}" for i in range(PROD_TICKETS)]
+
+    # Prod deletes the run and creates it again under the same run id: its jobs are new ones, not
+    # the deleted run's result (same names, same parameters).
+    prod.api("DELETE", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}")
+    assert _trigger(prod, _conf(tiny_model, tmp_path / "prod")) == run_id
+    again_job = _job_of(prod, run_id)
+    assert again_job not in (dev_job, prod_job)
+    done = _finished(prod, run_id)
+    assert (done["state"], done["try_number"]) == ("success", 1)
+    again = _xcom(prod, run_id, "manifest")
+    assert again["job_id"] == again_job and again["version"] != manifest["version"]
+
+    # (c) The driver log of the succeeded job is lost (a head restart, its node scaled away): a
+    # clear takes the committed result from manifest.json, with no new job.
+    logs = list(Path("/tmp/ray").glob(f"session_*/logs/job-driver-{again_job}.*"))
+    assert logs, "the driver log of the job was not where Ray keeps it"
+    for path in logs:
+        path.unlink(missing_ok=True)  # session_latest is a link to the session: each file twice
+    assert "RAYBATCH_MANIFEST_JSON=" not in hook.get_job_logs(again_job)
+    clear = {"dry_run": False, "task_ids": [TASK_ID], "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True}
+    prod.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json=clear)
+    prod.wait("the clear to start try 2", lambda: True if prod.task_instance(DAG_ID, run_id, TASK_ID)["try_number"] == 2 else None, every=1)
+    done = _finished(prod, run_id, timeout=300)
+    assert (done["state"], done["try_number"]) == ("success", 2)
+    assert _xcom(prod, run_id, "manifest") == again
+    jobs = {job.job_id: job.status for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id}
+    assert jobs == {dev_job: JobStatus.STOPPED, prod_job: JobStatus.SUCCEEDED, again_job: JobStatus.SUCCEEDED}
