@@ -9,6 +9,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from airflow_provider_raybatch.exceptions import (
     BatchSpecError,
     RayBatchRowsFailedError,
     RayHookError,
+    RayJobAlreadyExistsError,
+    RayJobFailedError,
     RayJobNotFoundError,
 )
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
@@ -44,10 +47,11 @@ from airflow_provider_raybatch.triggers.ray import (
     RayJobTrigger,
     event_for_job,
 )
+from airflow_provider_raybatch.utils.committed_manifest import exists as committed_exists
 from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key
 from airflow_provider_raybatch.utils.events import job_event, job_failed_error, validate_event
-from airflow_provider_raybatch.utils.job_ids import TaskTry
+from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
 from airflow_provider_raybatch.utils.layout import plan_layout
 from airflow_provider_raybatch.utils.packaging import RayPackage, build_job_package, build_py_module_package
 
@@ -440,8 +444,22 @@ class RayLLMBatchOperator(BaseOperator):
             # The parameters changed since that job (a clear after editing the prompt): its rows are
             # not this spec's rows, so neither attach to it nor take its result.
             if not previous.status.is_terminal:
+                self.log.warning(
+                    "Ray job %s of try %s of this run has other parameters; stopping it. (Were it another "
+                    "Airflow deployment's, the two would share [raybatch] job_identity_secret or "
+                    "[core] fernet_key: give each deployment its own.)", previous.job_id, _try_number(previous),
+                )  # fmt: skip
                 self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
             previous = None
+        if (previous is not None and previous.status in (JobStatus.STOPPED, JobStatus.FAILED)
+                and self.reuse_earlier_result and self._committed_result_of(previous.job_id, spec) is not None):  # fmt: skip
+            # Stopped or failed after it committed (a stop landing just after the commit): its
+            # result is whole and committed; paying for the rows again would be the loss.
+            self.log.warning("Ray job %s of an earlier try ended %s after it committed its result; taking "
+                             "that result.", previous.job_id, previous.status.value)  # fmt: skip
+            self.job_id = previous.job_id
+            self._push_job_link(context, hook, previous.job_id)
+            return self.execute_complete(context, job_event("success", previous.job_id, "committed", "succeeded"))
         if previous is not None and previous.status == JobStatus.SUCCEEDED and self.reuse_earlier_result:
             self.log.info("Ray job %s of an earlier try succeeded; taking its result.", previous.job_id)
             self.job_id = previous.job_id
@@ -546,16 +564,38 @@ class RayLLMBatchOperator(BaseOperator):
             plan.check_fits(hook.get_cluster_resources())
 
     def _submit(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, secret: bytes) -> str:
+        """Submit under this try's first free submission id (see :attr:`TaskTry.attempt`).
+
+        An id is taken when a job of the same names ended earlier without being this try's to take:
+        a scheduled run deleted and created again (same ``run_after``) whose try 1 ran before, or a
+        job with other parameters. The next attempt's id is as much ours, and as verifiable.
+        """
         self._check_layout(hook, spec)
-        job_id = hook.submit_job(
-            self.entrypoint(spec),
-            submission_id=task_try.submission_id(secret),
-            runtime_env=self._runtime_env(hook, spec),
-            metadata={**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
-            entrypoint_resources=self.entrypoint_resources,
+        runtime_env = self._runtime_env(hook, spec)
+        taken: list[str] = []
+        for attempt in range(1, MAX_SUBMISSION_ATTEMPTS + 1):
+            this = replace(task_try, attempt=attempt)
+            try:
+                job_id = hook.submit_job(
+                    self.entrypoint(spec),
+                    submission_id=this.submission_id(secret),
+                    runtime_env=runtime_env,
+                    metadata={**this.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
+                    entrypoint_resources=self.entrypoint_resources,
+                )
+            except RayJobAlreadyExistsError:
+                taken.append(this.submission_id(secret))
+                continue
+            if taken:
+                self.log.info("Submission ids %s are taken by earlier jobs of the same names.", ", ".join(taken))
+            self.log.info("Submitted Ray job %s to %s.", job_id, hook.dashboard_url)
+            return job_id
+        raise RayJobAlreadyExistsError(
+            f"Ray already has jobs under all {MAX_SUBMISSION_ATTEMPTS} submission ids of this try "
+            f"({taken[0]} ... {taken[-1]}). Either this run was deleted and created again that many "
+            "times, or another Airflow deployment uses the same [raybatch] job_identity_secret (or "
+            "[core] fernet_key) on this Ray cluster: give each deployment a secret of its own."
         )
-        self.log.info("Submitted Ray job %s to %s.", job_id, hook.dashboard_url)
-        return job_id
 
     def _wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
         progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
@@ -599,6 +639,11 @@ class RayLLMBatchOperator(BaseOperator):
             spec = self.build_spec(run_key=task_try.run_key())
             self.job_id = self._submit_and_record(hook, spec, task_try, deployment_key(), context)
             return self._wait(context, hook, self.job_id, deadline)
+        if event["status"] != "success" and self._committed_result_of(job_id, self.build_spec(
+                run_key=_task_try(context).run_key())) is not None:  # fmt: skip
+            self.log.warning("Ray job %s ended %s after it committed its result; taking that result.",
+                             job_id, event["termination_reason"])  # fmt: skip
+            event = job_event("success", job_id, event["message"], "succeeded")
         if event["status"] != "success":
             # An error event (the deadline, the Jobs API unreachable, a crashed trigger) can leave
             # the job running: stop it, as the worker path does whatever ends its wait.
@@ -679,6 +724,8 @@ class RayLLMBatchOperator(BaseOperator):
         except RayHookError as err:
             driver_log, why_not = "", f"{why_not}; the driver log cannot be read ({err})"
         manifest = manifest_from_log(driver_log)
+        if manifest is not None and committed.manifest is not None:
+            self._check_not_superseded(manifest, committed.manifest, job_id)
         if manifest is None:
             message = (f"Ray job {job_id} succeeded, but its result cannot be found: {why_not}, and the "
                        "driver log holds no run manifest (it printed none, or the log is gone).")  # fmt: skip
@@ -686,6 +733,33 @@ class RayLLMBatchOperator(BaseOperator):
             raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
         self.log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
         return manifest
+
+    def _committed_result_of(self, job_id: str, spec: BatchInferenceSpec) -> dict[str, Any] | None:  # Any: JSON.
+        """The manifest committed at ``output_uri`` if it is ``job_id``'s result, else None."""
+        committed = read_committed_manifest(spec.output_uri, self._storage_conn_id()).manifest
+        if committed is not None and is_result_of(committed, job_id, spec.run_key, spec.fingerprint()):
+            return committed
+        return None
+
+    def _check_not_superseded(
+        self, manifest: dict[str, Any], committed: dict[str, Any], job_id: str  # Any: JSON values.
+    ) -> None:
+        """Fail when another job's commit at the same ``output_uri`` deleted this job's version.
+
+        Two runs writing one ``output_uri`` (two runs of one date, two deployments) replace each
+        other's versions unless ``keep_versions``: this job's manifest would point at nothing.
+        """
+        outputs_uri = manifest.get("outputs_uri")
+        if not outputs_uri or manifest.get("version") == committed.get("version"):
+            return
+        if committed_exists(str(outputs_uri), self._storage_conn_id()) is False:
+            raise RayJobFailedError(
+                f"Ray job {job_id} committed version {manifest.get('version')} at {manifest.get('output_uri')}, "
+                f"but a later commit there (version {committed.get('version')}, job "
+                f"{committed.get('job_id') or 'unknown'}) replaced it and its outputs are gone. Two runs "
+                "write to one output_uri: give each its own, or set keep_versions=True.",
+                job_id=job_id, status="superseded",
+            )  # fmt: skip
 
     def _storage_conn_id(self) -> str | None:
         """The connection Airflow reads ``output_uri`` with: ``aws_conn_id`` where set."""
@@ -733,10 +807,13 @@ class RayLLMBatchOperator(BaseOperator):
 
         Waiting matters before a new job takes over the same staging folder.
         """
+        if job_id == getattr(self, "_stop_requested_for", None) and not wait_seconds:
+            return  # asked already (a worker timeout: the wait's own cleanup, then on_kill)
         try:
             if hook.get_job_status(job_id).is_terminal:
                 return
             hook.stop_job(job_id)
+            self._stop_requested_for = job_id
             self.log.info("Stopping Ray job %s.", job_id)
             deadline = time.monotonic() + wait_seconds
             while time.monotonic() < deadline and not hook.get_job_status(job_id).is_terminal:

@@ -20,6 +20,10 @@ DEFAULT_PROGRESS_INTERVAL_SECONDS = 60.0
 STOP_CALL_SECONDS = 30.0
 
 
+#: Stops that on_kill started and that outlive it (see RayJobTrigger.on_kill); kept from the collector.
+_PENDING_STOPS: set[asyncio.Future[None]] = set()
+
+
 def _seconds_left(deadline: float | None) -> float | None:
     """Seconds until an absolute deadline (None: no deadline, wait forever)."""
     return None if deadline is None else deadline - time.time()
@@ -239,5 +243,18 @@ class RayJobTrigger(BaseTrigger):
                 "Task killed while deferred; Ray job %s left running: the task only watches it.", self.job_id
             )
             return
-        stopped = await self._hook().a_stop_job(self.job_id)
+        # Shielded: Airflow may cancel on_kill itself while it runs (it cancels the trigger's task
+        # again), and a stop cut short leaves the job running. The stop goes on in the triggerer's
+        # loop; _PENDING_STOPS holds it until it ends.
+        stop = asyncio.ensure_future(self._stop_owned_job())
+        _PENDING_STOPS.add(stop)
+        stop.add_done_callback(_PENDING_STOPS.discard)
+        await asyncio.shield(stop)
+
+    async def _stop_owned_job(self) -> None:
+        try:
+            stopped = await self._hook().a_stop_job(self.job_id)
+        except Exception as err:  # noqa: BLE001 - nobody may be left to await this; say it here.
+            self.log.warning("Task killed while deferred; stopping Ray job %s failed: %s", self.job_id, err)
+            return
         self.log.info("Task killed while deferred; stop of Ray job %s requested: %s.", self.job_id, stopped)

@@ -18,13 +18,15 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The most bytes read of a manifest: a real one is a few KiB; past this it is not ours.
 MAX_MANIFEST_BYTES = 16 << 20
@@ -48,42 +50,53 @@ def manifest_uri(output_uri: str) -> str:
     return f"{output_uri.rstrip('/')}/{MANIFEST_FILE_NAME}"
 
 
-def _read_bytes(uri: str, conn_id: str | None) -> bytes | None:
-    """The file's first bytes (at most one past the limit), or None when it does not exist."""
+def _path(uri: str, conn_id: str | None) -> Path | Any:  # Any: Airflow's ObjectStoragePath.
+    """A local path, or Airflow's own object storage path (fsspec, with the task's connection)."""
     if uri.startswith("file://"):
         uri = uri.removeprefix("file://")
     if "://" not in uri:
-        path = Path(uri)
-        if not path.is_file():
-            return None
-        with path.open("rb") as file:
-            return file.read(MAX_MANIFEST_BYTES + 1)
-    # Airflow's own object storage (fsspec) with the task's connection, as the Airflow providers do.
+        return Path(uri)
     from airflow.sdk import ObjectStoragePath
 
-    path = ObjectStoragePath(uri, conn_id=conn_id)
-    if not path.exists():
+    return ObjectStoragePath(uri, conn_id=conn_id)
+
+
+def _read_bytes(uri: str, conn_id: str | None) -> bytes | None:
+    """The file's first bytes (at most one past the limit), or None when it does not exist."""
+    path = _path(uri, conn_id)
+    if not path.is_file():
         return None
     with path.open("rb") as file:
         return file.read(MAX_MANIFEST_BYTES + 1)
+
+
+def _bounded(call: Callable[[], T]) -> T:
+    """Run ``call`` for at most :data:`READ_TIMEOUT_SECONDS`; a call that hangs is left behind.
+
+    :raises TimeoutError: it did not return in time.
+    """
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-manifest")
+    try:
+        return executor.submit(call).result(timeout=READ_TIMEOUT_SECONDS)
+    except FutureTimeout as err:
+        raise TimeoutError(f"no answer within {READ_TIMEOUT_SECONDS:.0f} s") from err
+    finally:
+        executor.shutdown(wait=False)
 
 
 def read_committed_manifest(output_uri: str, conn_id: str | None = None) -> CommittedManifest:
     """The manifest committed at ``output_uri``, or the reason it cannot be had from here.
 
     Never raises: any failure (no such file, no filesystem for the scheme here, no credentials,
-    not JSON, too big) is a reason, and the caller falls back to the driver log.
+    not JSON, too big, no answer in time) is a reason, and the caller falls back to the driver log.
     """
     uri = manifest_uri(output_uri)
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-manifest")
     try:
-        data = executor.submit(_read_bytes, uri, conn_id).result(timeout=READ_TIMEOUT_SECONDS)
-    except FutureTimeout:
+        data = _bounded(lambda: _read_bytes(uri, conn_id))
+    except TimeoutError:
         return CommittedManifest(None, f"{uri} did not answer within {READ_TIMEOUT_SECONDS:.0f} s")
     except Exception as err:  # noqa: BLE001 - a reason to fall back, whatever the filesystem raised.
         return CommittedManifest(None, f"{uri} cannot be read from Airflow ({type(err).__name__}: {err})")
-    finally:
-        executor.shutdown(wait=False)  # a read that hangs is left behind, never waited for
     if data is None:
         return CommittedManifest(None, f"{uri} does not exist where Airflow looks")
     if len(data) > MAX_MANIFEST_BYTES:
@@ -95,6 +108,14 @@ def read_committed_manifest(output_uri: str, conn_id: str | None = None) -> Comm
     if not isinstance(manifest, dict) or any(key not in manifest for key in _REQUIRED_KEYS):
         return CommittedManifest(None, f"{uri} is not a run manifest (keys {', '.join(_REQUIRED_KEYS)})")
     return CommittedManifest(manifest)
+
+
+def exists(uri: str, conn_id: str | None = None) -> bool | None:
+    """Whether a file or folder exists, as Airflow sees it; None when it cannot tell."""
+    try:
+        return bool(_bounded(lambda: _path(uri, conn_id).exists()))
+    except Exception:  # noqa: BLE001 - cannot tell, whatever the filesystem raised.
+        return None
 
 
 def is_result_of(manifest: dict[str, Any], job_id: str, run_key: str, fingerprint: str) -> bool:  # Any: JSON.

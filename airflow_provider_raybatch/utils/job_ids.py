@@ -18,6 +18,9 @@ SUBMISSION_ID_PREFIX = "raybatch"
 _MAX_PART_LENGTH = 40
 _RUN_KEYS = ("airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index", "airflow_run_after")
 _TRY_KEY = "airflow_try_number"
+_ATTEMPT_KEY = "raybatch_submission_attempt"
+#: The most submissions one try makes under ids of its own (see :attr:`TaskTry.attempt`).
+MAX_SUBMISSION_ATTEMPTS = 20
 #: Hex digits of the HMAC in a submission id (64 bits: not guessable, still readable).
 _MAC_DIGITS = 16
 
@@ -27,8 +30,10 @@ class TaskTry:
     """Which task-instance try a Ray job belongs to.
 
     ``run_after`` is the DAG run's own creation identity (Airflow's ``dag_run.run_after``, ISO
-    text): it stays the same through retries and clears of the run, and differs when a run is
-    deleted and created again under the same ``run_id``, whose jobs must then be new ones.
+    text): it stays the same through retries and clears of the run, and differs when a manual run
+    is deleted and created again under the same ``run_id``. A scheduled run created again has the
+    same ``run_after`` (its data interval's end), so its try 1 may find the deleted run's try-1 id
+    taken: ``attempt`` then counts up to the first free id (the operator's ``_submit``).
     """
 
     dag_id: str
@@ -37,20 +42,24 @@ class TaskTry:
     map_index: int
     try_number: int
     run_after: str = ""
+    attempt: int = 1
 
     def submission_id(self, secret: bytes) -> str:
-        """``raybatch-<dag>-<task>-<run>-m<map index>-t<try>-<mac>``: readable, URL-safe, unique, ours.
+        """``raybatch-<dag>-<task>-<run>-m<map index>-t<try>[-a<attempt>]-<mac>``: readable, URL-safe,
+        unique, ours.
 
         The parts are shortened and cleaned for readability; ``<mac>``, an HMAC of the exact values
         under the deployment's ``secret``, keeps two runs whose cleaned names collide apart, and
         two deployments (or a re-created run) sharing names apart, and cannot be made without it.
+        The first attempt has no ``-a`` part.
         """
-        exact = "\x1f".join(
-            map(str, (self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.run_after))
-        )
-        mac = hmac.new(secret, exact.encode(), hashlib.sha256).hexdigest()[:_MAC_DIGITS]
-        parts = [_clean(self.dag_id), _clean(self.task_id), _clean(self.run_id)]
-        return "-".join([SUBMISSION_ID_PREFIX, *parts, f"m{self.map_index}", f"t{self.try_number}", mac])
+        values = [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.run_after]
+        if self.attempt != 1:
+            values.append(f"attempt {self.attempt}")
+        mac = hmac.new(secret, "\x1f".join(map(str, values)).encode(), hashlib.sha256).hexdigest()[:_MAC_DIGITS]
+        parts = [_clean(self.dag_id), _clean(self.task_id), _clean(self.run_id), f"m{self.map_index}",
+                 f"t{self.try_number}", *([f"a{self.attempt}"] if self.attempt != 1 else [])]  # fmt: skip
+        return "-".join([SUBMISSION_ID_PREFIX, *parts, mac])
 
     def run_key(self) -> str:
         """The logical run's identity, without the try: every retry of it shares this key.
@@ -75,10 +84,10 @@ class TaskTry:
         mine = self.metadata()
         if not all(metadata.get(key) == mine[key] for key in _RUN_KEYS):
             return False
-        try_number = metadata.get(_TRY_KEY, "")
-        if not try_number.isdigit() or len(try_number) > 6:
+        try_number, attempt = metadata.get(_TRY_KEY, ""), metadata.get(_ATTEMPT_KEY, "1")
+        if not (_small_count(try_number) and _small_count(attempt)):
             return False
-        expected = replace(self, try_number=int(try_number)).submission_id(secret)
+        expected = replace(self, try_number=int(try_number), attempt=int(attempt)).submission_id(secret)
         return hmac.compare_digest(job_id.encode(), expected.encode())
 
     def metadata(self) -> dict[str, str]:
@@ -90,7 +99,13 @@ class TaskTry:
             "airflow_map_index": str(self.map_index),
             "airflow_run_after": self.run_after,
             _TRY_KEY: str(self.try_number),
+            _ATTEMPT_KEY: str(self.attempt),
         }
+
+
+def _small_count(text: str) -> bool:
+    """A try or attempt number as metadata holds it: ASCII digits, not absurdly many."""
+    return text.isascii() and text.isdigit() and len(text) <= 6
 
 
 def _clean(value: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferralError, TaskDeferralTimeout, TaskDeferred
 
-from airflow_provider_raybatch.exceptions import RayBatchConfigError, RayJobFailedError
+from airflow_provider_raybatch.exceptions import RayBatchConfigError, RayJobAlreadyExistsError, RayJobFailedError
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, JOB_ID_STATE_KEY
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
@@ -118,6 +118,42 @@ def test_a_run_deleted_and_created_again_gets_new_jobs(ray_conn: str, cluster: F
     [body] = cluster.submitted()
     assert body["submission_id"] != deleted_id
     assert body["metadata"]["airflow_run_after"] == again.run_after.isoformat()
+
+
+@pytest.mark.parametrize("status", ["SUCCEEDED", "FAILED"])
+def test_a_scheduled_run_created_again_submits_under_the_next_free_id(
+    ray_conn: str, cluster: FakeCluster, status: str
+) -> None:
+    """Trial finding: a scheduled run deleted and created again has the same run_after, so its try 1
+    has the deleted run's try-1 id, which Ray refuses (every try failed with AlreadyExists before)."""
+    run = SimpleNamespace(run_after=datetime(2026, 3, 13, tzinfo=UTC))
+    ti = FakeTI()
+    deleted = replace(task_try_of(ti), run_after=run.run_after.isoformat())
+    cluster.add_job(deleted.submission_id(KEY), status, {**deleted.metadata(), FINGERPRINT_KEY: "other-params"})
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "dag_run": run})
+
+    second = replace(deleted, attempt=2)
+    assert [body["submission_id"] for body in cluster.submitted()] == [
+        deleted.submission_id(KEY), second.submission_id(KEY)
+    ]
+    assert info.value.trigger.job_id == second.submission_id(KEY)
+    assert cluster.submitted()[-1]["metadata"]["raybatch_submission_attempt"] == "2"
+    assert deleted.owns(second.submission_id(KEY), second.metadata(), KEY)  # a later try still finds it
+
+
+def test_when_every_id_of_a_try_is_taken_the_error_says_why(
+    ray_conn: str, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("airflow_provider_raybatch.operators.llm_batch.MAX_SUBMISSION_ATTEMPTS", 2)
+    ti = FakeTI()
+    for attempt in (1, 2):
+        taken = replace(task_try_of(ti), attempt=attempt)
+        cluster.add_job(taken.submission_id(KEY), "FAILED", {**taken.metadata(), FINGERPRINT_KEY: "other"})
+
+    with pytest.raises(RayJobAlreadyExistsError, match=r"job_identity_secret.*own"):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti})
 
 
 def test_the_same_run_keeps_its_jobs_across_tries(ray_conn: str, cluster: FakeCluster) -> None:
@@ -312,3 +348,73 @@ def test_an_old_manifest_of_another_spec_is_not_taken(ray_conn: str, cluster: Fa
 
     with pytest.raises(RayJobFailedError, match="result cannot be found"):
         op.execute_complete({"ti": ti}, job_event("success", job, "ok", "succeeded"))
+
+
+@pytest.mark.parametrize("status", ["STOPPED", "FAILED"])
+def test_a_job_that_ended_badly_after_it_committed_gives_its_result(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path, status: str
+) -> None:
+    """Trial finding: `ray job stop` landed 120 ms after the job committed; the retry ran all 400
+    rows again. The committed manifest names the job: its result is whole, take it."""
+    ti = retry_ti(2)
+    op = make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out"))
+    job = cluster.add_try(ti, 1, status, fingerprint=op.build_spec().fingerprint())
+    manifest = committed(tmp_path / "out", job_id=job)
+
+    assert op.execute({"ti": ti, "task_state_store": FakeStateStore()}) == str(tmp_path / "out")
+
+    assert ti.xcoms["manifest"] == manifest and ti.xcoms["job_id"] == job
+    assert not cluster.submit.called
+
+
+@pytest.mark.parametrize(("status", "reason"), [("cancelled", "stopped"), ("error", "failed")])
+def test_a_wait_ending_badly_after_the_commit_is_a_success(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path, status: str, reason: str
+) -> None:
+    ti = FakeTI()
+    job = cluster.add_try(ti, 1, "STOPPED" if status == "cancelled" else "FAILED")
+    manifest = committed(tmp_path / "out", job_id=job)
+
+    result = make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out")).execute_complete(
+        {"ti": ti}, job_event(status, job, f"Ray job {job} finished.", reason)
+    )
+
+    assert result == str(tmp_path / "out") and ti.xcoms["manifest"] == manifest
+    assert not cluster.stops[job].called
+
+
+def test_a_result_whose_version_another_commit_deleted_fails_naming_both(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    """Trial finding: two runs wrote one output_uri; the later commit deleted the earlier run's version,
+    and a clear of the earlier run "succeeded" with a manifest pointing at nothing."""
+    ti = FakeTI()
+    out = tmp_path / "out"
+    mine = {**MANIFEST, "output_uri": str(out), "version": "v1", "outputs_uri": str(out / "versions/v1/outputs")}
+    job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(mine))
+    committed(out, job_id="raybatch-another-run", version="v2")  # v1's folder is gone
+
+    with pytest.raises(RayJobFailedError, match=r"replaced it.*keep_versions=True") as info:
+        make_operator(ray_conn_id=ray_conn, output_uri=str(out)).execute_complete(
+            {"ti": ti}, job_event("success", job, "ok", "succeeded")
+        )
+
+    assert "raybatch-another-run" in str(info.value) and "v2" in str(info.value)
+    assert "manifest" not in ti.xcoms
+
+
+def test_a_kept_version_under_a_later_commit_is_still_this_jobs_result(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    ti = FakeTI()
+    out = tmp_path / "out"
+    mine = {**MANIFEST, "output_uri": str(out), "version": "v1", "outputs_uri": str(out / "versions/v1/outputs")}
+    (out / "versions/v1/outputs").mkdir(parents=True)  # keep_versions=True kept it
+    job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(mine))
+    committed(out, job_id="raybatch-another-run", version="v2")
+
+    make_operator(ray_conn_id=ray_conn, output_uri=str(out)).execute_complete(
+        {"ti": ti}, job_event("success", job, "ok", "succeeded")
+    )
+
+    assert ti.xcoms["manifest"] == mine

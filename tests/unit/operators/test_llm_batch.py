@@ -467,7 +467,10 @@ class FakeCluster:
         self.gets: dict[str, respx.Route] = {}
 
     def _submitted(self, request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"submission_id": json.loads(request.content)["submission_id"]})
+        submission_id = json.loads(request.content)["submission_id"]
+        if any(job["submission_id"] == submission_id for job in self.jobs):  # as Ray answers a taken id
+            return httpx.Response(500, text=f"Job with submission_id {submission_id} already exists.")
+        return httpx.Response(200, json={"submission_id": submission_id})
 
     def add_job(
         self, job_id: str, status: str, metadata: dict[str, str], logs: str = "", end_time: int | None = None

@@ -405,6 +405,33 @@ async def test_on_kill_stops_the_job(make_trigger: Any, ray_api: respx.MockRoute
     assert stop.call_count == 1
 
 
+async def test_on_kill_cancelled_while_it_stops_the_job_still_stops_it(
+    make_trigger: Any, ray_api: respx.MockRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in a trial under load: Airflow cancelled on_kill again while its stop call was on the way,
+    swallowed the CancelledError, and the job ran on. The stop must outlive on_kill's cancellation."""
+    stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
+    real_stop = ray_hook_module.RayHook.a_stop_job
+
+    async def slow_stop(self: Any, job_id: str) -> bool:
+        await asyncio.sleep(0.3)  # the connection lookup and the call take a while
+        return await real_stop(self, job_id)
+
+    monkeypatch.setattr(ray_hook_module.RayHook, "a_stop_job", slow_stop)
+
+    killing = asyncio.ensure_future(make_trigger().on_kill())
+    await asyncio.sleep(0.05)
+    killing.cancel()  # what the triggerer's second cancel does
+    with pytest.raises(asyncio.CancelledError):
+        await killing
+    for _ in range(100):
+        if stop.called:
+            break
+        await asyncio.sleep(0.05)
+
+    assert stop.call_count == 1
+
+
 async def test_on_kill_of_a_watching_trigger_leaves_the_job_running(
     make_trigger: Any, ray_api: respx.MockRouter
 ) -> None:

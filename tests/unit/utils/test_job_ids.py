@@ -96,6 +96,7 @@ def test_metadata_values_are_strings() -> None:
         "airflow_map_index": "3",
         "airflow_run_after": TRY.run_after,
         "airflow_try_number": "2",
+        "raybatch_submission_attempt": "1",
     }
     assert all(isinstance(key, str) and isinstance(value, str) for key, value in metadata.items())
 
@@ -262,6 +263,26 @@ def test_owns_the_jobs_of_every_try(try_number: int) -> None:
     assert TRY.owns(*job_of(replace(TRY, try_number=try_number)), KEY)
 
 
+def test_a_later_attempt_has_an_id_of_its_own_that_is_still_ours() -> None:
+    """A re-created scheduled run (same run_after) finds its try-1 id taken by the deleted run's job;
+    the next attempt's id is new, and still proves itself this run's."""
+    first, second, third = (replace(TRY, attempt=attempt) for attempt in (1, 2, 3))
+
+    assert len({first.submission_id(KEY), second.submission_id(KEY), third.submission_id(KEY)}) == 3
+    assert "-t1-a2-" in second.submission_id(KEY) and "-a" not in first.submission_id(KEY).split("-t1-")[1]
+    assert TRY.owns(*job_of(second), KEY) and TRY.owns(*job_of(third), KEY)
+    assert not TRY.owns(first.submission_id(KEY), second.metadata(), KEY)  # the attempt must match too
+
+
+def test_the_first_attempt_keeps_the_id_it_had_before_attempts_existed() -> None:
+    import hashlib
+    import hmac
+
+    exact = "\x1f".join(map(str, (TRY.dag_id, TRY.run_id, TRY.task_id, TRY.map_index, TRY.try_number, TRY.run_after)))
+    mac = hmac.new(KEY, exact.encode(), hashlib.sha256).hexdigest()[:16]
+    assert TRY.submission_id(KEY).endswith(f"-m-1-t1-{mac}")
+
+
 def test_owns_ignores_extra_metadata() -> None:
     job_id, metadata = job_of(TRY)
     assert TRY.owns(job_id, {**metadata, "raybatch_spec_fingerprint": "abc", "team": "ml"}, KEY)
@@ -303,7 +324,7 @@ def test_owns_not_a_job_whose_id_was_not_made_by_this_deployment(forged_id: str)
     assert not TRY.owns(forged_id, TRY.metadata(), KEY)
 
 
-@pytest.mark.parametrize("try_number", ["", "x", "-1", "1.0", "9" * 40, " 1"])
+@pytest.mark.parametrize("try_number", ["", "x", "-1", "1.0", "9" * 40, " 1", "\u0661"])
 def test_owns_not_a_job_with_a_strange_try_number(try_number: str) -> None:
     job_id, metadata = job_of(TRY)
     assert not TRY.owns(job_id, {**metadata, "airflow_try_number": try_number}, KEY)
