@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
-import json
-import re
-import shlex
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
 
-import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import (
     BatchSpecError,
-    RayBatchRowsFailedError,
     RayHookError,
-    RayJobAlreadyExistsError,
-    RayJobFailedError,
     RayJobNotFoundError,
 )
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
@@ -33,13 +22,11 @@ from airflow_provider_raybatch.links import (
     RayJobLink,
     RunReportLink,
 )
-from airflow_provider_raybatch.manifest import (
-    MANIFEST_FILE_NAME,
-    failed_rows,
-    failed_rows_verdict,
-    manifest_from_log,
-)
-from airflow_provider_raybatch.pipeline.credentials import settings_upload
+from airflow_provider_raybatch.operators import job_results, job_shipping
+from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
+from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
+from airflow_provider_raybatch.operators.spec_params import spec_from_params
+from airflow_provider_raybatch.operators.task_tries import task_try_of, try_number_of
 from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import (
     DEFAULT_PROGRESS_INTERVAL_SECONDS,
@@ -47,31 +34,20 @@ from airflow_provider_raybatch.triggers.ray import (
     RayJobTrigger,
     event_for_job,
 )
-from airflow_provider_raybatch.utils.committed_manifest import exists as committed_exists
-from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key
 from airflow_provider_raybatch.utils.events import job_event, job_failed_error, validate_event
-from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
-from airflow_provider_raybatch.utils.layout import plan_layout
-from airflow_provider_raybatch.utils.packaging import RayPackage, build_job_package, build_py_module_package
+from airflow_provider_raybatch.utils.job_ids import TaskTry
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
-PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
-# Spec fields that take a dict, list or number; after templating they may arrive as (JSON) text.
-_JSON_PARAMS = (
-    "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",
-    "image_max_side", "image_allowed_hosts", "image_allowed_s3_prefixes", "max_failed_fraction",
-    "max_failed_rows",
-)  # fmt: skip
 #: Key under which the job id is kept in Airflow's task state store across tries.
 JOB_ID_STATE_KEY = "raybatch_job_id"
 #: How long a superseded job may take to stop before a new job takes over its staging folder.
 STOP_WAIT_SECONDS = 120.0
-#: Ray job metadata key holding the spec fingerprint the job was submitted with.
-FINGERPRINT_KEY = "raybatch_spec_fingerprint"
 #: How long after Airflow's deferral deadline Airflow itself gives up on the trigger: the trigger
 #: acts at the deadline (stops the job, fires an event), so Airflow's timeout is only a backstop.
 DEFERRAL_GRACE_SECONDS = 60.0
@@ -84,49 +60,6 @@ CLEANUP_RETRY_WINDOW_SECONDS = 30.0
 #: Airflow's ``next_method`` when a deferred task is resumed only to fail: its deferral timeout
 #: passed or its trigger crashed (airflow.sdk.bases.operator.TRIGGER_FAIL_REPR).
 _TRIGGER_FAIL = "__fail__"
-_TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
-
-
-def _asset_extra(manifest: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: JSON values.
-    """What a downstream DAG needs from the output Asset event to read this run's output."""
-    output_uri = str(manifest["output_uri"])
-    return {
-        "output_uri": output_uri,
-        "manifest_uri": f"{output_uri.rstrip('/')}/{MANIFEST_FILE_NAME}",
-        "outputs_uri": manifest.get("outputs_uri"),
-        "rows_in": manifest["rows_in"],
-        "rows_out": manifest["rows_out"],
-        "rows_failed": manifest["rows_failed"],
-        "version": manifest.get("version"),
-        "job_id": job_id,
-    }
-
-
-def _top_level_module_path(field: str, dotted_path: str) -> Path:
-    """The folder of the top-level package (or the single file) holding a pre/postprocess function."""
-    module_name = dotted_path.partition(":")[0] if ":" in dotted_path else dotted_path.rpartition(".")[0]
-    try:
-        importlib.import_module(module_name)
-    except ImportError as err:
-        raise BatchSpecError(
-            f"{field}={dotted_path!r}: module {module_name!r} cannot be imported here ({err}); "
-            "put it beside the DAG file or in the DAGs folder so it can be shipped with the job."
-        ) from err
-    top = sys.modules[module_name.split(".")[0]]
-    return Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
-
-
-def _task_try(context: Context) -> TaskTry:
-    """The running task-instance try, with its DAG run's creation identity (``run_after``)."""
-    ti = context["ti"]
-    run_after = getattr(context.get("dag_run"), "run_after", None)
-    return TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number,
-                   run_after.isoformat() if run_after is not None else "")  # fmt: skip
-
-
-def _try_number(job: JobInfo) -> int:
-    value = job.metadata.get("airflow_try_number", "")
-    return int(value) if value.isdigit() else 0
 
 
 class RayLLMBatchOperator(BaseOperator):
@@ -333,108 +266,31 @@ class RayLLMBatchOperator(BaseOperator):
         :param run_key: the logical run's identity (:meth:`TaskTry.run_key`); retries share it.
         """
         params = {name: getattr(self, name) for name in BatchInferenceSpec.model_fields if name != "run_key"}
-        params["run_key"] = run_key
-        if not params["output_format"]:
-            del params["output_format"]  # the spec's default: parquet, or jsonl for an OpenAI batch file
-        for name in _JSON_PARAMS:
-            value = params[name]
-            if not isinstance(value, str):
-                continue
-            text = value.strip()
-            if text in ("", "null", "None"):
-                del params[name]  # an unset Param rendered through a template: the spec's default
-            elif name in ("concurrency", "image_size") and _TUPLE_TEXT.match(text):
-                params[name] = tuple(int(part) for part in re.findall(r"\d+", text))
-            elif name in ("concurrency", "image_max_side") and text.isdigit():
-                params[name] = int(text)
-            elif text[:1] in ("{", "["):
-                try:
-                    params[name] = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise BatchSpecError(f"{name}={value!r} is text but not valid JSON: {err.msg}.") from err
-        if isinstance(params.get("concurrency"), list):
-            params["concurrency"] = tuple(params["concurrency"])
-        return BatchInferenceSpec.build(**params)
+        return spec_from_params(params, run_key)
+
+    # -- shipping (operators/job_shipping.py) ----------------------------------------------------
 
     def entrypoint(self, spec: BatchInferenceSpec) -> str:
         """A few words whatever the spec's size: the spec travels in the job package (_runtime_env)."""
-        return f"python -m {PIPELINE_MODULE} --spec-fingerprint {shlex.quote(spec.fingerprint())}"
+        return job_shipping.entrypoint(spec)
 
     def _local_modules(self, spec: BatchInferenceSpec) -> list[Path]:
         """The provider package plus the DAG author's modules named by preprocess / postprocess."""
-        paths = [Path(airflow_provider_raybatch.__file__).parent]
-        for field, dotted_path in self._user_functions(spec):
-            path = _top_level_module_path(field, dotted_path)
-            if path not in paths:
-                paths.append(path)
-        return paths
-
-    @staticmethod
-    def _user_functions(spec: BatchInferenceSpec) -> list[tuple[str, str]]:
-        """(parameter, dotted path) of the pre/postprocess functions that are set."""
-        pairs = (("preprocess", spec.preprocess), ("postprocess", spec.postprocess))
-        return [(field, dotted_path) for field, dotted_path in pairs if dotted_path]
-
-    def _module_packages(self, spec: BatchInferenceSpec) -> list[RayPackage]:
-        """The zipped :meth:`_local_modules`; a folder that cannot ship fails naming its parameter."""
-        packages = []
-        for path in self._local_modules(spec):
-            try:
-                packages.append(build_py_module_package(path))
-            except ValueError as err:
-                named = [f"{field}={dotted_path!r}" for field, dotted_path in self._user_functions(spec)
-                         if _top_level_module_path(field, dotted_path) == path]  # fmt: skip
-                who = " and ".join(named) or "The provider package"
-                raise BatchSpecError(f"{who}: cannot ship {err}") from err
-        return packages
+        return job_shipping.local_modules(spec)
 
     def _s3_settings(self, spec: BatchInferenceSpec) -> dict[str, str | None] | None:
-        """Credentials, region and endpoint from ``aws_conn_id``, resolved now (an assumed role's are
-        short-lived); None to leave S3 access to the cluster's own credentials."""
-        if not self.aws_conn_id or self.aws_conn_id == "None":  # unset, or rendered from an unset Param
-            return None
-        if not any(uri.startswith("s3://") for uri in (spec.input_uri, spec.output_uri, spec.model)):
-            return None  # nothing on S3: no credentials leave Airflow
-        try:
-            from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-        except ImportError as err:
-            raise BatchSpecError(
-                f"aws_conn_id={self.aws_conn_id!r} needs the Amazon provider: "
-                "pip install 'airflow-provider-raybatch[amazon]'."
-            ) from err
-        aws = AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="s3")
-        credentials = aws.get_credentials()
-        return {
-            "endpoint_url": aws.conn_config.get_service_endpoint_url("s3"),
-            "region": aws.conn_region_name,
-            "access_key": credentials.access_key,
-            "secret_key": credentials.secret_key,
-            "session_token": credentials.token,
-        }
+        """The S3 settings ``aws_conn_id`` gives the job, or None (:func:`job_shipping.s3_settings`)."""
+        return job_shipping.s3_settings(self.aws_conn_id, spec)
 
     def _runtime_env(self, hook: RayHook, spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: runtime_env.
-        """Upload the code and the job package (the spec) for ``py_modules``, and the S3 settings for none.
-
-        The settings' upload is named only inside the job package: no node unpacks it, and the job's
-        driver moves it into its own in-memory copy, deleted when it ends (pipeline/credentials.py).
-        It goes last, so as little time as possible passes between its upload and the job's start.
-        """
-        packages = self._module_packages(spec)
-        s3_settings = self._s3_settings(spec)
-        settings = settings_upload(s3_settings) if s3_settings is not None else None
-        packages.append(build_job_package(spec.model_dump_json(), settings.uri if settings else None))
-        uploaded = [hook.upload_package(package) for package in packages]
-        if settings is not None:
-            hook.upload_package(settings)
-        runtime_env = dict(self.runtime_env)
-        runtime_env["py_modules"] = [*uploaded, *runtime_env.get("py_modules", [])]
-        return runtime_env
+        """Upload the code, the job package and the S3 settings (:func:`job_shipping.upload_runtime_env`)."""
+        return job_shipping.upload_runtime_env(hook, spec, self.aws_conn_id, self.runtime_env)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> str | None:
         deadline = self._deadline()
-        task_try = _task_try(context)
+        task_try = task_try_of(context)
         spec = self.build_spec(run_key=task_try.run_key())
         self.log.info("Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri)
         secret = deployment_key()
@@ -447,7 +303,7 @@ class RayLLMBatchOperator(BaseOperator):
                 self.log.warning(
                     "Ray job %s of try %s of this run has other parameters; stopping it. (Were it another "
                     "Airflow deployment's, the two would share [raybatch] job_identity_secret or "
-                    "[core] fernet_key: give each deployment its own.)", previous.job_id, _try_number(previous),
+                    "[core] fernet_key: give each deployment its own.)", previous.job_id, try_number_of(previous),
                 )  # fmt: skip
                 self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
             previous = None
@@ -554,48 +410,16 @@ class RayLLMBatchOperator(BaseOperator):
                     ours[info.job_id] = info
                 else:
                     self.log.warning("Recorded Ray job %s is not this run's job; leaving it alone.", recorded)
-        return max(ours.values(), key=_try_number, default=None)
-
-    def _check_layout(self, hook: RayHook, spec: BatchInferenceSpec) -> None:
-        """Log the planned layout; refuse one the cluster's alive nodes cannot host (ClusterLayoutError)."""
-        plan = plan_layout(spec)
-        self.log.info("Planned layout: %s.", plan.describe())
-        if self.check_layout:
-            plan.check_fits(hook.get_cluster_resources())
+        return max(ours.values(), key=try_number_of, default=None)
 
     def _submit(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, secret: bytes) -> str:
-        """Submit under this try's first free submission id (see :attr:`TaskTry.attempt`).
-
-        An id is taken when a job of the same names ended earlier without being this try's to take:
-        a scheduled run deleted and created again (same ``run_after``) whose try 1 ran before, or a
-        job with other parameters. The next attempt's id is as much ours, and as verifiable.
-        """
-        self._check_layout(hook, spec)
+        """Check the layout, ship the code and spec, and submit under this try's first free submission
+        id (:func:`job_shipping.submit`)."""
+        job_shipping.check_layout(hook, spec, self.check_layout, self.log)
         runtime_env = self._runtime_env(hook, spec)
-        taken: list[str] = []
-        for attempt in range(1, MAX_SUBMISSION_ATTEMPTS + 1):
-            this = replace(task_try, attempt=attempt)
-            try:
-                job_id = hook.submit_job(
-                    self.entrypoint(spec),
-                    submission_id=this.submission_id(secret),
-                    runtime_env=runtime_env,
-                    metadata={**this.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
-                    entrypoint_resources=self.entrypoint_resources,
-                )
-            except RayJobAlreadyExistsError:
-                taken.append(this.submission_id(secret))
-                continue
-            if taken:
-                self.log.info("Submission ids %s are taken by earlier jobs of the same names.", ", ".join(taken))
-            self.log.info("Submitted Ray job %s to %s.", job_id, hook.dashboard_url)
-            return job_id
-        raise RayJobAlreadyExistsError(
-            f"Ray already has jobs under all {MAX_SUBMISSION_ATTEMPTS} submission ids of this try "
-            f"({taken[0]} ... {taken[-1]}). Either this run was deleted and created again that many "
-            "times, or another Airflow deployment uses the same [raybatch] job_identity_secret (or "
-            "[core] fernet_key) on this Ray cluster: give each deployment a secret of its own."
-        )
+        command = self.entrypoint(spec)
+        resources = self.entrypoint_resources
+        return job_shipping.submit(hook, spec, task_try, secret, command, runtime_env, resources, self.log)
 
     def _wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
         progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
@@ -635,12 +459,12 @@ class RayLLMBatchOperator(BaseOperator):
             self.log.warning("Ray job %s of an earlier try was stopped by that try's cleanup while this try "
                              "waited on it; submitting a new job, which resumes from the rows it staged.",
                              job_id)  # fmt: skip
-            task_try = _task_try(context)
+            task_try = task_try_of(context)
             spec = self.build_spec(run_key=task_try.run_key())
             self.job_id = self._submit_and_record(hook, spec, task_try, deployment_key(), context)
             return self._wait(context, hook, self.job_id, deadline)
         if event["status"] != "success" and self._committed_result_of(job_id, self.build_spec(
-                run_key=_task_try(context).run_key())) is not None:  # fmt: skip
+                run_key=task_try_of(context).run_key())) is not None:  # fmt: skip
             self.log.warning("Ray job %s ended %s after it committed its result; taking that result.",
                              job_id, event["termination_reason"])  # fmt: skip
             event = job_event("success", job_id, event["message"], "succeeded")
@@ -650,7 +474,10 @@ class RayLLMBatchOperator(BaseOperator):
             cleanup = self._cleanup_hook()
             self._stop_job(cleanup, job_id)
             raise job_failed_error(event, cleanup.get_job_log_tail(job_id))
-        manifest = self._result(hook, job_id, context)
+        # The committed manifest, else the driver log's: job_results.job_result.
+        spec = self.build_spec(run_key=task_try_of(context).run_key())
+        conn_id = job_results.storage_conn_id(self.aws_conn_id)
+        manifest = job_results.job_result(hook, job_id, spec, conn_id, self.log)
         self.manifest = manifest
         ti = context["ti"]
         ti.xcom_push(key="job_id", value=job_id)
@@ -660,24 +487,10 @@ class RayLLMBatchOperator(BaseOperator):
             "Ray job %s done: %d rows in, %d out, %d failed; output at %s.",
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"], manifest["output_uri"],
         )  # fmt: skip
-        self._check_failed_rows(manifest, job_id)
+        job_results.check_failed_rows(manifest, self.build_spec(), job_id)
         if self.output_asset is not None:
-            context["outlet_events"][self.output_asset].extra = _asset_extra(manifest, job_id)
+            context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
         return manifest["output_uri"]
-
-    def _check_failed_rows(self, manifest: dict[str, Any], job_id: str) -> None:  # Any: JSON values.
-        """Fail the task (RayBatchRowsFailedError) when more rows failed than this task's thresholds allow.
-
-        Judged here from the counts, with the thresholds as they are now, rather than read from the
-        manifest's own ``failed_rows_check``: a result taken from an earlier job may predate that
-        key, and a retry with loosened thresholds must pass on the same committed result.
-        """
-        spec = self.build_spec()
-        verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows)
-        if verdict is not None:
-            raise RayBatchRowsFailedError(
-                verdict, rows_in=int(manifest["rows_in"]), rows_failed=failed_rows(manifest), job_id=job_id
-            )
 
     def _stopped_by_earlier_tries_cleanup(
         self, hook: RayHook, job_id: str, context: Context, attached_at: float | None
@@ -694,7 +507,7 @@ class RayLLMBatchOperator(BaseOperator):
             info = hook.get_job_info(job_id)
         except RayJobNotFoundError:
             return False
-        if attached_at is None or _try_number(info) >= context["ti"].try_number:
+        if attached_at is None or try_number_of(info) >= context["ti"].try_number:
             return False
         ended_at = (info.end_time_ms or 0) / 1000
         if ended_at <= attached_at + CLEANUP_RACE_SECONDS:
@@ -704,66 +517,9 @@ class RayLLMBatchOperator(BaseOperator):
                          job_id, ended_at - attached_at)  # fmt: skip
         return False
 
-    def _result(self, hook: RayHook, job_id: str, context: Context) -> dict[str, Any]:  # Any: JSON values.
-        """The succeeded job's result: the manifest committed at ``output_uri``, else the driver log's.
-
-        The committed ``manifest.json`` is the truth and outlives the driver log (lost with a head
-        restart or a driver node scaled away); the log is read only when Airflow cannot reach
-        ``output_uri`` or finds another run's manifest there.
-        """
-        task_try = _task_try(context)
-        spec = self.build_spec(run_key=task_try.run_key())
-        committed = read_committed_manifest(spec.output_uri, self._storage_conn_id())
-        if committed.manifest is not None and is_result_of(committed.manifest, job_id, spec.run_key,
-                                                            spec.fingerprint()):  # fmt: skip
-            self.log.info("Result of Ray job %s read from its committed manifest at %s.", job_id, spec.output_uri)
-            return committed.manifest
-        why_not = committed.why_not or "the manifest there is another run's"
-        try:
-            driver_log = hook.get_job_logs(job_id)
-        except RayHookError as err:
-            driver_log, why_not = "", f"{why_not}; the driver log cannot be read ({err})"
-        manifest = manifest_from_log(driver_log)
-        if manifest is not None and committed.manifest is not None:
-            self._check_not_superseded(manifest, committed.manifest, job_id)
-        if manifest is None:
-            message = (f"Ray job {job_id} succeeded, but its result cannot be found: {why_not}, and the "
-                       "driver log holds no run manifest (it printed none, or the log is gone).")  # fmt: skip
-            tail = "\n".join(driver_log.rstrip("\n").splitlines()[-40:])
-            raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
-        self.log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
-        return manifest
-
     def _committed_result_of(self, job_id: str, spec: BatchInferenceSpec) -> dict[str, Any] | None:  # Any: JSON.
         """The manifest committed at ``output_uri`` if it is ``job_id``'s result, else None."""
-        committed = read_committed_manifest(spec.output_uri, self._storage_conn_id()).manifest
-        if committed is not None and is_result_of(committed, job_id, spec.run_key, spec.fingerprint()):
-            return committed
-        return None
-
-    def _check_not_superseded(
-        self, manifest: dict[str, Any], committed: dict[str, Any], job_id: str  # Any: JSON values.
-    ) -> None:
-        """Fail when another job's commit at the same ``output_uri`` deleted this job's version.
-
-        Two runs writing one ``output_uri`` (two runs of one date, two deployments) replace each
-        other's versions unless ``keep_versions``: this job's manifest would point at nothing.
-        """
-        outputs_uri = manifest.get("outputs_uri")
-        if not outputs_uri or manifest.get("version") == committed.get("version"):
-            return
-        if committed_exists(str(outputs_uri), self._storage_conn_id()) is False:
-            raise RayJobFailedError(
-                f"Ray job {job_id} committed version {manifest.get('version')} at {manifest.get('output_uri')}, "
-                f"but a later commit there (version {committed.get('version')}, job "
-                f"{committed.get('job_id') or 'unknown'}) replaced it and its outputs are gone. Two runs "
-                "write to one output_uri: give each its own, or set keep_versions=True.",
-                job_id=job_id, status="superseded",
-            )  # fmt: skip
-
-    def _storage_conn_id(self) -> str | None:
-        """The connection Airflow reads ``output_uri`` with: ``aws_conn_id`` where set."""
-        return None if not self.aws_conn_id or self.aws_conn_id == "None" else self.aws_conn_id
+        return job_results.committed_result_of(job_id, spec, job_results.storage_conn_id(self.aws_conn_id))
 
     def _cleanup_hook(self) -> RayHook:
         """A hook for cleaning up after a failure: a short retry window, the task is failing anyway."""
@@ -800,7 +556,8 @@ class RayLLMBatchOperator(BaseOperator):
         except RayHookError as err:
             self.log.warning("Could not look up Ray job %s to stop it: %s", job_id, err)
             return None
-        return info.job_id if _task_try(context).owns(info.job_id, info.metadata, deployment_key()) else None
+        owned = task_try_of(context).owns(info.job_id, info.metadata, deployment_key())
+        return info.job_id if owned else None
 
     def _stop_job(self, hook: RayHook, job_id: str, wait_seconds: float = 0) -> None:
         """Stop a job if it still runs; with ``wait_seconds``, also wait (bounded) until it has ended.

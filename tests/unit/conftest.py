@@ -46,7 +46,7 @@ def no_object_storage_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """The unit tests' ``s3://`` outputs exist nowhere: the operator's read of a committed manifest
     says so at once instead of asking AWS for credentials (seconds each). Local paths are read for
     real; tests/integration reads S3 for real."""
-    from airflow_provider_raybatch.operators import llm_batch as operator_module
+    from airflow_provider_raybatch.operators import job_results
     from airflow_provider_raybatch.utils.committed_manifest import CommittedManifest, read_committed_manifest
 
     def read(output_uri: str, conn_id: str | None = None) -> CommittedManifest:
@@ -54,7 +54,7 @@ def no_object_storage_here(monkeypatch: pytest.MonkeyPatch) -> None:
             return CommittedManifest(None, f"{output_uri} is not reachable from the unit tests")
         return read_committed_manifest(output_uri, conn_id)
 
-    monkeypatch.setattr(operator_module, "read_committed_manifest", read)
+    monkeypatch.setattr(job_results, "read_committed_manifest", read)
 
 
 @pytest.fixture

@@ -146,7 +146,7 @@ def test_a_scheduled_run_created_again_submits_under_the_next_free_id(
 def test_when_every_id_of_a_try_is_taken_the_error_says_why(
     ray_conn: str, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("airflow_provider_raybatch.operators.llm_batch.MAX_SUBMISSION_ATTEMPTS", 2)
+    monkeypatch.setattr("airflow_provider_raybatch.operators.job_shipping.MAX_SUBMISSION_ATTEMPTS", 2)
     ti = FakeTI()
     for attempt in (1, 2):
         taken = replace(task_try_of(ti), attempt=attempt)

@@ -1,0 +1,129 @@
+"""Read a finished job's result: the manifest committed at ``output_uri``, else the driver log's.
+
+The committed ``manifest.json`` is the truth and outlives the driver log; telling this job's
+result from another run's, falling back to the log, and noticing a version that a later commit
+replaced are questions of storage and manifests, not of the task's lifecycle, so they live here
+apart from the operator. Plain functions that take the spec, the storage connection and a logger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError, RayHookError, RayJobFailedError
+from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.manifest import (
+    MANIFEST_FILE_NAME,
+    failed_rows,
+    failed_rows_verdict,
+    manifest_from_log,
+)
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.committed_manifest import exists as committed_exists
+from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
+from airflow_provider_raybatch.utils.events import job_event, job_failed_error
+
+
+def asset_extra(manifest: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: JSON values.
+    """What a downstream DAG needs from the output Asset event to read this run's output."""
+    output_uri = str(manifest["output_uri"])
+    return {
+        "output_uri": output_uri,
+        "manifest_uri": f"{output_uri.rstrip('/')}/{MANIFEST_FILE_NAME}",
+        "outputs_uri": manifest.get("outputs_uri"),
+        "rows_in": manifest["rows_in"],
+        "rows_out": manifest["rows_out"],
+        "rows_failed": manifest["rows_failed"],
+        "version": manifest.get("version"),
+        "job_id": job_id,
+    }
+
+
+def storage_conn_id(aws_conn_id: str | None) -> str | None:
+    """The connection Airflow reads ``output_uri`` with: ``aws_conn_id`` where set."""
+    return None if not aws_conn_id or aws_conn_id == "None" else aws_conn_id
+
+
+def job_result(
+    hook: RayHook,
+    job_id: str,
+    spec: BatchInferenceSpec,
+    conn_id: str | None,
+    log: Any,  # Any: a logger.
+) -> dict[str, Any]:  # Any: JSON values.
+    """The succeeded job's result: the manifest committed at ``output_uri``, else the driver log's.
+
+    The committed ``manifest.json`` is the truth and outlives the driver log (lost with a head
+    restart or a driver node scaled away); the log is read only when Airflow cannot reach
+    ``output_uri`` or finds another run's manifest there.
+
+    :param conn_id: the connection to read ``output_uri`` with (:func:`storage_conn_id`).
+    """
+    committed = read_committed_manifest(spec.output_uri, conn_id)
+    if committed.manifest is not None and is_result_of(committed.manifest, job_id, spec.run_key,
+                                                        spec.fingerprint()):  # fmt: skip
+        log.info("Result of Ray job %s read from its committed manifest at %s.", job_id, spec.output_uri)
+        return committed.manifest
+    why_not = committed.why_not or "the manifest there is another run's"
+    try:
+        driver_log = hook.get_job_logs(job_id)
+    except RayHookError as err:
+        driver_log, why_not = "", f"{why_not}; the driver log cannot be read ({err})"
+    manifest = manifest_from_log(driver_log)
+    if manifest is not None and committed.manifest is not None:
+        check_not_superseded(manifest, committed.manifest, job_id, conn_id)
+    if manifest is None:
+        message = (f"Ray job {job_id} succeeded, but its result cannot be found: {why_not}, and the "
+                   "driver log holds no run manifest (it printed none, or the log is gone).")  # fmt: skip
+        tail = "\n".join(driver_log.rstrip("\n").splitlines()[-40:])
+        raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
+    log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
+    return manifest
+
+
+def committed_result_of(
+    job_id: str, spec: BatchInferenceSpec, conn_id: str | None
+) -> dict[str, Any] | None:  # Any: JSON values.
+    """The manifest committed at ``output_uri`` if it is ``job_id``'s result, else None."""
+    committed = read_committed_manifest(spec.output_uri, conn_id).manifest
+    if committed is not None and is_result_of(committed, job_id, spec.run_key, spec.fingerprint()):
+        return committed
+    return None
+
+
+def check_not_superseded(
+    manifest: dict[str, Any],  # Any: JSON values.
+    committed: dict[str, Any],  # Any: JSON values.
+    job_id: str,
+    conn_id: str | None,
+) -> None:
+    """Fail when another job's commit at the same ``output_uri`` deleted this job's version.
+
+    Two runs writing one ``output_uri`` (two runs of one date, two deployments) replace each
+    other's versions unless ``keep_versions``: this job's manifest would point at nothing.
+    """
+    outputs_uri = manifest.get("outputs_uri")
+    if not outputs_uri or manifest.get("version") == committed.get("version"):
+        return
+    if committed_exists(str(outputs_uri), conn_id) is False:
+        raise RayJobFailedError(
+            f"Ray job {job_id} committed version {manifest.get('version')} at {manifest.get('output_uri')}, "
+            f"but a later commit there (version {committed.get('version')}, job "
+            f"{committed.get('job_id') or 'unknown'}) replaced it and its outputs are gone. Two runs "
+            "write to one output_uri: give each its own, or set keep_versions=True.",
+            job_id=job_id, status="superseded",
+        )  # fmt: skip
+
+
+def check_failed_rows(manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str) -> None:  # Any: JSON.
+    """Fail the task (RayBatchRowsFailedError) when more rows failed than the spec's thresholds allow.
+
+    Judged here from the counts, with the thresholds as they are now, rather than read from the
+    manifest's own ``failed_rows_check``: a result taken from an earlier job may predate that
+    key, and a retry with loosened thresholds must pass on the same committed result.
+    """
+    verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows)
+    if verdict is not None:
+        raise RayBatchRowsFailedError(
+            verdict, rows_in=int(manifest["rows_in"]), rows_failed=failed_rows(manifest), job_id=job_id
+        )

@@ -1,0 +1,55 @@
+"""Turn the operator's rendered parameters into the job spec.
+
+Airflow renders templated fields to text, so a dict, list, tuple or number given as
+``"{{ params.engine_kwargs | tojson }}"`` arrives as a string. This module reads such text back
+into the value the spec expects before :class:`BatchInferenceSpec` validates it; the spec itself
+stays free of template concerns. Kept apart from the operator so that its lifecycle does not mix
+with text parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+# Spec fields that take a dict, list or number; after templating they may arrive as (JSON) text.
+_JSON_PARAMS = (
+    "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",
+    "image_max_side", "image_allowed_hosts", "image_allowed_s3_prefixes", "max_failed_fraction",
+    "max_failed_rows",
+)  # fmt: skip
+_TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
+
+
+def spec_from_params(params: dict[str, Any], run_key: str) -> BatchInferenceSpec:  # Any: parameter values.
+    """The validated job spec from the (rendered) parameters; raises BatchSpecError naming the field.
+
+    :param params: the operator's values of the spec's fields (all but ``run_key``); not modified.
+    :param run_key: the logical run's identity (:meth:`TaskTry.run_key`); retries share it.
+    """
+    params = {**params, "run_key": run_key}
+    if not params["output_format"]:
+        del params["output_format"]  # the spec's default: parquet, or jsonl for an OpenAI batch file
+    for name in _JSON_PARAMS:
+        value = params[name]
+        if not isinstance(value, str):
+            continue
+        text = value.strip()
+        if text in ("", "null", "None"):
+            del params[name]  # an unset Param rendered through a template: the spec's default
+        elif name in ("concurrency", "image_size") and _TUPLE_TEXT.match(text):
+            params[name] = tuple(int(part) for part in re.findall(r"\d+", text))
+        elif name in ("concurrency", "image_max_side") and text.isdigit():
+            params[name] = int(text)
+        elif text[:1] in ("{", "["):
+            try:
+                params[name] = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise BatchSpecError(f"{name}={value!r} is text but not valid JSON: {err.msg}.") from err
+    if isinstance(params.get("concurrency"), list):
+        params["concurrency"] = tuple(params["concurrency"])
+    return BatchInferenceSpec.build(**params)
