@@ -60,6 +60,12 @@ CLEANUP_RETRY_WINDOW_SECONDS = 30.0
 #: Airflow's ``next_method`` when a deferred task is resumed only to fail: its deferral timeout
 #: passed or its trigger crashed (airflow.sdk.bases.operator.TRIGGER_FAIL_REPR).
 _TRIGGER_FAIL = "__fail__"
+#: Added to the error of a job stopped while this try waited on it, which this try did not stop.
+_STOPPED_FROM_OUTSIDE = (
+    " It was stopped from outside this task: `ray job stop`, the dashboard, an earlier try's cleanup, or "
+    "another Airflow deployment that shares this one's [raybatch] job_identity_secret (or [core] "
+    "fernet_key) and runs this DAG with the same run id: each deployment needs a secret of its own."
+)
 
 
 class RayLLMBatchOperator(BaseOperator):
@@ -473,6 +479,8 @@ class RayLLMBatchOperator(BaseOperator):
             # the job running: stop it, as the worker path does whatever ends its wait.
             cleanup = self._cleanup_hook()
             self._stop_job(cleanup, job_id)
+            if event["status"] == "cancelled":  # no try of this task stopped it: say who else can
+                event = {**event, "message": event["message"] + _STOPPED_FROM_OUTSIDE}
             raise job_failed_error(event, cleanup.get_job_log_tail(job_id))
         # The committed manifest, else the driver log's: job_results.job_result.
         spec = self.build_spec(run_key=task_try_of(context).run_key())

@@ -630,10 +630,13 @@ def test_this_tries_own_stopped_job_fails_the_task(ray_conn: str, cluster: FakeC
     own = cluster.add_try(ti, 2, "STOPPED")
     stopped = job_event("cancelled", own, f"Ray job {own} finished: STOPPED.", "stopped")
 
-    with pytest.raises(RayJobFailedError):
+    with pytest.raises(RayJobFailedError) as info:
         make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, stopped)
 
     assert not cluster.submit.called
+    # A second trial: a deployment whose job another deployment (sharing its secret) stopped was
+    # never told why. The error names who can stop a job from outside.
+    assert "ray job stop" in str(info.value) and "job_identity_secret" in str(info.value)
 
 
 def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: FakeCluster) -> None:
