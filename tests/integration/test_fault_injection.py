@@ -210,7 +210,10 @@ def test_killed_waiting_task_reattaches_instead_of_resubmitting(ray_connection, 
     output_uri = str(tmp_path / "out")
     params = json.dumps(_params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri))
     script = Path(__file__).with_name("operator_process.py")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    # A worker has its deployment's Airflow config; this bare process is given the secret its job
+    # ids are signed with (utils/deployment_secret.py), the same for every try, as workers share it.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET": "fault-injection-deployment-secret"}  # fmt: skip
 
     def ours() -> list:
         return [job for job in RayHook().list_jobs() if job.metadata.get("airflow_dag_id") == "fault_dag"]
@@ -218,8 +221,9 @@ def test_killed_waiting_task_reattaches_instead_of_resubmitting(ray_connection, 
     # Try 1 submits, then its process is killed (SIGKILL: no on_kill, nothing cleaned up) while it waits.
     worker = subprocess.Popen([sys.executable, str(script), params, "1"], env=env, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not ours() and time.monotonic() < deadline:
+    while not ours() and time.monotonic() < deadline and worker.poll() is None:
         time.sleep(0.5)
+    assert worker.poll() is None, f"try 1 ended before it was killed (rc={worker.returncode})"
     time.sleep(3)
     worker.send_signal(signal.SIGKILL)
     worker.wait()
