@@ -469,23 +469,23 @@ class RayLLMBatchOperator(BaseOperator):
             spec = self.build_spec(run_key=task_try.run_key())
             self.job_id = self._submit_and_record(hook, spec, task_try, deployment_key(), context)
             return self._wait(context, hook, self.job_id, deadline)
-        if event["status"] != "success" and self._committed_result_of(job_id, self.build_spec(
-                run_key=task_try_of(context).run_key())) is not None:  # fmt: skip
-            self.log.warning("Ray job %s ended %s after it committed its result; taking that result.",
-                             job_id, event["termination_reason"])  # fmt: skip
-            event = job_event("success", job_id, event["message"], "succeeded")
-        if event["status"] != "success":
-            # An error event (the deadline, the Jobs API unreachable, a crashed trigger) can leave
-            # the job running: stop it, as the worker path does whatever ends its wait.
-            cleanup = self._cleanup_hook()
-            self._stop_job(cleanup, job_id)
-            if event["status"] == "cancelled":  # no try of this task stopped it: say who else can
-                event = {**event, "message": event["message"] + _STOPPED_FROM_OUTSIDE}
-            raise job_failed_error(event, cleanup.get_job_log_tail(job_id))
-        # The committed manifest, else the driver log's: job_results.job_result.
         spec = self.build_spec(run_key=task_try_of(context).run_key())
         conn_id = job_results.storage_conn_id(self.aws_conn_id)
-        manifest = job_results.job_result(hook, job_id, spec, conn_id, self.log)
+        manifest = None
+        if event["status"] != "success":
+            manifest = job_results.committed_result_of(job_id, spec, conn_id)
+            if manifest is None:
+                # An error event (the deadline, the Jobs API unreachable, a crashed trigger) can leave
+                # the job running: stop it, as the worker path does whatever ends its wait.
+                cleanup = self._cleanup_hook()
+                self._stop_job(cleanup, job_id)
+                if event["status"] == "cancelled":  # no try of this task stopped it: say who else can
+                    event = {**event, "message": event["message"] + _STOPPED_FROM_OUTSIDE}
+                raise job_failed_error(event, cleanup.get_job_log_tail(job_id))
+            self.log.warning("Ray job %s ended %s after it committed its result; taking that result.",
+                             job_id, event["termination_reason"])  # fmt: skip
+        if manifest is None:  # the committed manifest, else the driver log's
+            manifest = job_results.job_result(hook, job_id, spec, conn_id, self.log)
         self.manifest = manifest
         ti = context["ti"]
         ti.xcom_push(key="job_id", value=job_id)
@@ -495,7 +495,7 @@ class RayLLMBatchOperator(BaseOperator):
             "Ray job %s done: %d rows in, %d out, %d failed; output at %s.",
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"], manifest["output_uri"],
         )  # fmt: skip
-        job_results.check_failed_rows(manifest, self.build_spec(), job_id)
+        job_results.check_failed_rows(manifest, spec, job_id)
         if self.output_asset is not None:
             context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
         return manifest["output_uri"]
