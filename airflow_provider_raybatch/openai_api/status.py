@@ -17,7 +17,7 @@ expired        the completion window passed before the run succeeded (the batch 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -60,6 +60,10 @@ def batch_status(
     record: dict[str, Any], run: RunState, now: float
 ) -> tuple[BatchStatus, dict[str, int | None]]:  # Any: JSON.
     """The batch's status at ``now`` and its ``*_at`` timestamps (Unix seconds, None until reached)."""
+    if run.task_state == "failed" and run.run_state not in ("success", "failed"):
+        # The batch task is the run's only task and "failed" is final (a retry is "up_for_retry"):
+        # the run is failed, though the scheduler may take a few seconds to close it.
+        run = replace(run, run_state="failed", run_end=run.run_end or run.task_end)
     expired_at = _expired_at(record, run, now)
     times: dict[str, int | None] = {
         "in_progress_at": _epoch(run.task_start),

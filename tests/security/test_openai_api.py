@@ -149,6 +149,14 @@ def _task_failed_saying(airflow: Airflow, run_id: str, text: str) -> None:
         f"/logs/{ti['try_number']}", headers={**airflow.headers, "Accept": "application/json"}, timeout=30,
     ).text  # fmt: skip
     assert text in log, log[-3000:]
+    # The scheduler closes the run a few seconds after its only task failed; Airflow refuses to delete
+    # a running run (409), so the tests that go on to act on the run wait for it.
+    airflow.wait(
+        f"run {run_id} to end",
+        lambda: airflow.api("GET", f"/dags/{DEFAULT_DAG_ID}/dagRuns/{quote(run_id)}").json()["state"]
+        in ("failed", "success") or None,
+        timeout=120,
+    )
 
 
 # -- finding 1: forged ids ----------------------------------------------------------------------

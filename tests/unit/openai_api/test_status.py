@@ -76,3 +76,25 @@ def test_timestamps_come_from_the_run_and_task() -> None:
         {**RECORD, "cancelling_at": 123}, RunState("failed", at(0), at(10), "failed"), now=NOW
     )
     assert cancelled["cancelling_at"] == 123 and cancelled["cancelled_at"] == int(at(10).timestamp())
+
+
+@pytest.mark.parametrize(
+    ("record", "now", "expected", "ended_at_key"),
+    [
+        ({}, NOW, "failed", "failed_at"),
+        ({"cancelling_at": 5}, NOW, "cancelled", "cancelled_at"),
+        ({}, T0.timestamp() + 200, "expired", "expired_at"),
+    ],
+)
+def test_a_failed_batch_task_ends_the_batch_before_the_scheduler_closes_its_run(
+    record: dict, now: float, expected: str, ended_at_key: str
+) -> None:
+    """The batch task is the run's only task, and "failed" is final: a reader in the seconds before the
+    scheduler marks the run failed saw "in_progress" (and could not delete the run yet)."""
+    task_end = at(101) if expected == "expired" else at(9)
+    run = RunState("running", at(0), None, "failed", at(1), task_end)
+    status, times = batch_status({**RECORD, **record}, run, now=now)
+    assert status == expected
+    assert times[ended_at_key] is not None
+    retrying = RunState("running", at(0), None, "up_for_retry", at(1), at(9))
+    assert batch_status({**RECORD, **record}, retrying, now=NOW)[0] in ("in_progress", "cancelling")
