@@ -273,13 +273,6 @@ def first_sources_of_duplicates(
     return {row_id_: first[row_id_] for row_id_ in repeated}, errors
 
 
-def mark_duplicate(row: dict[str, Any], first_sources: dict[str, str]) -> dict[str, Any]:
-    first = first_sources.get(row["id"])
-    if row["error"] is None and first is not None and first != row["source"]:
-        return {**row, "error": f"duplicate id: {row['id']!r} first seen at {first}"}
-    return row
-
-
 def engine_request(
     row: dict[str, Any],
     with_images: bool,

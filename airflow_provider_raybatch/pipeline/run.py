@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, engine, models, openai_batch, row_steps, rows, storage
+from airflow_provider_raybatch.pipeline import commit, dedupe, engine, models, openai_batch, row_steps, rows, storage
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.processor import build_llm_processor
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
@@ -60,20 +60,6 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
             "binary_columns": binary_columns,
             "id_column": spec.id_column,  # ids are read as text, as written
         },
-    )
-
-
-def _first_sources_of_duplicates(prepared: Dataset) -> tuple[dict[str, str], int]:
-    """:func:`.row_steps.first_sources_of_duplicates` over the prepared rows' ids.
-
-    One streaming pass over the (materialized) ids in the driver: a shuffle (groupby) costs tens of
-    seconds of Ray Data overhead on a small cluster, and this needs memory for the ids only.
-    """
-    columns = prepared.select_columns(["id", "source", "error"])
-    batches = columns.iter_batches(batch_format="pyarrow", batch_size=65536)
-    names = ("id", "source", "error")
-    return row_steps.first_sources_of_duplicates(
-        triple for batch in batches for triple in zip(*(batch.column(c).to_pylist() for c in names), strict=True)
     )
 
 
@@ -215,14 +201,13 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     building = _build_while_reading(spec, model_source, parts)
     prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
-    first_sources, errors = _first_sources_of_duplicates(prepared)
-    if first_sources:
-        prepared = prepared.map(
-            row_steps.mark_duplicate, fn_kwargs={"first_sources": first_sources}
-        ).materialize()
+    first_sources, errors = dedupe.find_first_sources(prepared, rows_in)
+    repeated_ids = first_sources.num_rows
+    if repeated_ids:
+        prepared = dedupe.mark_duplicates(prepared, first_sources).materialize()
+    del first_sources  # the workers have their copy in the object store
     if done_sources:
-        done_ref = ray.put(done_sources)
-        prepared = prepared.filter(lambda row: row["source"] not in ray.get(done_ref)).materialize()
+        prepared = dedupe.drop_staged(prepared, done_sources).materialize()
     todo = prepared.count()
     log.info("Read %d rows from %s; %d staged by an earlier try, %d to do.", rows_in, spec.input_uri,
              len(done_sources), todo)  # fmt: skip
@@ -230,7 +215,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     accepted = prepared.filter(lambda row: row["error"] is None)
     rejected = prepared.filter(lambda row: row["error"] is not None)
     # Without duplicates or resumed rows the scan's error count holds: no dataset pass per count.
-    rejected_rows = errors if not (first_sources or done_sources) else rejected.count()
+    rejected_rows = errors if not (repeated_ids or done_sources) else rejected.count()
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     try:
         if rejected_rows:

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline import commit, row_steps, storage
+from airflow_provider_raybatch.pipeline import commit, dedupe, row_steps, storage
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -111,7 +111,7 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     prepared = _through_arrow([row_steps.prepare_row(record, spec) for record in records])
     rows_in = len(prepared)
     first, _ = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in prepared)
-    prepared = [row_steps.mark_duplicate(row, first) for row in prepared]
+    prepared = dedupe.mark_duplicates_in_batch(pa.Table.from_pylist(prepared), dedupe.first_sources_table(first)).to_pylist()
 
     layout = OutputLayout(spec.output_uri, spec.run_key)
     commit.open_staging(layout, spec)

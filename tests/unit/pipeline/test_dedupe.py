@@ -1,0 +1,142 @@
+"""Duplicate ids and the resume filter (pipeline/dedupe.py): the vectorized batch steps against the
+row-by-row reference (property-based), and both ways of finding duplicates on a real local Ray."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # not importorskip: without hypothesis these tests must fail, not vanish
+    given = settings = st = None  # type: ignore[assignment]
+
+from airflow_provider_raybatch.pipeline import dedupe, row_steps
+from tests.unit.pipeline.ray_env import run_in_ray_env
+
+
+def _reference_marks(rows: list[dict]) -> list[str | None]:
+    """The row-by-row rule the pipeline had before: each later copy of a good row's id is an error."""
+    first, _ = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
+    marked = []
+    for row in rows:
+        source = first.get(row["id"])
+        duplicate = row["error"] is None and source is not None and source != row["source"]
+        marked.append(f"duplicate id: {row['id']!r} first seen at {source}" if duplicate else row["error"])
+    return marked
+
+
+def _grouped_in_arrow(table: pa.Table) -> pa.Table:
+    """What Ray Data's groupby().aggregate(Count, Min) computes, done by pyarrow on one table."""
+    keys = dedupe._order_keys_of_good_rows(table)
+    grouped = keys.group_by("id").aggregate([("id", "count"), ("order", "min")])
+    grouped = grouped.rename_columns({"id_count": "copies", "order_min": "first", "id": "id"})
+    return dedupe._repeated_ids(grouped)
+
+
+if st is not None:
+    _ids = st.sampled_from(["a", "b", "c", "d'quote", "é", "10", "1"])
+    _row = st.tuples(_ids, st.sampled_from(["x.csv", "dir/y.jsonl", "z:odd.jsonl"]), st.integers(1, 2000),
+                     st.one_of(st.none(), st.just("malformed JSON: line 3")))  # fmt: skip
+    _rows = st.lists(_row, max_size=60, unique_by=lambda r: (r[1], r[2])).map(
+        lambda rows: [{"id": i, "source": f"{f}:{n}", "error": e, "row": "{}"} for i, f, n, e in rows]
+    )
+else:
+    _rows = None
+
+
+def _needs_hypothesis() -> None:
+    if st is None:
+        pytest.fail("hypothesis is missing: install the test extra (pip install -e '.[test]')")
+
+
+def test_hypothesis_is_installed() -> None:
+    _needs_hypothesis()
+
+
+if st is not None:
+
+    @settings(max_examples=300, deadline=None)
+    @given(_rows, st.integers(1, 7))
+    def test_marking_in_batches_matches_the_row_by_row_rule(rows: list[dict], batch_rows: int) -> None:
+        """Any split into batches, either way of finding the first sources: the same errors, row by row."""
+        expected = _reference_marks(rows)
+        table = pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.string()), ("source", pa.string()),
+                                                               ("error", pa.string()), ("row", pa.string())]))  # fmt: skip
+        first, errors = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
+        assert errors == sum(r["error"] is not None for r in rows)
+        for first_sources in (dedupe.first_sources_table(first), _grouped_in_arrow(table)):
+            assert dict(zip(*first_sources.to_pydict().values(), strict=True)) == first
+            marked = []
+            for start in range(0, max(len(rows), 1), batch_rows):
+                batch = dedupe.mark_duplicates_in_batch(table.slice(start, batch_rows), first_sources)
+                marked += batch["error"].to_pylist()
+            assert marked == expected
+            kept = [r["id"] for r, error in zip(rows, marked, strict=True) if error is None]
+            assert len(kept) == len(set(kept))  # every good id once
+
+    @settings(max_examples=200, deadline=None)
+    @given(_rows, st.data())
+    def test_the_resume_filter_drops_exactly_the_staged_sources(rows: list[dict], data: st.DataObject) -> None:
+        sources = [r["source"] for r in rows]
+        staged = data.draw(st.lists(st.sampled_from(sources) if sources else st.nothing(), unique=True))
+        staged += ["elsewhere.csv:1"]  # a staged source no input row has (an input file since edited)
+        table = pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.string()), ("source", pa.string()),
+                                                               ("error", pa.string()), ("row", pa.string())]))  # fmt: skip
+        kept = dedupe.unstaged_in_batch(table, pa.array(staged, pa.string()))
+        assert kept["source"].to_pylist() == [s for s in sources if s not in set(staged)]
+
+
+def test_an_all_null_error_column_takes_duplicate_reasons() -> None:
+    """A block whose rows are all good has an error column of Arrow's null type."""
+    table = pa.table({"id": ["a", "a"], "source": ["f.csv:2", "f.csv:10"], "error": pa.nulls(2)})
+    first = dedupe.first_sources_table({"a": "f.csv:2"})
+    assert dedupe.mark_duplicates_in_batch(table, first)["error"].to_pylist() == [
+        None, "duplicate id: 'a' first seen at f.csv:2"
+    ]  # fmt: skip
+
+
+_ON_RAY = """
+import json, random
+import ray, ray.data
+from airflow_provider_raybatch.pipeline import dedupe, row_steps
+ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+ray.data.DataContext.get_current().enable_progress_bars = False
+random.seed(7)
+rows = []
+for file in ("b.csv", "a.jsonl", "c.csv"):
+    for line in range(1, 3001):
+        error = "malformed JSON: x" if random.random() < 0.05 else None
+        rows.append({"id": str(random.randrange(6000)), "source": f"{file}:{line}", "error": error, "row": "{}"})
+random.shuffle(rows)
+prepared = ray.data.from_items(rows, override_num_blocks=12).materialize()
+results = {}
+for name, limit in (("driver", 10**9), ("cluster", 0)):
+    first, errors = dedupe.find_first_sources(prepared, len(rows), driver_scan_max_rows=limit)
+    marked = dedupe.mark_duplicates(prepared, first)
+    staged = [r["source"] for r in rows[:4000]]
+    todo = dedupe.drop_staged(marked, staged)
+    results[name] = {"first": dict(zip(*first.to_pydict().values())), "errors": errors,
+                     "marked": sorted((r["source"], r["error"]) for r in marked.take_all()),
+                     "todo": sorted(r["source"] for r in todo.take_all())}
+reference, ref_errors = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
+print(json.dumps({"results": results, "reference": reference, "ref_errors": ref_errors,
+                  "sources": sorted(r["source"] for r in rows), "staged": staged}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_driver_scan_and_the_cluster_shuffle_find_the_same_duplicates_on_ray() -> None:
+    """9,000 rows in 12 blocks, ~3,000 repeated ids across three files: Ray Data's groupby path (taken
+    above DRIVER_SCAN_MAX_ROWS) and the driver's scan agree with the reference, and resume keeps the rest."""
+    out = run_in_ray_env(_ON_RAY)
+    driver, cluster = out["results"]["driver"], out["results"]["cluster"]
+    assert len(out["reference"]) > 1000
+    for result in (driver, cluster):
+        assert result["first"] == out["reference"]
+        assert result["errors"] == out["ref_errors"]
+        assert result["todo"] == sorted(set(out["sources"]) - set(out["staged"]))
+    assert driver["marked"] == cluster["marked"]
+    reasons = [error for _, error in driver["marked"] if error and error.startswith("duplicate id")]
+    assert len(reasons) == 9000 - out["ref_errors"] - len({s for s, e in driver["marked"] if e is None})
