@@ -21,6 +21,11 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   and looks in Triton's default folder instead: it builds those kernels again (13-19 s on an H100),
   and only the third run finds them. The replica sets the variable before its engine starts
   (:func:`compile_cache_env`), optionally under a configurable folder (``compile_cache_dir``).
+* **Raw vLLM's batch sizes.** Ray Data LLM builds its engine config without a usage context, which
+  gets vLLM's generic 2,048 tokens and 128 sequences per scheduler step instead of what ``LLM()``
+  gets (``EngineArgs.get_batch_defaults``: 4,096 / 256 on a CPU, 16,384 / 1,024 on an H100): on the
+  CPU engine a step admitted ~29 prompts of ~70 tokens while 170 waited. Where the author set
+  neither, the replica asks vLLM for its ``LLM()`` defaults (:func:`with_llm_class_batch_defaults`).
 * **Our UDF, forkserver on or off.** The vLLM stage runs our UDF
   (:mod:`~airflow_provider_raybatch.pipeline.engine_actor`) either way; the switch decides the
   forkserver only. The UDF also returns what Ray Data LLM's drops: an OpenAI line's choices after the
@@ -51,6 +56,27 @@ def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
     if isinstance(concurrency, int):
         return (concurrency, concurrency)
     return (concurrency[0], concurrency[1])
+
+
+def with_llm_class_batch_defaults(engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.
+    """``engine_kwargs`` with vLLM's ``LLM()`` defaults for the tokens and sequences per step where unset.
+
+    In a replica only: it imports vLLM, and the defaults depend on the accelerator it runs on.
+    """
+    if "max_num_batched_tokens" in engine_kwargs and "max_num_seqs" in engine_kwargs:
+        return engine_kwargs
+    import vllm
+    from vllm.usage.usage_lib import UsageContext
+
+    world_size = int(engine_kwargs.get("tensor_parallel_size") or 1) * int(
+        engine_kwargs.get("pipeline_parallel_size") or 1
+    )
+    tokens, sequences = vllm.AsyncEngineArgs.get_batch_defaults(world_size)
+    defaults = {
+        "max_num_batched_tokens": tokens.get(UsageContext.LLM_CLASS),
+        "max_num_seqs": sequences.get(UsageContext.LLM_CLASS),
+    }
+    return {**{key: value for key, value in defaults.items() if value is not None}, **engine_kwargs}
 
 
 def forkserver_enabled() -> bool:

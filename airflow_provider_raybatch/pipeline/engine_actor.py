@@ -103,6 +103,10 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
                 await self._stager.flush()  # nothing of this batch leaves the replica unstaged
             yield output
 
+    def normalize_engine_kwargs(self, engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.
+        """Ray Data LLM's normalization, then raw vLLM's batch sizes where unset (see :mod:`.engine`)."""
+        return engine.with_llm_class_batch_defaults(super().normalize_engine_kwargs(engine_kwargs))
+
 
 async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict[str, Any], float]:
     """Ray Data LLM's ``vLLMEngineWrapper.generate_async`` (``llm``), plus the row's extra columns.

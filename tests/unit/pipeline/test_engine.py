@@ -106,3 +106,22 @@ def test_without_one_triton_s_default_folder_is_made_explicit(monkeypatch: pytes
 
 def test_a_node_s_own_triton_folder_is_kept() -> None:
     assert engine.compile_cache_env(None, {"TRITON_CACHE_DIR": "/node/triton"}) == {}
+
+
+def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none() -> None:
+    """Ray Data LLM's engine config has no usage context: vLLM's generic 2,048 tokens and 128 sequences
+    per step, half of what LLM() gets on this CPU (the engine then ran ~29 prompts a step, 170 waiting)."""
+    from tests.unit.pipeline.ray_env import run_in_ray_env
+
+    out = run_in_ray_env(
+        "import json\n"
+        "from airflow_provider_raybatch.pipeline.engine import with_llm_class_batch_defaults as d\n"
+        "print(json.dumps([d({}), d({'max_num_seqs': 8}), d({'tensor_parallel_size': 2}),\n"
+        "                  d({'max_num_batched_tokens': 100, 'max_num_seqs': 2})]))"
+    )
+    assert out == [
+        {"max_num_batched_tokens": 4096, "max_num_seqs": 256},  # vLLM's LLM() on a CPU
+        {"max_num_batched_tokens": 4096, "max_num_seqs": 8},  # the author's value stays
+        {"max_num_batched_tokens": 8192, "max_num_seqs": 512, "tensor_parallel_size": 2},
+        {"max_num_batched_tokens": 100, "max_num_seqs": 2},
+    ]
