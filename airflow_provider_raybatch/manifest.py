@@ -19,6 +19,15 @@ PROGRESS_LOG_MARKER = "RAYBATCH_PROGRESS_JSON="
 DUPLICATE_ID_REASON = "duplicate id"
 #: How many of the most common reasons a failed-rows verdict names.
 VERDICT_REASONS = 3
+#: Under ``output_uri``: one folder per run key with a dry run's manifest and report.
+DRY_RUNS_FOLDER = "_dry_runs"
+#: A dry run's manifest ``status`` (a real run's committed manifest says ``complete``).
+DRY_RUN_STATUS = "dry_run"
+
+
+def dry_run_uri(output_uri: str, run_key: str) -> str:
+    """Where a dry run of ``run_key`` writes its manifest and report (never where a run commits)."""
+    return f"{output_uri.rstrip('/')}/{DRY_RUNS_FOLDER}/{run_key}"
 
 
 def manifest_log_line(manifest: dict[str, Any]) -> str:  # Any: JSON values.

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -323,6 +324,18 @@ class BatchInferenceSpec(BaseModel):
         description="Keep earlier committed versions under output_uri/versions/ instead of deleting "
         "them once a rerun of the same output commits.",
     )
+    dry_run: bool = Field(
+        default=False,
+        description="Run everything but the engine: read, validate and dedupe every row, render and "
+        "tokenize every prompt, and write a manifest and report under output_uri/_dry_runs/<run_key>/ "
+        "(rows, predicted failures by reason, duplicates, prompt tokens and their histogram, an "
+        "estimate of GPU time). Commits nothing, starts no engine and needs no GPU.",
+    )
+    dry_run_rows_per_second: PositiveFloat | None = Field(
+        default=None,
+        description="The throughput a dry run estimates GPU time with; unset: the rows per second "
+        "of the last run committed at output_uri, if any.",
+    )
 
     @field_validator("input_uri", "output_uri")
     @classmethod
@@ -549,7 +562,7 @@ class BatchInferenceSpec(BaseModel):
         """
         where = {
             "run_key", "keep_versions", "model_cache_dir", "compile_cache_dir",
-            "max_failed_fraction", "max_failed_rows",
+            "max_failed_fraction", "max_failed_rows", "dry_run_rows_per_second",
         }  # fmt: skip
         shaping = self.model_dump(mode="json", exclude=where)
         canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))

@@ -13,7 +13,9 @@ from typing import Any
 from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError, RayHookError, RayJobFailedError
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.manifest import (
+    DRY_RUN_STATUS,
     MANIFEST_FILE_NAME,
+    dry_run_uri,
     failed_rows,
     failed_rows_verdict,
     manifest_from_log,
@@ -59,10 +61,10 @@ def job_result(
 
     :param conn_id: the connection to read ``output_uri`` with (:func:`storage_conn_id`).
     """
-    committed = read_committed_manifest(spec.output_uri, conn_id)
-    if committed.manifest is not None and is_result_of(committed.manifest, job_id, spec.run_key,
-                                                        spec.fingerprint()):  # fmt: skip
-        log.info("Result of Ray job %s read from its committed manifest at %s.", job_id, spec.output_uri)
+    folder = dry_run_uri(spec.output_uri, spec.run_key) if spec.dry_run else spec.output_uri
+    committed = read_committed_manifest(folder, conn_id)
+    if committed.manifest is not None and _is_result(committed.manifest, job_id, spec):
+        log.info("Result of Ray job %s read from its manifest at %s.", job_id, folder)
         return committed.manifest
     why_not = committed.why_not or "the manifest there is another run's"
     try:
@@ -79,6 +81,13 @@ def job_result(
         raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
     log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
     return manifest
+
+
+def _is_result(manifest: dict[str, Any], job_id: str, spec: BatchInferenceSpec) -> bool:  # Any: JSON.
+    """Whether the manifest found is ``job_id``'s: a dry run's names its job, a commit is checked in full."""
+    if spec.dry_run:
+        return manifest.get("status") == DRY_RUN_STATUS and manifest.get("job_id") == job_id
+    return is_result_of(manifest, job_id, spec.run_key, spec.fingerprint())
 
 
 def committed_result_of(
@@ -123,6 +132,8 @@ def check_failed_rows(manifest: dict[str, Any], spec: BatchInferenceSpec, job_id
     key, and a retry with loosened thresholds must pass on the same committed result.
     """
     verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows)
+    if verdict is not None and spec.dry_run:
+        verdict = f"Dry run: the real run would fail: {verdict} Report: {manifest.get('dry_run_uri')}"
     if verdict is not None:
         raise RayBatchRowsFailedError(
             verdict, rows_in=int(manifest["rows_in"]), rows_failed=failed_rows(manifest), job_id=job_id

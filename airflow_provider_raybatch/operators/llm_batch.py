@@ -119,6 +119,15 @@ class RayLLMBatchOperator(BaseOperator):
         (``raybatch_job``) are added to it.
     :param entrypoint_resources: Custom resources the job's driver needs, e.g. ``{"head": 1}``.
     :param keep_versions: Keep earlier committed versions of ``output_uri`` (default: a rerun replaces them).
+    :param dry_run: Run everything but the engine, to check a day's or a backfill's input before paying
+        for GPUs: every row is read, validated and deduped, every prompt rendered with the model's chat
+        template and tokenized, on CPUs. Writes ``manifest.json`` and ``report.html`` under
+        ``output_uri/_dry_runs/<run_key>/`` (rows, rows that would fail by reason, duplicate ids, prompt
+        tokens with a histogram, an estimate of engine time) and returns that folder; commits nothing,
+        emits no output Asset event. Fails, like a real run, when the rows that would fail are over
+        ``max_failed_fraction`` / ``max_failed_rows``.
+    :param dry_run_rows_per_second: The throughput a dry run estimates engine time with; unset: the
+        rows per second of the last run committed at ``output_uri``, if any.
     :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
         parameters takes that job's result instead of paying for the same rows again (default).
         Set False to always run again, e.g. after the input was corrected in place.
@@ -194,6 +203,8 @@ class RayLLMBatchOperator(BaseOperator):
         max_failed_fraction: float | str = DEFAULT_MAX_FAILED_FRACTION,
         max_failed_rows: int | str | None = None,
         keep_versions: bool = False,
+        dry_run: bool = False,
+        dry_run_rows_per_second: float | None = None,
         reuse_earlier_result: bool = True,
         ray_conn_id: str = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
@@ -239,6 +250,8 @@ class RayLLMBatchOperator(BaseOperator):
         self.max_failed_fraction = max_failed_fraction
         self.max_failed_rows = max_failed_rows
         self.keep_versions = keep_versions
+        self.dry_run = dry_run
+        self.dry_run_rows_per_second = dry_run_rows_per_second
         self.reuse_earlier_result = reuse_earlier_result
         self.ray_conn_id = ray_conn_id
         self.aws_conn_id = aws_conn_id
@@ -247,7 +260,7 @@ class RayLLMBatchOperator(BaseOperator):
         self.check_layout = check_layout
         self.output_asset = Asset(output_asset) if isinstance(output_asset, str) else output_asset
         self.input_asset = Asset(input_asset) if isinstance(input_asset, str) else input_asset
-        if self.output_asset is not None:
+        if self.output_asset is not None and not dry_run:  # a dry run writes no output to announce
             self.outlets = [*self.outlets, self.output_asset]
         if self.input_asset is not None:
             self.inlets = [*self.inlets, self.input_asset]
@@ -490,6 +503,8 @@ class RayLLMBatchOperator(BaseOperator):
         ti = context["ti"]
         ti.xcom_push(key="job_id", value=job_id)
         ti.xcom_push(key="manifest", value=manifest)
+        if spec.dry_run:
+            return self._dry_run_complete(manifest, spec, job_id)
         ti.xcom_push(key="output_uri", value=manifest["output_uri"])
         self.log.info(
             "Ray job %s done: %d rows in, %d out, %d failed; output at %s.",
@@ -499,6 +514,22 @@ class RayLLMBatchOperator(BaseOperator):
         if self.output_asset is not None:
             context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
         return manifest["output_uri"]
+
+    def _dry_run_complete(self, manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str) -> str:  # Any: JSON.
+        """Log what the dry run found and return its folder; fail when the real run would fail its thresholds."""
+        estimate = manifest.get("estimated_gpu_seconds")
+        self.log.info(
+            "Dry run (Ray job %s): %d rows in; %d would reach the engine with %d prompt tokens (longest %d); "
+            "%d would fail (%s); %s. Report: %s",
+            job_id, manifest["rows_in"], manifest["rows_out"], manifest["prompt_tokens"],
+            manifest["prompt_tokens_longest"], manifest["rows_failed"], manifest["errors_by_reason"] or "none",
+            f"~{estimate:,} s of engine time at {manifest['rows_per_second']:.4g} rows/s "
+            f"({manifest['rows_per_second_from']})" if estimate is not None
+            else "no GPU time estimate (set dry_run_rows_per_second, or run once for real)",
+            manifest["dry_run_uri"],
+        )  # fmt: skip
+        job_results.check_failed_rows(manifest, spec, job_id)
+        return str(manifest["dry_run_uri"])
 
     def _stopped_by_earlier_tries_cleanup(
         self, hook: RayHook, job_id: str, context: Context, attached_at: float | None

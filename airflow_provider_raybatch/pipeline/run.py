@@ -20,7 +20,17 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import commit, dedupe, engine, models, openai_batch, row_steps, rows, storage
+from airflow_provider_raybatch.pipeline import (
+    commit,
+    dedupe,
+    dry_run,
+    engine,
+    models,
+    openai_batch,
+    row_steps,
+    rows,
+    storage,
+)
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.processor import build_llm_processor
 from airflow_provider_raybatch.pipeline.progress import ProgressReporter
@@ -61,6 +71,20 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
             "id_column": spec.id_column,  # ids are read as text, as written
         },
     )
+
+
+def _prepared_rows(spec: BatchInferenceSpec) -> tuple[Dataset, int, int, int]:
+    """Every input row read, prepared and, where its id repeats, marked a duplicate (materialized).
+
+    Returns the rows, their number, how many were in error before the dedupe, and how many ids repeat.
+    """
+    prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
+    rows_in = prepared.count()
+    first_sources, errors = dedupe.find_first_sources(prepared, rows_in)
+    repeated_ids = first_sources.num_rows
+    if repeated_ids:
+        prepared = dedupe.mark_duplicates(prepared, first_sources).materialize()
+    return prepared, rows_in, errors, repeated_ids
 
 
 def _processor(
@@ -190,6 +214,12 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         row_steps.user_function(dotted_path)  # fail fast, before any work, if the author's module is missing
     model_source = models.resolve_model_source(spec.model, spec.model_cache_dir)
 
+    if spec.dry_run:  # everything but the engine; commits nothing (pipeline/dry_run.py)
+        prepared, rows_in, _, _ = _prepared_rows(spec)
+        manifest = dry_run.run_dry(spec, prepared, rows_in, model_source, started_at, _ray_submission_id(),
+                                   _versions())  # fmt: skip
+        print(manifest_log_line(manifest), flush=True)
+        return manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     done_sources = commit.open_staging(layout, spec)
     parts = PartWriter(
@@ -199,13 +229,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         openai_lines=spec.openai_endpoint is not None,
     )
     building = _build_while_reading(spec, model_source, parts)
-    prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
-    rows_in = prepared.count()
-    first_sources, errors = dedupe.find_first_sources(prepared, rows_in)
-    repeated_ids = first_sources.num_rows
-    if repeated_ids:
-        prepared = dedupe.mark_duplicates(prepared, first_sources).materialize()
-    del first_sources  # the workers have their copy in the object store
+    prepared, rows_in, errors, repeated_ids = _prepared_rows(spec)
     if done_sources:
         prepared = dedupe.drop_staged(prepared, done_sources).materialize()
     todo = prepared.count()

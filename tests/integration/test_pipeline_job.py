@@ -7,6 +7,7 @@ around it. Every kind of bad row lands in the errors with its reason; good rows 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -117,3 +118,26 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     # The replica's vLLM kept its caches under compile_cache_dir (the model inspection it caches even
     # with enforce_eager; torch.compile's graphs and Triton's kernels go there on a GPU).
     assert any((compile_cache / "modelinfos").iterdir())
+
+    # A dry run of the same input at the same output_uri: everything but the engine. It predicts the
+    # real run's failures and counts the prompt tokens the engine counted, and commits nothing.
+    committed = Path(output_uri, "manifest.json").read_bytes()
+    dry = make_operator(tiny_model, str(input_path), output_uri, dry_run=True)
+    dry_job = submit_pipeline(dry, "dirty", f"pipeline-dry-{uuid.uuid4().hex[:8]}")
+    assert wait_for_job(dry_job) == JobStatus.SUCCEEDED, hook.get_job_log_tail(dry_job, 80)
+    predicted = json.loads(Path(output_uri, "_dry_runs", "dirty", "manifest.json").read_text())
+    assert predicted == manifest_from_log(hook.get_job_logs(dry_job))
+    assert Path(output_uri, "manifest.json").read_bytes() == committed  # the committed version untouched
+    assert (predicted["status"], predicted["dry_run"], predicted["job_id"]) == ("dry_run", True, dry_job)
+    assert (predicted["rows_in"], predicted["rows_out"], predicted["rows_failed"]) == (rows_in, GOOD_ROWS, 9)
+    # The engine's "inference failed" of the over-long ticket is predicted as what it is.
+    expected_reasons = Counter(expected_errors.values())
+    expected_reasons["prompt too long"] = expected_reasons.pop("inference failed")
+    assert predicted["errors_by_reason"] == dict(sorted(expected_reasons.items()))
+    assert predicted["rows_duplicate"] == 1
+    assert predicted["prompt_tokens"] == manifest["tokens_in"]  # the chat template and tokenizer the engine used
+    assert sum(predicted["prompt_tokens_histogram"].values()) == GOOD_ROWS
+    assert predicted["output_tokens_at_most"] == GOOD_ROWS * 24
+    assert predicted["rows_per_second_from"] == "last run"
+    assert predicted["estimated_gpu_seconds"] == math.ceil(GOOD_ROWS / (rows_in / manifest["wall_seconds"]))
+    assert "Dry run" in Path(output_uri, "_dry_runs", "dirty", "report.html").read_text()

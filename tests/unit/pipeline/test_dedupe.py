@@ -15,6 +15,8 @@ except ImportError:  # not importorskip: without hypothesis these tests must fai
 from airflow_provider_raybatch.pipeline import dedupe, row_steps
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
+PREPARED_SCHEMA = pa.schema([(name, pa.string()) for name in ("id", "source", "error", "row")])
+
 
 def _reference_marks(rows: list[dict]) -> list[str | None]:
     """The row-by-row rule the pipeline had before: each later copy of a good row's id is an error."""
@@ -62,9 +64,10 @@ if st is not None:
     def test_marking_in_batches_matches_the_row_by_row_rule(rows: list[dict], batch_rows: int) -> None:
         """Any split into batches, either way of finding the first sources: the same errors, row by row."""
         expected = _reference_marks(rows)
-        table = pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.string()), ("source", pa.string()),
-                                                               ("error", pa.string()), ("row", pa.string())]))  # fmt: skip
-        first, errors = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
+        table = pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA)
+        first, errors = row_steps.first_sources_of_duplicates(
+            (r["id"], r["source"], r["error"]) for r in rows
+        )
         assert errors == sum(r["error"] is not None for r in rows)
         for first_sources in (dedupe.first_sources_table(first), _grouped_in_arrow(table)):
             assert dict(zip(*first_sources.to_pydict().values(), strict=True)) == first
@@ -78,12 +81,13 @@ if st is not None:
 
     @settings(max_examples=200, deadline=None)
     @given(_rows, st.data())
-    def test_the_resume_filter_drops_exactly_the_staged_sources(rows: list[dict], data: st.DataObject) -> None:
+    def test_the_resume_filter_drops_exactly_the_staged_sources(
+        rows: list[dict], data: st.DataObject
+    ) -> None:
         sources = [r["source"] for r in rows]
         staged = data.draw(st.lists(st.sampled_from(sources) if sources else st.nothing(), unique=True))
         staged += ["elsewhere.csv:1"]  # a staged source no input row has (an input file since edited)
-        table = pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.string()), ("source", pa.string()),
-                                                               ("error", pa.string()), ("row", pa.string())]))  # fmt: skip
+        table = pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA)
         kept = dedupe.unstaged_in_batch(table, pa.array(staged, pa.string()))
         assert kept["source"].to_pylist() == [s for s in sources if s not in set(staged)]
 
@@ -97,18 +101,20 @@ def test_an_all_null_error_column_takes_duplicate_reasons() -> None:
     ]  # fmt: skip
 
 
+# address="local": a cluster of its own, never one already running on the machine.
 _ON_RAY = """
 import json, random
 import ray, ray.data
 from airflow_provider_raybatch.pipeline import dedupe, row_steps
-ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
 ray.data.DataContext.get_current().enable_progress_bars = False
 random.seed(7)
 rows = []
 for file in ("b.csv", "a.jsonl", "c.csv"):
     for line in range(1, 3001):
         error = "malformed JSON: x" if random.random() < 0.05 else None
-        rows.append({"id": str(random.randrange(6000)), "source": f"{file}:{line}", "error": error, "row": "{}"})
+        row_id = str(random.randrange(6000))
+        rows.append({"id": row_id, "source": f"{file}:{line}", "error": error, "row": "{}"})
 random.shuffle(rows)
 prepared = ray.data.from_items(rows, override_num_blocks=12).materialize()
 results = {}
@@ -120,7 +126,8 @@ for name, limit in (("driver", 10**9), ("cluster", 0)):
     results[name] = {"first": dict(zip(*first.to_pydict().values())), "errors": errors,
                      "marked": sorted((r["source"], r["error"]) for r in marked.take_all()),
                      "todo": sorted(r["source"] for r in todo.take_all())}
-reference, ref_errors = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
+triples = ((r["id"], r["source"], r["error"]) for r in rows)
+reference, ref_errors = row_steps.first_sources_of_duplicates(triples)
 print(json.dumps({"results": results, "reference": reference, "ref_errors": ref_errors,
                   "sources": sorted(r["source"] for r in rows), "staged": staged}))
 """

@@ -1,0 +1,273 @@
+"""A dry run: the whole job but the engine, so that a day or a month of input is checked before GPUs.
+
+It reads, validates and dedupes every row as a real run does (:mod:`.run`, :mod:`.dedupe`), renders
+every good row's prompt with the model's chat template (our chat-template UDF, as the engine stage
+gets it) and counts its tokens with the model's tokenizer (Ray Data LLM's tokenize UDF), in an
+autoscaling pool of CPU actors. Each batch comes back as one summary row (token total, histogram,
+reasons), so the driver adds up batches, never rows.
+
+What it writes: ``<output_uri>/_dry_runs/<run_key>/manifest.json`` and ``report.html``. It never
+touches the committed versions, ``manifest.json`` at ``output_uri`` or an earlier try's staging.
+
+What it predicts: rows that would fail before the engine (bad rows, duplicate ids, a conversation the
+chat template rejects, a prompt longer than ``max_model_len``), prompt tokens, the most output tokens
+``max_tokens`` allows, and GPU time at a throughput the author states (``dry_run_rows_per_second``)
+or, failing that, the one the last committed run at ``output_uri`` measured. Image rows' image tokens
+are not counted (the model's processor expands them in the engine).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from airflow_provider_raybatch.manifest import (
+    DRY_RUN_STATUS,
+    DUPLICATE_ID_REASON,
+    MANIFEST_FILE_NAME,
+    dry_run_uri,
+)
+from airflow_provider_raybatch.pipeline import row_steps, storage
+from airflow_provider_raybatch.pipeline.commit import reason_kind
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+if TYPE_CHECKING:
+    from ray.data import Dataset
+
+log = logging.getLogger("airflow_provider_raybatch.pipeline")
+
+REPORT_FILE_NAME = "report.html"
+PROMPT_TOO_LONG = "prompt too long"
+#: Upper bounds of the prompt-token histogram's buckets; one more bucket holds the longer prompts.
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+_SUMMARY_SCHEMA = pa.schema(
+    [("rows", pa.int64()), ("tokens", pa.int64()), ("longest", pa.int64()),
+     ("histogram", pa.list_(pa.int64())), ("reasons", pa.string())]
+)  # fmt: skip
+
+
+@dataclass
+class TokenSummary:
+    """What the batches add up to: good rows with their prompt tokens, and failures by reason."""
+
+    rows: int = 0
+    tokens: int = 0
+    longest: int = 0
+    histogram: list[int] = field(default_factory=lambda: [0] * (len(TOKEN_BUCKETS) + 1))
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def add_prompt(self, tokens: int) -> None:
+        self.rows += 1
+        self.tokens += tokens
+        self.longest = max(self.longest, tokens)
+        self.histogram[
+            next((i for i, bound in enumerate(TOKEN_BUCKETS) if tokens <= bound), len(TOKEN_BUCKETS))
+        ] += 1
+
+    def add(self, other: TokenSummary) -> None:
+        self.rows += other.rows
+        self.tokens += other.tokens
+        self.longest = max(self.longest, other.longest)
+        self.histogram = [a + b for a, b in zip(self.histogram, other.histogram, strict=True)]
+        self.reasons.update(other.reasons)
+
+    def as_table(self) -> pa.Table:
+        row = {"rows": self.rows, "tokens": self.tokens, "longest": self.longest, "histogram": self.histogram,
+               "reasons": json.dumps(dict(self.reasons))}  # fmt: skip
+        return pa.Table.from_pylist([row], schema=_SUMMARY_SCHEMA)
+
+    @classmethod
+    def of_row(cls, row: dict[str, Any]) -> TokenSummary:  # Any: a summary row's values.
+        return cls(row["rows"], row["tokens"], row["longest"], list(row["histogram"]),
+                   Counter(json.loads(row["reasons"])))  # fmt: skip
+
+
+class PromptTokenCounter:
+    """A Ray Data callable class: each good row's prompt as the engine would get it, counted in tokens.
+
+    :param model_source: the model folder or id the engine loads (its tokenizer and chat template).
+    :param max_model_len: prompts longer than this would fail in the engine (None: the model's own).
+    """
+
+    def __init__(self, model_source: str, max_model_len: int | None) -> None:
+        from ray.llm._internal.batch.stages.tokenize_stage import TokenizeUDF
+
+        from airflow_provider_raybatch.pipeline.chat_template import RaybatchChatTemplateUDF
+
+        self._chat = RaybatchChatTemplateUDF(
+            data_column="__raybatch", expected_input_keys=["messages"], model=model_source
+        )
+        self._tokenizer = TokenizeUDF(
+            data_column="__raybatch", expected_input_keys=["prompt"], model=model_source
+        ).tokenizer
+        self._max_model_len = max_model_len or _model_max_len(model_source)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from airflow_provider_raybatch.pipeline.chat_template import CHAT_TEMPLATE_FAILED, conversation_of
+
+        summary = TokenSummary()
+        texts: list[str] = []
+        for row in batch.to_pylist():
+            request = row_steps.engine_request(row, with_images=False)
+            prompt = request.get("prompt")
+            if request.get("messages") is not None:
+                try:
+                    prompt = self._chat._render(conversation_of(request["messages"]))
+                except Exception as err:  # noqa: BLE001 - this row's conversation, as in the real run
+                    summary.reasons[f"{CHAT_TEMPLATE_FAILED}: {type(err).__name__}"] += 1
+                    continue
+            if isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
+                self._count(summary, len(prompt))  # token ids already (an OpenAI completions line)
+            else:
+                texts.append(prompt if isinstance(prompt, str) else json.dumps(prompt))
+        for ids in self._tokenizer(texts)["input_ids"] if texts else []:
+            self._count(summary, len(ids))
+        return summary.as_table()
+
+    def _count(self, summary: TokenSummary, tokens: int) -> None:
+        if self._max_model_len is not None and tokens > self._max_model_len:
+            summary.reasons[PROMPT_TOO_LONG] += 1  # vLLM rejects a prompt longer than max_model_len
+        else:
+            summary.add_prompt(tokens)
+
+
+def _model_max_len(model_source: str) -> int | None:
+    """The model's context length from its config, as vLLM derives max_model_len by default."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_source)
+    except Exception:  # noqa: BLE001 - no config, no check: the real run would tell
+        return None
+    length = getattr(config, "max_position_embeddings", None)
+    return int(length) if isinstance(length, int) else None
+
+
+def reasons_in_batch(batch: pa.Table) -> pa.Table:
+    """A batch of rows that failed before the engine, as one summary row of their reason kinds."""
+    summary = TokenSummary()
+    summary.reasons.update(reason_kind(error) for error in batch["error"].to_pylist())
+    return summary.as_table()
+
+
+def _total(summaries: Dataset) -> TokenSummary:
+    total = TokenSummary()
+    for batch in summaries.iter_batches(batch_format="pyarrow", batch_size=4096):  # a row per batch
+        for row in batch.to_pylist():
+            total.add(TokenSummary.of_row(row))
+    return total
+
+
+def _measured_rows_per_second(output_uri: str) -> float | None:
+    """The last committed run's rows per second at ``output_uri`` (None without a real run there)."""
+    uri = storage.join(output_uri, MANIFEST_FILE_NAME)
+    try:
+        if not storage.exists(uri):
+            return None
+        manifest = json.loads(storage.read_text(uri))
+        rows, seconds = int(manifest.get("rows_in") or 0), float(manifest.get("wall_seconds") or 0)
+    except (OSError, ValueError, TypeError):
+        return None
+    return rows / seconds if rows > 0 and seconds > 0 else None
+
+
+def run_dry(
+    spec: BatchInferenceSpec,
+    prepared: Dataset,
+    rows_in: int,
+    model_source: str,
+    started_at: datetime,
+    job_id: str | None,
+    versions: dict[str, str] | None = None,
+) -> dict[str, Any]:  # Any: JSON manifest.
+    """Count, render and tokenize the prepared (validated, deduped) rows; write and return the manifest."""
+    import ray
+
+    accepted = prepared.filter(lambda row: row["error"] is None)
+    rejected = prepared.filter(lambda row: row["error"] is not None)
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    counted = accepted.map_batches(
+        PromptTokenCounter,
+        fn_constructor_kwargs={
+            "model_source": model_source,
+            "max_model_len": spec.engine_kwargs.get("max_model_len"),
+        },
+        batch_format="pyarrow",
+        batch_size=1024,
+        concurrency=(1, cpus),
+    )
+    total = _total(counted)
+    total.add(_total(rejected.map_batches(reasons_in_batch, batch_format="pyarrow")))
+    rows_failed = sum(total.reasons.values())
+    if total.rows + rows_failed != rows_in:
+        raise RuntimeError(f"dry run counted {total.rows} good and {rows_failed} failed rows of {rows_in}")
+    max_tokens = spec.sampling_params.get("max_tokens")
+    stated = spec.dry_run_rows_per_second
+    rate = stated or _measured_rows_per_second(spec.output_uri)
+    folder = dry_run_uri(spec.output_uri, spec.run_key)
+    manifest = {
+        "status": DRY_RUN_STATUS,
+        "dry_run": True,
+        "model": spec.model,
+        "input_uri": spec.input_uri,
+        "output_uri": spec.output_uri,
+        "dry_run_uri": folder,
+        "rows_in": rows_in,
+        "rows_out": total.rows,  # rows that would reach the engine with a prompt it takes
+        "rows_failed": rows_failed,
+        "rows_duplicate": total.reasons.get(DUPLICATE_ID_REASON, 0),
+        "errors_by_reason": dict(sorted(total.reasons.items())),
+        "prompt_tokens": total.tokens,
+        "prompt_tokens_longest": total.longest,
+        "prompt_tokens_histogram": _histogram(total.histogram),
+        "output_tokens_at_most": total.rows * int(max_tokens) if isinstance(max_tokens, int) else None,
+        "rows_per_second": rate,
+        "rows_per_second_from": "dry_run_rows_per_second" if stated else ("last run" if rate else None),
+        "estimated_gpu_seconds": math.ceil(total.rows / rate) if rate else None,
+        "started_at": started_at.isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "run_key": spec.run_key,
+        "spec_fingerprint": spec.fingerprint(),
+        "job_id": job_id,
+        "versions": dict(versions or {}),
+    }
+    storage.write_text(storage.join(folder, REPORT_FILE_NAME), render_report(manifest))
+    storage.write_text(storage.join(folder, MANIFEST_FILE_NAME), json.dumps(manifest, indent=2))
+    log.info("Dry run: %d rows in, %d would reach the engine (%d prompt tokens), %d would fail.",
+             rows_in, total.rows, total.tokens, rows_failed)  # fmt: skip
+    return manifest
+
+
+def _histogram(counts: list[int]) -> dict[str, int]:
+    labels = [f"<={bound}" for bound in TOKEN_BUCKETS] + [f">{TOKEN_BUCKETS[-1]}"]
+    return dict(zip(labels, counts, strict=True))
+
+
+def render_report(manifest: dict[str, Any]) -> str:  # Any: JSON values.
+    """A one-page HTML report of the dry run: counts, reasons, the token histogram, the estimate."""
+
+    def rows(pairs: Any) -> str:  # Any: (label, value) pairs.
+        return "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in pairs
+        )
+
+    counts = [(key, manifest[key]) for key in (
+        "model", "input_uri", "rows_in", "rows_out", "rows_failed", "rows_duplicate", "prompt_tokens",
+        "prompt_tokens_longest", "output_tokens_at_most", "rows_per_second", "rows_per_second_from",
+        "estimated_gpu_seconds",
+    )]  # fmt: skip
+    return (
+        "<!doctype html><meta charset='utf-8'><title>Dry run</title>"
+        "<h1>Dry run (nothing was generated)</h1>"
+        f"<table>{rows(counts)}</table><h2>Rows that would fail, by reason</h2>"
+        f"<table>{rows(manifest['errors_by_reason'].items())}</table><h2>Prompt tokens per row</h2>"
+        f"<table>{rows(manifest['prompt_tokens_histogram'].items())}</table>"
+    )
