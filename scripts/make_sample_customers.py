@@ -70,6 +70,39 @@ def write_customers_csv(path: Path, day: str, rows: int) -> Path:
     return path
 
 
+def write_customer_files(
+    folder: Path, rows: int, rows_per_file: int, duplicate_every: int = 100, no_id_every: int = 200
+) -> tuple[int, int]:
+    """Write ``rows`` customers in CSV files of ``rows_per_file``, streaming (for millions of rows).
+
+    Every ``duplicate_every``-th row repeats the previous row's Customer Id, and every
+    ``no_id_every``-th has none (which wins where both apply). Returns (duplicate rows, rows without
+    an id). The other columns are fixed but for the Company, so writing is fast.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    companies = [f"{stem} {kind}" for stem in _COMPANY_STEMS for kind in _COMPANY_KINDS]
+    duplicates = bad = 0
+    handle = writer = None
+    for index in range(1, rows + 1):
+        if (index - 1) % rows_per_file == 0:
+            if handle is not None:
+                handle.close()
+            handle = (folder / f"customers-{(index - 1) // rows_per_file:04d}.csv").open("w", newline="")
+            writer = csv.writer(handle)
+            writer.writerow(COLUMNS)
+        without_id = index % no_id_every == 0
+        duplicate = index % duplicate_every == 0 and not without_id
+        duplicates, bad = duplicates + duplicate, bad + without_id
+        customer_id = "" if without_id else f"C{(index - 1 if duplicate else index):012d}"
+        company = companies[index % len(companies)]
+        phones = ["+1-200-300-4000", "+1-200-300-4001"]
+        writer.writerow([index, customer_id, "Ava", "Chen", company, "Lisbon", "Portugal", *phones,
+                         "ava.chen@example.com", "2026-11-20", "https://example.com"])  # fmt: skip
+    if handle is not None:
+        handle.close()
+    return duplicates, bad
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_csv", type=Path)

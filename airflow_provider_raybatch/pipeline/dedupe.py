@@ -16,6 +16,7 @@ is deserialized per row:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -31,18 +32,26 @@ if TYPE_CHECKING:
 #: Up to this many rows the driver finds duplicate ids itself: its memory for them stays bounded
 #: (ids only, ~100 MB at this size), and small runs skip a shuffle.
 DRIVER_SCAN_MAX_ROWS = 1_000_000
+DRIVER_SCAN_MAX_ROWS_ENV = "RAYBATCH_DRIVER_SCAN_MAX_ROWS"
 #: Columns of the table of repeated ids: the id and the source of its first row in file order.
 FIRST_SOURCES_SCHEMA = pa.schema([("id", pa.string()), ("first_source", pa.string())])
 _SOURCE = r"^(?P<name>.*):(?P<line>\d+)$"  # every row's source is "<file>:<line>" (see rows.py)
 _ORDER_SEPARATOR = "\x00"  # never in a file path, so the order keys sort by file, then line number
 
 
-def find_first_sources(prepared: Dataset, rows_in: int, driver_scan_max_rows: int = DRIVER_SCAN_MAX_ROWS) -> tuple[pa.Table, int]:
+def find_first_sources(
+    prepared: Dataset, rows_in: int, driver_scan_max_rows: int | None = None
+) -> tuple[pa.Table, int]:
     """The repeated ids among good rows with the first source of each, and the rows already in error.
 
     :param prepared: the materialized prepared rows (``id``, ``source``, ``error`` columns).
     :param rows_in: how many they are (chooses the driver scan or the cluster's shuffle).
+    :param driver_scan_max_rows: the most rows the driver scans (unset: ``RAYBATCH_DRIVER_SCAN_MAX_ROWS``
+        in the job's environment, a test's way to take the shuffle on a few rows, else
+        :data:`DRIVER_SCAN_MAX_ROWS`).
     """
+    if driver_scan_max_rows is None:
+        driver_scan_max_rows = int(os.environ.get(DRIVER_SCAN_MAX_ROWS_ENV) or DRIVER_SCAN_MAX_ROWS)
     if rows_in <= driver_scan_max_rows:
         first_sources, errors = _scan_in_driver(prepared)
         return first_sources_table(first_sources), errors
@@ -60,7 +69,9 @@ def _scan_in_driver(prepared: Dataset) -> tuple[dict[str, str], int]:
     batches = columns.iter_batches(batch_format="pyarrow", batch_size=65536)
     names = ("id", "source", "error")
     return row_steps.first_sources_of_duplicates(
-        triple for batch in batches for triple in zip(*(batch.column(c).to_pylist() for c in names), strict=True)
+        triple
+        for batch in batches
+        for triple in zip(*(batch.column(c).to_pylist() for c in names), strict=True)
     )
 
 
@@ -103,7 +114,9 @@ def mark_duplicates(prepared: Dataset, first_sources: pa.Table) -> Dataset:
     )
 
 
-def mark_duplicates_in_batch(batch: pa.Table, first_sources: Any) -> pa.Table:  # Any: pa.Table or its ObjectRef.
+def mark_duplicates_in_batch(
+    batch: pa.Table, first_sources: Any
+) -> pa.Table:  # Any: pa.Table or its ObjectRef.
     if batch.num_rows == 0:
         return batch
     first_sources = _resolved(first_sources)
@@ -128,7 +141,9 @@ def drop_staged(prepared: Dataset, staged_sources: Iterable[str]) -> Dataset:
     staged = pa.array(staged_sources, pa.string())
     if len(staged) == 0:
         return prepared
-    return prepared.map_batches(unstaged_in_batch, batch_format="pyarrow", fn_kwargs={"staged": ray.put(staged)})
+    return prepared.map_batches(
+        unstaged_in_batch, batch_format="pyarrow", fn_kwargs={"staged": ray.put(staged)}
+    )
 
 
 def unstaged_in_batch(batch: pa.Table, staged: Any) -> pa.Table:  # Any: pa.Array or its ObjectRef.

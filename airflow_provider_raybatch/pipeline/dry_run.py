@@ -246,9 +246,18 @@ def run_dry(
     return manifest
 
 
-def _histogram(counts: list[int]) -> dict[str, int]:
-    labels = [f"<={bound}" for bound in TOKEN_BUCKETS] + [f">{TOKEN_BUCKETS[-1]}"]
-    return dict(zip(labels, counts, strict=True))
+def _histogram(counts: list[int]) -> list[dict[str, Any]]:  # Any: int bounds and counts.
+    """Rows per bucket of prompt tokens, shortest first (a list: the manifest's log line sorts dict keys)."""
+    buckets: list[dict[str, Any]] = [
+        {"tokens_at_most": bound, "rows": count} for bound, count in zip(TOKEN_BUCKETS, counts, strict=False)
+    ]
+    buckets.append({"tokens_over": TOKEN_BUCKETS[-1], "rows": counts[-1]})
+    return buckets
+
+
+def _histogram_rows(buckets: list[dict[str, Any]]) -> list[tuple[str, int]]:  # Any: JSON values.
+    return [(f"<= {b['tokens_at_most']}" if "tokens_at_most" in b else f"> {b['tokens_over']}", b["rows"])
+            for b in buckets]  # fmt: skip
 
 
 def render_report(manifest: dict[str, Any]) -> str:  # Any: JSON values.
@@ -269,5 +278,5 @@ def render_report(manifest: dict[str, Any]) -> str:  # Any: JSON values.
         "<h1>Dry run (nothing was generated)</h1>"
         f"<table>{rows(counts)}</table><h2>Rows that would fail, by reason</h2>"
         f"<table>{rows(manifest['errors_by_reason'].items())}</table><h2>Prompt tokens per row</h2>"
-        f"<table>{rows(manifest['prompt_tokens_histogram'].items())}</table>"
+        f"<table>{rows(_histogram_rows(manifest['prompt_tokens_histogram']))}</table>"
     )

@@ -136,7 +136,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert predicted["errors_by_reason"] == dict(sorted(expected_reasons.items()))
     assert predicted["rows_duplicate"] == 1
     assert predicted["prompt_tokens"] == manifest["tokens_in"]  # the chat template and tokenizer the engine used
-    assert sum(predicted["prompt_tokens_histogram"].values()) == GOOD_ROWS
+    assert sum(bucket["rows"] for bucket in predicted["prompt_tokens_histogram"]) == GOOD_ROWS
     assert predicted["output_tokens_at_most"] == GOOD_ROWS * 24
     assert predicted["rows_per_second_from"] == "last run"
     assert predicted["estimated_gpu_seconds"] == math.ceil(GOOD_ROWS / (rows_in / manifest["wall_seconds"]))
