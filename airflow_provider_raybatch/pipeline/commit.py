@@ -1,12 +1,20 @@
 """Staging, resume and commit: how a run becomes visible exactly once, and how a retry resumes.
 
-While a run is in progress its result rows stream into ``_staging/<run_key>/`` as parts (see
-:mod:`~airflow_provider_raybatch.pipeline.parts`). A retry of the same logical run (same ``run_key``,
-same spec fingerprint) reads the sources of the committed parts and processes only the rest.
+While a run is in progress its result rows stream in as parts (see
+:mod:`~airflow_provider_raybatch.pipeline.parts`): each part's sidecar into ``_staging/<run_key>/parts/``,
+its data files straight into the version folder the run will commit, ``versions/<version>/outputs/``
+and ``errors/``, named when staging opens (``_staging/<run_key>/spec.json`` holds the spec's
+fingerprint and that version). Readers never see it before the commit: they follow ``manifest.json``.
+A retry of the same logical run (same ``run_key``, same spec fingerprint) reads the sources of the
+staged parts and processes only the rest.
+
 Commit keeps the first staged copy of each row (a retried batch stages its rows again), checks that
-every input row is accounted for, moves the parts into a new version folder with its run report
-(``report.html``, see :mod:`~airflow_provider_raybatch.pipeline.report`), replaces ``manifest.json``
-and only then deletes the previous version (unless ``keep_versions``).
+every input row is accounted for and writes the run report (``report.html``, see
+:mod:`~airflow_provider_raybatch.pipeline.report`) into the version folder; it moves no data file, so it
+costs a read of each sidecar (in parallel) and a listing, however many rows. Then it replaces
+``manifest.json`` and only then deletes the previous version (unless ``keep_versions``) and the
+sidecars. A staging opened before in-place commits (its ``spec.json`` names no version) keeps its
+data files under ``_staging/<run_key>/`` and is committed the old way, by moving them.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import logging
 import posixpath
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -31,6 +40,10 @@ log = logging.getLogger("airflow_provider_raybatch.pipeline")
 PART_FOLDERS = ("outputs", "errors", "parts")
 #: Sidecar key: its ``sources`` are the output rows' then the error rows', each in file order.
 SOURCES_IN_FILE_ORDER = "sources_in_file_order"
+#: ``spec.json`` key: the version whose folder the staged data files are written into.
+STAGED_VERSION_KEY = "version"
+#: Sidecars read at once: an object store answers each GET in milliseconds, tens of thousands per run.
+SIDECAR_READERS = 32
 
 
 def reason_kind(reason: str) -> str:
@@ -48,33 +61,62 @@ class StagedPart:
     sidecar: dict[str, Any]  # Any: JSON values written by the sink.
 
 
-def _sidecars(layout: OutputLayout) -> list[StagedPart]:
+def _pointer(layout: OutputLayout) -> dict[str, Any] | None:  # Any: JSON values.
+    """The staging's ``spec.json`` (its spec's fingerprint, the version it stages into), or None."""
+    if not storage.exists(layout.staged_spec_uri):
+        return None
+    return json.loads(storage.read_text(layout.staged_spec_uri))
+
+
+def staged_data_uri(layout: OutputLayout) -> str:
+    """Where this run's staged data files are: its version folder, or, for a staging opened before
+    in-place commits (or none), the staging folder itself."""
+    version = (_pointer(layout) or {}).get(STAGED_VERSION_KEY)
+    return layout.version_uri(version) if version else layout.staging_uri
+
+
+def _committed_version(layout: OutputLayout) -> str | None:
+    if not storage.exists(layout.manifest_uri):
+        return None
+    return json.loads(storage.read_text(layout.manifest_uri)).get("version")
+
+
+def _sidecars(layout: OutputLayout, data_uri: str | None = None) -> list[StagedPart]:
     """The committed parts; a sidecar whose data files are gone no longer counts and is removed.
 
     Files go missing when a commit moved them into a version folder and died before publishing:
-    their rows are then redone rather than counted over an empty folder.
+    their rows are then redone rather than counted over an empty folder. The sidecars are read in
+    parallel, and the data files are checked against one listing of each folder, not one by one.
     """
-    parts = []
-    for path in storage.list_files(storage.join(layout.staging_uri, "parts")):
-        if not path.endswith(".json"):
-            continue  # a temporary file of a write that died
+    data_uri = data_uri or staged_data_uri(layout)
+    listed = storage.list_files(storage.join(layout.staging_uri, "parts"))
+    paths = [path for path in listed if path.endswith(".json")]  # not a temporary file of a write that died
+    present = {
+        folder: {posixpath.basename(path) for path in storage.list_files(storage.join(data_uri, folder))}
+        for folder in ("outputs", "errors")
+    }
+
+    def read(path: str) -> StagedPart:
         uri = path if "://" not in layout.staging_uri else _uri_of(layout, path)
-        part = StagedPart(posixpath.basename(path).removesuffix(".json"), json.loads(storage.read_text(uri)))
-        files = [
-            storage.join(layout.staging_uri, folder, name) for folder, name in part.sidecar["files"].items()
-        ]
-        if all(storage.exists(file) for file in files):
+        return StagedPart(posixpath.basename(path).removesuffix(".json"), json.loads(storage.read_text(uri)))
+
+    with ThreadPoolExecutor(max_workers=SIDECAR_READERS, thread_name_prefix="raybatch-sidecars") as pool:
+        staged = list(pool.map(read, paths))
+    parts = []
+    for part in staged:
+        if all(name in present[folder] for folder, name in part.sidecar["files"].items()):
             parts.append(part)
             continue
         log.warning("Staged part %s lost its data files; its rows will be redone.", part.name)
-        _delete_part(layout, part)
+        _delete_part(layout, part, data_uri)
     return parts
 
 
-def _delete_part(layout: OutputLayout, part: StagedPart) -> None:
+def _delete_part(layout: OutputLayout, part: StagedPart, data_uri: str | None = None) -> None:
     """Delete a part's data files, then its sidecar (so a crash in between leaves an invalid part)."""
+    data_uri = data_uri or staged_data_uri(layout)
     for folder, name in part.sidecar["files"].items():
-        storage.delete_file(storage.join(layout.staging_uri, folder, name))
+        storage.delete_file(storage.join(data_uri, folder, name))
     storage.delete_file(storage.join(layout.staging_uri, "parts", f"{part.name}.json"))
 
 
@@ -83,37 +125,59 @@ def _uri_of(layout: OutputLayout, path: str) -> str:
     return f"{layout.staging_uri.split('://', 1)[0]}://{path}"
 
 
-def _remove_orphans(layout: OutputLayout, committed: set[str]) -> int:
+def _remove_orphans(layout: OutputLayout, committed: set[str], data_uri: str | None = None) -> int:
     """Delete data files of parts that never got their sidecar (written while the job died)."""
+    data_uri = data_uri or staged_data_uri(layout)
     removed = 0
     for folder in ("outputs", "errors"):
-        filesystem, _ = storage.filesystem(storage.join(layout.staging_uri, folder))
-        for path in storage.list_files(storage.join(layout.staging_uri, folder)):
+        filesystem, _ = storage.filesystem(storage.join(data_uri, folder))
+        for path in storage.list_files(storage.join(data_uri, folder)):
             if posixpath.basename(path).split(".", 1)[0] not in committed:
                 filesystem.delete_file(path)
                 removed += 1
     return removed
 
 
+def _is_committed(layout: OutputLayout, version: str | None) -> bool:
+    return version is not None and version == _committed_version(layout)
+
+
+def _discard(layout: OutputLayout, pointer: dict[str, Any]) -> None:  # Any: JSON values.
+    """Delete a staging and the data it staged into its version folder (never a committed version's)."""
+    version = pointer.get(STAGED_VERSION_KEY)
+    if version and not _is_committed(layout, version):
+        storage.delete_tree(layout.version_uri(version))  # first: spec.json, deleted last, still names it
+    storage.delete_tree(layout.staging_uri)
+
+
 def open_staging(layout: OutputLayout, spec: BatchInferenceSpec) -> set[str]:
     """Prepare staging for this run and return the sources of rows an earlier try already staged.
 
-    Staging from a different spec (the prompt changed between tries, say) is discarded, and so are
-    the files of parts that were being written when an earlier try died.
+    Staging from a different spec (the prompt changed between tries, say) is discarded with the data
+    it staged, and so are the files of parts that were being written when an earlier try died. A
+    fresh staging names the version it stages into (``spec.json``; see :func:`staged_data_uri`).
     """
     fingerprint = spec.fingerprint()
-    if storage.exists(layout.staged_spec_uri):
-        staged = json.loads(storage.read_text(layout.staged_spec_uri))
-        if staged.get("fingerprint") != fingerprint:
-            log.info("Staging of %s holds another spec's rows; starting over.", layout.run_key)
-            storage.delete_tree(layout.staging_uri)
-    if not storage.exists(layout.staged_spec_uri):
+    pointer = _pointer(layout)
+    if pointer is not None and pointer.get("fingerprint") != fingerprint:
+        log.info("Staging of %s holds another spec's rows; starting over.", layout.run_key)
+        _discard(layout, pointer)
+        pointer = None
+    elif pointer is not None and _is_committed(layout, pointer.get(STAGED_VERSION_KEY)):
+        # Committed, and the commit died before it deleted its sidecars: this run starts afresh.
+        log.info("Staging of %s was committed as version %s already; starting over.", layout.run_key,
+                 pointer.get(STAGED_VERSION_KEY))  # fmt: skip
+        storage.delete_tree(layout.staging_uri)
+        pointer = None
+    if pointer is None:
         # No spec.json: nothing staged, or the rest of a staging folder whose deletion died half way.
         storage.delete_tree(layout.staging_uri)
-        storage.write_text(layout.staged_spec_uri, json.dumps({"fingerprint": fingerprint}))
+        staged = {"fingerprint": fingerprint, STAGED_VERSION_KEY: layout.new_version()}
+        storage.write_text(layout.staged_spec_uri, json.dumps(staged))
         return set()
-    parts = _sidecars(layout)
-    removed = _remove_orphans(layout, {part.name for part in parts})
+    data_uri = staged_data_uri(layout)
+    parts = _sidecars(layout, data_uri)
+    removed = _remove_orphans(layout, {part.name for part in parts}, data_uri)
     if removed:
         log.info("Removed %d staged files of parts an earlier try did not finish.", removed)
     return {source for part in parts for source in part.sidecar["sources"]}
@@ -130,7 +194,10 @@ class PartRewriter(Protocol):
 
 
 def _drop_repeated_rows(
-    layout: OutputLayout, parts: list[StagedPart], rewriter: PartRewriter | None = None
+    layout: OutputLayout,
+    parts: list[StagedPart],
+    rewriter: PartRewriter | None = None,
+    data_uri: str | None = None,
 ) -> list[StagedPart]:
     """Keep the first staged copy of each row (parts in name order).
 
@@ -140,6 +207,7 @@ def _drop_repeated_rows(
     that the next commit drops). Without ``rewriter``, or for a part from before sidecars listed
     rows in file order, a partial repeat refuses the commit.
     """
+    data_uri = data_uri or staged_data_uri(layout)
     seen: set[str] = set()
     kept = []
     for part in sorted(parts, key=lambda p: p.name):
@@ -151,13 +219,13 @@ def _drop_repeated_rows(
             continue
         if overlap == sources:
             log.warning("Dropping staged part %s: its %d rows were staged before.", part.name, len(sources))
-            _delete_part(layout, part)
+            _delete_part(layout, part, data_uri)
             continue
         if rewriter is None or not part.sidecar.get(SOURCES_IN_FILE_ORDER):
             raise InvariantError(f"staged part {part.name} repeats {len(overlap)} of its rows only partly.")
         rows = [row for row in rewriter.read_part(part) if row["source"] not in seen]
         restaged = rewriter.write_part(rows)
-        _delete_part(layout, part)
+        _delete_part(layout, part, data_uri)
         log.warning("Staged part %s repeats %d of its %d rows: staged the other %d again as %s.",
                     part.name, len(overlap), len(sources), len(rows), restaged.name)  # fmt: skip
         seen |= sources
@@ -194,8 +262,10 @@ def write_version(
     started_at: datetime | None = None,
     versions: Mapping[str, str] | None = None,
 ) -> CommittedRun:
-    """Move the staged parts into a new version folder (invisible until :func:`publish`) and write
-    its run report there.
+    """Make the staged parts a version (invisible until :func:`publish`) and write its run report there.
+
+    The parts' data files are in the version folder already (in place); a staging from before
+    in-place commits has them moved into a new version folder.
 
     :param rewriter: stages a part again without the rows it repeats (:func:`_drop_repeated_rows`).
     :param rows_resumed: rows an earlier try staged (shown in the report; unset: "—").
@@ -203,9 +273,11 @@ def write_version(
         throughput chart starts there (unset: at the first part).
     :param versions: library versions to show, e.g. ``{"ray": ..., "vllm": ...}``.
     """
-    parts = _drop_repeated_rows(layout, _sidecars(layout), rewriter)
-    _remove_orphans(layout, {part.name for part in parts})
-    version = layout.new_version()
+    data_uri = staged_data_uri(layout)
+    in_place = data_uri != layout.staging_uri  # else a staging from before in-place commits: moved
+    parts = _drop_repeated_rows(layout, _sidecars(layout, data_uri), rewriter, data_uri)
+    _remove_orphans(layout, {part.name for part in parts}, data_uri)
+    version = posixpath.basename(data_uri.rstrip("/")) if in_place else layout.new_version()
     run = CommittedRun(
         version=version,
         outputs_uri=storage.join(layout.version_uri(version), "outputs"),
@@ -225,7 +297,8 @@ def write_version(
     if run.rows_out + run.rows_failed != rows_in:
         raise InvariantError(
             f"rows in {rows_in} != rows out {run.rows_out} + rows failed {run.rows_failed}; "
-            f"staging kept at {layout.staging_uri} for inspection, nothing committed."
+            f"staging kept at {layout.staging_uri} (data files at {data_uri}) for inspection, "
+            "nothing committed."
         )
     run.errors_by_reason = dict(sorted(reasons.items()))
     counts = {"rows_in": rows_in, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
@@ -237,11 +310,11 @@ def write_version(
     # Rendered before anything moves: a rendering bug must not leave the parts half committed.
     page = _render_report(run, spec, parts, rows_in, rows_resumed, started_at, versions)
     for folder in ("outputs", "errors"):
-        source = storage.join(layout.staging_uri, folder)
+        source = storage.join(data_uri, folder)
         target = storage.join(layout.version_uri(version), folder)
-        if storage.exists(source):
+        if not in_place and storage.exists(source):
             storage.move_tree(source, target)
-        else:
+        elif not storage.exists(target):
             filesystem, path = storage.filesystem(target)
             filesystem.create_dir(path, recursive=True)
     if page is not None:

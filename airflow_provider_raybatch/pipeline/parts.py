@@ -2,9 +2,12 @@
 
 Each group of result rows (``source``, ``ok``, ``record``) becomes one part::
 
-    <staging>/outputs/<part>.<ext>   the part's output rows, in the run's output format
-    <staging>/errors/<part>.<ext>    the part's error rows
+    <data>/outputs/<part>.<ext>      the part's output rows, in the run's output format
+    <data>/errors/<part>.<ext>       the part's error rows
     <staging>/parts/<part>.json      sidecar: the part's sources and counts; its presence commits the part
+
+``<data>`` is the version folder the run will commit (:func:`.commit.staged_data_uri`), so that the
+commit moves nothing; ``<staging>`` is ``_staging/<run_key>``.
 
 The sidecar lists the sources of the output rows first, then those of the error rows, each in file
 order (``sources_in_file_order``), so that commit can take single rows out of a part
@@ -81,11 +84,18 @@ class PartWriter:
     """Write result rows into a run's staging folder as parts, and read a part's rows back."""
 
     def __init__(
-        self, staging_uri: str, output_format: OutputFormat, count_labels: bool, openai_lines: bool = False
+        self,
+        staging_uri: str,
+        output_format: OutputFormat,
+        count_labels: bool,
+        openai_lines: bool = False,
+        data_uri: str | None = None,
     ) -> None:
         """:param openai_lines: records are OpenAI batch output and error lines (tokens in ``usage``,
-        the reason in ``error.message``), not rows."""
+        the reason in ``error.message``), not rows.
+        :param data_uri: where the data files go (the version folder); unset: ``staging_uri``."""
         self.staging_uri = staging_uri
+        self.data_uri = data_uri or staging_uri
         self.output_format = output_format
         self.count_labels = count_labels
         self.openai_lines = openai_lines
@@ -101,11 +111,13 @@ class PartWriter:
             "output_format": self.output_format,
             "count_labels": self.count_labels,
             "openai_lines": self.openai_lines,
+            "data_uri": self.data_uri,
         }
 
     def create_folders(self) -> None:
         for folder in PART_FOLDERS:
-            filesystem, path = storage.filesystem(storage.join(self.staging_uri, folder))
+            root = self.staging_uri if folder == "parts" else self.data_uri
+            filesystem, path = storage.filesystem(storage.join(root, folder))
             filesystem.create_dir(path, recursive=True)
 
     def write_part(self, rows: list[dict[str, Any]]) -> StagedPart:  # Any: row values.
@@ -138,7 +150,7 @@ class PartWriter:
             if records:
                 name = f"{part}.{self.extension}"
                 data, types = _encode(records, self.output_format, self.ascii_only)
-                storage.write_bytes(storage.join(self.staging_uri, folder, name), data)
+                storage.write_bytes(storage.join(self.data_uri, folder, name), data)
                 sidecar["files"][folder] = name
                 if types:
                     sidecar.setdefault(COLUMNS_KEY, {})[folder] = types
@@ -155,7 +167,7 @@ class PartWriter:
             raise ValueError(f"staged part {part.name} does not list its rows in file order.")
         records: dict[str, list[dict[str, Any]]] = {"outputs": [], "errors": []}  # Any: row values.
         for folder, name in part.sidecar["files"].items():
-            data = storage.read_bytes(storage.join(self.staging_uri, folder, name))
+            data = storage.read_bytes(storage.join(self.data_uri, folder, name))
             records[folder] = _decode(data, self.output_format)
         ok = [True] * len(records["outputs"]) + [False] * len(records["errors"])
         if len(ok) != len(part.sidecar["sources"]):
@@ -181,7 +193,7 @@ class PartWriter:
             for part in typed:
                 if part.sidecar[COLUMNS_KEY][folder] == target:  # also its column order
                     continue
-                uri = storage.join(self.staging_uri, folder, part.sidecar["files"][folder])
+                uri = storage.join(self.data_uri, folder, part.sidecar["files"][folder])
                 table = _read_table(storage.read_bytes(uri))
                 storage.write_bytes(
                     uri, part_schema.encode_parquet(part_schema.conform(table, target, arrow_types))
@@ -203,7 +215,7 @@ class PartWriter:
             }
             if not missing:
                 continue
-            uri = storage.join(self.staging_uri, folder, part.sidecar["files"][folder])
+            uri = storage.join(self.data_uri, folder, part.sidecar["files"][folder])
             schema = pq.read_schema(io.BytesIO(storage.read_bytes(uri)))
             found.update({name: schema.field(name).type for name in missing})
         return found

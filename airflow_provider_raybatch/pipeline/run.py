@@ -227,6 +227,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         spec.output_format,
         count_labels=spec.openai_endpoint is None,  # rows constrained to a choice (the spec's or their own)
         openai_lines=spec.openai_endpoint is not None,
+        data_uri=commit.staged_data_uri(layout),  # the version folder: commit moves nothing
     )
     building = _build_while_reading(spec, model_source, parts)
     prepared, rows_in, errors, repeated_ids = _prepared_rows(spec)

@@ -120,6 +120,7 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
         spec.output_format,
         count_labels=spec.openai_endpoint is None,
         openai_lines=spec.openai_endpoint is not None,
+        data_uri=commit.staged_data_uri(layout),
     )
     parts.create_folders()
     rejected = [row_steps.rejected_result(row, spec) for row in prepared if row["error"] is not None]

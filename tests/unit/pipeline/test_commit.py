@@ -155,13 +155,13 @@ def stage_part(
 
     Returns the part's files by folder.
     """
-    staging = Path(layout.staging_uri)
+    staging, data = Path(layout.staging_uri), Path(commit.staged_data_uri(layout))
     outputs = [{"id": source, "generated_text": "x"} for source in sources if source not in failed]
     errors = [{"id": source, "source": source, "error": "empty prompt: e"} for source in failed]
     files: dict[str, Path] = {}
     for folder, records in (("outputs", outputs), ("errors", errors)):
         if records:
-            path = staging / folder / f"{name}.jsonl"
+            path = data / folder / f"{name}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(_jsonl(records))
             files[folder] = path
@@ -199,7 +199,10 @@ def test_open_staging_fresh_records_the_spec(layout: OutputLayout) -> None:
 
     assert commit.open_staging(layout, spec) == set()
 
-    assert json.loads(storage.read_text(layout.staged_spec_uri)) == {"fingerprint": spec.fingerprint()}
+    pointer = json.loads(storage.read_text(layout.staged_spec_uri))
+    assert pointer == {"fingerprint": spec.fingerprint(), "version": pointer["version"]}
+    assert re.fullmatch(rf"\d{{8}}T\d{{6}}-{RUN_KEY[-12:]}-[0-9a-f]{{6}}", pointer["version"])
+    assert commit.staged_data_uri(layout) == layout.version_uri(pointer["version"])  # the data goes there
     assert files_under(layout.staging_uri) == ["spec.json"]
 
 
@@ -242,7 +245,8 @@ def test_open_staging_discards_another_specs_parts(layout: OutputLayout) -> None
 
     assert not any(path.exists() for path in staged.values())
     assert files_under(layout.staging_uri) == ["spec.json"]
-    assert json.loads(storage.read_text(layout.staged_spec_uri)) == {"fingerprint": changed.fingerprint()}
+    assert json.loads(storage.read_text(layout.staged_spec_uri))["fingerprint"] == changed.fingerprint()
+    assert not Path(layout.output_uri, "versions").exists() or files_under(str(Path(layout.output_uri, "versions"))) == []
 
 
 def test_open_staging_deletes_the_files_of_parts_without_a_sidecar(layout: OutputLayout) -> None:
@@ -259,8 +263,8 @@ def test_open_staging_deletes_the_files_of_parts_without_a_sidecar(layout: Outpu
 
     assert not any(path.exists() for path in orphan.values())
     assert all(path.exists() for path in kept.values())
-    assert files_under(storage.join(layout.staging_uri, "outputs")) == ["part-a.jsonl"]
-    assert files_under(storage.join(layout.staging_uri, "errors")) == ["part-a.jsonl"]
+    assert files_under(storage.join(commit.staged_data_uri(layout), "outputs")) == ["part-a.jsonl"]
+    assert files_under(storage.join(commit.staged_data_uri(layout), "errors")) == ["part-a.jsonl"]
 
 
 def test_open_staging_leaves_other_runs_alone(tmp_path: Path) -> None:
@@ -279,9 +283,7 @@ def test_open_staging_leaves_other_runs_alone(tmp_path: Path) -> None:
     assert commit.open_staging(mine, spec_of(run_key="run-a", system_prompt="changed")) == set()
 
     assert all(path.exists() for path in [*others.values(), *others_orphan.values()])
-    assert json.loads(storage.read_text(other.staged_spec_uri)) == {
-        "fingerprint": spec_of(run_key="run-b").fingerprint()
-    }
+    assert json.loads(storage.read_text(other.staged_spec_uri))["fingerprint"] == spec_of(run_key="run-b").fingerprint()
     assert commit.open_staging(other, spec_of(run_key="run-b")) == {"x", "y"}
 
 
@@ -499,7 +501,7 @@ def test_write_version_refuses_counts_that_do_not_add_up(layout: OutputLayout, r
         commit.write_version(layout, spec, rows_in=rows_in)
 
     assert all(path.exists() for part in staged for path in part.values())  # kept for inspection
-    assert not Path(layout.output_uri, "versions").exists()
+    assert not list(Path(layout.output_uri, "versions").rglob("report.html"))
     assert not Path(layout.manifest_uri).exists()
 
 
@@ -647,14 +649,48 @@ def test_write_version_commits_without_a_report_it_cannot_render(
     assert "Could not render the run report" in caplog.text and "a chart bug" in caplog.text
 
 
-def test_a_retry_after_a_crash_before_publish_redoes_the_rows(layout: OutputLayout) -> None:
-    """The job dies after write_version moved the parts but before publish wrote the manifest.
-
-    The sidecars left in staging point at files that are gone: the retry must redo those rows, and a
-    commit without them must refuse rather than count rows over an empty outputs folder.
-    """
+def test_a_retry_after_a_crash_before_publish_resumes_every_row(layout: OutputLayout) -> None:
+    """The job dies after write_version but before publish wrote the manifest: the parts are where
+    they were staged (the version folder), so the retry redoes nothing and commits that version."""
     spec = spec_of(run_key=RUN_KEY)
     commit.open_staging(layout, spec)
+    stage_part(layout, "part-a", ["1", "2"])
+    first = commit.write_version(layout, spec, rows_in=2)  # ... and the job dies here.
+
+    assert commit.open_staging(layout, spec) == {"1", "2"}  # the retry resumes both rows
+    run = commit.write_version(layout, spec, rows_in=2)
+    assert (run.version, run.rows_out) == (first.version, 2)
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"]
+
+
+def _legacy_staging(layout: OutputLayout, spec: Any) -> None:  # Any: a BatchInferenceSpec
+    """A staging opened by a pipeline from before in-place commits: its spec.json names no version."""
+    Path(layout.staged_spec_uri).parent.mkdir(parents=True, exist_ok=True)
+    Path(layout.staged_spec_uri).write_text(json.dumps({"fingerprint": spec.fingerprint()}))
+
+
+def test_a_staging_from_before_in_place_commits_is_resumed_and_moved(layout: OutputLayout) -> None:
+    """A retry by the new pipeline of a try the old one staged: its data files are under the staging
+    folder, are resumed from there, and the commit moves them into a new version."""
+    spec = spec_of(run_key=RUN_KEY)
+    _legacy_staging(layout, spec)
+    assert commit.staged_data_uri(layout) == layout.staging_uri
+    staged = stage_part(layout, "part-a", ["1", "2"], failed=["2"])
+    assert staged["outputs"].parent == Path(layout.staging_uri, "outputs")
+
+    assert commit.open_staging(layout, spec) == {"1", "2"}
+    run = commit.write_version(layout, spec, rows_in=2)
+
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"] and files_under(run.errors_uri) == ["part-a.jsonl"]
+    assert not Path(layout.staging_uri, "outputs").exists()
+
+
+def test_a_legacy_retry_after_a_crash_before_publish_redoes_the_rows(layout: OutputLayout) -> None:
+    """Moved, then died before publish: the sidecars left in staging point at files that are gone, so
+    the retry must redo those rows, and a commit without them must refuse rather than count rows over
+    an empty outputs folder."""
+    spec = spec_of(run_key=RUN_KEY)
+    _legacy_staging(layout, spec)
     stage_part(layout, "part-a", ["1", "2"])
     commit.write_version(layout, spec, rows_in=2)  # ... and the job dies here.
 
@@ -665,6 +701,70 @@ def test_a_retry_after_a_crash_before_publish_redoes_the_rows(layout: OutputLayo
     run = commit.write_version(layout, spec, rows_in=2)
     assert run.rows_out == 2
     assert files_under(run.outputs_uri) != []
+
+
+def test_a_committed_staging_left_behind_is_not_resumed(layout: OutputLayout) -> None:
+    """Published, then died before deleting the sidecars: a new job of the same run starts afresh in a
+    new version folder, and the committed version's files stay as they are."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    stage_part(layout, "part-a", ["1"])
+    run = commit.write_version(layout, spec, rows_in=1)
+    Path(layout.manifest_uri).write_text(json.dumps({"version": run.version}))  # publish, minus its cleanup
+
+    assert commit.open_staging(layout, spec) == set()
+    assert commit.staged_data_uri(layout) != layout.version_uri(run.version)
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"]
+
+
+def test_discarding_another_specs_staging_keeps_the_committed_version(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    stage_part(layout, "part-a", ["1"])
+    run = commit.write_version(layout, spec, rows_in=1)
+    Path(layout.manifest_uri).write_text(json.dumps({"version": run.version}))
+    pointer = json.loads(storage.read_text(layout.staged_spec_uri))
+    Path(layout.staged_spec_uri).write_text(json.dumps({**pointer, "fingerprint": "another spec"}))
+
+    assert commit.open_staging(layout, spec) == set()
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"]  # committed: never deleted by a discard
+
+
+def test_commit_reads_sidecars_in_parallel_and_lists_instead_of_probing(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commit's cost on an object store is its round trips: one GET per sidecar, at SIDECAR_READERS at
+    once, and one listing per folder, never a per-file existence check or copy."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    for i in range(200):
+        stage_part(layout, f"part-{i:03d}", [str(i)])
+    threads: set[str] = set()
+    read_text = storage.read_text
+
+    def reading(uri: str) -> str:
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return read_text(uri)
+
+    monkeypatch.setattr(storage, "read_text", reading)
+    monkeypatch.setattr(storage, "exists", _counting(storage.exists, calls := []))
+    monkeypatch.setattr(storage, "move_tree", lambda *a: pytest.fail("an in-place commit moves nothing"))
+
+    run = commit.write_version(layout, spec, rows_in=200)
+
+    assert run.rows_out == 200 and len(files_under(run.outputs_uri)) == 200
+    assert len({name for name in threads if name.startswith("raybatch-sidecars")}) > 1
+    assert len(calls) < 10  # the pointer, the manifest, the folders: not one per part
+
+
+def _counting(function: Any, calls: list[Any]) -> Any:  # Any: a function and its arguments
+    def counted(*args: Any) -> Any:
+        calls.append(args)
+        return function(*args)
+
+    return counted
 
 
 def test_a_retry_after_a_repeated_part_was_dropped_commits(layout: OutputLayout) -> None:

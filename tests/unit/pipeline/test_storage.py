@@ -397,3 +397,16 @@ def test_extensions_for_on_an_object_store(
     monkeypatch.setattr(storage, "filesystem", lambda uri_: (store, uri_.split("://", 1)[1]))
 
     assert extensions_for(uri, "csv") == extensions
+
+
+def test_one_s3_filesystem_per_settings_shared_by_every_call() -> None:
+    """A new S3FileSystem per call built a new client and connection for every small GET or PUT (a
+    commit reads one sidecar per part); equal settings now share one, other settings get their own."""
+    pytest.importorskip("pyarrow.fs")
+    settings = {"region": "us-east-1", "access_key": "k", "secret_key": "s3cr3t-value"}
+    options = storage.S3Options(endpoint_url="http://127.0.0.1:1", **settings)
+    same = storage.S3Options(endpoint_url="http://127.0.0.1:1", **settings)
+    other = storage.S3Options(endpoint_url="http://127.0.0.1:2", **settings)
+    assert options.filesystem() is same.filesystem()
+    assert options.filesystem() is not other.filesystem()
+    assert "s3cr3t-value" not in repr(options)  # the cache key's repr (in a traceback, say) hides it
