@@ -5,12 +5,16 @@ replica stages every half batch: 2,000,000 rows at ``batch_size=64`` are 62,500 
 stages ``--rows`` rows that way (untimed, in parallel) on a moto server in its own process, then
 times ``commit.write_version`` + ``commit.publish``, the driver's whole commit:
 
-- ``in place`` (this pipeline): the data files were staged into the version folder; commit reads
-  the sidecars (in parallel) and lists the folders, and moves nothing;
+- ``in place, reported`` (this pipeline): the data files were staged into the version folder and the
+  replicas reported each part's sidecar with their batches; commit lists the folders, reads back no
+  sidecar and moves nothing;
+- ``in place, read back`` (``--read-back``, as for parts whose replica died before reporting them):
+  commit reads every sidecar (32 at once);
 - ``moved`` (``--legacy``, a staging from before in-place commits): commit copies and deletes each
   data file into the version folder, as every commit did before.
 
-usage: .venvs/airflow/bin/python bench/commit_s3.py --rows 2000000 [--legacy] [--out bench/results/commit_s3.json]
+usage: .venvs/airflow/bin/python bench/commit_s3.py --rows 2000000 [--read-back | --legacy]
+                                                   [--out bench/results/commit_s3.json]
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ def result_rows(first: int, count: int) -> list[dict[str, Any]]:  # Any: row val
     rows = []
     for i in range(first, first + count):
         record = {"Customer Id": f"C{i:012d}", "Company": "Blue River Labs", "Country": "Portugal",
-                  "generated_text": "Technology", "num_input_tokens": 64, "num_generated_tokens": 2}  # fmt: skip
+                  "generated_text": "Technology", "num_input_tokens": 64,
+                  "num_generated_tokens": 2}  # fmt: skip
         rows.append({"source": f"customers.csv:{i + 2}", "ok": True, "record": json.dumps(record),
                      "label": "Technology"})  # fmt: skip
     return rows
@@ -70,6 +75,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--rows-per-part", type=int, default=32, help="half of batch_size=64")
     parser.add_argument("--legacy", action="store_true", help="a staging from before in-place commits")
+    parser.add_argument("--read-back", action="store_true", help="commit reads every sidecar back")
     parser.add_argument("--port", type=int, default=8297)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "commit_s3.json")
     args = parser.parse_args()
@@ -102,14 +108,17 @@ def main() -> None:
         starts = range(0, args.rows, args.rows_per_part)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda start: writer.write_part(result_rows(start, min(args.rows_per_part, args.rows - start))),
-                          starts))  # fmt: skip
+            def stage(start: int) -> Any:  # Any: a StagedPart
+                return writer.write_part(result_rows(start, min(args.rows_per_part, args.rows - start)))
+
+            staged = list(pool.map(stage, starts))
+        reported = [] if args.read_back or args.legacy else staged
         log(
             f"staged {len(starts):,} parts ({args.rows:,} rows) in {time.perf_counter() - t0:.0f} s (untimed)"
         )
 
         t0 = time.perf_counter()
-        run = commit.write_version(layout, spec, args.rows, rewriter=writer)
+        run = commit.write_version(layout, spec, args.rows, rewriter=writer, known_parts=reported)
         t_version = time.perf_counter() - t0
         commit.publish(layout, {"version": run.version, "status": "complete"}, keep_versions=False)
         t_commit = time.perf_counter() - t0
@@ -121,7 +130,8 @@ def main() -> None:
         "command": " ".join(["bench/commit_s3.py", *sys.argv[1:]]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs",
-        "mode": "moved (legacy staging)" if args.legacy else "in place",
+        "mode": "moved (legacy staging)" if args.legacy else ("in place, read back" if args.read_back
+                                                              else "in place, reported"),
         "rows": args.rows, "parts": len(starts), "objects_staged": 3 * len(starts),
         "write_version_s": round(t_version, 1), "commit_s": round(t_commit, 1),
         "rows_committed": run.rows_out, "output_files": len(outputs),
@@ -130,8 +140,8 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2))
     print("\n| mode | rows | parts | objects staged | write_version s | commit s | rows committed |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| {result['mode']} | {args.rows:,} | {len(starts):,} | {3 * len(starts):,} | {result['write_version_s']} | "
-          f"{result['commit_s']} | {run.rows_out:,} |")  # fmt: skip
+    print(f"| {result['mode']} | {args.rows:,} | {len(starts):,} | {3 * len(starts):,} | "
+          f"{result['write_version_s']} | {result['commit_s']} | {run.rows_out:,} |")  # fmt: skip
     print(f"\nwrote {args.out}")
     if run.rows_out != args.rows or len(outputs) != len(starts):
         raise SystemExit("the commit lost or doubled rows")

@@ -23,7 +23,7 @@ import json
 import logging
 import posixpath
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -81,13 +81,19 @@ def _committed_version(layout: OutputLayout) -> str | None:
     return json.loads(storage.read_text(layout.manifest_uri)).get("version")
 
 
-def _sidecars(layout: OutputLayout, data_uri: str | None = None) -> list[StagedPart]:
+def _sidecars(
+    layout: OutputLayout, data_uri: str | None = None, known: Iterable[StagedPart] = ()
+) -> list[StagedPart]:
     """The committed parts; a sidecar whose data files are gone no longer counts and is removed.
 
     Files go missing when a commit moved them into a version folder and died before publishing:
     their rows are then redone rather than counted over an empty folder. The sidecars are read in
     parallel, and the data files are checked against one listing of each folder, not one by one.
+
+    :param known: parts whose sidecars this process has already (the replicas reported them with their
+        batches, or resume read them): only the listed sidecars not among them are read.
     """
+    known_by_name = {part.name: part for part in known}
     data_uri = data_uri or staged_data_uri(layout)
     listed = storage.list_files(storage.join(layout.staging_uri, "parts"))
     paths = [path for path in listed if path.endswith(".json")]  # not a temporary file of a write that died
@@ -97,8 +103,11 @@ def _sidecars(layout: OutputLayout, data_uri: str | None = None) -> list[StagedP
     }
 
     def read(path: str) -> StagedPart:
+        name = posixpath.basename(path).removesuffix(".json")
+        if name in known_by_name:
+            return known_by_name[name]
         uri = path if "://" not in layout.staging_uri else _uri_of(layout, path)
-        return StagedPart(posixpath.basename(path).removesuffix(".json"), json.loads(storage.read_text(uri)))
+        return StagedPart(name, json.loads(storage.read_text(uri)))
 
     with ThreadPoolExecutor(max_workers=SIDECAR_READERS, thread_name_prefix="raybatch-sidecars") as pool:
         staged = list(pool.map(read, paths))
@@ -151,7 +160,13 @@ def _discard(layout: OutputLayout, pointer: dict[str, Any]) -> None:  # Any: JSO
 
 
 def open_staging(layout: OutputLayout, spec: BatchInferenceSpec) -> set[str]:
-    """Prepare staging for this run and return the sources of rows an earlier try already staged.
+    """Prepare staging for this run and return the sources of rows an earlier try already staged
+    (:func:`open_staging_parts`, for callers that need only the sources)."""
+    return {source for part in open_staging_parts(layout, spec) for source in part.sidecar["sources"]}
+
+
+def open_staging_parts(layout: OutputLayout, spec: BatchInferenceSpec) -> list[StagedPart]:
+    """Prepare staging for this run and return the parts an earlier try already staged.
 
     Staging from a different spec (the prompt changed between tries, say) is discarded with the data
     it staged, and so are the files of parts that were being written when an earlier try died. A
@@ -174,13 +189,13 @@ def open_staging(layout: OutputLayout, spec: BatchInferenceSpec) -> set[str]:
         storage.delete_tree(layout.staging_uri)
         staged = {"fingerprint": fingerprint, STAGED_VERSION_KEY: layout.new_version()}
         storage.write_text(layout.staged_spec_uri, json.dumps(staged))
-        return set()
+        return []
     data_uri = staged_data_uri(layout)
     parts = _sidecars(layout, data_uri)
     removed = _remove_orphans(layout, {part.name for part in parts}, data_uri)
     if removed:
         log.info("Removed %d staged files of parts an earlier try did not finish.", removed)
-    return {source for part in parts for source in part.sidecar["sources"]}
+    return parts
 
 
 class PartRewriter(Protocol):
@@ -261,6 +276,7 @@ def write_version(
     rows_resumed: int | None = None,
     started_at: datetime | None = None,
     versions: Mapping[str, str] | None = None,
+    known_parts: Iterable[StagedPart] = (),
 ) -> CommittedRun:
     """Make the staged parts a version (invisible until :func:`publish`) and write its run report there.
 
@@ -272,10 +288,12 @@ def write_version(
     :param started_at: when the run started: the report's wall time runs from it to now, and its
         throughput chart starts there (unset: at the first part).
     :param versions: library versions to show, e.g. ``{"ray": ..., "vllm": ...}``.
+    :param known_parts: parts whose sidecars the caller has (reported by the replicas and the sink,
+        read by resume): commit reads only the other sidecars it lists, one GET each.
     """
     data_uri = staged_data_uri(layout)
     in_place = data_uri != layout.staging_uri  # else a staging from before in-place commits: moved
-    parts = _drop_repeated_rows(layout, _sidecars(layout, data_uri), rewriter, data_uri)
+    parts = _drop_repeated_rows(layout, _sidecars(layout, data_uri, known_parts), rewriter, data_uri)
     _remove_orphans(layout, {part.name for part in parts}, data_uri)
     version = posixpath.basename(data_uri.rstrip("/")) if in_place else layout.new_version()
     run = CommittedRun(

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from airflow_provider_raybatch.pipeline import engine, openai_batch
-from airflow_provider_raybatch.pipeline.replica_staging import RowStager, flush_rows_for
+from airflow_provider_raybatch.pipeline.replica_staging import REPORTED_PARTS, RowStager, flush_rows_for
 
 # In a replica, this module is imported when Ray unpickles the UDF class, before Ray Data LLM's stage
 # module imports torch: the earliest point to let the forkserver start its imports (not in the driver).
@@ -101,6 +101,11 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
                     if not row.pop(_STAGED, False):
                         self._stager.finished(row)
                 await self._stager.flush()  # nothing of this batch leaves the replica unstaged
+                written = self._stager.take_written()
+                if written:  # every part this replica staged reaches the driver once, with some batch
+                    rows[0][REPORTED_PARTS] = json.dumps(
+                        [{"name": part.name, "sidecar": part.sidecar} for part in written]
+                    )
             yield output
 
     def normalize_engine_kwargs(self, engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.

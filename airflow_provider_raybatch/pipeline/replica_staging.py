@@ -10,7 +10,9 @@ at most one batch per replica while writes keep up with the engine. Under a burs
 at one engine step) the buffer grows while a write is on, and the next write takes all of it: fewer,
 larger writes rather than a queue of small ones.
 
-Writes run one at a time, in a thread, so that the event loop keeps feeding the engine.
+Writes run one at a time, in a thread, so that the event loop keeps feeding the engine. What each
+write returns (the part it staged) is kept until :meth:`RowStager.take_written`: the replica hands
+those parts on with a batch's output, so the driver commits without reading each sidecar back.
 
 ``RAYBATCH_TRACE_ROWS=<folder>`` in the job's environment (a diagnostic for fault-injection
 measurements) makes each replica append the source of every row the engine finishes to a file of
@@ -26,6 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 TRACE_ROWS_ENV = "RAYBATCH_TRACE_ROWS"
+#: Column of a row leaving the engine stage: the parts its replica staged since its last report, as
+#: JSON ``[{"name", "sidecar"}]`` (one row of a batch carries it; see :mod:`.engine_actor`).
+REPORTED_PARTS = "__raybatch_parts__"
 
 
 def flush_rows_for(batch_size: int) -> int:
@@ -36,14 +41,16 @@ def flush_rows_for(batch_size: int) -> int:
 class RowStager:
     """One replica's buffer of finished rows, staged in parts by ``write``.
 
-    :param write: stages a list of rows as one part (blocking; run in a thread).
+    :param write: stages a list of rows as one part (blocking; run in a thread); what it returns, if
+        not None, is kept for :meth:`take_written`.
     :param flush_rows: stage the buffer once it holds this many rows.
     """
 
-    def __init__(self, write: Callable[[list[dict[str, Any]]], None], flush_rows: int) -> None:
+    def __init__(self, write: Callable[[list[dict[str, Any]]], Any], flush_rows: int) -> None:
         self._write = write
         self._flush_rows = flush_rows
         self._pending: list[dict[str, Any]] = []  # Any: row values.
+        self._written: list[Any] = []  # Any: what the writes returned (staged parts)
         self._lock: asyncio.Lock | None = None  # made in the replica's event loop, on first use
         self._trace = _open_trace(os.environ.get(TRACE_ROWS_ENV))
 
@@ -62,7 +69,14 @@ class RowStager:
         async with self._lock:
             rows, self._pending = self._pending, []
             if rows:
-                await asyncio.to_thread(self._write, rows)
+                written = await asyncio.to_thread(self._write, rows)
+                if written is not None:
+                    self._written.append(written)
+
+    def take_written(self) -> list[Any]:  # Any: what the writes returned
+        """What the writes since the last call returned, each handed out once."""
+        written, self._written = self._written, []
+        return written
 
 
 def _open_trace(folder: str | None) -> Any:  # Any: a text file, unbuffered to the OS.

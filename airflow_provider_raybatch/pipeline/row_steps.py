@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import images, openai_batch, storage
+from airflow_provider_raybatch.pipeline.commit import StagedPart
 from airflow_provider_raybatch.pipeline.part_schema import strict_json_value
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 from airflow_provider_raybatch.pipeline.prompts import (
@@ -29,6 +30,7 @@ from airflow_provider_raybatch.pipeline.prompts import (
     messages_from_column,
     row_id,
 )
+from airflow_provider_raybatch.pipeline.replica_staging import REPORTED_PARTS
 from airflow_provider_raybatch.pipeline.rows import check_input_file_size, parse_file, row_to_json
 from airflow_provider_raybatch.specs import (
     DERIVED_ID_COLUMN,
@@ -362,8 +364,9 @@ def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def source_only(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
-    """The postprocess when the replicas stage their rows: all that is left to carry is small."""
-    return {"source": row["source"]}
+    """The postprocess when the replicas stage their rows: all that is left to carry is small (the
+    source, and the parts a replica reports with its batch)."""
+    return {"source": row["source"], REPORTED_PARTS: row.get(REPORTED_PARTS)}
 
 
 def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
@@ -455,15 +458,16 @@ def rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, 
     return _staged_error(row, row["error"], spec)
 
 
-def stage_engine_rows(rows: list[dict[str, Any]], spec: BatchInferenceSpec, parts: PartWriter) -> None:
+def stage_engine_rows(rows: list[dict[str, Any]], spec: BatchInferenceSpec, parts: PartWriter) -> StagedPart:
     """In an engine replica: finished rows (as they leave the stage, all columns) -> one staged part.
 
     Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the
     errors, as they would downstream of the stage.
     """
-    parts.write_part([_staged_safely(row, spec) for row in rows])
+    return parts.write_part([_staged_safely(row, spec) for row in rows])
 
 
-def already_staged(row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: row values.
-    """After the engine stage: nothing; its replicas staged every row (:func:`stage_engine_rows`)."""
-    return []
+def reported_parts(row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: row values.
+    """After the engine stage: the parts a replica reported, if this row carries them; no row itself,
+    as the replicas staged every row (:func:`stage_engine_rows`)."""
+    return [{"parts": row[REPORTED_PARTS]}] if row.get(REPORTED_PARTS) else []

@@ -168,6 +168,21 @@ def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[st
     return openai_batch.fields_to_fill(text for batch in batches for text in batch.column(0).to_pylist())
 
 
+def _reported_parts(reports: Dataset) -> list[commit.StagedPart]:
+    """The parts the engine replicas reported with their batches (:func:`.row_steps.reported_parts`).
+
+    One row per report, a few per batch at most: the driver holds the sidecars it would otherwise
+    read back one GET at a time (the commit's cost on an object store). A replica that died before
+    reporting leaves its parts to be read back.
+    """
+    return [
+        commit.StagedPart(part["name"], part["sidecar"])
+        for batch in reports.iter_batches(batch_format="pyarrow", batch_size=1024)
+        for text in batch.column("parts").to_pylist()
+        for part in json.loads(text)
+    ]
+
+
 def _versions() -> dict[str, str]:
     """Ray's and vLLM's versions; vLLM's from its package metadata, since the driver never imports it."""
     from importlib import metadata
@@ -221,7 +236,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         print(manifest_log_line(manifest), flush=True)
         return manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
-    done_sources = commit.open_staging(layout, spec)
+    resumed = commit.open_staging_parts(layout, spec)
+    done_sources = {source for part in resumed for source in part.sidecar["sources"]}
     parts = PartWriter(
         layout.staging_uri,
         spec.output_format,
@@ -242,11 +258,12 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     # Without duplicates or resumed rows the scan's error count holds: no dataset pass per count.
     rejected_rows = errors if not (repeated_ids or done_sources) else rejected.count()
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
+    staged_now: list[commit.StagedPart] = []  # this try's parts, as the sink and the replicas report them
     try:
         if rejected_rows:
-            rejected.map(row_steps.rejected_result, fn_kwargs={"spec": spec}).write_datasink(
-                StagedPartsSink(parts)
-            )
+            sink = StagedPartsSink(parts)
+            rejected.map(row_steps.rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+            staged_now += sink.written
         if todo - rejected_rows:  # nothing left for the engine (all resumed, or all bad): do not start one
             # The engine replicas stage the rows they finish, which is what a retry resumes from (see
             # engine_actor); nothing is left to flow out of the stage.
@@ -258,7 +275,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
                 processor = building.result()
             else:
                 processor = _processor(spec, model_source, parts, _fields_to_fill(accepted, spec))
-            processor(accepted).flat_map(row_steps.already_staged).materialize()
+            reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
+            staged_now += _reported_parts(reports)
     finally:
         progress.stop()
     versions = _versions()
@@ -270,6 +288,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         rows_resumed=len(done_sources),
         started_at=started_at,
         versions=versions,
+        known_parts=[*resumed, *staged_now],  # commit reads back only the sidecars of parts not reported
     )
     manifest = {
         "status": "complete",

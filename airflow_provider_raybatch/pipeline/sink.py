@@ -12,20 +12,32 @@ from typing import Any
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
+from airflow_provider_raybatch.pipeline.commit import StagedPart
 from airflow_provider_raybatch.pipeline.parts import PartWriter
 
 
-class StagedPartsSink(Datasink[None]):
-    """Write result rows (``source``, ``ok``, ``record``) into a run's staging folder, a part per block."""
+class StagedPartsSink(Datasink[list[dict[str, Any]]]):
+    """Write result rows (``source``, ``ok``, ``record``) into a run's staging folder, a part per block.
+
+    Each write task returns the parts it staged; once the write is complete, :attr:`written` holds
+    them all, so that commit need not read their sidecars back.
+    """
 
     def __init__(self, parts: PartWriter) -> None:
         self.parts = parts
+        self.written: list[StagedPart] = []
 
     def on_write_start(self, schema: Any = None) -> None:  # Any: pyarrow schema or None.
         self.parts.create_folders()
 
-    def write(self, blocks: Iterable[Any], ctx: Any) -> None:  # Any: Ray blocks and TaskContext.
+    def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:  # Any: Ray blocks, JSON.
+        written = []
         for block in blocks:
             rows = BlockAccessor.for_block(block).to_arrow().to_pylist()
             if rows:
-                self.parts.write_part(rows)
+                part = self.parts.write_part(rows)
+                written.append({"name": part.name, "sidecar": part.sidecar})
+        return written
+
+    def on_write_complete(self, write_result: Any) -> None:  # Any: ray.data's WriteResult.
+        self.written = [StagedPart(**part) for parts in write_result.write_returns for part in parts]

@@ -246,7 +246,10 @@ def test_open_staging_discards_another_specs_parts(layout: OutputLayout) -> None
     assert not any(path.exists() for path in staged.values())
     assert files_under(layout.staging_uri) == ["spec.json"]
     assert json.loads(storage.read_text(layout.staged_spec_uri))["fingerprint"] == changed.fingerprint()
-    assert not Path(layout.output_uri, "versions").exists() or files_under(str(Path(layout.output_uri, "versions"))) == []
+    assert (
+        not Path(layout.output_uri, "versions").exists()
+        or files_under(str(Path(layout.output_uri, "versions"))) == []
+    )
 
 
 def test_open_staging_deletes_the_files_of_parts_without_a_sidecar(layout: OutputLayout) -> None:
@@ -283,7 +286,10 @@ def test_open_staging_leaves_other_runs_alone(tmp_path: Path) -> None:
     assert commit.open_staging(mine, spec_of(run_key="run-a", system_prompt="changed")) == set()
 
     assert all(path.exists() for path in [*others.values(), *others_orphan.values()])
-    assert json.loads(storage.read_text(other.staged_spec_uri))["fingerprint"] == spec_of(run_key="run-b").fingerprint()
+    assert (
+        json.loads(storage.read_text(other.staged_spec_uri))["fingerprint"]
+        == spec_of(run_key="run-b").fingerprint()
+    )
     assert commit.open_staging(other, spec_of(run_key="run-b")) == {"x", "y"}
 
 
@@ -332,23 +338,34 @@ def test_a_part_from_before_file_order_repeating_rows_partly_raises(layout: Outp
     stage_part(layout, "part-b", ["2", "3"])  # the hand-made sidecar has no sources_in_file_order
 
     with pytest.raises(commit.InvariantError, match="part-b"):
-        commit._drop_repeated_rows(layout, commit._sidecars(layout), PartWriter(layout.staging_uri, "jsonl", False))
+        commit._drop_repeated_rows(
+            layout, commit._sidecars(layout), PartWriter(layout.staging_uri, "jsonl", False)
+        )
 
 
-def _result_rows(sources: list[str], failed: tuple[str, ...] = ()) -> list[dict[str, Any]]:  # Any: row values.
+def _result_rows(
+    sources: list[str], failed: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:  # Any: row values.
     """Rows as the replicas stage them: an output record per good source, an error record per failed one."""
     rows = []
     for source in sources:
         if source in failed:
             record = {"id": source, "source": source, "error": "inference failed: boom", "input": "{}"}
         else:
-            record = {"id": source, "generated_text": f"text of {source}", "num_input_tokens": 3, "num_generated_tokens": 2}
+            record = {
+                "id": source,
+                "generated_text": f"text of {source}",
+                "num_input_tokens": 3,
+                "num_generated_tokens": 2,
+            }
         rows.append({"source": source, "ok": source not in failed, "record": json.dumps(record)})
     return rows
 
 
 @pytest.mark.parametrize("output_format", ["jsonl", "parquet"])
-def test_a_part_repeating_rows_partly_is_staged_again_without_them(layout: OutputLayout, output_format: str) -> None:
+def test_a_part_repeating_rows_partly_is_staged_again_without_them(
+    layout: OutputLayout, output_format: str
+) -> None:
     """A retried batch's rows staged again, mixed with another batch's: each row is kept once, and
     the counts of the part staged again are its own rows' counts."""
     writer = PartWriter(layout.staging_uri, output_format, count_labels=False)
@@ -363,7 +380,9 @@ def test_a_part_repeating_rows_partly_is_staged_again_without_them(layout: Outpu
     rows = [row for part in kept for row in writer.read_part(part)]
     assert sorted(row["source"] for row in rows) == ["a:1", "a:2", "a:3", "b:1", "b:2"]
     by_source = {row["source"]: json.loads(row["record"]) for row in rows}
-    assert by_source["b:1"]["generated_text"] == "text of b:1" and by_source["b:2"]["error"].startswith("inference")
+    assert by_source["b:1"]["generated_text"] == "text of b:1" and by_source["b:2"]["error"].startswith(
+        "inference"
+    )
     assert sum(part.sidecar["rows_out"] for part in kept) == 3  # a:1, a:3, b:1
     assert sum(part.sidecar["rows_failed"] for part in kept) == 2  # a:2, b:2
     assert sum(part.sidecar["tokens_out"] for part in kept) == 6
@@ -392,7 +411,9 @@ def test_read_part_refuses_a_part_whose_files_and_sidecar_disagree(layout: Outpu
     writer = PartWriter(layout.staging_uri, "jsonl", count_labels=False)
     writer.create_folders()
     part = writer.write_part(_result_rows(["a:1", "a:2"]))
-    Path(layout.staging_uri, "outputs", part.sidecar["files"]["outputs"]).write_text(json.dumps({"id": "a:1"}) + "\n")
+    Path(layout.staging_uri, "outputs", part.sidecar["files"]["outputs"]).write_text(
+        json.dumps({"id": "a:1"}) + "\n"
+    )
 
     with pytest.raises(ValueError, match="1 rows in its files, 2 in its sidecar"):
         writer.read_part(part)
@@ -681,7 +702,9 @@ def test_a_staging_from_before_in_place_commits_is_resumed_and_moved(layout: Out
     assert commit.open_staging(layout, spec) == {"1", "2"}
     run = commit.write_version(layout, spec, rows_in=2)
 
-    assert files_under(run.outputs_uri) == ["part-a.jsonl"] and files_under(run.errors_uri) == ["part-a.jsonl"]
+    assert files_under(run.outputs_uri) == ["part-a.jsonl"] and files_under(run.errors_uri) == [
+        "part-a.jsonl"
+    ]
     assert not Path(layout.staging_uri, "outputs").exists()
 
 
@@ -871,3 +894,26 @@ def test_write_version_then_publish_replaces_the_previous_run(layout: OutputLayo
     assert not Path(layout.version_uri(first.version)).exists()
     assert not storage.exists(layout.staging_uri)
     assert sorted(p.name for p in Path(layout.output_uri, "versions").iterdir()) == [second.version]
+
+
+def test_commit_reads_back_only_the_sidecars_nobody_reported(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replicas report the parts they staged with their batches (and resume read the earlier
+    try's): commit takes those as they are, and reads back only the rest (a replica that died before
+    reporting, say), so an object store sees a GET per unreported part, not per part."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    for i in range(10):
+        stage_part(layout, f"part-{i}", [str(i)], tokens=(i, 1))
+    everything = commit._sidecars(layout)
+    reported = [part for part in everything if part.name not in ("part-3", "part-7")]
+    read_text = storage.read_text
+    reads: list[str] = []
+    monkeypatch.setattr(storage, "read_text", lambda uri: reads.append(uri) or read_text(uri))
+
+    run = commit.write_version(layout, spec, rows_in=10, known_parts=reported)
+
+    sidecar_reads = sorted(Path(uri).name for uri in reads if "/parts/" in uri)
+    assert sidecar_reads == ["part-3.json", "part-7.json"]
+    assert (run.rows_out, run.tokens_in) == (10, sum(range(10)))

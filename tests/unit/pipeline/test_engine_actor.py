@@ -7,10 +7,12 @@ by one that finishes a batch's rows in reverse order.
 
 from __future__ import annotations
 
+import json
+
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 _RUN = """
-import asyncio, json
+import asyncio, json, types
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 from airflow_provider_raybatch.pipeline import engine_actor
 from airflow_provider_raybatch.pipeline.replica_staging import RowStager
@@ -23,7 +25,11 @@ vLLMEngineStageUDF.udf = engine_loop
 parts = []
 udf = object.__new__(engine_actor.RaybatchvLLMEngineStageUDF)
 udf.data_column, udf.expected_input_keys = "__data", set()
-udf._stager = RowStager(lambda rows: parts.append([(row["source"], row.get("generated_text")) for row in rows]), 2)
+def write(rows):  # stages a part and returns it, as stage_engine_rows does
+    parts.append([(row["source"], row.get("generated_text")) for row in rows])
+    return types.SimpleNamespace(name=f"part-{len(parts)}", sidecar={"sources": [row["source"] for row in rows]})
+
+udf._stager = RowStager(write, 2)
 
 async def batch(sources, failed=()):
     data = [{"source": s, "__inference_error__": "bad row" if s in failed else ""} for s in sources]
@@ -55,3 +61,10 @@ def test_each_row_is_staged_once_as_it_finishes_and_the_batch_leaves_unchanged()
     ]
     assert all("__raybatch_staged__" not in row for row in a + b)
     assert a[0]["generated_text"] == "out a:1" and b[0]["__inference_error__"] == "bad row"
+    # Each part staged reaches the driver once, with the first row of a batch that ended after it.
+    reported = [json.loads(row["__raybatch_parts__"]) for row in a + b if row.get("__raybatch_parts__")]
+    assert all(not row.get("__raybatch_parts__") for row in a[1:] + b[1:])
+    names = [part["name"] for report_ in reported for part in report_]
+    assert sorted(names) == ["part-1", "part-2"]
+    by_name = {part["name"]: part["sidecar"]["sources"] for report_ in reported for part in report_}
+    assert by_name == {"part-1": ["a:3", "a:2"], "part-2": ["b:2", "b:1", "a:1"]}

@@ -83,3 +83,27 @@ def test_the_trace_lists_each_finished_row_at_once(tmp_path: Path, monkeypatch: 
 
     (trace,) = (tmp_path / "trace").iterdir()
     assert trace.read_text() == "in.jsonl:4\nin.jsonl:9\n"  # before any flush: a kill keeps them
+
+
+def test_what_the_writes_return_is_handed_out_once() -> None:
+    """The parts the writes staged go to the driver with a batch's output (engine_actor): each once."""
+    written: list[list[str]] = []
+
+    def write(rows: list[dict]) -> str:
+        written.append([row["source"] for row in rows])
+        return f"part-{len(written)}"
+
+    stager = RowStager(write, flush_rows=2)
+
+    async def run() -> tuple[list[str], list[str], list[str]]:
+        stager.finished({"source": "a"})
+        stager.finished({"source": "b"})
+        await stager.flush()
+        first = stager.take_written()
+        stager.finished({"source": "c"})
+        await stager.flush()
+        await stager.flush()  # nothing pending: no write, nothing more to hand out
+        return first, stager.take_written(), stager.take_written()
+
+    assert asyncio.run(run()) == (["part-1"], ["part-2"], [])
+    assert written == [["a", "b"], ["c"]]
