@@ -48,48 +48,210 @@ def add_rates(result: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
 
 def raw_result(raw: dict[str, Any], t_launch: float, t_exit: float) -> dict[str, Any]:  # Any: JSON values.
     """(a)'s row from bench/raw_vllm.py's timestamps; ``t_launch`` is when its process was started."""
-    return add_rates(
-        {
-            "end_to_end_s": raw["t_outputs_written"] - t_launch,
-            "process_exit_s": t_exit - t_launch,
-            "startup_s": raw["t_generate_start"] - t_launch,
-            "interpreter_and_rows_s": raw["t_import_vllm"] - t_launch,
-            # import vLLM + build the engine: what the vLLM stage actor's __init__ does in (b)
-            "engine_start_s": raw["t_engine_ready"] - raw["t_import_vllm"],
-            "import_vllm_s": raw["t_engine_start"] - raw["t_import_vllm"],
-            "generating_s": raw["t_generate_end"] - raw["t_generate_start"],
-            "write_s": raw["t_outputs_written"] - raw["t_generate_end"],
-            "rows": raw["rows"],
-            "tokens_in": raw["tokens_in"],
-            "tokens_out": raw["tokens_out"],
-        }
-    )
+    result = {
+        "end_to_end_s": raw["t_outputs_written"] - t_launch,
+        "process_exit_s": t_exit - t_launch,
+        "startup_s": raw["t_generate_start"] - t_launch,
+        "interpreter_and_rows_s": raw["t_import_vllm"] - t_launch,
+        # import vLLM + build the engine: what the vLLM stage actor's __init__ does in (b)
+        "engine_start_s": raw["t_engine_ready"] - raw["t_import_vllm"],
+        "import_vllm_s": raw["t_engine_start"] - raw["t_import_vllm"],
+        "generating_s": raw["t_generate_end"] - raw["t_generate_start"],
+        "write_s": raw["t_outputs_written"] - raw["t_generate_end"],
+        "rows": raw["rows"],
+        "tokens_in": raw["tokens_in"],
+        "tokens_out": raw["tokens_out"],
+    }
+    if (
+        "t_prepared" in raw
+    ):  # the customers workload: rows prepared in worker processes beside the engine start
+        result.update(
+            read_s=raw["t_read_done"] - t_launch,
+            # > 0: the engine start hid the preparing; < 0: the engine waited for the rows
+            prepare_slack_s=raw["t_engine_ready"] - raw["t_prepared"],
+            prepared_after_launch_s=raw["t_prepared"] - t_launch,
+            dedupe_s=raw["t_deduped"] - raw["t_prepared"],
+            rows_in=raw["rows_in"],
+            rows_per_s_end_to_end=raw["rows_in"] / (raw["t_outputs_written"] - t_launch),
+        )
+        for key in (
+            "rows_rejected_before_engine",
+            "errors_by_reason",
+            "finish_reasons",
+            "choice_cut_short",
+            "generated_text_counts",
+            "workers",
+            "generate_chunk",
+            "prepare_worker_s",
+            "peak_rss_bytes_self",
+        ):
+            result[key] = raw.get(key)
+    return add_rates(result)
 
 
 def watch_parts(
-    is_terminal: Callable[[], bool], staging: Path, poll_seconds: float = 0.5
-) -> list[dict[str, Any]]:
-    """Poll until ``is_terminal()``, recording each staged part sidecar (pipeline/sink.py) as it appears."""
+    is_terminal: Callable[[], bool],
+    staging: Path,
+    poll_seconds: float = 0.5,
+    on_poll: Callable[[dict[str, dict[str, Any]]], None] | None = None,  # Any: JSON values.
+    known: dict[str, dict[str, Any]] | None = None,  # Any: JSON values.
+) -> list[dict[str, Any]]:  # Any: JSON values.
+    """Poll until ``is_terminal()``, recording each staged part sidecar (pipeline/parts.py) as it appears.
+
+    :param on_poll: called after each look with every part seen so far (by sidecar name).
+    :param known: parts seen before (e.g. by an earlier job of the same staging): not reported again.
+    """
     parts: dict[str, dict[str, Any]] = {}  # Any: JSON values.
+    before = known or {}
     while True:
         done = is_terminal()
         for path in (staging / "parts").glob("*.json"):
-            if path.name in parts:
+            if path.name in parts or path.name in before:
                 continue
             try:
                 sidecar = json.loads(path.read_text())
                 mtime = path.stat().st_mtime
             except (OSError, json.JSONDecodeError):
                 continue  # removed by the commit, or not yet whole
+            written_at = sidecar.get("written_at")
             parts[path.name] = {
+                "name": path.name,
                 "seen": time.time(),
                 "mtime": mtime,
+                "written_at": _iso_epoch(written_at) if isinstance(written_at, str) else None,
                 "tokens_out": sidecar["tokens_out"],
                 "rows": sidecar["rows_out"] + sidecar["rows_failed"],
+                "files": len(sidecar.get("files") or {}),
             }
+        if on_poll is not None:
+            on_poll(parts)
         if done:
             return sorted(parts.values(), key=lambda part: part["mtime"])
         time.sleep(poll_seconds)
+
+
+def _iso_epoch(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+# Ray Data's driver log lines about each dataset execution (Ray 2.57 and 2.60).
+_DATASET_START = re.compile(r"Starting execution of Dataset (\S+?)\.? ")
+_DATASET_PLAN = re.compile(r"Execution plan of Dataset (\S+?): (.*)$")
+_DATASET_DONE = re.compile(r"Dataset (\S+) execution finished in ([0-9.]+) seconds")
+
+
+def dataset_executions(logs: str) -> list[dict[str, Any]]:  # Any: JSON values.
+    """Each Ray Data execution the driver logged, in order: name, start, end (epoch), seconds, plan, kind.
+
+    kind: ``read_prepare`` (the plan reads files), ``llm`` (the ray.data.llm processor: the engine's),
+    ``stage_rejected`` (a write: the rows rejected before the engine), else ``dedupe_count`` (the
+    duplicate-id scan, counts, the resume filter).
+    """
+    executions: dict[str, dict[str, Any]] = {}  # Any: JSON values.
+    for line in logs.splitlines():
+        stamp = _RAY_TIME.search(line)
+        if not stamp:
+            continue
+        when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(stamp.group(2)) / 1000
+        if match := _DATASET_START.search(line):
+            executions.setdefault(match.group(1), {"name": match.group(1), "start": when})
+        elif match := _DATASET_PLAN.search(line):
+            executions.setdefault(match.group(1), {"name": match.group(1), "start": when})["plan"] = (
+                match.group(2)[:400]
+            )
+        elif match := _DATASET_DONE.search(line):
+            entry = executions.setdefault(match.group(1), {"name": match.group(1)})
+            entry.update(end=when, seconds=float(match.group(2)))
+    out = sorted(executions.values(), key=lambda e: e.get("start") or e.get("end") or 0)
+    for entry in out:
+        plan = entry.get("plan", "")
+        entry["kind"] = (
+            "read_prepare"
+            if "ReadBinary" in plan or "ReadFiles" in plan
+            else "llm"
+            if "vLLMEngine" in plan or "ChatTemplate" in plan or "Tokenize" in plan
+            else "stage_rejected"
+            if "Write" in plan
+            else "dedupe_count"
+        )
+    return out
+
+
+def scale_phases(
+    logs: str,
+    t_submit: float,
+    job_start: float,
+    job_end: float,
+    parts: list[dict[str, Any]],  # Any: JSON values.
+    manifest_mtime: float | None,
+    report_mtime: float | None = None,
+) -> dict[str, Any]:  # Any: JSON values.
+    """Where a job's time went outside the engine, from its driver log and its staged parts (seconds).
+
+    ``before_engine_fed_s``: submit -> the ray.data.llm dataset starts (runtime env, driver start, read,
+    prepare, duplicate scan, counts, staging the rejected rows); ``commit_s``: that dataset finished ->
+    manifest.json (folding the sidecars, the report, the manifest), ``report_to_manifest_s`` its last step.
+    """
+    executions = dataset_executions(logs)
+    connected = ray_log_times(logs, r"Connected to Ray cluster")
+    llm = [e for e in executions if e["kind"] == "llm"]
+    llm_start = llm[-1].get("start") if llm else None
+    llm_end = llm[-1].get("end") if llm else None
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else round(t - t_submit, 3)
+
+    def total(kind: str) -> float:
+        return round(sum(e.get("seconds") or 0 for e in executions if e["kind"] == kind), 3)
+
+    def when(part: dict[str, Any]) -> float:  # Any: JSON values.
+        return part["written_at"] or part["mtime"]
+
+    first_part = min((when(p) for p in parts), default=None)
+    # The rows rejected before the engine are staged before the ray.data.llm dataset starts.
+    engine_parts = [p for p in parts if llm_start is None or when(p) >= llm_start]
+    first_engine_part = min((when(p) for p in engine_parts), default=None)
+    last_part = max((when(p) for p in parts), default=None)
+    return {
+        "submit_to_job_start_s": rel(job_start),
+        "submit_to_driver_connected_s": rel(connected[0] if connected else None),
+        "read_prepare_s": total("read_prepare"),
+        "dedupe_count_s": total("dedupe_count"),
+        "stage_rejected_s": total("stage_rejected"),
+        "submit_to_llm_dataset_start_s": rel(llm_start),
+        "before_engine_fed_s": rel(llm_start),
+        "submit_to_first_part_s": rel(first_part),
+        "submit_to_first_engine_part_s": rel(first_engine_part),
+        "submit_to_last_part_s": rel(last_part),
+        # generating: the engine's first part -> its last (the replica stages every half batch)
+        "first_to_last_part_s": None
+        if first_engine_part is None or last_part is None
+        else round(last_part - first_engine_part, 3),
+        "engine_part_rows": sum(p["rows"] for p in engine_parts),
+        "llm_dataset_s": (llm[-1].get("seconds") if llm else None),
+        "submit_to_llm_dataset_end_s": rel(llm_end),
+        "commit_s": None if llm_end is None or manifest_mtime is None else round(manifest_mtime - llm_end, 3),
+        "last_part_to_manifest_s": None
+        if last_part is None or manifest_mtime is None
+        else round(manifest_mtime - last_part, 3),
+        "report_to_manifest_s": None
+        if report_mtime is None or manifest_mtime is None
+        else round(manifest_mtime - report_mtime, 3),
+        "manifest_to_job_end_s": None if manifest_mtime is None else round(job_end - manifest_mtime, 3),
+        "datasets": [
+            {
+                "name": e["name"],
+                "kind": e["kind"],
+                "start_s": rel(e.get("start")),
+                "seconds": e.get("seconds"),
+                "plan": e.get("plan", "")[:200],
+            }
+            for e in executions
+        ],
+    }
 
 
 def creation_tasks(address: str, headers: dict[str, str]) -> list[dict[str, Any]]:  # Any: JSON values.

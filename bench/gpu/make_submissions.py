@@ -2,17 +2,32 @@
 
 The device has no Airflow, so the operator cannot run there. This runs ``RayLLMBatchOperator`` here:
 ``build_spec`` (after the same JSON handling as in a DAG), ``entrypoint``, ``_runtime_env`` (with an
-upload stub that records the zipped packages instead of uploading them) and the job metadata, and
-writes the exact body ``RayHook.submit_job`` would POST, plus the folders the packages were zipped
-from. bench/gpu/ours_job.py on the device zips those folders again with the same function
-(``build_py_module_package``: content-addressed, so the same tree gives the same gcs:// URI),
-uploads them and POSTs the body through the same Jobs REST API the hook uses.
+upload stub that records the packages instead of uploading them) and the job metadata, and writes
+the exact body ``RayHook.submit_job`` would POST, plus the folders the code packages were zipped
+from and the bytes of the generated ones (the ``raybatch_job`` package holding the spec, which the
+entrypoint names by fingerprint). bench/gpu/ours_job.py on the device zips the folders again with the
+same function (``build_py_module_package``: content-addressed, so the same tree gives the same gcs://
+URI), uploads them and the generated packages, and POSTs the body through the same Jobs REST API the
+hook uses.
 
-usage: .venvs/airflow/bin/python bench/gpu/make_submissions.py      -> bench/gpu/jobs/*.json
+Jobs:
+  ours-2000, ours-2000-warm, ours-20000, scale-2   the random-words workload (bench/workload.py) on the
+                                                   8B-shaped model with the word tokenizer (sections 5, 6)
+  scale-2m-small         issue 19 item 1: the seeds' customers CSV shape, 2,000,000 rows in ONE file,
+                         the example DAG's company-industry prompt with its ``choice`` constraint, on a
+                         small dummy-weight Llama (bench/gpu/make_model.py --shape small --tokenizer bpe)
+  scale-200k-8b          the same on 200,000 rows with the Llama-3.1-8B shape (--shape 8b --tokenizer bpe)
+  scale-2m-small-resume  issue 19 item 5: scale-2m-small's spec into its own output folder, plus a
+                         ``rerun`` body (try 2: same run key, a new submission id) for after the kill
+
+usage: .venvs/airflow/bin/python bench/gpu/make_submissions.py [NAME ... | all]
+       (no names: the scale jobs)      -> bench/gpu/jobs/NAME.json
 """
 
 from __future__ import annotations
 
+import base64
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -26,7 +41,7 @@ import workload  # noqa: E402
 from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, RayLLMBatchOperator  # noqa: E402
 from airflow_provider_raybatch.utils.deployment_secret import signing_key  # noqa: E402
 from airflow_provider_raybatch.utils.job_ids import TaskTry  # noqa: E402
-from airflow_provider_raybatch.utils.packaging import RayPackage  # noqa: E402
+from airflow_provider_raybatch.utils.packaging import RayPackage, build_py_module_package  # noqa: E402
 
 MODEL = "/tmp/llama8b_dummy"  # bench/gpu/make_model.py writes it there (the shared recipe's path)
 DATA = "/tmp/gpu_data"
@@ -34,6 +49,38 @@ OUT = "/tmp/gpu_out"
 PROMPT_TOKENS, MAX_TOKENS = 128, 128
 VOCAB_WORDS = 128000  # w0 .. w127999; 128000/128001 are bos/eos (as bench_vllm.py's random ids)
 BATCH_SIZE = 64  # the operator's default
+
+# The scale jobs (issue 19): run_gpu.sh's "install" writes these models and the "data" stage the CSVs.
+SMALL_MODEL = "/tmp/llama_small_bpe"  # make_model.py --shape small --tokenizer bpe
+BIG_MODEL = "/tmp/llama8b_bpe"  # make_model.py --shape 8b --tokenizer bpe
+SCALE_BATCH_SIZE = 256
+#: The engine arguments of the scale jobs, raw vLLM's too: max_num_seqs / max_num_batched_tokens are left
+#: unset, so the replica gets vLLM's LLM() defaults for them (pipeline/engine.py), as raw LLM() does.
+SCALE_ENGINE_KWARGS = {
+    "load_format": "dummy",
+    "max_model_len": 512,
+    "gpu_memory_utilization": 0.9,
+    "dtype": "bfloat16",
+    "seed": 0,
+}
+SYSTEM_PROMPT = "You classify companies by industry. Answer with the label only."
+USER_TEMPLATE = "What industry is this company in: {Company}"
+
+
+def industries() -> list[str]:
+    """The example DAG's labels (dags/daily_company_industry.py), read from the DAG file itself."""
+    spec = importlib.util.spec_from_file_location(
+        "daily_company_industry", ROOT / "dags" / "daily_company_industry.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.INDUSTRIES)
+
+
+def customers_csv(rows: int) -> str:
+    """The one CSV file of run_gpu.sh's "data" stage (make_sample_customers.write_customer_files)."""
+    return f"{DATA}/customers-{rows}/customers-0000.csv"
 
 
 class _RecordingHook:
@@ -47,7 +94,52 @@ class _RecordingHook:
         return package.uri
 
 
+def _body(
+    operator: RayLLMBatchOperator, spec: Any, task_try: TaskTry, runtime_env: dict[str, Any]
+) -> dict[str, Any]:  # Any: JSON.
+    """What RayHook.submit_job would POST to /api/jobs/ (entrypoint_resources unset: dropped)."""
+    return {
+        "entrypoint": operator.entrypoint(spec),
+        "submission_id": task_try.submission_id(signing_key("bench-gpu")),  # no Airflow here: a fixed key
+        "runtime_env": runtime_env,
+        "metadata": {**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
+    }
+
+
+def _job(
+    name: str, kwargs: dict[str, Any], extra: dict[str, Any], rerun: bool = False
+) -> dict[str, Any]:  # Any: JSON.
+    operator = RayLLMBatchOperator(task_id="generate", **kwargs)
+    task_try = TaskTry("bench_gpu", f"bench__{name}", "generate", -1, 1)
+    spec = operator.build_spec(run_key=task_try.run_key())
+    recorder = _RecordingHook()
+    runtime_env = operator._runtime_env(recorder, spec)  # type: ignore[arg-type]
+    paths = operator._local_modules(spec)
+    path_uris = {build_py_module_package(path).uri for path in paths}
+    job = {
+        "name": name,
+        **extra,
+        "spec": json.loads(spec.model_dump_json()),
+        "body": _body(operator, spec, task_try, runtime_env),
+        # Zipped again on the device from its own tree (what the body names is replaced by those URIs).
+        "package_paths": [str(path.relative_to(ROOT)) for path in paths],
+        "package_uris_here": [package.uri for package in recorder.packages],
+        # The packages generated per job (the spec's raybatch_job): uploaded byte for byte.
+        "generated_packages": [
+            {"uri": package.uri, "data_b64": base64.b64encode(package.data).decode()}
+            for package in recorder.packages
+            if package.uri not in path_uris
+        ],
+    }
+    if rerun:  # Airflow's retry of the same task: try 2, the same run key, so it resumes the staging
+        retry = TaskTry("bench_gpu", f"bench__{name}", "generate", -1, 2)
+        assert retry.run_key() == spec.run_key
+        job["rerun_body"] = _body(operator, spec, retry, runtime_env)
+    return job
+
+
 def submission(name: str, n: int, concurrency: int = 1) -> dict[str, Any]:  # Any: JSON values.
+    """A job of the random-words workload (sections 5 and 6 of bench/RESULTS.md)."""
     kwargs = workload.operator_kwargs(
         MODEL,
         f"{DATA}/prompts-{n}x{PROMPT_TOKENS}.jsonl",
@@ -58,40 +150,59 @@ def submission(name: str, n: int, concurrency: int = 1) -> dict[str, Any]:  # An
         None,
     )
     kwargs["concurrency"] = concurrency  # an int: the operator's default pool (a fixed pool of n replicas)
-    operator = RayLLMBatchOperator(task_id="generate", **kwargs)
-    task_try = TaskTry("bench_gpu", f"bench__{name}", "generate", -1, 1)
-    spec = operator.build_spec(run_key=task_try.run_key())
-    recorder = _RecordingHook()
-    runtime_env = operator._runtime_env(recorder, spec)  # type: ignore[arg-type]
-    return {
-        "name": name,
-        "requests": n,
-        "prompt_tokens": PROMPT_TOKENS,
-        "vocab_words": VOCAB_WORDS,
-        "spec": json.loads(spec.model_dump_json()),
-        # What RayHook.submit_job would POST to /api/jobs/ (entrypoint_resources unset: dropped).
-        "body": {
-            "entrypoint": operator.entrypoint(spec),
-            "submission_id": task_try.submission_id(signing_key("bench-gpu")),  # no Airflow here: a fixed key
-            "runtime_env": runtime_env,
-            "metadata": {**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
+    extra = {"requests": n, "prompt_tokens": PROMPT_TOKENS, "vocab_words": VOCAB_WORDS}
+    return _job(name, kwargs, extra)
+
+
+def scale_submission(name: str, rows: int, model: str, rerun: bool = False) -> dict[str, Any]:  # Any: JSON.
+    """A job of the issue-19 scale workload: the example DAG's operator on the customers CSV."""
+    kwargs = {
+        "model": model,
+        "input_uri": customers_csv(rows),
+        "output_uri": f"{OUT}/{name}",
+        "input_format": "csv",
+        "system_prompt": SYSTEM_PROMPT,
+        "user_template": USER_TEMPLATE,
+        "sampling_params": {
+            "temperature": 0,
+            "max_tokens": 16,
+            "structured_outputs": {"choice": industries()},
         },
-        "package_paths": [str(path.relative_to(ROOT)) for path in operator._local_modules(spec)],
-        "package_uris_here": [package.uri for package in recorder.packages],
+        "engine_kwargs": dict(SCALE_ENGINE_KWARGS),
+        "id_column": "Customer Id",
+        "keep_columns": ["Company", "Country"],
+        "batch_size": SCALE_BATCH_SIZE,
     }
+    extra = {"requests": rows, "workload": "customers", "input_rows": rows}
+    return _job(name, kwargs, extra, rerun=rerun)
+
+
+JOBS = {
+    # scale-2: the 20,000 requests on two replicas (a two-GPU machine), against ours-20000's one.
+    "ours-2000": lambda: submission("ours-2000", 2000, 1),
+    "ours-2000-warm": lambda: submission("ours-2000-warm", 2000, 1),
+    "ours-20000": lambda: submission("ours-20000", 20000, 1),
+    "scale-2": lambda: submission("scale-2", 20000, 2),
+    "scale-2m-small": lambda: scale_submission("scale-2m-small", 2_000_000, SMALL_MODEL),
+    "scale-200k-8b": lambda: scale_submission("scale-200k-8b", 200_000, BIG_MODEL),
+    "scale-2m-small-resume": lambda: scale_submission(
+        "scale-2m-small-resume", 2_000_000, SMALL_MODEL, rerun=True
+    ),
+}
+SCALE_JOBS = ("scale-2m-small", "scale-200k-8b", "scale-2m-small-resume")
 
 
 def main() -> None:
+    names = sys.argv[1:] or list(SCALE_JOBS)
+    if names == ["all"]:
+        names = list(JOBS)
+    unknown = [name for name in names if name not in JOBS]
+    if unknown:
+        sys.exit(f"unknown jobs {unknown}; known: {', '.join(JOBS)}")
     jobs = ROOT / "bench" / "gpu" / "jobs"
     jobs.mkdir(exist_ok=True)
-    # scale-2: the 20,000 requests on two replicas (a two-GPU machine), against ours-20000's one.
-    for name, n, concurrency in (
-        ("ours-2000", 2000, 1),
-        ("ours-2000-warm", 2000, 1),
-        ("ours-20000", 20000, 1),
-        ("scale-2", 20000, 2),
-    ):
-        (jobs / f"{name}.json").write_text(json.dumps(submission(name, n, concurrency), indent=1))
+    for name in names:
+        (jobs / f"{name}.json").write_text(json.dumps(JOBS[name](), indent=1))
         print(f"wrote {jobs / name}.json")
 
 

@@ -2,18 +2,30 @@
 # Runs on the device machine (bench/RESULTS.md, "GPU"). The shared recipe's run_all.sh, with our stages:
 #   bash bench/gpu/run_gpu.sh "install cold a:2000 cold b:ours-2000"; then "cold a:20000 b:ours-2000-warm";
 #   then "cold b:ours-20000 stop"   (calls in a row, each within the 30 s the machine stays warm)
-#   install     reassemble + check + install the carried wheels (/tmp/wh, incl. the Jobs API extras), smoke
-#               test, write the Llama-3.1-8B-shaped dummy model and the prompt files
-#   a:N         (a) raw vLLM LLM.generate on the spec of bench/gpu/jobs/ours-N.json (bench/raw_vllm.py)
+#   install     reassemble + check + install the carried wheels (/tmp/wh: the recipe's parts, or the one
+#               tar of bench/gpu/pack_scale.sh in pieces wheels.tar.*; incl. the Jobs API extras), smoke
+#               test, write the models (the Llama-3.1-8B shape with the word tokenizer, and for the scale
+#               jobs the small and the 8B shape with the BPE tokenizer: bench/gpu/make_model.py) and the
+#               random-words prompt files
+#   data        the scale jobs' input: the seeds' customers CSV shape, 2,000,000 and 200,000 rows, each in
+#               ONE file (scripts/make_sample_customers.write_customer_files: 1% repeated ids, 0.5% none)
+#   a:NAME      (a) raw vLLM (bench/raw_vllm.py) on the spec of bench/gpu/jobs/NAME.json (a:N: ours-N.json)
 #   b:NAME      (b) our pipeline: the job bench/gpu/jobs/NAME.json through the Ray Jobs API (ours_job.py);
-#               starts the Ray head first if it is not up (it stays up between calls while the machine is warm)
+#               starts the Ray head first if it is not up
+#   resume:NAME issue 19 item 5: NAME's job stopped half way, rerun as try 2 (bench/gpu/scale_resume.py)
+#   check:NAME  every input row exactly once in NAME's committed outputs + errors (bench/gpu/scale_check.py)
+#   bg          the stages after it run in a detached runner (setsid; it outlives this call while the
+#               machine stays warm), and this call waits for it like "wait"
+#   wait        wait for the detached runner until it ends or this call's time is nearly up (LIMIT);
+#               make the next call "wait" again at once (the machine goes back 30 s after a call)
+#   sleep:N     sleep N s (to try "bg" and "wait" without a GPU: KEEP=/tmp/k OUT=/tmp/o LIMIT=40 ...)
 #   cold        delete the compile caches (vLLM's torch.compile cache, inductor, Triton): the next run starts cold
 #   stop        ray stop
 #   diag        list the Triton / compile cache folders and their sizes
 #   spy         the next b: stage samples the EngineCore processes with py-spy dump every ~1 s
 #               (spy-NAME.txt): where the engine's start-up time goes
-# Results: /tmp/keep/*.json (kept between calls); everything of the call in $OUT/results.tgz (the device
-# tool returns at most 8 files).
+# Results: /tmp/keep/*.json and /tmp/keep/logs/ (kept between calls); at the end of every call all of it
+# in $OUT/results.tgz (the device tool returns at most 8 files).
 set -u
 T0=$(date +%s); LIMIT=${LIMIT:-585}
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
@@ -21,18 +33,55 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_
        RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site \
        VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=disabled
 export PATH=/tmp/site/bin:$PATH  # ray; the job entrypoint `python` is the image venv's
-FINAL=${OUT:-/tmp/out}; OUT=$FINAL/r; K=/tmp/keep; mkdir -p "$OUT" $K /tmp/bin; SPY=0
+K=${KEEP:-/tmp/keep}; L=$K/logs; mkdir -p $K $L /tmp/bin; SPY=0
+RUNNER=${RUNNER:-0}  # 1: the detached runner of "bg" (never packs results: the calls do)
+FINAL=${OUT:-/tmp/out}; [ "$RUNNER" = 1 ] && FINAL=/tmp/bgout; mkdir -p "$FINAL"
 rm -f /tmp/bin/python  # the image has python in its venv; a symlink elsewhere would lose the venv
-HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../.." && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../.." && pwd); cd "$REPO"
 MODEL=/tmp/llama8b_dummy
-echo "start $(date +%T) stages='${1:-}' LIMIT=$LIMIT"
-waitgpu() { local u; for i in $(seq 60); do u=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1); [ "${u:-0}" -lt 3000 ] && return 0; sleep 1; done; echo "GPU still has ${u} MiB used"; }
+echo "start $(date +%T) stages='${1:-}' LIMIT=$LIMIT runner=$RUNNER"
+waitgpu() { local u; for i in $(seq 90); do u=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1); [ "${u:-0}" -lt 3000 ] && return 0; sleep 1; done; echo "GPU still has ${u} MiB used"; }
 rayup() { python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8265/api/version', timeout=3)" 2>/dev/null; }
-for s in ${1:-install}; do
+startray() {
+  rayup && return 0
+  # From /: should the job's `python -m` driver inherit the head's cwd (via the job supervisor), it
+  # would put it first on sys.path, and a checkout there would shadow the package the job uploaded.
+  # TOKENIZERS_PARALLELISM: unset for the head (HEAD_TOKENIZERS_PARALLELISM=false keeps this script's
+  # "false"), as on a production cluster: Ray Data LLM's one tokenize actor then encodes a batch on
+  # all cores (raw vLLM's prepare workers are processes, each single-threaded).
+  local tp=(-u TOKENIZERS_PARALLELISM); [ -n "${HEAD_TOKENIZERS_PARALLELISM:-}" ] && tp=(TOKENIZERS_PARALLELISM=$HEAD_TOKENIZERS_PARALLELISM)
+  (cd / && env "${tp[@]}" ray start --head --dashboard-host=127.0.0.1 --dashboard-port=8265 --disable-usage-stats) > $K/ray_start.log 2>&1 || tail -20 $K/ray_start.log
+  for i in $(seq 60); do rayup && break; sleep 1; done
+  rayup && echo "Ray head up ($(( $(date +%s) - T0 ))s elapsed)" || { echo "Ray dashboard not up: falling back to a direct driver"; tail -15 /tmp/ray/session_latest/logs/dashboard.log; }
+}
+stagelimit() { local l=$(( $(left) - 5 )); [ $l -gt ${STAGE_LIMIT:-3600} ] && l=${STAGE_LIMIT:-3600}; echo $l; }
+waitbg() {  # until the runner wrote bg.rc, or this call is nearly out of time
+  local last=0 pid
+  while [ ! -e $K/bg.rc ]; do
+    pid=$(cat $K/bg.pid 2>/dev/null || echo 0)
+    kill -0 "$pid" 2>/dev/null || { sleep 2; [ -e $K/bg.rc ] && break; echo "RUNNER GONE without a result (pid $pid)"; tail -30 $L/bg.log; return 1; }
+    if [ "$(left)" -lt 25 ]; then
+      echo "RUNNER STILL RUNNING at $(date +%T): make the next call 'bash bench/gpu/run_gpu.sh wait' now"
+      tail -4 $L/bg.log | cut -c1-300; return 0
+    fi
+    if [ $(( $(date +%s) - last )) -ge 60 ]; then
+      last=$(date +%s); newest=$(ls -t $L/*.out $L/*.log 2>/dev/null | grep -v bg.log | head -1)
+      echo "... $(date +%T) $(tail -1 $L/bg.log | cut -c1-160) | $(basename "${newest:-none}"): $(tail -1 "${newest:-/dev/null}" 2>/dev/null | cut -c1-200)"
+    fi
+    sleep 5
+  done
+  echo "RUNNER DONE rc=$(cat $K/bg.rc) at $(date +%T)"; tail -110 $L/bg.log | cut -c1-600
+}
+[ "$RUNNER" = 1 ] && trap 'echo $? > $K/bg.rc' EXIT  # "wait" stops when this exists
+read -ra ST <<< "${1:-install}"
+i=0
+while [ $i -lt ${#ST[@]} ]; do
+  s=${ST[$i]}; i=$(( i + 1 ))
   case $s in
   install)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $K/gpu.txt
     cd /tmp/wh || exit 1
+    if ls wheels.tar.* > /dev/null 2>&1; then cat $(ls wheels.tar.* | sort) | tar x && rm -f wheels.tar.* || exit 1; fi
     for f in *.part-aa; do [ -e "$f" ] || continue; b=${f%.part-aa}; cat "$b".part-* > "$b" && rm "$b".part-*; done
     sha256sum -c "$HERE/vllm.sha256" || exit 1
     echo "wheels: $(ls *.whl | wc -l), $(du -sm . | cut -f1) MiB"; cd "$REPO"
@@ -41,6 +90,8 @@ for s in ${1:-install}; do
     grep -E "torch|vllm|SMOKE" $K/smoke.log | cut -c1-300
     python3 -c "import ray.dashboard.optional_deps; print('ray dashboard deps OK')" 2>&1 | tail -1
     python3 "$HERE/make_model.py" $MODEL 2>&1 | tail -1
+    python3 "$HERE/make_model.py" /tmp/llama_small_bpe --shape small --tokenizer bpe 2>&1 | tail -1
+    python3 "$HERE/make_model.py" /tmp/llama8b_bpe --shape 8b --tokenizer bpe 2>&1 | tail -1
     python3 - <<'PY'
 import json, sys
 from pathlib import Path
@@ -52,43 +103,83 @@ for name in ("ours-2000", "ours-20000"):
 print("prompts written")
 PY
     echo "install done at $(( $(date +%s) - T0 ))s";;
+  data)
+    python3 - <<'PY'
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, "scripts")
+from make_sample_customers import write_customer_files
+for rows in (2_000_000, 200_000):
+    folder = Path(f"/tmp/gpu_data/customers-{rows}")  # make_submissions.customers_csv: customers-0000.csv
+    marker = folder / "params.json"
+    if marker.exists():
+        continue
+    t = time.time()
+    duplicates, no_id = write_customer_files(folder, rows, rows)  # one file, as the seeds have one
+    marker.write_text(json.dumps({"rows": rows, "duplicates": duplicates, "no_id": no_id}))
+    size = (folder / "customers-0000.csv").stat().st_size
+    print(f"{folder}: {rows} rows ({duplicates} repeated ids, {no_id} without one), {size / 2**20:.0f} MiB, {time.time() - t:.1f} s")
+PY
+    ;;
   a:*)
-    n=${s#a:}; waitgpu; echo "=== a:$n start $(date +%T) ($(left)s left)"
-    python3 -c "import json; print(json.dumps(json.load(open('bench/gpu/jobs/ours-$n.json'))['spec']))" > /tmp/spec-$n.json
+    n=${s#a:}; job=bench/gpu/jobs/$n.json; [ -e "$job" ] || job=bench/gpu/jobs/ours-$n.json
+    waitgpu; echo "=== a:$n start $(date +%T) ($(left)s left)"
+    python3 -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['spec']))" "$job" > /tmp/spec-$n.json
     rm -rf /tmp/gpu_out/raw-$n; t=$(date +%s.%N)
-    timeout $(( $(left) - 5 )) python3 "$REPO/bench/raw_vllm.py" /tmp/spec-$n.json /tmp/gpu_out/raw-$n > "$OUT/a-$n.log" 2>&1; rc=$?
-    python3 - "$t" "$(date +%s.%N)" "/tmp/gpu_out/raw-$n/raw_result.json" "$K/a-$n.json" <<'PY'
+    python3 "$HERE/procmon.py" $K/a-$n-rss.json & pm=$!
+    timeout $(stagelimit) python3 "$REPO/bench/raw_vllm.py" /tmp/spec-$n.json /tmp/gpu_out/raw-$n > "$L/a-$n.log" 2>&1; rc=$?
+    kill -TERM $pm; wait $pm
+    python3 - "$t" "$(date +%s.%N)" "/tmp/gpu_out/raw-$n/raw_result.json" "$K/a-$n.json" "$K/a-$n-rss.json" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
 import phases
-t_launch, t_exit, src, dst = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+t_launch, t_exit, src, dst, rss = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 result = phases.raw_result(json.load(open(src)), t_launch, t_exit)
+result["rss"] = json.load(open(rss))
 json.dump(result, open(dst, "w"), indent=1)
-print("RESULT", json.dumps(result))
+print("RESULT", json.dumps({k: v for k, v in result.items() if k != "rss"}))
+print("RSS", json.dumps({g: (v["peak_rss_mib"], v["peak_sum_rss_mib"]) for g, v in result["rss"]["groups"].items()}))
 PY
-    echo "--- a:$n rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "ENGINE|took|compile|Error|Traceback|KV cache" "$OUT/a-$n.log" | cut -c1-250 | tail -8;;
+    echo "--- a:$n rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "ENGINE|took|compile|Error|Traceback|KV cache" "$L/a-$n.log" | cut -c1-250 | tail -8;;
   b:*)
-    name=${s#b:}; waitgpu
-    if ! rayup; then
-      # From /: should the job's `python -m` driver inherit the head's cwd (via the job supervisor), it
-      # would put it first on sys.path, and a checkout there would shadow the package the job uploaded.
-      (cd / && ray start --head --dashboard-host=127.0.0.1 --dashboard-port=8265 --disable-usage-stats) > $K/ray_start.log 2>&1 || tail -20 $K/ray_start.log
-      for i in $(seq 60); do rayup && break; sleep 1; done
-      rayup && echo "Ray head up ($(( $(date +%s) - T0 ))s elapsed)" || { echo "Ray dashboard not up: falling back to a direct driver"; tail -15 /tmp/ray/session_latest/logs/dashboard.log; }
-    fi
+    name=${s#b:}; waitgpu; startray
     mode=; rayup || mode=--direct
     echo "=== b:$name start $(date +%T) ($(left)s left) $mode"
     rm -rf /tmp/gpu_out/$name
     if [ $SPY = 1 ]; then
       ( while :; do for p in $(pgrep -f "EngineCore|forkserver import main"); do echo "=== $(date +%T.%N) pid $p $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-80)"
-          timeout 5 /tmp/site/bin/py-spy dump --pid $p 2>&1 | head -45; done; sleep 1; done ) > "$OUT/spy-$name.txt" 2>&1 &
+          timeout 5 /tmp/site/bin/py-spy dump --pid $p 2>&1 | head -45; done; sleep 1; done ) > "$L/spy-$name.txt" 2>&1 &
       spy=$!
     fi
-    timeout $(( $(left) - 5 )) python3 "$HERE/ours_job.py" "$HERE/jobs/$name.json" "$K/b-$name.json" $mode > "$OUT/b-$name.out" 2>&1; rc=$?
+    timeout $(stagelimit) python3 "$HERE/ours_job.py" "$HERE/jobs/$name.json" "$K/b-$name.json" $mode > "$L/b-$name.out" 2>&1; rc=$?
     [ $SPY = 1 ] && { kill $spy 2>/dev/null; SPY=0; }
-    cp $K/b-$name.log "$OUT/" 2>/dev/null
-    echo "--- b:$name rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "RESULT|submitted|Error|Traceback|job " "$OUT/b-$name.out" | cut -c1-1500 | tail -6
-    [ $rc = 0 ] || tail -40 "$OUT/b-$name.out";;
+    echo "--- b:$name rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "RESULT|PHASES|RSS|SPILLED|submitted|Error|Traceback|job " "$L/b-$name.out" | cut -c1-1500 | tail -8
+    [ $rc = 0 ] || tail -40 "$L/b-$name.out";;
+  resume:*)
+    name=${s#resume:}; waitgpu; startray
+    echo "=== resume:$name start $(date +%T) ($(left)s left)"
+    rm -rf /tmp/gpu_out/$name
+    timeout $(stagelimit) python3 "$HERE/scale_resume.py" "$HERE/jobs/$name.json" "$K/resume-$name.json" > "$L/resume-$name.out" 2>&1; rc=$?
+    echo "--- resume:$name rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "FIRST|RERUN|IDCHECK|submitted|resubmitted|stop|Error|Traceback" "$L/resume-$name.out" | cut -c1-1500 | tail -10
+    [ $rc = 0 ] || tail -40 "$L/resume-$name.out";;
+  check:*)
+    name=${s#check:}
+    timeout $(stagelimit) python3 "$HERE/scale_check.py" "$HERE/jobs/$name.json" "$K/check-$name.json" 2>&1 | tail -3;;
+  bg)
+    rest="${ST[*]:$i}"; i=${#ST[@]}
+    if [ -e $K/bg.pid ] && [ ! -e $K/bg.rc ] && kill -0 "$(cat $K/bg.pid)" 2>/dev/null; then
+      echo "a runner is still running (pid $(cat $K/bg.pid)): not starting '$rest'; waiting for it"
+    else
+      rm -f $K/bg.rc $K/bg.pid
+      # A daemon (fork, then a session of its own): the device ends what a call leaves running, but not that.
+      python3 -c 'import os, sys
+if os.fork(): os._exit(0)
+os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' env RUNNER=1 LIMIT=100000 bash "$HERE/run_gpu.sh" "__runner $rest" > $L/bg.log 2>&1 < /dev/null
+      for _ in $(seq 20); do [ -e $K/bg.pid ] && break; sleep 0.5; done
+      echo "runner started (pid $(cat $K/bg.pid 2>/dev/null)): '$rest'"
+    fi
+    waitbg;;
+  wait) waitbg;;
   cold) rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_$(whoami) ~/.triton/cache; echo "compile caches cleared";;
   stop) ray stop --force > /dev/null 2>&1; echo "ray stopped";;
   spy) SPY=1;;
@@ -96,14 +187,20 @@ PY
     for d in ~/.triton/cache ~/.cache/vllm/torch_compile_cache/*/rank_0_0/triton_cache /tmp/torchinductor_$(whoami)/triton; do
       [ -d "$d" ] && echo "diag $d: $(find "$d" -type f | wc -l) files, $(du -sm "$d" | cut -f1) MiB"; done
     ls -d ~/.cache/vllm/torch_compile_cache/* 2>/dev/null | sed 's/^/diag compile cache /';;
+  __runner) echo $$ > $K/bg.pid;;  # the runner's first stage (run_gpu.sh adds it): where it is
+  sleep:*) sleep "${s#sleep:}"; echo "slept ${s#sleep:} s";;  # (a dry run of "bg" / "wait")
+  *) echo "unknown stage '$s'";;
   esac
 done
-cp $K/*.json "$OUT"/ 2>/dev/null
+if [ "$RUNNER" = 1 ]; then
+  python3 "$HERE/scale_summary.py" $K 2>&1 | tail -60
+  echo "runner finished at $(date +%T)"; exit 0
+fi
 python3 - <<'PY'
 import glob, json, os, sys
 sys.path.insert(0, "bench")
 import phases
-keep = "/tmp/keep"
+keep = os.environ.get("KEEP", "/tmp/keep")
 def load(name):
     p = os.path.join(keep, name)
     return json.load(open(p)) if os.path.exists(p) else None
@@ -113,4 +210,4 @@ for n, names in (("2000", ("ours-2000", "ours-2000-warm")), ("20000", ("ours-200
         if a or b:
             print(f"\n{n} requests, (b) = {name}\n" + phases.table(a, b))
 PY
-tar czf "$FINAL/results.tgz" -C "$OUT" . -C $K . 2>/dev/null && rm -rf "$OUT"; ls -la "$FINAL"
+tar czf "$FINAL/results.tgz" --warning=no-file-changed -C $K . 2>/dev/null; ls -la "$FINAL"
