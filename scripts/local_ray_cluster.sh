@@ -30,6 +30,10 @@ case "${1:-}" in
       echo "Ray head already up at http://127.0.0.1:$PORT"
       exit 0
     fi
+    # From the state folder, not the checkout: a job's `python -m` driver starts in the head's working
+    # folder, and a checkout there would shadow the package the job ships (a module left out of the
+    # package then went unnoticed in every test).
+    cd "$STATE"
     ray start --head --port="$GCS_PORT" --num-cpus="$NUM_CPUS" --dashboard-host=127.0.0.1 \
       --dashboard-port="$PORT" --ray-client-server-port="$CLIENT_PORT" --resources="$HEAD_RESOURCES" \
       --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
@@ -43,6 +47,7 @@ case "${1:-}" in
   add-worker)
     # A second raylet on the same machine, with resources of its own: a real two-node cluster
     # (own object store, own worker processes) without a second machine.
+    cd "$STATE"
     ray start --address="127.0.0.1:$GCS_PORT" --num-cpus="${RAYBATCH_WORKER_CPUS:-4}" \
       --resources="${RAYBATCH_WORKER_RESOURCES:-{\}}" --disable-usage-stats >> "$STATE/ray_worker.log" 2>&1 \
       || { cat "$STATE/ray_worker.log"; exit 1; }

@@ -25,7 +25,12 @@ from airflow_provider_raybatch.pipeline.credentials import settings_upload
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
 from airflow_provider_raybatch.utils.layout import plan_layout
-from airflow_provider_raybatch.utils.packaging import RayPackage, build_job_package, build_py_module_package
+from airflow_provider_raybatch.utils.packaging import (
+    RayPackage,
+    build_job_package,
+    build_provider_package,
+    build_py_module_package,
+)
 
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 #: Ray job metadata key holding the spec fingerprint the job was submitted with.
@@ -69,14 +74,15 @@ def local_modules(spec: BatchInferenceSpec) -> list[Path]:
 
 def module_packages(spec: BatchInferenceSpec) -> list[RayPackage]:
     """The zipped :func:`local_modules`; a folder that cannot ship fails naming its parameter."""
-    packages = []
-    for path in local_modules(spec):
+    provider, *authors = local_modules(spec)
+    packages = [build_provider_package(provider)]  # our own code, whatever its file names
+    for path in authors:
         try:
             packages.append(build_py_module_package(path))
         except ValueError as err:
             named = [f"{field}={dotted_path!r}" for field, dotted_path in user_functions(spec)
                      if top_level_module_path(field, dotted_path) == path]  # fmt: skip
-            who = " and ".join(named) or "The provider package"
+            who = " and ".join(named)
             raise BatchSpecError(f"{who}: cannot ship {err}") from err
     return packages
 

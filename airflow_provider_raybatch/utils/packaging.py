@@ -149,6 +149,25 @@ def build_py_module_package(module_path: str | Path) -> RayPackage:
     return build_package({name: path.read_bytes() for name, path in files})
 
 
+def build_provider_package(package_path: str | Path) -> RayPackage:
+    """Zip the provider's own package for ``py_modules``: every ``.py`` file of it, whatever its name.
+
+    The name filters of :func:`build_py_module_package` are for a DAG author's folders, where a file
+    named like a secret may be one. Applied to our own source they left out
+    ``pipeline/credentials.py`` (``credentials.*``), which every job's driver imports: on a cluster
+    without the provider installed, every job failed at start. Our package holds code only.
+    """
+    root = Path(package_path).resolve()
+    files = {
+        (Path(root.name) / path.relative_to(root)).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*.py"))
+        if not any(part == "__pycache__" or part.startswith(".") for part in path.relative_to(root).parts)
+    }
+    if not files:
+        raise ValueError(f"{root} holds no Python files to ship.")
+    return build_package(files)
+
+
 def build_package(files: dict[str, bytes]) -> RayPackage:
     """Zip files given by their path inside the zip (e.g. a generated module) into a package."""
     digest = hashlib.sha1()

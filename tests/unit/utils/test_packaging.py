@@ -278,3 +278,64 @@ def test_read_job_file_as_the_cluster_sees_the_package(
 def test_read_job_file_outside_a_job_is_none(no_job_module: None) -> None:
     assert read_job_file(SPEC_FILE) is None
     assert JOB_MODULE not in sys.modules
+
+
+# -- the provider's own package ------------------------------------------------------------------
+
+
+def test_the_provider_package_ships_every_module_of_ours_whatever_its_name() -> None:
+    """The DAG-author filters (``credentials.*``, ``*secret*``) once left pipeline/credentials.py out of
+    the provider's package: every job's driver failed to import it on a cluster without the provider."""
+    import zipfile
+
+    import airflow_provider_raybatch
+    from airflow_provider_raybatch.operators import job_shipping
+    from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+    root = Path(airflow_provider_raybatch.__file__).parent
+    ours = {
+        (Path(root.name) / path.relative_to(root)).as_posix()
+        for path in root.rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    spec = BatchInferenceSpec.build(model="m", input_uri="/in/x.jsonl", output_uri="/out",
+                                    user_template="{x}")  # fmt: skip
+    provider = job_shipping.module_packages(spec)[0]
+    shipped = set(zipfile.ZipFile(io.BytesIO(provider.data)).namelist())
+    assert shipped == ours
+    assert "airflow_provider_raybatch/pipeline/credentials.py" in shipped
+
+
+def test_the_shipped_pipeline_imports_on_a_cluster_without_the_provider(tmp_path: Path) -> None:
+    """What a job's driver and replicas import, from the shipped package alone: unzipped into an empty
+    folder, in the cluster's environment, with neither this checkout nor an installed provider on the
+    path (the local test cluster's jobs could see the checkout, which hid the missing module)."""
+    import subprocess
+    import zipfile
+
+    import airflow_provider_raybatch
+    from tests.unit.pipeline.ray_env import RAY_PYTHON
+
+    if not RAY_PYTHON.exists():
+        pytest.fail(".venvs/ray is missing (scripts/setup_envs.sh makes it)")
+    package = packaging.build_provider_package(Path(airflow_provider_raybatch.__file__).parent)
+    zipfile.ZipFile(io.BytesIO(package.data)).extractall(tmp_path / "shipped")
+    modules = sorted(  # every module of this checkout's pipeline, shipped or not
+        f"airflow_provider_raybatch.pipeline.{path.stem}"
+        for path in (Path(airflow_provider_raybatch.__file__).parent / "pipeline").glob("*.py")
+        if path.stem != "__main__"
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    module = importlib.import_module(name)\n"
+        f"    assert module.__file__.startswith({str(tmp_path / 'shipped')!r}), module.__file__\n"
+        "print('imported', len(sys.modules))\n"
+    )
+    result = subprocess.run(
+        [str(RAY_PYTHON), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(tmp_path / "shipped"), "PATH": "/usr/bin:/bin",
+             "RAY_ENABLE_AUTO_CONNECT": "0"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "imported" in result.stdout
