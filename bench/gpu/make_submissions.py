@@ -6,7 +6,7 @@ upload stub that records the packages instead of uploading them) and the job met
 the exact body ``RayHook.submit_job`` would POST, plus the folders the code packages were zipped
 from and the bytes of the generated ones (the ``raybatch_job`` package holding the spec, which the
 entrypoint names by fingerprint). bench/gpu/ours_job.py on the device zips the folders again with the
-same function (``build_py_module_package``: content-addressed, so the same tree gives the same gcs://
+same functions (``job_shipping.module_packages``: content-addressed, so the same tree gives the same gcs://
 URI), uploads them and the generated packages, and POSTs the body through the same Jobs REST API the
 hook uses.
 
@@ -38,10 +38,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import workload  # noqa: E402
 
+from airflow_provider_raybatch.operators import job_shipping  # noqa: E402
 from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, RayLLMBatchOperator  # noqa: E402
 from airflow_provider_raybatch.utils.deployment_secret import signing_key  # noqa: E402
 from airflow_provider_raybatch.utils.job_ids import TaskTry  # noqa: E402
-from airflow_provider_raybatch.utils.packaging import RayPackage, build_py_module_package  # noqa: E402
+from airflow_provider_raybatch.utils.packaging import RayPackage  # noqa: E402
 
 MODEL = "/tmp/llama8b_dummy"  # bench/gpu/make_model.py writes it there (the shared recipe's path)
 DATA = "/tmp/gpu_data"
@@ -115,7 +116,7 @@ def _job(
     recorder = _RecordingHook()
     runtime_env = operator._runtime_env(recorder, spec)  # type: ignore[arg-type]
     paths = operator._local_modules(spec)
-    path_uris = {build_py_module_package(path).uri for path in paths}
+    path_uris = {package.uri for package in job_shipping.module_packages(spec)}  # as the operator zips them
     job = {
         "name": name,
         **extra,

@@ -49,7 +49,10 @@ import phases  # noqa: E402
 from procmon import ProcMonitor  # noqa: E402
 
 from airflow_provider_raybatch.manifest import manifest_from_log  # noqa: E402
-from airflow_provider_raybatch.utils.packaging import build_py_module_package  # noqa: E402
+from airflow_provider_raybatch.utils.packaging import (  # noqa: E402
+    build_provider_package,
+    build_py_module_package,
+)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 RAY = os.environ.get("RAY_CLI", "ray")
@@ -70,7 +73,9 @@ def upload_packages(
     """Upload the job's packages; ``body``'s py_modules then name them (every one checked to be there)."""
     uris = []
     for path in job["package_paths"]:
-        package = build_py_module_package(ROOT / path)
+        # As the operator zips them (job_shipping.module_packages): our package whole, an author's filtered.
+        ours = Path(path).name == "airflow_provider_raybatch"
+        package = (build_provider_package if ours else build_py_module_package)(ROOT / path)
         if client.get(f"/api/packages/gcs/{package.name}").status_code == 404:
             client.put(f"/api/packages/gcs/{package.name}", content=package.data).raise_for_status()
         uris.append(package.uri)
