@@ -40,6 +40,7 @@ from airflow_provider_raybatch.utils.packaging import (
     JOB_MODULE,
     SPEC_FILE,
     build_job_package,
+    build_provider_package,
     build_py_module_package,
 )
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
@@ -387,7 +388,7 @@ def test_runtime_env_uploads_modules_and_keeps_the_users(
 
     runtime_env = op._runtime_env(hook, spec)
 
-    provider_uri = build_py_module_package(PROVIDER_DIR).uri
+    provider_uri = build_provider_package(PROVIDER_DIR).uri
     user_uri = build_py_module_package(user_code / "raybatch_unit_fns.py").uri
     job_uri = build_job_package(spec.model_dump_json()).uri
     assert runtime_env == {
@@ -419,7 +420,7 @@ def test_submit_sends_the_spec_metadata_and_resources(hook: RayHook, ray_api: re
     assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()}
     assert body["entrypoint_resources"] == {"head": 1}
     assert body["runtime_env"]["py_modules"] == [
-        build_py_module_package(PROVIDER_DIR).uri,
+        build_provider_package(PROVIDER_DIR).uri,
         build_job_package(spec.model_dump_json()).uri,
     ]
 

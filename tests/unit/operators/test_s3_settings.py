@@ -26,6 +26,7 @@ from airflow_provider_raybatch.pipeline.credentials import UPLOAD_PREFIX
 from airflow_provider_raybatch.utils.packaging import (
     JOB_MODULE,
     S3_SETTINGS_URI_FILE,
+    build_provider_package,
     build_py_module_package,
 )
 from tests.unit.operators.test_llm_batch import FakeTI
@@ -175,7 +176,7 @@ def test_runtime_env_uploads_the_settings_for_no_field_and_names_them_in_the_job
     assert probes.call_count == uploads.call_count == 3
     code, job, settings = uploads.calls
     assert runtime_env["py_modules"] == [uri_of(code), uri_of(job)]
-    assert runtime_env["py_modules"][0] == build_py_module_package(PROVIDER_DIR).uri
+    assert runtime_env["py_modules"][0] == build_provider_package(PROVIDER_DIR).uri
     assert credentials_in(settings.request.content) == EXPECTED
     assert uri_of(settings).startswith(UPLOAD_PREFIX)
     # No node fetches the settings: their upload is in no runtime_env field, only in the job package.
@@ -196,7 +197,7 @@ def test_runtime_env_without_a_connection_ships_only_the_code_and_the_spec(
 
     assert probes.call_count == uploads.call_count == 2
     assert runtime_env["py_modules"] == [uri_of(call) for call in uploads.calls]
-    assert runtime_env["py_modules"][0] == build_py_module_package(PROVIDER_DIR).uri
+    assert runtime_env["py_modules"][0] == build_provider_package(PROVIDER_DIR).uri
     assert [settings_uri_in(call.request.content) for call in uploads.calls] == [None, None]
 
 
