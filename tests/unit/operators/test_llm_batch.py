@@ -34,6 +34,7 @@ from airflow_provider_raybatch.operators.llm_batch import (
 )
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
+from airflow_provider_raybatch.utils.deployment_secret import signing_key
 from airflow_provider_raybatch.utils.events import job_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 from airflow_provider_raybatch.utils.packaging import (
@@ -43,7 +44,6 @@ from airflow_provider_raybatch.utils.packaging import (
     build_provider_package,
     build_py_module_package,
 )
-from airflow_provider_raybatch.utils.deployment_secret import signing_key
 from tests.unit.conftest import RAY_URL, TEST_DEPLOYMENT_SECRET
 
 PROVIDER_DIR = Path(airflow_provider_raybatch.__file__).parent

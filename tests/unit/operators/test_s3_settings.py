@@ -27,7 +27,6 @@ from airflow_provider_raybatch.utils.packaging import (
     JOB_MODULE,
     S3_SETTINGS_URI_FILE,
     build_provider_package,
-    build_py_module_package,
 )
 from tests.unit.operators.test_llm_batch import FakeTI
 
