@@ -63,7 +63,7 @@ def write_input(folder: Path, rows: int, rows_per_file: int) -> tuple[int, int]:
     marker = folder / "params.json"
     params = {"rows": rows, "rows_per_file": rows_per_file, "duplicate_every": DUPLICATE_EVERY,
               "no_id_every": NO_ID_EVERY}  # fmt: skip
-    if marker.exists() and json.loads(marker.read_text())["params"] == params:
+    if marker.exists() and json.loads(marker.read_text()).get("params") == params:
         return tuple(json.loads(marker.read_text())["counts"])
     for old in folder.glob("*.csv"):
         old.unlink()

@@ -59,23 +59,27 @@ def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
 
 
 def with_llm_class_batch_defaults(engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.
-    """``engine_kwargs`` with vLLM's ``LLM()`` defaults for the tokens and sequences per step where unset.
+    """``engine_kwargs`` with vLLM's ``LLM()`` defaults where unset: the tokens and sequences per step,
+    and no engine statistics.
+
+    Why: a batch job should get what raw vLLM gets. ``AsyncEngineArgs`` (which Ray Data LLM builds
+    the engine from) keeps per-step statistics on, which ``LLM()`` turns off; in the replica they
+    cost ~7% of its CPU per row (py-spy, bench/engine_feed.py), and the replica's one process is
+    what feeds the engine. ``disable_log_stats=False`` brings the "Running: N reqs" lines back.
 
     In a replica only: it imports vLLM, and the defaults depend on the accelerator it runs on.
     """
-    if "max_num_batched_tokens" in engine_kwargs and "max_num_seqs" in engine_kwargs:
-        return engine_kwargs
-    import vllm
-    from vllm.usage.usage_lib import UsageContext
+    defaults: dict[str, Any] = {"disable_log_stats": True}  # Any: engine kwargs.
+    if "max_num_batched_tokens" not in engine_kwargs or "max_num_seqs" not in engine_kwargs:
+        import vllm
+        from vllm.usage.usage_lib import UsageContext
 
-    world_size = int(engine_kwargs.get("tensor_parallel_size") or 1) * int(
-        engine_kwargs.get("pipeline_parallel_size") or 1
-    )
-    tokens, sequences = vllm.AsyncEngineArgs.get_batch_defaults(world_size)
-    defaults = {
-        "max_num_batched_tokens": tokens.get(UsageContext.LLM_CLASS),
-        "max_num_seqs": sequences.get(UsageContext.LLM_CLASS),
-    }
+        world_size = int(engine_kwargs.get("tensor_parallel_size") or 1) * int(
+            engine_kwargs.get("pipeline_parallel_size") or 1
+        )
+        tokens, sequences = vllm.AsyncEngineArgs.get_batch_defaults(world_size)
+        defaults["max_num_batched_tokens"] = tokens.get(UsageContext.LLM_CLASS)
+        defaults["max_num_seqs"] = sequences.get(UsageContext.LLM_CLASS)
     return {**{key: value for key, value in defaults.items() if value is not None}, **engine_kwargs}
 
 

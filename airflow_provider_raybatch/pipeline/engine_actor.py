@@ -126,12 +126,7 @@ async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict
     extra_rows = [_row_for_input(row, text) for text in extra_inputs]
     requests = [await llm._prepare_llm_request(row)]
     requests += [await llm._prepare_llm_request(extra) for extra in extra_rows]
-    if getattr(requests[0].params, "n", 1) > 1:
-        from vllm.sampling_params import RequestOutputKind
-
-        # Streamed, vLLM's last output of an n > 1 request holds only the choices that changed last;
-        # final-only, it holds all n.
-        requests[0].params.output_kind = RequestOutputKind.FINAL_ONLY
+    _final_output_only(requests[0].params)
     started = time.perf_counter()
     outputs = await asyncio.gather(*(_generate(llm, request) for request in requests))
     time_taken = time.perf_counter() - started
@@ -140,6 +135,21 @@ async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict
     output[openai_batch.EXTRA_EMBEDDINGS] = _extra_embeddings(outputs[1:])
     output[openai_batch.FINISH_REASON] = _finish_reason(outputs[0])
     return requests[0], output, time_taken
+
+
+def _final_output_only(params: Any) -> None:  # Any: vLLM SamplingParams or PoolingParams.
+    """Have the engine return a generation's output once, when it ends, as ``LLM.generate`` does.
+
+    Ray Data LLM reads the final output only, but asks for the default, cumulative stream: one
+    output per step, each a copy of the text and tokens so far, and a wake-up of the row's task.
+    That is per-row Python in the one process that feeds the engine. And with ``n`` > 1, a streamed
+    last output holds only the choices that changed last; final-only, it holds all n.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    if isinstance(params, SamplingParams):
+        params.output_kind = RequestOutputKind.FINAL_ONLY
 
 
 def _row_for_input(row: dict[str, Any], text: str) -> dict[str, Any]:  # Any: row values.

@@ -117,11 +117,14 @@ def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none() -> N
         "import json\n"
         "from airflow_provider_raybatch.pipeline.engine import with_llm_class_batch_defaults as d\n"
         "print(json.dumps([d({}), d({'max_num_seqs': 8}), d({'tensor_parallel_size': 2}),\n"
-        "                  d({'max_num_batched_tokens': 100, 'max_num_seqs': 2})]))"
+        "                  d({'max_num_batched_tokens': 100, 'max_num_seqs': 2}),\n"
+        "                  d({'disable_log_stats': False})]))"
     )
+    quiet = {"disable_log_stats": True}  # LLM()'s default too: no per-step statistics in the replica
     assert out == [
-        {"max_num_batched_tokens": 4096, "max_num_seqs": 256},  # vLLM's LLM() on a CPU
-        {"max_num_batched_tokens": 4096, "max_num_seqs": 8},  # the author's value stays
-        {"max_num_batched_tokens": 8192, "max_num_seqs": 512, "tensor_parallel_size": 2},
-        {"max_num_batched_tokens": 100, "max_num_seqs": 2},
+        {"max_num_batched_tokens": 4096, "max_num_seqs": 256, **quiet},  # vLLM's LLM() on a CPU
+        {"max_num_batched_tokens": 4096, "max_num_seqs": 8, **quiet},  # the author's value stays
+        {"max_num_batched_tokens": 8192, "max_num_seqs": 512, "tensor_parallel_size": 2, **quiet},
+        {"max_num_batched_tokens": 100, "max_num_seqs": 2, **quiet},
+        {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "disable_log_stats": False},
     ]

@@ -68,3 +68,19 @@ def test_each_row_is_staged_once_as_it_finishes_and_the_batch_leaves_unchanged()
     assert sorted(names) == ["part-1", "part-2"]
     by_name = {part["name"]: part["sidecar"]["sources"] for report_ in reported for part in report_}
     assert by_name == {"part-1": ["a:3", "a:2"], "part-2": ["b:2", "b:1", "a:1"]}
+
+
+def test_the_engine_returns_each_generation_once_when_it_ends() -> None:
+    """Ray Data LLM reads only a request's final output, yet asked for vLLM's default stream: one output
+    per generated token, each a copy of the text so far, in the one process that feeds the engine.
+    Every generation request is final-only now, as LLM.generate's; pooling requests are left alone."""
+    out = run_in_ray_env(
+        "import json\n"
+        "from vllm import PoolingParams, SamplingParams\n"
+        "from airflow_provider_raybatch.pipeline.engine_actor import _final_output_only\n"
+        "one, several, pooling = SamplingParams(max_tokens=4), SamplingParams(n=3), PoolingParams()\n"
+        "for params in (one, several, pooling):\n"
+        "    _final_output_only(params)\n"
+        "print(json.dumps([one.output_kind.name, several.output_kind.name, pooling == PoolingParams()]))"
+    )
+    assert out == ["FINAL_ONLY", "FINAL_ONLY", True]  # the pooling request untouched
