@@ -61,6 +61,14 @@ RAY = os.environ.get("RAY_CLI", "ray")
 # -- submitting ------------------------------------------------------------------------------------
 
 
+def _manifest_mtime(job: dict[str, Any]) -> float:  # Any: JSON.
+    """When the job's manifest was written: the committed one, or a dry run's (pipeline/dry_run.py)."""
+    spec = job["spec"]
+    committed = Path(spec["output_uri"]) / "manifest.json"
+    dry = Path(spec["output_uri"]) / "_dry_runs" / str(spec.get("run_key")) / "manifest.json"
+    return (committed if committed.exists() or not dry.exists() else dry).stat().st_mtime
+
+
 def client_for(address: str) -> tuple[httpx.Client, dict[str, str]]:
     # The device's head runs without auth (RAY_AUTH_MODE=disabled); RAY_TOKEN: a dry run on a token cluster.
     headers = {"Authorization": f"Bearer {os.environ['RAY_TOKEN']}"} if os.environ.get("RAY_TOKEN") else {}
@@ -289,7 +297,7 @@ def direct(job: dict[str, Any], out: Path) -> None:  # Any: JSON.
         job_start=t_submit,
         job_end=t_end,
         manifest=manifest,
-        manifest_mtime=(Path(job["spec"]["output_uri"]) / "manifest.json").stat().st_mtime,
+        manifest_mtime=_manifest_mtime(job),
         logs=logs,
         tasks=[],
         parts=parts,
@@ -351,7 +359,7 @@ def main() -> None:
         job_start=details["start_time"] / 1000,
         job_end=details["end_time"] / 1000,
         manifest=manifest,
-        manifest_mtime=(Path(job["spec"]["output_uri"]) / "manifest.json").stat().st_mtime,
+        manifest_mtime=_manifest_mtime(job),
         logs=logs,
         tasks=tasks,
         parts=parts,

@@ -9,6 +9,7 @@
 #               random-words prompt files
 #   data        the scale jobs' input: the seeds' customers CSV shape, 2,000,000 and 200,000 rows, each in
 #               ONE file (scripts/make_sample_customers.write_customer_files: 1% repeated ids, 0.5% none)
+#   data20m     the dry-20m job's input: 20,000,000 rows in 20 files of 1,000,000 (issue 19 item 2)
 #   a:NAME      (a) raw vLLM (bench/raw_vllm.py) on the spec of bench/gpu/jobs/NAME.json (a:N: ours-N.json)
 #   b:NAME      (b) our pipeline: the job bench/gpu/jobs/NAME.json through the Ray Jobs API (ours_job.py);
 #               starts the Ray head first if it is not up
@@ -119,6 +120,21 @@ for rows in (2_000_000, 200_000):
     marker.write_text(json.dumps({"rows": rows, "duplicates": duplicates, "no_id": no_id}))
     size = (folder / "customers-0000.csv").stat().st_size
     print(f"{folder}: {rows} rows ({duplicates} repeated ids, {no_id} without one), {size / 2**20:.0f} MiB, {time.time() - t:.1f} s")
+PY
+    ;;
+  data20m)  # the dry-20m job's input: 20,000,000 rows in 20 files of 1,000,000
+    python3 - <<'PY'
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, "scripts")
+from make_sample_customers import write_customer_files
+folder = Path("/tmp/gpu_data/customers-20000000")
+marker = folder / "params.json"
+if not marker.exists():
+    t = time.time()
+    duplicates, no_id = write_customer_files(folder, 20_000_000, 1_000_000)
+    marker.write_text(json.dumps({"rows": 20_000_000, "duplicates": duplicates, "no_id": no_id}))
+    print(f"{folder}: 20000000 rows ({duplicates} repeated ids, {no_id} without one), {time.time() - t:.1f} s")
 PY
     ;;
   a:*)
