@@ -208,6 +208,10 @@ JOBS = {
     "scale-2m-small": lambda: scale_submission("scale-2m-small", 2_000_000, SMALL_MODEL),
     "scale-2m-small-x4": lambda: scale_submission("scale-2m-small-x4", 2_000_000, SMALL_MODEL, replicas_per_gpu=4),
     "scale-200k-8b": lambda: scale_submission("scale-200k-8b", 200_000, BIG_MODEL),
+    "scale-200k-small": lambda: scale_submission("scale-200k-small", 200_000, SMALL_MODEL),
+    "scale-200k-small-x4": lambda: scale_submission(
+        "scale-200k-small-x4", 200_000, SMALL_MODEL, replicas_per_gpu=4
+    ),
     "dry-20m": lambda: scale_submission(
         "dry-20m", 20_000_000, SMALL_MODEL, input_uri=f"{DATA}/customers-20000000", dry_run=True
     ),
@@ -215,7 +219,15 @@ JOBS = {
         "scale-2m-small-resume", 2_000_000, SMALL_MODEL, rerun=True, replicas_per_gpu=4
     ),
 }
-SCALE_JOBS = ("scale-2m-small", "scale-2m-small-x4", "scale-200k-8b", "scale-2m-small-resume", "dry-20m")
+SCALE_JOBS = (
+    "scale-2m-small",
+    "scale-2m-small-x4",
+    "scale-200k-small",
+    "scale-200k-small-x4",
+    "scale-200k-8b",
+    "scale-2m-small-resume",
+    "dry-20m",
+)
 
 
 def main() -> None:

@@ -38,7 +38,9 @@ K=${KEEP:-/tmp/keep}; L=$K/logs; mkdir -p $K $L /tmp/bin; SPY=0
 RUNNER=${RUNNER:-0}  # 1: the detached runner of "bg" (never packs results: the calls do)
 FINAL=${OUT:-/tmp/out}; [ "$RUNNER" = 1 ] && FINAL=/tmp/bgout; mkdir -p "$FINAL"
 rm -f /tmp/bin/python  # the image has python in its venv; a symlink elsewhere would lose the venv
-HERE=$(cd "$(dirname "$0")" && pwd); REPO=$(cd "$HERE/../.." && pwd); cd "$REPO"
+# The runner runs a private copy of this script (bash reads a script as it goes: a copy of the tree
+# written over it by a later call must not move it; 2026-11-26 a runner went back to its first stage).
+HERE=${RUNNER_HERE:-$(cd "$(dirname "$0")" && pwd)}; REPO=$(cd "$HERE/../.." && pwd); cd "$REPO"
 MODEL=/tmp/llama8b_dummy
 echo "start $(date +%T) stages='${1:-}' LIMIT=$LIMIT runner=$RUNNER"
 waitgpu() { local u; for i in $(seq 90); do u=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1); [ "${u:-0}" -lt 3000 ] && return 0; sleep 1; done; echo "GPU still has ${u} MiB used"; }
@@ -59,8 +61,9 @@ stagelimit() { local l=$(( $(left) - 5 )); [ $l -gt ${STAGE_LIMIT:-3600} ] && l=
 waitbg() {  # until the runner wrote bg.rc, or this call is nearly out of time
   local last=0 pid
   while [ ! -e $K/bg.rc ]; do
-    pid=$(cat $K/bg.pid 2>/dev/null || echo 0)
-    kill -0 "$pid" 2>/dev/null || { sleep 2; [ -e $K/bg.rc ] && break; echo "RUNNER GONE without a result (pid $pid)"; tail -30 $L/bg.log; return 1; }
+    # No bg.pid: a fresh machine (the one that ran "bg" went back), not a runner ("kill -0 0" would pass).
+    pid=$(cat $K/bg.pid 2>/dev/null || echo none)
+    [ "$pid" != none ] && kill -0 "$pid" 2>/dev/null || { sleep 2; [ -e $K/bg.rc ] && break; echo "RUNNER GONE without a result (pid $pid)"; tail -30 $L/bg.log; return 1; }
     if [ "$(left)" -lt 25 ]; then
       echo "RUNNER STILL RUNNING at $(date +%T): make the next call 'bash bench/gpu/run_gpu.sh wait' now"
       tail -4 $L/bg.log | cut -c1-300; return 0
@@ -187,10 +190,11 @@ PY
       echo "a runner is still running (pid $(cat $K/bg.pid)): not starting '$rest'; waiting for it"
     else
       rm -f $K/bg.rc $K/bg.pid
+      runner=/tmp/run_gpu_runner.$$.sh; cp "$HERE/run_gpu.sh" "$runner"
       # A daemon (fork, then a session of its own): the device ends what a call leaves running, but not that.
       python3 -c 'import os, sys
 if os.fork(): os._exit(0)
-os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' env RUNNER=1 LIMIT=100000 bash "$HERE/run_gpu.sh" "__runner $rest" > $L/bg.log 2>&1 < /dev/null
+os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' env RUNNER=1 LIMIT=100000 RUNNER_HERE="$HERE" bash "$runner" "__runner $rest" > $L/bg.log 2>&1 < /dev/null
       for _ in $(seq 20); do [ -e $K/bg.pid ] && break; sleep 0.5; done
       echo "runner started (pid $(cat $K/bg.pid 2>/dev/null)): '$rest'"
     fi
