@@ -264,6 +264,17 @@ def test_a_plain_int_concurrency_must_fit_whole() -> None:
         plan(concurrency=3).check_fits(nodes({"CPU": 16, "GPU": 2}))
 
 
+def test_replicas_sharing_one_gpu_fit_by_their_fraction_of_it() -> None:
+    """A small model's replicas share a GPU (docs/howto-parallelism.md, "Small models"): four quarters
+    fit one GPU, a fifth does not, and the plan says a quarter of a GPU each."""
+    quarter = {"GPU": 0.25, "CPU": 1}
+    one_gpu = nodes({"CPU": 16, "GPU": 1})
+    plan(concurrency=4, replica_resources=quarter).check_fits(one_gpu)
+    assert "4 replicas" in plan(concurrency=4, replica_resources=quarter).describe()
+    with pytest.raises(ClusterLayoutError, match="concurrency=5 needs 5 replicas"):
+        plan(concurrency=5, replica_resources=quarter).check_fits(one_gpu)
+
+
 def test_replicas_split_over_nodes_count_per_node_not_in_total() -> None:
     # 9 GPUs in all, but each 3-GPU node holds one 2-GPU replica: 3 replicas, not 4.
     three_nodes = nodes({"CPU": 8, "GPU": 3}, {"CPU": 8, "GPU": 3}, {"CPU": 8, "GPU": 3})
