@@ -17,10 +17,11 @@ bash "$ROOT/bench/run_cpu.sh" compare --skip-raw --n 30000 --prompt-tokens 16 --
 job=$!
 pid=
 for _ in $(seq 900); do  # the replica, once its constructor has returned
-  pid=$(ps -eo pid,args | grep "MapBatches(RaybatchvLLMEngineStageUDF)" | grep -v -e grep -e __init__ | awk '{print $1}' | head -1)
+  pid=$(ps -eo pid,args | grep "MapBatches(RaybatchvLLMEngineStageUDF)" | grep -v -e grep -e __init__ | awk '{print $1}' | head -1 || true)
   [ -n "$pid" ] && break
   sleep 1
 done
+[ -n "$pid" ] || { echo "no engine replica appeared" >&2; wait "$job"; exit 1; }
 sleep 15  # into generating
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 t0=$(date +%s.%N); c0=$(ticks "$pid")
