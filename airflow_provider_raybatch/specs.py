@@ -30,7 +30,7 @@ from airflow_provider_raybatch.exceptions import BatchSpecError
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
 OutputFormat = Literal["parquet", "jsonl"]
-#: The OpenAI Batch API endpoints a batch file may target (see pipeline/openai_batch.py).
+#: The OpenAI Batch API endpoints a batch file may target (see pipeline/openai/openai_batch.py).
 OpenAIEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 
 #: Columns the pipeline adds to every output row; input columns may not be kept under these names.
@@ -41,7 +41,7 @@ ERROR_COLUMN = "error"
 #: default, since a prompt or data change that breaks one row in ten is worth a look before the
 #: next task reads the output.
 DEFAULT_MAX_FAILED_FRACTION = 0.1
-#: The most pixels an image part may hold (``pipeline/images.py`` PART_MAX_PIXELS; images are not
+#: The most pixels an image part may hold (``pipeline/read/images.py`` PART_MAX_PIXELS; images are not
 #: imported here, the operator's side has no Pillow).
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 #: Column added when the input has no id column: ``<file name>:<row number>``.
@@ -291,7 +291,7 @@ class BatchInferenceSpec(BaseModel):
     model_cache_dir: str = Field(
         default="/tmp/raybatch/models",
         description="Folder on each node that keeps a fetched s3:// model between runs (used when the "
-        "job ships its own S3 settings; see pipeline/models.py).",
+        "job ships its own S3 settings; see pipeline/generate/models.py).",
     )
     compile_cache_dir: str | None = Field(
         default=None,
@@ -616,7 +616,7 @@ def check_sampling_params(
     if structured is not None:
         _check_structured_outputs(structured, name)
     _check_json_serializable(name, value)
-    from airflow_provider_raybatch.pipeline.part_schema import unsafe_number  # pure, no pyarrow
+    from airflow_provider_raybatch.pipeline.stage.part_schema import unsafe_number  # pure, no pyarrow
 
     bad_number = unsafe_number(value, name)
     if bad_number is not None:  # a seed past int64, a NaN temperature: vLLM gets numbers, not text
@@ -683,7 +683,7 @@ def parse_allowed_host(
     """An ``image_allowed_hosts`` entry: a host name (lower case, no trailing dot) or an IP network.
 
     Raises ValueError naming ``name``. Shared by the spec and the pipeline's image policy
-    (``pipeline/image_sources.py``), so the two read an entry the same way.
+    (``pipeline/read/image_sources.py``), so the two read an entry the same way.
     """
     text = entry.strip().lower() if isinstance(entry, str) else ""
     text = text[1:-1] if text.startswith("[") and text.endswith("]") else text  # [::1], as in a URL

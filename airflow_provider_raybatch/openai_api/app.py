@@ -42,9 +42,15 @@ from airflow_provider_raybatch.openai_api import settings as openai_settings
 from airflow_provider_raybatch.openai_api.body_limit import BodySizeLimit
 from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
 from airflow_provider_raybatch.openai_api.status import TERMINAL_STATUSES, RunState, batch_status
-from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, TooLargeError, new_id, public
-from airflow_provider_raybatch.pipeline.jsonl import count_requests
-from airflow_provider_raybatch.pipeline.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
+from airflow_provider_raybatch.openai_api.store import (
+    NotFoundError,
+    OpenAIStore,
+    TooLargeError,
+    new_id,
+    public,
+)
+from airflow_provider_raybatch.pipeline.openai.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
+from airflow_provider_raybatch.pipeline.read.jsonl import count_requests
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +311,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         }  # fmt: skip
 
     def _staged_counts(record: dict[str, Any]) -> dict[str, int]:  # Any: JSON values.
-        """Requests done so far: the staged parts' sidecars (pipeline/parts.py) of the running job."""
+        """Requests done so far: the staged parts' sidecars (pipeline/stage/parts.py) of the running job."""
         done = {"completed": 0, "failed": 0}
         for sidecar in store.staged_sidecars(record["id"]):
             done["completed"] += int(sidecar.get("rows_out", 0))

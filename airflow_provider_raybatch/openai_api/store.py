@@ -322,7 +322,7 @@ class OpenAIStore:
         return value if isinstance(value, dict) else None
 
     def staged_sidecars(self, batch_id: str) -> list[dict[str, Any]]:  # Any: JSON values.
-        """The sidecars of the parts a running batch has staged (pipeline/parts.py)."""
+        """The sidecars of the parts a running batch has staged (pipeline/stage/parts.py)."""
         staging = self.output_path(batch_id) / "_staging"
         if not staging.exists():
             return []

@@ -36,7 +36,7 @@ from airflow_provider_raybatch.manifest import (
     dry_run_uri,
 )
 from airflow_provider_raybatch.pipeline import row_steps, storage
-from airflow_provider_raybatch.pipeline.commit import reason_kind
+from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class PromptTokenCounter:
     def __init__(self, model_source: str, max_model_len: int | None) -> None:
         from ray.llm._internal.batch.stages.tokenize_stage import TokenizeUDF
 
-        from airflow_provider_raybatch.pipeline.chat_template import RaybatchChatTemplateUDF
+        from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 
         self._chat = RaybatchChatTemplateUDF(
             data_column="__raybatch", expected_input_keys=["messages"], model=model_source
@@ -111,7 +111,10 @@ class PromptTokenCounter:
         self._max_model_len = max_model_len or _model_max_len(model_source)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from airflow_provider_raybatch.pipeline.chat_template import CHAT_TEMPLATE_FAILED, conversation_of
+        from airflow_provider_raybatch.pipeline.prompt.chat_template import (
+            CHAT_TEMPLATE_FAILED,
+            conversation_of,
+        )
 
         summary = TokenSummary()
         texts: list[str] = []

@@ -19,19 +19,21 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import images, openai_batch, storage
-from airflow_provider_raybatch.pipeline.commit import StagedPart
-from airflow_provider_raybatch.pipeline.part_schema import strict_json_value
-from airflow_provider_raybatch.pipeline.parts import PartWriter
-from airflow_provider_raybatch.pipeline.prompts import (
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.openai import openai_batch
+from airflow_provider_raybatch.pipeline.prompt.prompts import (
     RowFunction,
     build_messages,
     load_callable,
     messages_from_column,
     row_id,
 )
-from airflow_provider_raybatch.pipeline.replica_staging import REPORTED_PARTS
-from airflow_provider_raybatch.pipeline.rows import check_input_file_size, parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.read import images
+from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
+from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS
 from airflow_provider_raybatch.specs import (
     DERIVED_ID_COLUMN,
     ERROR_COLUMN,

@@ -3,7 +3,7 @@
 Every input row ends in exactly one of two places: the outputs (id, kept columns, generated text,
 token counts) or the errors (id, source, reason, the input row as JSON). Each engine replica stages
 its finished rows every half batch (:func:`.row_steps.stage_engine_rows`, :mod:`.replica_staging`), so a retry
-after a crash resumes instead of starting over (see :mod:`~airflow_provider_raybatch.pipeline.commit`).
+after a crash resumes instead of starting over (see :mod:`~airflow_provider_raybatch.pipeline.stage.commit`).
 The manifest, written last, adds them up. What happens to each row is in :mod:`.row_steps`; this
 module maps those steps over Ray Data datasets.
 """
@@ -20,21 +20,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import (
-    commit,
-    dedupe,
-    dry_run,
-    engine,
-    models,
-    openai_batch,
-    row_steps,
-    rows,
-    storage,
-)
-from airflow_provider_raybatch.pipeline.parts import PartWriter
-from airflow_provider_raybatch.pipeline.processor import build_llm_processor
-from airflow_provider_raybatch.pipeline.progress import ProgressReporter
-from airflow_provider_raybatch.pipeline.sink import StagedPartsSink
+from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
+from airflow_provider_raybatch.pipeline.generate import engine, models
+from airflow_provider_raybatch.pipeline.generate.processor import build_llm_processor
+from airflow_provider_raybatch.pipeline.openai import openai_batch
+from airflow_provider_raybatch.pipeline.read import dedupe, rows
+from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
+from airflow_provider_raybatch.pipeline.stage import commit
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ disk, one PUT on S3).
 from __future__ import annotations
 
 import functools
-
 import posixpath
 import uuid
 from dataclasses import dataclass, field
@@ -175,7 +174,7 @@ def check_model_source(model: str) -> None:
     """Fail before any engine starts when a local model folder is missing or holds no config.json.
 
     Otherwise vLLM's own error surfaces minutes later from inside an actor, after retries.
-    Hub ids are left to vLLM; s3:// sources are fetched first (pipeline/models.py).
+    Hub ids are left to vLLM; s3:// sources are fetched first (pipeline/generate/models.py).
     """
     if "://" in model or not (model.startswith(("/", "./", "../", "~")) or posixpath.exists(model)):
         return

@@ -56,7 +56,7 @@ SMALL_MODEL = "/tmp/llama_small_bpe"  # make_model.py --shape small --tokenizer 
 BIG_MODEL = "/tmp/llama8b_bpe"  # make_model.py --shape 8b --tokenizer bpe
 SCALE_BATCH_SIZE = 256
 #: The engine arguments of the scale jobs, raw vLLM's too: max_num_seqs / max_num_batched_tokens are left
-#: unset, so the replica gets vLLM's LLM() defaults for them (pipeline/engine.py), as raw LLM() does.
+#: unset, so the replica gets vLLM's LLM() defaults for them (pipeline/generate/engine.py), as raw LLM() does.
 SCALE_ENGINE_KWARGS = {
     "load_format": "dummy",
     "max_model_len": 512,

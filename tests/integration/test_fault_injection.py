@@ -23,7 +23,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook, _Request
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from airflow_provider_raybatch.pipeline.replica_staging import TRACE_ROWS_ENV
+from airflow_provider_raybatch.pipeline.stage.replica_staging import TRACE_ROWS_ENV
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]

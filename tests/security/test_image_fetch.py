@@ -31,10 +31,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from airflow_provider_raybatch.pipeline import images, storage
-from airflow_provider_raybatch.pipeline.commit import reason_kind
-from airflow_provider_raybatch.pipeline.image_sources import NOT_ALLOWED_KIND, ImageSources, is_public_address
-from airflow_provider_raybatch.pipeline.images import ImageOptions, load_image, read_image_bytes
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.read import images
+from airflow_provider_raybatch.pipeline.read.image_sources import (
+    NOT_ALLOWED_KIND,
+    ImageSources,
+    is_public_address,
+)
+from airflow_provider_raybatch.pipeline.read.images import ImageOptions, load_image, read_image_bytes
+from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 

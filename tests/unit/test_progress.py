@@ -17,7 +17,7 @@ from airflow_provider_raybatch.manifest import (
     progress_from_log,
     progress_log_line,
 )
-from airflow_provider_raybatch.pipeline.progress import ProgressReporter
+from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
 from airflow_provider_raybatch.triggers.ray import ProgressRelay
 
 

@@ -585,13 +585,13 @@ def test_an_image_size_past_what_an_image_part_holds_is_refused() -> None:
 
 
 def test_the_spec_and_the_images_agree_on_the_largest_image() -> None:
-    from airflow_provider_raybatch.pipeline import images
+    from airflow_provider_raybatch.pipeline.read import images
     from airflow_provider_raybatch.specs import MAX_IMAGE_PIXELS
 
     assert MAX_IMAGE_PIXELS == images.PART_MAX_PIXELS
 
 
-# -- where images may come from (pipeline/image_sources.py) --------------------------------------
+# -- where images may come from (pipeline/read/image_sources.py) --------------------------------------
 
 
 def test_image_sources_default_to_nothing_extra_and_round_trip() -> None:
@@ -640,7 +640,7 @@ def test_image_sources_named_badly_are_refused(overrides: dict[str, Any], expect
 
 def test_the_spec_and_the_image_policy_read_an_allowed_host_the_same_way() -> None:
     """The pipeline's ImageSources checks what the spec checks, with the same functions."""
-    from airflow_provider_raybatch.pipeline.image_sources import ImageSources
+    from airflow_provider_raybatch.pipeline.read.image_sources import ImageSources
 
     with pytest.raises(TypeError, match=r"allowed_hosts\[0\]='images.internal:0'"):
         ImageSources(allowed_hosts=("images.internal:0",))

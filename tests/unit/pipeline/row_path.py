@@ -22,8 +22,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline import commit, dedupe, row_steps, storage
-from airflow_provider_raybatch.pipeline.parts import PartWriter
+from airflow_provider_raybatch.pipeline import row_steps, storage
+from airflow_provider_raybatch.pipeline.read import dedupe
+from airflow_provider_raybatch.pipeline.stage import commit
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
@@ -53,7 +55,7 @@ def _failed(row: dict[str, Any]) -> bool:  # Any: row values.
 
 
 def _render(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
-    """The chat-template step's contract (pipeline/chat_template.py): JSON messages -> one prompt, ""
+    """The chat-template step's contract (pipeline/prompt/chat_template.py): JSON messages -> one prompt, ""
     in the error column; a conversation whose roles do not alternate is rejected, as strict templates do."""
     good = {row_steps.INFERENCE_ERROR: ""}
     if row.get("messages") is None:

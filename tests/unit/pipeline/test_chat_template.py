@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/chat_template.py: the chat-template stage renders row by
+"""Tests of airflow_provider_raybatch/pipeline/prompt/chat_template.py: the chat-template stage renders row by
 row, so that a conversation the model's template rejects fails that row only.
 
 Run in the cluster's environment (Ray Data LLM's UDF is the base class), with a stand-in processor
@@ -11,7 +11,7 @@ from tests.unit.pipeline.ray_env import run_in_ray_env
 
 _RUN = r"""
 import asyncio, json
-from airflow_provider_raybatch.pipeline.chat_template import RaybatchChatTemplateUDF
+from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 
 class Template:
     def apply_chat_template(self, conversation, tokenize, chat_template, add_generation_prompt, continue_final_message):

@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/commit.py: error kinds, staging, resume and publish.
+"""Tests of airflow_provider_raybatch/pipeline/stage/commit.py: error kinds, staging, resume and publish.
 
 Staging is emulated by hand: each part is written as sink.StagedPartsSink writes it (data files in
 ``outputs/`` and ``errors/``, then the ``parts/<part>.json`` sidecar last), without importing the sink,
@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import commit, report, storage
-from airflow_provider_raybatch.pipeline.parts import PartWriter
-from airflow_provider_raybatch.pipeline.prompts import build_messages, row_id
-from airflow_provider_raybatch.pipeline.rows import parse_file
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.prompt.prompts import build_messages, row_id
+from airflow_provider_raybatch.pipeline.read.rows import parse_file
+from airflow_provider_raybatch.pipeline.reporting import report
+from airflow_provider_raybatch.pipeline.stage import commit
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 

@@ -1,4 +1,4 @@
-"""Duplicate ids and the resume filter (pipeline/dedupe.py): the vectorized batch steps against the
+"""Duplicate ids and the resume filter (pipeline/read/dedupe.py): the vectorized batch steps against the
 row-by-row reference (property-based), and both ways of finding duplicates on a real local Ray."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ try:
 except ImportError:  # not importorskip: without hypothesis these tests must fail, not vanish
     given = settings = st = None  # type: ignore[assignment]
 
-from airflow_provider_raybatch.pipeline import dedupe, row_steps
+from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.pipeline.read import dedupe
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 PREPARED_SCHEMA = pa.schema([(name, pa.string()) for name in ("id", "source", "error", "row")])
@@ -105,7 +106,8 @@ def test_an_all_null_error_column_takes_duplicate_reasons() -> None:
 _ON_RAY = """
 import json, random
 import ray, ray.data
-from airflow_provider_raybatch.pipeline import dedupe, row_steps
+from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.pipeline.read import dedupe
 ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
 ray.data.DataContext.get_current().enable_progress_bars = False
 random.seed(7)

@@ -1,4 +1,4 @@
-"""pipeline/engine.py: the fixed engine pool, and the forkserver that starts vLLM's EngineCore."""
+"""pipeline/generate/engine.py: the fixed engine pool, and the forkserver that starts vLLM's EngineCore."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import engine
+from airflow_provider_raybatch.pipeline.generate import engine
 
 
 def _write_env(path: str, name: str) -> None:  # runs in the forked child
@@ -74,7 +74,7 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     class vLLMEngineStage:  # noqa: N801 - matched by class name, as Ray Data LLM's is
         fn = RayUDF
 
-    actor_module = types.ModuleType("airflow_provider_raybatch.pipeline.engine_actor")
+    actor_module = types.ModuleType("airflow_provider_raybatch.pipeline.generate.engine_actor")
     actor_module.RaybatchvLLMEngineStageUDF = OurUDF  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, actor_module.__name__, actor_module)
     monkeypatch.setenv(engine.FORKSERVER_ENV, forkserver)
@@ -115,7 +115,7 @@ def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none() -> N
 
     out = run_in_ray_env(
         "import json\n"
-        "from airflow_provider_raybatch.pipeline.engine import with_llm_class_batch_defaults as d\n"
+        "from airflow_provider_raybatch.pipeline.generate.engine import with_llm_class_batch_defaults as d\n"
         "print(json.dumps([d({}), d({'max_num_seqs': 8}), d({'tensor_parallel_size': 2}),\n"
         "                  d({'max_num_batched_tokens': 100, 'max_num_seqs': 2}),\n"
         "                  d({'disable_log_stats': False})]))"

@@ -1,4 +1,4 @@
-"""pipeline/engine_actor.py: the replica stages each row as the engine finishes it, every row once.
+"""pipeline/generate/engine_actor.py: the replica stages each row as the engine finishes it, every row once.
 
 Runs Ray Data LLM's own ``__call__`` (in a fresh interpreter of the cluster's environment, where
 vLLM's stage module imports) around our ``udf`` and ``__call__``; only the engine loop is replaced,
@@ -14,8 +14,8 @@ from tests.unit.pipeline.ray_env import run_in_ray_env
 _RUN = """
 import asyncio, json, types
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
-from airflow_provider_raybatch.pipeline import engine_actor
-from airflow_provider_raybatch.pipeline.replica_staging import RowStager
+from airflow_provider_raybatch.pipeline.generate import engine_actor
+from airflow_provider_raybatch.pipeline.stage.replica_staging import RowStager
 
 async def engine_loop(self, rows):  # Ray Data LLM's loop yields rows as the engine finishes them
     for row in reversed(rows):
@@ -77,7 +77,7 @@ def test_the_engine_returns_each_generation_once_when_it_ends() -> None:
     out = run_in_ray_env(
         "import json\n"
         "from vllm import PoolingParams, SamplingParams\n"
-        "from airflow_provider_raybatch.pipeline.engine_actor import _final_output_only\n"
+        "from airflow_provider_raybatch.pipeline.generate.engine_actor import _final_output_only\n"
         "one, several, pooling = SamplingParams(max_tokens=4), SamplingParams(n=3), PoolingParams()\n"
         "for params in (one, several, pooling):\n"
         "    _final_output_only(params)\n"

@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/images.py: a row's image for the engine, or why not.
+"""Tests of airflow_provider_raybatch/pipeline/read/images.py: a row's image for the engine, or why not.
 
 The corrupt-image corpus is made here, in memory and under tmp_path; URLs are served by a local
 HTTP server on 127.0.0.1 (no network). Needs Pillow (it comes with vLLM on the cluster side).
@@ -40,9 +40,9 @@ try:
 except ImportError:  # not importorskip either: see _needs_hypothesis
     event = given = settings = st = None  # type: ignore[assignment]
 
-from airflow_provider_raybatch.pipeline import images, storage
-from airflow_provider_raybatch.pipeline.commit import reason_kind
-from airflow_provider_raybatch.pipeline.images import (
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.read import images
+from airflow_provider_raybatch.pipeline.read.images import (
     BAD_IMAGE_KIND,
     BAD_VALUE_KIND,
     FETCH_KIND,
@@ -58,6 +58,7 @@ from airflow_provider_raybatch.pipeline.images import (
     read_image_bytes,
     split_image_parts,
 )
+from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **params: Any) -> bytes:  # Any: Pillow save options.
@@ -825,7 +826,7 @@ def test_split_image_parts_refuses_a_data_url_over_its_bound(monkeypatch: pytest
 
 def test_importing_the_module_loads_no_pillow_or_pyarrow() -> None:
     code = (
-        "import sys, airflow_provider_raybatch.pipeline.images\n"
+        "import sys, airflow_provider_raybatch.pipeline.read.images\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('PIL', 'pyarrow', 'ray')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/models.py: where a node keeps a fetched model, and the fetch.
+"""Tests of airflow_provider_raybatch/pipeline/generate/models.py: where a node keeps a fetched model, and the fetch.
 
 ``fetch_model`` is exercised with a local folder as its source (storage.list_files and
 storage.filesystem work on local paths the same way); the paths of ``resolve_model_source`` that
@@ -15,8 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import credentials, models, storage
-from airflow_provider_raybatch.pipeline.models import fetch_model, local_model_dir, resolve_model_source
+from airflow_provider_raybatch.pipeline import credentials, storage
+from airflow_provider_raybatch.pipeline.generate import models
+from airflow_provider_raybatch.pipeline.generate.models import (
+    fetch_model,
+    local_model_dir,
+    resolve_model_source,
+)
 
 MODEL_FILES = {
     "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
@@ -257,7 +262,7 @@ def test_resolve_without_credentials_does_not_load_ray(tmp_path: Path) -> None:
     """In a fresh interpreter, the non-fetch paths leave ``ray`` out of sys.modules."""
     code = (
         "import sys\n"
-        "from airflow_provider_raybatch.pipeline.models import resolve_model_source\n"
+        "from airflow_provider_raybatch.pipeline.generate.models import resolve_model_source\n"
         "resolve_model_source('s3://models/m', '/cache')\n"
         "resolve_model_source('Qwen/Qwen2.5-0.5B-Instruct', '/cache')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))\n"

@@ -20,9 +20,9 @@ except ImportError:  # not importorskip: without hypothesis the property tests m
     given = settings = st = HealthCheck = None  # type: ignore[assignment]
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.pipeline import openai_batch
-from airflow_provider_raybatch.pipeline.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS, RequestError
-from airflow_provider_raybatch.pipeline.part_schema import unsafe_number
+from airflow_provider_raybatch.pipeline.openai import openai_batch
+from airflow_provider_raybatch.pipeline.openai.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS, RequestError
+from airflow_provider_raybatch.pipeline.stage.part_schema import unsafe_number
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 

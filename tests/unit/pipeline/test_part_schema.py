@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/part_schema.py: a part's schema from all its rows, one per output."""
+"""Tests of airflow_provider_raybatch/pipeline/stage/part_schema.py: a part's schema from all its rows, one per output."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline import part_schema
+from airflow_provider_raybatch.pipeline.stage import part_schema
 
 
 def _round_trip(records: list[dict]) -> list[dict]:

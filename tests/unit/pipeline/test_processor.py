@@ -1,4 +1,4 @@
-"""pipeline/processor.py: the driver builds the ray.data.llm processor without vLLM, torch or transformers."""
+"""pipeline/generate/processor.py: the driver builds the ray.data.llm processor without vLLM, torch or transformers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import processor
+from airflow_provider_raybatch.pipeline.generate import processor
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 ENGINE_LIBRARIES = ("vllm", "torch", "transformers")
@@ -28,7 +28,7 @@ from airflow_provider_raybatch.pipeline import run
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/out/", user_template="{text}",
                           replica_resources={"CPU": 1})
-from airflow_provider_raybatch.pipeline.parts import PartWriter
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 parts = PartWriter("/out/_staging/k", "parquet", count_labels=False)
 built = run._build_while_reading(spec, MODEL, parts).result()  # in its own thread, as run_batch builds it
 # An OpenAI batch's sampling fields come from its lines (run._fields_to_fill): built after the reads.
@@ -57,9 +57,9 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
     assert report["left_in_sys_modules"] == []  # no stand-in or block outlives the build
     # Ray's own stages with our chat-template and engine UDFs, by name: the replicas import the real libraries.
     assert report["udfs"] == {
-        "ChatTemplateStage": "airflow_provider_raybatch.pipeline.chat_template.RaybatchChatTemplateUDF",
+        "ChatTemplateStage": "airflow_provider_raybatch.pipeline.prompt.chat_template.RaybatchChatTemplateUDF",
         "TokenizeStage": "ray.llm._internal.batch.stages.tokenize_stage.TokenizeUDF",
-        "vLLMEngineStage": "airflow_provider_raybatch.pipeline.engine_actor.RaybatchvLLMEngineStageUDF",
+        "vLLMEngineStage": "airflow_provider_raybatch.pipeline.generate.engine_actor.RaybatchvLLMEngineStageUDF",
     }
     assert report["architectures"] == ["LlamaForCausalLM"]  # Ray's telemetry still gets it
     assert report["openai_built_while_reading"] is False

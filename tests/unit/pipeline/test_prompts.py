@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/prompts.py: a row's chat messages, or why there are none."""
+"""Tests of airflow_provider_raybatch/pipeline/prompt/prompts.py: a row's chat messages, or why there are none."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.pipeline.prompts import build_messages, load_callable, row_id
+from airflow_provider_raybatch.pipeline.prompt.prompts import build_messages, load_callable, row_id
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 

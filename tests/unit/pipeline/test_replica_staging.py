@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/replica_staging.py: when a replica's finished rows are staged."""
+"""Tests of airflow_provider_raybatch/pipeline/stage/replica_staging.py: when a replica's finished rows are staged."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.pipeline.replica_staging import TRACE_ROWS_ENV, RowStager, flush_rows_for
+from airflow_provider_raybatch.pipeline.stage.replica_staging import TRACE_ROWS_ENV, RowStager, flush_rows_for
 
 
 def _row(n: int) -> dict[str, Any]:  # Any: row values.

@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/report.py: the sidecar fields, their sums, and the page.
+"""Tests of airflow_provider_raybatch/pipeline/reporting/report.py: the sidecar fields, their sums, and the page.
 
 The last test stages a part with the ``PartWriter`` a job stages with, so the sidecar checked is the
 one a job writes.
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import report
-from airflow_provider_raybatch.pipeline.parts import PartWriter
-from airflow_provider_raybatch.pipeline.report import ReportStats, render_report, throughput
+from airflow_provider_raybatch.pipeline.reporting import report
+from airflow_provider_raybatch.pipeline.reporting.report import ReportStats, render_report, throughput
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
 T0 = datetime(2026, 11, 21, 8, 0, tzinfo=UTC)
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_raybatch.pipeline import row_steps
-from airflow_provider_raybatch.pipeline import rows as rows_module
+from airflow_provider_raybatch.pipeline.read import rows as rows_module
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from tests.unit.pipeline.row_path import FAIL_ROW, run_rows
 

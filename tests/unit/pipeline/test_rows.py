@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/rows.py: one record per input row, never a lost row.
+"""Tests of airflow_provider_raybatch/pipeline/read/rows.py: one record per input row, never a lost row.
 
 The JSONL reader and the unreadable-file path always run here; CSV and Parquet need pyarrow, so
 their tests skip where it is not installed. Every error reason starts with a stable kind and a colon
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.rows import (
+from airflow_provider_raybatch.pipeline.read.rows import (
     BYTES_DATA_URL_PREFIX,
     MAX_INPUT_FILE_BYTES,
     RAW_LINE_KEPT_CHARS,
@@ -66,7 +66,7 @@ def test_crlf_line_endings() -> None:
 
 
 def test_a_bare_cr_is_part_of_its_line_not_a_line_break() -> None:
-    """Lines end at \n only, as the API counts requests (pipeline/jsonl.py); splitlines() split here."""
+    """Lines end at \n only, as the API counts requests (pipeline/read/jsonl.py); splitlines() split here."""
     records = rows_of(b'{"a":\r1}\n{"q": "x\ry"}\n\r\n{"b": 2}\r\n')
 
     assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2", "part/in.jsonl:4"]
@@ -207,7 +207,7 @@ def test_binary_columns_keep_their_bytes_exactly() -> None:
     import base64
 
     pa = pytest.importorskip("pyarrow")
-    from airflow_provider_raybatch.pipeline.rows import BYTES_DATA_URL_PREFIX
+    from airflow_provider_raybatch.pipeline.read.rows import BYTES_DATA_URL_PREFIX
 
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     table = pa.table(
@@ -402,7 +402,7 @@ def test_numpy_scalars_and_arrays() -> None:
 
 
 def test_a_row_json_cannot_write_becomes_an_error_record_not_an_exception() -> None:
-    from airflow_provider_raybatch.pipeline.rows import _ok
+    from airflow_provider_raybatch.pipeline.read.rows import _ok
 
     looped: dict = {}
     looped["self"] = looped
@@ -705,7 +705,7 @@ def test_parquet_repeated_column_names_keep_every_column() -> None:
 
 def test_a_table_with_rows_and_no_columns_keeps_its_rows() -> None:
     pa = pytest.importorskip("pyarrow")
-    from airflow_provider_raybatch.pipeline.rows import _table_rows
+    from airflow_provider_raybatch.pipeline.read.rows import _table_rows
 
     assert _table_rows(pa.table({"a": [1, 2, 3]}).drop_columns(["a"])) == [{}, {}, {}]
 

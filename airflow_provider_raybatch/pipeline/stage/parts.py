@@ -29,14 +29,16 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import openai_batch, part_schema, storage
-from airflow_provider_raybatch.pipeline.commit import (
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.openai import openai_batch
+from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
+from airflow_provider_raybatch.pipeline.stage import part_schema
+from airflow_provider_raybatch.pipeline.stage.commit import (
     PART_FOLDERS,
     SOURCES_IN_FILE_ORDER,
     StagedPart,
     reason_kind,
 )
-from airflow_provider_raybatch.pipeline.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 
 #: A staged row from before rows said their label (a part read back to be staged again): its text counts.

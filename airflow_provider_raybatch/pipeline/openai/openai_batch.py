@@ -8,7 +8,7 @@ output format. Pure functions of a line, unit-tested without Ray.
 
 One line stays one engine row: its ``n`` choices come back from one vLLM request, and the inputs of a
 multi-input embeddings line after the first travel as the row's ``extra_inputs`` (see
-:mod:`~airflow_provider_raybatch.pipeline.engine_actor`, which serves both).
+:mod:`~airflow_provider_raybatch.pipeline.generate.engine_actor`, which serves both).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.part_schema import unsafe_number
+from airflow_provider_raybatch.pipeline.stage.part_schema import unsafe_number
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

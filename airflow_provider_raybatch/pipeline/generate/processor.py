@@ -47,7 +47,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import engine
+from airflow_provider_raybatch.pipeline.generate import engine
 
 #: Not imported while the processor is built: blocked (vLLM) or deferred to their first use.
 BLOCKED = ("vllm",)

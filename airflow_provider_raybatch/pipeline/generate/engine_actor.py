@@ -1,4 +1,4 @@
-"""The vLLM stage's UDF: a faster start (see :mod:`~airflow_provider_raybatch.pipeline.engine`), and the
+"""The vLLM stage's UDF: a faster start (see :mod:`~airflow_provider_raybatch.pipeline.generate.engine`), and the
 choices and embeddings that Ray Data LLM's own UDF leaves out.
 
 Imported only where Ray Data LLM is (the job's driver and the engine actors): it subclasses Ray Data
@@ -24,8 +24,9 @@ from typing import Any
 
 import ray
 
-from airflow_provider_raybatch.pipeline import engine, openai_batch
-from airflow_provider_raybatch.pipeline.replica_staging import REPORTED_PARTS, RowStager, flush_rows_for
+from airflow_provider_raybatch.pipeline.generate import engine
+from airflow_provider_raybatch.pipeline.openai import openai_batch
+from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS, RowStager, flush_rows_for
 
 # In a replica, this module is imported when Ray unpickles the UDF class, before Ray Data LLM's stage
 # module imports torch: the earliest point to let the forkserver start its imports (not in the driver).
@@ -73,8 +74,8 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
         # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
-        from airflow_provider_raybatch.pipeline.parts import PartWriter
         from airflow_provider_raybatch.pipeline.row_steps import stage_engine_rows
+        from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
         settings = dict(raybatch_staging)
         spec = settings.pop("spec")

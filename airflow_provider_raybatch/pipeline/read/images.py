@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
 # too, beside the kinds of decoding, for the readers of rows' reasons (TOO_LARGE_KIND also covers
 # pixels and the engine's encoding here).
-from airflow_provider_raybatch.pipeline.image_sources import (  # noqa: F401 - re-exported
+from airflow_provider_raybatch.pipeline.read.image_sources import (  # noqa: F401 - re-exported
     BAD_VALUE_KIND,
     DEFAULT_SOURCES,
     FETCH_KIND,
@@ -63,10 +63,10 @@ from airflow_provider_raybatch.pipeline.image_sources import (  # noqa: F401 - r
     ImageSources,
     read_source,
 )
-from airflow_provider_raybatch.pipeline.image_sources import briefly as _describe
-from airflow_provider_raybatch.pipeline.image_sources import decode_data_url as _decode_data_url
-from airflow_provider_raybatch.pipeline.image_sources import reason as _reason
-from airflow_provider_raybatch.pipeline.image_sources import shorten as _short
+from airflow_provider_raybatch.pipeline.read.image_sources import briefly as _describe
+from airflow_provider_raybatch.pipeline.read.image_sources import decode_data_url as _decode_data_url
+from airflow_provider_raybatch.pipeline.read.image_sources import reason as _reason
+from airflow_provider_raybatch.pipeline.read.image_sources import shorten as _short
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -418,7 +418,7 @@ def _described_data_url(url: str) -> str:
     header, _, payload = url.partition(",")
     size = len(payload) * 3 // 4 - len(payload) + len(payload.rstrip("="))  # the decoded size
     mime = _short(header.removeprefix(_DATA_URL_PREFIX).split(";", 1)[0], 60)
-    # application/octet-stream: bytes the pipeline itself carried as a data URL (pipeline/rows.py)
+    # application/octet-stream: bytes the pipeline itself carried as a data URL (pipeline/read/rows.py)
     if mime in ("", "application/octet-stream"):
         return f"<{size} bytes>"
     return f"<{mime} data URL, {size} bytes>"

@@ -1,7 +1,7 @@
 """Staging, resume and commit: how a run becomes visible exactly once, and how a retry resumes.
 
 While a run is in progress its result rows stream in as parts (see
-:mod:`~airflow_provider_raybatch.pipeline.parts`): each part's sidecar into ``_staging/<run_key>/parts/``,
+:mod:`~airflow_provider_raybatch.pipeline.stage.parts`): each part's sidecar into ``_staging/<run_key>/parts/``,
 its data files straight into the version folder the run will commit, ``versions/<version>/outputs/``
 and ``errors/``, named when staging opens (``_staging/<run_key>/spec.json`` holds the spec's
 fingerprint and that version). Readers never see it before the commit: they follow ``manifest.json``.
@@ -10,7 +10,7 @@ staged parts and processes only the rest.
 
 Commit keeps the first staged copy of each row (a retried batch stages its rows again), checks that
 every input row is accounted for and writes the run report (``report.html``, see
-:mod:`~airflow_provider_raybatch.pipeline.report`) into the version folder; it moves no data file, so it
+:mod:`~airflow_provider_raybatch.pipeline.reporting.report`) into the version folder; it moves no data file, so it
 costs a read of each sidecar (in parallel) and a listing, however many rows. Then it replaces
 ``manifest.json`` and only then deletes the previous version (unless ``keep_versions``) and the
 sidecars. A staging opened before in-place commits (its ``spec.json`` names no version) keeps its
@@ -30,7 +30,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, failed_rows_verdict
-from airflow_provider_raybatch.pipeline import report, storage
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.reporting import report
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 

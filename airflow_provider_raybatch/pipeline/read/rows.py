@@ -27,7 +27,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.jsonl import BYTE_ORDER_MARK, split_lines
+from airflow_provider_raybatch.pipeline.read.jsonl import BYTE_ORDER_MARK, split_lines
 from airflow_provider_raybatch.specs import InputFormat
 
 Record = dict[str, str | None]

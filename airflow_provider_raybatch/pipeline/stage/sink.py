@@ -12,8 +12,8 @@ from typing import Any
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
-from airflow_provider_raybatch.pipeline.commit import StagedPart
-from airflow_provider_raybatch.pipeline.parts import PartWriter
+from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
 
 class StagedPartsSink(Datasink[list[dict[str, Any]]]):

@@ -27,7 +27,7 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   CPU engine a step admitted ~29 prompts of ~70 tokens while 170 waited. Where the author set
   neither, the replica asks vLLM for its ``LLM()`` defaults (:func:`with_llm_class_batch_defaults`).
 * **Our UDF, forkserver on or off.** The vLLM stage runs our UDF
-  (:mod:`~airflow_provider_raybatch.pipeline.engine_actor`) either way; the switch decides the
+  (:mod:`~airflow_provider_raybatch.pipeline.generate.engine_actor`) either way; the switch decides the
   forkserver only. The UDF also returns what Ray Data LLM's drops: an OpenAI line's choices after the
   first, and the embeddings of its inputs after the first.
 """
@@ -125,7 +125,7 @@ def use_our_engine_stage(
     stages = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
     if not stages:
         return processor
-    from airflow_provider_raybatch.pipeline.engine_actor import RaybatchvLLMEngineStageUDF
+    from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
 
     for stage in stages:
         if stage.fn is RaybatchvLLMEngineStageUDF.__mro__[1]:
@@ -142,7 +142,7 @@ def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LL
     stages = [stage for stage in stages if type(stage).__name__ == _CHAT_TEMPLATE_STAGE]
     if not stages:
         return
-    from airflow_provider_raybatch.pipeline.chat_template import RaybatchChatTemplateUDF
+    from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 
     for stage in stages:
         if stage.fn is RaybatchChatTemplateUDF.__mro__[1]:

@@ -48,7 +48,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.specs import check_allowed_local_path, parse_allowed_host_entry, parse_s3_prefix
+from airflow_provider_raybatch.specs import (
+    check_allowed_local_path,
+    parse_allowed_host_entry,
+    parse_s3_prefix,
+)
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.specs import BatchInferenceSpec

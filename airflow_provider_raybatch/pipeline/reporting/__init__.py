@@ -1,0 +1,1 @@
+"""Report: the job's progress while it runs, and the run report written with each version."""
