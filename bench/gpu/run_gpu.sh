@@ -76,6 +76,23 @@ waitbg() {  # until the runner wrote bg.rc, or this call is nearly out of time
   done
   echo "RUNNER DONE rc=$(cat $K/bg.rc) at $(date +%T)"; tail -110 $L/bg.log | cut -c1-600
 }
+write_customers() {  # ROWS ROWS_PER_FILE: /tmp/gpu_data/customers-ROWS (make_submissions.customers_csv), once
+  python3 - "$1" "$2" <<'PY'
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, "scripts")
+from make_sample_customers import write_customer_files
+rows, per_file = int(sys.argv[1]), int(sys.argv[2])
+folder = Path(f"/tmp/gpu_data/customers-{rows}")
+marker = folder / "params.json"
+if not marker.exists():
+    t = time.time()
+    duplicates, no_id = write_customer_files(folder, rows, per_file)
+    marker.write_text(json.dumps({"rows": rows, "duplicates": duplicates, "no_id": no_id}))
+    size = sum(path.stat().st_size for path in folder.glob("*.csv"))
+    print(f"{folder}: {rows} rows ({duplicates} repeated ids, {no_id} without one), {size / 2**20:.0f} MiB, {time.time() - t:.1f} s")
+PY
+}
 [ "$RUNNER" = 1 ] && trap 'echo $? > $K/bg.rc' EXIT  # "wait" stops when this exists
 read -ra ST <<< "${1:-install}"
 i=0
@@ -107,39 +124,8 @@ for name in ("ours-2000", "ours-20000"):
 print("prompts written")
 PY
     echo "install done at $(( $(date +%s) - T0 ))s";;
-  data)
-    python3 - <<'PY'
-import json, sys, time
-from pathlib import Path
-sys.path.insert(0, "scripts")
-from make_sample_customers import write_customer_files
-for rows in (2_000_000, 200_000):
-    folder = Path(f"/tmp/gpu_data/customers-{rows}")  # make_submissions.customers_csv: customers-0000.csv
-    marker = folder / "params.json"
-    if marker.exists():
-        continue
-    t = time.time()
-    duplicates, no_id = write_customer_files(folder, rows, rows)  # one file, as the seeds have one
-    marker.write_text(json.dumps({"rows": rows, "duplicates": duplicates, "no_id": no_id}))
-    size = (folder / "customers-0000.csv").stat().st_size
-    print(f"{folder}: {rows} rows ({duplicates} repeated ids, {no_id} without one), {size / 2**20:.0f} MiB, {time.time() - t:.1f} s")
-PY
-    ;;
-  data20m)  # the dry-20m job's input: 20,000,000 rows in 20 files of 1,000,000
-    python3 - <<'PY'
-import json, sys, time
-from pathlib import Path
-sys.path.insert(0, "scripts")
-from make_sample_customers import write_customer_files
-folder = Path("/tmp/gpu_data/customers-20000000")
-marker = folder / "params.json"
-if not marker.exists():
-    t = time.time()
-    duplicates, no_id = write_customer_files(folder, 20_000_000, 1_000_000)
-    marker.write_text(json.dumps({"rows": 20_000_000, "duplicates": duplicates, "no_id": no_id}))
-    print(f"{folder}: 20000000 rows ({duplicates} repeated ids, {no_id} without one), {time.time() - t:.1f} s")
-PY
-    ;;
+  data)     write_customers 2000000 2000000; write_customers 200000 200000;;  # ONE file each, as the seeds have
+  data20m)  write_customers 20000000 1000000;;  # the dry-20m job's input: 20 files of 1,000,000 rows
   a:*)
     n=${s#a:}; job=bench/gpu/jobs/$n.json; [ -e "$job" ] || job=bench/gpu/jobs/ours-$n.json
     waitgpu; echo "=== a:$n start $(date +%T) ($(left)s left)"

@@ -64,7 +64,7 @@ def with_llm_class_batch_defaults(engine_kwargs: dict[str, Any]) -> dict[str, An
 
     Why: a batch job should get what raw vLLM gets. ``AsyncEngineArgs`` (which Ray Data LLM builds
     the engine from) keeps per-step statistics on, which ``LLM()`` turns off; in the replica they
-    cost ~7% of its CPU per row (py-spy, bench/engine_feed.py), and the replica's one process is
+    cost ~7% of its CPU per row (py-spy, bench/engine_feed.sh), and the replica's one process is
     what feeds the engine. ``disable_log_stats=False`` brings the "Running: N reqs" lines back.
 
     In a replica only: it imports vLLM, and the defaults depend on the accelerator it runs on.
