@@ -39,13 +39,15 @@ RUNNER=${RUNNER:-0}  # 1: the detached runner of "bg" (never packs results: the 
 FINAL=${OUT:-/tmp/out}; [ "$RUNNER" = 1 ] && FINAL=/tmp/bgout; mkdir -p "$FINAL"
 rm -f /tmp/bin/python  # the image has python in its venv; a symlink elsewhere would lose the venv
 # The runner runs a private copy of this script (bash reads a script as it goes: a copy of the tree
-# written over it by a later call must not move it; 2026-11-26 a runner went back to its first stage).
+# written over it by a later call must not move it). Functions keep their loop variables local: the
+# stage loop's index is i, and a global i set by waitgpu sent the runner back to stage 1 (2026-11-26).
 HERE=${RUNNER_HERE:-$(cd "$(dirname "$0")" && pwd)}; REPO=$(cd "$HERE/../.." && pwd); cd "$REPO"
 MODEL=/tmp/llama8b_dummy
 echo "start $(date +%T) stages='${1:-}' LIMIT=$LIMIT runner=$RUNNER"
-waitgpu() { local u; for i in $(seq 90); do u=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1); [ "${u:-0}" -lt 3000 ] && return 0; sleep 1; done; echo "GPU still has ${u} MiB used"; }
+waitgpu() { local u i; for i in $(seq 90); do u=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1); [ "${u:-0}" -lt 3000 ] && return 0; sleep 1; done; echo "GPU still has ${u} MiB used"; }
 rayup() { python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8265/api/version', timeout=3)" 2>/dev/null; }
 startray() {
+  local i  # the stage loop's index is i: a global i here sent the runner back to its first stage
   rayup && return 0
   # From /: should the job's `python -m` driver inherit the head's cwd (via the job supervisor), it
   # would put it first on sys.path, and a checkout there would shadow the package the job uploaded.
