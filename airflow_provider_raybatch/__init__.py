@@ -90,21 +90,21 @@ def get_provider_info() -> dict:
                         "default": "200000000",
                     },
                     "openai_max_body_bytes": {
-                        "description": 'The largest request body other than an upload, in bytes (413 past it).',
+                        "description": "The largest request body other than an upload, in bytes (413 past it).",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,
                         "default": "1048576",
                     },
                     "openai_max_metadata_pairs": {
-                        "description": 'The most metadata keys a batch may carry (OpenAI: 16).',
+                        "description": "The most metadata keys a batch may carry (OpenAI: 16).",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,
                         "default": "16",
                     },
                     "openai_max_metadata_key_chars": {
-                        "description": 'The longest metadata key, in characters (OpenAI: 64).',
+                        "description": "The longest metadata key, in characters (OpenAI: 64).",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,
@@ -125,7 +125,7 @@ def get_provider_info() -> dict:
                         "default": "20",
                     },
                     "openai_max_metadata_value_chars": {
-                        "description": 'The longest metadata value, in characters (OpenAI: 512).',
+                        "description": "The longest metadata value, in characters (OpenAI: 512).",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,

@@ -200,7 +200,7 @@ class BatchInferenceSpec(BaseModel):
     system_prompt: str | None = Field(default=None, description="System message put before the user message.")
     user_template: str | None = Field(
         default=None,
-        description="User message for each row, e.g. 'Sector of {Company}? Answer as {\"label\": \"...\"}'. "
+        description='User message for each row, e.g. \'Sector of {Company}? Answer as {"label": "..."}\'. '
         "Airflow renders it with Jinja first ({{ ds }}); then each {Column} (optionally {Column!r} or "
         "{Column:.2f}, as in str.format) is that row's value. Every other brace is literal text, so JSON "
         "examples are written as they are; there is no doubled-brace escape (parse_user_template).",

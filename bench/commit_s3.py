@@ -109,6 +109,7 @@ def main() -> None:
         starts = range(0, args.rows, args.rows_per_part)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(16) as pool:
+
             def stage(start: int) -> Any:  # Any: a StagedPart
                 return writer.write_part(result_rows(start, min(args.rows_per_part, args.rows - start)))
 

@@ -34,11 +34,17 @@ INDUSTRIES = [
     max_active_runs=4,
     tags=["raybatch", "llm", "example"],
     params={
-        "model": Param("Qwen/Qwen2.5-1.5B-Instruct", type="string", description="HF id or path of the model."),
-        "data_root": Param("s3://my-bucket/raybatch", type="string", description="Root of inputs and outputs."),
+        "model": Param(
+            "Qwen/Qwen2.5-1.5B-Instruct", type="string", description="HF id or path of the model."
+        ),
+        "data_root": Param(
+            "s3://my-bucket/raybatch", type="string", description="Root of inputs and outputs."
+        ),
         "engine_kwargs": Param({"max_model_len": 4096}, type="object", description="vLLM engine arguments."),
         "replica_resources": Param(
-            None, type=["null", "object"], description="Resources per replica; {'CPU': 1} on vLLM's CPU build."
+            None,
+            type=["null", "object"],
+            description="Resources per replica; {'CPU': 1} on vLLM's CPU build.",
         ),
         "aws_conn_id": Param(
             None,

@@ -32,7 +32,9 @@ from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
             type="string",
             description="HF id or path of a vision-language model.",
         ),
-        "data_root": Param("s3://my-bucket/raybatch", type="string", description="Root of inputs and outputs."),
+        "data_root": Param(
+            "s3://my-bucket/raybatch", type="string", description="Root of inputs and outputs."
+        ),
         "engine_kwargs": Param(
             {"max_model_len": 4096, "limit_mm_per_prompt": {"image": 1}},
             type="object",
@@ -44,7 +46,9 @@ from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
             description="Shrink images to this longest side (bounds the vision tokens per image).",
         ),
         "replica_resources": Param(
-            None, type=["null", "object"], description="Resources per replica; {'CPU': 1} on vLLM's CPU build."
+            None,
+            type=["null", "object"],
+            description="Resources per replica; {'CPU': 1} on vLLM's CPU build.",
         ),
         "aws_conn_id": Param(None, type=["null", "string"], description="AWS connection for s3:// data."),
         "max_failed_fraction": Param(

@@ -18,7 +18,9 @@ from airflow.sdk import Asset, Param, dag
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 
 #: The Asset downstream DAGs schedule on; each event's extras name the day's output.
-SUPPORT_TICKET_SUMMARIES = Asset(name="support_ticket_summaries", uri="s3://my-bucket/raybatch/support_ticket_summaries")
+SUPPORT_TICKET_SUMMARIES = Asset(
+    name="support_ticket_summaries", uri="s3://my-bucket/raybatch/support_ticket_summaries"
+)
 
 
 @dag(
@@ -28,11 +30,17 @@ SUPPORT_TICKET_SUMMARIES = Asset(name="support_ticket_summaries", uri="s3://my-b
     max_active_runs=4,
     tags=["raybatch", "llm", "example"],
     params={
-        "model": Param("Qwen/Qwen2.5-1.5B-Instruct", type="string", description="HF id or path of the model."),
-        "data_root": Param("s3://my-bucket/raybatch", type="string", description="Root of inputs and outputs."),
+        "model": Param(
+            "Qwen/Qwen2.5-1.5B-Instruct", type="string", description="HF id or path of the model."
+        ),
+        "data_root": Param(
+            "s3://my-bucket/raybatch", type="string", description="Root of inputs and outputs."
+        ),
         "engine_kwargs": Param({"max_model_len": 4096}, type="object", description="vLLM engine arguments."),
         "replica_resources": Param(
-            None, type=["null", "object"], description="Resources per replica; {'CPU': 1} on vLLM's CPU build."
+            None,
+            type=["null", "object"],
+            description="Resources per replica; {'CPU': 1} on vLLM's CPU build.",
         ),
         "aws_conn_id": Param(None, type=["null", "string"], description="AWS connection for s3:// data."),
     },

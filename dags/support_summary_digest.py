@@ -15,10 +15,17 @@ from airflow.sdk import Asset, dag, task
 log = logging.getLogger(__name__)
 
 #: The Asset daily_support_ticket_summary emits (matched by name and URI).
-SUPPORT_TICKET_SUMMARIES = Asset(name="support_ticket_summaries", uri="s3://my-bucket/raybatch/support_ticket_summaries")
+SUPPORT_TICKET_SUMMARIES = Asset(
+    name="support_ticket_summaries", uri="s3://my-bucket/raybatch/support_ticket_summaries"
+)
 
 
-@dag(schedule=[SUPPORT_TICKET_SUMMARIES], start_date=datetime(2026, 1, 1), catchup=False, tags=["raybatch", "example"])
+@dag(
+    schedule=[SUPPORT_TICKET_SUMMARIES],
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=["raybatch", "example"],
+)
 def support_summary_digest() -> None:
     @task(multiple_outputs=False)
     def digest(triggering_asset_events: Any = None) -> list[dict[str, Any]]:  # Any: Airflow's event accessor.

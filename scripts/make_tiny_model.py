@@ -32,7 +32,9 @@ def training_corpus(text: str) -> list[str]:
     return [" ".join(words[i:] + words[:i]) for i in range(len(words))] * 8
 
 
-def train_tokenizer(corpus: list[str], special_tokens: list[str], eos: str, pad: str) -> Any:  # Any: a tokenizer.
+def train_tokenizer(
+    corpus: list[str], special_tokens: list[str], eos: str, pad: str
+) -> Any:  # Any: a tokenizer.
     """A byte-level BPE tokenizer trained on the spot (nothing can be downloaded here)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -36,8 +36,14 @@ class LocalRayCluster:
 
     def add_worker_node(self, num_cpus: int, resources: dict[str, float]) -> None:
         """Start one more raylet on this machine that joins the head: a second node."""
-        env = {**self.env, "RAYBATCH_WORKER_CPUS": str(num_cpus), "RAYBATCH_WORKER_RESOURCES": json.dumps(resources)}
-        subprocess.run([str(ROOT / "scripts" / "local_ray_cluster.sh"), "add-worker"], env=env, check=True, timeout=180)
+        env = {
+            **self.env,
+            "RAYBATCH_WORKER_CPUS": str(num_cpus),
+            "RAYBATCH_WORKER_RESOURCES": json.dumps(resources),
+        }
+        subprocess.run(
+            [str(ROOT / "scripts" / "local_ray_cluster.sh"), "add-worker"], env=env, check=True, timeout=180
+        )
 
     def connection_json(self, token: str | None = None) -> str:
         host, port = self.address.removeprefix("http://").split(":")
@@ -80,7 +86,12 @@ def ray_connection(ray_cluster: LocalRayCluster, monkeypatch: pytest.MonkeyPatch
 
 def _make_model(script: str, out: Path) -> Path:
     """Run one of scripts/make_tiny_*.py with the cluster's Python (they need torch and transformers)."""
-    subprocess.run([str(RAY_PYTHON), str(ROOT / "scripts" / script), str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(RAY_PYTHON), str(ROOT / "scripts" / script), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return out
 
 

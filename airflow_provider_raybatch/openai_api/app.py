@@ -149,7 +149,8 @@ def _require_bearer_token(request: Request) -> None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _openai_error(
-            401, "Send your Airflow API token as 'Authorization: Bearer <token>' (cookies are not accepted here)."
+            401,
+            "Send your Airflow API token as 'Authorization: Bearer <token>' (cookies are not accepted here).",
         )
 
 
@@ -159,12 +160,16 @@ def _check_metadata(metadata: dict[str, str] | None, config: openai_settings.Ope
         return
     if len(metadata) > config.max_metadata_pairs:
         raise _openai_error(
-            400, f"metadata has {len(metadata)} keys; at most {config.max_metadata_pairs} are allowed.", "metadata"
+            400,
+            f"metadata has {len(metadata)} keys; at most {config.max_metadata_pairs} are allowed.",
+            "metadata",
         )
     for key, value in metadata.items():
         if len(key) > config.max_metadata_key_chars:
             raise _openai_error(
-                400, f"metadata key {key[:20]!r}... is over {config.max_metadata_key_chars} characters.", "metadata"
+                400,
+                f"metadata key {key[:20]!r}... is over {config.max_metadata_key_chars} characters.",
+                "metadata",
             )
         if len(value) > config.max_metadata_value_chars:
             raise _openai_error(
@@ -211,7 +216,9 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         """A 400 in OpenAI's shape naming the first bad field, without echoing the body back."""
         first = (exc.errors() or [{}])[0]
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
-        message = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "Invalid request."))
+        message = (
+            f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "Invalid request."))
+        )
         return JSONResponse(_error_body(_openai_error(400, message[:300], where)), status_code=400)
 
     def owned(lookup: Any, what: str, object_id: str, user: Any) -> Any:  # Any: the lookup's result, a user.
@@ -240,7 +247,9 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             if not isinstance(file, UploadFile):
                 raise _openai_error(400, "Send the file as the multipart field 'file'.", "file")
             if purpose != "batch":
-                raise _openai_error(400, f"purpose {str(purpose)[:40]!r}: this API takes 'batch' files only.", "purpose")
+                raise _openai_error(
+                    400, f"purpose {str(purpose)[:40]!r}: this API takes 'batch' files only.", "purpose"
+                )
             if store.count_files(user.get_id()) >= config.max_files_per_user:
                 raise _openai_error(
                     429, f"You have {config.max_files_per_user} files, the most one user may keep: delete some first.",
@@ -257,7 +266,9 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
                     owner=user.get_id(), owner_name=user.get_name(), max_bytes=config.max_upload_bytes,
                 )  # fmt: skip
             except TooLargeError as err:
-                raise _openai_error(413, f"{err} Split it into smaller files.", "file", "file_too_large") from err
+                raise _openai_error(
+                    413, f"{err} Split it into smaller files.", "file", "file_too_large"
+                ) from err
         finally:
             await form.close()
         return public(record)
@@ -373,7 +384,8 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             store.delete_batch(batch_id)
             log.exception("Could not start a run of the batch DAG %r for %s.", dag_id, batch_id)
             raise _openai_error(
-                503, f"Could not start the batch DAG {dag_id!r} ({type(err).__name__}); see the API server's log."
+                503,
+                f"Could not start the batch DAG {dag_id!r} ({type(err).__name__}); see the API server's log.",
             ) from err
         return batch_object(record, session)
 

@@ -56,7 +56,11 @@ class OpenAISettings:
             max_body_bytes=limit("openai_max_body_bytes", DEFAULT_MAX_BODY_BYTES),
             max_metadata_pairs=limit("openai_max_metadata_pairs", DEFAULT_MAX_METADATA_PAIRS),
             max_metadata_key_chars=limit("openai_max_metadata_key_chars", DEFAULT_MAX_METADATA_KEY_CHARS),
-            max_metadata_value_chars=limit("openai_max_metadata_value_chars", DEFAULT_MAX_METADATA_VALUE_CHARS),
+            max_metadata_value_chars=limit(
+                "openai_max_metadata_value_chars", DEFAULT_MAX_METADATA_VALUE_CHARS
+            ),
             max_files_per_user=limit("openai_max_files_per_user", DEFAULT_MAX_FILES_PER_USER),
-            max_open_batches_per_user=limit("openai_max_open_batches_per_user", DEFAULT_MAX_OPEN_BATCHES_PER_USER),
+            max_open_batches_per_user=limit(
+                "openai_max_open_batches_per_user", DEFAULT_MAX_OPEN_BATCHES_PER_USER
+            ),
         )

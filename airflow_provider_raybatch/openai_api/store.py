@@ -235,7 +235,9 @@ class OpenAIStore:
             names = _names(self.root / "files")
             upload_ids = [name.removesuffix(".json") for name in names if name.endswith(".json")]
         file_ids = [file_id for file_id in upload_ids if FILE_ID.fullmatch(file_id)]
-        file_ids += [self.output_file_id(batch["id"], kind) for batch in self.batches(owner) for kind in _OUTPUT_KINDS]
+        file_ids += [
+            self.output_file_id(batch["id"], kind) for batch in self.batches(owner) for kind in _OUTPUT_KINDS
+        ]
         records = []
         for file_id in file_ids:
             try:
@@ -302,7 +304,9 @@ class OpenAIStore:
         if owner is not None:
             batch_ids = self._owned_ids(owner, BATCH_ID)
         else:
-            batch_ids = [name.removesuffix(".json") for name in _names(self.root / "batches") if name.endswith(".json")]
+            batch_ids = [
+                name.removesuffix(".json") for name in _names(self.root / "batches") if name.endswith(".json")
+            ]
         records = []
         for batch_id in batch_ids:
             if BATCH_ID.fullmatch(batch_id):
@@ -326,4 +330,6 @@ class OpenAIStore:
         staging = self.output_path(batch_id) / "_staging"
         if not staging.exists():
             return []
-        return [record for path in staging.glob("*/parts/*.json") if (record := self.read_json(self.uri(path)))]
+        return [
+            record for path in staging.glob("*/parts/*.json") if (record := self.read_json(self.uri(path)))
+        ]

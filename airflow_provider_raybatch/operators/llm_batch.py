@@ -311,7 +311,9 @@ class RayLLMBatchOperator(BaseOperator):
         deadline = self._deadline()
         task_try = task_try_of(context)
         spec = self.build_spec(run_key=task_try.run_key())
-        self.log.info("Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri)
+        self.log.info(
+            "Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri
+        )
         secret = deployment_key()
         hook = self.hook
         previous = self._previous_job(hook, task_try, secret, context)
@@ -334,7 +336,9 @@ class RayLLMBatchOperator(BaseOperator):
                              "that result.", previous.job_id, previous.status.value)  # fmt: skip
             self.job_id = previous.job_id
             self._push_job_link(context, hook, previous.job_id)
-            return self.execute_complete(context, job_event("success", previous.job_id, "committed", "succeeded"))
+            return self.execute_complete(
+                context, job_event("success", previous.job_id, "committed", "succeeded")
+            )
         if previous is not None and previous.status == JobStatus.SUCCEEDED and self.reuse_earlier_result:
             self.log.info("Ray job %s of an earlier try succeeded; taking its result.", previous.job_id)
             self.job_id = previous.job_id
@@ -357,7 +361,9 @@ class RayLLMBatchOperator(BaseOperator):
         Carried in the trigger's arguments and through ``execute_complete``, so neither a triggerer
         restart nor a resubmission nor Airflow's own deferral timeout ever extends it.
         """
-        return None if self.execution_timeout is None else time.time() + self.execution_timeout.total_seconds()
+        return (
+            None if self.execution_timeout is None else time.time() + self.execution_timeout.total_seconds()
+        )
 
     def _submit_and_record(
         self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, secret: bytes, context: Context
@@ -370,7 +376,12 @@ class RayLLMBatchOperator(BaseOperator):
         return job_id
 
     def _wait(
-        self, context: Context, hook: RayHook, job_id: str, deadline: float | None, attached_at: float | None = None
+        self,
+        context: Context,
+        hook: RayHook,
+        job_id: str,
+        deadline: float | None,
+        attached_at: float | None = None,
     ) -> str:
         """Wait for the job: defer (default), or poll in the worker; then finish as it ended.
 
@@ -386,13 +397,16 @@ class RayLLMBatchOperator(BaseOperator):
                     job_id=job_id,
                     ray_conn_id=self.ray_conn_id,
                     poll_interval_seconds=self.poll_interval_seconds,
-                    timeout_seconds=self.execution_timeout.total_seconds() if self.execution_timeout else None,
+                    timeout_seconds=self.execution_timeout.total_seconds()
+                    if self.execution_timeout
+                    else None,
                     progress_interval_seconds=self.progress_interval_seconds,
                     deadline=deadline,
                 ),
                 method_name="execute_complete",
                 kwargs={"deadline": deadline, "attached_at": attached_at},
-                timeout=None if deadline is None
+                timeout=None
+                if deadline is None
                 else timedelta(seconds=max(deadline - time.time(), 0) + DEFERRAL_GRACE_SECONDS),
             )
         return self.execute_complete(context, self._wait_in_worker(hook, job_id), deadline, attached_at)
@@ -416,7 +430,9 @@ class RayLLMBatchOperator(BaseOperator):
         (:meth:`TaskTry.owns`): another deployment's, a re-created run's or a forged one is never
         adopted, and never stopped.
         """
-        ours = {job.job_id: job for job in hook.list_jobs() if task_try.owns(job.job_id, job.metadata, secret)}
+        ours = {
+            job.job_id: job for job in hook.list_jobs() if task_try.owns(job.job_id, job.metadata, secret)
+        }
         store = context.get("task_state_store")
         recorded = store.get(JOB_ID_STATE_KEY) if store is not None else None
         if recorded and str(recorded) not in ours:
@@ -515,7 +531,9 @@ class RayLLMBatchOperator(BaseOperator):
             context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
         return manifest["output_uri"]
 
-    def _dry_run_complete(self, manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str) -> str:  # Any: JSON.
+    def _dry_run_complete(
+        self, manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str
+    ) -> str:  # Any: JSON.
         """Log what the dry run found and return its folder; fail when the real run would fail its thresholds."""
         estimate = manifest.get("estimated_gpu_seconds")
         self.log.info(
@@ -556,7 +574,9 @@ class RayLLMBatchOperator(BaseOperator):
                          job_id, ended_at - attached_at)  # fmt: skip
         return False
 
-    def _committed_result_of(self, job_id: str, spec: BatchInferenceSpec) -> dict[str, Any] | None:  # Any: JSON.
+    def _committed_result_of(
+        self, job_id: str, spec: BatchInferenceSpec
+    ) -> dict[str, Any] | None:  # Any: JSON.
         """The manifest committed at ``output_uri`` if it is ``job_id``'s result, else None."""
         return job_results.committed_result_of(job_id, spec, job_results.storage_conn_id(self.aws_conn_id))
 
@@ -565,7 +585,10 @@ class RayLLMBatchOperator(BaseOperator):
         return RayHook(ray_conn_id=self.ray_conn_id, retry_window_seconds=CLEANUP_RETRY_WINDOW_SECONDS)
 
     def resume_execution(
-        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context  # Any: Airflow's.
+        self,
+        next_method: str,
+        next_kwargs: dict[str, Any] | None,
+        context: Context,  # Any: Airflow's.
     ) -> Any:  # Any: what the resumed method returns.
         """Stop this try's job when Airflow resumes the task only to fail it, then fail as Airflow does.
 

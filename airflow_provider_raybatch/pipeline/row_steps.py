@@ -392,7 +392,10 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         )
     output = _output_row(json.loads(row["row"]), row, spec)
     engine_counts = {
-        "tokens": [int(row["num_input_tokens"]), int(row["num_generated_tokens"])],  # whatever postprocess returns
+        "tokens": [
+            int(row["num_input_tokens"]),
+            int(row["num_generated_tokens"]),
+        ],  # whatever postprocess returns
         "label": row["generated_text"] if choices is not None else None,  # counted only for a choice
     }
     if spec.postprocess:
@@ -445,7 +448,12 @@ def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) ->
         custom_id = line.get("custom_id") if isinstance(line.get("custom_id"), str) else None
         record = openai_batch.error_line(custom_id, row["source"], reason, spec.run_key)
     else:
-        record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": _strict_json(row["row"])}
+        record = {
+            "id": row["id"],
+            "source": row["source"],
+            ERROR_COLUMN: reason,
+            "input": _strict_json(row["row"]),
+        }
     return {"source": row["source"], "ok": False, "record": json.dumps(record, ensure_ascii=False)}
 
 

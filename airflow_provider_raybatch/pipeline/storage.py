@@ -88,10 +88,14 @@ class S3Options:
 
         kwargs: dict[str, Any] = {"region": self.region}  # Any: S3FileSystem arguments.
         if self.access_key:
-            kwargs.update(access_key=self.access_key, secret_key=self.secret_key, session_token=self.session_token)
+            kwargs.update(
+                access_key=self.access_key, secret_key=self.secret_key, session_token=self.session_token
+            )
         if self.endpoint_url:
             endpoint = urlsplit(self.endpoint_url)
-            kwargs.update(endpoint_override=endpoint.netloc or endpoint.path, scheme=endpoint.scheme or "https")
+            kwargs.update(
+                endpoint_override=endpoint.netloc or endpoint.path, scheme=endpoint.scheme or "https"
+            )
         return fs.S3FileSystem(**{key: value for key, value in kwargs.items() if value is not None})
 
 

@@ -204,8 +204,12 @@ class RayJobTrigger(BaseTrigger):
             # resume_execution would still stop the job; with it, execute_complete does.
             self.log.exception("Waiting for Ray job %s failed.", self.job_id)
             yield TriggerEvent(
-                job_event("error", self.job_id, f"The trigger waiting for Ray job {self.job_id} failed: "
-                          f"{type(err).__name__}: {err}", "trigger_error")  # fmt: skip
+                job_event(
+                    "error",
+                    self.job_id,
+                    f"The trigger waiting for Ray job {self.job_id} failed: {type(err).__name__}: {err}",
+                    "trigger_error",
+                )  # fmt: skip
             )
 
     async def _timed_out(self, hook: RayHook) -> dict[str, str]:

@@ -56,7 +56,9 @@ class TaskTry:
         values = [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.run_after]
         if self.attempt != 1:
             values.append(f"attempt {self.attempt}")
-        mac = hmac.new(secret, "\x1f".join(map(str, values)).encode(), hashlib.sha256).hexdigest()[:_MAC_DIGITS]
+        mac = hmac.new(secret, "\x1f".join(map(str, values)).encode(), hashlib.sha256).hexdigest()[
+            :_MAC_DIGITS
+        ]
         parts = [_clean(self.dag_id), _clean(self.task_id), _clean(self.run_id), f"m{self.map_index}",
                  f"t{self.try_number}", *([f"a{self.attempt}"] if self.attempt != 1 else [])]  # fmt: skip
         return "-".join([SUBMISSION_ID_PREFIX, *parts, mac])

@@ -54,7 +54,9 @@ def make_tls_files(folder: Path) -> TlsFiles:
     files.ca_pem.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     files.key_pem.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
     )
     return files
 

@@ -62,8 +62,15 @@ def _chromium(url: str, screenshot: Path | None = None) -> str:
              f"--user-data-dir={screenshot.parent if screenshot else Path('/tmp')}/chromium-profile",
              "--window-size=1600,1000", "--virtual-time-budget=20000"]  # fmt: skip
     if screenshot is not None:
-        subprocess.run([CHROMIUM, *flags, f"--screenshot={screenshot}", url], check=True, capture_output=True, timeout=120)
-    return subprocess.run([CHROMIUM, *flags, "--dump-dom", url], check=True, capture_output=True, text=True, timeout=120).stdout
+        subprocess.run(
+            [CHROMIUM, *flags, f"--screenshot={screenshot}", url],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    return subprocess.run(
+        [CHROMIUM, *flags, "--dump-dom", url], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
 
 
 def _save(paths: list[Path]) -> None:
@@ -83,7 +90,9 @@ def _conf(tiny_model: Path, data_root: Path) -> dict:
             "replica_resources": CPU_REPLICA}  # fmt: skip
 
 
-def test_task_page_shows_progress_and_the_ray_job_link(airflow: Airflow, ray_cluster, tiny_model, tmp_path) -> None:
+def test_task_page_shows_progress_and_the_ray_job_link(
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path
+) -> None:
     day = "2026-11-14"
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
     airflow.api("PATCH", f"/dags/{DIGEST_DAG_ID}", json={"is_paused": False})
@@ -91,16 +100,25 @@ def test_task_page_shows_progress_and_the_ray_job_link(airflow: Airflow, ray_clu
     task_page = f"{airflow.url}/dags/{DAG_ID}/runs/{quote(run_id)}/tasks/{TASK_ID}"
     shots: list[Path] = []
 
-    airflow.wait("the task to defer", lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None)
+    airflow.wait(
+        "the task to defer",
+        lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None,
+    )
     shots.append(tmp_path / "1-task-deferred.png")
     _chromium(task_page, shots[-1])
 
     ti = airflow.wait(
         "the task to finish",
-        lambda: ti if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed") else None,
+        lambda: (
+            ti
+            if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
+            else None
+        ),
     )
     assert ti["state"] == "success", ti
-    job_id = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/xcomEntries/job_id").json()["value"]
+    job_id = airflow.api(
+        "GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/xcomEntries/job_id"
+    ).json()["value"]
 
     # The API the UI reads: the log has the relayed progress lines, the links point at the job.
     content = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/logs/{ti['try_number']}",
@@ -108,7 +126,9 @@ def test_task_page_shows_progress_and_the_ray_job_link(airflow: Airflow, ray_clu
     events = [str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content]
     progress = [event for event in events if f"Ray job {job_id}: " in event and f"/ {TICKETS} rows" in event]
     assert progress, events[-40:]
-    links = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/links").json()["extra_links"]
+    links = airflow.api(
+        "GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/links"
+    ).json()["extra_links"]
     assert links["Ray job"] == f"{ray_cluster.address}/#/jobs/{job_id}"
     assert links["Batch output"] == f"file://{tmp_path}/ticket_summaries/{day}"
     assert str(links["Run report"]).endswith("/report.html")
@@ -132,7 +152,9 @@ def test_task_page_shows_progress_and_the_ray_job_link(airflow: Airflow, ray_clu
         assert shot.stat().st_size > 10_000  # a rendered page, not an empty canvas
 
 
-def _deferred_run(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, day: str) -> tuple[str, str, str]:
+def _deferred_run(
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, day: str
+) -> tuple[str, str, str]:
     """Trigger the ticket DAG for ``day`` and wait until the triggerer runs its trigger: (run id, TI
     path, job id).
 
@@ -143,28 +165,47 @@ def _deferred_run(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypat
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl", LONG_RUN_TICKETS)
     run_id = airflow.trigger(DAG_ID, day, _conf(tiny_model, tmp_path))
-    airflow.wait("the task to defer", lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None)
+    airflow.wait(
+        "the task to defer",
+        lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None,
+    )
     path = f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
     job_id = airflow.api("GET", f"{path}/xcomEntries/job_id").json()["value"]
     polled = (f"Ray job {job_id} is ", f"Ray job {job_id}: ")  # the trigger's status and progress lines
-    airflow.wait("the triggerer to poll the job", lambda: True if any(line in _log_text(airflow, path, 1) for line in polled) else None, every=1)
+    airflow.wait(
+        "the triggerer to poll the job",
+        lambda: True if any(line in _log_text(airflow, path, 1) for line in polled) else None,
+        every=1,
+    )
     return run_id, path, job_id
 
 
 def _log_text(airflow: Airflow, path: str, try_number: int) -> str:
     """A try's log as the UI shows it (the worker's lines, then the triggerer's)."""
-    content = airflow.api("GET", f"{path}/logs/{try_number}", params={"full_content": "true"}).json()["content"]
-    return "\n".join(str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content)
+    content = airflow.api("GET", f"{path}/logs/{try_number}", params={"full_content": "true"}).json()[
+        "content"
+    ]
+    return "\n".join(
+        str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content
+    )
 
 
-def test_marking_a_deferred_task_failed_stops_its_ray_job(airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch) -> None:
-    run_id, path, job_id = _deferred_run(airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-13")
+def test_marking_a_deferred_task_failed_stops_its_ray_job(
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch
+) -> None:
+    run_id, path, job_id = _deferred_run(
+        airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-13"
+    )
     hook = RayHook()
     assert not hook.get_job_status(job_id).is_terminal
 
     airflow.api("PATCH", path, json={"new_state": "failed"})  # what "Mark as failed" sends
 
-    status = airflow.wait("the Ray job to stop", lambda: s if (s := hook.get_job_status(job_id)).is_terminal else None, timeout=120)
+    status = airflow.wait(
+        "the Ray job to stop",
+        lambda: s if (s := hook.get_job_status(job_id)).is_terminal else None,
+        timeout=120,
+    )
     assert status == JobStatus.STOPPED
     assert airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "failed"
 
@@ -175,10 +216,18 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
     """Clear in the UI while the task waits in the triggerer: the earlier try's job is stopped, and
     the next try finishes the batch with one job of its own (never two running at once), every
     ticket exactly once."""
-    run_id, path, first_job = _deferred_run(airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12")
+    run_id, path, first_job = _deferred_run(
+        airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12"
+    )
     hook = RayHook()
 
-    clear = {"dry_run": False, "task_ids": [TASK_ID], "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True}
+    clear = {
+        "dry_run": False,
+        "task_ids": [TASK_ID],
+        "dag_run_id": run_id,
+        "only_failed": False,
+        "reset_dag_runs": True,
+    }
     airflow.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json=clear)  # what "Clear" sends
 
     done = airflow.wait(
@@ -192,7 +241,11 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
     assert sorted(job.status.value for job in jobs) == ["STOPPED", "SUCCEEDED"]
     manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
     manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
-    outputs = [json.loads(line) for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl")) for line in file.read_text().splitlines()]
+    outputs = [
+        json.loads(line)
+        for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
+        for line in file.read_text().splitlines()
+    ]
     assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(LONG_RUN_TICKETS)]
     assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"] == LONG_RUN_TICKETS
 
@@ -226,7 +279,9 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
     assert not hook.get_job_status(job_id).is_terminal
     ti = airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID)
     assert (ti["state"], ti["try_number"]) == ("running", 1)
-    [pid] = subprocess.run(["pgrep", "-f", f"airflow worker -- {ti['id']}"], capture_output=True, text=True).stdout.split()
+    [pid] = subprocess.run(
+        ["pgrep", "-f", f"airflow worker -- {ti['id']}"], capture_output=True, text=True
+    ).stdout.split()
     os.kill(int(pid), signal.SIGKILL)
 
     done = airflow.wait(
@@ -242,5 +297,9 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
     assert any(job_id in event and "attaching to it" in event for event in events), events
     manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
     manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
-    outputs = [json.loads(line) for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl")) for line in file.read_text().splitlines()]
+    outputs = [
+        json.loads(line)
+        for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
+        for line in file.read_text().splitlines()
+    ]
     assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]

@@ -28,8 +28,14 @@ def _rows(first: int, count: int) -> list[dict[str, Any]]:  # Any: row values.
         {
             "source": f"customers.csv:{i + 2}",
             "ok": True,
-            "record": json.dumps({"Customer Id": f"C{i:08d}", "generated_text": "Technology",
-                                  "num_input_tokens": 64, "num_generated_tokens": 2}),  # fmt: skip
+            "record": json.dumps(
+                {
+                    "Customer Id": f"C{i:08d}",
+                    "generated_text": "Technology",
+                    "num_input_tokens": 64,
+                    "num_generated_tokens": 2,
+                }
+            ),  # fmt: skip
             "label": "Technology",
         }
         for i in range(first, first + count)
@@ -65,10 +71,14 @@ def test_a_commit_of_many_parts_on_s3_keeps_every_row_once_in_place(s3_storage: 
     )  # fmt: skip
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     commit.open_staging(layout, spec)
-    writer = PartWriter(layout.staging_uri, "parquet", count_labels=True, data_uri=commit.staged_data_uri(layout))
+    writer = PartWriter(
+        layout.staging_uri, "parquet", count_labels=True, data_uri=commit.staged_data_uri(layout)
+    )
     writer.create_folders()
     with ThreadPoolExecutor(16) as pool:
-        staged = list(pool.map(lambda i: writer.write_part(_rows(i * ROWS_PER_PART, ROWS_PER_PART)), range(PARTS)))
+        staged = list(
+            pool.map(lambda i: writer.write_part(_rows(i * ROWS_PER_PART, ROWS_PER_PART)), range(PARTS))
+        )
     rows = PARTS * ROWS_PER_PART
 
     run = commit.write_version(layout, spec, rows, rewriter=writer, known_parts=staged[:-UNREPORTED])
@@ -77,6 +87,9 @@ def test_a_commit_of_many_parts_on_s3_keeps_every_row_once_in_place(s3_storage: 
     assert (run.rows_out, run.rows_failed) == (rows, 0)
     outputs = storage.list_files(run.outputs_uri)
     assert len(outputs) == PARTS  # each part's file where it was staged: nothing copied, nothing lost
-    assert json.loads(storage.read_text(storage.join(spec.output_uri, "manifest.json")))["version"] == run.version
+    assert (
+        json.loads(storage.read_text(storage.join(spec.output_uri, "manifest.json")))["version"]
+        == run.version
+    )
     assert storage.list_files(layout.staging_uri) == []  # the staging is gone once committed
     assert run.version in run.outputs_uri

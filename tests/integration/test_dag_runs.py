@@ -52,13 +52,17 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     # The task deferred: the trigger, not the worker, waited for the job.
     assert "RayJobTrigger" in log
     # A run that succeeds logs no error-level line (Airflow's "[error] XCom not found" at deferral was one).
-    assert not [line for line in log.splitlines() if "[error" in line.lower() or " ERROR " in line], log[-4000:]
+    assert not [line for line in log.splitlines() if "[error" in line.lower() or " ERROR " in line], log[
+        -4000:
+    ]
 
     xcoms = airflow_env.xcoms(DAG_ID, day)
     output_uri = str(tmp_path / "company_industry" / day)
     assert xcoms[("classify_industry", "return_value")] == output_uri
     assert xcoms[("classify_industry", "output_uri")] == output_uri
-    assert str(xcoms[("classify_industry", "job_id")]).startswith("raybatch-daily_company_industry-classify_industry-")
+    assert str(xcoms[("classify_industry", "job_id")]).startswith(
+        "raybatch-daily_company_industry-classify_industry-"
+    )
     manifest = xcoms[("classify_industry", "manifest")]
     assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows, rows, 0)
     assert set(manifest["generated_text_counts"]) <= set(INDUSTRIES)

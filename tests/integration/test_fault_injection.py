@@ -48,7 +48,12 @@ def _params(model: Path, input_uri: str, output_uri: str, trace: Path | None = N
         # Free text of varied length (sampled; a few of the tiny model's 512 tokens end a row, ~1.5% a
         # step, else 160 tokens), so a batch's rows finish one by one, as a real model's do: staged a
         # batch at a time, each batch in flight would hold finished rows a kill loses.
-        sampling_params={"temperature": 1.0, "max_tokens": 160, "ignore_eos": True, "stop_token_ids": list(range(10, 18))},
+        sampling_params={
+            "temperature": 1.0,
+            "max_tokens": 160,
+            "ignore_eos": True,
+            "stop_token_ids": list(range(10, 18)),
+        },
         engine_kwargs=CPU_ENGINE_KWARGS,
         replica_resources=CPU_REPLICA,
         batch_size=BATCH,
@@ -75,7 +80,12 @@ def _staged_sources(output_uri: str, run_key: str) -> list[str]:
 
 def _finished(trace: Path, files: set[Path] | None = None) -> list[str]:
     """Sources the engines finished, by the replicas' trace files (``files``: only these)."""
-    return [line for path in trace.glob("*.txt") if files is None or path in files for line in path.read_text().split()]
+    return [
+        line
+        for path in trace.glob("*.txt")
+        if files is None or path in files
+        for line in path.read_text().split()
+    ]
 
 
 def _assert_exactly_once(output_uri: str, ids: list[str]) -> dict:
@@ -96,7 +106,13 @@ def _submit_traced(
     output_uri, trace = str(tmp_path / "out"), tmp_path / "finished"
     params = _params(tiny_model, str(tmp_path / "in" / "tickets.jsonl"), output_uri, trace)
     operator = RayLLMBatchOperator(task_id="t", **params)
-    return ids, output_uri, trace, operator, submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
+    return (
+        ids,
+        output_uri,
+        trace,
+        operator,
+        submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}"),
+    )
 
 
 def _wait_until_staged(hook: RayHook, job_id: str, output_uri: str, run_key: str, rows: int) -> None:
@@ -104,7 +120,9 @@ def _wait_until_staged(hook: RayHook, job_id: str, output_uri: str, run_key: str
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         status = hook.get_job_status(job_id)
-        assert not status.is_terminal, f"job ended ({status}) before the kill point: {hook.get_job_log_tail(job_id)}"
+        assert not status.is_terminal, (
+            f"job ended ({status}) before the kill point: {hook.get_job_log_tail(job_id)}"
+        )
         if status == JobStatus.RUNNING and len(_staged_sources(output_uri, run_key)) >= rows:
             return
         time.sleep(0.2)
@@ -146,7 +164,10 @@ def test_killed_job_resumes_exactly_once(
     else:
         _crash(hook, first, trace)
         assert wait_for_job(first) == JobStatus.FAILED
-    staged_at_kill, parts_at_kill = set(_staged_sources(output_uri, run_key)), _committed_parts(output_uri, run_key)
+    staged_at_kill, parts_at_kill = (
+        set(_staged_sources(output_uri, run_key)),
+        _committed_parts(output_uri, run_key),
+    )
     first_traces = set(trace.glob("*.txt"))
     finished_first = set(_finished(trace, first_traces))
     assert not Path(output_uri, "manifest.json").exists()  # nothing visible from a killed run
@@ -219,7 +240,9 @@ def test_killed_waiting_task_reattaches_instead_of_resubmitting(ray_connection, 
         return [job for job in RayHook().list_jobs() if job.metadata.get("airflow_dag_id") == "fault_dag"]
 
     # Try 1 submits, then its process is killed (SIGKILL: no on_kill, nothing cleaned up) while it waits.
-    worker = subprocess.Popen([sys.executable, str(script), params, "1"], env=env, stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, str(script), params, "1"], env=env, stdout=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 300
     while not ours() and time.monotonic() < deadline and worker.poll() is None:
         time.sleep(0.5)
@@ -231,7 +254,9 @@ def test_killed_waiting_task_reattaches_instead_of_resubmitting(ray_connection, 
     assert not RayHook().get_job_status(job.job_id).is_terminal
 
     # Try 2 finds the running job and attaches to it.
-    retry = subprocess.run([sys.executable, str(script), params, "2"], env=env, capture_output=True, text=True, timeout=900)
+    retry = subprocess.run(
+        [sys.executable, str(script), params, "2"], env=env, capture_output=True, text=True, timeout=900
+    )
     assert retry.returncode == 0, retry.stderr[-3000:]
     assert "attaching to it" in retry.stderr + retry.stdout
     assert [j.job_id for j in ours()] == [job.job_id]
@@ -239,7 +264,9 @@ def test_killed_waiting_task_reattaches_instead_of_resubmitting(ray_connection, 
     _assert_exactly_once(output_uri, ids)
 
     # Try 3 (the task cleared after success, same parameters) takes the result: still one job.
-    again = subprocess.run([sys.executable, str(script), params, "3"], env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [sys.executable, str(script), params, "3"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "succeeded; taking its result" in again.stderr + again.stdout
     assert len(ours()) == 1

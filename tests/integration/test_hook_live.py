@@ -122,7 +122,9 @@ async def test_a_trigger_restarted_after_its_deadline_stops_the_real_job_at_once
     with a long poll interval, stops the job on its first look instead of waiting a new timeout."""
     hook = RayHook()
     job_id = hook.submit_job("sleep 120", submission_id=f"live-deadline-{uuid.uuid4().hex[:8]}")
-    trigger = RayJobTrigger(job_id=job_id, poll_interval_seconds=600, timeout_seconds=600, deadline=time.time() - 1)
+    trigger = RayJobTrigger(
+        job_id=job_id, poll_interval_seconds=600, timeout_seconds=600, deadline=time.time() - 1
+    )
 
     started = time.monotonic()
     events = [event.payload async for event in trigger.run()]

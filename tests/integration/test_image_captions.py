@@ -53,13 +53,23 @@ def good_image(i: int) -> bytes:
 def write_image_corpus(folder: Path) -> dict[str, str]:
     """GOOD_IMAGES good rows and one corrupt image of each kind; returns {bad id: expected reason kind}."""
     rows = [
-        {"image_id": f"img-{i:02d}", "filename": f"img-{i:02d}.x", "image": {"bytes": good_image(i), "path": None}}
+        {
+            "image_id": f"img-{i:02d}",
+            "filename": f"img-{i:02d}.x",
+            "image": {"bytes": good_image(i), "path": None},
+        }
         for i in range(GOOD_IMAGES - 1)
     ]
     # One good image given by a path relative to the Parquet file's folder.
     (folder / "photos").mkdir()
     (folder / "photos" / "beach.png").write_bytes(good_image(3))
-    rows.append({"image_id": "img-path", "filename": "beach.png", "image": {"bytes": None, "path": "photos/beach.png"}})
+    rows.append(
+        {
+            "image_id": "img-path",
+            "filename": "beach.png",
+            "image": {"bytes": None, "path": "photos/beach.png"},
+        }
+    )
     png = good_image(3)
     bad = {
         "bad-truncated": ({"bytes": png[: len(png) // 2], "path": "cut.png"}, "bad image"),
@@ -71,7 +81,10 @@ def write_image_corpus(folder: Path) -> dict[str, str]:
         "bad-tiny": ({"bytes": encode(Image.new("RGB", (4, 4)), "PNG"), "path": None}, "image too small"),
         # Hostile values: a file of the node outside the input folder, the cloud metadata service.
         "bad-outside": ({"bytes": None, "path": "/etc/hostname"}, "image source not allowed"),
-        "bad-metadata": ({"bytes": None, "path": "http://169.254.169.254/latest/"}, "image source not allowed"),
+        "bad-metadata": (
+            {"bytes": None, "path": "http://169.254.169.254/latest/"},
+            "image source not allowed",
+        ),
     }
     rows += [{"image_id": key, "filename": f"{key}.x", "image": value} for key, (value, _) in bad.items()]
     schema = pa.schema([("image_id", pa.string()), ("filename", pa.string()), ("image", IMAGE_TYPE)])
@@ -112,12 +125,20 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
     # Good images: each captioned once; the image is not among the output columns.
     good_ids = [f"img-{i:02d}" for i in range(GOOD_IMAGES - 1)] + ["img-path"]
     assert sorted(row["image_id"] for row in outputs) == sorted(good_ids)
-    assert set(outputs[0]) == {"image_id", "filename", "generated_text", "num_input_tokens", "num_generated_tokens"}
+    assert set(outputs[0]) == {
+        "image_id",
+        "filename",
+        "generated_text",
+        "num_input_tokens",
+        "num_generated_tokens",
+    }
     assert all(isinstance(row["generated_text"], str) for row in outputs)
     # The prompt the engine saw holds the image's tokens: the image reached vLLM.
     # (46 text tokens with one <image> placeholder, expanded by vLLM to 16 image tokens + 3 markers: 64.)
     assert min(row["num_input_tokens"] for row in outputs) > IMAGE_TOKENS
-    assert len({row["num_input_tokens"] for row in outputs}) == 1  # every image is one tile, whatever its size
+    assert (
+        len({row["num_input_tokens"] for row in outputs}) == 1
+    )  # every image is one tile, whatever its size
     assert all(row["num_generated_tokens"] >= 1 for row in outputs)
 
     # Bad images: one error row each, with the reason's kind; the input shows no image bytes.
@@ -132,7 +153,11 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
     assert inputs["bad-none"]["image"] is None
 
     rows_in = GOOD_IMAGES + len(expected_errors)
-    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows_in, GOOD_IMAGES, len(expected_errors))
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (
+        rows_in,
+        GOOD_IMAGES,
+        len(expected_errors),
+    )
     assert manifest["errors_by_reason"] == dict(Counter(expected_errors.values()))
     assert manifest["tokens_in"] == sum(row["num_input_tokens"] for row in outputs)
     assert manifest["spec_fingerprint"] == operator.build_spec().fingerprint()
@@ -159,7 +184,11 @@ def test_daily_image_captions_dag(airflow_env, tiny_vlm, tmp_path) -> None:
 
     manifest = airflow_env.xcoms(dag_id, day)[("caption_images", "manifest")]
     rows_in = GOOD_IMAGES + len(expected_errors)
-    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows_in, GOOD_IMAGES, len(expected_errors))
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (
+        rows_in,
+        GOOD_IMAGES,
+        len(expected_errors),
+    )
     assert manifest["errors_by_reason"] == dict(Counter(expected_errors.values()))
     outputs = pq.read_table(manifest["outputs_uri"])
     assert outputs.num_rows == GOOD_IMAGES and "image" not in outputs.column_names

@@ -34,7 +34,9 @@ def test_two_replicas_one_per_node_every_row_once(ray_connection, tiny_model: Pa
     before = set(_engine_actor_nodes(hook))
 
     source = tmp_path / "tickets.jsonl"
-    source.write_text("".join(json.dumps({"id": f"t{i:04d}", "text": f"ticket {i}"}) + "\n" for i in range(ROWS)))
+    source.write_text(
+        "".join(json.dumps({"id": f"t{i:04d}", "text": f"ticket {i}"}) + "\n" for i in range(ROWS))
+    )
     operator = make_operator(
         tiny_model, str(source), str(tmp_path / "out"),
         messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,

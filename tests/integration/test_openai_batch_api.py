@@ -29,7 +29,9 @@ USERS = {"batchuser": ("admin", "batch-pass-1"), "reader": ("viewer", "reader-pa
 
 def _token(airflow: Airflow, user: str) -> str:
     password = USERS[user][1]
-    response = httpx.post(f"{airflow.url}/auth/token", json={"username": user, "password": password}, timeout=30)
+    response = httpx.post(
+        f"{airflow.url}/auth/token", json={"username": user, "password": password}, timeout=30
+    )
     response.raise_for_status()
     return response.json()["access_token"]
 
@@ -40,7 +42,9 @@ def airflow(ray_cluster, tiny_model, tmp_path_factory) -> Iterator[Airflow]:
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps({user: password for user, (_, password) in USERS.items()}))
     extra_env = {
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{user}:{role}" for user, (role, _) in USERS.items()),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+            f"{user}:{role}" for user, (role, _) in USERS.items()
+        ),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__RAYBATCH__OPENAI_FILES_URI": str(home / "openai-files"),
         "AIRFLOW_VAR_RAYBATCH_OPENAI_MODEL": str(tiny_model),
@@ -67,20 +71,31 @@ def upload(client: openai.OpenAI, path: Path, lines: list) -> str:
     path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     with path.open("rb") as data:
         uploaded = client.files.create(file=data, purpose="batch")
-    assert uploaded.purpose == "batch" and uploaded.bytes == path.stat().st_size and uploaded.filename == path.name
+    assert (
+        uploaded.purpose == "batch"
+        and uploaded.bytes == path.stat().st_size
+        and uploaded.filename == path.name
+    )
     return uploaded.id
 
 
 def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Path) -> None:
     client = client_for(airflow, _token(airflow, "batchuser"))
     lines = [chat(f"req-{i}", f"Question {i}?", 4 + i % 3) for i in range(16)]
-    lines += [chat("req-3", "duplicate id", 4), {**chat("wrong-url", "x", 4), "url": "/v1/embeddings"}, "{not json"]
+    lines += [
+        chat("req-3", "duplicate id", 4),
+        {**chat("wrong-url", "x", 4), "url": "/v1/embeddings"},
+        "{not json",
+    ]
     input_file_id = upload(client, tmp_path / "requests.jsonl", lines)
     assert client.files.retrieve(input_file_id).id == input_file_id
     assert client.files.content(input_file_id).text.splitlines()[0] == json.dumps(lines[0])
 
     batch = client.batches.create(
-        input_file_id=input_file_id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"team": "qa"}
+        input_file_id=input_file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"team": "qa"},
     )
     assert batch.status in ("validating", "in_progress") and batch.metadata == {"team": "qa"}
     assert batch.request_counts.total == len(lines) and batch.expires_at == batch.created_at + 24 * 3600
@@ -100,7 +115,9 @@ def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Pa
 
     outputs = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
     errors = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
-    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(16))  # joined by custom_id
+    assert sorted(line["custom_id"] for line in outputs) == sorted(
+        f"req-{i}" for i in range(16)
+    )  # joined by custom_id
     for line in outputs:
         body = line["response"]["body"]
         assert line["response"]["status_code"] == 200 and body["object"] == "chat.completion"
@@ -109,7 +126,9 @@ def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Pa
         ("", "invalid_json"), ("req-3", "duplicate_custom_id"), ("wrong-url", "invalid_url")
     ]  # fmt: skip
     output_file = client.files.retrieve(done.output_file_id)
-    assert output_file.purpose == "batch_output" and output_file.bytes == len(client.files.content(done.output_file_id).content)
+    assert output_file.purpose == "batch_output" and output_file.bytes == len(
+        client.files.content(done.output_file_id).content
+    )
 
     listed = client.batches.list(limit=10)
     assert batch.id in [b.id for b in listed.data]
@@ -152,9 +171,15 @@ def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connecti
         lambda: b if (b := client.batches.retrieve(batch.id)).status == "cancelled" else None, timeout=180,
     )  # fmt: skip
     assert cancelled.cancelled_at >= cancelled.cancelling_at and cancelled.output_file_id is None
-    status = airflow.wait("the Ray job to stop", lambda: s if (s := hook.get_job_status(job.job_id)).is_terminal else None, timeout=120)
+    status = airflow.wait(
+        "the Ray job to stop",
+        lambda: s if (s := hook.get_job_status(job.job_id)).is_terminal else None,
+        timeout=120,
+    )
     assert status.value == "STOPPED"
-    assert len([j for j in hook.list_jobs() if j.metadata.get("airflow_run_id") == batch.id]) == 1  # never resubmitted
+    assert (
+        len([j for j in hook.list_jobs() if j.metadata.get("airflow_run_id") == batch.id]) == 1
+    )  # never resubmitted
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
 

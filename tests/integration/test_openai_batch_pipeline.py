@@ -20,15 +20,27 @@ from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
 
 
 def request(custom_id: str, url: str, body: dict) -> str:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "tiny", **body}})
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "tiny", **body}}
+    )
 
 
 def run_batch(
-    tiny_model: Path, tmp_path: Path, endpoint: str, lines: list[str], runtime_env: dict | None = None, **engine_kwargs
+    tiny_model: Path,
+    tmp_path: Path,
+    endpoint: str,
+    lines: list[str],
+    runtime_env: dict | None = None,
+    **engine_kwargs,
 ) -> tuple[dict, list, list]:
     """Write ``lines`` as a batch file, run it, return (manifest, output lines, error lines)."""
     input_path = tmp_path / "in" / "batch.jsonl"
@@ -54,7 +66,11 @@ def run_batch(
 
 
 def _lines(folder: str) -> list[dict]:
-    return [json.loads(line) for path in sorted(Path(folder).glob("*.jsonl")) for line in path.read_text().splitlines()]
+    return [
+        json.loads(line)
+        for path in sorted(Path(folder).glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
 
 
 def assert_counts_add_up(manifest: dict, outputs: list, errors: list, total: int) -> None:
@@ -84,15 +100,21 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     ]  # fmt: skip
     bad = {
         "other-url": request("other-url", COMPLETIONS, {"prompt": "x"}),
-        "greedy-choices": request("greedy-choices", CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}),
+        "greedy-choices": request(
+            "greedy-choices", CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}
+        ),
         "best-of": request("best-of", CHAT, {"messages": [{"role": "user", "content": "x"}], "best_of": 2}),
         "tools": request("tools", CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": []}),
-        "plain-0": request("plain-0", CHAT, {"messages": [{"role": "user", "content": "again"}]}),  # duplicate
+        "plain-0": request(
+            "plain-0", CHAT, {"messages": [{"role": "user", "content": "again"}]}
+        ),  # duplicate
         None: '{"custom_id": "broken", "body": {',  # malformed: no custom_id can be read
     }
     # Compact JSON: a random model in a grammar that allows whitespace pads with it until max_tokens.
     compact_json = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
-    manifest, outputs, errors = run_batch(tiny_model, tmp_path, CHAT, good + list(bad.values()), **compact_json)
+    manifest, outputs, errors = run_batch(
+        tiny_model, tmp_path, CHAT, good + list(bad.values()), **compact_json
+    )
 
     assert_counts_add_up(manifest, outputs, errors, len(good) + len(bad))
     by_id = {line["custom_id"]: line for line in outputs}
@@ -107,9 +129,15 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
         for choice in body["choices"]:
             assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
         usage = body["usage"]
-        assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert (
+            usage["prompt_tokens"] > 0
+            and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        )
     for i in range(12):  # the body's max_tokens, not the operator's 8
-        choice, usage = by_id[f"plain-{i}"]["response"]["body"]["choices"][0], by_id[f"plain-{i}"]["response"]["body"]["usage"]
+        choice, usage = (
+            by_id[f"plain-{i}"]["response"]["body"]["choices"][0],
+            by_id[f"plain-{i}"]["response"]["body"]["usage"],
+        )
         assert usage["completion_tokens"] <= 3 + i % 4
         assert choice["finish_reason"] == ("length" if usage["completion_tokens"] == 3 + i % 4 else "stop")
     logprobs = by_id["logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
@@ -124,7 +152,11 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     assert all(len(by_id[i]["response"]["body"]["choices"]) == 1 for i in by_id if i != "three-choices")
     assert "\n" not in by_id["stop"]["response"]["body"]["choices"][0]["message"]["content"]
     schema_answers = [by_id[f"schema-{i}"]["response"]["body"]["choices"][0] for i in range(4)]
-    finished = [json.loads(choice["message"]["content"]) for choice in schema_answers if choice["finish_reason"] == "stop"]
+    finished = [
+        json.loads(choice["message"]["content"])
+        for choice in schema_answers
+        if choice["finish_reason"] == "stop"
+    ]
     assert finished, "structured output never finished within 40 tokens"
     assert all(set(answer) == {"ok"} and isinstance(answer["ok"], bool) for answer in finished)
 
@@ -133,11 +165,15 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
         "other-url": "invalid_url", "greedy-choices": "invalid_request", "best-of": "unsupported_parameter",
         "tools": "unsupported_parameter", "plain-0": "duplicate_custom_id", None: "invalid_json",
     }  # fmt: skip
-    assert all(line["response"] is None and "(line batch.jsonl:" in line["error"]["message"] for line in errors)
+    assert all(
+        line["response"] is None and "(line batch.jsonl:" in line["error"]["message"] for line in errors
+    )
     assert manifest["errors_by_reason"] == {
         "duplicate id": 1, "invalid request": 1, "malformed JSON": 1, "unsupported parameter": 2, "unsupported url": 1,
     }  # fmt: skip
-    assert manifest["tokens_out"] == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in outputs)
+    assert manifest["tokens_out"] == sum(
+        line["response"]["body"]["usage"]["completion_tokens"] for line in outputs
+    )
 
 
 def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -> None:
@@ -155,14 +191,18 @@ def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -
     for line in outputs:
         body = line["response"]["body"]
         assert body["object"] == "text_completion"
-        assert [choice["index"] for choice in body["choices"]] == [0, 1] if line["custom_id"] == "c-two" else [0]
+        assert (
+            [choice["index"] for choice in body["choices"]] == [0, 1] if line["custom_id"] == "c-two" else [0]
+        )
         for choice in body["choices"]:
             logprobs = choice["logprobs"]
             assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) > 0
             if line["custom_id"] != "c-two":  # sampled, the random model may split a character over tokens
                 assert "".join(logprobs["tokens"]) == choice["text"]
             assert logprobs["text_offset"][0] == 0
-        assert body["usage"]["completion_tokens"] == sum(len(c["logprobs"]["tokens"]) for c in body["choices"])
+        assert body["usage"]["completion_tokens"] == sum(
+            len(c["logprobs"]["tokens"]) for c in body["choices"]
+        )
     assert [line["custom_id"] for line in errors] == ["c-empty"]
     assert errors[0]["error"]["code"] == "invalid_request" and "empty prompt" in errors[0]["error"]["message"]
 
@@ -170,7 +210,10 @@ def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -
 def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
     lines = [request(f"e-{i}", EMBEDDINGS, {"input": f"document number {i}"}) for i in range(8)]
     # Three inputs in one line, in the same block as one-input lines; two of them also sent alone.
-    lines.insert(4, request("e-three", EMBEDDINGS, {"input": ["document number 5", "a third text", "document number 1"]}))
+    lines.insert(
+        4,
+        request("e-three", EMBEDDINGS, {"input": ["document number 5", "a third text", "document number 1"]}),
+    )
     lines.append(request("e-ids", EMBEDDINGS, {"input": [[1, 2, 3]]}))  # token ids: still refused
     manifest, outputs, errors = run_batch(tiny_model, tmp_path, EMBEDDINGS, lines)
 
@@ -184,7 +227,9 @@ def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
         vectors[line["custom_id"]] = [item["embedding"] for item in body["data"]]
         usage[line["custom_id"]] = body["usage"]["prompt_tokens"]
     assert sorted(vectors) == sorted([*(f"e-{i}" for i in range(8)), "e-three"])
-    assert {len(found) for key, found in vectors.items() if key != "e-three"} == {1} and len(vectors["e-three"]) == 3
+    assert {len(found) for key, found in vectors.items() if key != "e-three"} == {1} and len(
+        vectors["e-three"]
+    ) == 3
     every = [vector for found in vectors.values() for vector in found]
     assert {len(vector) for vector in every} == {128}  # the tiny model's hidden size
     assert all(math.isfinite(x) for vector in every for x in vector)
@@ -195,4 +240,6 @@ def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
     for mine, alone in ((three[0], vectors["e-5"][0]), (three[2], vectors["e-1"][0])):
         assert mine == pytest.approx(alone, rel=1e-3, abs=1e-4)
     assert usage["e-three"] > usage["e-5"] + usage["e-1"]  # the middle input's tokens counted too
-    assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [("e-ids", "unsupported_parameter")]
+    assert [(line["custom_id"], line["error"]["code"]) for line in errors] == [
+        ("e-ids", "unsupported_parameter")
+    ]

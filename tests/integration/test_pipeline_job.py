@@ -35,7 +35,10 @@ def _ticket(i: int | str, text: str) -> dict:
 
 def write_dirty_corpus(path: Path) -> dict[str, str]:
     """GOOD_ROWS good tickets plus one bad row of each kind; returns {error id: expected reason kind}."""
-    lines = [json.dumps(_ticket(i, f"Ticket {i}: my order arrived {'late' if i % 2 else 'early'}.")) for i in range(GOOD_ROWS)]
+    lines = [
+        json.dumps(_ticket(i, f"Ticket {i}: my order arrived {'late' if i % 2 else 'early'}."))
+        for i in range(GOOD_ROWS)
+    ]
     bad = [
         '{"ticket_id": "T-broken", "messages": [',  # line 41: malformed JSON
         '["not", "an", "object"]',  # line 42
@@ -46,7 +49,9 @@ def write_dirty_corpus(path: Path) -> dict[str, str]:
         json.dumps(_ticket("T000", "a second ticket with an id seen before")),  # duplicate id, line 47
         json.dumps({"channel": "email", "messages": [{"role": "user", "content": "no id"}]}),  # line 48
     ]
-    data = ("\n".join(lines + bad) + "\n").encode() + b'{"ticket_id": "T-utf8", "note": "\xff\xfe"}\n'  # line 49
+    data = (
+        "\n".join(lines + bad) + "\n"
+    ).encode() + b'{"ticket_id": "T-utf8", "note": "\xff\xfe"}\n'  # line 49
     path.write_bytes(data)
     return {
         "tickets.jsonl:41": "malformed JSON",
@@ -96,7 +101,13 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
 
     # Good rows: each exactly once (the first T000 is good; its duplicate is an error), with a label.
     assert sorted(row["ticket_id"] for row in outputs) == [f"T{i:03d}" for i in range(GOOD_ROWS)]
-    assert set(outputs[0]) == {"ticket_id", "channel", "generated_text", "num_input_tokens", "num_generated_tokens"}
+    assert set(outputs[0]) == {
+        "ticket_id",
+        "channel",
+        "generated_text",
+        "num_input_tokens",
+        "num_generated_tokens",
+    }
     assert {row["generated_text"] for row in outputs} <= set(LABELS)
     # Bad rows: each with the row's id (or file:line where it has none) and its reason.
     reasons = {row["id"]: row["error"] for row in errors}
@@ -135,7 +146,9 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     expected_reasons["prompt too long"] = expected_reasons.pop("inference failed")
     assert predicted["errors_by_reason"] == dict(sorted(expected_reasons.items()))
     assert predicted["rows_duplicate"] == 1
-    assert predicted["prompt_tokens"] == manifest["tokens_in"]  # the chat template and tokenizer the engine used
+    assert (
+        predicted["prompt_tokens"] == manifest["tokens_in"]
+    )  # the chat template and tokenizer the engine used
     assert sum(bucket["rows"] for bucket in predicted["prompt_tokens_histogram"]) == GOOD_ROWS
     assert predicted["output_tokens_at_most"] == GOOD_ROWS * 24
     assert predicted["rows_per_second_from"] == "last run"

@@ -139,7 +139,9 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
     )
     assert committed["version"] == manifest["version"]
     staged = _objects(s3_server, "raybatch-data", f"company_industry/{day}/_staging/")
-    assert [key for key in staged if not key.endswith("/")] == []  # moved out (pyarrow may leave a folder marker)
+    assert [
+        key for key in staged if not key.endswith("/")
+    ] == []  # moved out (pyarrow may leave a folder marker)
 
     # -- the leak tests ----------------------------------------------------------------------
     job_id = str(xcoms[("classify_industry", "job_id")])
@@ -158,7 +160,12 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
     job_view = views[f"Ray dashboard GET /api/jobs/{job_id}"]
     assert f"--spec-fingerprint {manifest['spec_fingerprint']}" in job_view  # the entrypoint names the spec
     secrets = {"Ray token": ray_connection.token, "S3 secret key": s3_server.secret_key}
-    leaks = [f"{secret} in {where}" for secret, value in secrets.items() for where, text in views.items() if value in text]
+    leaks = [
+        f"{secret} in {where}"
+        for secret, value in secrets.items()
+        for where, text in views.items()
+        if value in text
+    ]
     assert leaks == [], leaks
 
     # The job's code and spec are the only packages its nodes unpacked; the settings were in none.

@@ -21,7 +21,11 @@ TICKETS = 30
 def _write_tickets(path: Path, count: int = TICKETS) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [
-        {"ticket_id": f"T-{i:03d}", "subject": f"Order {i} late", "body": f"My order {i} has not arrived yet."}
+        {
+            "ticket_id": f"T-{i:03d}",
+            "subject": f"Order {i} late",
+            "body": f"My order {i} has not arrived yet.",
+        }
         for i in range(count)
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -31,7 +35,13 @@ def test_summaries_progress_links_and_asset_event(airflow_env, ray_cluster, tiny
     day = "2026-11-17"
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
     # The scheduler's view of the DAGs folder, so the Asset's consumers are known when the event lands.
-    subprocess.run([str(AIRFLOW_BIN), "dags", "reserialize"], env=airflow_env.env, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(AIRFLOW_BIN), "dags", "reserialize"],
+        env=airflow_env.env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     conf = {"model": str(tiny_model), "data_root": str(tmp_path), "engine_kwargs": CPU_ENGINE_KWARGS,
             "replica_resources": CPU_REPLICA}  # fmt: skip
 
@@ -51,16 +61,22 @@ def test_summaries_progress_links_and_asset_event(airflow_env, ray_cluster, tiny
         for line in path.read_text().splitlines()
     ]
     assert len(outputs) == manifest["rows_out"]
-    assert all(isinstance(row["generated_text"], str) and row["subject"].startswith("Order") for row in outputs)
+    assert all(
+        isinstance(row["generated_text"], str) and row["subject"].startswith("Order") for row in outputs
+    )
 
     # Progress, relayed by the trigger from the driver log at a bounded rate.
-    progress = [line for line in log.splitlines() if f"Ray job {job_id}: " in line and f"/ {TICKETS} rows" in line]
+    progress = [
+        line for line in log.splitlines() if f"Ray job {job_id}: " in line and f"/ {TICKETS} rows" in line
+    ]
     assert progress, log[-4000:]
     assert len(progress) <= 10  # bounded: not one per poll
 
     # Extra links, kept as XComs by Airflow.
     assert xcoms[("summarise_tickets", "_link_RayJobLink")] == f"{ray_cluster.address}/#/jobs/{job_id}"
-    assert xcoms[("summarise_tickets", "_link_BatchOutputLink")] == f"file://{tmp_path}/ticket_summaries/{day}"
+    assert (
+        xcoms[("summarise_tickets", "_link_BatchOutputLink")] == f"file://{tmp_path}/ticket_summaries/{day}"
+    )
     assert xcoms[("summarise_tickets", "_link_RunReportLink")] == f"file://{manifest['report_uri']}"
 
     # The run report beside the outputs: self-contained, with this run's counts.

@@ -39,7 +39,8 @@ def tls_proxy(ray_cluster, tmp_path_factory):
 def test_tls_with_the_clusters_ca_bundle(ray_cluster, tls_proxy, monkeypatch) -> None:
     proxy, tls = tls_proxy
     monkeypatch.setenv(
-        "AIRFLOW_CONN_RAY_TLS", _connection(ray_cluster.token, proxy.port, "https", ca_bundle_path=str(tls.ca_pem))
+        "AIRFLOW_CONN_RAY_TLS",
+        _connection(ray_cluster.token, proxy.port, "https", ca_bundle_path=str(tls.ca_pem)),
     )
 
     ok, message = RayHook(ray_conn_id="ray_tls").test_connection()
@@ -48,7 +49,9 @@ def test_tls_with_the_clusters_ca_bundle(ray_cluster, tls_proxy, monkeypatch) ->
     assert message.startswith("Connected to Ray 2.60.0 at https://127.0.0.1:")
 
 
-def test_tls_against_an_unknown_ca_fails_at_once_with_a_clear_message(ray_cluster, tls_proxy, monkeypatch) -> None:
+def test_tls_against_an_unknown_ca_fails_at_once_with_a_clear_message(
+    ray_cluster, tls_proxy, monkeypatch
+) -> None:
     proxy, _ = tls_proxy
     monkeypatch.setenv("AIRFLOW_CONN_RAY_TLS", _connection(ray_cluster.token, proxy.port, "https"))
 
@@ -63,7 +66,9 @@ def test_tls_against_an_unknown_ca_fails_at_once_with_a_clear_message(ray_cluste
 
 def test_tls_verification_switched_off(ray_cluster, tls_proxy, monkeypatch) -> None:
     proxy, _ = tls_proxy
-    monkeypatch.setenv("AIRFLOW_CONN_RAY_TLS", _connection(ray_cluster.token, proxy.port, "https", verify=False))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_RAY_TLS", _connection(ray_cluster.token, proxy.port, "https", verify=False)
+    )
 
     assert RayHook(ray_conn_id="ray_tls").get_version()["ray_version"] == "2.60.0"
 
@@ -98,7 +103,9 @@ async def test_async_twin_against_an_unknown_ca_fails_at_once(ray_cluster, tls_p
 
 async def test_trigger_rides_out_a_dashboard_outage(ray_cluster, monkeypatch, capsys) -> None:
     proxy = TcpProxy(DASHBOARD_PORT).start()
-    monkeypatch.setenv("AIRFLOW_CONN_RAY_PROXIED", _connection(ray_cluster.token, proxy.port, retry_window_seconds=60))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_RAY_PROXIED", _connection(ray_cluster.token, proxy.port, retry_window_seconds=60)
+    )
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     job_id = RayHook().submit_job("sleep 20", submission_id=f"live-outage-{uuid.uuid4().hex[:8]}")
     trigger = RayJobTrigger(job_id=job_id, ray_conn_id="ray_proxied", poll_interval_seconds=1)

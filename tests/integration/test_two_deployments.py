@@ -116,7 +116,9 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     hook = RayHook()
-    assert _fernet_key(dev.home) and _fernet_key(dev.home) != _fernet_key(prod.home)  # two deployments' secrets
+    assert _fernet_key(dev.home) and _fernet_key(dev.home) != _fernet_key(
+        prod.home
+    )  # two deployments' secrets
 
     # Dev runs the day on its own data; its job is running when prod starts the same run.
     _write_tickets(tmp_path / "dev" / "tickets" / DAY / "tickets.jsonl", DEV_TICKETS)
@@ -134,7 +136,9 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     assert {job.job_id for job in same_names} == {dev_job, prod_job}
     # The cluster has one engine slot: dev gives it up the way its users would (mark failed).
     dev.api("PATCH", _ti_path(run_id), json={"new_state": "failed"})
-    dev.wait("dev's job to stop", lambda: True if hook.get_job_status(dev_job).is_terminal else None, timeout=180)
+    dev.wait(
+        "dev's job to stop", lambda: True if hook.get_job_status(dev_job).is_terminal else None, timeout=180
+    )
 
     done = _finished(prod, run_id)
     assert (done["state"], done["try_number"]) == ("success", 1)
@@ -161,11 +165,23 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     for path in logs:
         path.unlink(missing_ok=True)  # session_latest is a link to the session: each file twice
     assert "RAYBATCH_MANIFEST_JSON=" not in hook.get_job_logs(again_job)
-    clear = {"dry_run": False, "task_ids": [TASK_ID], "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True}
+    clear = {
+        "dry_run": False,
+        "task_ids": [TASK_ID],
+        "dag_run_id": run_id,
+        "only_failed": False,
+        "reset_dag_runs": True,
+    }
     prod.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json=clear)
-    prod.wait("the clear to start try 2", lambda: True if prod.task_instance(DAG_ID, run_id, TASK_ID)["try_number"] == 2 else None, every=1)
+    prod.wait(
+        "the clear to start try 2",
+        lambda: True if prod.task_instance(DAG_ID, run_id, TASK_ID)["try_number"] == 2 else None,
+        every=1,
+    )
     done = _finished(prod, run_id, timeout=300)
     assert (done["state"], done["try_number"]) == ("success", 2)
     assert _xcom(prod, run_id, "manifest") == again
-    jobs = {job.job_id: job.status for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id}
+    jobs = {
+        job.job_id: job.status for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id
+    }
     assert jobs == {dev_job: JobStatus.STOPPED, prod_job: JobStatus.SUCCEEDED, again_job: JobStatus.SUCCEEDED}

@@ -275,9 +275,11 @@ def test_a_host_allowed_with_its_port_reaches_that_port_only(server, resolver, c
         options = ImageOptions(timeout_seconds=3, sources=ImageSources(allowed_hosts=(entry,)))
         assert load_image(f"http://{host}:{port}/ok.png", options).size == (40, 30)
         before = len(requests)
-        assert refusal(f"http://{host}:{closed_port()}/ok.png", options) == refusal(
-            f"http://{host}:8275/api/jobs/", options
-        ) == host_refusal(f"http://{host}")
+        assert (
+            refusal(f"http://{host}:{closed_port()}/ok.png", options)
+            == refusal(f"http://{host}:8275/api/jobs/", options)
+            == host_refusal(f"http://{host}")
+        )
         assert len(requests) == before
     assert set(connects) == {("127.0.0.1", port)}
 

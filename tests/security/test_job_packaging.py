@@ -257,7 +257,14 @@ def test_a_link_ships_only_what_would_ship_itself_and_secret_names_are_left_out(
     (package / "prompts").mkdir()
     (package / "prompts" / "template.txt").write_text("Classify {name}.")
     (package / "__init__.py").write_text("")
-    for name in ("prod.env", "credentials", "service-account.json", "keystore.jks", "putty.ppk", "secrets.toml"):
+    for name in (
+        "prod.env",
+        "credentials",
+        "service-account.json",
+        "keystore.jks",
+        "putty.ppk",
+        "secrets.toml",
+    ):
         (package / name).write_text("LEAK4")
     (package / "condaenv" / "conda-meta").mkdir(parents=True)
     (package / "condaenv" / "lib.py").write_text("LEAK5")

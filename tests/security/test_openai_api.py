@@ -153,8 +153,11 @@ def _task_failed_saying(airflow: Airflow, run_id: str, text: str) -> None:
     # a running run (409), so the tests that go on to act on the run wait for it.
     airflow.wait(
         f"run {run_id} to end",
-        lambda: airflow.api("GET", f"/dags/{DEFAULT_DAG_ID}/dagRuns/{quote(run_id)}").json()["state"]
-        in ("failed", "success") or None,
+        lambda: (
+            airflow.api("GET", f"/dags/{DEFAULT_DAG_ID}/dagRuns/{quote(run_id)}").json()["state"]
+            in ("failed", "success")
+            or None
+        ),
         timeout=120,
     )
 
@@ -339,13 +342,17 @@ def test_a_run_re_created_under_a_batch_id_by_someone_else_runs_nothing(airflow)
     """bob deletes erin's batch run (the simple auth manager's "user" role may) and starts one with
     her batch id: the task refuses, as the run was not started by her through the API."""
     alice, bob = Client(airflow, "erin"), Client(airflow, "bob")
-    file_id = alice.upload(b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n')
+    file_id = alice.upload(
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    )
     created = alice.create_batch(file_id)
     assert created.status_code == 200, created.text
     batch_id = created.json()["id"]
     _task_failed_saying(airflow, batch_id, "Connection refused")  # ran as hers, to the closed Ray port
     for method, json_body in (("DELETE", None), ("POST", {"dag_run_id": batch_id, "logical_date": None})):
-        path = f"{airflow.url}/api/v2/dags/{DEFAULT_DAG_ID}/dagRuns" + (f"/{batch_id}" if method == "DELETE" else "")
+        path = f"{airflow.url}/api/v2/dags/{DEFAULT_DAG_ID}/dagRuns" + (
+            f"/{batch_id}" if method == "DELETE" else ""
+        )
         assert httpx.request(method, path, json=json_body, headers=bob.headers, timeout=30).status_code < 300
     _task_failed_saying(airflow, batch_id, "not by the batch's owner")
 
@@ -424,7 +431,12 @@ def test_every_error_is_in_openais_shape_and_echoes_no_body(airflow) -> None:
         alice.call("POST", "/batches", json={"input_file_id": 5, "endpoint": secret}),
         alice.call("POST", "/batches", content=b"{not json", headers={"Content-Type": "application/json"}),
         alice.call("GET", "/no-such-route"),
-        alice.call("POST", "/files", content=b"--xyz\r\nbroken", headers={"Content-Type": "multipart/form-data; boundary=xyz"}),
+        alice.call(
+            "POST",
+            "/files",
+            content=b"--xyz\r\nbroken",
+            headers={"Content-Type": "multipart/form-data; boundary=xyz"},
+        ),
     ):
         assert response.status_code in (400, 404), response.text[:300]
         assert set(response.json()) == {"error"} and "ECHO-ME" not in response.text, response.text[:300]

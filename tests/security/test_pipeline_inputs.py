@@ -352,7 +352,9 @@ def test_the_operators_own_sampling_params_refuse_numbers_the_engine_cannot_take
     from airflow_provider_raybatch.specs import BatchInferenceSpec
 
     with pytest.raises(BatchSpecError, match=r"sampling_params\.\S+: .*(out of range|not a finite number)"):
-        BatchInferenceSpec.build(model="m", input_uri="/in.jsonl", output_uri="/out", sampling_params=sampling_params)
+        BatchInferenceSpec.build(
+            model="m", input_uri="/in.jsonl", output_uri="/out", sampling_params=sampling_params
+        )
 
 
 def test_an_input_file_over_the_cap_is_named_before_any_worker_reads_it(tmp_path: Path, monkeypatch) -> None:

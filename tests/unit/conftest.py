@@ -79,7 +79,13 @@ def ray_conn(monkeypatch: pytest.MonkeyPatch) -> str:
 def nodes_payload(*node_resources: dict[str, float]) -> dict[str, Any]:  # Any: JSON values.
     """The state API's answer listing alive nodes with these total resources."""
     nodes = [
-        {"node_id": f"node{i}", "is_head_node": i == 0, "state": "ALIVE", "resources_total": resources, "labels": {}}
+        {
+            "node_id": f"node{i}",
+            "is_head_node": i == 0,
+            "state": "ALIVE",
+            "resources_total": resources,
+            "labels": {},
+        }
         for i, resources in enumerate(node_resources)
     ]
     return {"result": True, "msg": "", "data": {"result": {"total": len(nodes), "result": nodes}}}

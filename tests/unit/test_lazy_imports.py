@@ -42,13 +42,20 @@ def test_provider_imports_no_openlineage_client() -> None:
 def test_provider_info_is_registered_through_the_entry_point() -> None:
     from importlib.metadata import entry_points
 
-    (entry,) = [e for e in entry_points(group="apache_airflow_provider") if e.value.startswith("airflow_provider_")]
+    (entry,) = [
+        e for e in entry_points(group="apache_airflow_provider") if e.value.startswith("airflow_provider_")
+    ]
     info = entry.load()()
     assert info["package-name"] == "airflow-provider-raybatch"
     (connection_type,) = info["connection-types"]
     assert connection_type["connection-type"] == "ray"
     assert connection_type["hook-class-name"] == "airflow_provider_raybatch.hooks.ray.RayHook"
-    modules = {m for kind in ("hooks", "operators", "sensors", "triggers") for e in info[kind] for m in e["python-modules"]}
+    modules = {
+        m
+        for kind in ("hooks", "operators", "sensors", "triggers")
+        for e in info[kind]
+        for m in e["python-modules"]
+    }
     assert modules == {
         "airflow_provider_raybatch.hooks.ray",
         "airflow_provider_raybatch.operators.llm_batch",

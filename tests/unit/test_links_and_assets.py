@@ -27,14 +27,20 @@ MANIFEST = {"output_uri": "s3://b/out/2026-11-20", "outputs_uri": "s3://b/out/20
 
 
 def test_ray_job_url_points_at_the_dashboards_job_page() -> None:
-    assert ray_job_url("https://ray.example.com/", "raybatch-d-t-1") == "https://ray.example.com/#/jobs/raybatch-d-t-1"
+    assert (
+        ray_job_url("https://ray.example.com/", "raybatch-d-t-1")
+        == "https://ray.example.com/#/jobs/raybatch-d-t-1"
+    )
     assert ray_job_url("http://127.0.0.1:8265", "a b/c") == "http://127.0.0.1:8265/#/jobs/a%20b%2Fc"
 
 
 @pytest.mark.parametrize(
     ("uri", "url"),
     [
-        ("s3://bucket/out/2026-11-20", "https://s3.console.aws.amazon.com/s3/buckets/bucket?prefix=out/2026-11-20/"),
+        (
+            "s3://bucket/out/2026-11-20",
+            "https://s3.console.aws.amazon.com/s3/buckets/bucket?prefix=out/2026-11-20/",
+        ),
         ("s3://bucket", "https://s3.console.aws.amazon.com/s3/buckets/bucket?prefix="),
         ("/data/out dir", "file:///data/out%20dir"),
         ("gs://b/x", "gs://b/x"),
@@ -44,7 +50,9 @@ def test_output_location_url(uri: str, url: str) -> None:
     assert output_location_url(uri) == url
 
 
-def test_links_read_the_job_id_and_dashboard_from_xcom_and_the_report_from_the_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_links_read_the_job_id_and_dashboard_from_xcom_and_the_report_from_the_manifest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     stored: dict[str, Any] = {
         "job_id": "raybatch-j1",
         "ray_dashboard_url": "http://ray.test:8265",
@@ -86,7 +94,9 @@ def test_success_emits_the_asset_event_with_the_runs_extras(ray_conn: str, ray_a
     outlet_events: dict[Any, Any] = defaultdict(lambda: SimpleNamespace(extra={}))
     operator = make_operator(ray_conn_id=ray_conn, output_asset=asset)
 
-    operator.execute_complete({"ti": FakeTI(), "outlet_events": outlet_events}, job_event("success", "j1", "ok", "succeeded"))
+    operator.execute_complete(
+        {"ti": FakeTI(), "outlet_events": outlet_events}, job_event("success", "j1", "ok", "succeeded")
+    )
 
     assert outlet_events[asset].extra == {
         "output_uri": "s3://b/out/2026-11-20",

@@ -22,7 +22,14 @@ from airflow_provider_raybatch.triggers.ray import ProgressRelay
 
 
 def _progress(**overrides: Any) -> dict[str, Any]:  # Any: JSON values.
-    return {"rows_done": 1200, "rows_total": 5000, "rows_resumed": 0, "tokens_out": 6000, "elapsed_seconds": 40, **overrides}
+    return {
+        "rows_done": 1200,
+        "rows_total": 5000,
+        "rows_resumed": 0,
+        "tokens_out": 6000,
+        "elapsed_seconds": 40,
+        **overrides,
+    }
 
 
 def test_description_has_counts_rates_and_eta() -> None:
@@ -52,7 +59,7 @@ def test_latest_progress_is_read_from_a_noisy_log() -> None:
             "(MapWorker pid=1) more noise",
             progress_log_line(_progress(rows_done=20)),
             manifest_log_line({"rows_in": 20}),
-            "RAYBATCH_PROGRESS_JSON={\"rows_done\": 3",  # cut short: ignored
+            'RAYBATCH_PROGRESS_JSON={"rows_done": 3',  # cut short: ignored
         ]
     )
     assert progress_from_log(log)["rows_done"] == 20
@@ -126,10 +133,14 @@ def test_interval_zero_turns_the_relay_off(hook: RayHook, ray_api: respx.MockRou
 
 def _sidecar(folder: Path, name: str, rows: int, tokens_out: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps({"sources": [f"f:{i}" for i in range(rows)], "tokens_out": tokens_out}))
+    (folder / f"{name}.json").write_text(
+        json.dumps({"sources": [f"f:{i}" for i in range(rows)], "tokens_out": tokens_out})
+    )
 
 
-def test_reporter_counts_staged_parts_and_only_this_runs_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_reporter_counts_staged_parts_and_only_this_runs_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     parts = tmp_path / "parts"
     _sidecar(parts, "part-resumed", rows=8, tokens_out=80)  # staged by an earlier try
     reporter = ProgressReporter(str(parts), rows_total=40, rows_resumed=8, interval=3600).start()

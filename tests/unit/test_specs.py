@@ -200,10 +200,14 @@ INVALID_CASES = [
     pytest.param({"replica_resources": {"CPU": 0}}, ["replica_resources"], id="replica-resources-zero"),
     pytest.param({"model": ""}, ["model"], id="empty-model"),
     pytest.param({"image_size": (448, 448)}, ["image_size", "needs image_column"], id="image-size-no-column"),
-    pytest.param({"image_max_side": 448}, ["image_max_side", "needs image_column"], id="image-max-side-no-column"),
+    pytest.param(
+        {"image_max_side": 448}, ["image_max_side", "needs image_column"], id="image-max-side-no-column"
+    ),
     pytest.param({"image_column": "image", "image_size": (448, 0)}, ["image_size"], id="image-size-zero"),
     pytest.param({"image_column": "image", "image_size": (448,)}, ["image_size"], id="image-size-one-number"),
-    pytest.param({"image_column": "image", "image_max_side": 0}, ["image_max_side"], id="image-max-side-zero"),
+    pytest.param(
+        {"image_column": "image", "image_max_side": 0}, ["image_max_side"], id="image-max-side-zero"
+    ),
     pytest.param(
         {"image_column": "image", "image_size": (448, 448), "image_max_side": 448},
         ["image_size", "image_max_side", "exclusive"],
@@ -224,7 +228,9 @@ INVALID_CASES = [
         ["image_column", "keep_columns", "never copied"],
         id="image-kept",
     ),
-    pytest.param({"image_column": "image", "id_column": "image"}, ["image_column", "id_column"], id="image-is-id"),
+    pytest.param(
+        {"image_column": "image", "id_column": "image"}, ["image_column", "id_column"], id="image-is-id"
+    ),
     pytest.param(
         {"image_column": "image", "engine_kwargs": {"limit_mm_per_prompt": {"image": 0}}},
         ["limit_mm_per_prompt", "image_column"],
@@ -496,11 +502,16 @@ def test_json_round_trip_keeps_run_key_and_keep_versions() -> None:
 
 
 def test_image_spec_builds() -> None:
-    spec = build(image_column="image", image_size=[448, 336], system_prompt="Caption images.", keep_columns=["name"])
+    spec = build(
+        image_column="image", image_size=[448, 336], system_prompt="Caption images.", keep_columns=["name"]
+    )
 
     assert (spec.image_column, spec.image_size, spec.image_max_side) == ("image", (448, 336), None)
     assert build(image_column="image", image_max_side=512).image_max_side == 512
-    assert build(image_column="image", engine_kwargs={"limit_mm_per_prompt": {"image": 1}}).image_column == "image"
+    assert (
+        build(image_column="image", engine_kwargs={"limit_mm_per_prompt": {"image": 1}}).image_column
+        == "image"
+    )
     assert build().image_column is None
 
 
@@ -540,7 +551,9 @@ def test_sampling_settings_a_row_batch_cannot_honour_are_refused(params: dict, m
 
 
 def test_an_openai_batch_may_ask_for_choices_and_logprobs() -> None:
-    spec = build(user_template=_DROP, openai_endpoint="/v1/chat/completions", sampling_params={"n": 2, "logprobs": 1})
+    spec = build(
+        user_template=_DROP, openai_endpoint="/v1/chat/completions", sampling_params={"n": 2, "logprobs": 1}
+    )
 
     assert spec.sampling_params == {"n": 2, "logprobs": 1}
 
@@ -559,7 +572,9 @@ def test_an_output_inside_the_input_is_refused(input_uri: str, output_uri: str) 
         build(input_uri=input_uri, output_uri=output_uri, input_format="jsonl")
 
 
-@pytest.mark.parametrize(("input_uri", "output_uri"), [("/data/in", "/data/inner"), ("s3://b/in", "s3://c/in/x")])
+@pytest.mark.parametrize(
+    ("input_uri", "output_uri"), [("/data/in", "/data/inner"), ("s3://b/in", "s3://c/in/x")]
+)
 def test_an_output_beside_the_input_is_fine(input_uri: str, output_uri: str) -> None:
     assert build(input_uri=input_uri, output_uri=output_uri, input_format="jsonl").output_uri == output_uri
 

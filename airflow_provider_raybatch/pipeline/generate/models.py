@@ -28,7 +28,9 @@ _COMPLETE_MARKER = ".raybatch-complete"
 def local_model_dir(model_uri: str, cache_dir: str) -> str:
     """Where a node keeps its copy of an s3:// model (the same path on every node)."""
     digest = hashlib.sha256(model_uri.rstrip("/").encode()).hexdigest()[:16]
-    return posixpath.join(posixpath.expanduser(cache_dir), f"{posixpath.basename(model_uri.rstrip('/'))}-{digest}")
+    return posixpath.join(
+        posixpath.expanduser(cache_dir), f"{posixpath.basename(model_uri.rstrip('/'))}-{digest}"
+    )
 
 
 def fetch_model(model_uri: str, target: str) -> int:

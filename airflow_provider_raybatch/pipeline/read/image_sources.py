@@ -177,7 +177,8 @@ class ImageSources:
         # the same values with the same functions, so a job never gets here with a bad one.
         try:
             parsed = [
-                parse_allowed_host_entry(entry, f"allowed_hosts[{i}]") for i, entry in enumerate(self.allowed_hosts)
+                parse_allowed_host_entry(entry, f"allowed_hosts[{i}]")
+                for i, entry in enumerate(self.allowed_hosts)
             ]
             if self.allowed_local_path is not None:
                 check_allowed_local_path(self.allowed_local_path, "allowed_local_path")
@@ -188,7 +189,9 @@ class ImageSources:
         object.__setattr__(
             self, "_host_names", frozenset(entry for entry in parsed if isinstance(entry[0], str))
         )
-        object.__setattr__(self, "_networks", tuple(entry for entry in parsed if not isinstance(entry[0], str)))
+        object.__setattr__(
+            self, "_networks", tuple(entry for entry in parsed if not isinstance(entry[0], str))
+        )
 
     @classmethod
     def from_spec(cls, spec: BatchInferenceSpec) -> ImageSources:

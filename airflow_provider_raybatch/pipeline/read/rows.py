@@ -375,7 +375,9 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
         if reason is None:
             yield _ok(source, next(typed))
         else:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
-            yield _bad(source, reason, raw=_csv_line(cells).encode("utf-8", "surrogateescape") if cells else None)
+            yield _bad(
+                source, reason, raw=_csv_line(cells).encode("utf-8", "surrogateescape") if cells else None
+            )
 
 
 def _csv_line(cells: list[str]) -> str:

@@ -58,7 +58,9 @@ def _encode(
     :param ascii_only: escape every non-ASCII character, so that no reader splitting lines on
         Unicode separators (str.splitlines splits on U+2028 and U+0085) cuts a line in two."""
     if output_format == "jsonl":
-        lines = (json.dumps(part_schema.strict_json_value(record), ensure_ascii=ascii_only) for record in records)
+        lines = (
+            json.dumps(part_schema.strict_json_value(record), ensure_ascii=ascii_only) for record in records
+        )
         text = "".join(_escape_line_breaks(line) + "\n" for line in lines)
         return text.encode("utf-8", "backslashreplace"), {}  # a lone surrogate as its JSON escape
     table = part_schema.table_of(records)
@@ -146,8 +148,13 @@ class PartWriter:
         }
         if self.count_labels:  # the answers of rows constrained to labels (a choice), not free text
             labels = [row.get("label", _NO_LABEL) for row in rows if row["ok"]]
-            answers = [str(r.get("generated_text")) if label is _NO_LABEL else label for label, r in zip(labels, outputs, strict=True)]
-            sidecar["generated_text_counts"] = dict(Counter(answer for answer in answers if answer is not None))
+            answers = [
+                str(r.get("generated_text")) if label is _NO_LABEL else label
+                for label, r in zip(labels, outputs, strict=True)
+            ]
+            sidecar["generated_text_counts"] = dict(
+                Counter(answer for answer in answers if answer is not None)
+            )
         for folder, records in (("outputs", outputs), ("errors", errors)):
             if records:
                 name = f"{part}.{self.extension}"

@@ -11,7 +11,14 @@ from airflow.providers_manager import ProvidersManager
 from airflow_provider_raybatch.connection_form import CONN_FIELDS
 from airflow_provider_raybatch.hooks.ray import RayConnectionSettings
 
-EXPECTED_FIELDS = {"headers", "cookies", "verify", "ca_bundle_path", "timeout_seconds", "retry_window_seconds"}
+EXPECTED_FIELDS = {
+    "headers",
+    "cookies",
+    "verify",
+    "ca_bundle_path",
+    "timeout_seconds",
+    "retry_window_seconds",
+}
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,9 @@ def test_get_is_retried_through_refusals_and_5xx(
 async def test_async_get_is_retried_too(
     retrying_hook: RayHook, ray_api: respx.MockRouter, job_payload: Any
 ) -> None:
-    answers: list[Any] = [httpx.ConnectError("refused")] * 3 + [httpx.Response(200, json=job_payload(JOB, "SUCCEEDED"))]
+    answers: list[Any] = [httpx.ConnectError("refused")] * 3 + [
+        httpx.Response(200, json=job_payload(JOB, "SUCCEEDED"))
+    ]
     route = ray_api.get(f"/api/jobs/{JOB}").mock(side_effect=answers)
 
     assert (await retrying_hook.a_get_job_status(JOB)).value == "SUCCEEDED"

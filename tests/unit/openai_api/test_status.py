@@ -59,7 +59,9 @@ def test_status_follows_the_run(run: RunState, record: dict, expected: str) -> N
         (RunState("failed", at(0), at(101), "failed"), {"cancelling_at": 70}, "cancelled"),
     ],
 )
-def test_past_its_window_a_batch_is_expired_without_anyone_writing(run: RunState, record: dict, expected: str) -> None:
+def test_past_its_window_a_batch_is_expired_without_anyone_writing(
+    run: RunState, record: dict, expected: str
+) -> None:
     status, times = batch_status({**RECORD, **record}, run, now=T0.timestamp() + 200)
     assert status == expected
     assert (times["expired_at"] == RECORD["expires_at"]) == (expected == "expired")

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_raybatch.openai_api.app import completion_window_seconds
-from airflow_provider_raybatch.openai_api.store import NotFoundError, OpenAIStore, TooLargeError, new_id, public
+from airflow_provider_raybatch.openai_api.store import (
+    NotFoundError,
+    OpenAIStore,
+    TooLargeError,
+    new_id,
+    public,
+)
 
 
 def test_upload_read_and_delete(tmp_path: Path) -> None:

@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferralError, TaskDeferralTimeout, TaskDeferred
 
-from airflow_provider_raybatch.exceptions import RayBatchConfigError, RayJobAlreadyExistsError, RayJobFailedError
+from airflow_provider_raybatch.exceptions import (
+    RayBatchConfigError,
+    RayJobAlreadyExistsError,
+    RayJobFailedError,
+)
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, JOB_ID_STATE_KEY
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
@@ -75,7 +79,9 @@ def test_a_job_with_copied_metadata_is_neither_adopted_nor_stopped(
     """Any cluster user can submit a job with our metadata copied from `ray job list`."""
     ti = retry_ti(2)
     ours = cluster.add_try(ti, 1, "FAILED")
-    forged = "raybatch-daily_company_industry-classify-manual__2026-11-21T00_00_00_00_00-m-1-t1-0123456789abcdef"
+    forged = (
+        "raybatch-daily_company_industry-classify-manual__2026-11-21T00_00_00_00_00-m-1-t1-0123456789abcdef"
+    )
     copied = {**next(job for job in cluster.jobs if job["submission_id"] == ours)["metadata"]}
     cluster.add_job(forged, status, {**copied, "airflow_try_number": "2"}, logs=manifest_log_line(MANIFEST))
 
@@ -129,14 +135,17 @@ def test_a_scheduled_run_created_again_submits_under_the_next_free_id(
     run = SimpleNamespace(run_after=datetime(2026, 3, 13, tzinfo=UTC))
     ti = FakeTI()
     deleted = replace(task_try_of(ti), run_after=run.run_after.isoformat())
-    cluster.add_job(deleted.submission_id(KEY), status, {**deleted.metadata(), FINGERPRINT_KEY: "other-params"})
+    cluster.add_job(
+        deleted.submission_id(KEY), status, {**deleted.metadata(), FINGERPRINT_KEY: "other-params"}
+    )
 
     with pytest.raises(TaskDeferred) as info:
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "dag_run": run})
 
     second = replace(deleted, attempt=2)
     assert [body["submission_id"] for body in cluster.submitted()] == [
-        deleted.submission_id(KEY), second.submission_id(KEY)
+        deleted.submission_id(KEY),
+        second.submission_id(KEY),
     ]
     assert info.value.trigger.job_id == second.submission_id(KEY)
     assert cluster.submitted()[-1]["metadata"]["raybatch_submission_attempt"] == "2"
@@ -204,7 +213,9 @@ def test_an_error_event_for_a_job_that_ended_stops_nothing(ray_conn: str, cluste
     job = cluster.add_try(ti, 1, "FAILED")
 
     with pytest.raises(RayJobFailedError):
-        make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, job_event("error", job, "x", "failed"))
+        make_operator(ray_conn_id=ray_conn).execute_complete(
+            {"ti": ti}, job_event("error", job, "x", "failed")
+        )
 
     assert not cluster.stops[job].called
 
@@ -229,14 +240,17 @@ def test_airflows_own_deferral_timeout_or_a_crashed_trigger_stops_the_job(
     assert op.job_id == job
 
 
-def test_a_deferral_failure_finds_the_job_in_the_task_state_store(ray_conn: str, cluster: FakeCluster) -> None:
+def test_a_deferral_failure_finds_the_job_in_the_task_state_store(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
     ti = XComTI()
     job = cluster.add_try(ti, 1, "RUNNING")
 
     with pytest.raises(TaskDeferralError):
         make_operator(ray_conn_id=ray_conn).resume_execution(
-            "__fail__", {"error": "Trigger failure"}, {"ti": ti, "task_state_store": FakeStateStore(
-                **{JOB_ID_STATE_KEY: job})}  # fmt: skip
+            "__fail__",
+            {"error": "Trigger failure"},
+            {"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: job})},  # fmt: skip
         )
 
     assert cluster.stops[job].call_count == 1
@@ -249,7 +263,9 @@ def test_a_deferral_failure_never_stops_a_job_that_is_not_ours(ray_conn: str, cl
     ti.xcom_push(key="job_id", value="someone-elses-job")
 
     with pytest.raises(TaskDeferralError):
-        make_operator(ray_conn_id=ray_conn).resume_execution("__fail__", {"error": "Trigger failure"}, {"ti": ti})
+        make_operator(ray_conn_id=ray_conn).resume_execution(
+            "__fail__", {"error": "Trigger failure"}, {"ti": ti}
+        )
 
     assert not cluster.stops["someone-elses-job"].called
 
@@ -298,7 +314,9 @@ def test_a_succeeded_job_whose_driver_log_is_gone_gives_its_committed_result(
     assert not cluster.submit.called
 
 
-def test_the_committed_manifest_wins_over_the_log(ray_conn: str, cluster: FakeCluster, tmp_path: Path) -> None:
+def test_the_committed_manifest_wins_over_the_log(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path
+) -> None:
     ti = FakeTI()
     job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line({**MANIFEST, "rows_out": 1}))
     manifest = committed(tmp_path / "out", job_id=job)
@@ -340,7 +358,9 @@ def test_a_manifest_from_before_job_ids_counts_when_run_and_spec_match(
     assert ti.xcoms["manifest"] == manifest
 
 
-def test_an_old_manifest_of_another_spec_is_not_taken(ray_conn: str, cluster: FakeCluster, tmp_path: Path) -> None:
+def test_an_old_manifest_of_another_spec_is_not_taken(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path
+) -> None:
     ti = FakeTI()
     job = cluster.add_try(ti, 1, "SUCCEEDED")  # its log is empty
     op = make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out"))
@@ -390,7 +410,12 @@ def test_a_result_whose_version_another_commit_deleted_fails_naming_both(
     and a clear of the earlier run "succeeded" with a manifest pointing at nothing."""
     ti = FakeTI()
     out = tmp_path / "out"
-    mine = {**MANIFEST, "output_uri": str(out), "version": "v1", "outputs_uri": str(out / "versions/v1/outputs")}
+    mine = {
+        **MANIFEST,
+        "output_uri": str(out),
+        "version": "v1",
+        "outputs_uri": str(out / "versions/v1/outputs"),
+    }
     job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(mine))
     committed(out, job_id="raybatch-another-run", version="v2")  # v1's folder is gone
 
@@ -408,7 +433,12 @@ def test_a_kept_version_under_a_later_commit_is_still_this_jobs_result(
 ) -> None:
     ti = FakeTI()
     out = tmp_path / "out"
-    mine = {**MANIFEST, "output_uri": str(out), "version": "v1", "outputs_uri": str(out / "versions/v1/outputs")}
+    mine = {
+        **MANIFEST,
+        "output_uri": str(out),
+        "version": "v1",
+        "outputs_uri": str(out / "versions/v1/outputs"),
+    }
     (out / "versions/v1/outputs").mkdir(parents=True)  # keep_versions=True kept it
     job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(mine))
     committed(out, job_id="raybatch-another-run", version="v2")

@@ -15,7 +15,9 @@ def _empty_listing(ray_api: respx.MockRouter) -> respx.Route:
     return ray_api.post("/api/jobs/").respond(json={"submission_id": "x"})
 
 
-def test_layout_that_cannot_fit_is_refused_before_submitting(ray_conn: str, ray_api: respx.MockRouter) -> None:
+def test_layout_that_cannot_fit_is_refused_before_submitting(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
     ray_api.get("/api/v0/nodes").respond(json=nodes_payload({"CPU": 16.0, "GPU": 2.0}))
     submit = _empty_listing(ray_api)
     op = make_operator(ray_conn_id=ray_conn, engine_kwargs={"tensor_parallel_size": 4})
@@ -28,7 +30,9 @@ def test_layout_that_cannot_fit_is_refused_before_submitting(ray_conn: str, ray_
     assert not submit.called
 
 
-def test_cpu_cluster_without_replica_resources_is_told_what_to_set(ray_conn: str, ray_api: respx.MockRouter) -> None:
+def test_cpu_cluster_without_replica_resources_is_told_what_to_set(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
     ray_api.get("/api/v0/nodes").respond(json=nodes_payload({"CPU": 8.0}))
     submit = _empty_listing(ray_api)
 
@@ -45,7 +49,9 @@ def test_layout_check_can_be_turned_off_for_autoscaling_clusters(
     ray_api.route(method="PUT", path__startswith="/api/packages/gcs/").respond(200)
     submit = _empty_listing(ray_api)
     op = make_operator(ray_conn_id=ray_conn, check_layout=False, concurrency=(1, 4), deferrable=False)
-    ray_api.get("/api/jobs/x").respond(json={"submission_id": "x", "status": "FAILED", "message": "stop here"})
+    ray_api.get("/api/jobs/x").respond(
+        json={"submission_id": "x", "status": "FAILED", "message": "stop here"}
+    )
     ray_api.get("/api/jobs/x/logs").respond(json={"logs": ""})
 
     with pytest.raises(Exception, match="stop here"):

@@ -178,7 +178,9 @@ def test_build_spec_passes_image_fields() -> None:
         ("image_max_side", "null", None),
     ],
 )
-def test_build_spec_image_fields_from_rendered_text(name: str, text: str, expected: Any) -> None:  # Any: value.
+def test_build_spec_image_fields_from_rendered_text(
+    name: str, text: str, expected: Any
+) -> None:  # Any: value.
     op = make_operator(user_template="Describe it.", image_column="image")
     setattr(op, name, text)  # as rendering a templated field would
 
@@ -484,7 +486,12 @@ class FakeCluster:
         return payload
 
     def add_try(
-        self, ti: FakeTI, try_number: int, status: str, fingerprint: str | None = FINGERPRINT, logs: str = "",
+        self,
+        ti: FakeTI,
+        try_number: int,
+        status: str,
+        fingerprint: str | None = FINGERPRINT,
+        logs: str = "",
         end_time: int | None = None,
     ) -> str:
         """A job an earlier (or this) try of ``ti`` submitted; returns its id."""
@@ -580,7 +587,9 @@ def test_a_job_stopped_under_a_later_try_is_run_again(ray_conn: str, cluster: Fa
     job. When that stop lands, the new try submits a job of its own (which resumes), not fail."""
     ti = retry_ti(2)
     attached_at = time.time() - 8
-    previous = cluster.add_try(ti, 1, "STOPPED", end_time=int((attached_at + 5) * 1000))  # as the trigger saw it
+    previous = cluster.add_try(
+        ti, 1, "STOPPED", end_time=int((attached_at + 5) * 1000)
+    )  # as the trigger saw it
     store = FakeStateStore()
     op = make_operator(ray_conn_id=ray_conn)
     stopped = job_event("cancelled", previous, f"Ray job {previous} finished: STOPPED.", "stopped")
@@ -653,7 +662,10 @@ def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: Fak
     assert not cluster.submit.called
     assert op.job_id == previous
     assert ti.xcoms == {
-        "job_id": previous, "ray_dashboard_url": RAY_URL, "manifest": manifest, "output_uri": "s3://b/out/"
+        "job_id": previous,
+        "ray_dashboard_url": RAY_URL,
+        "manifest": manifest,
+        "output_uri": "s3://b/out/",
     }
     assert store.sets == []
 

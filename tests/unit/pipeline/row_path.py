@@ -113,7 +113,9 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     prepared = _through_arrow([row_steps.prepare_row(record, spec) for record in records])
     rows_in = len(prepared)
     first, _ = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in prepared)
-    prepared = dedupe.mark_duplicates_in_batch(pa.Table.from_pylist(prepared), dedupe.first_sources_table(first)).to_pylist()
+    prepared = dedupe.mark_duplicates_in_batch(
+        pa.Table.from_pylist(prepared), dedupe.first_sources_table(first)
+    ).to_pylist()
 
     layout = OutputLayout(spec.output_uri, spec.run_key)
     commit.open_staging(layout, spec)
@@ -136,7 +138,9 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     for row in engine_rows:
         row.pop("multimodal_data", None)  # decoded images: Ray pickles them; nothing to check here
     # Each stage takes a block (Arrow) and passes by the rows that failed before it, by Ray's test.
-    rendered = _through_arrow([row if _failed(row) else {**row, **_render(row)} for row in _through_arrow(engine_rows)])
+    rendered = _through_arrow(
+        [row if _failed(row) else {**row, **_render(row)} for row in _through_arrow(engine_rows)]
+    )
     finished = [row if _failed(row) else {**row, **_generate(row, requests)} for row in rendered]
     for start in range(0, len(finished), _STAGE_ROWS):
         row_steps.stage_engine_rows(finished[start : start + _STAGE_ROWS], spec, parts)

@@ -41,7 +41,12 @@ print(json.dumps(asyncio.run(main())))
 def test_a_rejected_conversation_fails_its_row_and_the_others_render() -> None:
     rows = sorted(run_in_ray_env(_RUN), key=lambda row: row["__idx_in_batch"])
 
-    assert [row["prompt"] for row in rows] == ["<user>hi<assistant>", "", "a ready prompt", "<user>q<assistant>prefill"]
+    assert [row["prompt"] for row in rows] == [
+        "<user>hi<assistant>",
+        "",
+        "a ready prompt",
+        "<user>q<assistant>prefill",
+    ]
     assert rows[1]["__inference_error__"].startswith(
         "raybatch row error: chat template failed: ValueError: Conversation roles must alternate"
     )

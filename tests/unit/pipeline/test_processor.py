@@ -51,7 +51,9 @@ def model_folder(tmp_path: Path) -> Path:
 
 
 def test_the_driver_builds_the_processor_without_the_engine_libraries(model_folder: Path) -> None:
-    report = run_in_ray_env(f"MODEL = {str(model_folder)!r}\nENGINE_LIBRARIES = {ENGINE_LIBRARIES!r}\n{_BUILD}")
+    report = run_in_ray_env(
+        f"MODEL = {str(model_folder)!r}\nENGINE_LIBRARIES = {ENGINE_LIBRARIES!r}\n{_BUILD}"
+    )
 
     assert report["loaded"] == []
     assert report["left_in_sys_modules"] == []  # no stand-in or block outlives the build
@@ -87,4 +89,3 @@ def test_vllm_cannot_be_imported_while_building_and_can_afterwards(monkeypatch: 
     import colorsys as later
 
     assert later.hsv_to_rgb(0.0, 0.0, 1.0) == (1.0, 1.0, 1.0)
-

@@ -465,7 +465,9 @@ def test_csv_without_an_id_column_infers_every_column() -> None:
         (["2026-01-01 10:00:00", "2026-01-02"], ["2026-01-01 10:00:00", "2026-01-02"]),  # as written
     ],
 )
-def test_csv_columns_whose_type_would_change_what_was_written_stay_text(cells: list[str], kept: list[str]) -> None:
+def test_csv_columns_whose_type_would_change_what_was_written_stay_text(
+    cells: list[str], kept: list[str]
+) -> None:
     data = ("v\n" + "\n".join(cells) + "\n").encode()
     assert [json.loads(r["row"])["v"] for r in csv_rows(data)] == kept
 
@@ -688,7 +690,12 @@ def test_parquet_values_of_many_types() -> None:
     assert [row["dec"] for row in rows] == ["12345678901234567890.0123456789", "-0.1000000000", None, "0E-10"]
     assert rows[0]["dec256"] == "1" * 60
     assert [row["struct"] for row in rows] == [{"a": {"b": [1, 2]}}, {"a": None}, None, {"a": {"b": []}}]
-    assert [row["bin"] for row in rows] == [BYTES_DATA_URL_PREFIX + "Y2Fmw6k=", BYTES_DATA_URL_PREFIX + "/w==", None, BYTES_DATA_URL_PREFIX]
+    assert [row["bin"] for row in rows] == [
+        BYTES_DATA_URL_PREFIX + "Y2Fmw6k=",
+        BYTES_DATA_URL_PREFIX + "/w==",
+        None,
+        BYTES_DATA_URL_PREFIX,
+    ]
     assert [row["big_text"] for row in rows] == ["x" * 100_000, "", None, "é"]
     assert [row["category"] for row in rows] == ["a", "b", "a", None]
     assert rows[0]["f"] == 1.5 and math.isnan(rows[1]["f"]) and rows[2]["f"] is None

@@ -109,7 +109,10 @@ async def test_a_trigger_serialized_before_owns_job_loads_and_still_stops_on_kil
 
     assert rebuilt.owns_job is True
     assert rebuilt.serialize()[1] == {
-        **OLD_SERIALIZED_KWARGS, "ray_conn_id": ray_conn, "owns_job": True, "deadline": None
+        **OLD_SERIALIZED_KWARGS,
+        "ray_conn_id": ray_conn,
+        "owns_job": True,
+        "deadline": None,
     }
     assert stop.call_count == 1
 
@@ -338,7 +341,9 @@ async def test_a_deadline_that_passed_while_the_triggerer_was_down_stops_the_job
     polls = ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "RUNNING"))
     stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
 
-    events = await events_of(make_trigger(deadline=time.time() - 1, timeout_seconds=3600, poll_interval_seconds=600))
+    events = await events_of(
+        make_trigger(deadline=time.time() - 1, timeout_seconds=3600, poll_interval_seconds=600)
+    )
 
     assert [(e["status"], e["termination_reason"]) for e in events] == [("error", "timeout")]
     assert polls.call_count == 1 and stop.call_count == 1

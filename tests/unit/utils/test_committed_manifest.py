@@ -30,7 +30,9 @@ def test_reads_a_committed_manifest(tmp_path: Path) -> None:
         (json.dumps({"status": "complete"}).encode(), "not a run manifest"),
     ],
 )
-def test_anything_else_is_a_reason_never_an_exception(tmp_path: Path, content: bytes | None, why: str) -> None:
+def test_anything_else_is_a_reason_never_an_exception(
+    tmp_path: Path, content: bytes | None, why: str
+) -> None:
     if content is not None:
         (tmp_path / "manifest.json").write_bytes(content)
 

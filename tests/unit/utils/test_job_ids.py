@@ -278,7 +278,9 @@ def test_the_first_attempt_keeps_the_id_it_had_before_attempts_existed() -> None
     import hashlib
     import hmac
 
-    exact = "\x1f".join(map(str, (TRY.dag_id, TRY.run_id, TRY.task_id, TRY.map_index, TRY.try_number, TRY.run_after)))
+    exact = "\x1f".join(
+        map(str, (TRY.dag_id, TRY.run_id, TRY.task_id, TRY.map_index, TRY.try_number, TRY.run_after))
+    )
     mac = hmac.new(KEY, exact.encode(), hashlib.sha256).hexdigest()[:16]
     assert TRY.submission_id(KEY).endswith(f"-m-1-t1-{mac}")
 
@@ -331,7 +333,8 @@ def test_owns_not_a_job_with_a_strange_try_number(try_number: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "missing", ["airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index", "airflow_run_after"]
+    "missing",
+    ["airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index", "airflow_run_after"],
 )
 def test_owns_not_a_job_missing_a_key(missing: str) -> None:
     job_id, metadata = job_of(TRY)
