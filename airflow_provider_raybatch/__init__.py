@@ -83,14 +83,16 @@ def get_provider_info() -> dict:
                         "default": "raybatch_openai_batch",
                     },
                     "openai_max_upload_bytes": {
-                        "description": "The largest file upload, in bytes; past it the API answers 413 and keeps nothing. OpenAI's own limit is 200 MB.",
+                        "description": "The largest file upload, in bytes; past it the API answers 413 and "
+                        "keeps nothing. OpenAI's own limit is 200 MB.",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,
                         "default": "200000000",
                     },
                     "openai_max_body_bytes": {
-                        "description": "The largest request body other than an upload, in bytes (413 past it).",
+                        "description": "The largest request body other than an upload, in bytes "
+                        "(413 past it).",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,
@@ -111,14 +113,16 @@ def get_provider_info() -> dict:
                         "default": "64",
                     },
                     "openai_max_files_per_user": {
-                        "description": "The most uploads one user keeps at once; past it an upload answers 429 until they delete some.",
+                        "description": "The most uploads one user keeps at once; past it an upload answers "
+                        "429 until they delete some.",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,
                         "default": "500",
                     },
                     "openai_max_open_batches_per_user": {
-                        "description": "The most batches one user has open (inside their completion window and not finished) at once; past it creating one answers 429.",
+                        "description": "The most batches one user has open (inside their completion window "
+                        "and not finished) at once; past it creating one answers 429.",
                         "version_added": "0.1.0",
                         "type": "integer",
                         "example": None,

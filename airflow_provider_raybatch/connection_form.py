@@ -39,7 +39,9 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {  # Any: JSON Schema values.
     },
     "retry_window_seconds": {
         "label": "Retry window (s)",
-        "description": "How long calls retry while the head is unreachable or answers 5xx; 0 turns retries off.",
+        "description": (
+            "How long calls retry while the head is unreachable or answers 5xx; 0 turns retries off."
+        ),
         "schema": {"type": ["number", "null"], "default": 300, "minimum": 0},
     },
 }

@@ -118,7 +118,8 @@ def failed_rows_verdict(
 
 
 def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
-    """One line for the task log, e.g. ``1,200 / 5,000 rows (24.0%), 35.1 rows/s, 210 output tokens/s, ETA 1m48s``.
+    """One line for the task log, e.g.
+    ``1,200 / 5,000 rows (24.0%), 35.1 rows/s, 210 output tokens/s, ETA 1m48s``.
 
     Rates count only this run's rows (not those resumed from an earlier try) over this run's time.
     """
@@ -129,7 +130,8 @@ def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
     if elapsed <= 0:
         return line
     rows_per_second = (done - resumed) / elapsed
-    line += f", {rows_per_second:.1f} rows/s, {float(progress.get('tokens_out', 0)) / elapsed:,.0f} output tokens/s"
+    tokens_per_second = float(progress.get("tokens_out", 0)) / elapsed
+    line += f", {rows_per_second:.1f} rows/s, {tokens_per_second:,.0f} output tokens/s"
     if rows_per_second > 0 and total > done:
         line += f", ETA {_duration((total - done) / rows_per_second)}"
     return line

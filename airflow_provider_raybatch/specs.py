@@ -123,8 +123,9 @@ def parse_user_template(template: str) -> list[str | TemplateField]:
     Doubling (``{{``/``}}``) is not an escape here: Jinja owns ``{{``, so ``str.format``'s escape
     could only be reached through ``{% raw %}``, and ``}}`` closes nested JSON objects. A literal
     ``{Word}`` that reads as a field is built in a preprocess function instead. Documented, with why
-    this rule, in docs/howto-daily-run.md ("user_template: Jinja, then {Column}"). Raises BatchSpecError for a field the pipeline cannot fill: a
-    positional ``{0}``, attribute or index access ``{a.b}``, or an unknown conversion.
+    this rule, in docs/howto-daily-run.md ("user_template: Jinja, then {Column}"). Raises
+    BatchSpecError for a field the pipeline cannot fill: a positional ``{0}``, attribute or index
+    access ``{a.b}``, or an unknown conversion.
     """
     pieces: list[str | TemplateField] = []
     literal_start = position = 0
@@ -231,7 +232,8 @@ class BatchInferenceSpec(BaseModel):
         "internet: host names, matched exactly (e.g. 'images.internal'), IP addresses ('10.1.2.3') or CIDR "
         "blocks ('10.0.0.0/8'), each optionally with a port ('images.internal:8080', '[fd00::5]:443'). "
         "Prefer host:port: an entry without a port allows every port on that host, so rows could reach "
-        "(and tell apart) the other services there, such as the Ray dashboard. Unset, an image URL whose host is or resolves to a loopback, private "
+        "(and tell apart) the other services there, such as the Ray dashboard. Unset, an image URL whose "
+        "host is or resolves to a loopback, private "
         "(10/8, 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, where cloud metadata services "
         "answer; fe80::/10), shared, multicast, unspecified or reserved address fails its row with "
         "'image source not allowed', before any connection is made. The check is on the address the fetch "
@@ -436,7 +438,8 @@ class BatchInferenceSpec(BaseModel):
         elif self.messages_column is None and self.user_template is None and self.preprocess is None:
             raise ValueError(
                 "no prompt: pass user_template='... {Column} ...', messages_column='messages' for rows that "
-                "carry chat messages, or a preprocess that returns 'messages' or 'prompt' (as in Ray Data LLM)."
+                "carry chat messages, or a preprocess that returns 'messages' or 'prompt' "
+                "(as in Ray Data LLM)."
             )
         else:
             check_sampling_params(self.sampling_params, one_text_per_row=True)
@@ -457,8 +460,9 @@ class BatchInferenceSpec(BaseModel):
             raise ValueError(f"output_uri={self.output_uri!r} must differ from input_uri.")
         if _is_inside(self.output_uri, self.input_uri):
             raise ValueError(
-                f"output_uri={self.output_uri!r} is inside input_uri={self.input_uri!r}: the job would read its "
-                "own staging and earlier outputs as input rows. Write the outputs beside the input folder."
+                f"output_uri={self.output_uri!r} is inside input_uri={self.input_uri!r}: the job would "
+                "read its own staging and earlier outputs as input rows. Write the outputs beside the "
+                "input folder."
             )
         return self
 
@@ -510,7 +514,8 @@ class BatchInferenceSpec(BaseModel):
         if self.image_size is not None and self.image_size[0] * self.image_size[1] > MAX_IMAGE_PIXELS:
             raise ValueError(
                 f"image_size={self.image_size!r} is {self.image_size[0] * self.image_size[1]:,} pixels, over "
-                f"the {MAX_IMAGE_PIXELS:,} an image part may hold; vision models take far fewer (e.g. (448, 448))."
+                f"the {MAX_IMAGE_PIXELS:,} an image part may hold; vision models take far fewer "
+                "(e.g. (448, 448))."
             )
         if self.image_size is not None and self.image_max_side is not None:
             raise ValueError(
@@ -695,8 +700,8 @@ def parse_allowed_host(
     host = text.removesuffix(".")
     if not _HOST_NAME.match(host) or host.replace(".", "").isdigit():
         raise ValueError(
-            f"{name}={entry!r} is not a host name, IP address or CIDR block; pass e.g. 'images.internal:8080', "
-            "'10.1.2.3' or '10.0.0.0/8', without a scheme or path."
+            f"{name}={entry!r} is not a host name, IP address or CIDR block; pass e.g. "
+            "'images.internal:8080', '10.1.2.3' or '10.0.0.0/8', without a scheme or path."
         )
     return host
 

@@ -96,7 +96,8 @@ def watch_parts(
     on_poll: Callable[[dict[str, dict[str, Any]]], None] | None = None,  # Any: JSON values.
     known: dict[str, dict[str, Any]] | None = None,  # Any: JSON values.
 ) -> list[dict[str, Any]]:  # Any: JSON values.
-    """Poll until ``is_terminal()``, recording each staged part sidecar (pipeline/stage/parts.py) as it appears.
+    """Poll until ``is_terminal()``, recording each staged part sidecar (pipeline/stage/parts.py) as it
+    appears.
 
     :param on_poll: called after each look with every part seen so far (by sidecar name).
     :param known: parts seen before (e.g. by an earlier job of the same staging): not reported again.

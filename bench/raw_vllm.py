@@ -65,7 +65,8 @@ def _init_worker(spec_json: str) -> None:
 
 
 def _render(tokenizer: Any, conversation: list[dict[str, Any]]) -> str:  # Any: a tokenizer, JSON.
-    """pipeline/prompt/chat_template.py's ``_render``: what Ray Data LLM's chat-template loop does for one row."""
+    """pipeline/prompt/chat_template.py's ``_render``: what Ray Data LLM's chat-template loop does for
+    one row."""
     add_generation_prompt = bool(conversation) and conversation[-1].get("role") == "user"
     return tokenizer.apply_chat_template(
         conversation,

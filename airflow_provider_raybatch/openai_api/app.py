@@ -252,7 +252,9 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
                 )
             if store.count_files(user.get_id()) >= config.max_files_per_user:
                 raise _openai_error(
-                    429, f"You have {config.max_files_per_user} files, the most one user may keep: delete some first.",
+                    429,
+                    f"You have {config.max_files_per_user} files, the most one user may keep: "
+                    "delete some first.",
                     "file", "too_many_files",
                 )  # fmt: skip
 
@@ -342,7 +344,8 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         if window is None:
             raise _openai_error(
                 400,
-                f"completion_window {body.completion_window[:20]!r}: use '24h' (or a duration such as '90m').",
+                f"completion_window {body.completion_window[:20]!r}: use '24h' "
+                "(or a duration such as '90m').",
                 "completion_window",
             )
         _check_metadata(body.metadata, config)
@@ -351,11 +354,14 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         open_batches = [
             record for record in store.batches(user.get_id())
             if record["expires_at"] > now
-            and batch_status(record, _run_state(session, dag_id, record["id"]), now=now)[0] not in TERMINAL_STATUSES
+            and batch_status(record, _run_state(session, dag_id, record["id"]), now=now)[0]
+            not in TERMINAL_STATUSES
         ]  # fmt: skip
         if len(open_batches) >= config.max_open_batches_per_user:
             raise _openai_error(
-                429, f"You have {len(open_batches)} batches open, the most one user may: wait for some to finish.",
+                429,
+                f"You have {len(open_batches)} batches open, the most one user may: "
+                "wait for some to finish.",
                 code="too_many_open_batches",
             )  # fmt: skip
         if input_file["purpose"] != "batch":

@@ -76,10 +76,13 @@ def batch_status(
     }
     ended = run.run_state in ("success", "failed")
     legacy_expiry = record.get("expired_at") is not None  # that version also set cancelling_at
-    if expired_at is not None and (ended or run.run_state is None):
-        if legacy_expiry or record.get("cancelling_at") is None:
-            times["expired_at"] = expired_at
-            return "expired", times
+    if (
+        expired_at is not None
+        and (ended or run.run_state is None)
+        and (legacy_expiry or record.get("cancelling_at") is None)
+    ):
+        times["expired_at"] = expired_at
+        return "expired", times
     if record.get("cancelling_at") is not None:
         if ended or run.run_state is None:
             times["cancelled_at"] = _epoch(run.run_end) or record["cancelling_at"]

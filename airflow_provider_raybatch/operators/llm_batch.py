@@ -324,12 +324,14 @@ class RayLLMBatchOperator(BaseOperator):
                 self.log.warning(
                     "Ray job %s of try %s of this run has other parameters; stopping it. (Were it another "
                     "Airflow deployment's, the two would share [raybatch] job_identity_secret or "
-                    "[core] fernet_key: give each deployment its own.)", previous.job_id, try_number_of(previous),
+                    "[core] fernet_key: give each deployment its own.)",
+                    previous.job_id, try_number_of(previous),
                 )  # fmt: skip
                 self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
             previous = None
         if (previous is not None and previous.status in (JobStatus.STOPPED, JobStatus.FAILED)
-                and self.reuse_earlier_result and self._committed_result_of(previous.job_id, spec) is not None):  # fmt: skip
+                and self.reuse_earlier_result
+                and self._committed_result_of(previous.job_id, spec) is not None):  # fmt: skip
             # Stopped or failed after it committed (a stop landing just after the commit): its
             # result is whole and committed; paying for the rows again would be the loss.
             self.log.warning("Ray job %s of an earlier try ended %s after it committed its result; taking "
@@ -487,8 +489,8 @@ class RayLLMBatchOperator(BaseOperator):
         event = validate_event(event)
         hook = self.hook
         job_id = self.job_id = event["job_id"]  # also for a failed task's lineage
-        if event["status"] == "cancelled" and self._stopped_by_earlier_tries_cleanup(hook, job_id, context,
-                                                                                     attached_at):  # fmt: skip
+        if event["status"] == "cancelled" and self._stopped_by_earlier_tries_cleanup(
+                hook, job_id, context, attached_at):  # fmt: skip
             # This try attached to a job whose own try was cleared or marked failed just before: that
             # try's cleanup stopped the job under us. Run again; the new job resumes from staging.
             self.log.warning("Ray job %s of an earlier try was stopped by that try's cleanup while this try "
@@ -524,7 +526,8 @@ class RayLLMBatchOperator(BaseOperator):
         ti.xcom_push(key="output_uri", value=manifest["output_uri"])
         self.log.info(
             "Ray job %s done: %d rows in, %d out, %d failed; output at %s.",
-            job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"], manifest["output_uri"],
+            job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"],
+            manifest["output_uri"],
         )  # fmt: skip
         job_results.check_failed_rows(manifest, spec, job_id)
         if self.output_asset is not None:
@@ -534,13 +537,15 @@ class RayLLMBatchOperator(BaseOperator):
     def _dry_run_complete(
         self, manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str
     ) -> str:  # Any: JSON.
-        """Log what the dry run found and return its folder; fail when the real run would fail its thresholds."""
+        """Log what the dry run found and return its folder; fail when the real run would fail its
+        thresholds."""
         estimate = manifest.get("estimated_gpu_seconds")
         self.log.info(
             "Dry run (Ray job %s): %d rows in; %d would reach the engine with %d prompt tokens (longest %d); "
             "%d would fail (%s); %s. Report: %s",
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["prompt_tokens"],
-            manifest["prompt_tokens_longest"], manifest["rows_failed"], manifest["errors_by_reason"] or "none",
+            manifest["prompt_tokens_longest"], manifest["rows_failed"],
+            manifest["errors_by_reason"] or "none",
             f"~{estimate:,} s of engine time at {manifest['rows_per_second']:.4g} rows/s "
             f"({manifest['rows_per_second_from']})" if estimate is not None
             else "no GPU time estimate (set dry_run_rows_per_second, or run once for real)",

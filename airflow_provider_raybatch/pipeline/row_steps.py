@@ -387,15 +387,13 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         return _staged_error(
             row,
             spec=spec,
-            reason=f"output not a choice: {row['generated_text']!r} after {row['num_generated_tokens']} tokens; "
-            "raise sampling_params['max_tokens']",
+            reason=f"output not a choice: {row['generated_text']!r} "
+            f"after {row['num_generated_tokens']} tokens; raise sampling_params['max_tokens']",
         )
     output = _output_row(json.loads(row["row"]), row, spec)
     engine_counts = {
-        "tokens": [
-            int(row["num_input_tokens"]),
-            int(row["num_generated_tokens"]),
-        ],  # whatever postprocess returns
+        # whatever postprocess returns
+        "tokens": [int(row["num_input_tokens"]), int(row["num_generated_tokens"])],
         "label": row["generated_text"] if choices is not None else None,  # counted only for a choice
     }
     if spec.postprocess:

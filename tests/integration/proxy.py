@@ -7,6 +7,7 @@ Ray: TLS termination (an ingress) and outages (a head restart, a proxy reload).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import socket
@@ -45,8 +46,10 @@ def make_tls_files(folder: Path) -> TlsFiles:
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
         .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,10 +98,8 @@ class TcpProxy:
         (a client keeping connections alive must not ride an outage out on an old one)."""
         if self._listener is not None:
             listener, self._listener = self._listener, None
-            try:
+            with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it (Linux)
-            except OSError:
-                pass
             listener.close()
         for sock in list(self._open):
             try:
@@ -143,7 +144,5 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         pass
     finally:
         for sock in (source, sink):
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass

@@ -57,6 +57,17 @@ class Airflow:
     def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}").json()
 
+    def clear(self, dag_id: str, run_id: str, task_id: str) -> None:
+        """Clear one task of a run, with what the UI's "Clear" sends: the task runs again as a new try."""
+        body = {
+            "dry_run": False,
+            "task_ids": [task_id],
+            "dag_run_id": run_id,
+            "only_failed": False,
+            "reset_dag_runs": True,
+        }
+        self.api("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)
+
 
 @contextmanager
 def airflow_standalone(
@@ -81,8 +92,8 @@ def airflow_standalone(
         **extra_env,
     }
     log = (home / "standalone.log").open("w")
-    process = subprocess.Popen([str(AIRFLOW_BIN), "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, cwd=home)  # fmt: skip
+    process = subprocess.Popen([str(AIRFLOW_BIN), "standalone"], env=env, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True, cwd=home)  # fmt: skip
     instance = Airflow(f"http://127.0.0.1:{port}", home)
 
     def ready() -> Airflow | None:

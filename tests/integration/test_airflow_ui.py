@@ -121,8 +121,8 @@ def test_task_page_shows_progress_and_the_ray_job_link(
     ).json()["value"]
 
     # The API the UI reads: the log has the relayed progress lines, the links point at the job.
-    content = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/logs/{ti['try_number']}",
-                          params={"full_content": "true"}).json()["content"]  # fmt: skip
+    logs = f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/logs/{ti['try_number']}"
+    content = airflow.api("GET", logs, params={"full_content": "true"}).json()["content"]
     events = [str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content]
     progress = [event for event in events if f"Ray job {job_id}: " in event and f"/ {TICKETS} rows" in event]
     assert progress, events[-40:]
@@ -142,8 +142,10 @@ def test_task_page_shows_progress_and_the_ray_job_link(
     # The Asset event made the scheduler run the digest DAG.
     digest = airflow.wait(
         "the Asset-scheduled digest run",
-        lambda: runs[0] if (runs := [r for r in airflow.api("GET", f"/dags/{DIGEST_DAG_ID}/dagRuns").json()["dag_runs"]
-                                     if r["state"] == "success"]) else None,
+        lambda: runs[0]
+        if (runs := [r for r in airflow.api("GET", f"/dags/{DIGEST_DAG_ID}/dagRuns").json()["dag_runs"]
+                     if r["state"] == "success"])
+        else None,
         timeout=300,
     )  # fmt: skip
     assert digest["run_type"] == "asset_triggered"
@@ -221,18 +223,13 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
     )
     hook = RayHook()
 
-    clear = {
-        "dry_run": False,
-        "task_ids": [TASK_ID],
-        "dag_run_id": run_id,
-        "only_failed": False,
-        "reset_dag_runs": True,
-    }
-    airflow.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json=clear)  # what "Clear" sends
+    airflow.clear(DAG_ID, run_id, TASK_ID)
 
     done = airflow.wait(
         "the next try to finish",
-        lambda: ti if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed") else None,
+        lambda: ti
+        if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
+        else None,
         timeout=900,
     )  # fmt: skip
     assert done["state"] == "success" and done["try_number"] == 2
@@ -286,7 +283,9 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
 
     done = airflow.wait(
         "the retry to finish",
-        lambda: t if (t := airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed") else None,
+        lambda: t
+        if (t := airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
+        else None,
         timeout=900,
     )  # fmt: skip
     assert (done["state"], done["try_number"]) == ("success", 2)

@@ -18,7 +18,6 @@ import pytest
 
 from tests.conftest import S3Server
 
-
 PARTS, ROWS_PER_PART, UNREPORTED = 800, 8, 80
 
 

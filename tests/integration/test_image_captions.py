@@ -136,9 +136,8 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
     # The prompt the engine saw holds the image's tokens: the image reached vLLM.
     # (46 text tokens with one <image> placeholder, expanded by vLLM to 16 image tokens + 3 markers: 64.)
     assert min(row["num_input_tokens"] for row in outputs) > IMAGE_TOKENS
-    assert (
-        len({row["num_input_tokens"] for row in outputs}) == 1
-    )  # every image is one tile, whatever its size
+    # every image is one tile, whatever its size
+    assert len({row["num_input_tokens"] for row in outputs}) == 1
     assert all(row["num_generated_tokens"] >= 1 for row in outputs)
 
     # Bad images: one error row each, with the reason's kind; the input shows no image bytes.

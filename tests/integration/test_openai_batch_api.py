@@ -64,7 +64,8 @@ def client_for(airflow: Airflow, api_key: str) -> openai.OpenAI:
 
 def chat(custom_id: str, text: str, max_tokens: int) -> dict:
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}}  # fmt: skip
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": text}],
+                     "max_tokens": max_tokens}}  # fmt: skip
 
 
 def upload(client: openai.OpenAI, path: Path, lines: list) -> str:
@@ -115,9 +116,8 @@ def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Pa
 
     outputs = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
     errors = [json.loads(line) for line in client.files.content(done.error_file_id).text.splitlines()]
-    assert sorted(line["custom_id"] for line in outputs) == sorted(
-        f"req-{i}" for i in range(16)
-    )  # joined by custom_id
+    # joined by custom_id
+    assert sorted(line["custom_id"] for line in outputs) == sorted(f"req-{i}" for i in range(16))
     for line in outputs:
         body = line["response"]["body"]
         assert line["response"]["status_code"] == 200 and body["object"] == "chat.completion"
@@ -177,9 +177,8 @@ def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connecti
         timeout=120,
     )
     assert status.value == "STOPPED"
-    assert (
-        len([j for j in hook.list_jobs() if j.metadata.get("airflow_run_id") == batch.id]) == 1
-    )  # never resubmitted
+    # never resubmitted
+    assert len([j for j in hook.list_jobs() if j.metadata.get("airflow_run_id") == batch.id]) == 1
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
 

@@ -79,17 +79,21 @@ def assert_counts_add_up(manifest: dict, outputs: list, errors: list, total: int
 
 
 def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
-    good = [request(f"plain-{i}", CHAT, {"messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": 3 + i % 4})
+    good = [request(f"plain-{i}", CHAT, {"messages": [{"role": "user", "content": f"Say {i}"}],
+                                         "max_tokens": 3 + i % 4})
             for i in range(12)]  # fmt: skip
     # n=3 in the same block as one-choice lines; sampled (n > 1 needs temperature > 0), seeded.
     good.insert(5, request("three-choices", CHAT, {
-        "messages": [{"role": "user", "content": "Hi"}], "n": 3, "temperature": 1.0, "seed": 11, "max_tokens": 6,
-        "logprobs": True,
+        "messages": [{"role": "user", "content": "Hi"}], "n": 3, "temperature": 1.0, "seed": 11,
+        "max_tokens": 6, "logprobs": True,
     }))  # fmt: skip
     good += [
-        request("logprobs", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2}),
-        request("seeded", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "temperature": 1.0, "seed": 3}),
-        request("stop", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "stop": ["\n"], "max_completion_tokens": 6}),
+        request("logprobs", CHAT, {"messages": [{"role": "user", "content": "Hi"}],
+                                   "logprobs": True, "top_logprobs": 2}),
+        request("seeded", CHAT, {"messages": [{"role": "user", "content": "Hi"}],
+                                 "temperature": 1.0, "seed": 3}),
+        request("stop", CHAT, {"messages": [{"role": "user", "content": "Hi"}],
+                               "stop": ["\n"], "max_completion_tokens": 6}),
     ]  # fmt: skip
     good += [
         request(f"schema-{i}", CHAT, {
@@ -105,9 +109,8 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
         ),
         "best-of": request("best-of", CHAT, {"messages": [{"role": "user", "content": "x"}], "best_of": 2}),
         "tools": request("tools", CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": []}),
-        "plain-0": request(
-            "plain-0", CHAT, {"messages": [{"role": "user", "content": "again"}]}
-        ),  # duplicate
+        # duplicate
+        "plain-0": request("plain-0", CHAT, {"messages": [{"role": "user", "content": "again"}]}),
         None: '{"custom_id": "broken", "body": {',  # malformed: no custom_id can be read
     }
     # Compact JSON: a random model in a grammar that allows whitespace pads with it until max_tokens.
@@ -169,7 +172,8 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
         line["response"] is None and "(line batch.jsonl:" in line["error"]["message"] for line in errors
     )
     assert manifest["errors_by_reason"] == {
-        "duplicate id": 1, "invalid request": 1, "malformed JSON": 1, "unsupported parameter": 2, "unsupported url": 1,
+        "duplicate id": 1, "invalid request": 1, "malformed JSON": 1, "unsupported parameter": 2,
+        "unsupported url": 1,
     }  # fmt: skip
     assert manifest["tokens_out"] == sum(
         line["response"]["body"]["usage"]["completion_tokens"] for line in outputs
@@ -177,8 +181,10 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
 
 
 def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -> None:
-    """Also: two choices for one line, with the forkserver off (our engine-stage UDF serves n either way)."""
-    lines = [request(f"c-{i}", COMPLETIONS, {"prompt": f"Once upon a time {i}", "max_tokens": 5, "logprobs": 1})
+    """Also: two choices for one line, with the forkserver off (our engine-stage UDF serves n either
+    way)."""
+    lines = [request(f"c-{i}", COMPLETIONS, {"prompt": f"Once upon a time {i}", "max_tokens": 5,
+                                             "logprobs": 1})
              for i in range(10)]  # fmt: skip
     lines.insert(3, request("c-two", COMPLETIONS, {"prompt": "Once", "max_tokens": 5, "logprobs": 1, "n": 2,
                                                    "temperature": 1.0}))  # fmt: skip
@@ -236,7 +242,8 @@ def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
     assert vectors["e-0"] != vectors["e-1"]
     three = vectors["e-three"]
     assert three[0] != three[1] != three[2] != three[0]
-    # In order: the first and last inputs embed as the same texts sent alone (CPU batches may differ a little).
+    # In order: the first and last inputs embed as the same texts sent alone (CPU batches may differ a
+    # little).
     for mine, alone in ((three[0], vectors["e-5"][0]), (three[2], vectors["e-1"][0])):
         assert mine == pytest.approx(alone, rel=1e-3, abs=1e-4)
     assert usage["e-three"] > usage["e-5"] + usage["e-1"]  # the middle input's tokens counted too

@@ -146,9 +146,8 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     expected_reasons["prompt too long"] = expected_reasons.pop("inference failed")
     assert predicted["errors_by_reason"] == dict(sorted(expected_reasons.items()))
     assert predicted["rows_duplicate"] == 1
-    assert (
-        predicted["prompt_tokens"] == manifest["tokens_in"]
-    )  # the chat template and tokenizer the engine used
+    # the chat template and tokenizer the engine used
+    assert predicted["prompt_tokens"] == manifest["tokens_in"]
     assert sum(bucket["rows"] for bucket in predicted["prompt_tokens_histogram"]) == GOOD_ROWS
     assert predicted["output_tokens_at_most"] == GOOD_ROWS * 24
     assert predicted["rows_per_second_from"] == "last run"

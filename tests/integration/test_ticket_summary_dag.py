@@ -92,7 +92,8 @@ def test_summaries_progress_links_and_asset_event(airflow_env, ray_cluster, tiny
             ("support_ticket_summaries",),
         ).fetchall()
         consumers = db.execute(
-            "SELECT r.dag_id FROM dag_schedule_asset_reference r JOIN asset a ON r.asset_id = a.id WHERE a.name = ?",
+            "SELECT r.dag_id FROM dag_schedule_asset_reference r JOIN asset a ON r.asset_id = a.id "
+            "WHERE a.name = ?",
             ("support_ticket_summaries",),
         ).fetchall()
     extras = [json.loads(extra) for (extra,) in events]

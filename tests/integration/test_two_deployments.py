@@ -101,7 +101,9 @@ def _job_of(airflow: Airflow, run_id: str, not_in: set[str] = frozenset()) -> st
 def _finished(airflow: Airflow, run_id: str, timeout: float = 900) -> dict:
     return airflow.wait(
         f"{run_id} at {airflow.url} to finish",
-        lambda: ti if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed") else None,
+        lambda: ti
+        if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
+        else None,
         timeout=timeout,
     )  # fmt: skip
 
@@ -116,9 +118,8 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     hook = RayHook()
-    assert _fernet_key(dev.home) and _fernet_key(dev.home) != _fernet_key(
-        prod.home
-    )  # two deployments' secrets
+    # two deployments' secrets
+    assert _fernet_key(dev.home) and _fernet_key(dev.home) != _fernet_key(prod.home)
 
     # Dev runs the day on its own data; its job is running when prod starts the same run.
     _write_tickets(tmp_path / "dev" / "tickets" / DAY / "tickets.jsonl", DEV_TICKETS)
@@ -165,14 +166,7 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     for path in logs:
         path.unlink(missing_ok=True)  # session_latest is a link to the session: each file twice
     assert "RAYBATCH_MANIFEST_JSON=" not in hook.get_job_logs(again_job)
-    clear = {
-        "dry_run": False,
-        "task_ids": [TASK_ID],
-        "dag_run_id": run_id,
-        "only_failed": False,
-        "reset_dag_runs": True,
-    }
-    prod.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", json=clear)
+    prod.clear(DAG_ID, run_id, TASK_ID)
     prod.wait(
         "the clear to start try 2",
         lambda: True if prod.task_instance(DAG_ID, run_id, TASK_ID)["try_number"] == 2 else None,

@@ -1,5 +1,5 @@
-"""The vLLM stage's UDF: a faster start (see :mod:`~airflow_provider_raybatch.pipeline.generate.engine`), and the
-choices and embeddings that Ray Data LLM's own UDF leaves out.
+"""The vLLM stage's UDF: a faster start (see :mod:`~airflow_provider_raybatch.pipeline.generate.engine`),
+and the choices and embeddings that Ray Data LLM's own UDF leaves out.
 
 Imported only where Ray Data LLM is (the job's driver and the engine actors): it subclasses Ray Data
 LLM's own UDF. The name keeps ``vLLMEngineStage`` in it, as Ray's task names and the benches expect.

@@ -34,7 +34,8 @@ def local_model_dir(model_uri: str, cache_dir: str) -> str:
 
 
 def fetch_model(model_uri: str, target: str) -> int:
-    """Copy every file under ``model_uri`` into ``target`` unless a complete copy is there; returns files copied.
+    """Copy every file under ``model_uri`` into ``target`` unless a complete copy is there; returns the
+    number of files copied.
 
     The copy is made in a sibling folder and renamed into place, so a crash never leaves a half model.
     """

@@ -314,11 +314,10 @@ def _columns_to_keep_as_text(table: Any, header: list[str], rows: list[list[str]
     keep = set()
     for index, field in enumerate(table.schema):
         kind = field.type
-        if pa.types.is_temporal(kind):
-            keep.add(header[index])
-        elif (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and any(
+        lossy_number = (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and any(
             _lossy_number_text(cells[index]) for cells in rows
-        ):
+        )
+        if pa.types.is_temporal(kind) or lossy_number:
             keep.add(header[index])
     return keep
 

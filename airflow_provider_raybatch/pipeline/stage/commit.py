@@ -1,19 +1,19 @@
 """Staging, resume and commit: how a run becomes visible exactly once, and how a retry resumes.
 
 While a run is in progress its result rows stream in as parts (see
-:mod:`~airflow_provider_raybatch.pipeline.stage.parts`): each part's sidecar into ``_staging/<run_key>/parts/``,
-its data files straight into the version folder the run will commit, ``versions/<version>/outputs/``
-and ``errors/``, named when staging opens (``_staging/<run_key>/spec.json`` holds the spec's
-fingerprint and that version). Readers never see it before the commit: they follow ``manifest.json``.
-A retry of the same logical run (same ``run_key``, same spec fingerprint) reads the sources of the
-staged parts and processes only the rest.
+:mod:`~airflow_provider_raybatch.pipeline.stage.parts`): each part's sidecar into
+``_staging/<run_key>/parts/``, its data files straight into the version folder the run will commit,
+``versions/<version>/outputs/`` and ``errors/``, named when staging opens
+(``_staging/<run_key>/spec.json`` holds the spec's fingerprint and that version). Readers never see
+it before the commit: they follow ``manifest.json``. A retry of the same logical run (same
+``run_key``, same spec fingerprint) reads the sources of the staged parts and processes only the rest.
 
 Commit keeps the first staged copy of each row (a retried batch stages its rows again), checks that
 every input row is accounted for and writes the run report (``report.html``, see
-:mod:`~airflow_provider_raybatch.pipeline.reporting.report`) into the version folder; it moves no data file, so it
-costs a read of each sidecar (in parallel) and a listing, however many rows. Then it replaces
-``manifest.json`` and only then deletes the previous version (unless ``keep_versions``) and the
-sidecars. A staging opened before in-place commits (its ``spec.json`` names no version) keeps its
+:mod:`~airflow_provider_raybatch.pipeline.reporting.report`) into the version folder; it moves no data
+file, so it costs a read of each sidecar (in parallel) and a listing, however many rows. Then it
+replaces ``manifest.json`` and only then deletes the previous version (unless ``keep_versions``) and
+the sidecars. A staging opened before in-place commits (its ``spec.json`` names no version) keeps its
 data files under ``_staging/<run_key>/`` and is committed the old way, by moving them.
 """
 

@@ -27,7 +27,6 @@ from airflow_provider_raybatch.utils.packaging import RayPackage
 from ..conftest import RAY_TOKEN, RAY_URL, RespxBridge, _BridgeResolver, nodes_payload
 from .test_ray import connection
 
-
 # -- finding 7: the connection's host forms ------------------------------------------------------
 
 

@@ -29,7 +29,6 @@ from tests.unit.operators.test_llm_batch import (
     FakeCluster,
     FakeStateStore,
     FakeTI,
-    cluster,  # noqa: F401 - the fixture, used by name
     make_operator,
     retry_ti,
     task_try_of,

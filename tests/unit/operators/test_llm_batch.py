@@ -277,7 +277,8 @@ def test_operator_constructor_does_not_validate() -> None:
 def test_batch_parameters_are_templated_and_match_the_spec() -> None:
     spec_fields = set(BatchInferenceSpec.model_fields)
 
-    # Every templated field is a spec field, but for the connection ids (templated, as in the Amazon provider).
+    # Every templated field is a spec field, but for the connection ids (templated, as in the Amazon
+    # provider).
     assert set(RayLLMBatchOperator.template_fields) - {"aws_conn_id"} <= spec_fields
     assert {"model", "input_uri", "output_uri", "user_template", "sampling_params"} <= set(
         RayLLMBatchOperator.template_fields
@@ -513,11 +514,6 @@ class FakeCluster:
         return [spec for call in self.uploads.calls if (spec := spec_in_package(call.request.content))]
 
 
-@pytest.fixture
-def cluster(ray_api: respx.MockRouter, job_payload: Any) -> FakeCluster:
-    return FakeCluster(ray_api, job_payload)
-
-
 def retry_ti(try_number: int) -> FakeTI:
     ti = FakeTI()
     ti.try_number = try_number
@@ -587,9 +583,8 @@ def test_a_job_stopped_under_a_later_try_is_run_again(ray_conn: str, cluster: Fa
     job. When that stop lands, the new try submits a job of its own (which resumes), not fail."""
     ti = retry_ti(2)
     attached_at = time.time() - 8
-    previous = cluster.add_try(
-        ti, 1, "STOPPED", end_time=int((attached_at + 5) * 1000)
-    )  # as the trigger saw it
+    # as the trigger saw it
+    previous = cluster.add_try(ti, 1, "STOPPED", end_time=int((attached_at + 5) * 1000))
     store = FakeStateStore()
     op = make_operator(ray_conn_id=ray_conn)
     stopped = job_event("cancelled", previous, f"Ray job {previous} finished: STOPPED.", "stopped")

@@ -14,7 +14,8 @@ RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"
 
 
 def run_in_ray_env(code: str) -> Any:  # Any: the JSON the snippet printed last.
-    """Run ``code`` with the repository on its path and no Ray cluster; return its last printed line, parsed."""
+    """Run ``code`` with the repository on its path and no Ray cluster; return its last printed line,
+    parsed."""
     if not RAY_PYTHON.exists():
         pytest.skip(".venvs/ray is missing (scripts/setup_envs.sh makes it)")
     result = subprocess.run(

@@ -14,7 +14,9 @@ import asyncio, json
 from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 
 class Template:
-    def apply_chat_template(self, conversation, tokenize, chat_template, add_generation_prompt, continue_final_message):
+    def apply_chat_template(
+        self, conversation, tokenize, chat_template, add_generation_prompt, continue_final_message
+    ):
         roles = [m["role"] for m in conversation]
         if any(a == b for a, b in zip(roles, roles[1:])):
             raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
@@ -26,9 +28,11 @@ udf.processor, udf.chat_template = Template(), None
 index = RaybatchChatTemplateUDF.IDX_IN_BATCH_COLUMN
 batch = [
     {index: 0, "messages": json.dumps([{"role": "user", "content": "hi"}]), "prompt": None},
-    {index: 1, "messages": json.dumps([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]), "prompt": None},
+    {index: 1, "messages": json.dumps([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]),
+     "prompt": None},
     {index: 2, "messages": None, "prompt": "a ready prompt"},
-    {index: 3, "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "prefill"}], "prompt": None},
+    {index: 3, "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "prefill"}],
+     "prompt": None},
 ]
 
 async def main():

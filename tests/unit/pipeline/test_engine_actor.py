@@ -19,7 +19,8 @@ from airflow_provider_raybatch.pipeline.stage.replica_staging import RowStager
 
 async def engine_loop(self, rows):  # Ray Data LLM's loop yields rows as the engine finishes them
     for row in reversed(rows):
-        yield {self.IDX_IN_BATCH_COLUMN: row[self.IDX_IN_BATCH_COLUMN], "generated_text": "out " + row["source"]}
+        index = row[self.IDX_IN_BATCH_COLUMN]
+        yield {self.IDX_IN_BATCH_COLUMN: index, "generated_text": "out " + row["source"]}
 
 vLLMEngineStageUDF.udf = engine_loop
 parts = []
@@ -27,7 +28,8 @@ udf = object.__new__(engine_actor.RaybatchvLLMEngineStageUDF)
 udf.data_column, udf.expected_input_keys = "__data", set()
 def write(rows):  # stages a part and returns it, as stage_engine_rows does
     parts.append([(row["source"], row.get("generated_text")) for row in rows])
-    return types.SimpleNamespace(name=f"part-{len(parts)}", sidecar={"sources": [row["source"] for row in rows]})
+    sidecar = {"sources": [row["source"] for row in rows]}
+    return types.SimpleNamespace(name=f"part-{len(parts)}", sidecar=sidecar)
 
 udf._stager = RowStager(write, 2)
 
@@ -37,7 +39,8 @@ async def batch(sources, failed=()):
 
 async def main():
     a, b = await asyncio.gather(batch(["a:1", "a:2", "a:3"]), batch(["b:1", "b:2"], failed=("b:1",)))
-    return {"parts": parts, "yielded": [[{k: v for k, v in r.items()} for r in out["__data"]] for out in (a[0], b[0])]}
+    yielded = [[{k: v for k, v in r.items()} for r in out["__data"]] for out in (a[0], b[0])]
+    return {"parts": parts, "yielded": yielded}
 
 print(json.dumps(asyncio.run(main())))
 """

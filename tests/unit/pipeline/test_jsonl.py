@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/pipeline/read/jsonl.py: one line rule for the readers and the API's count."""
+"""Tests of airflow_provider_raybatch/pipeline/read/jsonl.py: one line rule for the readers and the
+API's count."""
 
 from __future__ import annotations
 

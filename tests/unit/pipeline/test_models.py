@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/pipeline/generate/models.py: where a node keeps a fetched model, and the fetch.
+"""Tests of airflow_provider_raybatch/pipeline/generate/models.py: where a node keeps a fetched
+model, and the fetch.
 
 ``fetch_model`` is exercised with a local folder as its source (storage.list_files and
 storage.filesystem work on local paths the same way); the paths of ``resolve_model_source`` that

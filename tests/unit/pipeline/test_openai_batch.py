@@ -37,8 +37,8 @@ def chat_line(custom_id: str = "req-1", **body) -> dict:
 
 def test_chat_body_maps_to_vllm_sampling_params_over_the_operator_defaults() -> None:
     line = chat_line(
-        max_completion_tokens=12, temperature=0.5, top_p=0.9, stop="END", seed=7, logprobs=True, top_logprobs=3,
-        presence_penalty=0.1, frequency_penalty=0.2,
+        max_completion_tokens=12, temperature=0.5, top_p=0.9, stop="END", seed=7,
+        logprobs=True, top_logprobs=3, presence_penalty=0.1, frequency_penalty=0.2,
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
     )  # fmt: skip
     request = openai_batch.parse_request(line, CHAT, {"max_tokens": 99, "top_k": 5})

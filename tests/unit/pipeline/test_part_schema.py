@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/pipeline/stage/part_schema.py: a part's schema from all its rows, one per output."""
+"""Tests of airflow_provider_raybatch/pipeline/stage/part_schema.py: a part's schema from all its
+rows, one per output."""
 
 from __future__ import annotations
 

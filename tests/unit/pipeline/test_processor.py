@@ -1,4 +1,5 @@
-"""pipeline/generate/processor.py: the driver builds the ray.data.llm processor without vLLM, torch or transformers."""
+"""pipeline/generate/processor.py: the driver builds the ray.data.llm processor without vLLM, torch
+or transformers."""
 
 from __future__ import annotations
 
@@ -57,11 +58,13 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
 
     assert report["loaded"] == []
     assert report["left_in_sys_modules"] == []  # no stand-in or block outlives the build
-    # Ray's own stages with our chat-template and engine UDFs, by name: the replicas import the real libraries.
+    # Ray's own stages with our chat-template and engine UDFs, by name: the replicas import the real
+    # libraries.
+    ours = "airflow_provider_raybatch.pipeline"
     assert report["udfs"] == {
-        "ChatTemplateStage": "airflow_provider_raybatch.pipeline.prompt.chat_template.RaybatchChatTemplateUDF",
+        "ChatTemplateStage": f"{ours}.prompt.chat_template.RaybatchChatTemplateUDF",
         "TokenizeStage": "ray.llm._internal.batch.stages.tokenize_stage.TokenizeUDF",
-        "vLLMEngineStage": "airflow_provider_raybatch.pipeline.generate.engine_actor.RaybatchvLLMEngineStageUDF",
+        "vLLMEngineStage": f"{ours}.generate.engine_actor.RaybatchvLLMEngineStageUDF",
     }
     assert report["architectures"] == ["LlamaForCausalLM"]  # Ray's telemetry still gets it
     assert report["openai_built_while_reading"] is False

@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/pipeline/prompt/prompts.py: a row's chat messages, or why there are none."""
+"""Tests of airflow_provider_raybatch/pipeline/prompt/prompts.py: a row's chat messages, or why
+there are none."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/pipeline/stage/replica_staging.py: when a replica's finished rows are staged."""
+"""Tests of airflow_provider_raybatch/pipeline/stage/replica_staging.py: when a replica's finished
+rows are staged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/pipeline/reporting/report.py: the sidecar fields, their sums, and the page.
+"""Tests of airflow_provider_raybatch/pipeline/reporting/report.py: the sidecar fields, their sums,
+and the page.
 
 The last test stages a part with the ``PartWriter`` a job stages with, so the sidecar checked is the
 one a job writes.
@@ -33,7 +34,8 @@ def output_row(tokens_in: Any, tokens_out: Any) -> dict[str, Any]:  # Any: row v
 
 def sidecar(rows_out: int, rows_failed: int = 0, *, tokens_out: int = 0, at: datetime | None = None,
             histograms: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:  # fmt: skip
-    """A sidecar as the part writer writes it; without ``at`` and ``histograms``, one from before the report."""
+    """A sidecar as the part writer writes it; without ``at`` and ``histograms``, one from before the
+    report."""
     document: dict[str, Any] = {  # Any: JSON values.
         "sources": [f"in.jsonl:{i}" for i in range(rows_out + rows_failed)],
         "files": {},

@@ -86,8 +86,9 @@ def test_per_row_structured_outputs_reach_the_engine_and_are_checked(tmp_path: P
     assert sorted(row["company"] for row in result.outputs) == ["Acme Legal", "Saint Mary", "Shopco"]
     assert {row["industry"] for row in result.outputs} <= set(examples.INDUSTRIES)
     for request in result.engine_requests:  # the row's over the operator's, key by key
-        assert request["sampling_params"] == {"max_tokens": 8, "temperature": 0,
-                                              "structured_outputs": {"choice": examples.INDUSTRIES}}  # fmt: skip
+        assert request["sampling_params"] == {
+            "max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": examples.INDUSTRIES}
+        }  # fmt: skip
     # The rows' own labels are counted (the operator's params set no choice).
     assert sum(result.manifest["generated_text_counts"].values()) == 3
     assert set(result.manifest["generated_text_counts"]) <= set(examples.INDUSTRIES)
@@ -249,7 +250,7 @@ def test_lone_surrogates_from_json_escapes_never_fail_the_block(tmp_path: Path) 
 
 
 def test_ids_are_text_as_written(tmp_path: Path) -> None:
-    data = "Id,Company\n007,A\n7,B\n1e3,C\nNaN,D\n,E\n".encode()
+    data = b"Id,Company\n007,A\n7,B\n1e3,C\nNaN,D\n,E\n"
     spec = spec_of(tmp_path, "c.csv", user_template="{Company}", id_column="Id")
     result = run_rows({"c.csv": data}, spec, tmp_path)
 
@@ -358,7 +359,8 @@ JSON_SCALARS = (
     | st.just("x" * 100_000)  # a huge value
 )
 JSON_VALUES = st.recursive(
-    JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )  # fmt: skip
 IDS = st.one_of(st.text(min_size=0, max_size=6), st.integers(-3, 3), st.none(), st.floats(), st.booleans())

@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/utils/committed_manifest.py: reading a committed manifest from Airflow."""
+"""Tests of airflow_provider_raybatch/utils/committed_manifest.py: reading a committed manifest from
+Airflow."""
 
 from __future__ import annotations
 

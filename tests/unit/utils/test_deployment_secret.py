@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/utils/deployment_secret.py: which secret signs this deployment's jobs."""
+"""Tests of airflow_provider_raybatch/utils/deployment_secret.py: which secret signs this
+deployment's jobs."""
 
 from __future__ import annotations
 

@@ -352,7 +352,8 @@ def test_owns_not_foreign_or_empty_metadata() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     dag_id=airflow_keys, task_id=airflow_keys, run_id=run_ids,
-    map_index=st.integers(min_value=-1, max_value=10**6), try_number=st.integers(min_value=1, max_value=10**4),
+    map_index=st.integers(min_value=-1, max_value=10**6),
+    try_number=st.integers(min_value=1, max_value=10**4),
     run_after=st.datetimes().map(lambda moment: moment.isoformat()),
 )  # fmt: skip
 def test_every_run_owns_its_own_jobs_and_no_other_deployments(
