@@ -193,10 +193,10 @@ def _ssl_context(verify: bool | str) -> ssl.SSLContext:
     makes, even for http:// URLs; with hundreds of triggers polling in one triggerer that alone
     saturated the event loop (bench/RESULTS.md, section 3). A CA bundle file is read once per process.
     """
+    if isinstance(verify, str) and os.path.isdir(verify):
+        return ssl.create_default_context(capath=verify)
     if isinstance(verify, str):
-        return ssl.create_default_context(
-            **({"capath": verify} if os.path.isdir(verify) else {"cafile": verify})
-        )
+        return ssl.create_default_context(cafile=verify)
     return httpx.create_ssl_context(verify=verify)
 
 

@@ -250,7 +250,9 @@ class RayLLMBatchOperator(BaseOperator):
         self.max_failed_fraction = max_failed_fraction
         self.max_failed_rows = max_failed_rows
         self.keep_versions = keep_versions
-        self.dry_run = dry_run
+        # The batch's dry_run flag (a documented parameter) shadows BaseOperator.dry_run(), a method that
+        # renders the template fields and that nothing in Airflow calls.
+        self.dry_run = dry_run  # type: ignore[method-assign,assignment]
         self.dry_run_rows_per_second = dry_run_rows_per_second
         self.reuse_earlier_result = reuse_earlier_result
         self.ray_conn_id = ray_conn_id

@@ -194,8 +194,11 @@ def _forget_on_sigterm(forget: Callable[[], None]) -> Callable[[], None]:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
 
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
     signal.signal(signal.SIGTERM, on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    return restore
 
 
 def _sweep_copies_of_ended_jobs() -> None:

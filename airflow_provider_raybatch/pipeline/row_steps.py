@@ -39,6 +39,7 @@ from airflow_provider_raybatch.specs import (
     ERROR_COLUMN,
     GENERATED_COLUMNS,
     BatchInferenceSpec,
+    InputFormat,
     check_sampling_params,
 )
 
@@ -65,7 +66,7 @@ EXTRA_COLUMNS = (
 def parse_file_row(
     file_row: dict[str, Any],
     input_uri: str,
-    input_format: str,
+    input_format: InputFormat,
     binary_columns: tuple[str, ...] = (),
     id_column: str | None = None,
 ) -> Iterator[dict[str, Any]]:  # Any: Ray's file row and our records.
@@ -78,7 +79,7 @@ def parse_file_row(
     name = storage.relative_name(file_row["path"], input_uri)
     data = file_row["bytes"]
     check_input_file_size(name, len(data))
-    yield from parse_file(name, data, input_format, binary_columns, id_column=id_column)  # type: ignore[arg-type]
+    yield from parse_file(name, data, input_format, binary_columns, id_column=id_column)
 
 
 def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:

@@ -39,7 +39,7 @@ class TaskTry:
     dag_id: str
     run_id: str
     task_id: str
-    map_index: int
+    map_index: int | None  # as Airflow's task instance types it (-1 when not mapped); used as given
     try_number: int
     run_after: str = ""
     attempt: int = 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing import context as mp_context
 from typing import Any
 
@@ -159,8 +159,10 @@ def _run_with_environ(environ: dict[str, str], target: Any, *args: Any, **kwargs
 class _ForkServerProcess(mp_context.ForkServerProcess):
     """A forkserver child that starts with the environment its parent had at ``start()``."""
 
+    _target: Callable[..., Any] | None  # BaseProcess's private attribute (set in its __init__); Any: vLLM's
+
     def start(self) -> None:
-        self._target = functools.partial(_run_with_environ, dict(os.environ), self._target)  # type: ignore[attr-defined]
+        self._target = functools.partial(_run_with_environ, dict(os.environ), self._target)
         super().start()
 
 
@@ -207,6 +209,6 @@ def patch_vllm_process_context() -> bool:
         original()  # vLLM's side effects (RAY_ADDRESS for a Ray executor, visible-device env vars)
         return ctx
 
-    get_mp_context.__raybatch__ = True  # type: ignore[attr-defined]
+    get_mp_context.__raybatch__ = True  # type: ignore[attr-defined]  # our mark on a function
     engine_utils.get_mp_context = get_mp_context
     return True

@@ -149,7 +149,7 @@ class _ArchitectureProbe:
 
 def _answer_the_telemetry_probe_locally() -> None:
     """Wrap Ray's ``download_model_files`` once, before the build imports it (Ray 2.57 binds it then)."""
-    download_utils = importlib.import_module(_DOWNLOAD_UTILS)  # with the stand-in torch
+    download_utils: Any = importlib.import_module(_DOWNLOAD_UTILS)  # with the stand-in torch; Any: Ray's.
     if not getattr(download_utils.download_model_files, "__raybatch__", False):
         download_utils.download_model_files = _skipped_while_building(download_utils.download_model_files)
 
@@ -163,5 +163,5 @@ def _skipped_while_building(download: Callable[..., Any]) -> Callable[..., Any]:
             return kwargs.get("model_id", args[0] if args else None)
         return download(*args, **kwargs)
 
-    download_model_files.__raybatch__ = True  # type: ignore[attr-defined]
+    download_model_files.__raybatch__ = True  # type: ignore[attr-defined]  # our mark on a function
     return download_model_files

@@ -149,7 +149,7 @@ def parse_request(
         raise RequestError("invalid request", reason, path)
     if endpoint == EMBEDDINGS:
         return _embedding_request(body)
-    request = {"sampling_params": _sampling_params(body, endpoint, defaults)}
+    request: dict[str, Any] = {"sampling_params": _sampling_params(body, endpoint, defaults)}  # Any: JSON.
     if endpoint == CHAT:
         request["messages"] = _chat_messages(body.get("messages"))
     else:
@@ -455,7 +455,7 @@ def response_line(
     if endpoint == EMBEDDINGS:
         first = embedding_record(result["embeddings"], int(result["num_input_tokens"]))
         inputs = [first, *json.loads(result.get(EXTRA_EMBEDDINGS) or "[]")]
-        body = {
+        body: dict[str, Any] = {  # Any: JSON values.
             "object": "list",
             "data": [
                 {"object": "embedding", "index": index, "embedding": _embedding(entry["embedding"], meta)}

@@ -91,6 +91,7 @@ def build_messages(
     if spec.messages_column is not None:
         return messages_from_column(spec.messages_column, row)
     text = _render_user_message(spec, row)
+    messages: list[dict[str, Any]]  # Any: text, or a list of content parts.
     if image_part is None:
         messages = [{"role": "user", "content": text}]
         if spec.system_prompt:
@@ -118,7 +119,8 @@ def id_text(value: Any, column: str) -> str:  # Any: a cell value.
 
 
 def _json_kind(value: Any) -> str:  # Any: a cell value.
-    return {dict: "object", list: "array"}.get(type(value), type(value).__name__)
+    kinds: dict[type, str] = {dict: "object", list: "array"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def row_id(spec: BatchInferenceSpec, row: dict[str, Any], source: str) -> str:  # Any: cell values.

@@ -520,8 +520,8 @@ class _CheckedConnection:
         self._create_connection = functools.partial(sources.connect, scheme=scheme)
 
     def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        self._deadline.watch(self.sock)  # type: ignore[attr-defined]
+        super().connect()  # type: ignore[misc]  # a mixin: super() is http.client's connection class
+        self._deadline.watch(self.sock)  # type: ignore[attr-defined]  # http.client's, as above
 
 
 class _HTTPConnection(_CheckedConnection, http.client.HTTPConnection):
@@ -542,12 +542,14 @@ class _CheckedHandler:
         self._deadline = deadline
         self._sources = sources
 
-    def do_open(self, http_class: type, req: urllib.request.Request, **kwargs: Any) -> Any:  # Any: urllib's.
+    def do_open(
+        self, http_class: Any, req: urllib.request.Request, **kwargs: Any
+    ) -> Any:  # Any: urllib's (the connection class; typeshed's type for it is private), its response.
         secure = issubclass(http_class, http.client.HTTPSConnection)
         connection = functools.partial(
             _HTTPSConnection if secure else _HTTPConnection, deadline=self._deadline, sources=self._sources
         )
-        return super().do_open(connection, req, **kwargs)  # type: ignore[misc]
+        return super().do_open(connection, req, **kwargs)  # type: ignore[misc]  # a mixin, as above
 
 
 class _HTTPHandler(_CheckedHandler, urllib.request.HTTPHandler):
@@ -609,7 +611,7 @@ def _fetch(url: str, max_bytes: int, deadline: _Deadline, sources: ImageSources)
     return data
 
 
-def _fetch_failure(err: Exception, deadline: _Deadline) -> str:
+def _fetch_failure(err: BaseException, deadline: _Deadline) -> str:
     if deadline.expired:
         return f"timed out after {deadline.seconds:g} s"
     if isinstance(err, urllib.error.HTTPError):
@@ -617,7 +619,7 @@ def _fetch_failure(err: Exception, deadline: _Deadline) -> str:
     if isinstance(err, urllib.error.URLError):
         if not isinstance(err.reason, BaseException):
             return shorten(str(err.reason))
-        err = err.reason  # type: ignore[assignment]
+        err = err.reason
     return f"{type(err).__name__}: {shorten(str(err))}"
 
 

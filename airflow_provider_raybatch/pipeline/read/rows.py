@@ -346,7 +346,7 @@ def _typed_csv_rows(header: list[str], rows: list[list[str]], id_column: str | N
     buffer = io.StringIO()
     csv.writer(buffer, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
     data = buffer.getvalue().encode("utf-8")
-    text_columns = {id_column} & set(header)
+    text_columns = set(header) & {id_column}  # the header first: a set[str], as id_column may be None
     try:
         table = _read_typed(data, header, text_columns)
         more_text = _columns_to_keep_as_text(table, header, rows) - text_columns

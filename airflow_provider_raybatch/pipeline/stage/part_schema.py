@@ -228,8 +228,8 @@ def unify(part_types: Iterable[Mapping[str, str]]) -> dict[str, str]:
         for name, type_text in types.items():
             seen.setdefault(name, set()).add(type_text)
     unified = {}
-    for name, types in seen.items():
-        concrete = frozenset(types - {_NULL_TYPE})
+    for name, type_texts in seen.items():
+        concrete = frozenset(type_texts - {_NULL_TYPE})
         if not concrete:
             unified[name] = _NULL_TYPE
         elif len(concrete) == 1:
