@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create the two virtualenvs the project runs in, as production does:
-#   .venvs/airflow  Airflow + the provider (light: no Ray, no vLLM, no torch)
+#   .venvs/airflow  Airflow + the provider (light: no Ray, no vLLM, no torch), with the test and lint
+#                   extras (pytest; ruff, mypy and pre-commit for scripts/lint.sh)
 #   .venvs/ray      the Ray cluster side: ray[data,default] + the CPU build of vLLM
 # Idempotent: a venv whose stamp matches this script's pins is left alone.
 set -euo pipefail
@@ -28,11 +29,11 @@ if [ "$(cat .venvs/airflow/.stamp 2>/dev/null)" != "$(stamp airflow)" ]; then
   rm -rf .venvs/airflow
   "$UV" venv -q -p "$PY" .venvs/airflow
   VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip install -q \
-    "apache-airflow==$AIRFLOW_VERSION" -e ".[test]"
+    "apache-airflow==$AIRFLOW_VERSION" -e ".[test,lint]"
   stamp airflow > .venvs/airflow/.stamp
 else
-  # The provider itself may have changed (entry points, deps): refresh it cheaply.
-  VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip install -q "apache-airflow==$AIRFLOW_VERSION" -e ".[test]"
+  # The provider itself may have changed (entry points, deps, the lint pins): refresh it cheaply.
+  VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip install -q "apache-airflow==$AIRFLOW_VERSION" -e ".[test,lint]"
 fi
 
 # --- Ray cluster side ---------------------------------------------------------------------------

@@ -37,9 +37,13 @@ PAIRS = (
 )
 #: Jobs whose driver phases are compared (driver log timestamps), each lease's in the order they ran.
 DRIVER_RUNS = (
-    "A-b-ours-2000-cold", "A-b-ours-2000-warm-fs",
-    "C-b-ours-2000-cold", "C-b-ours-2000-warm2", "C-b-ours-2000-warm3",
-    "D-b-ours-2000-cold", "D-b-ours-2000-warm",
+    "A-b-ours-2000-cold",
+    "A-b-ours-2000-warm-fs",
+    "C-b-ours-2000-cold",
+    "C-b-ours-2000-warm2",
+    "C-b-ours-2000-warm3",
+    "D-b-ours-2000-cold",
+    "D-b-ours-2000-warm",
     *(f"E-b-ours-2000-{n}" for n in ("base1", "perf1", "perf2", "base2", "perf3", "base3")),
     *(f"F-b-ours-2000-{n}" for n in ("perf1", "base1", "perf2", "base2")),
 )

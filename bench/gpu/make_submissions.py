@@ -195,7 +195,12 @@ def scale_submission(
         kwargs["engine_kwargs"].update(
             gpu_memory_utilization=round(0.8 / replicas_per_gpu, 3), kv_cache_memory_bytes=4 * 2**30
         )
-    extra = {"requests": rows, "workload": "customers", "input_rows": rows, "replicas_per_gpu": replicas_per_gpu}
+    extra = {
+        "requests": rows,
+        "workload": "customers",
+        "input_rows": rows,
+        "replicas_per_gpu": replicas_per_gpu,
+    }
     return _job(name, kwargs, extra, rerun=rerun)
 
 
@@ -206,7 +211,9 @@ JOBS = {
     "ours-20000": lambda: submission("ours-20000", 20000, 1),
     "scale-2": lambda: submission("scale-2", 20000, 2),
     "scale-2m-small": lambda: scale_submission("scale-2m-small", 2_000_000, SMALL_MODEL),
-    "scale-2m-small-x4": lambda: scale_submission("scale-2m-small-x4", 2_000_000, SMALL_MODEL, replicas_per_gpu=4),
+    "scale-2m-small-x4": lambda: scale_submission(
+        "scale-2m-small-x4", 2_000_000, SMALL_MODEL, replicas_per_gpu=4
+    ),
     "scale-200k-8b": lambda: scale_submission("scale-200k-8b", 200_000, BIG_MODEL),
     "scale-200k-small": lambda: scale_submission("scale-200k-small", 200_000, SMALL_MODEL),
     "scale-200k-small-x4": lambda: scale_submission(

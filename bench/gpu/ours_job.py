@@ -117,7 +117,9 @@ def submit(client: httpx.Client, body: dict[str, Any]) -> str:  # Any: JSON.
 
 def job_body(job: dict[str, Any], key: str = "body") -> dict[str, Any]:  # Any: JSON.
     body = json.loads(json.dumps(job[key]))
-    if os.environ.get("RAYBATCH_ENGINE_FORKSERVER"):  # the A/B switch of pipeline/generate/engine.py, for the job
+    if os.environ.get(
+        "RAYBATCH_ENGINE_FORKSERVER"
+    ):  # the A/B switch of pipeline/generate/engine.py, for the job
         env_vars = body["runtime_env"].setdefault("env_vars", {})
         env_vars["RAYBATCH_ENGINE_FORKSERVER"] = os.environ["RAYBATCH_ENGINE_FORKSERVER"]
     return body

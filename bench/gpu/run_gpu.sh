@@ -100,6 +100,9 @@ read -ra ST <<< "${1:-install}"
 i=0
 while [ $i -lt ${#ST[@]} ]; do
   s=${ST[$i]}; i=$(( i + 1 ))
+  # By name each time: a later call's copy of the tree replaces this folder under a runner, whose
+  # working directory would still be the old, deleted one (relative paths then fail: 2026-11-26).
+  cd "$REPO" || exit 1
   case $s in
   install)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $K/gpu.txt
