@@ -4,6 +4,11 @@
 # tests, then the integration tests on a local Ray head with vLLM's CPU engine and real Airflow.
 # Extra arguments go to pytest. SKIP_LINT=1 skips the checks, for a quick local run of a few tests;
 # CI never sets it.
+# RAYBATCH_TEST_INSTALL=wheel (the default, and CI's) tests what users install: scripts/test_wheel.sh
+# builds and checks the sdist and the wheel and installs the wheel, not editable, into a fresh
+# .venvs/airflow-wheel, where pytest runs from build/test-root so that the checkout's package is not
+# on sys.path. RAYBATCH_TEST_INSTALL=editable runs the tests in .venvs/airflow against the checkout.
+# Paths among the arguments replace pyproject's testpaths (tests/): `scripts/test.sh tests/unit`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -15,4 +20,10 @@ fi
 if ! command -v chromium > /dev/null; then
   (apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }) > /dev/null
 fi
-exec .venvs/airflow/bin/python -m pytest tests -p no:cacheprovider -ra --durations=10 "$@"
+case "${RAYBATCH_TEST_INSTALL:=wheel}" in
+  wheel) scripts/test_wheel.sh; VENV=$ROOT/.venvs/airflow-wheel; cd build/test-root ;;
+  editable) VENV=$ROOT/.venvs/airflow ;;
+  *) echo "RAYBATCH_TEST_INSTALL=$RAYBATCH_TEST_INSTALL: use wheel or editable" >&2; exit 2 ;;
+esac
+export RAYBATCH_TEST_INSTALL
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=10 "$@"

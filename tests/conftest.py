@@ -1,17 +1,21 @@
 """Fixtures for tests on the real parts: a local Ray head (token auth on), the tiny model, Airflow.
 
-The tests run in .venvs/airflow; the cluster runs from .venvs/ray (scripts/setup_envs.sh makes both).
-The cluster uses its own ports so a running demo cluster is not mistaken for it.
+The tests run in .venvs/airflow (the editable install), or with RAYBATCH_TEST_INSTALL=wheel in
+.venvs/airflow-wheel, where scripts/test_wheel.sh installs the built wheel; the cluster runs from
+.venvs/ray (scripts/setup_envs.sh makes both). The cluster uses its own ports so a running demo
+cluster is not mistaken for it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,36 @@ DASHBOARD_PORT = 8275
 
 
 REPLICA_SLOT = "replica_slot"
+
+#: scripts/test.sh's RAYBATCH_TEST_INSTALL=wheel: every test exercises the installed wheel.
+WHEEL_MODE = os.environ.get("RAYBATCH_TEST_INSTALL") == "wheel"
+
+
+def provider_origin() -> Path | None:
+    """The file ``import airflow_provider_raybatch`` would load here, found without importing it."""
+    spec = importlib.util.find_spec("airflow_provider_raybatch")
+    return Path(spec.origin).resolve() if spec and spec.origin else None
+
+
+def site_packages() -> Path:
+    return Path(sysconfig.get_paths()["purelib"]).resolve()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In wheel mode, stop before collecting anything when the provider would not come from site-packages.
+
+    pytest run from the repository root (``python -m pytest`` puts the cwd first on sys.path) imports
+    the checkout's airflow_provider_raybatch, which shadows the installed one, and so would every
+    ``python -c`` the tests start there: scripts/test.sh runs pytest from build/test-root instead.
+    """
+    origin = provider_origin()
+    if WHEEL_MODE and (origin is None or not origin.is_relative_to(site_packages())):
+        raise pytest.UsageError(
+            f"RAYBATCH_TEST_INSTALL=wheel, but airflow_provider_raybatch would be imported from "
+            f"{origin}, not from the installed wheel in {site_packages()}. Run scripts/test.sh (it "
+            "installs the wheel and runs pytest from build/test-root), or unset RAYBATCH_TEST_INSTALL "
+            "to test the checkout."
+        )
 
 
 @dataclass(frozen=True)
