@@ -1,8 +1,9 @@
 """A local Ray head for the benchmarks (scripts/local_ray_cluster.sh on the bench's own ports).
 
-``scripts/local_ray_cluster.sh stop`` runs ``ray stop --force``, which kills every Ray process on
-the machine, so whatever starts a cluster must hold /tmp/raybatch-ray.lock for the cluster's whole
-life. bench/run_cpu.sh takes the lock and sets RAYBATCH_BENCH_LOCKED=1; :func:`require_lock`
+Benchmarks share the machine's cores, so whatever starts a cluster holds /tmp/raybatch-ray.lock for
+the cluster's whole life (``scripts/local_ray_cluster.sh stop`` ends only its own cluster, on ports of
+its own; a test run beside a benchmark no longer ends the benchmark's cluster, but would skew it).
+bench/run_cpu.sh takes the lock and sets RAYBATCH_BENCH_LOCKED=1; :func:`require_lock`
 refuses to start a cluster without it.
 """
 

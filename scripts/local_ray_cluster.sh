@@ -15,11 +15,31 @@ GCS_PORT=${RAYBATCH_GCS_PORT:-6379}
 NUM_CPUS=${RAYBATCH_NUM_CPUS:-8}
 CLIENT_PORT=${RAYBATCH_CLIENT_PORT:-10001}
 HEAD_RESOURCES=${RAYBATCH_HEAD_RESOURCES:-{\}}
+# The dashboard agent's HTTP port (Ray's default 52365 for the default dashboard port 8265): one per
+# raylet on the machine, or a second cluster's jobs get "No available agent to submit job".
+AGENT_PORT=${RAYBATCH_AGENT_PORT:-$((PORT + 44100))}
 export PATH=$ROOT/.venvs/ray/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS_ENABLED=0
 
 # Any HTTP answer (401 included: token auth guards every route) means the dashboard is up.
 dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/api/version")" != 000 ]; }
+
+# The pids whose environment names this cluster's token file, less this script and its callers.
+own_processes() {
+  local pid self=" $$ $(ancestors) "
+  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    case "$self" in *" $pid "*) continue ;; esac
+    { tr '\0' '\n' < "/proc/$pid/environ"; } 2> /dev/null | grep -qxF "RAY_AUTH_TOKEN_PATH=$STATE/auth_token" && echo "$pid"
+  done
+  return 0
+}
+ancestors() {
+  local pid=$PPID
+  while [ "$pid" -gt 1 ] 2> /dev/null; do
+    echo -n "$pid "
+    pid=$(awk '{print $4}' "/proc/$pid/stat" 2> /dev/null || echo 0)
+  done
+}
 
 case "${1:-}" in
   start)
@@ -36,6 +56,7 @@ case "${1:-}" in
     cd "$STATE"
     ray start --head --port="$GCS_PORT" --num-cpus="$NUM_CPUS" --dashboard-host=127.0.0.1 \
       --dashboard-port="$PORT" --ray-client-server-port="$CLIENT_PORT" --resources="$HEAD_RESOURCES" \
+      --dashboard-agent-listen-port="$AGENT_PORT" \
       --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
       || { cat "$STATE/ray_start.log"; exit 1; }
     for _ in $(seq 60); do
@@ -49,12 +70,23 @@ case "${1:-}" in
     # (own object store, own worker processes) without a second machine.
     cd "$STATE"
     ray start --address="127.0.0.1:$GCS_PORT" --num-cpus="${RAYBATCH_WORKER_CPUS:-4}" \
-      --resources="${RAYBATCH_WORKER_RESOURCES:-{\}}" --disable-usage-stats >> "$STATE/ray_worker.log" 2>&1 \
+      --resources="${RAYBATCH_WORKER_RESOURCES:-{\}}" --dashboard-agent-listen-port=$((AGENT_PORT + 1)) \
+      --disable-usage-stats >> "$STATE/ray_worker.log" 2>&1 \
       || { cat "$STATE/ray_worker.log"; exit 1; }
     echo "Ray worker node joined 127.0.0.1:$GCS_PORT"
     ;;
   stop)
-    ray stop --force > /dev/null 2>&1 || true
+    # This cluster's processes only, not `ray stop --force`, which ends every Ray on the machine (a
+    # benchmark's, another checkout's tests'): `ray start` above exported RAY_AUTH_TOKEN_PATH, so the
+    # GCS, raylets, dashboard, workers and job drivers of this cluster, and no other, carry it.
+    pids=$(own_processes)
+    [ -n "$pids" ] && kill -TERM $pids 2> /dev/null
+    for _ in $(seq 20); do
+      [ -z "$(own_processes)" ] && break
+      sleep 0.5
+    done
+    pids=$(own_processes)
+    [ -n "$pids" ] && kill -KILL $pids 2> /dev/null
     echo "Ray stopped"
     ;;
   *)

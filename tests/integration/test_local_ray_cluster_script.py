@@ -1,0 +1,90 @@
+"""scripts/local_ray_cluster.sh: two clusters on one machine, and `stop` ends only its own.
+
+`ray stop --force` ends every Ray on the machine; the script's `stop` used it, and a test run's
+teardown once ended a benchmark's cluster mid-run (2026-11-26). Both clusters here also take jobs,
+which needs a dashboard agent port of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "local_ray_cluster.sh"
+PORTS = ({"dashboard": 8311, "gcs": 6421, "client": 23031}, {"dashboard": 8312, "gcs": 6422, "client": 23032})
+
+
+def _env(state: Path, ports: dict[str, int]) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RAYBATCH_STATE": str(state),
+        "RAYBATCH_DASHBOARD_PORT": str(ports["dashboard"]),
+        "RAYBATCH_GCS_PORT": str(ports["gcs"]),
+        "RAYBATCH_CLIENT_PORT": str(ports["client"]),
+        "RAYBATCH_NUM_CPUS": "1",
+    }
+
+
+def _answers(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/api/version", timeout=3)
+    except httpx.HTTPError:
+        return False
+    return True  # any answer (401 included: token auth) means the dashboard is up
+
+
+def _submit_and_wait(state: Path, port: int) -> str:
+    headers = {"Authorization": f"Bearer {(state / 'auth_token').read_text().strip()}"}
+    base = f"http://127.0.0.1:{port}/api/jobs/"
+    reply = httpx.post(base, json={"entrypoint": "echo hello"}, headers=headers, timeout=60)
+    reply.raise_for_status()
+    job_id = reply.json()["submission_id"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = httpx.get(base + job_id, headers=headers, timeout=30).json()["status"]
+        if status in {"SUCCEEDED", "FAILED", "STOPPED"}:
+            return status
+        time.sleep(1)
+    return "still running after 120 s"
+
+
+@pytest.fixture
+def two_clusters(tmp_path: Path) -> Iterator[list[tuple[Path, dict[str, str]]]]:
+    clusters = [
+        (tmp_path / f"state-{n}", _env(tmp_path / f"state-{n}", ports)) for n, ports in enumerate(PORTS)
+    ]
+    try:
+        for _, env in clusters:
+            subprocess.run([str(SCRIPT), "start"], env=env, check=True, timeout=180, capture_output=True)
+        yield clusters
+    finally:
+        for _, env in clusters:
+            subprocess.run([str(SCRIPT), "stop"], env=env, timeout=120, capture_output=True)
+
+
+def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
+    two_clusters: list[tuple[Path, dict[str, str]]],
+) -> None:
+    (first_state, first_env), (second_state, _) = two_clusters
+    first_port, second_port = PORTS[0]["dashboard"], PORTS[1]["dashboard"]
+    assert _submit_and_wait(first_state, first_port) == "SUCCEEDED"
+    assert _submit_and_wait(second_state, second_port) == "SUCCEEDED"  # its own dashboard agent
+
+    stopped = subprocess.run(
+        [str(SCRIPT), "stop"], env=first_env, timeout=120, capture_output=True, text=True
+    )
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stderr == ""
+    assert not _answers(first_port)
+    assert _answers(second_port)
+    assert _submit_and_wait(second_state, second_port) == "SUCCEEDED"
