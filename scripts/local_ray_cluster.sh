@@ -18,6 +18,11 @@ HEAD_RESOURCES=${RAYBATCH_HEAD_RESOURCES:-{\}}
 # The dashboard agent's HTTP port (Ray's default 52365 for the default dashboard port 8265): one per
 # raylet on the machine, or a second cluster's jobs get "No available agent to submit job".
 AGENT_PORT=${RAYBATCH_AGENT_PORT:-$((PORT + 44100))}
+# Ray's files (sessions, logs, sockets, and ray_current_cluster) in a folder of this cluster's own:
+# the job supervisor finds its cluster through <temp dir>/ray_current_cluster, which in the shared
+# /tmp/ray names whichever cluster on the machine started last, so another cluster's start sent this
+# one's jobs to the wrong GCS (2026-11-26). Short: Ray's socket paths must stay under 107 characters.
+RAY_TEMP_DIR=${RAYBATCH_RAY_TEMP_DIR:-/tmp/ray-$GCS_PORT}
 export PATH=$ROOT/.venvs/ray/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS_ENABLED=0
 
@@ -56,7 +61,7 @@ case "${1:-}" in
     cd "$STATE"
     ray start --head --port="$GCS_PORT" --num-cpus="$NUM_CPUS" --dashboard-host=127.0.0.1 \
       --dashboard-port="$PORT" --ray-client-server-port="$CLIENT_PORT" --resources="$HEAD_RESOURCES" \
-      --dashboard-agent-listen-port="$AGENT_PORT" \
+      --dashboard-agent-listen-port="$AGENT_PORT" --temp-dir="$RAY_TEMP_DIR" \
       --disable-usage-stats > "$STATE/ray_start.log" 2>&1 \
       || { cat "$STATE/ray_start.log"; exit 1; }
     for _ in $(seq 60); do
@@ -71,6 +76,7 @@ case "${1:-}" in
     cd "$STATE"
     ray start --address="127.0.0.1:$GCS_PORT" --num-cpus="${RAYBATCH_WORKER_CPUS:-4}" \
       --resources="${RAYBATCH_WORKER_RESOURCES:-{\}}" --dashboard-agent-listen-port=$((AGENT_PORT + 1)) \
+      --temp-dir="$RAY_TEMP_DIR" \
       --disable-usage-stats >> "$STATE/ray_worker.log" 2>&1 \
       || { cat "$STATE/ray_worker.log"; exit 1; }
     echo "Ray worker node joined 127.0.0.1:$GCS_PORT"

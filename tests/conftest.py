@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
 DASHBOARD_PORT = 8275
+RAY_TEMP_DIR = "/tmp/ray-raybatch-tests"
 
 
 REPLICA_SLOT = "replica_slot"
@@ -67,6 +68,7 @@ class LocalRayCluster:
     token: str
     state_dir: Path
     env: dict[str, str]
+    temp_dir: Path  # Ray's sessions and logs (scripts/local_ray_cluster.sh: one folder per cluster)
 
     def add_worker_node(self, num_cpus: int, resources: dict[str, float]) -> None:
         """Start one more raylet on this machine that joins the head: a second node."""
@@ -95,6 +97,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCl
         "RAYBATCH_DASHBOARD_PORT": str(DASHBOARD_PORT),
         "RAYBATCH_GCS_PORT": "6390",
         "RAYBATCH_CLIENT_PORT": "23001",
+        "RAYBATCH_RAY_TEMP_DIR": RAY_TEMP_DIR,
         # One replica slot per node, so a test can place one engine replica on each (test_multinode).
         "RAYBATCH_HEAD_RESOURCES": json.dumps({REPLICA_SLOT: 1}),
     }
@@ -106,6 +109,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCl
             token=(state / "auth_token").read_text().strip(),
             state_dir=state,
             env=env,
+            temp_dir=Path(RAY_TEMP_DIR),
         )
     finally:
         subprocess.run([str(script), "stop"], env=env, check=False, timeout=120)

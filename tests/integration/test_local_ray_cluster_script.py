@@ -2,7 +2,9 @@
 
 `ray stop --force` ends every Ray on the machine; the script's `stop` used it, and a test run's
 teardown once ended a benchmark's cluster mid-run (2026-11-26). Both clusters here also take jobs,
-which needs a dashboard agent port of their own.
+which needs a dashboard agent port of their own, and a job's driver must reach its own cluster: Ray's
+job supervisor finds it through ``<temp dir>/ray_current_cluster``, which in a shared /tmp/ray names
+whichever cluster started last (a helper's cluster once sent every CI job to the wrong GCS).
 """
 
 from __future__ import annotations
@@ -42,19 +44,25 @@ def _answers(port: int) -> bool:
     return True  # any answer (401 included: token auth) means the dashboard is up
 
 
-def _submit_and_wait(state: Path, port: int) -> str:
+# A driver, as our pipeline's is: ray.init() with no address, then the GCS it reached.
+_DRIVER = "python -c 'import ray; ray.init(); print(\"GCS\", ray.get_runtime_context().gcs_address)'"
+
+
+def _run_driver(state: Path, port: int) -> str:
+    """Submit :data:`_DRIVER` to the cluster whose dashboard is on ``port``; its status and log."""
     headers = {"Authorization": f"Bearer {(state / 'auth_token').read_text().strip()}"}
     base = f"http://127.0.0.1:{port}/api/jobs/"
-    reply = httpx.post(base, json={"entrypoint": "echo hello"}, headers=headers, timeout=60)
+    reply = httpx.post(base, json={"entrypoint": _DRIVER}, headers=headers, timeout=60)
     reply.raise_for_status()
     job_id = reply.json()["submission_id"]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         status = httpx.get(base + job_id, headers=headers, timeout=30).json()["status"]
         if status in {"SUCCEEDED", "FAILED", "STOPPED"}:
-            return status
+            logs = httpx.get(base + job_id + "/logs", headers=headers, timeout=30).json()["logs"]
+            return f"{status}\n{logs}"
         time.sleep(1)
-    return "still running after 120 s"
+    return "still running after 180 s"
 
 
 @pytest.fixture
@@ -76,8 +84,11 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
 ) -> None:
     (first_state, first_env), (second_state, _) = two_clusters
     first_port, second_port = PORTS[0]["dashboard"], PORTS[1]["dashboard"]
-    assert _submit_and_wait(first_state, first_port) == "SUCCEEDED"
-    assert _submit_and_wait(second_state, second_port) == "SUCCEEDED"  # its own dashboard agent
+    # The first cluster's driver reaches the first cluster although the second started after it.
+    first = _run_driver(first_state, first_port)
+    assert first.startswith("SUCCEEDED") and f":{PORTS[0]['gcs']}" in first, first[-2000:]
+    second = _run_driver(second_state, second_port)  # through its own dashboard agent
+    assert second.startswith("SUCCEEDED") and f":{PORTS[1]['gcs']}" in second, second[-2000:]
 
     stopped = subprocess.run(
         [str(SCRIPT), "stop"], env=first_env, timeout=120, capture_output=True, text=True
@@ -87,4 +98,4 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
     assert stopped.stderr == ""
     assert not _answers(first_port)
     assert _answers(second_port)
-    assert _submit_and_wait(second_state, second_port) == "SUCCEEDED"
+    assert _run_driver(second_state, second_port).startswith("SUCCEEDED")

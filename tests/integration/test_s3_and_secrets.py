@@ -117,7 +117,7 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
         "replica_resources": CPU_REPLICA,
         "aws_conn_id": AWS_CONN_ID,
     }
-    session = Path("/tmp/ray/session_latest").resolve()  # the fixture's cluster: Ray's default temp dir
+    session = (ray_connection.temp_dir / "session_latest").resolve()  # the fixture's cluster's session
     with _DiskWatch(session, s3_server.secret_key) as watch:
         result = env.dags_test(DAG_ID, day, conf)
     task_log = result.stdout + result.stderr

@@ -161,7 +161,7 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
 
     # (c) The driver log of the succeeded job is lost (a head restart, its node scaled away): a
     # clear takes the committed result from manifest.json, with no new job.
-    logs = list(Path("/tmp/ray").glob(f"session_*/logs/job-driver-{again_job}.*"))
+    logs = list(ray_cluster.temp_dir.glob(f"session_*/logs/job-driver-{again_job}.*"))
     assert logs, "the driver log of the job was not where Ray keeps it"
     for path in logs:
         path.unlink(missing_ok=True)  # session_latest is a link to the session: each file twice
