@@ -14,7 +14,9 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   that preloads those modules *while* the actor imports them itself, and hands vLLM that context, so
   the EngineCore is forked from an already-importing clean process (no Ray threads, no CUDA). The
   child gets the parent's environment as it is at ``Process.start()``, as with spawn.
-  ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off.
+  ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off. Forked so, the
+  EngineCore is the replica's grandchild, which Ray does not always reach: it ends itself once its
+  replica is gone (:mod:`.engine_lifetime`).
 * **One Triton cache folder for every run.** torch's Inductor points ``TRITON_CACHE_DIR`` at its own
   folder when it compiles and the variable is unset (``triton_heuristics.py``), so on a node's first
   run vLLM's warm-up kernels land there too; a later run loads the compiled graphs, compiles nothing,
@@ -150,9 +152,14 @@ def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LL
 
 
 def _run_with_environ(environ: dict[str, str], target: Any, *args: Any, **kwargs: Any) -> Any:
-    """In the forked EngineCore: the environment the parent had at start(), then vLLM's target."""
+    """In the forked EngineCore: the environment the parent had at start(), a watch that ends it
+    with its replica (:mod:`.engine_lifetime`), then vLLM's target."""
+    from airflow_provider_raybatch.pipeline.generate import engine_lifetime
+
+    engine_lifetime.keep_process_title()  # before the environment is rebuilt
     os.environ.clear()
     os.environ.update(environ)
+    engine_lifetime.end_with_replica()
     return target(*args, **kwargs)
 
 
