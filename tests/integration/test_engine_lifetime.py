@@ -35,9 +35,9 @@ from tests.conftest import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 #: This cluster's own ports (apart from the session cluster's and the benchmarks' 8285; its dashboard
-#: agent's: 8313 + 44100) and Ray folder (scripts/local_ray_cluster.sh: one per cluster on the machine).
+#: agent's: 8323 + 44100) and Ray folder (scripts/local_ray_cluster.sh: one per cluster on the machine).
 _CLUSTER_ENV = {
-    "RAYBATCH_DASHBOARD_PORT": "8313",
+    "RAYBATCH_DASHBOARD_PORT": "8323",
     "RAYBATCH_GCS_PORT": "6423",
     "RAYBATCH_CLIENT_PORT": "23033",
     "RAYBATCH_RAY_TEMP_DIR": "/tmp/ray-raybatch-lifetime",

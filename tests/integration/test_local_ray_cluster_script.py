@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local_ray_cluster.sh"
-PORTS = ({"dashboard": 8311, "gcs": 6421, "client": 23031}, {"dashboard": 8312, "gcs": 6422, "client": 23032})
+PORTS = ({"dashboard": 8321, "gcs": 6421, "client": 23031}, {"dashboard": 8322, "gcs": 6422, "client": 23032})
 
 
 def _env(state: Path, ports: dict[str, int]) -> dict[str, str]:
