@@ -68,6 +68,8 @@ def daily_company_industry() -> None:
         keep_columns=["Company", "Country"],
         batch_size=64,
         aws_conn_id="{{ params.aws_conn_id or '' }}",
+        # Wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says.
+        deferrable=True,
     )
 
     @task(multiple_outputs=False)

@@ -79,6 +79,8 @@ def daily_image_captions() -> None:
         aws_conn_id="{{ params.aws_conn_id or '' }}",
         progress_interval_seconds=20,
         max_failed_fraction="{{ params.max_failed_fraction }}",
+        # Wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says.
+        deferrable=True,
     )
 
 

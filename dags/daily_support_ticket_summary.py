@@ -64,6 +64,8 @@ def daily_support_ticket_summary() -> None:
         aws_conn_id="{{ params.aws_conn_id or '' }}",
         output_asset=SUPPORT_TICKET_SUMMARIES,
         progress_interval_seconds=20,
+        # Wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says.
+        deferrable=True,
     )
 
 

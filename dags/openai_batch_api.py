@@ -16,4 +16,7 @@ openai_batch_dag(
     replica_resources="{{ var.value.get('raybatch_openai_replica_resources', 'null') }}",
     ray_conn_id="ray_default",
     progress_interval_seconds=30,
+    # A batch may take its whole completion window: wait in the triggerer, not a worker slot,
+    # whatever [operators] default_deferrable says.
+    deferrable=True,
 )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset, BaseOperator, conf
 
 from airflow_provider_raybatch.exceptions import (
     BatchSpecError,
@@ -131,7 +131,12 @@ class RayLLMBatchOperator(BaseOperator):
     :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
         parameters takes that job's result instead of paying for the same rows again (default).
         Set False to always run again, e.g. after the input was corrected in place.
-    :param deferrable: Wait in the triggerer (default) rather than in a worker slot.
+    :param deferrable: Wait for the job in the triggerer, which frees the worker slot for the hours
+        a batch can take, rather than polling in the worker. Default: Airflow's
+        ``[operators] default_deferrable`` setting, as for every deferrable operator; Airflow ships it
+        ``False``, so set it to ``True`` (``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=true``) or pass
+        ``deferrable=True``, as the example DAGs do, to defer. The setting is read when this module
+        is first imported, in each process that parses the DAG.
     :param poll_interval_seconds: Seconds between job status checks. Default 10.
     :param progress_interval_seconds: Least seconds between two progress lines in the task log
         (rows done / total, rows/s, output tokens/s, ETA). Default 60; 0 turns them off.
@@ -215,7 +220,7 @@ class RayLLMBatchOperator(BaseOperator):
         check_layout: bool = True,
         runtime_env: dict[str, Any] | None = None,  # Any: Ray runtime_env values.
         entrypoint_resources: dict[str, float] | None = None,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval_seconds: float = 10.0,
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
         **kwargs: Any,  # Any: BaseOperator's arguments.
@@ -387,7 +392,7 @@ class RayLLMBatchOperator(BaseOperator):
         deadline: float | None,
         attached_at: float | None = None,
     ) -> str:
-        """Wait for the job: defer (default), or poll in the worker; then finish as it ended.
+        """Wait for the job: defer (``deferrable``), or poll in the worker; then finish as it ended.
 
         :param deadline: the try's absolute deadline (:meth:`_deadline`); the trigger stops the job
             at it, and Airflow's own deferral timeout comes only :data:`DEFERRAL_GRACE_SECONDS` later.

@@ -117,6 +117,7 @@ def run_scenario() -> dict[str, Any]:  # Any: JSON report.
         engine_kwargs='{"max_model_len": 4096}',
         id_column="Customer Id",
         keep_columns=["Company", "Country"],
+        deferrable=True,
     )
     ti = WorkerTI()
     deferred_to = None

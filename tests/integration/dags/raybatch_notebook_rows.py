@@ -18,6 +18,7 @@ COMMON = dict(
     batch_size=16,
     max_failed_fraction=0.5,  # the corpus is dirty on purpose; the test counts every reason
     poll_interval_seconds=2,
+    deferrable=True,  # the path the example DAGs take
 )
 
 

@@ -57,7 +57,15 @@ REQUIRED = {
 
 
 def make_operator(**kwargs: Any) -> RayLLMBatchOperator:  # Any: operator arguments.
-    arguments = {"task_id": "classify", "progress_interval_seconds": 0, **REQUIRED, **kwargs}
+    """The operator as the example DAGs build it: ``deferrable=True``, whatever the setting. A test of the
+    wait in the worker passes ``deferrable=False``; the default itself: test_deferrable_default.py."""
+    arguments = {
+        "task_id": "classify",
+        "progress_interval_seconds": 0,
+        "deferrable": True,
+        **REQUIRED,
+        **kwargs,
+    }
     if "messages_column" not in kwargs:
         arguments.setdefault("user_template", "Industry of {Company}?")
     return RayLLMBatchOperator(**arguments)

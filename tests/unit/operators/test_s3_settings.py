@@ -258,7 +258,7 @@ def test_execute_never_sends_the_keys_outside_their_own_upload(
             200, json={"submission_id": json.loads(request.content)["submission_id"]}
         )
     )
-    op = make_operator(aws_conn_id=aws_conn, ray_conn_id=ray_conn)
+    op = make_operator(aws_conn_id=aws_conn, ray_conn_id=ray_conn, deferrable=True)
 
     with pytest.raises(TaskDeferred):
         op.execute({"ti": FakeTI()})
