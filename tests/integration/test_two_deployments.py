@@ -150,6 +150,17 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
 
     # Prod deletes the run and creates it again under the same run id: its jobs are new ones, not
     # the deleted run's result (same names, same parameters).
+    # The task ends before the scheduler ends its run, and a running run cannot be deleted (409).
+    prod.wait(
+        "prod's run to end",
+        lambda: (
+            True
+            if prod.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}").json()["state"]
+            in ("success", "failed")
+            else None
+        ),
+        timeout=120,
+    )
     prod.api("DELETE", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}")
     assert _trigger(prod, _conf(tiny_model, tmp_path / "prod")) == run_id
     again_job = _job_of(prod, run_id)
