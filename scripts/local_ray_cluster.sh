@@ -31,10 +31,11 @@ dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$
 
 # The pids whose environment names this cluster's token file, less this script and its callers.
 own_processes() {
-  local pid self=" $$ $(ancestors) "
-  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+  local dir pid self=" $$ $(ancestors) "
+  for dir in /proc/[0-9]*; do
+    pid=${dir#/proc/}
     case "$self" in *" $pid "*) continue ;; esac
-    { tr '\0' '\n' < "/proc/$pid/environ"; } 2> /dev/null | grep -qxF "RAY_AUTH_TOKEN_PATH=$STATE/auth_token" && echo "$pid"
+    { tr '\0' '\n' < "$dir/environ"; } 2> /dev/null | grep -qxF "RAY_AUTH_TOKEN_PATH=$STATE/auth_token" && echo "$pid"
   done
   return 0
 }
