@@ -26,4 +26,8 @@ case "${RAYBATCH_TEST_INSTALL:=wheel}" in
   *) echo "RAYBATCH_TEST_INSTALL=$RAYBATCH_TEST_INSTALL: use wheel or editable" >&2; exit 2 ;;
 esac
 export RAYBATCH_TEST_INSTALL
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=10 "$@"
+# Two pytest-xdist workers: the tests on the real parts (one Ray head, one Airflow, one S3 server on
+# fixed ports) run in order in one of them (tests/conftest.py's xdist group); the unit tests run in
+# the other meanwhile. RAYBATCH_TEST_WORKERS=0 runs everything in this process.
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=25 \
+  -n "${RAYBATCH_TEST_WORKERS:-2}" --dist loadgroup "$@"

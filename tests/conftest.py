@@ -62,6 +62,22 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+#: The session fixtures that start a real part on a fixed port (the Ray head, Airflow, the S3 server)
+#: or build one (the tiny models). scripts/test.sh runs pytest-xdist with ``--dist loadgroup``: every
+#: test that uses one of them, or is marked ``integration``, goes to one worker, in collection order,
+#: so the parts start once and never twice on the same ports; the unit tests share the other worker.
+REAL_PARTS = frozenset(
+    {"ray_cluster", "ray_connection", "airflow_env", "s3_server", "tiny_model", "tiny_vlm"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("integration") or fixtures & REAL_PARTS:
+            item.add_marker(pytest.mark.xdist_group("real_parts"))
+
+
 @dataclass(frozen=True)
 class LocalRayCluster:
     address: str
