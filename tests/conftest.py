@@ -71,11 +71,29 @@ REAL_PARTS = frozenset(
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("integration") or fixtures & REAL_PARTS:
             item.add_marker(pytest.mark.xdist_group("real_parts"))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """Stop before any test when ``--dist loadgroup`` lost the group: the tests on the real parts
+    would then run in both workers at once, on the same ports (pytest-xdist#1386 with pytest 9.2)."""
+    config = getattr(node, "config", None)
+    if config is None or config.getvalue("dist") != "loadgroup":
+        return
+    if any(id_.startswith("tests/integration/") for id_ in ids) and not any(
+        id_.endswith("@real_parts") for id_ in ids
+    ):
+        raise pytest.UsageError(
+            "pytest-xdist did not group the tests on the real parts (no test id ends in @real_parts): "
+            "they would run in two workers at once on the same ports. Use a pytest that xdist supports "
+            "(pyproject.toml's test extra) or RAYBATCH_TEST_WORKERS=0."
+        )
 
 
 @dataclass(frozen=True)
