@@ -147,9 +147,10 @@ _DATASET_DONE = re.compile(r"Dataset (\S+) execution finished in ([0-9.]+) secon
 def dataset_executions(logs: str) -> list[dict[str, Any]]:  # Any: JSON values.
     """Each Ray Data execution the driver logged, in order: name, start, end (epoch), seconds, plan, kind.
 
-    kind: ``read_prepare`` (the plan reads files), ``llm`` (the ray.data.llm processor: the engine's),
-    ``stage_rejected`` (a write: the rows rejected before the engine), else ``dedupe_count`` (the
-    duplicate-id scan, counts, the resume filter).
+    kind: ``read_prepare`` (the plan reads files), ``read_kept`` (a retry reads the prepared rows an
+    earlier try kept, pipeline/read/prepared_cache.py), ``keep_prepared`` (the first try writes them),
+    ``llm`` (the ray.data.llm processor: the engine's), ``stage_rejected`` (a write: the rows rejected
+    before the engine), else ``dedupe_count`` (the duplicate-id scan, counts, the resume filter).
     """
     executions: dict[str, dict[str, Any]] = {}  # Any: JSON values.
     for line in logs.splitlines():
@@ -170,7 +171,11 @@ def dataset_executions(logs: str) -> list[dict[str, Any]]:  # Any: JSON values.
     for entry in out:
         plan = entry.get("plan", "")
         entry["kind"] = (
-            "read_prepare"
+            "read_kept"
+            if "ReadParquet" in plan
+            else "keep_prepared"
+            if "_nulls_as_text" in plan
+            else "read_prepare"
             if "ReadBinary" in plan or "ReadFiles" in plan
             else "llm"
             if "vLLMEngine" in plan or "ChatTemplate" in plan or "Tokenize" in plan
@@ -222,6 +227,8 @@ def scale_phases(
         "read_prepare_s": total("read_prepare"),
         "dedupe_count_s": total("dedupe_count"),
         "stage_rejected_s": total("stage_rejected"),
+        "keep_prepared_s": total("keep_prepared"),
+        "read_kept_s": total("read_kept"),
         "submit_to_llm_dataset_start_s": rel(llm_start),
         "before_engine_fed_s": rel(llm_start),
         "submit_to_first_part_s": rel(first_part),

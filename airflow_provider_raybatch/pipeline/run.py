@@ -24,7 +24,8 @@ from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import engine, models
 from airflow_provider_raybatch.pipeline.generate.processor import build_llm_processor
 from airflow_provider_raybatch.pipeline.openai import openai_batch
-from airflow_provider_raybatch.pipeline.read import dedupe, rows
+from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache, rows
+from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
 from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
@@ -67,18 +68,34 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
     )
 
 
-def _prepared_rows(spec: BatchInferenceSpec) -> tuple[Dataset, int, int, int]:
-    """Every input row read, prepared and, where its id repeats, marked a duplicate (materialized).
-
-    Returns the rows, their number, how many were in error before the dedupe, and how many ids repeat.
-    """
+def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
+    """Every input row read, prepared and, where its id repeats, marked a duplicate (materialized)."""
     prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
     first_sources, errors = dedupe.find_first_sources(prepared, rows_in)
     repeated_ids = first_sources.num_rows
     if repeated_ids:
         prepared = dedupe.mark_duplicates(prepared, first_sources).materialize()
-    return prepared, rows_in, errors, repeated_ids
+    return PreparedRows(prepared, rows_in, errors, repeated_ids)
+
+
+def _prepared_rows_kept_for_retries(spec: BatchInferenceSpec, layout: storage.OutputLayout) -> PreparedRows:
+    """The rows an earlier try of this run prepared and kept in its staging, when the input is the
+    same; else every input row prepared now, and kept there for a later try (:mod:`.prepared_cache`)."""
+    extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
+    digest = prepared_cache.input_digest(spec.input_uri, extensions)
+    clock = time.perf_counter()
+    kept = prepared_cache.read(layout.staging_uri, digest)
+    if kept is not None:
+        log.info("Took the %d rows an earlier try read and prepared from its staging (%.1f s).",
+                 kept.rows_in, time.perf_counter() - clock)  # fmt: skip
+        return kept
+    prepared = _prepared_rows(spec)
+    clock = time.perf_counter()
+    prepared_cache.write(layout.staging_uri, prepared, digest)
+    log.info("Kept the %d prepared rows in the staging for a retry (%.1f s).", prepared.rows_in,
+             time.perf_counter() - clock)  # fmt: skip
+    return prepared
 
 
 def _processor(
@@ -224,9 +241,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     model_source = models.resolve_model_source(spec.model, spec.model_cache_dir)
 
     if spec.dry_run:  # everything but the engine; commits nothing (pipeline/dry_run.py)
-        prepared, rows_in, _, _ = _prepared_rows(spec)
-        manifest = dry_run.run_dry(spec, prepared, rows_in, model_source, started_at, _ray_submission_id(),
-                                   _versions())  # fmt: skip
+        dry = _prepared_rows(spec)
+        manifest = dry_run.run_dry(spec, dry.rows, dry.rows_in, model_source, started_at,
+                                   _ray_submission_id(), _versions())  # fmt: skip
         print(manifest_log_line(manifest), flush=True)
         return manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
@@ -240,7 +257,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         data_uri=commit.staged_data_uri(layout),  # the version folder: commit moves nothing
     )
     building = _build_while_reading(spec, model_source, parts)
-    prepared, rows_in, errors, repeated_ids = _prepared_rows(spec)
+    kept = _prepared_rows_kept_for_retries(spec, layout)
+    prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
         prepared = dedupe.drop_staged(prepared, done_sources).materialize()
     todo = prepared.count()
@@ -298,6 +316,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         "rows_failed": committed.rows_failed,
         "rows_duplicate": committed.errors_by_reason.get("duplicate id", 0),
         "rows_resumed": len(done_sources),
+        # whether this try took its prepared rows from an earlier try's staging (prepared_cache.py)
+        "prepared_rows_reused": kept.reused,
         "errors_by_reason": committed.errors_by_reason,
         "tokens_in": committed.tokens_in,
         "tokens_out": committed.tokens_out,

@@ -228,17 +228,22 @@ def list_files(uri: str) -> list[str]:
 def input_file_sizes(input_uri: str, extensions: list[str] | None) -> list[tuple[str, int]]:
     """(path, bytes) of each file the job will read: ``input_uri`` itself, or the files under it with
     one of ``extensions`` (as :func:`extensions_for` gives). One listing, before any worker reads."""
+    return [(info.path, info.size) for info in input_file_infos(input_uri, extensions)]
+
+
+def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:  # Any: pyarrow FileInfo.
+    """pyarrow's ``FileInfo`` (path, size, modification time) of each file the job will read."""
     from pyarrow import fs
 
     filesystem_, path = filesystem(input_uri)
     info = filesystem_.get_file_info(path)
     if info.type == fs.FileType.File:
-        return [(info.path, info.size)]
+        return [info]
     if info.type != fs.FileType.Directory:
         return []
     infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
     return [
-        (item.path, item.size) for item in infos
+        item for item in infos
         if item.type == fs.FileType.File and (extensions is None or item.path.endswith(tuple(extensions)))
     ]  # fmt: skip
 

@@ -178,6 +178,12 @@ def test_killed_job_resumes_exactly_once(
     manifest = _assert_exactly_once(output_uri, ids)
     finished_second = _finished(trace, set(trace.glob("*.txt")) - first_traces)
     assert manifest["rows_resumed"] == len(staged_at_kill)
+    # The first try kept its prepared rows before its engine was fed (pipeline/read/prepared_cache.py),
+    # so once a part was staged the rerun reads them back instead of the input.
+    if kill_after_rows:
+        assert manifest["prepared_rows_reused"] is True
+    else:  # stopped before any part: perhaps before the rows were kept
+        assert isinstance(manifest["prepared_rows_reused"], bool)
     # The rerun generates exactly the rows not staged, each once.
     assert len(finished_second) == len(set(finished_second)) == ROWS - len(staged_at_kill)
     assert not set(finished_second) & staged_at_kill
@@ -210,6 +216,7 @@ def test_a_replica_killed_mid_run_is_restarted_and_every_row_lands_once(
     assert wait_for_job(job) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job, 60)
     manifest = _assert_exactly_once(output_uri, ids)
     assert manifest["rows_resumed"] == 0
+    assert manifest["prepared_rows_reused"] is False  # one job: nothing kept by an earlier try
     restarted = set(trace.glob("*.txt")) - {dead}
     assert restarted, "no replica took over"
     # Ray Data retried the batches the dead replica held, whole: rows it had finished come again.

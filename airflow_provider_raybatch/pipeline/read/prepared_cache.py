@@ -1,0 +1,151 @@
+"""A try's prepared rows, kept in its staging, so that a retry reads them back instead of the input.
+
+Before its engine is fed, a job reads, parses and prepares every input row and marks repeated ids.
+At 2,000,000 rows in one CSV that took 217.6 s on the H100 host (bench/RESULTS.md 7e): one task
+parses and prepares a file, and the duplicate scan is a shuffle. A retry after a crash paid all of it
+again, though its rows are the same. So the first try writes its prepared rows, duplicates already
+marked, as Parquet under ``_staging/<run_key>/prepared/`` (Ray Data's writers, one file per block, in
+parallel), then ``prepared.json`` last; a retry that finds both reads the Parquet back in parallel.
+
+A cache is used only when it is certainly this input's:
+
+- the staging belongs to one spec (:func:`..stage.commit.open_staging_parts` discards another
+  spec's, with everything in it);
+- ``prepared.json`` holds a digest of the input's listing (each file's path, size and modification
+  time) and must match the listing now: a file rewritten, added or removed between tries means the
+  input is read again;
+- a try that died while writing leaves no ``prepared.json`` (it is written last, and removed before a
+  write starts): such a cache is ignored and written again;
+- the row count in ``prepared.json`` must be the Parquet's own.
+
+The cache goes with the staging when the run commits (:func:`..stage.commit.publish`). It is an
+optimisation only: failing to write or read it is logged and the job goes on from the input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from airflow_provider_raybatch.pipeline import storage
+
+if TYPE_CHECKING:
+    from ray.data import Dataset
+
+log = logging.getLogger("airflow_provider_raybatch.pipeline")
+
+CACHE_FOLDER = "prepared"
+CACHE_RECORD = "prepared.json"
+_RECORD_FORMAT = 1
+_COUNT_KEYS = ("rows_in", "errors", "repeated_ids")
+
+
+@dataclass(frozen=True)
+class PreparedRows:
+    """Every input row prepared, with repeated ids marked (see :func:`..run._prepared_rows`).
+
+    :param rows: the rows (``id``, ``source``, ``row``, ``messages``, ``prompt``, ``sampling``,
+        ``request``, ``error``: text or null).
+    :param rows_in: how many rows the input had.
+    :param errors: how many rows were in error before the duplicate scan.
+    :param repeated_ids: how many ids appear more than once among good rows.
+    :param reused: whether these rows were read from an earlier try's cache instead of the input.
+    """
+
+    rows: Dataset
+    rows_in: int
+    errors: int
+    repeated_ids: int
+    reused: bool = False
+
+
+def input_digest(input_uri: str, extensions: list[str] | None) -> str:
+    """A digest of the files the job reads: each one's path, size and modification time."""
+    listing = sorted(
+        (info.path, info.size, info.mtime_ns) for info in storage.input_file_infos(input_uri, extensions)
+    )
+    return hashlib.sha256(json.dumps([input_uri, listing]).encode()).hexdigest()
+
+
+def read(staging_uri: str, digest: str) -> PreparedRows | None:
+    """The prepared rows an earlier try of this staging kept for this input, or None."""
+    import ray.data
+
+    record_uri = storage.join(staging_uri, CACHE_RECORD)
+    if not storage.exists(record_uri):
+        return None
+    try:
+        record = json.loads(storage.read_text(record_uri))
+    except (OSError, ValueError) as err:
+        log.warning("Ignoring the prepared rows an earlier try kept: %s: %s", CACHE_RECORD, err)
+        return None
+    counts = _counts(record, digest)
+    if counts is None or counts["rows_in"] == 0:
+        log.info("The prepared rows an earlier try kept are for other input files; reading the input.")
+        return None
+    folder = storage.join(staging_uri, CACHE_FOLDER)
+    filesystem, path = storage.filesystem(folder)
+    try:
+        rows = ray.data.read_parquet(path, filesystem=filesystem)
+        cached_rows = rows.count()  # from the Parquet footers: no row is read
+    except Exception as err:  # noqa: BLE001 - a cache that cannot be read is read again from the input
+        log.warning("Ignoring the prepared rows an earlier try kept at %s: %s", folder, err)
+        return None
+    if cached_rows != counts["rows_in"]:
+        log.warning("Ignoring the prepared rows an earlier try kept at %s: %d rows, %s says %d.",
+                    folder, cached_rows, CACHE_RECORD, counts["rows_in"])  # fmt: skip
+        return None
+    return PreparedRows(rows, counts["rows_in"], counts["errors"], counts["repeated_ids"], reused=True)
+
+
+def _counts(record: Any, digest: str) -> dict[str, int] | None:  # Any: parsed JSON.
+    """The record's counts when it is a complete record for ``digest``, else None."""
+    if not isinstance(record, dict) or record.get("format") != _RECORD_FORMAT:
+        return None
+    if record.get("input_digest") != digest:
+        return None
+    counts = {key: record.get(key) for key in _COUNT_KEYS}
+    if not all(type(value) is int and value >= 0 for value in counts.values()):
+        return None
+    return counts  # type: ignore[return-value]
+
+
+def write(staging_uri: str, prepared: PreparedRows, digest: str) -> None:
+    """Keep ``prepared`` in the staging for a retry: the Parquet files first, then the record. An
+    empty input keeps nothing (a retry reads it again at no cost)."""
+    record_uri = storage.join(staging_uri, CACHE_RECORD)
+    folder = storage.join(staging_uri, CACHE_FOLDER)
+    try:
+        storage.delete_file(record_uri)  # first: no record ever names a folder being rewritten
+        storage.delete_tree(folder)  # what a try that died while writing left
+        if not prepared.rows_in:
+            return
+        filesystem, path = storage.filesystem(folder)
+        filesystem.create_dir(path, recursive=True)
+        text_columns = prepared.rows.map_batches(_nulls_as_text, batch_format="pyarrow")
+        text_columns.write_parquet(path, filesystem=filesystem)
+        record = {"format": _RECORD_FORMAT, "input_digest": digest}
+        record |= {
+            "rows_in": prepared.rows_in,
+            "errors": prepared.errors,
+            "repeated_ids": prepared.repeated_ids,
+        }
+        storage.write_text(record_uri, json.dumps(record))
+    except Exception as err:  # noqa: BLE001 - only a retry's speed depends on it
+        log.warning("Could not keep the prepared rows for a retry at %s (a retry reads the input "
+                    "again): %s: %s", folder, type(err).__name__, err)  # fmt: skip
+        storage.delete_file(record_uri)
+
+
+def _nulls_as_text(batch: pa.Table) -> pa.Table:
+    """A column that is all null in this block (Arrow's null type) as text, as it is in other blocks:
+    the Parquet files of one folder must agree on their schema to be read back as one dataset."""
+    for index, field in enumerate(batch.schema):
+        if pa.types.is_null(field.type):
+            batch = batch.set_column(index, field.name, batch.column(index).cast(pa.string()))
+    return batch

@@ -1,0 +1,136 @@
+"""The prepared rows a try keeps for a retry (pipeline/read/prepared_cache.py): used only when they are
+certainly this input's, never a torn or stale cache, and read back as written on a real local Ray."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_raybatch.pipeline.read import prepared_cache
+from tests.unit.pipeline.ray_env import run_in_ray_env
+
+DIGEST = "a" * 64
+GOOD = {"format": 1, "input_digest": DIGEST, "rows_in": 10, "errors": 2, "repeated_ids": 1}
+
+
+def test_a_complete_record_for_this_input_gives_its_counts() -> None:
+    assert prepared_cache._counts(GOOD, DIGEST) == {"rows_in": 10, "errors": 2, "repeated_ids": 1}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {**GOOD, "input_digest": "b" * 64},  # another input
+        {**GOOD, "format": 2},  # a later layout
+        {key: value for key, value in GOOD.items() if key != "errors"},
+        {**GOOD, "rows_in": -1},
+        {**GOOD, "rows_in": True},  # JSON true is not a count
+        {**GOOD, "rows_in": 10.0},
+        {**GOOD, "repeated_ids": "1"},
+        {**GOOD, "errors": None},
+        [GOOD],
+        "prepared",
+        None,
+    ],
+)
+def test_any_other_record_is_not_used(record: object) -> None:
+    assert prepared_cache._counts(record, DIGEST) is None
+
+
+def test_the_digest_changes_when_an_input_file_is_rewritten_added_or_removed(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,text\n1,x\n")
+    (folder / "notes.txt").write_text("not read")
+    extensions = ["csv"]
+    first = prepared_cache.input_digest(str(folder), extensions)
+    assert prepared_cache.input_digest(str(folder), extensions) == first
+    (folder / "notes.txt").write_text("a file the job does not read changed")
+    assert prepared_cache.input_digest(str(folder), extensions) == first
+
+    stat = os.stat(folder / "a.csv")
+    os.utime(folder / "a.csv", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    rewritten = prepared_cache.input_digest(str(folder), extensions)  # same size, rewritten later
+    assert rewritten != first
+    (folder / "b.csv").write_text("id,text\n2,y\n")
+    added = prepared_cache.input_digest(str(folder), extensions)
+    assert added not in (first, rewritten)
+    (folder / "b.csv").unlink()
+    assert prepared_cache.input_digest(str(folder), extensions) == rewritten
+    (folder / "a.csv").write_text("id,text\n1,xy\n")  # another size
+    assert prepared_cache.input_digest(str(folder), extensions) != rewritten
+
+
+def test_an_all_null_column_is_written_as_text() -> None:
+    batch = pa.table({"id": ["1", "2"], "error": pa.nulls(2), "prompt": ["p", None]})
+    out = prepared_cache._nulls_as_text(batch)
+    assert out.schema == pa.schema([("id", pa.string()), ("error", pa.string()), ("prompt", pa.string())])
+    assert out.to_pylist() == batch.to_pylist()
+
+
+# address="local": a cluster of its own, never one already running on the machine.
+_ON_RAY = """
+import json, os
+import pyarrow as pa, pyarrow.parquet as pq
+import ray, ray.data
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.read import prepared_cache
+from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
+ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+ray.data.DataContext.get_current().enable_progress_bars = False
+staging = os.environ["STAGING"]
+columns = ("id", "source", "row", "messages", "prompt", "sampling", "request", "error")
+def row(n, error=None):
+    good = error is None
+    return {"id": str(n), "source": f"in.csv:{n + 2}", "row": json.dumps({"n": n, "text": "é\\u2028"}),
+            "messages": json.dumps([{"role": "user", "content": f"row {n}"}]) if good else None,
+            "prompt": None, "sampling": json.dumps({"max_tokens": 4}) if good else None,
+            "request": None, "error": error}
+# Block 1: every row good (its error column is Arrow's null type); block 2: some errors.
+blocks = [[row(n) for n in range(0, 40)], [row(n, "missing id" if n % 3 else None) for n in range(40, 70)]]
+written = [r for block in blocks for r in block]
+dataset = ray.data.from_arrow([pa.Table.from_pylist(block) for block in blocks]).materialize()
+out = {}
+def read(digest):
+    kept = prepared_cache.read(staging, digest)
+    if kept is None:
+        return None
+    return {"rows": sorted(kept.rows.take_all(), key=lambda r: r["source"]), "rows_in": kept.rows_in,
+            "errors": kept.errors, "repeated_ids": kept.repeated_ids, "reused": kept.reused}
+out["before_any_write"] = read("d1")
+# A try that died while writing left Parquet files and no record; a stale file of another input too.
+os.makedirs(f"{staging}/prepared")
+pq.write_table(pa.Table.from_pylist([row(999)]), f"{staging}/prepared/stale.parquet")
+out["torn"] = read("d1")
+prepared_cache.write(staging, PreparedRows(dataset, len(written), 20, 3), "d1")
+out["kept"] = read("d1")
+out["other_input"] = read("d2")
+record = json.load(open(f"{staging}/prepared.json"))
+json.dump({**record, "rows_in": 71}, open(f"{staging}/prepared.json", "w"))
+out["count_mismatch"] = read("d1")
+open(f"{staging}/prepared.json", "w").write("{not json")
+out["unreadable"] = read("d1")
+prepared_cache.write(staging, PreparedRows(dataset.limit(0).materialize(), 0, 0, 0), "d3")
+out["empty"] = read("d3")
+out["written"] = sorted(written, key=lambda r: r["source"])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_kept_rows_are_read_back_as_written_and_never_from_a_torn_or_stale_cache(tmp_path: Path) -> None:
+    staging = tmp_path / "_staging" / "run-1"
+    staging.mkdir(parents=True)
+    out = run_in_ray_env(f"import os; os.environ['STAGING'] = {str(staging)!r}\n" + _ON_RAY)
+    assert out["before_any_write"] is None
+    assert out["torn"] is None, "Parquet files without prepared.json were taken"
+    kept = out["kept"]
+    assert kept["rows"] == out["written"]  # the stale file is gone; every value, nulls included
+    assert (kept["rows_in"], kept["errors"], kept["repeated_ids"], kept["reused"]) == (70, 20, 3, True)
+    assert out["other_input"] is None
+    assert out["count_mismatch"] is None
+    assert out["unreadable"] is None
+    assert out["empty"] is None  # an empty input is read again: nothing to keep
