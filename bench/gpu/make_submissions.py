@@ -19,6 +19,9 @@ Jobs:
   scale-200k-8b          the same on 200,000 rows with the Llama-3.1-8B shape (--shape 8b --tokenizer bpe)
   scale-2m-small-resume  issue 19 item 5: scale-2m-small's spec into its own output folder, plus a
                          ``rerun`` body (try 2: same run key, a new submission id) for after the kill
+  images-100k            issue 19 item 6: 100,000 generated images (bench/gpu/make_images.py, run_gpu.sh's
+                         "images" stage) captioned by the tiny VLM (scripts/make_tiny_vlm.py), four
+                         replicas on the one GPU, as the image-captions example DAG asks
 
 usage: .venvs/airflow/bin/python bench/gpu/make_submissions.py [NAME ... | all]
        (no names: the scale jobs)      -> bench/gpu/jobs/NAME.json
@@ -204,6 +207,41 @@ def scale_submission(
     return _job(name, kwargs, extra, rerun=rerun)
 
 
+TINY_VLM = "/tmp/tiny_vlm"  # scripts/make_tiny_vlm.py, written by run_gpu.sh's "images" stage
+IMAGES = 100_000
+
+
+def image_submission(name: str, rows: int, replicas_per_gpu: int = 4) -> dict[str, Any]:  # Any: JSON.
+    """Issue 19 item 6: the image path at the vision seed's scale, as the image-captions example runs it."""
+    kwargs = {
+        "model": TINY_VLM,
+        "input_uri": f"{DATA}/images-{rows}",
+        "output_uri": f"{OUT}/{name}",
+        "input_format": "parquet",
+        "system_prompt": "You write one-sentence image captions.",
+        "user_template": "Describe this image in one sentence.",
+        "image_column": "image",
+        "image_max_side": 224,
+        "id_column": "image_id",
+        "keep_columns": ["filename"],
+        "sampling_params": {"temperature": 0, "max_tokens": 16},
+        "engine_kwargs": {
+            "max_model_len": 512,
+            "dtype": "bfloat16",
+            "seed": 0,
+            "limit_mm_per_prompt": {"image": 1},
+            "gpu_memory_utilization": round(0.8 / replicas_per_gpu, 3),
+            "kv_cache_memory_bytes": 2 * 2**30,
+        },
+        "concurrency": replicas_per_gpu,
+        "replica_resources": {"GPU": 1 / replicas_per_gpu, "CPU": 1},
+        "batch_size": 64,
+        "max_failed_fraction": 0.01,  # 1 in 500 images is broken on purpose (make_images.py)
+    }
+    extra = {"requests": rows, "workload": "images", "input_rows": rows, "replicas_per_gpu": replicas_per_gpu}
+    return _job(name, kwargs, extra)
+
+
 JOBS = {
     # scale-2: the 20,000 requests on two replicas (a two-GPU machine), against ours-20000's one.
     "ours-2000": lambda: submission("ours-2000", 2000, 1),
@@ -225,6 +263,7 @@ JOBS = {
     "scale-2m-small-resume": lambda: scale_submission(
         "scale-2m-small-resume", 2_000_000, SMALL_MODEL, rerun=True, replicas_per_gpu=4
     ),
+    "images-100k": lambda: image_submission("images-100k", IMAGES),
 }
 SCALE_JOBS = (
     "scale-2m-small",
@@ -234,6 +273,7 @@ SCALE_JOBS = (
     "scale-200k-8b",
     "scale-2m-small-resume",
     "dry-20m",
+    "images-100k",
 )
 
 

@@ -10,6 +10,7 @@
 #   data        the scale jobs' input: the seeds' customers CSV shape, 2,000,000 and 200,000 rows, each in
 #               ONE file (scripts/make_sample_customers.write_customer_files: 1% repeated ids, 0.5% none)
 #   data20m     the dry-20m job's input: 20,000,000 rows in 20 files of 1,000,000 (issue 19 item 2)
+#   images      the images-100k job's input (bench/gpu/make_images.py) and the tiny VLM (issue 19 item 6)
 #   a:NAME      (a) raw vLLM (bench/raw_vllm.py) on the spec of bench/gpu/jobs/NAME.json (a:N: ours-N.json)
 #   b:NAME      (b) our pipeline: the job bench/gpu/jobs/NAME.json through the Ray Jobs API (ours_job.py);
 #               starts the Ray head first if it is not up
@@ -131,6 +132,9 @@ PY
     echo "install done at $(( $(date +%s) - T0 ))s";;
   data)     write_customers 2000000 2000000; write_customers 200000 200000;;  # ONE file each, as the seeds have
   data20m)  write_customers 20000000 1000000;;  # the dry-20m job's input: 20 files of 1,000,000 rows
+  images)   # the images-100k job's input and model: 100,000 images in Parquet files, the tiny VLM
+    python3 "$HERE/make_images.py" /tmp/gpu_data/images-100000 --rows 100000 --rows-per-file 5000 2>&1 | tail -2
+    [ -e /tmp/tiny_vlm/config.json ] || python3 scripts/make_tiny_vlm.py /tmp/tiny_vlm 2>&1 | tail -2;;
   a:*)
     n=${s#a:}; job=bench/gpu/jobs/$n.json; [ -e "$job" ] || job=bench/gpu/jobs/ours-$n.json
     waitgpu; echo "=== a:$n start $(date +%T) ($(left)s left)"
