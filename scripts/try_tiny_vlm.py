@@ -15,6 +15,7 @@ usage: python scripts/try_tiny_vlm.py [MODEL_DIR]   (default /tmp/tiny-vlm, made
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the pipeline package and make_tiny_vlm
 
-ENGINE_KWARGS = {"enforce_eager": True, "max_model_len": 1024, "gpu_memory_utilization": 0.3}
+# RAYBATCH_TRY_EAGER=0: with vLLM's compiled graphs and CUDA graphs (a GPU's default), not eager.
+ENGINE_KWARGS = {
+    "enforce_eager": os.environ.get("RAYBATCH_TRY_EAGER", "1") != "0",
+    "max_model_len": 1024,
+    "gpu_memory_utilization": 0.3,
+}
 PROMPT = "Describe this image in one sentence."
 
 

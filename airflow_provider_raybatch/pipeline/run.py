@@ -154,6 +154,22 @@ def _processor(
     )
 
 
+class EngineStageFailed(RuntimeError):
+    """The engine's dataset stopped: its replicas died more often than they may be restarted, say.
+
+    Rows are never the cause (a row that fails inference is an error row), so the job fails, and a
+    retry resumes from the rows the replicas staged."""
+
+    def __init__(self, cause: BaseException) -> None:
+        first_line = (str(cause).strip().splitlines() or [""])[0][:500]
+        super().__init__(
+            f"The engine stage failed: {type(cause).__name__}: {first_line}. An engine replica that dies "
+            f"is restarted at most {engine.engine_max_restarts()} times ({engine.ENGINE_MAX_RESTARTS_ENV}); "
+            "the replicas' own errors (for example an EngineCore traceback) are in the job's log and in "
+            "the Ray dashboard's actor logs. The rows already generated are staged: a retry resumes."
+        )
+
+
 def _build_while_reading(
     spec: BatchInferenceSpec, model_source: str, parts: PartWriter
 ) -> Future[Any] | None:  # Any: ray.data.llm.Processor.
@@ -287,7 +303,10 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
                 processor = building.result()
             else:
                 processor = _processor(spec, model_source, parts, _fields_to_fill(accepted, spec))
-            reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
+            try:
+                reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
+            except Exception as err:  # not a row's fault: the job fails, saying where to look
+                raise EngineStageFailed(err) from err
             staged_now += _reported_parts(reports)
     finally:
         progress.stop()

@@ -11,6 +11,8 @@
 #               ONE file (scripts/make_sample_customers.write_customer_files: 1% repeated ids, 0.5% none)
 #   data20m     the dry-20m job's input: 20,000,000 rows in 20 files of 1,000,000 (issue 19 item 2)
 #   images      the images-100k job's input (bench/gpu/make_images.py) and the tiny VLM (issue 19 item 6)
+#   vlmsmoke    scripts/try_tiny_vlm.py on the GPU, eager and compiled (the tiny VLM without Ray)
+#   enginetb    the first EngineCore traceback in the Ray session's worker logs, whole, into logs/
 #   a:NAME      (a) raw vLLM (bench/raw_vllm.py) on the spec of bench/gpu/jobs/NAME.json (a:N: ours-N.json)
 #   b:NAME      (b) our pipeline: the job bench/gpu/jobs/NAME.json through the Ray Jobs API (ours_job.py);
 #               starts the Ray head first if it is not up
@@ -131,6 +133,12 @@ print("prompts written")
 PY
     echo "install done at $(( $(date +%s) - T0 ))s";;
   data)     write_customers 2000000 2000000; write_customers 200000 200000;;  # ONE file each, as the seeds have
+  vlmsmoke) # the tiny VLM straight through LLM.generate (no Ray): eager, then with vLLM's graphs
+    for eager in 1 0; do RAYBATCH_TRY_EAGER=$eager timeout 300 python3 scripts/try_tiny_vlm.py /tmp/tiny_vlm > "$L/vlmsmoke-eager$eager.log" 2>&1
+      echo "vlmsmoke eager=$eager rc=$?"; grep -E "Error|error:|tokens|caption|same" "$L/vlmsmoke-eager$eager.log" | cut -c1-300 | tail -6; done;;
+  enginetb) # the first EngineCore traceback of the Ray session, whole (the job log shows its tail)
+    f=$(grep -l "Process EngineCore" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | head -1)
+    [ -n "$f" ] && grep -m1 -A80 "Process EngineCore" "$f" > "$L/engine-traceback.txt"; tail -30 "$L/engine-traceback.txt" 2>/dev/null | cut -c1-250;;
   data20m)  write_customers 20000000 1000000;;  # the dry-20m job's input: 20 files of 1,000,000 rows
   images)   # the images-100k job's input and model: 100,000 images in Parquet files, the tiny VLM
     python3 "$HERE/make_images.py" /tmp/gpu_data/images-100000 --rows 100000 --rows-per-file 5000 2>&1 | tail -2

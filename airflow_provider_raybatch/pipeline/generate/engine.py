@@ -48,6 +48,13 @@ log = logging.getLogger("airflow_provider_raybatch.pipeline")
 FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
 # What the EngineCore process imports before it runs (vllm.v1.engine.core pulls torch and the model
 # executor); "ray": the child re-runs the Ray worker's main module, as a spawned child does.
+#: How many times Ray restarts one engine replica that died before the job fails. Ray Data's own
+#: default is forever: an engine that crashes on every start, or on a batch it is handed again after
+#: each restart (vLLM's "Fatal engine error, exiting actor to trigger restart"), kept the job running
+#: with no row done and nothing said (100,000 images on an H100, 2026-11-26: 10 min, engines crash-
+#: looping). A replica lost to a node or the OOM killer now and then is still restarted.
+ENGINE_MAX_RESTARTS = 3
+ENGINE_MAX_RESTARTS_ENV = "RAYBATCH_ENGINE_MAX_RESTARTS"
 _PRELOAD = ("ray", "vllm.v1.engine.core")
 _ENGINE_STAGE = "vLLMEngineStage"
 _CHAT_TEMPLATE_STAGE = "ChatTemplateStage"
@@ -130,6 +137,7 @@ def use_our_engine_stage(
     from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
 
     for stage in stages:
+        stage.map_batches_kwargs["max_restarts"] = engine_max_restarts()  # the dict itself: no validator
         if stage.fn is RaybatchvLLMEngineStageUDF.__mro__[1]:
             # Not `stage.fn = ...`: the stage validates assignments, and its validator, run twice, loses
             # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
@@ -137,6 +145,16 @@ def use_our_engine_stage(
             stage.fn_constructor_kwargs[COMPILE_CACHE_KWARG] = compile_cache_dir
             stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
     return processor
+
+
+def engine_max_restarts() -> int:
+    """:data:`ENGINE_MAX_RESTARTS`, or the job's ``RAYBATCH_ENGINE_MAX_RESTARTS`` (a whole number >= 0)."""
+    value = os.environ.get(ENGINE_MAX_RESTARTS_ENV, "").strip()
+    if not value:
+        return ENGINE_MAX_RESTARTS
+    if not value.isdigit():
+        raise ValueError(f"{ENGINE_MAX_RESTARTS_ENV}={value!r}: give a whole number of restarts, 0 or more")
+    return int(value)
 
 
 def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LLM stages.
