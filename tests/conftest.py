@@ -63,37 +63,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: The session fixtures that start a real part on a fixed port (the Ray head, Airflow, the S3 server)
-#: or build one (the tiny models). scripts/test.sh runs pytest-xdist with ``--dist loadgroup``: every
-#: test that uses one of them, or is marked ``integration``, goes to one worker, in collection order,
-#: so the parts start once and never twice on the same ports; the unit tests share the other worker.
+#: or build one (the tiny models). A test that uses one of them, or is marked ``integration``, is a
+#: test "on the real parts": those run one at a time, in one process.
 REAL_PARTS = frozenset(
     {"ray_cluster", "ray_connection", "airflow_env", "s3_server", "tiny_model", "tiny_vlm"}
 )
+#: scripts/test.sh runs the tests in two passes: ``unit`` (the rest, in pytest-xdist workers, whose
+#: CPU-bound tests would otherwise slow the real parts' timed waits: a headless Chromium timed out
+#: beside them on the 2-core machine) and then ``real_parts``; unset, one pass runs everything.
+TEST_PART_ENV = "RAYBATCH_TEST_PART"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the test ids
+def on_real_parts(item: pytest.Item) -> bool:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return item.get_closest_marker("integration") is not None or bool(fixtures & REAL_PARTS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m and -k see the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("integration") or fixtures & REAL_PARTS:
-            item.add_marker(pytest.mark.xdist_group("real_parts"))
-
-
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
-def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
-    """Stop before any test when ``--dist loadgroup`` lost the group: the tests on the real parts
-    would then run in both workers at once, on the same ports (pytest-xdist#1386 with pytest 9.2)."""
-    config = getattr(node, "config", None)
-    if config is None or config.getvalue("dist") != "loadgroup":
+    part = os.environ.get(TEST_PART_ENV, "")
+    if part not in ("", "unit", "real_parts"):
+        raise pytest.UsageError(f"{TEST_PART_ENV}={part!r}: use unit, real_parts or leave it unset")
+    if not part:
         return
-    if any(id_.startswith("tests/integration/") for id_ in ids) and not any(
-        id_.endswith("@real_parts") for id_ in ids
-    ):
-        raise pytest.UsageError(
-            "pytest-xdist did not group the tests on the real parts (no test id ends in @real_parts): "
-            "they would run in two workers at once on the same ports. Use a pytest that xdist supports "
-            "(pyproject.toml's test extra) or RAYBATCH_TEST_WORKERS=0."
-        )
+    keep = [item for item in items if on_real_parts(item) == (part == "real_parts")]
+    dropped = [item for item in items if on_real_parts(item) != (part == "real_parts")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
 #: looping). A replica lost to a node or the OOM killer now and then is still restarted.
 ENGINE_MAX_RESTARTS = 3
 ENGINE_MAX_RESTARTS_ENV = "RAYBATCH_ENGINE_MAX_RESTARTS"
+ENGINE_MAX_RESTARTS_LIMIT = 1000
 _PRELOAD = ("ray", "vllm.v1.engine.core")
 _ENGINE_STAGE = "vLLMEngineStage"
 _CHAT_TEMPLATE_STAGE = "ChatTemplateStage"
@@ -152,8 +153,11 @@ def engine_max_restarts() -> int:
     value = os.environ.get(ENGINE_MAX_RESTARTS_ENV, "").strip()
     if not value:
         return ENGINE_MAX_RESTARTS
-    if not value.isdigit():
-        raise ValueError(f"{ENGINE_MAX_RESTARTS_ENV}={value!r}: give a whole number of restarts, 0 or more")
+    if not value.isdigit() or int(value) > ENGINE_MAX_RESTARTS_LIMIT:
+        raise ValueError(
+            f"{ENGINE_MAX_RESTARTS_ENV}={value!r}: give a whole number of restarts, "
+            f"0 to {ENGINE_MAX_RESTARTS_LIMIT}"
+        )
     return int(value)
 
 

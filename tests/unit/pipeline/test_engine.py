@@ -80,6 +80,7 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     monkeypatch.setenv(engine.FORKSERVER_ENV, forkserver)
     stage, other = vLLMEngineStage(), types.SimpleNamespace(fn=RayUDF)
     stage.fn_constructor_kwargs = {"model": "m"}
+    stage.map_batches_kwargs = {"concurrency": (1, 1)}
     processor = types.SimpleNamespace(stages={"vllm_engine_stage": stage, "tokenize_stage": other})
     staging = {"staging_uri": "/out/_staging/k", "spec": "the spec"}
     assert engine.use_our_engine_stage(processor, staging, "/mnt/compile") is processor
@@ -88,6 +89,28 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     assert stage.fn_constructor_kwargs == {
         "model": "m", engine.STAGING_KWARG: staging, engine.COMPILE_CACHE_KWARG: "/mnt/compile",
     }  # fmt: skip
+    # Ray Data restarts a dead replica forever unless told otherwise (map_batches' ray_remote_args).
+    assert stage.map_batches_kwargs == {"concurrency": (1, 1), "max_restarts": engine.ENGINE_MAX_RESTARTS}
+
+
+@pytest.mark.parametrize(("value", "restarts"), [(None, 3), ("", 3), ("0", 0), (" 7 ", 7)])
+def test_the_job_may_set_how_often_a_replica_is_restarted(
+    value: str | None, restarts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if value is None:
+        monkeypatch.delenv(engine.ENGINE_MAX_RESTARTS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(engine.ENGINE_MAX_RESTARTS_ENV, value)
+    assert engine.engine_max_restarts() == restarts
+
+
+@pytest.mark.parametrize("value", ["-1", "forever", "1.5", "3; rm -rf /", "1e9", "1001", "9" * 40])
+def test_a_restart_count_that_is_not_a_whole_number_is_refused_naming_the_setting(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(engine.ENGINE_MAX_RESTARTS_ENV, value)
+    with pytest.raises(ValueError, match=f"{engine.ENGINE_MAX_RESTARTS_ENV}=.*whole number"):
+        engine.engine_max_restarts()
 
 
 def test_a_compile_cache_dir_holds_vllm_s_cache_and_triton_s_kernels() -> None:
