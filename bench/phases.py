@@ -172,7 +172,7 @@ def dataset_executions(logs: str) -> list[dict[str, Any]]:  # Any: JSON values.
         plan = entry.get("plan", "")
         entry["kind"] = (
             "read_kept"
-            if "ReadParquet" in plan
+            if "Parquet" in plan and "ReadBinary" not in plan  # ReadParquet; Ray 2.57: ReadFilesParquetV2
             else "keep_prepared"
             if "_nulls_as_text" in plan
             else "read_prepare"
