@@ -10,6 +10,7 @@ the job checks that the package it found holds that spec.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -35,6 +36,19 @@ def shipped_spec(fingerprint: str) -> BatchInferenceSpec:
     return spec
 
 
+def log_to_the_job_log() -> logging.Handler:
+    """Send the pipeline's INFO lines to the driver's stderr, which Ray keeps as the job's log (shown in
+    the Airflow task's log and the dashboard). Without a handler, Python prints WARNING and above
+    only, so lines such as "Read 2000000 rows ...; 1006417 staged by an earlier try" never showed."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s\t%(levelname)s %(name)s -- %(message)s"))
+    logger = logging.getLogger("airflow_provider_raybatch")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # not again through a handler someone put on the root logger
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m airflow_provider_raybatch.pipeline")
     parser.add_argument(
@@ -43,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"BatchInferenceSpec.fingerprint() of {JOB_MODULE}/{SPEC_FILE}.",
     )
     args = parser.parse_args(argv)
+    log_to_the_job_log()
     spec = shipped_spec(args.spec_fingerprint)
 
     import ray

@@ -184,6 +184,8 @@ def test_killed_job_resumes_exactly_once(
     # so once a part was staged the rerun reads them back instead of the input.
     if kill_after_rows:
         assert manifest["prepared_rows_reused"] is True
+        # ...and says so in the job's log, which the task's log shows (pipeline/__main__.py)
+        assert f"Took the {ROWS} rows an earlier try read and prepared" in hook.get_job_logs(second)
     else:  # stopped before any part: perhaps before the rows were kept
         assert isinstance(manifest["prepared_rows_reused"], bool)
     # The rerun generates exactly the rows not staged, each once.
