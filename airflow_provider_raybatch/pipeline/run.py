@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
-from airflow_provider_raybatch.pipeline.generate import engine, models
-from airflow_provider_raybatch.pipeline.generate.processor import build_llm_processor
+from airflow_provider_raybatch.pipeline.generate import engine, models, ray_internals
+from airflow_provider_raybatch.pipeline.generate.processor import (
+    build_llm_processor,
+    engine_libraries_held_back,
+)
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache, rows
 from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
@@ -250,6 +253,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         # Not ray.init(ignore_reinit_error=True) after __main__'s: even then it installs Ray's SIGTERM
         # handler again, over the one that deletes the job's S3 settings first (pipeline/credentials.py).
         ray.init()
+    with engine_libraries_held_back():  # the stage modules import vLLM and torch at their top
+        ray_internals.check_ray_internals(ray.__version__)  # before any row: fails the job at start
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):

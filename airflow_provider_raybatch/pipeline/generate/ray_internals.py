@@ -1,0 +1,77 @@
+"""The Ray Data LLM internals the pipeline builds on, checked when a job starts.
+
+Our engine stage subclasses Ray's ``vLLMEngineStageUDF`` and calls into its engine wrapper
+(:mod:`.engine_actor`), our chat-template stage subclasses ``ChatTemplateUDF``
+(:mod:`..prompt.chat_template`), the dry run tokenizes with ``TokenizeUDF``, the driver swaps stage
+UDFs by the stages' class names and fields (:func:`.engine.use_our_engine_stage`) and patches
+``download_model_files`` while it builds (:mod:`.processor`). None of that is Ray's public API, so a
+Ray release may rename or reshape it. Checked before a single row is read, such a change fails the
+job at once, naming the Ray version and what changed, instead of in a replica minutes later, or
+worse, by our engine stage being skipped without a word.
+
+The same names are in Ray 2.57.0, 2.58.0 and 2.60.0 (compared from their released packages).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+
+_STAGES = "ray.llm._internal.batch.stages"
+#: module -> {name in it: attributes the class must have}
+REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
+    f"{_STAGES}.vllm_engine_stage": {
+        "vLLMEngineStage": (),
+        "vLLMEngineStageUDF": ("__init__", "udf", "normalize_engine_kwargs", "IDX_IN_BATCH_COLUMN"),
+        "vLLMEngineWrapper": ("_prepare_llm_request", "_generate_async", "generate_async"),
+        "vLLMOutputData": ("from_vllm_engine_output",),
+        "_convert_logprob_dict": (),
+    },
+    f"{_STAGES}.chat_template_stage": {"ChatTemplateStage": (), "ChatTemplateUDF": ("udf",)},
+    f"{_STAGES}.tokenize_stage": {"TokenizeUDF": ()},
+    f"{_STAGES}.base": {"StatefulStage": ("fn", "fn_constructor_kwargs", "map_batches_kwargs")},
+    "ray.llm._internal.common.utils.download_utils": {"download_model_files": ()},
+}
+
+
+class RayInternalsChanged(RuntimeError):
+    """This Ray release lacks or reshaped Ray Data LLM internals the pipeline builds on."""
+
+
+def missing_internals(import_module: Callable[[str], ModuleType] = importlib.import_module) -> list[str]:
+    """The dotted names of :data:`REQUIRED` this Ray lacks (empty when all are there)."""
+    missing = []
+    for module_name, names in REQUIRED.items():
+        try:
+            module = import_module(module_name)
+        except ImportError as err:
+            missing.append(f"{module_name} ({err})")
+            continue
+        for name, attributes in names.items():
+            owner = getattr(module, name, None)
+            if owner is None:
+                missing.append(f"{module_name}.{name}")
+                continue
+            fields = getattr(owner, "model_fields", {})  # a pydantic model's fields are not attributes
+            missing += [
+                f"{module_name}.{name}.{attribute}"
+                for attribute in attributes
+                if not hasattr(owner, attribute) and attribute not in fields
+            ]
+    return missing
+
+
+def check_ray_internals(ray_version: str, import_module: Callable[[str], ModuleType] | None = None) -> None:
+    """Raise :class:`RayInternalsChanged` naming ``ray_version`` and what is missing, if anything is.
+
+    In the driver, call it while :func:`.processor.engine_libraries_held_back` holds vLLM back (the
+    stage modules import torch and vLLM at the top).
+    """
+    missing = missing_internals(import_module or importlib.import_module)
+    if missing:
+        raise RayInternalsChanged(
+            f"Ray {ray_version}: the Ray Data LLM internals this provider builds on changed, so the job "
+            f"stops before reading any row. Missing: {', '.join(missing)}. Run the cluster on a Ray "
+            "release this provider supports (its 'cluster' extra), or upgrade the provider."
+        )
