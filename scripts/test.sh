@@ -33,6 +33,7 @@ export RAYBATCH_TEST_INSTALL
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=25)
 set +e
 RAYBATCH_TEST_PART=unit "${PYTEST[@]}" -n "${RAYBATCH_TEST_WORKERS:-2}" "$@"; unit=$?
+if [ "$unit" = 2 ] || [ "$unit" = 3 ] || [ "$unit" = 4 ]; then exit "$unit"; fi  # interrupted, internal or usage error
 RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" "$@"; real=$?
 set -e
 echo "scripts/test.sh: unit tests exit $unit, tests on the real parts exit $real (5: none selected)"

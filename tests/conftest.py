@@ -46,6 +46,7 @@ def site_packages() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _refuse_workers_on_the_real_parts(config)
     """In wheel mode, stop before collecting anything when the provider would not come from site-packages.
 
     pytest run from the repository root (``python -m pytest`` puts the cwd first on sys.path) imports
@@ -77,6 +78,17 @@ TEST_PART_ENV = "RAYBATCH_TEST_PART"
 def on_real_parts(item: pytest.Item) -> bool:
     fixtures = set(getattr(item, "fixturenames", ()))
     return item.get_closest_marker("integration") is not None or bool(fixtures & REAL_PARTS)
+
+
+def _refuse_workers_on_the_real_parts(config: pytest.Config) -> None:
+    """The real parts listen on fixed ports: two workers would each start them (``-n`` meant for the
+    unit tests, passed through scripts/test.sh to both passes)."""
+    workers = getattr(config.option, "numprocesses", None)
+    if os.environ.get(TEST_PART_ENV) == "real_parts" and workers not in (None, 0, "0"):
+        raise pytest.UsageError(
+            f"The tests on the real parts run in one process (fixed ports), not with -n {workers}: "
+            "scripts/test.sh gives the unit tests RAYBATCH_TEST_WORKERS workers."
+        )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m and -k see the items

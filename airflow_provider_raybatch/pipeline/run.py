@@ -95,9 +95,9 @@ def _prepared_rows_kept_for_retries(spec: BatchInferenceSpec, layout: storage.Ou
         return kept
     prepared = _prepared_rows(spec)
     clock = time.perf_counter()
-    prepared_cache.write(layout.staging_uri, prepared, digest)
-    log.info("Kept the %d prepared rows in the staging for a retry (%.1f s).", prepared.rows_in,
-             time.perf_counter() - clock)  # fmt: skip
+    if prepared_cache.write(layout.staging_uri, prepared, digest):
+        log.info("Kept the %d prepared rows in the staging for a retry (%.1f s).", prepared.rows_in,
+                 time.perf_counter() - clock)  # fmt: skip
     return prepared
 
 
@@ -158,18 +158,17 @@ def _processor(
 
 
 class EngineStageFailed(RuntimeError):
-    """The engine's dataset stopped: its replicas died more often than they may be restarted, say.
-
-    Rows are never the cause (a row that fails inference is an error row), so the job fails, and a
-    retry resumes from the rows the replicas staged."""
+    """The engine's dataset stopped: its replicas died more often than they may be restarted, say, or a
+    stage of Ray Data LLM failed as a whole. A row that fails inference is an error row, not this; an
+    engine that crashes on a row does fail here, and again on a retry: its traceback says which."""
 
     def __init__(self, cause: BaseException) -> None:
         first_line = (str(cause).strip().splitlines() or [""])[0][:500]
         super().__init__(
-            f"The engine stage failed: {type(cause).__name__}: {first_line}. An engine replica that dies "
-            f"is restarted at most {engine.engine_max_restarts()} times ({engine.ENGINE_MAX_RESTARTS_ENV}); "
-            "the replicas' own errors (for example an EngineCore traceback) are in the job's log and in "
-            "the Ray dashboard's actor logs. The rows already generated are staged: a retry resumes."
+            f"The engine stage failed: {type(cause).__name__}: {first_line}. If engine replicas died: each "
+            f"is restarted at most {engine.engine_max_restarts()} times ({engine.ENGINE_MAX_RESTARTS_ENV}), "
+            "and their own errors (for example an EngineCore traceback) are in the job's log and in the "
+            "Ray dashboard's actor logs. The rows already generated are staged: a retry resumes from them."
         )
 
 
@@ -254,7 +253,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         # handler again, over the one that deletes the job's S3 settings first (pipeline/credentials.py).
         ray.init()
     with engine_libraries_held_back():  # the stage modules import vLLM and torch at their top
-        ray_internals.check_ray_internals(ray.__version__)  # before any row: fails the job at start
+        # Before any row: fails the job at start. A dry run uses the prompt stages only.
+        ray_internals.check_ray_internals(ray.__version__, dry_run=spec.dry_run)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):

@@ -35,17 +35,31 @@ REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+#: What a dry run uses (pipeline/dry_run.py): the prompt stages, not the engine's.
+DRY_RUN_MODULES = (f"{_STAGES}.chat_template_stage", f"{_STAGES}.tokenize_stage", f"{_STAGES}.base")
+
+
 class RayInternalsChanged(RuntimeError):
     """This Ray release lacks or reshaped Ray Data LLM internals the pipeline builds on."""
 
 
-def missing_internals(import_module: Callable[[str], ModuleType] = importlib.import_module) -> list[str]:
-    """The dotted names of :data:`REQUIRED` this Ray lacks (empty when all are there)."""
+def missing_internals(
+    import_module: Callable[[str], ModuleType] = importlib.import_module, dry_run: bool = False
+) -> list[str]:
+    """The dotted names of :data:`REQUIRED` this Ray lacks (empty when all are there).
+
+    :raises ImportError: a module of Ray's that is there could not import a library it needs (torch,
+        say): not a change of Ray's, so not reported as one.
+    """
     missing = []
     for module_name, names in REQUIRED.items():
+        if dry_run and module_name not in DRY_RUN_MODULES:
+            continue
         try:
             module = import_module(module_name)
         except ImportError as err:
+            if err.name and not (err.name == module_name or module_name.startswith(f"{err.name}.")):
+                raise  # a library Ray's module needs is missing on this node
             missing.append(f"{module_name} ({err})")
             continue
         for name, attributes in names.items():
@@ -62,13 +76,15 @@ def missing_internals(import_module: Callable[[str], ModuleType] = importlib.imp
     return missing
 
 
-def check_ray_internals(ray_version: str, import_module: Callable[[str], ModuleType] | None = None) -> None:
+def check_ray_internals(
+    ray_version: str, import_module: Callable[[str], ModuleType] | None = None, dry_run: bool = False
+) -> None:
     """Raise :class:`RayInternalsChanged` naming ``ray_version`` and what is missing, if anything is.
 
     In the driver, call it while :func:`.processor.engine_libraries_held_back` holds vLLM back (the
-    stage modules import torch and vLLM at the top).
+    stage modules import torch and vLLM at the top). ``dry_run``: only what a dry run uses.
     """
-    missing = missing_internals(import_module or importlib.import_module)
+    missing = missing_internals(import_module or importlib.import_module, dry_run=dry_run)
     if missing:
         raise RayInternalsChanged(
             f"Ray {ray_version}: the Ray Data LLM internals this provider builds on changed, so the job "

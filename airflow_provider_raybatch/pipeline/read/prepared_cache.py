@@ -86,13 +86,16 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
         return None
     counts = _counts(record, digest)
     if counts is None or counts["rows_in"] == 0:
-        log.info("The prepared rows an earlier try kept are for other input files; reading the input.")
+        log.info("The prepared rows an earlier try kept are not for these input files (or not a whole "
+                 "record); reading the input.")  # fmt: skip
         return None
     folder = storage.join(staging_uri, CACHE_FOLDER)
     filesystem, path = storage.filesystem(folder)
     try:
-        rows = ray.data.read_parquet(path, filesystem=filesystem)
-        cached_rows = rows.count()  # from the Parquet footers: no row is read
+        # Read here, whole: a file that cannot be read falls back to the input now, not later in the
+        # engine's dataset, where it would fail every retry the same way.
+        rows = ray.data.read_parquet(path, filesystem=filesystem).materialize()
+        cached_rows = rows.count()
     except Exception as err:  # noqa: BLE001 - a cache that cannot be read is read again from the input
         log.warning("Ignoring the prepared rows an earlier try kept at %s: %s", folder, err)
         return None
@@ -115,16 +118,16 @@ def _counts(record: Any, digest: str) -> dict[str, int] | None:  # Any: parsed J
     return counts  # type: ignore[return-value]
 
 
-def write(staging_uri: str, prepared: PreparedRows, digest: str) -> None:
+def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:
     """Keep ``prepared`` in the staging for a retry: the Parquet files first, then the record. An
-    empty input keeps nothing (a retry reads it again at no cost)."""
+    empty input keeps nothing (a retry reads it again at no cost). Returns whether they were kept."""
     record_uri = storage.join(staging_uri, CACHE_RECORD)
     folder = storage.join(staging_uri, CACHE_FOLDER)
     try:
         storage.delete_file(record_uri)  # first: no record ever names a folder being rewritten
         storage.delete_tree(folder)  # what a try that died while writing left
         if not prepared.rows_in:
-            return
+            return False
         filesystem, path = storage.filesystem(folder)
         filesystem.create_dir(path, recursive=True)
         text_columns = prepared.rows.map_batches(_nulls_as_text, batch_format="pyarrow")
@@ -140,6 +143,8 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str) -> None:
         log.warning("Could not keep the prepared rows for a retry at %s (a retry reads the input "
                     "again): %s: %s", folder, type(err).__name__, err)  # fmt: skip
         storage.delete_file(record_uri)
+        return False
+    return True
 
 
 def _nulls_as_text(batch: pa.Table) -> pa.Table:

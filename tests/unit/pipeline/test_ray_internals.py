@@ -53,6 +53,23 @@ def test_a_renamed_class_a_lost_method_and_a_moved_module_are_named_with_the_ray
     assert "before reading any row" in message
 
 
+def test_a_library_missing_on_the_node_is_not_reported_as_a_change_of_ray_s() -> None:
+    def import_module(name: str) -> types.ModuleType:
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    with pytest.raises(ModuleNotFoundError, match="torch"):
+        ray_internals.check_ray_internals("2.60.0", import_module)
+
+
+def test_a_dry_run_needs_only_the_prompt_stages() -> None:
+    modules, import_module = _modules_with(
+        drop="ray.llm._internal.batch.stages.vllm_engine_stage.vLLMEngineStageUDF"
+    )
+    ray_internals.check_ray_internals("2.60.0", import_module, dry_run=True)
+    with pytest.raises(ray_internals.RayInternalsChanged, match="vLLMEngineStageUDF"):
+        ray_internals.check_ray_internals("2.60.0", import_module)
+
+
 _ON_RAY = """
 import json, sys
 import ray
