@@ -95,7 +95,9 @@ def _prepared_rows_kept_for_retries(spec: BatchInferenceSpec, layout: storage.Ou
         return kept
     prepared = _prepared_rows(spec)
     clock = time.perf_counter()
-    if prepared_cache.write(layout.staging_uri, prepared, digest):
+    if prepared_cache.worth_keeping(prepared.rows_in) and prepared_cache.write(
+        layout.staging_uri, prepared, digest
+    ):
         log.info("Kept the %d prepared rows in the staging for a retry (%.1f s).", prepared.rows_in,
                  time.perf_counter() - clock)  # fmt: skip
     return prepared

@@ -24,6 +24,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook, _Request
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.pipeline.read.prepared_cache import KEEP_MIN_ROWS_ENV
 from airflow_provider_raybatch.pipeline.stage.replica_staging import TRACE_ROWS_ENV
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
 
@@ -39,7 +40,8 @@ IN_FLIGHT_BATCHES = 8
 def _params(model: Path, input_uri: str, output_uri: str, trace: Path | None = None) -> dict:
     return dict(
         # Each replica lists the rows its engine finishes (written through: a kill keeps the list).
-        runtime_env={"env_vars": {TRACE_ROWS_ENV: str(trace)}} if trace else {},
+        # ...and keeps its 400 prepared rows for a retry (a real job keeps 20,000 and more).
+        runtime_env={"env_vars": {TRACE_ROWS_ENV: str(trace), KEEP_MIN_ROWS_ENV: "0"}} if trace else {},
         model=str(model),
         input_uri=input_uri,
         output_uri=output_uri,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
+#: Below this many rows a try keeps nothing: preparing them again costs a retry a second or two, about
+#: what writing them costs every first try. ``RAYBATCH_KEEP_PREPARED_MIN_ROWS`` in the job's
+#: environment changes it (the tests keep 400 rows).
+KEEP_MIN_ROWS = 20_000
+KEEP_MIN_ROWS_ENV = "RAYBATCH_KEEP_PREPARED_MIN_ROWS"
 CACHE_FOLDER = "prepared"
 CACHE_RECORD = "prepared.json"
 _RECORD_FORMAT = 1
@@ -116,6 +122,13 @@ def _counts(record: Any, digest: str) -> dict[str, int] | None:  # Any: parsed J
     if not all(type(value) is int and value >= 0 for value in counts.values()):
         return None
     return counts  # type: ignore[return-value]
+
+
+def worth_keeping(rows_in: int) -> bool:
+    """Whether a try of ``rows_in`` rows keeps them for a retry (:data:`KEEP_MIN_ROWS`)."""
+    value = os.environ.get(KEEP_MIN_ROWS_ENV, "").strip()
+    minimum = int(value) if value.isdigit() else KEEP_MIN_ROWS
+    return rows_in > 0 and rows_in >= minimum
 
 
 def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:

@@ -64,6 +64,20 @@ def test_the_digest_changes_when_an_input_file_is_rewritten_added_or_removed(tmp
     assert prepared_cache.input_digest(str(folder), extensions) != rewritten
 
 
+@pytest.mark.parametrize(
+    ("setting", "rows", "kept"),
+    [(None, 19_999, False), (None, 20_000, True), ("0", 1, True), ("0", 0, False), ("oops", 25_000, True)],
+)
+def test_small_inputs_are_not_kept(
+    setting: str | None, rows: int, kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if setting is None:
+        monkeypatch.delenv(prepared_cache.KEEP_MIN_ROWS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(prepared_cache.KEEP_MIN_ROWS_ENV, setting)
+    assert prepared_cache.worth_keeping(rows) is kept
+
+
 def test_an_all_null_column_is_written_as_text() -> None:
     batch = pa.table({"id": ["1", "2"], "error": pa.nulls(2), "prompt": ["p", None]})
     out = prepared_cache._nulls_as_text(batch)
