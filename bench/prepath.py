@@ -1,8 +1,8 @@
 """The pre-engine path at scale: a dry run (``dry_run=True``) over N generated customer rows.
 
 Everything a real run does before the engine: read the CSV files, prepare each row, find duplicate
-ids (above 1,000,000 rows with Ray Data's groupby, pipeline/read/dedupe.py), render every prompt with the
-model's chat template and count its tokens. The input is the seeds' customers CSV shape
+ids (above 1,000,000 rows in hash partitions on the cluster, pipeline/read/dedupe.py), render every
+prompt with the model's chat template and count its tokens. The input is the seeds' customers CSV shape
 (scripts/make_sample_customers.py) in files of ``--rows-per-file`` rows, with 1% of the rows
 repeating an earlier Customer Id and 0.5% without one; the prompt is the example DAG's
 company-industry prompt.

@@ -1,6 +1,6 @@
 """A dry run over many generated customer rows, as a real Ray job: the pre-engine path at a size CI affords.
 
-The shuffle path of duplicate detection (Ray Data's groupby, taken above 1,000,000 rows) is forced on
+The cluster path of duplicate detection (hash partitions of the ids, taken above 1,000,000 rows) is forced on
 with ``RAYBATCH_DRIVER_SCAN_MAX_ROWS``; bench/prepath.py runs the same at 20,000,000 rows.
 """
 
@@ -44,7 +44,7 @@ def test_a_dry_run_of_many_rows_counts_every_row_once_and_commits_nothing(
         input_format="csv", system_prompt="You classify companies by industry. Answer with the label only.",
         user_template="What industry is this company in: {Company}", id_column="Customer Id",
         sampling_params={"temperature": 0, "max_tokens": 16}, dry_run=True, dry_run_rows_per_second=250.0,
-        runtime_env={"env_vars": {"RAYBATCH_DRIVER_SCAN_MAX_ROWS": "1000"}},  # Ray Data's groupby
+        runtime_env={"env_vars": {"RAYBATCH_DRIVER_SCAN_MAX_ROWS": "1000"}},  # the cluster's hash partitions
     )  # fmt: skip
     job_id = submit_pipeline(operator, "scale", f"dry-scale-{uuid.uuid4().hex[:8]}")
     hook = RayHook()

@@ -70,7 +70,8 @@ if st is not None:
             (r["id"], r["source"], r["error"]) for r in rows
         )
         assert errors == sum(r["error"] is not None for r in rows)
-        for first_sources in (dedupe.first_sources_table(first), _grouped_in_arrow(table)):
+        partitioned = dedupe.repeated_ids_in_partition(dedupe._order_keys_of_good_rows(table))
+        for first_sources in (dedupe.first_sources_table(first), _grouped_in_arrow(table), partitioned):
             assert dict(zip(*first_sources.to_pydict().values(), strict=True)) == first
             marked = []
             for start in range(0, max(len(rows), 1), batch_rows):
@@ -120,7 +121,11 @@ for file in ("b.csv", "a.jsonl", "c.csv"):
 random.shuffle(rows)
 prepared = ray.data.from_items(rows, override_num_blocks=12).materialize()
 results = {}
-for name, limit in (("driver", 10**9), ("cluster", 0)):
+dedupe.ROWS_PER_PARTITION = 700  # ~12 hash partitions, so an id's copies must meet across blocks
+sort_shuffle = ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+for name, limit in (("driver", 10**9), ("cluster", 0), ("cluster_sort_shuffle", 0)):
+    if name == "cluster_sort_shuffle":  # a job that chose a sort shuffle takes Ray Data's groupby
+        ray.data.DataContext.get_current().shuffle_strategy = sort_shuffle
     first, errors = dedupe.find_first_sources(prepared, len(rows), driver_scan_max_rows=limit)
     marked = dedupe.mark_duplicates(prepared, first)
     staged = [r["source"] for r in rows[:4000]]
@@ -137,15 +142,16 @@ print(json.dumps({"results": results, "reference": reference, "ref_errors": ref_
 
 @pytest.mark.timeout(300)
 def test_the_driver_scan_and_the_cluster_shuffle_find_the_same_duplicates_on_ray() -> None:
-    """9,000 rows in 12 blocks, ~3,000 repeated ids across three files: Ray Data's groupby path (taken
-    above DRIVER_SCAN_MAX_ROWS) and the driver's scan agree with the reference, and resume keeps the rest."""
+    """9,000 rows in 12 blocks, ~3,000 repeated ids across three files: the cluster's hash partitions
+    (taken above DRIVER_SCAN_MAX_ROWS), Ray Data's groupby (under a sort shuffle) and the driver's scan
+    agree with the reference, and resume keeps the rest."""
     out = run_in_ray_env(_ON_RAY)
     driver, cluster = out["results"]["driver"], out["results"]["cluster"]
     assert len(out["reference"]) > 1000
-    for result in (driver, cluster):
+    for result in (driver, cluster, out["results"]["cluster_sort_shuffle"]):
         assert result["first"] == out["reference"]
         assert result["errors"] == out["ref_errors"]
         assert result["todo"] == sorted(set(out["sources"]) - set(out["staged"]))
-    assert driver["marked"] == cluster["marked"]
+    assert driver["marked"] == cluster["marked"] == out["results"]["cluster_sort_shuffle"]["marked"]
     reasons = [error for _, error in driver["marked"] if error and error.startswith("duplicate id")]
     assert len(reasons) == 9000 - out["ref_errors"] - len({s for s, e in driver["marked"] if e is None})
