@@ -43,6 +43,8 @@ from collections.abc import Callable, Mapping
 from multiprocessing import context as mp_context
 from typing import Any
 
+from airflow_provider_raybatch.pipeline import job_settings
+
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
@@ -150,15 +152,7 @@ def use_our_engine_stage(
 
 def engine_max_restarts() -> int:
     """:data:`ENGINE_MAX_RESTARTS`, or the job's ``RAYBATCH_ENGINE_MAX_RESTARTS`` (a whole number >= 0)."""
-    value = os.environ.get(ENGINE_MAX_RESTARTS_ENV, "").strip()
-    if not value:
-        return ENGINE_MAX_RESTARTS
-    if not value.isdigit() or int(value) > ENGINE_MAX_RESTARTS_LIMIT:
-        raise ValueError(
-            f"{ENGINE_MAX_RESTARTS_ENV}={value!r}: give a whole number of restarts, "
-            f"0 to {ENGINE_MAX_RESTARTS_LIMIT}"
-        )
-    return int(value)
+    return job_settings.whole_number(ENGINE_MAX_RESTARTS_ENV, ENGINE_MAX_RESTARTS, ENGINE_MAX_RESTARTS_LIMIT)
 
 
 def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LLM stages.

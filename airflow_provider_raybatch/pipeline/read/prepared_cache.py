@@ -27,13 +27,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline import job_settings, storage
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -126,8 +125,7 @@ def _counts(record: Any, digest: str) -> dict[str, int] | None:  # Any: parsed J
 
 def worth_keeping(rows_in: int) -> bool:
     """Whether a try of ``rows_in`` rows keeps them for a retry (:data:`KEEP_MIN_ROWS`)."""
-    value = os.environ.get(KEEP_MIN_ROWS_ENV, "").strip()
-    minimum = int(value) if value.isdigit() else KEEP_MIN_ROWS
+    minimum = job_settings.whole_number(KEEP_MIN_ROWS_ENV, KEEP_MIN_ROWS, maximum=10**12)
     return rows_in > 0 and rows_in >= minimum
 
 

@@ -66,7 +66,7 @@ def test_the_digest_changes_when_an_input_file_is_rewritten_added_or_removed(tmp
 
 @pytest.mark.parametrize(
     ("setting", "rows", "kept"),
-    [(None, 19_999, False), (None, 20_000, True), ("0", 1, True), ("0", 0, False), ("oops", 25_000, True)],
+    [(None, 19_999, False), (None, 20_000, True), ("0", 1, True), ("0", 0, False), (" 5 ", 5, True)],
 )
 def test_small_inputs_are_not_kept(
     setting: str | None, rows: int, kept: bool, monkeypatch: pytest.MonkeyPatch
@@ -76,6 +76,15 @@ def test_small_inputs_are_not_kept(
     else:
         monkeypatch.setenv(prepared_cache.KEEP_MIN_ROWS_ENV, setting)
     assert prepared_cache.worth_keeping(rows) is kept
+
+
+@pytest.mark.parametrize("value", ["oops", "-1", "2.5", "1e6", "٣", "9" * 40])
+def test_a_keep_threshold_that_is_not_a_whole_number_is_refused_naming_the_setting(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(prepared_cache.KEEP_MIN_ROWS_ENV, value)
+    with pytest.raises(ValueError, match=f"{prepared_cache.KEEP_MIN_ROWS_ENV}=.*whole number"):
+        prepared_cache.worth_keeping(25_000)
 
 
 def test_an_all_null_column_is_written_as_text() -> None:
