@@ -212,10 +212,10 @@ IMAGES = 100_000
 
 
 def image_submission(
-    name: str, rows: int, replicas_per_gpu: int = 4, eager: bool = False
+    name: str, rows: int, replicas_per_gpu: int = 4, eager: bool = False, env_vars: dict[str, str] | None = None
 ) -> dict[str, Any]:  # Any: JSON.
     """Issue 19 item 6: the image path at the vision seed's scale, as the image-captions example runs it."""
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "model": TINY_VLM,
         "input_uri": f"{DATA}/images-{rows}",
         "output_uri": f"{OUT}/{name}",
@@ -241,6 +241,8 @@ def image_submission(
         "batch_size": 64,
         "max_failed_fraction": 0.01,  # 1 in 500 images is broken on purpose (make_images.py)
     }
+    if env_vars:
+        kwargs["runtime_env"] = {"env_vars": env_vars}
     extra = {"requests": rows, "workload": "images", "input_rows": rows, "replicas_per_gpu": replicas_per_gpu}
     return _job(name, kwargs, extra)
 
@@ -270,6 +272,11 @@ JOBS = {
     # The same without compiled or CUDA graphs: images-100k's EngineCores crashed in the vision tower
     # on vLLM 0.25.1 (RESULTS 7f).
     "images-100k-eager": lambda: image_submission("images-100k-eager", IMAGES, eager=True),
+    # The same on vLLM's previous GPU model runner: the crash is in the new runner's encoder path
+    # (v1/worker/gpu/mm/encoder_runner.py), which VLLM_USE_V2_MODEL_RUNNER=0 leaves out.
+    "images-100k-v1": lambda: image_submission(
+        "images-100k-v1", IMAGES, env_vars={"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    ),
 }
 SCALE_JOBS = (
     "scale-2m-small",
@@ -281,6 +288,7 @@ SCALE_JOBS = (
     "dry-20m",
     "images-100k",
     "images-100k-eager",
+    "images-100k-v1",
 )
 
 
