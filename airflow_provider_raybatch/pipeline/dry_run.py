@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from airflow_provider_raybatch.manifest import (
     DRY_RUN_STATUS,
@@ -118,7 +119,7 @@ class PromptTokenCounter:
 
         summary = TokenSummary()
         texts: list[str] = []
-        for row in batch.to_pylist():
+        for row in batch.filter(pc.is_null(batch["error"])).to_pylist():  # failed rows: reasons_in_batch
             request = row_steps.engine_request(row, with_images=False)
             prompt = request.get("prompt")
             if request.get("messages") is not None:
@@ -155,9 +156,10 @@ def _model_max_len(model_source: str) -> int | None:
 
 
 def reasons_in_batch(batch: pa.Table) -> pa.Table:
-    """A batch of rows that failed before the engine, as one summary row of their reason kinds."""
+    """The rows of a batch that failed before the engine, as one summary row of their reason kinds."""
     summary = TokenSummary()
-    summary.reasons.update(reason_kind(error) for error in batch["error"].to_pylist())
+    errors = pc.drop_null(batch["error"]).to_pylist()
+    summary.reasons.update(reason_kind(error) for error in errors)
     return summary.as_table()
 
 
@@ -194,10 +196,8 @@ def run_dry(
     """Count, render and tokenize the prepared (validated, deduped) rows; write and return the manifest."""
     import ray
 
-    accepted = prepared.filter(lambda row: row["error"] is None)
-    rejected = prepared.filter(lambda row: row["error"] is not None)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    counted = accepted.map_batches(
+    counted = prepared.map_batches(  # good rows only: the counter drops the failed ones per batch
         PromptTokenCounter,
         fn_constructor_kwargs={
             "model_source": model_source,
@@ -208,7 +208,7 @@ def run_dry(
         concurrency=(1, cpus),
     )
     total = _total(counted)
-    total.add(_total(rejected.map_batches(reasons_in_batch, batch_format="pyarrow")))
+    total.add(_total(prepared.map_batches(reasons_in_batch, batch_format="pyarrow")))
     rows_failed = sum(total.reasons.values())
     if total.rows + rows_failed != rows_in:
         raise RuntimeError(f"dry run counted {total.rows} good and {rows_failed} failed rows of {rows_in}")

@@ -72,13 +72,16 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
 
 
 def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
-    """Every input row read, prepared and, where its id repeats, marked a duplicate (materialized)."""
+    """Every input row read and prepared (materialized) and, where its id repeats, marked a duplicate."""
     prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
     first_sources, errors = dedupe.find_first_sources(prepared, rows_in)
     repeated_ids = first_sources.num_rows
     if repeated_ids:
-        prepared = dedupe.mark_duplicates(prepared, first_sources).materialize()
+        # Not materialized: each later pass marks its batches again (vectorized, seconds at 20M rows),
+        # where a materialized copy would hold every prepared row twice (20M rows on a 2-core machine
+        # filled the object store and its spill disk, 2026-11-26).
+        prepared = dedupe.mark_duplicates(prepared, first_sources)
     return PreparedRows(prepared, rows_in, errors, repeated_ids)
 
 
