@@ -212,7 +212,11 @@ IMAGES = 100_000
 
 
 def image_submission(
-    name: str, rows: int, replicas_per_gpu: int = 4, eager: bool = False, env_vars: dict[str, str] | None = None
+    name: str,
+    rows: int,
+    replicas_per_gpu: int = 4,
+    eager: bool = False,
+    env_vars: dict[str, str] | None = None,
 ) -> dict[str, Any]:  # Any: JSON.
     """Issue 19 item 6: the image path at the vision seed's scale, as the image-captions example runs it."""
     kwargs: dict[str, Any] = {
