@@ -366,9 +366,10 @@ def ours_result(
             if t.get("RUNNING") and t.get("FINISHED") and t is not engine
         },
         "rows": manifest["rows_in"],
-        "tokens_in": manifest["tokens_in"],
-        "tokens_out": manifest["tokens_out"],
-        "manifest_wall_seconds": manifest["wall_seconds"],
+        # A dry run's manifest has prompt tokens and no output or wall (pipeline/dry_run.py).
+        "tokens_in": manifest.get("tokens_in", manifest.get("prompt_tokens")),
+        "tokens_out": manifest.get("tokens_out", 0),
+        "manifest_wall_seconds": manifest.get("wall_seconds"),
         "parts": len(parts),
     }
     if engine.get("RUNNING") and engine_ready:

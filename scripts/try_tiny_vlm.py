@@ -28,6 +28,9 @@ ENGINE_KWARGS = {
     "enforce_eager": os.environ.get("RAYBATCH_TRY_EAGER", "1") != "0",
     "max_model_len": 1024,
     "gpu_memory_utilization": 0.3,
+    # RAYBATCH_TRY_SKIP_MM_PROFILING=1: no dummy images through the vision tower at start-up (vLLM
+    # 0.25.1 crashed there on this model's GPU path, RESULTS 7f).
+    "skip_mm_profiling": os.environ.get("RAYBATCH_TRY_SKIP_MM_PROFILING", "0") == "1",
 }
 PROMPT = "Describe this image in one sentence."
 

@@ -208,8 +208,10 @@ def scale_extras(
     manifest: dict[str, Any] | None,  # Any: JSON values.
 ) -> dict[str, Any]:  # Any: JSON values.
     output = Path(job["spec"]["output_uri"])
-    manifest_path = output / "manifest.json"
-    manifest_mtime = manifest_path.stat().st_mtime if manifest_path.exists() else None
+    try:
+        manifest_mtime: float | None = _manifest_mtime(job)  # the committed one or a dry run's
+    except FileNotFoundError:
+        manifest_mtime = None
     report_mtime = None
     if manifest and manifest.get("version"):
         report = output / "versions" / manifest["version"] / "report.html"

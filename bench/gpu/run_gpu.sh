@@ -13,6 +13,7 @@
 #   images      the images-100k job's input (bench/gpu/make_images.py) and the tiny VLM (issue 19 item 6)
 #   vlmsmoke    scripts/try_tiny_vlm.py on the GPU, eager and compiled (the tiny VLM without Ray)
 #   vlmsmoke1   the same, compiled, on vLLM's previous GPU model runner (VLLM_USE_V2_MODEL_RUNNER=0)
+#   vlmsmoke2   the same, eager, without the start-up's dummy-image profiling (skip_mm_profiling)
 #   enginetb    the first EngineCore traceback in the Ray session's worker logs, whole, into logs/
 #   a:NAME      (a) raw vLLM (bench/raw_vllm.py) on the spec of bench/gpu/jobs/NAME.json (a:N: ours-N.json)
 #   b:NAME      (b) our pipeline: the job bench/gpu/jobs/NAME.json through the Ray Jobs API (ours_job.py);
@@ -140,6 +141,9 @@ PY
   vlmsmoke1) # vLLM 0.25.1's new runner crashed in the tiny VLM's vision tower (RESULTS 7f): the old one
     VLLM_USE_V2_MODEL_RUNNER=0 RAYBATCH_TRY_EAGER=0 timeout 300 python3 scripts/try_tiny_vlm.py /tmp/tiny_vlm > "$L/vlmsmoke1.log" 2>&1
     echo "vlmsmoke1 rc=$?"; grep -E "Error|error:|tokens|caption|same|runner|Runner" "$L/vlmsmoke1.log" | cut -c1-300 | tail -8;;
+  vlmsmoke2) # both runners crashed in the vision tower while profiling with dummy images: skip that
+    RAYBATCH_TRY_SKIP_MM_PROFILING=1 RAYBATCH_TRY_EAGER=1 timeout 300 python3 scripts/try_tiny_vlm.py /tmp/tiny_vlm > "$L/vlmsmoke2.log" 2>&1
+    echo "vlmsmoke2 rc=$?"; grep -E "Error|error:|tokens|caption|same" "$L/vlmsmoke2.log" | cut -c1-300 | tail -8;;
   enginetb) # the first EngineCore traceback of the Ray session, whole (the job log shows its tail)
     f=$(grep -l "Process EngineCore" /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null | head -1)
     [ -n "$f" ] && grep -m1 -A80 "Process EngineCore" "$f" > "$L/engine-traceback.txt"; tail -30 "$L/engine-traceback.txt" 2>/dev/null | cut -c1-250;;
