@@ -71,6 +71,14 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
     )
 
 
+def _check_job_settings() -> None:
+    """Read the job's whole-number ``RAYBATCH_*`` settings before any row: a bad one fails the job at
+    its start, naming the setting (:mod:`.job_settings`), not after the input is read."""
+    engine.engine_max_restarts()
+    prepared_cache.keep_min_rows()
+    dedupe.configured_driver_scan_max_rows()
+
+
 def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
     """Every input row read and prepared (materialized) and, where its id repeats, marked a duplicate."""
     prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
@@ -260,6 +268,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     with engine_libraries_held_back():  # the stage modules import vLLM and torch at their top
         # Before any row: fails the job at start. A dry run uses the prompt stages only.
         ray_internals.check_ray_internals(ray.__version__, dry_run=spec.dry_run)
+    _check_job_settings()
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
@@ -287,7 +296,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
         prepared = dedupe.drop_staged(prepared, done_sources).materialize()
-    todo = prepared.count()
+    todo = prepared.count() if done_sources else rows_in  # marking a duplicate never drops its row
     log.info("Read %d rows from %s; %d staged by an earlier try, %d to do.", rows_in, spec.input_uri,
              len(done_sources), todo)  # fmt: skip
 

@@ -58,13 +58,18 @@ def find_first_sources(
         :data:`DRIVER_SCAN_MAX_ROWS`).
     """
     if driver_scan_max_rows is None:
-        driver_scan_max_rows = job_settings.whole_number(
-            DRIVER_SCAN_MAX_ROWS_ENV, DRIVER_SCAN_MAX_ROWS, maximum=DRIVER_SCAN_MAX_ROWS_LIMIT
-        )
+        driver_scan_max_rows = configured_driver_scan_max_rows()
     if rows_in <= driver_scan_max_rows:
         first_sources, errors = _scan_in_driver(prepared)
         return first_sources_table(first_sources), errors
     return _group_on_cluster(prepared)
+
+
+def configured_driver_scan_max_rows() -> int:
+    """:data:`DRIVER_SCAN_MAX_ROWS`, or the job's ``RAYBATCH_DRIVER_SCAN_MAX_ROWS``."""
+    return job_settings.whole_number(
+        DRIVER_SCAN_MAX_ROWS_ENV, DRIVER_SCAN_MAX_ROWS, DRIVER_SCAN_MAX_ROWS_LIMIT
+    )
 
 
 def first_sources_table(first_sources: dict[str, str]) -> pa.Table:
@@ -111,10 +116,17 @@ def shuffle_partitions(rows: int) -> int:
 
 def _hash_shuffle_is_on() -> bool:
     from ray.data import DataContext
-    from ray.data.context import ShuffleStrategy
 
-    hashed = {name for name in ("HASH_SHUFFLE", "SHUFFLE_V2") if hasattr(ShuffleStrategy, name)}
-    return DataContext.get_current().shuffle_strategy.name in hashed
+    return is_hash_shuffle(DataContext.get_current().shuffle_strategy)
+
+
+def is_hash_shuffle(strategy: Any) -> bool:  # Any: a ShuffleStrategy, or the string Ray 2.57 keeps as given
+    """Whether Ray Data's shuffle strategy can partition by key (the sort shuffles cannot).
+
+    By value, not name: Ray 2.57 stores a strategy set as a string (``RAY_DATA_DEFAULT_SHUFFLE_STRATEGY``)
+    as that string, and 2.60's ``HASH_SHUFFLE_V2`` is an alias of ``SHUFFLE_V2``.
+    """
+    return getattr(strategy, "value", strategy) in {"hash_shuffle", "shuffle_v2", "hash_shuffle_v2"}
 
 
 def repeated_ids_in_partition(partition: pa.Table) -> pa.Table:
@@ -164,11 +176,22 @@ def mark_duplicates_in_batch(
     )
     if not pc.any(later_copy).as_py():
         return batch
-    errors = batch["error"].to_pylist()
-    ids, firsts = batch["id"].to_pylist(), first.to_pylist()
-    for row in pc.indices_nonzero(later_copy).to_pylist():  # the duplicates only, in Python for repr()
-        errors[row] = f"{DUPLICATE_ID_REASON}: {ids[row]!r} first seen at {firsts[row]}"
-    return batch.set_column(batch.schema.get_field_index("error"), "error", pa.array(errors, pa.string()))
+    # Only the later copies go through Python (for repr()): every pass over the lazily marked rows
+    # marks its batches again, so the rest of the batch stays in Arrow.
+    rows = pc.indices_nonzero(later_copy)
+    ids, firsts = pc.take(batch["id"], rows).to_pylist(), pc.take(first, rows).to_pylist()
+    reasons = pa.array(
+        [f"{DUPLICATE_ID_REASON}: {i!r} first seen at {f}" for i, f in zip(ids, firsts, strict=True)],
+        pa.string(),
+    )
+    errors, mask = (_one_chunk(column) for column in (pc.cast(batch["error"], pa.string()), later_copy))
+    marked = pc.replace_with_mask(errors, mask, reasons)
+    return batch.set_column(batch.schema.get_field_index("error"), "error", marked)
+
+
+def _one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``replace_with_mask`` takes arrays only, and a table's columns are chunked."""
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def drop_staged(prepared: Dataset, staged_sources: Iterable[str]) -> Dataset:

@@ -125,8 +125,12 @@ def _counts(record: Any, digest: str) -> dict[str, int] | None:  # Any: parsed J
 
 def worth_keeping(rows_in: int) -> bool:
     """Whether a try of ``rows_in`` rows keeps them for a retry (:data:`KEEP_MIN_ROWS`)."""
-    minimum = job_settings.whole_number(KEEP_MIN_ROWS_ENV, KEEP_MIN_ROWS, maximum=10**12)
-    return rows_in > 0 and rows_in >= minimum
+    return rows_in > 0 and rows_in >= keep_min_rows()
+
+
+def keep_min_rows() -> int:
+    """:data:`KEEP_MIN_ROWS`, or the job's ``RAYBATCH_KEEP_PREPARED_MIN_ROWS``."""
+    return job_settings.whole_number(KEEP_MIN_ROWS_ENV, KEEP_MIN_ROWS, maximum=10**12)
 
 
 def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:

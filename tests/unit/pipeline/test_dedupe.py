@@ -103,6 +103,29 @@ def test_an_all_null_error_column_takes_duplicate_reasons() -> None:
     ]  # fmt: skip
 
 
+class _Strategy:
+    """A stand-in for Ray Data's ShuffleStrategy enum member (its ``value``)."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+@pytest.mark.parametrize(
+    ("strategy", "hashed"),
+    [
+        (_Strategy("hash_shuffle"), True),
+        (_Strategy("shuffle_v2"), True),
+        ("hash_shuffle", True),  # Ray 2.57 keeps RAY_DATA_DEFAULT_SHUFFLE_STRATEGY as the string given
+        ("shuffle_v2", True),
+        (_Strategy("sort_shuffle_pull_based"), False),
+        ("sort_shuffle_push_based", False),
+        (_Strategy("gpu_shuffle"), False),
+    ],
+)
+def test_only_hash_shuffles_take_the_partitioned_path(strategy: object, hashed: bool) -> None:
+    assert dedupe.is_hash_shuffle(strategy) is hashed
+
+
 # address="local": a cluster of its own, never one already running on the machine.
 _ON_RAY = """
 import json, random
