@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +71,16 @@ class Airflow:
 
 
 @contextmanager
+def _refuse_a_taken_port(port: int) -> None:
+    """Fail at once when something already listens on ``port``: the tests would otherwise talk to it (a
+    leftover Airflow of an interrupted run, whose home is gone, answered every call with a 500)."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            raise RuntimeError(
+                f"port {port} is already in use: stop what listens there (a leftover Airflow?)"
+            )
+
+
 def airflow_standalone(
     home: Path, port: int, ray_connection_json: str, dag_ids: set[str], extra_env: dict[str, str],
     token: Callable[[Airflow], str] | None = None,
@@ -78,6 +89,7 @@ def airflow_standalone(
 
     :param token: how to get an API token once the server is up (None: the API needs none).
     """
+    _refuse_a_taken_port(port)
     env = {
         **os.environ,
         "PATH": f"{AIRFLOW_BIN.parent}:{os.environ['PATH']}",  # standalone starts `airflow` subcommands
