@@ -70,7 +70,6 @@ class Airflow:
         self.api("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)
 
 
-@contextmanager
 def _refuse_a_taken_port(port: int) -> None:
     """Fail at once when something already listens on ``port``: the tests would otherwise talk to it (a
     leftover Airflow of an interrupted run, whose home is gone, answered every call with a 500)."""
@@ -81,6 +80,7 @@ def _refuse_a_taken_port(port: int) -> None:
             )
 
 
+@contextmanager
 def airflow_standalone(
     home: Path, port: int, ray_connection_json: str, dag_ids: set[str], extra_env: dict[str, str],
     token: Callable[[Airflow], str] | None = None,
