@@ -15,17 +15,24 @@ IMAGE_SIZE x IMAGE_SIZE tile of IMAGE_TOKENS tokens), and the model with random 
 is 64 in the text and the vision towers (vLLM's CPU attention kernel rejects 16). Captions are
 gibberish by design; the point is to run the real engine on real images in seconds.
 
-usage: python make_tiny_vlm.py OUT_DIR [--seed N]
+``--split-tiles`` makes a processor that splits every image into IMAGE_SIZE tiles plus a global view
+(SmolVLM's own setting, at a tiny size): images are resized to a longest edge of 2 x IMAGE_SIZE, so
+each becomes 2 to 4 tiles and the global one. vLLM 0.25.1 needs it: for an image that fits one tile,
+transformers 5's ``get_number_of_image_patches`` says 0 patches, and 0.25.1's Idefics3 takes that
+number as is, so its vision tower gets no pixels and the engine dies ("cannot reshape tensor of 0
+elements", bench/RESULTS.md 7f); vLLM 0.32 counts such an image as one patch.
+
+usage: python make_tiny_vlm.py OUT_DIR [--seed N] [--split-tiles]
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 from make_tiny_model import (  # the scripts folder is on sys.path
     VOCAB_SIZE,
-    cli,
     train_tokenizer,
     training_corpus,
 )
@@ -66,7 +73,7 @@ def _tokenizer() -> Any:  # Any: a transformers PreTrainedTokenizerFast.
     return train_tokenizer(corpus, SPECIAL_TOKENS, eos=END_OF_UTTERANCE, pad=PAD)
 
 
-def make_tiny_vlm(out_dir: Path, seed: int = 0) -> Path:
+def make_tiny_vlm(out_dir: Path, seed: int = 0, split_tiles: bool = False) -> Path:
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -74,8 +81,8 @@ def make_tiny_vlm(out_dir: Path, seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer()
     image_processor = Idefics3ImageProcessorPil(
-        do_image_splitting=False,
-        size={"longest_edge": IMAGE_SIZE},
+        do_image_splitting=split_tiles,
+        size={"longest_edge": 2 * IMAGE_SIZE if split_tiles else IMAGE_SIZE},
         max_image_size={"longest_edge": IMAGE_SIZE},
     )
     processor = Idefics3Processor(
@@ -127,5 +134,18 @@ def make_tiny_vlm(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def main() -> None:
+    """``make_tiny_vlm.py OUT_DIR [--seed N] [--split-tiles]``: write the model unless OUT_DIR holds one."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split-tiles", action="store_true", help="split images into tiles (vLLM 0.25.1)")
+    args = parser.parse_args()
+    if (args.out_dir / "config.json").exists():
+        print(f"model already at {args.out_dir}")
+        return
+    print(f"wrote {make_tiny_vlm(args.out_dir, args.seed, split_tiles=args.split_tiles)}")
+
+
 if __name__ == "__main__":
-    cli(make_tiny_vlm, __doc__.splitlines()[0])
+    main()

@@ -150,7 +150,8 @@ PY
   data20m)  write_customers 20000000 1000000;;  # the dry-20m job's input: 20 files of 1,000,000 rows
   images)   # the images-100k job's input and model: 100,000 images in Parquet files, the tiny VLM
     python3 "$HERE/make_images.py" /tmp/gpu_data/images-100000 --rows 100000 --rows-per-file 5000 2>&1 | tail -2
-    [ -e /tmp/tiny_vlm/config.json ] || python3 scripts/make_tiny_vlm.py /tmp/tiny_vlm 2>&1 | tail -2;;
+    # --split-tiles: vLLM 0.25.1 gives an image that fits one tile no pixels (make_tiny_vlm.py)
+    [ -e /tmp/tiny_vlm/config.json ] || python3 scripts/make_tiny_vlm.py /tmp/tiny_vlm --split-tiles 2>&1 | tail -2;;
   a:*)
     n=${s#a:}; job=bench/gpu/jobs/$n.json; [ -e "$job" ] || job=bench/gpu/jobs/ours-$n.json
     waitgpu; echo "=== a:$n start $(date +%T) ($(left)s left)"
