@@ -1,6 +1,6 @@
 """Check a committed run of the customers workload row by row: every input row exactly once.
 
-Reads the input CSV files of the spec (pyarrow, the id column as text) and the committed version's
+Reads the input CSV or Parquet files of the spec (pyarrow, the id column as text) and the committed version's
 outputs and errors (``manifest.json`` -> ``outputs_uri`` / ``errors_uri``), and checks:
 
 * no id twice in the outputs, no source twice in the errors;
@@ -41,26 +41,34 @@ def _read_folder(uri: str, columns: list[str]) -> Any:  # Any: a pyarrow table.
     return dataset.to_table(columns=present)
 
 
-def input_ids(spec: dict[str, Any]) -> tuple[list[str], int]:  # Any: JSON.
-    """The first-occurrence keys to expect (distinct ids; a row without one: its source), and the rows."""
+def _input_id_column(path: Path, id_column: str) -> list[Any]:  # Any: cell values.
+    """One input file's id column as text, in row order (a CSV's or a Parquet file's)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
 
+    if path.suffix == ".parquet":
+        return pq.read_table(path, columns=[id_column]).column(id_column).cast(pa.string()).to_pylist()
+    table = pacsv.read_csv(
+        path,
+        convert_options=pacsv.ConvertOptions(
+            column_types={id_column: pa.string()}, include_columns=[id_column], strings_can_be_null=False
+        ),
+    )
+    return table.column(id_column).to_pylist()
+
+
+def input_ids(spec: dict[str, Any]) -> tuple[list[str], int]:  # Any: JSON.
+    """The first-occurrence keys to expect (distinct ids; a row without one: its source), and the rows."""
     id_column = spec["id_column"]
     root = Path(spec["input_uri"])
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*.csv"))
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in (".csv", ".parquet"))
     keys: list[str] = []
     seen: set[str] = set()
     rows = 0
     for path in files:
         name = path.name if root.is_file() else str(path.relative_to(root))
-        table = pacsv.read_csv(
-            path,
-            convert_options=pacsv.ConvertOptions(
-                column_types={id_column: pa.string()}, include_columns=[id_column], strings_can_be_null=False
-            ),
-        )
-        for number, value in enumerate(table.column(id_column).to_pylist(), start=1):
+        for number, value in enumerate(_input_id_column(path, id_column), start=1):
             rows += 1
             key = value if value else f"{name}:{number}"
             if key not in seen:
