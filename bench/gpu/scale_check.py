@@ -62,7 +62,9 @@ def input_ids(spec: dict[str, Any]) -> tuple[list[str], int]:  # Any: JSON.
     """The first-occurrence keys to expect (distinct ids; a row without one: its source), and the rows."""
     id_column = spec["id_column"]
     root = Path(spec["input_uri"])
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in (".csv", ".parquet"))
+    files = (
+        [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in (".csv", ".parquet"))
+    )
     keys: list[str] = []
     seen: set[str] = set()
     rows = 0
