@@ -34,22 +34,14 @@ class _SharedAsyncClient:
     closer: AsyncIterator[None]
 
 
-#: Log streams one streaming client keeps open at once (one per job a triggerer waits on).
-MAX_OPEN_STREAMS = 2000
-
 #: One async client per event loop and connection settings, shared by every hook in the process.
 _ASYNC_CLIENTS: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, dict[tuple[Any, ...], _SharedAsyncClient]  # Any: hashable settings.
 ] = weakref.WeakKeyDictionary()
 
 
-async def _async_client(settings: RayConnectionSettings, streaming: bool = False) -> _SharedAsyncClient:
+async def _async_client(settings: RayConnectionSettings) -> _SharedAsyncClient:
     """The running loop's client for these settings, made on first use.
-
-    ``streaming``: the client for long-lived log streams (:meth:`RayHook.a_follow_job_log`). Each
-    stream holds its connection for the job's whole run, so they cannot share the calls' few
-    connections (a triggerer's 500 streams would leave no connection for a status call), and a stream
-    may be silent for longer than a call's read timeout.
 
     A triggerer runs hundreds of triggers in one event loop, each polling every few seconds. A client
     per call opened (and closed) a TCP connection per call, and built the client each time: most of
@@ -57,13 +49,13 @@ async def _async_client(settings: RayConnectionSettings, streaming: bool = False
     and reuses them. It belongs to the loop that made it: connections cannot move between loops.
     """
     clients = _ASYNC_CLIENTS.setdefault(asyncio.get_running_loop(), {})
-    key = (*settings.client_key(), streaming)
+    key = settings.client_key()
     shared = clients.get(key)
     if shared is None or shared.session.closed:
-        session = aiohttp.ClientSession(**_session_kwargs(settings, streaming))
+        session = aiohttp.ClientSession(**_session_kwargs(settings))
         closer = _close_with_the_loop(session)
         shared = clients[key] = _SharedAsyncClient(
-            session, asyncio.Semaphore(MAX_OPEN_STREAMS if streaming else MAX_CONCURRENT_ASYNC_CALLS), closer
+            session, asyncio.Semaphore(MAX_CONCURRENT_ASYNC_CALLS), closer
         )
         await anext(closer)
     return shared
@@ -82,14 +74,8 @@ async def _close_with_the_loop(session: aiohttp.ClientSession) -> AsyncIterator[
         await session.close()
 
 
-def _session_kwargs(
-    settings: RayConnectionSettings, streaming: bool = False
-) -> dict[str, Any]:  # Any: aiohttp keyword arguments.
-    """aiohttp's form of :meth:`RayConnectionSettings.client_kwargs`: same headers, cookies, TLS, timeouts.
-
-    A streaming client connects within the same timeout but has no read timeout (a stream's liveness
-    is its heartbeat) and a connection per stream.
-    """
+def _session_kwargs(settings: RayConnectionSettings) -> dict[str, Any]:  # Any: aiohttp keyword arguments.
+    """aiohttp's form of :meth:`RayConnectionSettings.client_kwargs`: same headers, cookies, TLS, timeouts."""
     headers = dict(settings.headers)
     if settings.cookies and not any(name.lower() == "cookie" for name in headers):
         # The connection's cookies only, as one header; a DummyCookieJar keeps none an answer sets.
@@ -99,11 +85,10 @@ def _session_kwargs(
         "headers": headers,
         "cookie_jar": aiohttp.DummyCookieJar(),
         "connector": aiohttp.TCPConnector(
-            limit=MAX_OPEN_STREAMS if streaming else MAX_CONCURRENT_ASYNC_CALLS,
-            ssl=_ssl_context(settings.verify),
+            limit=MAX_CONCURRENT_ASYNC_CALLS, ssl=_ssl_context(settings.verify)
         ),
         # As httpx's timeout: connecting and each read may take this long, the call as a whole longer.
         "timeout": aiohttp.ClientTimeout(
-            total=None, connect=timeout, sock_connect=timeout, sock_read=None if streaming else timeout
+            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
         ),
     }

@@ -16,7 +16,6 @@ re-exported below, so ``from airflow_provider_raybatch.hooks.ray import ...`` ke
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -60,8 +59,6 @@ from airflow_provider_raybatch.utils.packaging import RayPackage
 #: First and longest pause between two retries (exponential backoff with jitter in between).
 FIRST_RETRY_WAIT_SECONDS = 1.0
 MAX_RETRY_WAIT_SECONDS = 30.0
-#: A followed log's ping interval: a stream whose peer does not answer within it is closed.
-STREAM_HEARTBEAT_SECONDS = 30.0
 
 
 def _job_path(job_id: str, suffix: str = "") -> str:
@@ -323,42 +320,6 @@ class RayHook(BaseHook):
     async def a_get_job_logs(self, job_id: str) -> str:
         """Async version of :meth:`get_job_logs`."""
         return (await self._a_send(_Request("GET", _job_path(job_id, "/logs")))).json(dict).get("logs", "")
-
-    async def a_follow_job_log(self, job_id: str) -> AsyncIterator[str]:
-        """The job driver's log as it is written, chunk by chunk, from its start; ends when the job has
-        ended (``/api/jobs/{id}/logs/tail``, a websocket: the dashboard closes it once the job is in a
-        terminal state and its log is read to the end, checking once a second).
-
-        One connection per stream for the job's whole run, never retried here: a stream that cannot be
-        opened or breaks raises :class:`~airflow_provider_raybatch.exceptions.RayHookError`, and the
-        caller goes on polling. A heartbeat every :data:`STREAM_HEARTBEAT_SECONDS` finds a dead peer.
-        """
-        settings = await self.a_settings()
-        shared = await _async_client(settings, streaming=True)
-        url = settings.url(_job_path(job_id, "/logs/tail"))
-        try:
-            async with (
-                shared.slots,
-                shared.session.ws_connect(
-                    yarl.URL(url, encoded=True), heartbeat=STREAM_HEARTBEAT_SECONDS, autoclose=True
-                ) as stream,
-            ):
-                async for message in stream:
-                    if message.type == aiohttp.WSMsgType.TEXT:
-                        yield message.data
-                    elif message.type == aiohttp.WSMsgType.ERROR:
-                        broken = stream.exception()
-                        raise _unreachable(
-                            settings,
-                            broken if isinstance(broken, Exception) else aiohttp.ClientError("stream broke"),
-                        )
-        except aiohttp.WSServerHandshakeError as err:
-            raise RayHookError(
-                f"The Ray dashboard at {settings.host} would not stream the log of job {job_id}: "
-                f"HTTP {err.status} {err.message}"
-            ) from err
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise _unreachable(settings, err) from err
 
     def get_job_log_tail(self, job_id: str, lines: int = 40) -> str:
         """The end of a job's log for an error message; empty when the log cannot be had."""

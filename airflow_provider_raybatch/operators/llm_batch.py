@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -29,7 +28,6 @@ from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as 
 from airflow_provider_raybatch.operators.spec_params import spec_from_params
 from airflow_provider_raybatch.operators.task_tries import task_try_of, try_number_of
 from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
-from airflow_provider_raybatch.triggers.job_end import JobEndNotice
 from airflow_provider_raybatch.triggers.ray import (
     DEFAULT_PROGRESS_INTERVAL_SECONDS,
     ProgressRelay,
@@ -468,29 +466,20 @@ class RayLLMBatchOperator(BaseOperator):
         return job_shipping.submit(hook, spec, task_try, secret, command, runtime_env, resources, self.log)
 
     def _wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
-        """Wait in the worker as the trigger waits in the triggerer: poll, and follow the job's log so
-        its end is noticed within about a second (:class:`JobEndNotice`), not up to a poll later."""
+        progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
         try:
-            return asyncio.run(self._a_wait_in_worker(hook, job_id))
+            while True:
+                info = hook.get_job_info(job_id)
+                if info.status.is_terminal:
+                    progress.relay(hook, info.status)  # the final count
+                    return event_for_job(info)
+                if not progress.relay(hook, info.status):
+                    self.log.info("Ray job %s is %s.", job_id, info.status.value)
+                time.sleep(self.poll_interval_seconds)
         except BaseException:
             # Timeout, kill signal or interrupt while waiting: do not leave the batch running unowned.
             self._stop_job(hook, job_id)
             raise
-
-    async def _a_wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
-        progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
-        end_notice = JobEndNotice(hook, job_id, self.log)
-        try:
-            while True:
-                info = await hook.a_get_job_info(job_id)
-                if info.status.is_terminal:
-                    await progress.a_relay(hook, info.status)  # the final count
-                    return event_for_job(info)
-                if not await progress.a_relay(hook, info.status):
-                    self.log.info("Ray job %s is %s.", job_id, info.status.value)
-                await end_notice.wait(self.poll_interval_seconds)
-        finally:
-            await end_notice.close()
 
     def execute_complete(
         self,

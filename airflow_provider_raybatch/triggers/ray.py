@@ -12,7 +12,6 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.manifest import describe_progress, progress_from_log
-from airflow_provider_raybatch.triggers.job_end import JobEndNotice
 from airflow_provider_raybatch.utils.events import job_event
 
 #: Least time between two progress lines in the task log (each costs one fetch of the driver log).
@@ -100,9 +99,6 @@ class ProgressRelay:
 class RayJobTrigger(BaseTrigger):
     """Poll a Ray job until it ends, then fire one event (see :mod:`airflow_provider_raybatch.utils.events`).
 
-    Between polls it follows the job's log, whose end wakes it at once: the event fires within about
-    a second of the job's end whatever the poll interval (:mod:`~airflow_provider_raybatch.triggers.job_end`).
-
     :param job_id: Submission id of the Ray job.
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
     :param poll_interval_seconds: Seconds between status calls. Default 10.
@@ -178,12 +174,10 @@ class RayJobTrigger(BaseTrigger):
         hook = self._hook()
         deadline = self._deadline()
         progress = ProgressRelay(self.job_id, self.progress_interval_seconds, self.log)
-        end_notice = JobEndNotice(hook, self.job_id, self.log)
         try:
             while True:
                 left = _seconds_left(deadline)
                 if left is not None and left <= 0:
-                    await end_notice.close()
                     yield TriggerEvent(await self._timed_out(hook))
                     return
                 try:
@@ -191,28 +185,24 @@ class RayJobTrigger(BaseTrigger):
                     # never past the deadline.
                     info = await asyncio.wait_for(hook.a_get_job_info(self.job_id), left)
                 except TimeoutError:
-                    await end_notice.close()
                     yield TriggerEvent(await self._timed_out(hook))
                     return
                 except RayHookError as err:
-                    await end_notice.close()
                     yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
                     return
                 if info.status.is_terminal:
                     await progress.a_relay(hook, info.status)  # the final count
-                    await end_notice.close()
                     yield TriggerEvent(event_for_job(info))
                     return
                 if not await progress.a_relay(hook, info.status):
                     self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
                 left = _seconds_left(deadline)
-                await end_notice.wait(self.poll_interval_seconds if left is None else
-                                      max(min(self.poll_interval_seconds, left), 0))  # fmt: skip
+                await asyncio.sleep(self.poll_interval_seconds if left is None else
+                                    max(min(self.poll_interval_seconds, left), 0))  # fmt: skip
         except Exception as err:  # noqa: BLE001 - any crash becomes an event the operator acts on.
             # Without it Airflow fails the task with no event, and only the operator's
             # resume_execution would still stop the job; with it, execute_complete does.
             self.log.exception("Waiting for Ray job %s failed.", self.job_id)
-            await end_notice.close()
             yield TriggerEvent(
                 job_event(
                     "error",
@@ -221,8 +211,6 @@ class RayJobTrigger(BaseTrigger):
                     "trigger_error",
                 )  # fmt: skip
             )
-        finally:
-            await end_notice.close()
 
     async def _timed_out(self, hook: RayHook) -> dict[str, str]:
         """The deadline passed: the job's end if it has ended (a result is not thrown away), else stop

@@ -91,31 +91,6 @@ async def test_trigger_waits_for_a_real_job_to_succeed(ray_connection) -> None:
     ]
 
 
-async def test_the_real_dashboard_streams_the_log_and_ends_the_trigger_wait_early(ray_connection) -> None:
-    """Token auth on: the trigger follows the job's log stream (/logs/tail) and fires about a second
-    after the job ends, not at its next poll 60 s later (triggers/job_end.py)."""
-    hook = RayHook()
-    job_id = hook.submit_job(
-        "echo streamed-line && sleep 3", submission_id=f"live-tail-{uuid.uuid4().hex[:8]}"
-    )
-    chunks = [chunk async for chunk in hook.a_follow_job_log(job_id)]
-    assert "streamed-line" in "".join(chunks)
-    assert hook.get_job_status(job_id) == JobStatus.SUCCEEDED  # the stream ended with the job
-
-    job_id = hook.submit_job("sleep 3", submission_id=f"live-tail-{uuid.uuid4().hex[:8]}")
-    started = time.monotonic()
-    events = [event async for event in RayJobTrigger(job_id=job_id, poll_interval_seconds=60).run()]
-    waited = time.monotonic() - started
-
-    assert [e.payload["status"] for e in events] == ["success"]
-    info = hook.get_job_info(job_id)
-    assert info.end_time_ms is not None and info.start_time_ms is not None
-    # A wait that only polled would end 60 s in; the job itself takes ~3 s plus start-up.
-    assert waited < 30, (
-        f"the trigger waited {waited:.1f} s for a job of {(info.end_time_ms - info.start_time_ms) / 1000:.1f} s"
-    )
-
-
 def test_sensor_pokes_a_failed_job_with_its_log_tail(ray_connection) -> None:
     hook = RayHook()
     job_id = hook.submit_job(

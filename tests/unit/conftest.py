@@ -178,9 +178,6 @@ def ray_api(respx_bridge: RespxBridge, monkeypatch: pytest.MonkeyPatch) -> Itera
     with respx.mock(base_url=RAY_URL, assert_all_called=False, assert_all_mocked=True) as router:
         # A roomy cluster for the operator's layout check; tests of that check replace the answer.
         router.get("/api/v0/nodes").respond(json=nodes_payload({"CPU": 64.0, "GPU": 8.0}))
-        # No log streams here (respx cannot speak websockets): waiters learn of a job's end by polling.
-        # tests/unit/triggers/test_job_end.py streams from a real websocket server.
-        router.get(path__regex=r"^/api/jobs/[^/]+/logs/tail$").respond(404, text="no streams in this fake")
         respx_bridge.router = router
         try:
             yield router

@@ -21,8 +21,8 @@ from airflow.sdk import conf
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_raybatch.manifest import manifest_log_line
+from airflow_provider_raybatch.operators import llm_batch as operator_module
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from airflow_provider_raybatch.triggers.job_end import JobEndNotice
 from tests.unit.operators.test_llm_batch import MANIFEST, REQUIRED, FakeCluster, FakeStateStore, FakeTI
 
 SETTING_ENV = "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"
@@ -88,11 +88,7 @@ def test_without_the_argument_the_task_waits_where_the_setting_says(
     payloads = [cluster.job_payload(job_id, status, metadata=metadata) for status in ("RUNNING", "SUCCEEDED")]
     cluster.gets[job_id].mock(side_effect=[httpx.Response(200, json=payload) for payload in payloads])
     sleeps: list[float] = []
-
-    async def record_wait(self: Any, seconds: float) -> None:
-        sleeps.append(seconds)
-
-    monkeypatch.setattr(JobEndNotice, "wait", record_wait)
+    monkeypatch.setattr(operator_module.time, "sleep", sleeps.append)
     op = RayLLMBatchOperator(
         task_id="classify",
         user_template="{Company}",

@@ -33,7 +33,6 @@ from airflow_provider_raybatch.operators.llm_batch import (
     RayLLMBatchOperator,
 )
 from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.triggers.job_end import JobEndNotice
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
 from airflow_provider_raybatch.utils.events import job_event
@@ -1056,10 +1055,10 @@ def test_wait_in_worker_stops_the_job_when_interrupted(
     ray_api.get("/api/jobs/j1").respond(json=job_payload("j1", "RUNNING"))
     stop = ray_api.post("/api/jobs/j1/stop").respond(json={"stopped": True})
 
-    async def interrupted(self: Any, seconds: float) -> None:
+    def interrupted(_: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(JobEndNotice, "wait", interrupted)
+    monkeypatch.setattr(operator_module.time, "sleep", interrupted)
     op = make_operator()
 
     with pytest.raises(KeyboardInterrupt):
@@ -1075,11 +1074,7 @@ def test_wait_in_worker_returns_the_terminal_event(
         side_effect=[httpx.Response(200, json=job_payload("j1", s)) for s in ("RUNNING", "FAILED")]
     )
     stop = ray_api.post("/api/jobs/j1/stop").respond(json={"stopped": True})
-
-    async def no_wait(self: Any, seconds: float) -> None:
-        return None
-
-    monkeypatch.setattr(JobEndNotice, "wait", no_wait)
+    monkeypatch.setattr(operator_module.time, "sleep", lambda _: None)
 
     event = make_operator()._wait_in_worker(hook, "j1")
 
