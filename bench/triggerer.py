@@ -168,8 +168,13 @@ async def window(
     probe = Probe()
     _PROBE.append(probe)
     rng = random.Random(0)
-    triggers = [RayJobTrigger(job_id=job_ids[i % len(job_ids)], poll_interval_seconds=poll) for i in range(n)]
-    delays = [rng.uniform(0, poll) if start == "spread" else 0.0 for _ in triggers]
+    from airflow_provider_raybatch.triggers.poll_pace import paced_interval
+
+    # --poll 0: the triggers' default, paced by how many wait (triggers/poll_pace.py).
+    fixed = poll if poll > 0 else None
+    triggers = [RayJobTrigger(job_id=job_ids[i % len(job_ids)], poll_interval_seconds=fixed) for i in range(n)]
+    cycle = poll if poll > 0 else paced_interval(n)
+    delays = [rng.uniform(0, cycle) if start == "spread" else 0.0 for _ in triggers]
     helpers = [asyncio.create_task(probe.ticker()), asyncio.create_task(probe.watchdog())]
     await asyncio.sleep(0.5)  # the ticker's baseline before the triggers start
     load_1m = os.getloadavg()[0]
@@ -188,7 +193,7 @@ async def window(
     return {
         "start": start,
         "triggers": n,
-        "poll_interval_seconds": poll,
+        "poll_interval_seconds": poll if poll > 0 else f"paced ({paced_interval(n)} s for {n})",
         "window_s": wall,
         "max_stall_ms": 1000 * max(probe.lateness, default=0),
         "p99_stall_ms": 1000 * (_quantile(probe.lateness, 0.99) or 0),
@@ -292,7 +297,7 @@ def _code() -> dict[str, Any]:  # Any: JSON values.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--triggers", type=int, default=500)
-    parser.add_argument("--poll", type=float, default=10.0)
+    parser.add_argument("--poll", type=float, default=10.0, help="0: the default, paced")
     parser.add_argument("--job-log-kib", type=int, default=256, help="driver log each job prints first")
     parser.add_argument("--window", type=float, default=90.0, help="seconds measured per window")
     parser.add_argument("--windows", default="idle,spread,burst")

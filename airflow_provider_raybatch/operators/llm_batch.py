@@ -28,6 +28,7 @@ from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as 
 from airflow_provider_raybatch.operators.spec_params import spec_from_params
 from airflow_provider_raybatch.operators.task_tries import task_try_of, try_number_of
 from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
+from airflow_provider_raybatch.triggers import poll_pace
 from airflow_provider_raybatch.triggers.ray import (
     DEFAULT_PROGRESS_INTERVAL_SECONDS,
     ProgressRelay,
@@ -137,7 +138,9 @@ class RayLLMBatchOperator(BaseOperator):
         ``False``, so set it to ``True`` (``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=true``) or pass
         ``deferrable=True``, as the example DAGs do, to defer. The setting is read when this module
         is first imported, in each process that parses the DAG.
-    :param poll_interval_seconds: Seconds between job status checks. Default 10.
+    :param poll_interval_seconds: Seconds between job status checks. None (default) paces them: every
+        second while the waiting process (the triggerer, or the worker) waits on up to 50 jobs, up to
+        every 10 s at 500, so the task goes on within about a second of the job's end.
     :param progress_interval_seconds: Least seconds between two progress lines in the task log
         (rows done / total, rows/s, output tokens/s, ETA). Default 60; 0 turns them off.
 
@@ -221,7 +224,7 @@ class RayLLMBatchOperator(BaseOperator):
         runtime_env: dict[str, Any] | None = None,  # Any: Ray runtime_env values.
         entrypoint_resources: dict[str, float] | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        poll_interval_seconds: float = 10.0,
+        poll_interval_seconds: float | None = None,
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
         **kwargs: Any,  # Any: BaseOperator's arguments.
     ) -> None:
@@ -468,14 +471,15 @@ class RayLLMBatchOperator(BaseOperator):
     def _wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
         progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
         try:
-            while True:
-                info = hook.get_job_info(job_id)
-                if info.status.is_terminal:
-                    progress.relay(hook, info.status)  # the final count
-                    return event_for_job(info)
-                if not progress.relay(hook, info.status):
-                    self.log.info("Ray job %s is %s.", job_id, info.status.value)
-                time.sleep(self.poll_interval_seconds)
+            with poll_pace.waiting():
+                while True:
+                    info = hook.get_job_info(job_id)
+                    if info.status.is_terminal:
+                        progress.relay(hook, info.status)  # the final count
+                        return event_for_job(info)
+                    if not progress.relay(hook, info.status):
+                        self.log.info("Ray job %s is %s.", job_id, info.status.value)
+                    time.sleep(poll_pace.next_poll_in(self.poll_interval_seconds))
         except BaseException:
             # Timeout, kill signal or interrupt while waiting: do not leave the batch running unowned.
             self._stop_job(hook, job_id)

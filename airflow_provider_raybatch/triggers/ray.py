@@ -12,6 +12,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.manifest import describe_progress, progress_from_log
+from airflow_provider_raybatch.triggers import poll_pace
 from airflow_provider_raybatch.utils.events import job_event
 
 #: Least time between two progress lines in the task log (each costs one fetch of the driver log).
@@ -101,7 +102,10 @@ class RayJobTrigger(BaseTrigger):
 
     :param job_id: Submission id of the Ray job.
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
-    :param poll_interval_seconds: Seconds between status calls. Default 10.
+    :param poll_interval_seconds: Seconds between status calls. None (default) paces them: every
+        second while the triggerer waits on up to 50 jobs, slower beyond, up to every 10 s at 500
+        (:mod:`~airflow_provider_raybatch.triggers.poll_pace`), so a job's end is known within about a
+        second without loading the Jobs API.
     :param timeout_seconds: Give up (and stop the job) after this long from when the trigger first
         runs; None waits forever. Kept for triggers serialized before ``deadline`` existed.
     :param deadline: Give up (and stop the job) at this absolute time, in seconds since the epoch
@@ -123,7 +127,7 @@ class RayJobTrigger(BaseTrigger):
         self,
         job_id: str,
         ray_conn_id: str = RayHook.default_conn_name,
-        poll_interval_seconds: float = 10.0,
+        poll_interval_seconds: float | None = None,
         timeout_seconds: float | None = None,
         retry_window_seconds: float | None = None,
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
@@ -131,11 +135,11 @@ class RayJobTrigger(BaseTrigger):
         deadline: float | None = None,
     ) -> None:
         super().__init__()
-        if poll_interval_seconds <= 0:
-            raise ValueError(f"poll_interval_seconds={poll_interval_seconds!r} must be > 0.")
+        if poll_interval_seconds is not None and not poll_interval_seconds > 0:
+            raise ValueError(f"poll_interval_seconds={poll_interval_seconds!r} must be > 0 (or None: paced).")
         self.job_id = job_id
         self.ray_conn_id = ray_conn_id
-        self.poll_interval_seconds = float(poll_interval_seconds)
+        self.poll_interval_seconds = None if poll_interval_seconds is None else float(poll_interval_seconds)
         self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
         self.deadline = None if deadline is None else float(deadline)
         self.retry_window_seconds = None if retry_window_seconds is None else float(retry_window_seconds)
@@ -175,30 +179,10 @@ class RayJobTrigger(BaseTrigger):
         deadline = self._deadline()
         progress = ProgressRelay(self.job_id, self.progress_interval_seconds, self.log)
         try:
-            while True:
-                left = _seconds_left(deadline)
-                if left is not None and left <= 0:
-                    yield TriggerEvent(await self._timed_out(hook))
+            with poll_pace.waiting():
+                async for event in self._wait(hook, deadline, progress):
+                    yield event
                     return
-                try:
-                    # The hook retries what passes (unreachable head, 5xx) for its retry window,
-                    # never past the deadline.
-                    info = await asyncio.wait_for(hook.a_get_job_info(self.job_id), left)
-                except TimeoutError:
-                    yield TriggerEvent(await self._timed_out(hook))
-                    return
-                except RayHookError as err:
-                    yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
-                    return
-                if info.status.is_terminal:
-                    await progress.a_relay(hook, info.status)  # the final count
-                    yield TriggerEvent(event_for_job(info))
-                    return
-                if not await progress.a_relay(hook, info.status):
-                    self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
-                left = _seconds_left(deadline)
-                await asyncio.sleep(self.poll_interval_seconds if left is None else
-                                    max(min(self.poll_interval_seconds, left), 0))  # fmt: skip
         except Exception as err:  # noqa: BLE001 - any crash becomes an event the operator acts on.
             # Without it Airflow fails the task with no event, and only the operator's
             # resume_execution would still stop the job; with it, execute_complete does.
@@ -211,6 +195,35 @@ class RayJobTrigger(BaseTrigger):
                     "trigger_error",
                 )  # fmt: skip
             )
+
+    async def _wait(
+        self, hook: RayHook, deadline: float | None, progress: ProgressRelay
+    ) -> AsyncIterator[TriggerEvent]:
+        """Poll until the job ends or the deadline passes; yields the one event."""
+        while True:
+            left = _seconds_left(deadline)
+            if left is not None and left <= 0:
+                yield TriggerEvent(await self._timed_out(hook))
+                return
+            try:
+                # The hook retries what passes (unreachable head, 5xx) for its retry window,
+                # never past the deadline.
+                info = await asyncio.wait_for(hook.a_get_job_info(self.job_id), left)
+            except TimeoutError:
+                yield TriggerEvent(await self._timed_out(hook))
+                return
+            except RayHookError as err:
+                yield TriggerEvent(job_event("error", self.job_id, str(err), "api_error"))
+                return
+            if info.status.is_terminal:
+                await progress.a_relay(hook, info.status)  # the final count
+                yield TriggerEvent(event_for_job(info))
+                return
+            if not await progress.a_relay(hook, info.status):
+                self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
+            left = _seconds_left(deadline)
+            wait = poll_pace.next_poll_in(self.poll_interval_seconds)
+            await asyncio.sleep(wait if left is None else max(min(wait, left), 0))
 
     async def _timed_out(self, hook: RayHook) -> dict[str, str]:
         """The deadline passed: the job's end if it has ended (a result is not thrown away), else stop

@@ -128,10 +128,11 @@ def test_serialize_without_timeout() -> None:
 
     assert kwargs["timeout_seconds"] is None
     assert kwargs["ray_conn_id"] == "ray_default"
-    assert kwargs["poll_interval_seconds"] == 10.0
+    assert kwargs["poll_interval_seconds"] is None  # paced (triggers/poll_pace.py)
+    assert RayJobTrigger(**kwargs).poll_interval_seconds is None
 
 
-@pytest.mark.parametrize("interval", [0, -1, 0.0])
+@pytest.mark.parametrize("interval", [0, -1, 0.0, float("nan")])
 def test_non_positive_poll_interval_raises(interval: float) -> None:
     with pytest.raises(ValueError, match="poll_interval_seconds"):
         RayJobTrigger(job_id=JOB, poll_interval_seconds=interval)
