@@ -22,6 +22,7 @@ from airflow_provider_raybatch.links import (
     RayJobLink,
     RunReportLink,
 )
+from airflow_provider_raybatch.manifest import describe_timings
 from airflow_provider_raybatch.operators import job_results, job_shipping
 from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
@@ -540,6 +541,8 @@ class RayLLMBatchOperator(BaseOperator):
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"],
             manifest["output_uri"],
         )  # fmt: skip
+        if (timings := describe_timings(manifest.get("timings"))) is not None:
+            self.log.info("Ray job %s took: %s.", job_id, timings)
         job_results.check_failed_rows(manifest, spec, job_id)
         if self.output_asset is not None:
             context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)

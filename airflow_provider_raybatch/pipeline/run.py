@@ -30,10 +30,12 @@ from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache, rows
 from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
 from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
+from airflow_provider_raybatch.pipeline.reporting.timings import RunClock, run_timings
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.layout import plan_layout
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -261,6 +263,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     started_at = datetime.now(UTC)
     clock = time.perf_counter()
+    marks = RunClock(started=started_at.timestamp())
     if not ray.is_initialized():
         # Not ray.init(ignore_reinit_error=True) after __main__'s: even then it installs Ray's SIGTERM
         # handler again, over the one that deletes the job's S3 settings first (pipeline/credentials.py).
@@ -299,6 +302,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     todo = prepared.count() if done_sources else rows_in  # marking a duplicate never drops its row
     log.info("Read %d rows from %s; %d staged by an earlier try, %d to do.", rows_in, spec.input_uri,
              len(done_sources), todo)  # fmt: skip
+    marks.mark("rows_ready")
 
     accepted = prepared.filter(lambda row: row["error"] is None)
     rejected = prepared.filter(lambda row: row["error"] is not None)
@@ -306,6 +310,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     rejected_rows = errors if not (repeated_ids or done_sources) else rejected.count()
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     staged_now: list[commit.StagedPart] = []  # this try's parts, as the sink and the replicas report them
+    engine_parts: list[commit.StagedPart] = []  # those the engine replicas reported
     try:
         if rejected_rows:
             sink = StagedPartsSink(parts)
@@ -322,11 +327,14 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
                 processor = building.result()
             else:
                 processor = _processor(spec, model_source, parts, _fields_to_fill(accepted, spec))
+            marks.mark("engine_started")
             try:
                 reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
             except Exception as err:  # not a row's fault: the job fails, saying where to look
                 raise EngineStageFailed(err) from err
-            staged_now += _reported_parts(reports)
+            marks.mark("engine_done")
+            engine_parts = _reported_parts(reports)
+            staged_now += engine_parts
     finally:
         progress.stop()
     versions = _versions()
@@ -340,6 +348,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         versions=versions,
         known_parts=[*resumed, *staged_now],  # commit reads back only the sidecars of parts not reported
     )
+    marks.mark("committed")
+    layout_plan = plan_layout(spec)
     manifest = {
         "status": "complete",
         "version": committed.version,
@@ -362,6 +372,13 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         "started_at": started_at.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
         "wall_seconds": round(time.perf_counter() - clock, 3),
+        # where the wall time and the GPUs went (reporting/timings.py)
+        "timings": run_timings(
+            marks,
+            [part.sidecar for part in engine_parts],
+            layout_plan.max_replicas,
+            layout_plan.gpus_per_replica,
+        ),
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
         "job_id": _ray_submission_id(),

@@ -9,6 +9,7 @@ import pytest
 
 from airflow_provider_raybatch.manifest import (
     MANIFEST_LOG_MARKER,
+    describe_timings,
     failed_rows,
     failed_rows_verdict,
     manifest_from_log,
@@ -162,3 +163,27 @@ def test_verdict_reads_a_manifest_without_the_newer_keys() -> None:
         "1 of 3 rows failed (33.3%, duplicate ids not counted), over max_failed_fraction=0.1."
     )
     assert failed_rows_verdict(manifest, 0.5, None) is None
+
+
+def test_describe_timings_says_where_the_time_and_gpus_went() -> None:
+    timings = {
+        "read_and_prepare_s": 12.0,
+        "engine_start_to_first_row_s": 32.0,
+        "generating_s": 54.25,
+        "engine_stage_s": 87.0,
+        "commit_s": 1.5,
+        "replicas": 4,
+        "gpus_per_replica": 0.25,
+        "gpu_seconds_held": 87.0,
+    }
+    assert describe_timings(timings) == (
+        "read and prepare 12.0 s; engine start to first row 32.0 s; generating 54.2 s; commit 1.5 s; "
+        "87.0 GPU-seconds held (4 replicas x 0.25 GPU)"
+    )
+
+
+@pytest.mark.parametrize(
+    "timings", [None, "12 s", [], {}, {"generating_s": "54"}, {"commit_s": True, "gpu_seconds_held": None}]
+)
+def test_describe_timings_of_an_older_or_odd_manifest_says_nothing(timings: object) -> None:
+    assert describe_timings(timings) is None
