@@ -51,7 +51,7 @@ def _log_marks(text: str) -> tuple[dict[str, float], list[float]]:
         for name, pattern in _MARKS.items():
             if name not in marks and re.search(pattern, line):
                 marks[name] = _utc(match.group(1))
-        # A poll logs the state, or instead the job's progress when the relay has some (every 60 s).
+        # A state line (on a change, else once a minute since 1d4528a+1) or a progress line (every 60 s).
         if re.search(r"Ray job \S+ is (PENDING|RUNNING)\.|Ray job \S+: ", line):
             polls.append(_utc(match.group(1)))
     return marks, polls

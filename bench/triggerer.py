@@ -26,7 +26,7 @@ All output of this process (the triggers' per-poll log lines included) goes to a
 triggerer writes its logs; the table goes to the terminal.
 
 usage (under the Ray lock; bench/run_cpu.sh does that):
-  .venvs/airflow/bin/python bench/triggerer.py [--triggers 500] [--poll 10] [--window 90] [--out ...]
+  .venvs/airflow/bin/python bench/triggerer.py [--triggers 500] [--poll 0 (paced) | S] [--window 90] [--out ...]
 """
 
 from __future__ import annotations
@@ -172,7 +172,9 @@ async def window(
 
     # --poll 0: the triggers' default, paced by how many wait (triggers/poll_pace.py).
     fixed = poll if poll > 0 else None
-    triggers = [RayJobTrigger(job_id=job_ids[i % len(job_ids)], poll_interval_seconds=fixed) for i in range(n)]
+    triggers = [
+        RayJobTrigger(job_id=job_ids[i % len(job_ids)], poll_interval_seconds=fixed) for i in range(n)
+    ]
     cycle = poll if poll > 0 else paced_interval(n)
     delays = [rng.uniform(0, cycle) if start == "spread" else 0.0 for _ in triggers]
     helpers = [asyncio.create_task(probe.ticker()), asyncio.create_task(probe.watchdog())]
@@ -297,7 +299,7 @@ def _code() -> dict[str, Any]:  # Any: JSON values.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--triggers", type=int, default=500)
-    parser.add_argument("--poll", type=float, default=10.0, help="0: the default, paced")
+    parser.add_argument("--poll", type=float, default=0.0, help="a fixed interval; 0: the default, paced")
     parser.add_argument("--job-log-kib", type=int, default=256, help="driver log each job prints first")
     parser.add_argument("--window", type=float, default=90.0, help="seconds measured per window")
     parser.add_argument("--windows", default="idle,spread,burst")

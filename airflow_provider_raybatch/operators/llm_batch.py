@@ -34,6 +34,7 @@ from airflow_provider_raybatch.triggers.ray import (
     DEFAULT_PROGRESS_INTERVAL_SECONDS,
     ProgressRelay,
     RayJobTrigger,
+    StatusLine,
     event_for_job,
 )
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key
@@ -471,15 +472,16 @@ class RayLLMBatchOperator(BaseOperator):
 
     def _wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
         progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
+        status_line = StatusLine(job_id, self.log)
         try:
-            with poll_pace.waiting():
+            with poll_pace.waiting(self.poll_interval_seconds):
                 while True:
                     info = hook.get_job_info(job_id)
                     if info.status.is_terminal:
                         progress.relay(hook, info.status)  # the final count
                         return event_for_job(info)
                     if not progress.relay(hook, info.status):
-                        self.log.info("Ray job %s is %s.", job_id, info.status.value)
+                        status_line.show(info.status)
                     time.sleep(poll_pace.next_poll_in(self.poll_interval_seconds))
         except BaseException:
             # Timeout, kill signal or interrupt while waiting: do not leave the batch running unowned.

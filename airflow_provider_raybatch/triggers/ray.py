@@ -17,6 +17,8 @@ from airflow_provider_raybatch.utils.events import job_event
 
 #: Least time between two progress lines in the task log (each costs one fetch of the driver log).
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 60.0
+#: Longest time between two "Ray job ... is RUNNING." lines while the state does not change.
+STATUS_LINE_EVERY_SECONDS = 60.0
 #: How long a stop request at the deadline may take (retries included) before the event fires anyway.
 STOP_CALL_SECONDS = 30.0
 
@@ -95,6 +97,23 @@ class ProgressRelay:
             return self._log(await hook.a_get_job_logs(self.job_id))
         except RayHookError as err:
             return self._unavailable(err)
+
+
+class StatusLine:
+    """Log a job's state when it changes, else at most every :data:`STATUS_LINE_EVERY_SECONDS`: a paced
+    wait polls every second, and a line per poll would flood the task log (14,400 for a 4 h job)."""
+
+    def __init__(self, job_id: str, log: Any) -> None:  # Any: a logger.
+        self.job_id = job_id
+        self.log = log
+        self._last: JobStatus | None = None
+        self._at = 0.0
+
+    def show(self, status: JobStatus) -> None:
+        now = time.monotonic()
+        if status != self._last or now - self._at >= STATUS_LINE_EVERY_SECONDS:
+            self.log.info("Ray job %s is %s.", self.job_id, status.value)
+            self._last, self._at = status, now
 
 
 class RayJobTrigger(BaseTrigger):
@@ -179,7 +198,7 @@ class RayJobTrigger(BaseTrigger):
         deadline = self._deadline()
         progress = ProgressRelay(self.job_id, self.progress_interval_seconds, self.log)
         try:
-            with poll_pace.waiting():
+            with poll_pace.waiting(self.poll_interval_seconds):
                 async for event in self._wait(hook, deadline, progress):
                     yield event
                     return
@@ -200,6 +219,7 @@ class RayJobTrigger(BaseTrigger):
         self, hook: RayHook, deadline: float | None, progress: ProgressRelay
     ) -> AsyncIterator[TriggerEvent]:
         """Poll until the job ends or the deadline passes; yields the one event."""
+        status_line = StatusLine(self.job_id, self.log)
         while True:
             left = _seconds_left(deadline)
             if left is not None and left <= 0:
@@ -220,7 +240,7 @@ class RayJobTrigger(BaseTrigger):
                 yield TriggerEvent(event_for_job(info))
                 return
             if not await progress.a_relay(hook, info.status):
-                self.log.info("Ray job %s is %s.", self.job_id, info.status.value)
+                status_line.show(info.status)
             left = _seconds_left(deadline)
             wait = poll_pace.next_poll_in(self.poll_interval_seconds)
             await asyncio.sleep(wait if left is None else max(min(wait, left), 0))

@@ -127,7 +127,13 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert manifest["versions"]["vllm"] and manifest["versions"]["ray"] == "2.60.0"
     # Where the time went (pipeline/reporting/timings.py): every phase measured, none past the wall.
     timings = manifest["timings"]
-    phases = ("read_and_prepare_s", "engine_start_to_first_row_s", "generating_s", "engine_stage_s", "commit_s")
+    phases = (
+        "read_and_prepare_s",
+        "engine_start_to_first_row_s",
+        "generating_s",
+        "engine_stage_s",
+        "commit_s",
+    )
     assert all(0 <= timings[phase] <= manifest["wall_seconds"] for phase in phases), timings
     assert timings["engine_start_to_first_row_s"] + timings["generating_s"] <= timings["engine_stage_s"] + 1
     # A CPU engine holds no GPU: replicas x 0 GPUs.

@@ -306,7 +306,9 @@ async def test_timeout_seconds_counts_from_the_first_run_on_the_wall_clock(
     """A trigger serialized before ``deadline`` existed: a fake clock, 100 s a reading; the 150 s
     timeout passes by the 2nd poll, and one last look finds the job still running before the stop."""
     clock = itertools.count(0, 100)
-    monkeypatch.setattr(trigger_module, "time", SimpleNamespace(time=lambda: float(next(clock))))
+    monkeypatch.setattr(
+        trigger_module, "time", SimpleNamespace(time=lambda: float(next(clock)), monotonic=time.monotonic)
+    )
     polls = ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "RUNNING"))
     stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
 
