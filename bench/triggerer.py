@@ -26,7 +26,7 @@ All output of this process (the triggers' per-poll log lines included) goes to a
 triggerer writes its logs; the table goes to the terminal.
 
 usage (under the Ray lock; bench/run_cpu.sh does that):
-  .venvs/airflow/bin/python bench/triggerer.py [--triggers 500] [--poll 0 (paced) | S] [--window 90] [--out ...]
+  .venvs/airflow/bin/python bench/triggerer.py [--triggers 500] [--poll 0 (paced)] [--window 90] [--out ...]
 """
 
 from __future__ import annotations
