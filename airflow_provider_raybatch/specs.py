@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -41,6 +42,8 @@ ERROR_COLUMN = "error"
 #: default, since a prompt or data change that breaks one row in ten is worth a look before the
 #: next task reads the output.
 DEFAULT_MAX_FAILED_FRACTION = 0.1
+#: The longest keep-warm window (a day): engines held longer belong in a serving deployment.
+KEEP_WARM_SECONDS_LIMIT = 86_400
 #: The most pixels an image part may hold (``pipeline/read/images.py`` PART_MAX_PIXELS; images are not
 #: imported here, the operator's side has no Pillow).
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
@@ -301,6 +304,15 @@ class BatchInferenceSpec(BaseModel):
         "Triton's kernels between runs (a persistent volume makes a fresh node's first run warm); "
         "unset: the nodes' own VLLM_CACHE_ROOT (default ~/.cache/vllm) and Triton's ~/.triton/cache.",
     )
+    keep_warm_seconds: NonNegativeFloat | None = Field(
+        default=None,
+        le=KEEP_WARM_SECONDS_LIMIT,
+        description="Run on a warm engine pool: the job uses the engine replicas an earlier job with the "
+        "same model and engine settings left running, or starts them, and they stay this many seconds "
+        "after the last job leaves them, then free their GPUs. Jobs of a backfill then pay the engine "
+        "start-up once. Unset: the job starts its own engines and stops them at its end. One-GPU (or "
+        "one-CPU) engines only: not with tensor or pipeline parallel engine_kwargs.",
+    )
     run_key: str = Field(
         default="manual",
         pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$",  # a folder name: never '.' or '..'
@@ -415,6 +427,19 @@ class BatchInferenceSpec(BaseModel):
                 f"replica_resources={value!r} must map resource names to amounts > 0, e.g. {{'CPU': 1}}."
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_keep_warm(self) -> BatchInferenceSpec:
+        parallel = {
+            name: self.engine_kwargs.get(name) for name in ("tensor_parallel_size", "pipeline_parallel_size")
+        }
+        parallel = {name: value for name, value in parallel.items() if value not in (None, 1)}
+        if self.keep_warm_seconds is not None and parallel:
+            raise ValueError(
+                f"keep_warm_seconds={self.keep_warm_seconds:g} with engine_kwargs {parallel}: a warm pool "
+                "holds one-GPU engines only; drop keep_warm_seconds for a tensor or pipeline parallel engine."
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -566,7 +591,7 @@ class BatchInferenceSpec(BaseModel):
         it: a run that failed its threshold, retried with a looser one, takes the committed result.
         """
         where = {
-            "run_key", "keep_versions", "model_cache_dir", "compile_cache_dir",
+            "run_key", "keep_versions", "model_cache_dir", "compile_cache_dir", "keep_warm_seconds",
             "max_failed_fraction", "max_failed_rows", "dry_run_rows_per_second",
         }  # fmt: skip
         shaping = self.model_dump(mode="json", exclude=where)

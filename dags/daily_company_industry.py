@@ -46,6 +46,12 @@ INDUSTRIES = [
             type=["null", "object"],
             description="Resources per replica; {'CPU': 1} on vLLM's CPU build.",
         ),
+        "keep_warm_seconds": Param(
+            None,
+            type=["null", "number"],
+            description="Keep the engines warm this long for the next date or DAG on this model "
+            "(docs/warm-engines.md); unset: each run starts and stops its own.",
+        ),
         "aws_conn_id": Param(
             None,
             type=["null", "string"],
@@ -68,6 +74,7 @@ def daily_company_industry() -> None:
         keep_columns=["Company", "Country"],
         batch_size=64,
         aws_conn_id="{{ params.aws_conn_id or '' }}",
+        keep_warm_seconds="{{ params.keep_warm_seconds }}",
         # Wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says.
         deferrable=True,
     )

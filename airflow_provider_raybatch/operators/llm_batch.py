@@ -109,6 +109,11 @@ class RayLLMBatchOperator(BaseOperator):
         between runs, e.g. a persistent volume: a daily run then skips torch.compile and the kernel
         builds (tens of seconds per replica). Unset: the nodes' defaults (``~/.cache/vllm``,
         ``~/.triton/cache``); either way the second run on a node finds the first run's kernels.
+    :param keep_warm_seconds: Run on a warm engine pool: use the engine replicas that an earlier job
+        with the same model and engine settings left running (or start them), and keep them this many
+        seconds after the last job leaves them, then free the GPUs. A backfill or several small daily
+        DAGs on one model then pay the engine start-up once. Unset (default): the job starts its own
+        engines and stops them when it ends. See docs/warm-engines.md.
     :param output_asset: An Asset (or its URI) for this batch's output: each successful run emits an
         event on it, with extras ``output_uri`` (this run's), ``manifest_uri``, ``rows_in``,
         ``rows_out``, ``rows_failed``, ``version`` and ``job_id``, so other DAGs can be scheduled on it.
@@ -175,6 +180,7 @@ class RayLLMBatchOperator(BaseOperator):
         "keep_columns",
         "max_failed_fraction",
         "max_failed_rows",
+        "keep_warm_seconds",
         "aws_conn_id",
     )
     operator_extra_links = (RayJobLink(), BatchOutputLink(), RunReportLink())
@@ -220,6 +226,7 @@ class RayLLMBatchOperator(BaseOperator):
         aws_conn_id: str | None = None,
         model_cache_dir: str = "/tmp/raybatch/models",
         compile_cache_dir: str | None = None,
+        keep_warm_seconds: float | None = None,
         output_asset: Asset | str | None = None,
         input_asset: Asset | str | None = None,
         check_layout: bool = True,
@@ -269,6 +276,7 @@ class RayLLMBatchOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.model_cache_dir = model_cache_dir
         self.compile_cache_dir = compile_cache_dir
+        self.keep_warm_seconds = keep_warm_seconds
         self.check_layout = check_layout
         self.output_asset = Asset(output_asset) if isinstance(output_asset, str) else output_asset
         self.input_asset = Asset(input_asset) if isinstance(input_asset, str) else input_asset

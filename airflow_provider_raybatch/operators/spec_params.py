@@ -20,7 +20,7 @@ from airflow_provider_raybatch.specs import BatchInferenceSpec
 _JSON_PARAMS = (
     "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",
     "image_max_side", "image_allowed_hosts", "image_allowed_s3_prefixes", "max_failed_fraction",
-    "max_failed_rows",
+    "max_failed_rows", "keep_warm_seconds",
 )  # fmt: skip
 _TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import engine, models, ray_internals
+from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease
 from airflow_provider_raybatch.pipeline.generate.processor import (
     build_llm_processor,
     engine_libraries_held_back,
@@ -159,7 +160,8 @@ def _processor(
         detokenize_stage=False,
         **extra,
     )
-    return build_llm_processor(
+    staging = {**parts.settings(), "spec": spec}
+    processor = build_llm_processor(
         config,
         preprocess=functools.partial(
             row_steps.engine_request,
@@ -167,9 +169,32 @@ def _processor(
             fill=fill,
         ),
         postprocess=row_steps.source_only,  # the replicas staged the results (stage_engine_rows)
-        staging={**parts.settings(), "spec": spec},
+        staging=staging,
         compile_cache_dir=spec.compile_cache_dir,
     )
+    if spec.keep_warm_seconds is not None:  # the engines of a warm pool instead of the job's own
+        replicas = engine.fixed_pool(spec.concurrency)[1]
+        engine.use_engine_pool(processor, staging, replicas, spec.keep_warm_seconds, spec.compile_cache_dir,
+                               _job_runtime_env())  # fmt: skip
+    return processor
+
+
+def _job_runtime_env() -> dict[str, Any]:  # Any: Ray runtime_env values.
+    import ray
+
+    if not ray.is_initialized():  # outside a job (tests): nothing to inherit
+        return {}
+    return dict(ray.get_runtime_context().runtime_env or {})
+
+
+def _engine_ready(
+    spec: BatchInferenceSpec, model_source: str, parts: PartWriter, fill: frozenset[str] = frozenset()
+) -> tuple[Any, PoolLease | None]:  # Any: ray.data.llm.Processor.
+    """The processor, and on a warm pool the job's lease on it: a cold replica starts building its
+    engine now, while the job still reads its input (:mod:`.engine_pool`)."""
+    processor = _processor(spec, model_source, parts, fill)
+    pool = engine.pool_of(processor)
+    return processor, (PoolLease(pool).start() if pool is not None else None)
 
 
 class EngineStageFailed(RuntimeError):
@@ -189,7 +214,7 @@ class EngineStageFailed(RuntimeError):
 
 def _build_while_reading(
     spec: BatchInferenceSpec, model_source: str, parts: PartWriter
-) -> Future[Any] | None:  # Any: ray.data.llm.Processor.
+) -> Future[tuple[Any, PoolLease | None]] | None:  # Any: ray.data.llm.Processor.
     """Start building the processor in a thread, beside the reads; None for an OpenAI batch.
 
     The build needs no rows (Ray Data LLM's stages, its telemetry actor: ~5 s on a fresh cluster), so
@@ -199,7 +224,7 @@ def _build_while_reading(
     if spec.openai_endpoint is not None:
         return None
     builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-build")
-    building = builder.submit(_processor, spec, model_source, parts)
+    building = builder.submit(_engine_ready, spec, model_source, parts)
     builder.shutdown(wait=False)  # the build still runs; nothing else comes
     return building
 
@@ -309,6 +334,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     # Without duplicates or resumed rows the scan's error count holds: no dataset pass per count.
     rejected_rows = errors if not (repeated_ids or done_sources) else rejected.count()
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
+    lease: PoolLease | None = None  # the job's hold on a warm pool, if it runs on one
     staged_now: list[commit.StagedPart] = []  # this try's parts, as the sink and the replicas report them
     engine_parts: list[commit.StagedPart] = []  # those the engine replicas reported
     try:
@@ -324,9 +350,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
             parts.create_folders()  # the replicas write into them
             if building is not None:
-                processor = building.result()
+                processor, lease = building.result()
             else:
-                processor = _processor(spec, model_source, parts, _fields_to_fill(accepted, spec))
+                processor, lease = _engine_ready(spec, model_source, parts, _fields_to_fill(accepted, spec))
             marks.mark("engine_started")
             try:
                 reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
@@ -337,6 +363,10 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             staged_now += engine_parts
     finally:
         progress.stop()
+        if lease is None and building is not None and building.done() and building.exception() is None:
+            lease = building.result()[1]  # started beside the reads, though no row needed the engine
+        if lease is not None:
+            lease.stop()  # the pool's keep-warm window starts once no job holds it
     versions = _versions()
     committed = commit.write_version(
         layout,
@@ -379,6 +409,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             layout_plan.max_replicas,
             layout_plan.gpus_per_replica,
         ),
+        # the warm pool the engine stage ran on, if any: how many replicas were warm (engine_pool.py)
+        "engine_pool": lease.describe() if lease is not None else None,
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
         "job_id": _ray_submission_id(),

@@ -663,3 +663,25 @@ def test_the_spec_and_the_image_policy_read_an_allowed_host_the_same_way() -> No
         ImageSources(allowed_local_path="relative/path")
     with pytest.raises(TypeError, match="allowed_s3_prefixes"):
         ImageSources(allowed_s3_prefixes=("media/photos",))
+
+
+def test_keep_warm_seconds_says_how_long_not_what_so_a_retry_with_it_resumes() -> None:
+    assert build(keep_warm_seconds=600).fingerprint() == build().fingerprint()
+    assert build(keep_warm_seconds=0).keep_warm_seconds == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"keep_warm_seconds": -1}, "keep_warm_seconds"),
+        ({"keep_warm_seconds": 86_401}, "keep_warm_seconds"),
+        ({"keep_warm_seconds": float("nan")}, "keep_warm_seconds"),
+        ({"keep_warm_seconds": 60, "engine_kwargs": {"tensor_parallel_size": 2}}, "one-GPU engines only"),
+        ({"keep_warm_seconds": 60, "engine_kwargs": {"pipeline_parallel_size": 2}}, "one-GPU engines only"),
+    ],
+)
+def test_a_keep_warm_window_out_of_range_or_on_a_parallel_engine_is_refused(
+    overrides: dict, message: str
+) -> None:
+    with pytest.raises(BatchSpecError, match=message):
+        build(**overrides)

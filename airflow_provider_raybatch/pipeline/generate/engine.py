@@ -141,13 +141,71 @@ def use_our_engine_stage(
 
     for stage in stages:
         stage.map_batches_kwargs["max_restarts"] = engine_max_restarts()  # the dict itself: no validator
-        if stage.fn is RaybatchvLLMEngineStageUDF.__mro__[1]:
+        if stage.fn is RaybatchvLLMEngineStageUDF.RAY_UDF:
             # Not `stage.fn = ...`: the stage validates assignments, and its validator, run twice, loses
             # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
             stage.__dict__["fn"] = RaybatchvLLMEngineStageUDF
             stage.fn_constructor_kwargs[COMPILE_CACHE_KWARG] = compile_cache_dir
             stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
     return processor
+
+
+#: The pooled stage's constructor keyword: the job's :class:`.engine_pool.EnginePool`.
+POOL_KWARG = "raybatch_pool"
+
+
+def use_engine_pool(
+    processor: Any,
+    staging: dict[str, Any],
+    replicas: int,
+    keep_warm_seconds: float,
+    compile_cache_dir: str | None,
+    job_runtime_env: dict[str, Any],
+) -> Any:  # Any: ray.data.llm.Processor, keyword and runtime_env values; returns an EnginePool
+    """Put the processor's vLLM stage on a warm pool (:mod:`.engine_pool`); returns the pool.
+
+    The stage then runs :class:`.pooled_stage.RaybatchPooledEngineStageUDF`, which reserves no
+    resources and sends its rows to the pool's replicas; the resources the stage would have reserved
+    go to the replicas, with its engine keywords. The chat-template stage is ours as in
+    :func:`use_our_engine_stage`.
+    """
+    from airflow_provider_raybatch.pipeline.generate.engine_pool import plan_pool
+    from airflow_provider_raybatch.pipeline.generate.pooled_stage import RaybatchPooledEngineStageUDF
+
+    all_stages = list(getattr(processor, "stages", {}).values())
+    _use_our_chat_template_stage(all_stages)
+    [stage] = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
+    # Ray Data LLM's keywords for its UDF, without ours (use_our_engine_stage may have added them).
+    engine_kwargs = {
+        key: value for key, value in stage.fn_constructor_kwargs.items() if not key.startswith("raybatch_")
+    }
+    pool = plan_pool(
+        engine_kwargs,
+        stage.map_batches_kwargs,
+        replicas,
+        keep_warm_seconds,
+        compile_cache_dir,
+        job_runtime_env,
+    )
+    for name in ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory"):
+        stage.map_batches_kwargs.pop(name, None)  # the dict itself: no validator runs
+    stage.map_batches_kwargs["num_cpus"] = 0  # it waits on the pool; the pool's replicas hold the resources
+    stage.map_batches_kwargs["max_restarts"] = engine_max_restarts()
+    stage.__dict__["fn"] = RaybatchPooledEngineStageUDF  # as in use_our_engine_stage: no validator run
+    stage.fn_constructor_kwargs.clear()
+    stage.fn_constructor_kwargs.update(
+        {"task_type": engine_kwargs.get("task_type"), POOL_KWARG: pool, STAGING_KWARG: staging}
+    )
+    return pool
+
+
+def pool_of(processor: Any) -> Any:  # Any: ray.data.llm.Processor; an EnginePool or None
+    """The warm pool the processor's engine stage runs on (:func:`use_engine_pool`); None: its own engines."""
+    for stage in getattr(processor, "stages", {}).values():
+        pool = getattr(stage, "fn_constructor_kwargs", {}).get(POOL_KWARG)
+        if pool is not None:
+            return pool
+    return None
 
 
 def engine_max_restarts() -> int:

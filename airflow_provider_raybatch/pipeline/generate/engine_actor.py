@@ -19,14 +19,13 @@ import functools
 import json
 import os
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
 
 from airflow_provider_raybatch.pipeline.generate import engine
+from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows
 from airflow_provider_raybatch.pipeline.openai import openai_batch
-from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS, RowStager, flush_rows_for
 
 # In a replica, this module is imported when Ray unpickles the UDF class, before Ray Data LLM's stage
 # module imports torch: the earliest point to let the forkserver start its imports (not in the driver).
@@ -40,13 +39,11 @@ from ray.llm._internal.batch.stages.vllm_engine_stage import (  # noqa: E402
     vLLMOutputData,
 )
 
-#: Marks a row the engine loop staged already (dropped before the row leaves the stage).
-_STAGED = "__raybatch_staged__"
 #: Row fields that hold the first input's tokens: a request for another input must not carry them.
 _PROMPT_TOKEN_FIELDS = ("tokenized_prompt", "prompt_token_ids")
 
 
-class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
+class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
     """Builds the engine as Ray Data LLM does (its EngineCore from the forkserver, unless switched off),
     has it return every choice and every input's embedding, and stages each row where it finished.
 
@@ -58,13 +55,18 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
     first staged copy of each row (:func:`.commit._drop_repeated_rows`).
     """
 
+    #: The Ray Data LLM UDF this one takes the place of (engine.use_our_engine_stage).
+    RAY_UDF = vLLMEngineStageUDF
+
     def __init__(
         self,
         *args: Any,
-        raybatch_staging: dict[str, Any],
+        raybatch_staging: dict[str, Any] | None,
         raybatch_compile_cache_dir: str | None = None,
         **kwargs: Any,
     ) -> None:  # Any: Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
+        """:param raybatch_staging: where to stage finished rows; None in a warm pool's replica
+        (:mod:`.pool_replica`), which returns its rows to the job's stage instead."""
         # Before the engine starts: its EngineCore gets this process's environment (spawned or forked).
         os.environ.update(engine.compile_cache_env(raybatch_compile_cache_dir, os.environ))
         if engine.forkserver_enabled():
@@ -74,40 +76,8 @@ class RaybatchvLLMEngineStageUDF(vLLMEngineStageUDF):
         # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
-        from airflow_provider_raybatch.pipeline.row_steps import stage_engine_rows
-        from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
-
-        settings = dict(raybatch_staging)
-        spec = settings.pop("spec")
-        write = functools.partial(stage_engine_rows, spec=spec, parts=PartWriter(**settings))
-        self._stager = RowStager(write, flush_rows_for(spec.batch_size))
-
-    async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
-        """Ray Data LLM's engine loop; each row it finishes goes to the stager as it comes out."""
-        by_index = {row[self.IDX_IN_BATCH_COLUMN]: row for row in batch}
-        async for output in super().udf(batch):
-            # The row as it leaves the stage (what Ray Data LLM's __call__ builds from the two).
-            row = {**by_index[output[self.IDX_IN_BATCH_COLUMN]], **output}
-            row.pop(self.IDX_IN_BATCH_COLUMN)
-            if self._stager.finished(row):
-                await self._stager.flush()
-            yield {**output, _STAGED: True}
-
-    async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:  # Any: Ray Data batch.
-        async for output in super().__call__(batch):
-            rows = output.get(self.data_column) if output else None
-            if rows:
-                for row in rows:
-                    # Rows that came in failed skip the engine loop: staged here, with the batch.
-                    if not row.pop(_STAGED, False):
-                        self._stager.finished(row)
-                await self._stager.flush()  # nothing of this batch leaves the replica unstaged
-                written = self._stager.take_written()
-                if written:  # every part this replica staged reaches the driver once, with some batch
-                    rows[0][REPORTED_PARTS] = json.dumps(
-                        [{"name": part.name, "sidecar": part.sidecar} for part in written]
-                    )
-            yield output
+        if raybatch_staging is not None:
+            self._start_staging(raybatch_staging)
 
     def normalize_engine_kwargs(self, engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.
         """Ray Data LLM's normalization, then raw vLLM's batch sizes where unset (see :mod:`.engine`)."""

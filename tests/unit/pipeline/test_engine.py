@@ -69,7 +69,7 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
         pass
 
     class OurUDF(RayUDF):
-        pass
+        RAY_UDF = RayUDF
 
     class vLLMEngineStage:  # noqa: N801 - matched by class name, as Ray Data LLM's is
         fn = RayUDF

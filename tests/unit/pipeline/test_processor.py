@@ -31,14 +31,29 @@ spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/
                           replica_resources={"CPU": 1})
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 parts = PartWriter("/out/_staging/k", "parquet", count_labels=False)
-built = run._build_while_reading(spec, MODEL, parts).result()  # in its own thread, as run_batch builds it
+# In its own thread, as run_batch builds it.
+built, lease = run._build_while_reading(spec, MODEL, parts).result()
+architectures = [report["model_architecture"] for report in reports]
+# On a warm pool (keep_warm_seconds): the engine stage sends rows to the pool, and its engine settings
+# and resources go to the pool's replicas (built the same way, without the engine libraries).
+warm = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0}), MODEL, parts)
+warm_stage = warm.stages["vLLMEngineStage"]
+from airflow_provider_raybatch.pipeline.generate import engine
+pool = engine.pool_of(warm)
 # An OpenAI batch's sampling fields come from its lines (run._fields_to_fill): built after the reads.
 openai_spec = spec.model_copy(update={"openai_endpoint": "/v1/chat/completions", "user_template": None})
 print(json.dumps({
     "loaded": sorted(m for m, mod in sys.modules.items() if mod and m.split(".")[0] in ENGINE_LIBRARIES),
     "left_in_sys_modules": sorted(m for m in ENGINE_LIBRARIES if m in sys.modules),
     "udfs": {name: f"{stage.fn.__module__}.{stage.fn.__name__}" for name, stage in built.stages.items()},
-    "architectures": [report["model_architecture"] for report in reports],
+    "lease": lease,
+    "warm_udf": f"{warm_stage.fn.__module__}.{warm_stage.fn.__name__}",
+    "warm_stage_resources": {k: warm_stage.map_batches_kwargs.get(k)
+                             for k in ("num_cpus", "num_gpus", "resources")},
+    "pool": {"replicas": pool.replicas,
+             "resources": {k: v for k, v in pool.actor_options.items() if k != "runtime_env"},
+             "model": pool.engine_kwargs["model"], "kwargs": sorted(warm_stage.fn_constructor_kwargs)},
+    "architectures": architectures,
     "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, parts) is not None,
 }))
 """
@@ -67,6 +82,12 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
         "vLLMEngineStage": f"{ours}.generate.engine_actor.RaybatchvLLMEngineStageUDF",
     }
     assert report["architectures"] == ["LlamaForCausalLM"]  # Ray's telemetry still gets it
+    assert report["lease"] is None  # its own engines: no pool to hold
+    assert report["warm_udf"] == f"{ours}.generate.pooled_stage.RaybatchPooledEngineStageUDF"
+    # The job's stage holds nothing; the pool's replica holds what the engine stage would have.
+    assert report["warm_stage_resources"] == {"num_cpus": 0, "num_gpus": None, "resources": None}
+    assert report["pool"] == {"replicas": 1, "resources": {"num_cpus": 1}, "model": str(model_folder),
+                              "kwargs": ["raybatch_pool", "raybatch_staging", "task_type"]}  # fmt: skip
     assert report["openai_built_while_reading"] is False
 
 

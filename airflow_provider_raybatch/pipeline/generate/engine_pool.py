@@ -1,0 +1,324 @@
+"""Warm engines across jobs: a pool of detached engine replicas per model and engine settings.
+
+Why this design (issue 20; the alternatives were a Ray Serve LLM deployment fed through Ray Data
+LLM's ``ServeDeploymentProcessorConfig``, and named detached actors):
+
+* **The rows must not change path.** Our replica stages each row where it finishes, returns every
+  choice and every input's embedding, honours per-row sampling parameters and sends images as
+  ``LLM.generate`` does (:mod:`.engine_actor`). A Serve LLM deployment answers OpenAI requests
+  through its own server, which would be a second row path with its own gaps. A pool replica
+  (:mod:`.pool_replica`) builds the very same engine UDF and answers with Ray Data LLM's own per-row
+  code; the job keeps its Ray Data pipeline, with a light stage (:mod:`.pooled_stage`) in place of
+  the engine stage that stages rows exactly as before. Resume, dedupe and commit are untouched.
+* **Ray does the distributed parts.** Replicas are named detached actors (namespace
+  :data:`NAMESPACE`, name ``raybatch-engine-<fingerprint>-<index>``): Ray's GCS is the registry,
+  ``get_if_exists`` makes concurrent jobs find or create the same replica without a lock of ours, a
+  dead replica's name is freed by Ray and taken by its replacement, and Ray's scheduler places them.
+* **Shared only between identical settings.** The fingerprint (:func:`pool_fingerprint`) covers the
+  engine's constructor keywords (model, engine_kwargs, task type, pending-request bound, LoRA path),
+  the replica's resources and accelerator type, the compile cache folder, and the runtime env the
+  replica runs in (our code's package, which is content-addressed, so a new provider version gets
+  new engines; the env vars; pip). The author's own modules and the job's spec package are left out
+  of the replica's runtime env: a replica serves many jobs and holds nothing of any one of them.
+* **Leases, keep-warm, scale to zero.** A job's driver holds a lease on each replica while it runs
+  (:class:`PoolLease`, renewed every :data:`.pool_replica.LEASE_RENEW_SECONDS`); a replica with no
+  lease and nothing in flight for ``keep_warm_seconds`` ends itself and frees its GPUs. A job whose
+  replicas cannot be placed ends idle replicas of *other* pools at once (:func:`make_room`), so an
+  idle pool never holds a cluster's GPUs against a waiting job; one that holds a live lease is never
+  touched.
+* **Fair sharing.** Each job's stage keeps at most ``batch_size x max_concurrent_batches`` rows in
+  flight per replica, and vLLM schedules first come first served: two jobs on one pool each get
+  about half of it. Each job rotates its batches over the replicas.
+* **Crashed or wedged.** A replica that dies (a fatal engine error ends it, as in Ray Data LLM) is
+  replaced by the next stage that calls it, at most ``RAYBATCH_ENGINE_MAX_RESTARTS`` times per stage
+  actor; a replica whose engine fails vLLM's health check when a job attaches is killed and replaced,
+  never reused. Killing one task's job cancels only that job's requests (its lease lapses).
+
+Scope: one replica is one actor holding its engine (vLLM's ``uni`` executor: tensor x pipeline
+parallel = 1, the shape of our GPU benchmarks); larger engines run per job as before. LoRA adapters
+work per row as in Ray Data LLM (``dynamic_lora_loading_path`` is part of the fingerprint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_raybatch.pipeline.generate.pool_replica import LEASE_RENEW_SECONDS
+
+log = logging.getLogger("airflow_provider_raybatch.pipeline")
+
+NAMESPACE = "raybatch_engine_pool"
+NAME_PREFIX = "raybatch-engine-"
+#: The engine constructor keywords that are the job's, not the engine's: left out of the fingerprint.
+_PER_JOB_KWARGS = ("batch_size", "max_concurrent_batches", "should_continue_on_error", "log_engine_metrics")
+#: The map_batches keywords that reserve the replica's resources (they go to the pool's actors).
+_RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
+#: How long a job waits for its replicas to be placed before it ends idle replicas of other pools.
+MAKE_ROOM_AFTER_SECONDS = 5.0
+#: How long an attaching job waits for a warm replica's health check before it replaces the replica.
+HEALTH_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class EnginePool:
+    """Where a job's engine replicas live and how to make one: picklable, shipped to the job's stage."""
+
+    fingerprint: str
+    replicas: int
+    engine_kwargs: dict[str, Any]  # Any: the vLLM stage UDF's constructor keywords
+    actor_options: dict[str, Any]  # Any: Ray actor options (resources, runtime_env)
+    compile_cache_dir: str | None
+    keep_warm_seconds: float
+    names: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        names = tuple(f"{NAME_PREFIX}{self.fingerprint}-{index}" for index in range(self.replicas))
+        object.__setattr__(self, "names", names)
+
+    def replica(self, index: int) -> Any:  # Any: a Ray actor handle
+        """Replica ``index``: the live one, or a new one (its engine starts building now)."""
+        import ray
+
+        from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+        return (
+            ray.remote(EngineReplica)
+            .options(
+                name=self.names[index],
+                namespace=NAMESPACE,
+                lifetime="detached",  # outlives the job that made it: that is the point
+                get_if_exists=True,
+                max_restarts=0,  # a dead replica is replaced (a fresh name holder), never restarted in place
+                max_concurrency=10_000,  # rows of every job in flight at once; vLLM bounds its own batch
+                **self.actor_options,
+            )
+            .remote(self.engine_kwargs, self.compile_cache_dir, self.fingerprint)
+        )
+
+    def existing(self) -> set[str]:
+        """The names of this pool's replicas that are alive now."""
+        import ray.util
+
+        alive = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                 if entry.get("namespace") == NAMESPACE}  # fmt: skip
+        return alive & set(self.names)
+
+
+def pool_fingerprint(
+    engine_kwargs: dict[str, Any], actor_options: dict[str, Any], compile_cache_dir: str | None
+) -> str:
+    """A stable hash of everything that makes two engines interchangeable (see the module doc)."""
+    engine = {key: value for key, value in engine_kwargs.items() if key not in _PER_JOB_KWARGS}
+    shape = {"engine": engine, "actor": actor_options, "compile_cache_dir": compile_cache_dir}
+    canonical = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def plan_pool(
+    engine_kwargs: dict[str, Any],
+    map_batches_kwargs: dict[str, Any],
+    replicas: int,
+    keep_warm_seconds: float,
+    compile_cache_dir: str | None,
+    job_runtime_env: dict[str, Any],
+) -> EnginePool:
+    """The pool for a job's vLLM stage, from what Ray Data LLM built for it.
+
+    :param engine_kwargs: the stage's UDF constructor keywords.
+    :param map_batches_kwargs: the stage's ``map_batches`` keywords (its replicas' resources).
+    :param job_runtime_env: the job's runtime env: the replica keeps our code's package (the first
+        ``py_modules`` entry, see ``operators.job_shipping.upload_runtime_env``) and the rest but the
+        other packages.
+    :raises ValueError: for an engine a pool cannot hold (tensor or pipeline parallel).
+    """
+    if "ray_remote_args_fn" in map_batches_kwargs:
+        raise ValueError(
+            "keep_warm_seconds: a warm pool holds one-actor engines (tensor_parallel_size x "
+            "pipeline_parallel_size = 1); run this engine without keep_warm_seconds"
+        )
+    options: dict[str, Any] = {
+        k: map_batches_kwargs[k] for k in _RESOURCE_KWARGS if map_batches_kwargs.get(k)
+    }
+    runtime_env = {key: value for key, value in job_runtime_env.items() if key != "py_modules"}
+    if job_runtime_env.get("py_modules"):
+        runtime_env["py_modules"] = list(job_runtime_env["py_modules"])[:1]
+    options["runtime_env"] = runtime_env
+    fingerprint = pool_fingerprint(engine_kwargs, options, compile_cache_dir)
+    return EnginePool(
+        fingerprint, replicas, dict(engine_kwargs), options, compile_cache_dir, keep_warm_seconds
+    )
+
+
+def make_room(needs: dict[str, float], keep_fingerprint: str | None) -> list[str]:
+    """End idle replicas of other pools until the cluster has ``needs`` free; the names ended.
+
+    A replica that holds a lease or has rows in flight says no; one still building its engine does not
+    answer in time and is left alone.
+    """
+    import ray
+    import ray.util
+
+    ended: list[str] = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if _fits(needs, ray.available_resources()):
+            break
+        name = entry.get("name", "")
+        if entry.get("namespace") != NAMESPACE or not name.startswith(NAME_PREFIX):
+            continue
+        if keep_fingerprint is not None and name.startswith(f"{NAME_PREFIX}{keep_fingerprint}-"):
+            continue
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+            if ray.get(handle.retire_if_idle.remote(), timeout=10):
+                ended.append(name)
+        except Exception:  # noqa: BLE001 - gone, busy building, or unreachable: not ours to end
+            continue
+    if ended:
+        log.warning("Ended idle engine pool replicas %s to make room for this job.", ", ".join(ended))
+    return ended
+
+
+def _fits(needs: dict[str, float], available: dict[str, float]) -> bool:
+    return all(available.get(name, 0.0) >= amount for name, amount in needs.items() if amount)
+
+
+def replica_needs(actor_options: dict[str, Any]) -> dict[str, float]:
+    """The resources one replica reserves, as ``ray.available_resources()`` names them."""
+    needs = dict(actor_options.get("resources") or {})
+    if actor_options.get("num_cpus"):
+        needs["CPU"] = float(actor_options["num_cpus"])
+    if actor_options.get("num_gpus"):
+        needs["GPU"] = float(actor_options["num_gpus"])
+    if actor_options.get("accelerator_type"):
+        needs[f"accelerator_type:{actor_options['accelerator_type']}"] = 0.001
+    return needs
+
+
+class PoolLease:
+    """A job's hold on its pool, from its driver: attach every replica, renew, release at the end.
+
+    Started while the input is read (a cold replica builds its engine meanwhile), stopped after the
+    engine stage. What it saw goes in the manifest (:meth:`describe`).
+    """
+
+    def __init__(self, pool: EnginePool) -> None:
+        import ray
+
+        self.pool = pool
+        self.job_id = ray.get_runtime_context().get_job_id()
+        self._warm = sorted(pool.existing())
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._ready_after: float | None = None
+        self._replaced: list[str] = []
+        self._ended_for_room: list[str] = []
+        self._attaching: list[Any] = []  # Any: Ray object refs of the first attach calls
+        self._thread = threading.Thread(target=self._keep, name="raybatch-pool-lease", daemon=True)
+
+    def start(self) -> PoolLease:
+        self._replace_unhealthy()
+        # Creates the cold replicas (their engines build while the job reads its input).
+        self._attaching = [self.pool.replica(index).attach.remote(self.job_id, self.pool.keep_warm_seconds)
+                           for index in range(self.pool.replicas)]  # fmt: skip
+        log.info("Engine pool %s: %d of %d replicas warm; keep_warm_seconds=%g.", self.pool.fingerprint,
+                 len(self._warm), self.pool.replicas, self.pool.keep_warm_seconds)  # fmt: skip
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        import ray
+
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._note_when_ready()  # the engine stage may end within a second of the replicas' readiness
+        for name in self.pool.names:
+            try:
+                ray.get(ray.get_actor(name, namespace=NAMESPACE).release.remote(self.job_id), timeout=10)
+            except Exception:  # noqa: BLE001 - gone already: nothing to release
+                continue
+
+    def describe(self) -> dict[str, Any]:  # Any: JSON values.
+        return {
+            "fingerprint": self.pool.fingerprint,
+            "replicas": self.pool.replicas,
+            "warm_replicas": len(self._warm),
+            "keep_warm_seconds": self.pool.keep_warm_seconds,
+            "replicas_ready_s": self._ready_after,
+            "replaced_unhealthy": self._replaced,
+            "ended_for_room": self._ended_for_room,
+        }
+
+    def _replace_unhealthy(self) -> None:
+        """A warm replica whose engine fails vLLM's health check is killed, not reused."""
+        import ray
+
+        for name in self._warm:
+            try:
+                ray.get(
+                    ray.get_actor(name, namespace=NAMESPACE).health.remote(), timeout=HEALTH_TIMEOUT_SECONDS
+                )
+            except Exception as err:  # noqa: BLE001 - dead, wedged or gone: replace it
+                log.warning("Engine pool replica %s failed its health check (%s): replacing it.", name,
+                            type(err).__name__)  # fmt: skip
+                with contextlib.suppress(ValueError):  # gone already
+                    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+                self._replaced.append(name)
+                _wait_until_gone(name)
+        self._warm = [name for name in self._warm if name not in self._replaced]
+
+    def _keep(self) -> None:
+        """Renew the leases every few seconds; while replicas are not placed, make room for them.
+
+        Never raises: a failed round is logged and the next one tries again (a dead thread would let
+        the job's leases lapse, and the replicas would cancel its rows).
+        """
+        renewed = time.monotonic()
+        while not self._stop.wait(1.0):
+            try:
+                self._note_when_ready()
+                if self._ready_after is None and time.monotonic() - self._started > MAKE_ROOM_AFTER_SECONDS:
+                    self._ended_for_room += make_room(
+                        replica_needs(self.pool.actor_options), self.pool.fingerprint
+                    )
+                if time.monotonic() - renewed >= LEASE_RENEW_SECONDS:
+                    renewed = time.monotonic()
+                    self._renew()
+            except Exception:  # noqa: BLE001 - see the docstring
+                log.warning("Engine pool %s: a lease round failed.", self.pool.fingerprint, exc_info=True)
+
+    def _note_when_ready(self) -> None:
+        import ray
+
+        if self._ready_after is None:
+            _, pending = ray.wait(self._attaching, num_returns=len(self._attaching), timeout=0)
+            if not pending:
+                self._ready_after = round(time.monotonic() - self._started, 3)
+
+    def _renew(self) -> None:
+        import ray
+
+        for name in self.pool.names:
+            try:
+                replica = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                continue  # dead: the stage that calls it next replaces it
+            replica.attach.remote(self.job_id, self.pool.keep_warm_seconds)
+
+
+def _wait_until_gone(name: str, timeout: float = 30.0) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.2)

@@ -1,0 +1,173 @@
+"""One replica of a warm engine pool: a detached Ray actor that keeps a vLLM engine between jobs.
+
+It builds its engine exactly as a job's own replica does (our :class:`.RaybatchvLLMEngineStageUDF`,
+Ray Data LLM's UDF underneath, with the forkserver, the compile cache and the batch defaults) and
+answers one row at a time with Ray Data LLM's own per-row code (``_generate_with_error_handling``):
+a row that fails inference comes back as an error row, a fatal engine error ends the actor (Ray's
+``os._exit``), and the job's stage replaces it (:mod:`.pooled_stage`). It stages nothing: the rows go
+back to the job's stage, which stages them as a job's own replica does, so exactly-once output,
+resume and the commit protocol do not know a pool exists.
+
+Its lifetime is the keep-warm window, nothing else (:mod:`.engine_pool` says why):
+
+* A job holds a **lease** while it runs (``attach``, renewed by its driver every few seconds,
+  ``release`` at its end). A lease not renewed for :data:`LEASE_SECONDS` is a job that was stopped or
+  killed: its requests still in the engine are cancelled (vLLM aborts a cancelled request), so a
+  killed task never keeps generating rows nobody will stage, and other jobs' rows go on.
+* With no lease and nothing in flight for ``keep_warm_seconds`` (the last job's setting), the
+  replica shuts its engine down and exits: the GPUs are free again (scale to zero).
+* ``retire_if_idle`` lets a job that needs the resources end an idle replica of another pool at once
+  (a cluster without spare GPUs never waits on an idle pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+log = logging.getLogger("airflow_provider_raybatch.pipeline")
+
+#: A job's lease lasts this long unless its driver renews it (every :data:`LEASE_RENEW_SECONDS`).
+LEASE_SECONDS = 30.0
+LEASE_RENEW_SECONDS = 5.0
+#: How often the replica looks at its leases and its keep-warm window.
+_TICK_SECONDS = 1.0
+
+
+class EngineReplica:
+    """A vLLM engine kept warm for the jobs whose engine settings have this pool's fingerprint.
+
+    :param engine_kwargs: the constructor keywords of Ray Data LLM's vLLM stage UDF, as the job's
+        processor built them (model, engine_kwargs, task_type, ...).
+    :param compile_cache_dir: the spec's ``compile_cache_dir``.
+    :param fingerprint: the pool's (:func:`.engine_pool.pool_fingerprint`), for its reports.
+    """
+
+    def __init__(
+        self, engine_kwargs: dict[str, Any], compile_cache_dir: str | None, fingerprint: str
+    ) -> None:
+        from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
+
+        started = time.monotonic()
+        self._engine = RaybatchvLLMEngineStageUDF(
+            data_column="__data",
+            expected_input_keys=[],
+            raybatch_staging=None,
+            raybatch_compile_cache_dir=compile_cache_dir,
+            **engine_kwargs,
+        )
+        self._fingerprint = fingerprint
+        self._engine_build_seconds = round(time.monotonic() - started, 3)
+        self._keep_warm_seconds = 0.0
+        self._leases: dict[str, float] = {}  # job id -> when its lease ends (monotonic)
+        self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}  # job id -> its requests in the engine
+        self._last_active = time.monotonic()
+        self._jobs_served: list[str] = []
+        self._rows_done = 0
+        self._watch: asyncio.Task[None] | None = None
+        self._retiring = False
+
+    # The job side ------------------------------------------------------------------------------
+
+    async def attach(self, job_id: str, keep_warm_seconds: float) -> dict[str, Any]:
+        """Hold (or renew) ``job_id``'s lease; the replica's state before this call."""
+        state = self._state()
+        if job_id not in self._jobs_served:
+            self._jobs_served.append(job_id)
+        self._leases[job_id] = time.monotonic() + LEASE_SECONDS
+        self._keep_warm_seconds = float(keep_warm_seconds)
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_leases())
+        return state
+
+    async def release(self, job_id: str) -> None:
+        """``job_id`` is done: its lease ends now; the keep-warm window starts once nothing is in flight."""
+        self._leases.pop(job_id, None)
+        self._last_active = time.monotonic()
+
+    async def generate(self, row: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: row values.
+        """Ray Data LLM's per-row call on this engine: the row's engine output (an error row on failure)."""
+        task = asyncio.current_task()
+        assert task is not None  # an async actor method runs in a task
+        self._in_flight.setdefault(job_id, set()).add(task)
+        try:
+            output = await self._engine._generate_with_error_handling(row, _BATCH)
+        finally:
+            self._in_flight[job_id].discard(task)
+            if not self._in_flight[job_id]:
+                del self._in_flight[job_id]
+            self._last_active = time.monotonic()
+        self._rows_done += 1
+        return _portable(output)
+
+    async def health(self) -> dict[str, Any]:
+        """The replica's state, after asking vLLM whether its engine is alive (raises if it is not)."""
+        await self._engine.llm.engine.check_health()
+        return self._state()
+
+    async def retire_if_idle(self) -> bool:
+        """End the replica now if no job holds it and nothing is in flight; True if it ends."""
+        if self._leases or self._in_flight:
+            return False
+        self._retire("another job needs its resources")
+        return True
+
+    # The replica's own lifetime ------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:  # Any: JSON values.
+        return {
+            "fingerprint": self._fingerprint,
+            "jobs_served": len(self._jobs_served),
+            "rows_done": self._rows_done,
+            "leases": len(self._leases),
+            "in_flight": sum(len(tasks) for tasks in self._in_flight.values()),
+            "idle_seconds": round(time.monotonic() - self._last_active, 3),
+            "engine_build_seconds": self._engine_build_seconds,
+        }
+
+    async def _watch_leases(self) -> None:
+        while not self._retiring:
+            await asyncio.sleep(_TICK_SECONDS)
+            now = time.monotonic()
+            for job_id, ends in list(self._leases.items()):
+                if ends < now:  # its driver stopped renewing: stopped or killed
+                    del self._leases[job_id]
+                    self._cancel(job_id)
+            idle = not self._leases and not self._in_flight
+            if idle and now - self._last_active >= self._keep_warm_seconds:
+                self._retire(f"idle for {self._keep_warm_seconds:g} s (keep_warm_seconds)")
+
+    def _cancel(self, job_id: str) -> None:
+        tasks = self._in_flight.get(job_id, set())
+        if tasks:
+            log.warning("Job %s stopped renewing its lease: cancelling its %d requests.", job_id, len(tasks))
+        for task in tasks:
+            task.cancel()  # vLLM aborts a request whose caller is cancelled
+
+    def _retire(self, why: str) -> None:
+        """Shut the engine down and end this actor (its name is then free for a new replica)."""
+        import ray
+
+        self._retiring = True
+        log.warning("Engine pool replica %s retires: %s.", self._fingerprint, why)
+        with contextlib.suppress(Exception):  # best effort: the actor's end kills what is left
+            self._engine.llm.shutdown()
+        me = ray.get_runtime_context().current_actor
+        # A moment later: a retire_if_idle call still gets its answer.
+        asyncio.get_running_loop().call_later(0.2, lambda: ray.kill(me, no_restart=True))
+
+
+#: One id for every row this replica answers (Ray Data LLM logs it per batch; a pool has no batches).
+_BATCH = uuid.UUID(int=0)
+
+
+def _portable(output: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
+    """The output row without torch values, so the job's stage (which never imports torch) can read it."""
+    embeddings = output.get("embeddings")
+    if embeddings is not None and hasattr(embeddings, "tolist"):
+        output["embeddings"] = embeddings.tolist()
+    return output

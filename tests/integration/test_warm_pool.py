@@ -1,0 +1,169 @@
+"""Warm engines across jobs (``keep_warm_seconds``), as real Ray jobs on the local cluster with vLLM's
+CPU engine: a second job starts on the first one's engine, two concurrent jobs share one engine, a
+replica killed mid-job is replaced and no row is lost or doubled, and the pool scales to zero.
+
+The test process has no Ray (the Airflow side stays light): it looks at the pool through small Ray
+jobs of its own (:func:`_pool`, :func:`_kill_replica`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from tests.conftest import submit_pipeline, wait_for_job
+from tests.integration.test_pipeline_job import make_operator
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+
+NAMESPACE = "raybatch_engine_pool"  # pipeline/generate/engine_pool.py (not imported: it is cluster code)
+
+_POOL_SCRIPT = """
+import json, ray
+ray.init()
+out = []
+for entry in ray.util.list_named_actors(all_namespaces=True):
+    if entry["namespace"] == "raybatch_engine_pool":
+        replica = ray.get_actor(entry["name"], namespace=entry["namespace"])
+        try:
+            out.append({"name": entry["name"], **ray.get(replica.health.remote(), timeout=120)})
+        except Exception as err:
+            out.append({"name": entry["name"], "error": type(err).__name__})
+print("POOL=" + json.dumps(out))
+"""
+
+
+def _on_cluster(script: str) -> str:
+    """Run ``script`` as a Ray job of its own; its log."""
+    hook = RayHook()
+    job_id = hook.submit_job(
+        f"python -c {shlex.quote(script)}", submission_id=f"pool-probe-{uuid.uuid4().hex[:8]}"
+    )
+    status = wait_for_job(job_id, timeout=300)
+    logs = hook.get_job_logs(job_id)
+    assert status == JobStatus.SUCCEEDED, logs[-3000:]
+    return logs
+
+
+def _pool() -> list[dict]:
+    """The pool's live replicas and what each says of itself (EngineReplica.health)."""
+    [line] = [line for line in _on_cluster(_POOL_SCRIPT).splitlines() if line.startswith("POOL=")]
+    return json.loads(line.removeprefix("POOL="))
+
+
+def _kill_replica(name: str) -> None:
+    _on_cluster(
+        f"import ray; ray.init(); ray.kill(ray.get_actor({name!r}, namespace={NAMESPACE!r}), no_restart=True)"
+    )
+
+
+def _tickets(path: Path, count: int, prefix: str) -> list[str]:
+    ids = [f"{prefix}{i:04d}" for i in range(count)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "ticket_id": ticket,
+                    "channel": "email",
+                    "messages": [{"role": "user", "content": f"Ticket {ticket}: my parcel is late."}],
+                }
+            )
+            + "\n"
+            for ticket in ids
+        )  # fmt: skip
+    )
+    return ids
+
+
+def _run(
+    tiny_model: Path, folder: Path, name: str, count: int, keep_warm: float, **overrides
+) -> tuple[str, list[str]]:
+    ids = _tickets(folder / name / "in.jsonl", count, f"{name}-")
+    operator = make_operator(
+        tiny_model, str(folder / name / "in.jsonl"), str(folder / name / "out"), keep_warm_seconds=keep_warm,
+        **overrides,
+    )  # fmt: skip
+    return submit_pipeline(operator, name, f"pool-{name}-{uuid.uuid4().hex[:8]}"), ids
+
+
+def _committed(folder: Path, name: str, job_id: str, ids: list[str]) -> dict:
+    """The job succeeded and committed every id exactly once; its manifest."""
+    assert wait_for_job(job_id) == JobStatus.SUCCEEDED, RayHook().get_job_log_tail(job_id, 80)
+    manifest = json.loads((folder / name / "out" / "manifest.json").read_text())
+    outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
+    assert sorted(row["ticket_id"] for row in outputs) == ids
+    assert manifest["rows_in"] == manifest["rows_out"] == len(ids) and manifest["rows_failed"] == 0
+    return manifest
+
+
+def _wait_for_empty_pool(timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (live := _pool()) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert not live, f"the pool still holds {live} after {timeout} s"
+
+
+def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scales_to_zero(
+    ray_connection, tiny_model, tmp_path
+) -> None:
+    first, first_ids = _run(tiny_model, tmp_path, "first", 40, keep_warm=600)
+    cold = _committed(tmp_path, "first", first, first_ids)["engine_pool"]
+    assert (cold["replicas"], cold["warm_replicas"]) == (1, 0)
+    [replica] = _pool()
+    assert replica["name"].endswith(f"{cold['fingerprint']}-0")
+    assert (replica["jobs_served"], replica["rows_done"], replica["leases"], replica["in_flight"]) == (
+        1,
+        40,
+        0,
+        0,
+    )
+
+    second, second_ids = _run(tiny_model, tmp_path, "second", 40, keep_warm=600)
+    warm = _committed(tmp_path, "second", second, second_ids)["engine_pool"]
+    assert (warm["fingerprint"], warm["warm_replicas"]) == (cold["fingerprint"], 1)
+    [replica] = _pool()
+    assert (replica["jobs_served"], replica["rows_done"]) == (2, 80)  # the same engine, not a new one
+
+    # Another engine setting is another pool: never the same engine.
+    assert _run_fingerprint(tiny_model, tmp_path) != cold["fingerprint"]
+
+    # A replica killed while a job's rows are in it: replaced, and every row committed exactly once.
+    third, third_ids = _run(tiny_model, tmp_path, "third", 3000, keep_warm=3,
+                            sampling_params={"temperature": 0, "max_tokens": 48})  # fmt: skip
+    out = tmp_path / "third" / "out"  # the replicas stage parts into the version folder as rows finish
+    deadline = time.monotonic() + 600
+    while not list(out.rglob("*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert list(out.rglob("*.parquet")), "the third job staged nothing"
+    _kill_replica(replica["name"])
+    assert not RayHook().get_job_status(third).is_terminal, "the replica was killed after the job ended"
+    manifest = _committed(tmp_path, "third", third, third_ids)
+    assert manifest["engine_pool"]["warm_replicas"] == 1
+    # keep_warm_seconds=3, the last job's: the replica (the replacement) goes, and its GPUs with it.
+    _wait_for_empty_pool(timeout=120)
+
+
+def _run_fingerprint(tiny_model: Path, folder: Path) -> str:
+    job, ids = _run(tiny_model, folder, "other", 8, keep_warm=0, engine_kwargs={
+        "max_model_len": 384, "gpu_memory_utilization": 0.3, "enforce_eager": True})  # fmt: skip
+    return _committed(folder, "other", job, ids)["engine_pool"]["fingerprint"]
+
+
+def test_two_concurrent_jobs_share_one_engine(ray_connection, tiny_model, tmp_path) -> None:
+    _wait_for_empty_pool(timeout=120)  # nothing left from another test
+    jobs = [_run(tiny_model, tmp_path, name, 120, keep_warm=20) for name in ("day1", "day2")]
+    manifests = [
+        _committed(tmp_path, name, job, ids) for name, (job, ids) in zip(("day1", "day2"), jobs, strict=True)
+    ]
+    assert manifests[0]["engine_pool"]["fingerprint"] == manifests[1]["engine_pool"]["fingerprint"]
+    [replica] = _pool()  # one engine for both
+    assert (replica["jobs_served"], replica["rows_done"], replica["leases"]) == (2, 240, 0)
+    _wait_for_empty_pool(timeout=120)

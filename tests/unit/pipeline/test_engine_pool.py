@@ -1,0 +1,194 @@
+"""pipeline/generate/engine_pool.py, pool_replica.py and pooled_stage.py without a cluster: which engines
+are interchangeable, what a replica keeps of a job, leases and keep-warm, and a dead replica replaced.
+
+The end-to-end behaviour (a warm second job, two jobs on one engine, a replica killed mid-job, scale
+to zero) is tests/integration/test_warm_pool.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.generate.engine_pool import (
+    EnginePool,
+    _fits,
+    plan_pool,
+    replica_needs,
+)
+from tests.unit.pipeline.ray_env import run_in_ray_env
+
+ENGINE = {"model": "/models/tiny", "engine_kwargs": {"max_model_len": 512}, "task_type": "generate",
+          "batch_size": 16, "max_concurrent_batches": 8}  # fmt: skip
+JOB_ENV = {"py_modules": ["gcs://_ray_pkg_ours.zip", "gcs://_ray_pkg_authors.zip", "gcs://_ray_pkg_job.zip"],
+           "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # fmt: skip
+
+
+def _plan(engine=ENGINE, resources=None, runtime_env=JOB_ENV, keep_warm=60.0) -> EnginePool:
+    return plan_pool(dict(engine), resources or {"num_cpus": 1}, 2, keep_warm, None, runtime_env)
+
+
+def test_jobs_with_the_same_engine_share_a_pool_whatever_their_batches_and_keep_warm() -> None:
+    one = _plan()
+    other = _plan(engine={**ENGINE, "batch_size": 64, "max_concurrent_batches": 2}, keep_warm=5)
+    assert one.fingerprint == other.fingerprint
+    assert one.names == (f"raybatch-engine-{one.fingerprint}-0", f"raybatch-engine-{one.fingerprint}-1")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"engine": {**ENGINE, "model": "/models/other"}},
+        {"engine": {**ENGINE, "engine_kwargs": {"max_model_len": 1024}}},
+        {"engine": {**ENGINE, "task_type": "embed"}},
+        {"resources": {"num_gpus": 1}},
+        {"resources": {"num_cpus": 1, "accelerator_type": "H100"}},
+        {"runtime_env": {**JOB_ENV, "py_modules": ["gcs://_ray_pkg_newer_provider.zip"]}},
+        {"runtime_env": {**JOB_ENV, "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}}},
+    ],
+)
+def test_any_other_engine_setting_resource_or_code_version_is_another_pool(change: dict) -> None:
+    assert _plan(**change).fingerprint != _plan().fingerprint
+
+
+def test_a_replica_keeps_our_code_not_the_jobs_own_packages() -> None:
+    """The spec's package and the author's modules are one job's: a replica serves many."""
+    pool = _plan()
+    assert pool.actor_options["runtime_env"] == {"py_modules": ["gcs://_ray_pkg_ours.zip"],
+                                                 "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # fmt: skip
+    other_job = {"py_modules": ["gcs://_ray_pkg_ours.zip", "gcs://_ray_pkg_other_job.zip"],
+                 "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # fmt: skip
+    assert _plan(runtime_env=other_job).fingerprint == pool.fingerprint
+
+
+def test_a_tensor_parallel_engine_is_not_pooled() -> None:
+    with pytest.raises(ValueError, match="one-actor engines"):
+        plan_pool(dict(ENGINE), {"ray_remote_args_fn": object()}, 1, 60.0, None, {})
+
+
+def test_what_a_replica_needs_and_whether_it_fits() -> None:
+    needs = replica_needs(
+        {"num_gpus": 1, "num_cpus": 2, "resources": {"engine_slot": 1}, "accelerator_type": "H100"}
+    )
+    assert needs == {"GPU": 1.0, "CPU": 2.0, "engine_slot": 1, "accelerator_type:H100": 0.001}
+    assert _fits(needs, {"GPU": 1.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0})
+    assert not _fits(needs, {"GPU": 0.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0})
+
+
+_REPLICA = """
+import asyncio, json
+from airflow_provider_raybatch.pipeline.generate import pool_replica
+from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+pool_replica.LEASE_SECONDS = 0.5
+pool_replica._TICK_SECONDS = 0.05
+
+class Engine:  # Ray Data LLM's UDF: rows of job "stuck" never finish; the others at once
+    async def _generate_with_error_handling(self, row, batch_uuid):
+        if row["job"] == "stuck":
+            await asyncio.Event().wait()
+        return {"generated_text": "out " + row["source"], "embeddings": None}
+
+replica = object.__new__(EngineReplica)
+replica.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0, _keep_warm_seconds=0.0,
+                        _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _watch=None,
+                        _retiring=False,
+                        _last_active=0.0)
+retired = []
+replica._retire = lambda why: (retired.append(why), setattr(replica, "_retiring", True))
+
+async def main():
+    loop = asyncio.get_running_loop()
+    before = await replica.attach("live", keep_warm_seconds=0.3)
+    await replica.attach("stuck", keep_warm_seconds=0.3)
+    answer = await replica.generate({"source": "a:1", "job": "live"}, "live")
+    stuck = loop.create_task(replica.generate({"source": "s:1", "job": "stuck"}, "stuck"))
+    await asyncio.sleep(0.1)
+    busy = replica._state()
+    idle_refused = await replica.retire_if_idle()
+    for _ in range(10):  # "live" renews its lease as a running job's driver does; "stuck" was killed
+        await replica.attach("live", keep_warm_seconds=0.3)
+        await asyncio.sleep(0.1)
+    cancelled = stuck.cancelled()
+    retired_while_leased = list(retired)
+    await replica.release("live")
+    await asyncio.sleep(0.6)
+    return {"before": before, "answer": answer, "busy": busy, "idle_refused": idle_refused,
+            "cancelled": cancelled, "retired_while_leased": retired_while_leased, "retired": retired,
+            "after": replica._state()}
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_after_keep_warm() -> None:
+    report = run_in_ray_env(_REPLICA)
+    assert report["before"]["jobs_served"] == 0 and report["answer"]["generated_text"] == "out a:1"
+    assert (report["busy"]["leases"], report["busy"]["in_flight"], report["busy"]["rows_done"]) == (2, 1, 1)
+    assert report["idle_refused"] is False  # a replica with leases is never ended for room
+    # The killed job's lease lapsed: its row in the engine was cancelled (vLLM aborts it); the job
+    # that kept renewing kept the replica.
+    assert report["cancelled"] is True and report["retired_while_leased"] == []
+    assert report["retired"] == ["idle for 0.3 s (keep_warm_seconds)"]
+    assert (report["after"]["leases"], report["after"]["in_flight"], report["after"]["jobs_served"]) == (
+        0,
+        0,
+        2,
+    )
+
+
+_STAGE = """
+import asyncio, json
+import ray
+from airflow_provider_raybatch.pipeline.generate import pooled_stage
+
+class Call:
+    def __init__(self, fn): self.fn = fn
+    def remote(self, *args): return self.fn(*args)
+
+made = []
+class Replica:
+    def __init__(self, index, deaths):
+        self._actor_id = f"actor-{len(made)}"
+        self.deaths = deaths
+        self.generate = Call(self._generate)
+        self.attach = Call(self._attach)
+    async def _attach(self, job_id, keep_warm):
+        return {}
+    async def _generate(self, row, job_id):
+        if self.deaths:
+            self.deaths.pop()
+            raise ray.exceptions.RayActorError()
+        text = f"{self._actor_id} {row['source']}"
+        return {"__idx_in_batch": row["__idx_in_batch"], "generated_text": text}
+
+class Pool:
+    replicas, keep_warm_seconds, names = 1, 60.0, ("raybatch-engine-f-0",)
+    def __init__(self, deaths): self.deaths = deaths
+    def replica(self, index):
+        made.append(Replica(index, self.deaths))
+        return made[-1]
+
+async def run(deaths):
+    made.clear()
+    client = object.__new__(pooled_stage._PoolClient)
+    client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=Pool(deaths), _job_id="job",
+                           _handles={}, _dead=set(), _next=0, _replaced=0, _max_replaced=2)
+    rows = [{"source": f"a:{i}", "__idx_in_batch": i} for i in range(3)]
+    try:
+        out = [row async for row in client.udf(rows)]
+        return {"rows": sorted(row["generated_text"] for row in out), "made": len(made)}
+    except pooled_stage.PoolReplicaLost as err:
+        return {"error": str(err), "made": len(made)}
+
+print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": asyncio.run(run([1] * 8))}))
+"""
+
+
+def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_budget() -> None:
+    report = run_in_ray_env(_STAGE)
+    one = report["one_death"]
+    # One row found the replica dead: a new one took its name and answered it; every row once.
+    assert one["made"] == 2 and sum(text.startswith("actor-1 ") for text in one["rows"]) >= 1
+    assert sorted(text.split()[1] for text in one["rows"]) == ["a:0", "a:1", "a:2"]
+    too_many = report["too_many"]
+    assert "died; replicas were replaced 2 times already (RAYBATCH_ENGINE_MAX_RESTARTS)" in too_many["error"]
