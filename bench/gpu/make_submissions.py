@@ -30,6 +30,7 @@ usage: .venvs/airflow/bin/python bench/gpu/make_submissions.py [NAME ... | all]
 from __future__ import annotations
 
 import base64
+import functools
 import importlib.util
 import json
 import sys
@@ -142,8 +143,13 @@ def _job(
     return job
 
 
-def submission(name: str, n: int, concurrency: int = 1) -> dict[str, Any]:  # Any: JSON values.
-    """A job of the random-words workload (sections 5 and 6 of bench/RESULTS.md)."""
+def submission(
+    name: str, n: int, concurrency: int = 1, keep_warm_seconds: float | None = None
+) -> dict[str, Any]:  # Any: JSON values.
+    """A job of the random-words workload (sections 5 and 6 of bench/RESULTS.md).
+
+    :param keep_warm_seconds: run on the warm engine pool (the backfill of issue 20, section 9).
+    """
     kwargs = workload.operator_kwargs(
         MODEL,
         f"{DATA}/prompts-{n}x{PROMPT_TOKENS}.jsonl",
@@ -154,6 +160,8 @@ def submission(name: str, n: int, concurrency: int = 1) -> dict[str, Any]:  # An
         None,
     )
     kwargs["concurrency"] = concurrency  # an int: the operator's default pool (a fixed pool of n replicas)
+    if keep_warm_seconds is not None:
+        kwargs["keep_warm_seconds"] = keep_warm_seconds
     extra = {"requests": n, "prompt_tokens": PROMPT_TOKENS, "vocab_words": VOCAB_WORDS}
     return _job(name, kwargs, extra)
 
@@ -260,6 +268,11 @@ JOBS = {
     "ours-2000-warm": lambda: submission("ours-2000-warm", 2000, 1),
     "ours-20000": lambda: submission("ours-20000", 20000, 1),
     "scale-2": lambda: submission("scale-2", 20000, 2),
+    # A 7-date backfill of 2,000 rows a date on one warm engine pool (issue 20; RESULTS section 9).
+    **{
+        f"backfill-d{day}": functools.partial(submission, f"backfill-d{day}", 2000, 1, 600)
+        for day in range(1, 8)
+    },
     "scale-2m-small": lambda: scale_submission("scale-2m-small", 2_000_000, SMALL_MODEL),
     "scale-2m-small-x4": lambda: scale_submission(
         "scale-2m-small-x4", 2_000_000, SMALL_MODEL, replicas_per_gpu=4

@@ -19,6 +19,8 @@
 #   b:NAME      (b) our pipeline: the job bench/gpu/jobs/NAME.json through the Ray Jobs API (ours_job.py);
 #               starts the Ray head first if it is not up
 #   resume:NAME issue 19 item 5: NAME's job stopped half way, rerun as try 2 (bench/gpu/scale_resume.py)
+#   a:NAME@TAG  the same, its results as a-NAME@TAG.json (e.g. a:2000@d1 ... a:2000@d7: 7 cold raw scripts)
+#   backfill    the 7-date backfill's table (bench/gpu/backfill_summary.py): a:2000@d1..d7 vs b:backfill-d1..d7
 #   check:NAME  every input row exactly once in NAME's committed outputs + errors (bench/gpu/scale_check.py)
 #   bg          the stages after it run in a detached runner (setsid; it outlives this call while the
 #               machine stays warm), and this call waits for it like "wait"
@@ -153,7 +155,10 @@ PY
     # --split-tiles: vLLM 0.25.1 gives an image that fits one tile no pixels (make_tiny_vlm.py)
     [ -e /tmp/tiny_vlm/config.json ] || python3 scripts/make_tiny_vlm.py /tmp/tiny_vlm --split-tiles 2>&1 | tail -2;;
   a:*)
-    n=${s#a:}; job=bench/gpu/jobs/$n.json; [ -e "$job" ] || job=bench/gpu/jobs/ours-$n.json
+    # a:NAME@TAG: the same run again, its results under NAME@TAG (a backfill's 7 raw scripts)
+    n=${s#a:}; tag=${n#*@}; [ "$tag" = "$n" ] && tag=; n=${n%@*}
+    job=bench/gpu/jobs/$n.json; [ -e "$job" ] || job=bench/gpu/jobs/ours-$n.json
+    [ -n "$tag" ] && n=$n@$tag
     waitgpu; echo "=== a:$n start $(date +%T) ($(left)s left)"
     python3 -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['spec']))" "$job" > /tmp/spec-$n.json
     rm -rf /tmp/gpu_out/raw-$n; t=$(date +%s.%N)
@@ -173,7 +178,10 @@ print("RSS", json.dumps({g: (v["peak_rss_mib"], v["peak_sum_rss_mib"]) for g, v 
 PY
     echo "--- a:$n rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "ENGINE|took|compile|Error|Traceback|KV cache" "$L/a-$n.log" | cut -c1-250 | tail -8;;
   b:*)
-    name=${s#b:}; waitgpu; startray
+    name=${s#b:}
+    # A backfill's later dates run while the pool's engine holds the GPU (keep_warm_seconds): no wait.
+    case $name in backfill-d[2-9]) ;; *) waitgpu;; esac
+    startray
     mode=; rayup || mode=--direct
     echo "=== b:$name start $(date +%T) ($(left)s left) $mode"
     rm -rf /tmp/gpu_out/$name
@@ -193,6 +201,8 @@ PY
     timeout $(stagelimit) python3 "$HERE/scale_resume.py" "$HERE/jobs/$name.json" "$K/resume-$name.json" > "$L/resume-$name.out" 2>&1; rc=$?
     echo "--- resume:$name rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "FIRST|RERUN|IDCHECK|submitted|resubmitted|stop|Error|Traceback" "$L/resume-$name.out" | cut -c1-1500 | tail -10
     [ $rc = 0 ] || tail -40 "$L/resume-$name.out";;
+  backfill)  # issue 20's backfill table from the a:ours-2000@dK and b:backfill-dK results
+    python3 "$HERE/backfill_summary.py" "$K" "$K/backfill.json";;
   check:*)
     name=${s#check:}
     timeout $(stagelimit) python3 "$HERE/scale_check.py" "$HERE/jobs/$name.json" "$K/check-$name.json" 2>&1 | tail -3;;
