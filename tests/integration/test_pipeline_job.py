@@ -163,6 +163,13 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert predicted["prompt_tokens"] == manifest["tokens_in"]
     assert sum(bucket["rows"] for bucket in predicted["prompt_tokens_histogram"]) == GOOD_ROWS
     assert predicted["output_tokens_at_most"] == GOOD_ROWS * 24
-    assert predicted["rows_per_second_from"] == "last run"
-    assert predicted["estimated_gpu_seconds"] == math.ceil(GOOD_ROWS / (rows_in / manifest["wall_seconds"]))
+    # The last run's rate while generating, and its start-up once (not its rows over its wall time,
+    # which is mostly start-up on a short run).
+    timings = manifest["timings"]
+    assert predicted["rows_per_second_from"] == "last run, while generating"
+    assert predicted["rows_per_second"] == round(GOOD_ROWS / timings["generating_s"], 3)
+    assert predicted["estimated_startup_seconds"] == round(timings["engine_start_to_first_row_s"], 1)
+    assert predicted["estimated_gpu_seconds"] == math.ceil(
+        timings["engine_start_to_first_row_s"] + GOOD_ROWS / (GOOD_ROWS / timings["generating_s"])
+    )
     assert "Dry run" in Path(output_uri, "_dry_runs", "dirty", "report.html").read_text()

@@ -256,22 +256,33 @@ class PoolLease:
         }
 
     def _replace_unhealthy(self) -> None:
-        """A warm replica whose engine fails vLLM's health check is killed, not reused."""
+        """A warm replica whose engine fails vLLM's health check, or that is up but does not answer it,
+        is killed, not reused. One still building its engine (another job started it a moment ago)
+        cannot answer yet and is left to finish."""
         import ray
 
+        answered = []
         for name in self._warm:
             try:
-                ray.get(
-                    ray.get_actor(name, namespace=NAMESPACE).health.remote(), timeout=HEALTH_TIMEOUT_SECONDS
-                )
-            except Exception as err:  # noqa: BLE001 - dead, wedged or gone: replace it
-                log.warning("Engine pool replica %s failed its health check (%s): replacing it.", name,
-                            type(err).__name__)  # fmt: skip
-                with contextlib.suppress(ValueError):  # gone already
-                    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-                self._replaced.append(name)
-                _wait_until_gone(name)
-        self._warm = [name for name in self._warm if name not in self._replaced]
+                replica = ray.get_actor(name, namespace=NAMESPACE)
+                if not _is_up(replica):
+                    continue  # still building its engine: nothing to check yet
+                ray.get(replica.health.remote(), timeout=HEALTH_TIMEOUT_SECONDS)
+                answered.append(name)
+            except ray.exceptions.GetTimeoutError:
+                self._kill(name, "is up but did not answer its health check")
+            except Exception as err:  # noqa: BLE001 - dead or gone: replace it
+                self._kill(name, f"failed its health check ({type(err).__name__})")
+        self._warm = answered  # warm: an engine that answered; one still building is shared, not warm
+
+    def _kill(self, name: str, why: str) -> None:
+        import ray
+
+        log.warning("Engine pool replica %s %s: replacing it.", name, why)
+        with contextlib.suppress(ValueError):  # gone already
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        self._replaced.append(name)
+        _wait_until_gone(name)
 
     def _keep(self) -> None:
         """Renew the leases every few seconds; while replicas are not placed, make room for them.
@@ -310,6 +321,17 @@ class PoolLease:
             except ValueError:
                 continue  # dead: the stage that calls it next replaces it
             replica.attach.remote(self.job_id, self.pool.keep_warm_seconds)
+
+
+def _is_up(replica: Any) -> bool:  # Any: a Ray actor handle
+    """Whether the replica's constructor has returned (Ray's actor state ALIVE); True if Ray cannot say."""
+    try:
+        from ray.util.state import get_actor
+
+        state = get_actor(replica._actor_id.hex())
+    except Exception:  # noqa: BLE001 - no state API (no dashboard): treat a silent replica as wedged
+        return True
+    return state is None or state.state == "ALIVE"
 
 
 def _wait_until_gone(name: str, timeout: float = 30.0) -> None:
