@@ -43,6 +43,12 @@ SUPPORT_TICKET_SUMMARIES = Asset(
             description="Resources per replica; {'CPU': 1} on vLLM's CPU build.",
         ),
         "aws_conn_id": Param(None, type=["null", "string"], description="AWS connection for s3:// data."),
+        "keep_warm_seconds": Param(
+            None,
+            type=["null", "number"],
+            description="Keep the engines warm this long for the next date (a backfill pays the engine "
+            "start-up once; docs/warm-engines.md); unset: each run starts and stops its own.",
+        ),
     },
 )
 def daily_support_ticket_summary() -> None:
@@ -62,6 +68,7 @@ def daily_support_ticket_summary() -> None:
         output_format="jsonl",
         batch_size=32,
         aws_conn_id="{{ params.aws_conn_id or '' }}",
+        keep_warm_seconds="{{ params.keep_warm_seconds }}",
         output_asset=SUPPORT_TICKET_SUMMARIES,
         progress_interval_seconds=20,
         # Wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says.

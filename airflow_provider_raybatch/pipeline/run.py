@@ -174,8 +174,9 @@ def _processor(
     )
     if spec.keep_warm_seconds is not None:  # the engines of a warm pool instead of the job's own
         replicas = engine.fixed_pool(spec.concurrency)[1]
+        render = not row_steps.may_carry_images(spec)  # images keep Ray Data LLM's stages in the job
         engine.use_engine_pool(processor, staging, replicas, spec.keep_warm_seconds, spec.compile_cache_dir,
-                               _job_runtime_env())  # fmt: skip
+                               _job_runtime_env(), render_prompts_in_pool=render)  # fmt: skip
     return processor
 
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
+from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
 from tests.integration.standalone import Airflow, airflow_standalone
 from tests.integration.test_ticket_summary_dag import TICKETS, _write_tickets
 
@@ -302,3 +302,80 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
         for line in file.read_text().splitlines()
     ]
     assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
+
+
+#: A backfill as the UI starts one: seven dates from the CLI (``airflow backfill create``), two from
+#: the REST API (``POST /api/v2/backfills``, what the UI's "Backfill" dialog sends).
+BACKFILL_CLI_DATES = [f"2026-10-0{day}" for day in range(1, 8)]
+BACKFILL_API_DATES = ["2026-10-08", "2026-10-09"]
+
+
+def _backfill_runs(airflow: Airflow, backfill_id: int) -> list[dict]:
+    runs = airflow.api("GET", f"/dags/{DAG_ID}/dagRuns", params={"limit": 100}).json()["dag_runs"]
+    return [run for run in runs if run.get("backfill_id") == backfill_id]
+
+
+def _wait_for_backfill(airflow: Airflow, backfill_id: int, dates: list[str]) -> list[dict]:
+    def finished() -> list[dict] | None:
+        runs = _backfill_runs(airflow, backfill_id)
+        states = [run["state"] for run in runs]
+        assert "failed" not in states, (
+            f"backfill {backfill_id}: {[(r['logical_date'], r['state']) for r in runs]}"
+        )
+        return runs if len(runs) == len(dates) and set(states) == {"success"} else None
+
+    return airflow.wait(f"backfill {backfill_id} of {len(dates)} dates", finished, timeout=1200, every=5)
+
+
+def _date_manifest(tmp_path: Path, day: str) -> dict:
+    manifest = json.loads((tmp_path / "ticket_summaries" / day / "manifest.json").read_text())
+    outputs = [
+        json.loads(line)
+        for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
+        for line in file.read_text().splitlines()
+    ]
+    assert sorted(row["ticket_id"] for row in outputs) == sorted(ticket["ticket_id"] for ticket in TICKETS)
+    return manifest
+
+
+def test_a_backfill_from_the_cli_and_the_rest_api_runs_its_dates_on_one_warm_engine(
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path
+) -> None:
+    """`airflow backfill create` and `POST /backfills`, two dates at a time, keep_warm_seconds set: every
+    date commits every ticket once, and the dates after the first ones start on the engine the
+    earlier dates left warm (one engine start-up for the backfill)."""
+    for day in [*BACKFILL_CLI_DATES, *BACKFILL_API_DATES]:
+        _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
+    conf = {**_conf(tiny_model, tmp_path), "keep_warm_seconds": 120}
+    airflow.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(airflow.home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(airflow.home / "dags"),
+    }
+    created = subprocess.run(
+        [str(AIRFLOW_BIN), "backfill", "create", "--dag-id", DAG_ID, "--from-date", BACKFILL_CLI_DATES[0],
+         "--to-date", BACKFILL_CLI_DATES[-1], "--max-active-runs", "2", "--dag-run-conf", json.dumps(conf)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stdout[-2000:] + created.stderr[-2000:]
+    [cli_backfill] = [
+        b for b in airflow.api("GET", "/backfills", params={"dag_id": DAG_ID}).json()["backfills"]
+    ]
+    cli_runs = _wait_for_backfill(airflow, cli_backfill["id"], BACKFILL_CLI_DATES)
+
+    body = {"dag_id": DAG_ID, "from_date": f"{BACKFILL_API_DATES[0]}T00:00:00Z",
+            "to_date": f"{BACKFILL_API_DATES[-1]}T00:00:00Z", "max_active_runs": 2,
+            "dag_run_conf": conf}  # fmt: skip
+    api_backfill = airflow.api("POST", "/backfills", json=body).json()
+    api_runs = _wait_for_backfill(airflow, api_backfill["id"], BACKFILL_API_DATES)
+
+    assert sorted(run["logical_date"][:10] for run in cli_runs) == BACKFILL_CLI_DATES
+    assert sorted(run["logical_date"][:10] for run in api_runs) == BACKFILL_API_DATES
+    manifests = [_date_manifest(tmp_path, day) for day in [*BACKFILL_CLI_DATES, *BACKFILL_API_DATES]]
+    pools = [manifest["engine_pool"] for manifest in manifests]
+    assert len({pool["fingerprint"] for pool in pools}) == 1  # every date on the same engines
+    # Two dates at a time: the first two may both start the pool; every later date finds it warm.
+    cold = [day for day, pool in zip([*BACKFILL_CLI_DATES, *BACKFILL_API_DATES], pools, strict=True)
+            if pool["warm_replicas"] == 0]  # fmt: skip
+    assert set(cold) <= set(BACKFILL_CLI_DATES[:2]), cold

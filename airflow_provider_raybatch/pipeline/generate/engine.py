@@ -61,6 +61,9 @@ ENGINE_MAX_RESTARTS_LIMIT = 1000
 _PRELOAD = ("ray", "vllm.v1.engine.core")
 _ENGINE_STAGE = "vLLMEngineStage"
 _CHAT_TEMPLATE_STAGE = "ChatTemplateStage"
+_TOKENIZE_STAGE = "TokenizeStage"
+#: A pool replica's constructor keyword: the chat-template stage's, when the replica renders prompts.
+CHAT_TEMPLATE_KWARG = "raybatch_chat_template"
 
 
 def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
@@ -161,17 +164,31 @@ def use_engine_pool(
     keep_warm_seconds: float,
     compile_cache_dir: str | None,
     job_runtime_env: dict[str, Any],
+    render_prompts_in_pool: bool = True,
 ) -> Any:  # Any: ray.data.llm.Processor, keyword and runtime_env values; returns an EnginePool
     """Put the processor's vLLM stage on a warm pool (:mod:`.engine_pool`); returns the pool.
 
     The stage then runs :class:`.pooled_stage.RaybatchPooledEngineStageUDF`, which reserves no
     resources and sends its rows to the pool's replicas; the resources the stage would have reserved
-    go to the replicas, with its engine keywords. The chat-template stage is ours as in
-    :func:`use_our_engine_stage`.
+    go to the replicas, with its engine keywords.
+
+    :param render_prompts_in_pool: the replicas apply the chat template and the engine tokenizes, so
+        the job starts no chat-template and tokenize actors: each would start a process, import
+        transformers and load the tokenizer (seconds per job on a GPU host, the bulk of a warm job's
+        wait for its first row), which the warm replica already holds. False (a batch with images):
+        the job keeps Ray Data LLM's stages, ours for the chat template as in :func:`use_our_engine_stage`.
     """
     from airflow_provider_raybatch.pipeline.generate.engine_pool import plan_pool
     from airflow_provider_raybatch.pipeline.generate.pooled_stage import RaybatchPooledEngineStageUDF
 
+    chat_template: dict[str, Any] | None = None  # Any: the chat-template stage's keywords
+    if render_prompts_in_pool:
+        for key, other in list(processor.stages.items()):
+            if type(other).__name__ == _CHAT_TEMPLATE_STAGE:
+                chat_template = dict(other.fn_constructor_kwargs)
+                del processor.stages[key]
+            elif type(other).__name__ == _TOKENIZE_STAGE:
+                del processor.stages[key]
     all_stages = list(getattr(processor, "stages", {}).values())
     _use_our_chat_template_stage(all_stages)
     [stage] = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
@@ -179,6 +196,8 @@ def use_engine_pool(
     engine_kwargs = {
         key: value for key, value in stage.fn_constructor_kwargs.items() if not key.startswith("raybatch_")
     }
+    if chat_template is not None:
+        engine_kwargs[CHAT_TEMPLATE_KWARG] = chat_template
     pool = plan_pool(
         engine_kwargs,
         stage.map_batches_kwargs,

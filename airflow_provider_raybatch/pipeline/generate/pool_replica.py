@@ -50,9 +50,12 @@ class EngineReplica:
     def __init__(
         self, engine_kwargs: dict[str, Any], compile_cache_dir: str | None, fingerprint: str
     ) -> None:
+        from airflow_provider_raybatch.pipeline.generate.engine import CHAT_TEMPLATE_KWARG
         from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
 
         started = time.monotonic()
+        engine_kwargs = dict(engine_kwargs)
+        chat_template = engine_kwargs.pop(CHAT_TEMPLATE_KWARG, None)
         self._engine = RaybatchvLLMEngineStageUDF(
             data_column="__data",
             expected_input_keys=[],
@@ -60,6 +63,12 @@ class EngineReplica:
             raybatch_compile_cache_dir=compile_cache_dir,
             **engine_kwargs,
         )
+        self._chat_template: Any = None  # Any: our chat-template UDF, when the replica renders prompts
+        if chat_template is not None:
+            from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
+
+            self._chat_template = RaybatchChatTemplateUDF(data_column="__data", expected_input_keys=[],
+                                                          **chat_template)  # fmt: skip
         self._fingerprint = fingerprint
         self._engine_build_seconds = round(time.monotonic() - started, 3)
         self._keep_warm_seconds = 0.0
@@ -95,6 +104,9 @@ class EngineReplica:
         assert task is not None  # an async actor method runs in a task
         self._in_flight.setdefault(job_id, set()).add(task)
         try:
+            failed = self._render(row)
+            if failed is not None:
+                return failed
             output = await self._engine._generate_with_error_handling(row, _BATCH)
         finally:
             self._in_flight[job_id].discard(task)
@@ -103,6 +115,25 @@ class EngineReplica:
             self._last_active = time.monotonic()
         self._rows_done += 1
         return _portable(output)
+
+    def _render(self, row: dict[str, Any]) -> dict[str, Any] | None:  # Any: row values.
+        """Apply the chat template to the row's messages, as the job's chat-template stage would have;
+        the row's error output if its conversation cannot be rendered (a row's fault, not the job's)."""
+        if self._chat_template is None or row.get("messages") is None:
+            return None  # rendered already, or the row's own prompt (a preprocess that returned 'prompt')
+        from airflow_provider_raybatch.pipeline.prompt.chat_template import (
+            CHAT_TEMPLATE_FAILED,
+            conversation_of,
+        )
+        from airflow_provider_raybatch.pipeline.row_steps import INFERENCE_ERROR, ROW_REASON_MARK
+
+        try:
+            row["prompt"] = self._chat_template._render(conversation_of(row.pop("messages")))
+        except Exception as err:  # noqa: BLE001 - this row's conversation, not the job's
+            reason = f"{ROW_REASON_MARK}{CHAT_TEMPLATE_FAILED}: {type(err).__name__}: {err}"
+            index = self._engine.IDX_IN_BATCH_COLUMN
+            return {index: row[index], "prompt": "", "num_input_tokens": 0, INFERENCE_ERROR: reason}
+        return None
 
     async def health(self) -> dict[str, Any]:
         """The replica's state, after asking vLLM whether its engine is alive (raises if it is not)."""

@@ -91,7 +91,7 @@ class Engine:  # Ray Data LLM's UDF: rows of job "stuck" never finish; the other
 replica = object.__new__(EngineReplica)
 replica.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0, _keep_warm_seconds=0.0,
                         _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _watch=None,
-                        _retiring=False,
+                        _retiring=False, _chat_template=None,
                         _last_active=0.0)
 retired = []
 replica._retire = lambda why: (retired.append(why), setattr(replica, "_retiring", True))
@@ -192,3 +192,40 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     assert sorted(text.split()[1] for text in one["rows"]) == ["a:0", "a:1", "a:2"]
     too_many = report["too_many"]
     assert "died; replicas were replaced 2 times already (RAYBATCH_ENGINE_MAX_RESTARTS)" in too_many["error"]
+
+
+_RENDER = """
+import json
+from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+class Template:  # our chat-template UDF's rendering; a conversation with no user turn is refused
+    def _render(self, conversation):
+        if not any(turn["role"] == "user" for turn in conversation):
+            raise ValueError("no user message")
+        return "|".join(f"{turn['role']}:{turn['content']}" for turn in conversation)
+
+class Engine:
+    IDX_IN_BATCH_COLUMN = "__idx_in_batch"
+
+replica = object.__new__(EngineReplica)
+replica.__dict__.update(_engine=Engine(), _chat_template=Template())
+good = {"__idx_in_batch": 0, "messages": json.dumps([{"role": "user", "content": "hi"}])}
+bad = {"__idx_in_batch": 1, "messages": json.dumps([{"role": "system", "content": "only"}])}
+own = {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}
+report = {"good": [replica._render(good), good], "bad": replica._render(bad)}
+print(json.dumps({**report, "own": [replica._render(own), own]}))
+"""
+
+
+def test_a_replica_renders_the_chat_template_and_a_bad_conversation_is_the_rows_error() -> None:
+    """On a warm pool the replica applies the chat template (the job starts no chat-template actor)."""
+    report = run_in_ray_env(_RENDER)
+    assert report["good"] == [
+        None,
+        {"__idx_in_batch": 0, "prompt": "user:hi"},
+    ]  # rendered; the engine goes on
+    assert report["bad"] == {
+        "__idx_in_batch": 1, "prompt": "", "num_input_tokens": 0,
+        "__inference_error__": "raybatch row error: chat template failed: ValueError: no user message",
+    }  # fmt: skip
+    assert report["own"] == [None, {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}]

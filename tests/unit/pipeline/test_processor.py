@@ -48,6 +48,8 @@ print(json.dumps({
     "udfs": {name: f"{stage.fn.__module__}.{stage.fn.__name__}" for name, stage in built.stages.items()},
     "lease": lease,
     "warm_udf": f"{warm_stage.fn.__module__}.{warm_stage.fn.__name__}",
+    "warm_stages": list(warm.stages),
+    "pool_chat_template": sorted(pool.engine_kwargs.get("raybatch_chat_template") or {}),
     "warm_stage_resources": {k: warm_stage.map_batches_kwargs.get(k)
                              for k in ("num_cpus", "num_gpus", "resources")},
     "pool": {"replicas": pool.replicas,
@@ -84,6 +86,14 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
     assert report["architectures"] == ["LlamaForCausalLM"]  # Ray's telemetry still gets it
     assert report["lease"] is None  # its own engines: no pool to hold
     assert report["warm_udf"] == f"{ours}.generate.pooled_stage.RaybatchPooledEngineStageUDF"
+    # The warm replica renders the chat template and its engine tokenizes: the job starts neither stage.
+    assert report["warm_stages"] == ["vLLMEngineStage"]
+    assert report["pool_chat_template"] == [
+        "chat_template",
+        "chat_template_kwargs",
+        "model",
+        "trust_remote_code",
+    ]
     # The job's stage holds nothing; the pool's replica holds what the engine stage would have.
     assert report["warm_stage_resources"] == {"num_cpus": 0, "num_gpus": None, "resources": None}
     assert report["pool"] == {"replicas": 1, "resources": {"num_cpus": 1}, "model": str(model_folder),
