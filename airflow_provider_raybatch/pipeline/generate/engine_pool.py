@@ -59,7 +59,7 @@ NAME_PREFIX = "raybatch-engine-"
 #: The engine constructor keywords that are the job's, not the engine's: left out of the fingerprint.
 _PER_JOB_KWARGS = ("batch_size", "max_concurrent_batches", "should_continue_on_error", "log_engine_metrics")
 #: The map_batches keywords that reserve the replica's resources (they go to the pool's actors).
-_RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
+RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
 #: How long a job waits for its replicas to be placed before it ends idle replicas of other pools.
 MAKE_ROOM_AFTER_SECONDS = 5.0
 #: How long an attaching job waits for a warm replica's health check before it replaces the replica.
@@ -143,9 +143,7 @@ def plan_pool(
             "keep_warm_seconds: a warm pool holds one-actor engines (tensor_parallel_size x "
             "pipeline_parallel_size = 1); run this engine without keep_warm_seconds"
         )
-    options: dict[str, Any] = {
-        k: map_batches_kwargs[k] for k in _RESOURCE_KWARGS if map_batches_kwargs.get(k)
-    }
+    options: dict[str, Any] = {k: map_batches_kwargs[k] for k in RESOURCE_KWARGS if map_batches_kwargs.get(k)}
     runtime_env = {key: value for key, value in job_runtime_env.items() if key != "py_modules"}
     if job_runtime_env.get("py_modules"):
         runtime_env["py_modules"] = list(job_runtime_env["py_modules"])[:1]
