@@ -13,6 +13,9 @@ hook uses.
 Jobs:
   ours-2000, ours-2000-warm, ours-20000, scale-2   the random-words workload (bench/workload.py) on the
                                                    8B-shaped model with the word tokenizer (sections 5, 6)
+  backfill-d1..d7        issue 20: 2,000 of those requests a date on a warm pool (section 9)
+  pool1-cold, pool1-warm, pool2-cold, pool2-warm
+                         issue 23: 20,000 of them on a warm pool of one replica and of two (section 10)
   scale-2m-small         issue 19 item 1: the seeds' customers CSV shape, 2,000,000 rows in ONE file,
                          the example DAG's company-industry prompt with its ``choice`` constraint, on a
                          small dummy-weight Llama (bench/gpu/make_model.py --shape small --tokenizer bpe)
@@ -272,6 +275,15 @@ JOBS = {
     **{
         f"backfill-d{day}": functools.partial(submission, f"backfill-d{day}", 2000, 1, 600)
         for day in range(1, 8)
+    },
+    # Issue 23: 20,000 requests on a warm pool of one replica, then of two (a two-GPU machine), each
+    # cold (the job that builds the pool) and warm (the next job, on the same pool): RESULTS section 10.
+    **{
+        f"pool{replicas}-{state}": functools.partial(
+            submission, f"pool{replicas}-{state}", 20000, replicas, 600
+        )
+        for replicas in (1, 2)
+        for state in ("cold", "warm")
     },
     "scale-2m-small": lambda: scale_submission("scale-2m-small", 2_000_000, SMALL_MODEL),
     "scale-2m-small-x4": lambda: scale_submission(

@@ -21,6 +21,7 @@
 #   resume:NAME issue 19 item 5: NAME's job stopped half way, rerun as try 2 (bench/gpu/scale_resume.py)
 #   a:NAME@TAG  the same, its results as a-NAME@TAG.json (e.g. a:2000@d1 ... a:2000@d7: 7 cold raw scripts)
 #   backfill    the 7-date backfill's table (bench/gpu/backfill_summary.py): a:2000@d1..d7 vs b:backfill-d1..d7
+#   pool2x      issue 23's table (bench/gpu/pool_scale_summary.py): b:pool1-cold, pool1-warm vs pool2-*
 #   check:NAME  every input row exactly once in NAME's committed outputs + errors (bench/gpu/scale_check.py)
 #   bg          the stages after it run in a detached runner (setsid; it outlives this call while the
 #               machine stays warm), and this call waits for it like "wait"
@@ -180,7 +181,7 @@ PY
   b:*)
     name=${s#b:}
     # A backfill's later dates run while the pool's engine holds the GPU (keep_warm_seconds): no wait.
-    case $name in backfill-d[2-9]) ;; *) waitgpu;; esac
+    case $name in backfill-d[2-9]|pool*-warm) ;; *) waitgpu;; esac
     startray
     mode=; rayup || mode=--direct
     echo "=== b:$name start $(date +%T) ($(left)s left) $mode"
@@ -203,6 +204,8 @@ PY
     [ $rc = 0 ] || tail -40 "$L/resume-$name.out";;
   backfill)  # issue 20's backfill table from the a:ours-2000@dK and b:backfill-dK results
     python3 "$HERE/backfill_summary.py" "$K" "$K/backfill.json";;
+  pool2x)  # issue 23's table from the b:pool1-* and b:pool2-* results
+    python3 "$HERE/pool_scale_summary.py" "$K" "$K/pool2x.json";;
   check:*)
     name=${s#check:}
     timeout $(stagelimit) python3 "$HERE/scale_check.py" "$HERE/jobs/$name.json" "$K/check-$name.json" 2>&1 | tail -3;;

@@ -62,6 +62,8 @@ _PER_JOB_KWARGS = ("batch_size", "max_concurrent_batches", "should_continue_on_e
 RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
 #: How long a job waits for its replicas to be placed before it ends idle replicas of other pools.
 MAKE_ROOM_AFTER_SECONDS = 5.0
+#: How long make_room waits for an idle replica of another pool to say whether it ends.
+RETIRE_ANSWER_SECONDS = 3.0
 #: How long an attaching job waits for a warm replica's health check before it replaces the replica.
 HEALTH_TIMEOUT_SECONDS = 30.0
 
@@ -154,18 +156,20 @@ def plan_pool(
     )
 
 
-def make_room(needs: dict[str, float], keep_fingerprint: str | None) -> list[str]:
+def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seconds: float) -> list[str]:
     """End idle replicas of other pools until the cluster has ``needs`` free; the names ended.
 
     A replica that holds a lease or has rows in flight says no; one still building its engine does not
-    answer in time and is left alone.
+    answer in time and is left alone. It gives up after about ``within_seconds`` (the lease's thread
+    calls it between renewals, which must not lapse).
     """
     import ray
     import ray.util
 
+    deadline = time.monotonic() + within_seconds
     ended: list[str] = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
-        if _fits(needs, ray.available_resources()):
+        if _fits(needs, ray.available_resources()) or time.monotonic() >= deadline:
             break
         name = entry.get("name", "")
         if entry.get("namespace") != NAMESPACE or not name.startswith(NAME_PREFIX):
@@ -174,7 +178,8 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None) -> list[str
             continue
         try:
             handle = ray.get_actor(name, namespace=NAMESPACE)
-            if ray.get(handle.retire_if_idle.remote(), timeout=10):
+            answer_within = max(0.5, min(RETIRE_ANSWER_SECONDS, deadline - time.monotonic()))
+            if ray.get(handle.retire_if_idle.remote(), timeout=answer_within):
                 ended.append(name)
         except Exception:  # noqa: BLE001 - gone, busy building, or unreachable: not ours to end
             continue
@@ -214,7 +219,9 @@ class PoolLease:
         self._warm = sorted(pool.existing())
         self._started = time.monotonic()
         self._stop = threading.Event()
+        self._started_at = time.time()  # wall clock, to place the replicas' own start and ready times
         self._ready_after: float | None = None
+        self._replica_states: list[dict[str, Any] | None] = []  # Any: each replica's first attach answer
         self._replaced: list[str] = []
         self._ended_for_room: list[str] = []
         self._attaching: list[Any] = []  # Any: Ray object refs of the first attach calls
@@ -243,12 +250,19 @@ class PoolLease:
                 continue
 
     def describe(self) -> dict[str, Any]:  # Any: JSON values.
+        timings = self._replica_timings()
+        built = [
+            entry["engine_ready_s"] for entry in timings if entry["answered"] and entry["engine_ready_s"] >= 0
+        ]
         return {
             "fingerprint": self.pool.fingerprint,
             "replicas": self.pool.replicas,
             "warm_replicas": len(self._warm),
             "keep_warm_seconds": self.pool.keep_warm_seconds,
             "replicas_ready_s": self._ready_after,
+            # the replicas built for this job: how far apart their engines became ready (issue 23)
+            "replica_ready_skew_s": round(max(built) - min(built), 3) if len(built) > 1 else None,
+            "replica_timings": timings,
             "replaced_unhealthy": self._replaced,
             "ended_for_room": self._ended_for_room,
         }
@@ -291,14 +305,15 @@ class PoolLease:
         renewed = time.monotonic()
         while not self._stop.wait(1.0):
             try:
-                self._note_when_ready()
-                if self._ready_after is None and time.monotonic() - self._started > MAKE_ROOM_AFTER_SECONDS:
-                    self._ended_for_room += make_room(
-                        replica_needs(self.pool.actor_options), self.pool.fingerprint
-                    )
                 if time.monotonic() - renewed >= LEASE_RENEW_SECONDS:
                     renewed = time.monotonic()
                     self._renew()
+                self._note_when_ready()
+                waited = time.monotonic() - self._started
+                if self._ready_after is None and waited > MAKE_ROOM_AFTER_SECONDS and self._unplaced():
+                    self._ended_for_room += make_room(
+                        replica_needs(self.pool.actor_options), self.pool.fingerprint, LEASE_RENEW_SECONDS
+                    )
             except Exception:  # noqa: BLE001 - see the docstring
                 log.warning("Engine pool %s: a lease round failed.", self.pool.fingerprint, exc_info=True)
 
@@ -309,6 +324,38 @@ class PoolLease:
             _, pending = ray.wait(self._attaching, num_returns=len(self._attaching), timeout=0)
             if not pending:
                 self._ready_after = round(time.monotonic() - self._started, 3)
+                self._replica_states = [_answer(ref) for ref in self._attaching]
+
+    def _unplaced(self) -> bool:
+        """Whether one of the job's replicas waits for resources (not one that is building its engine:
+        making room then would end other pools' idle replicas for nothing)."""
+        import ray
+
+        for name in self.pool.names:
+            try:
+                replica = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                continue  # dead: the stage that calls it next replaces it
+            if not _is_placed(replica):
+                return True
+        return False
+
+    def _replica_timings(self) -> list[dict[str, Any]]:  # Any: JSON values.
+        """Each replica's engine start and ready time (seconds after this lease started; a warm one's
+        are negative: an earlier job built it) and its build time."""
+        timings = []
+        for index, state in enumerate(self._replica_states):
+            if state is None:
+                timings.append({"replica": index, "answered": False})
+                continue
+            timings.append({
+                "replica": index,
+                "answered": True,
+                "engine_start_s": round(state["engine_started_at"] - self._started_at, 3),
+                "engine_ready_s": round(state["engine_ready_at"] - self._started_at, 3),
+                "engine_build_seconds": state["engine_build_seconds"],
+            })  # fmt: skip
+        return timings
 
     def _renew(self) -> None:
         import ray
@@ -330,6 +377,31 @@ def _is_up(replica: Any) -> bool:  # Any: a Ray actor handle
     except Exception:  # noqa: BLE001 - no state API (no dashboard): treat a silent replica as wedged
         return True
     return state is None or state.state == "ALIVE"
+
+
+def _is_placed(replica: Any) -> bool:  # Any: a Ray actor handle
+    """Whether Ray has given the replica a worker (it may still be building its engine); False if Ray
+    cannot say (no state API: the lease then makes room as if the replica waited for resources)."""
+    try:
+        from ray.util.state import get_actor
+
+        state = get_actor(replica._actor_id.hex())
+    except Exception:  # noqa: BLE001 - no state API (no dashboard)
+        return False
+    if state is None or state.state != "PENDING_CREATION":
+        return True
+    return bool(state.pid)  # a pending actor without a worker process waits for resources
+
+
+def _answer(ref: Any) -> dict[str, Any] | None:  # Any: a Ray object ref; JSON values
+    """A replica's answer to the lease's first attach; None if it died before answering."""
+    import ray
+
+    try:
+        answer: dict[str, Any] = ray.get(ref, timeout=5)
+    except Exception:  # noqa: BLE001 - dead or gone: the engine stage replaces it
+        return None
+    return answer
 
 
 def _wait_until_gone(name: str, timeout: float = 30.0) -> None:

@@ -54,6 +54,7 @@ class EngineReplica:
         from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
 
         started = time.monotonic()
+        self._engine_started_at = time.time()  # wall clock: replicas of one pool compare their start-ups
         engine_kwargs = dict(engine_kwargs)
         chat_template = engine_kwargs.pop(CHAT_TEMPLATE_KWARG, None)
         self._engine = RaybatchvLLMEngineStageUDF(
@@ -71,6 +72,7 @@ class EngineReplica:
                                                           **chat_template)  # fmt: skip
         self._fingerprint = fingerprint
         self._engine_build_seconds = round(time.monotonic() - started, 3)
+        self._engine_ready_at = time.time()
         self._keep_warm_seconds = 0.0
         self._leases: dict[str, float] = {}  # job id -> when its lease ends (monotonic)
         self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}  # job id -> its requests in the engine
@@ -158,6 +160,8 @@ class EngineReplica:
             "in_flight": sum(len(tasks) for tasks in self._in_flight.values()),
             "idle_seconds": round(time.monotonic() - self._last_active, 3),
             "engine_build_seconds": self._engine_build_seconds,
+            "engine_started_at": self._engine_started_at,
+            "engine_ready_at": self._engine_ready_at,
         }
 
     async def _watch_leases(self) -> None:

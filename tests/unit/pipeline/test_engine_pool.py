@@ -90,6 +90,7 @@ class Engine:  # Ray Data LLM's UDF: rows of job "stuck" never finish; the other
 
 replica = object.__new__(EngineReplica)
 replica.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0, _keep_warm_seconds=0.0,
+                        _engine_started_at=0.0, _engine_ready_at=1.0,
                         _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _watch=None,
                         _retiring=False, _chat_template=None,
                         _last_active=0.0)
@@ -229,3 +230,88 @@ def test_a_replica_renders_the_chat_template_and_a_bad_conversation_is_the_rows_
         "__inference_error__": "raybatch row error: chat template failed: ValueError: no user message",
     }  # fmt: skip
     assert report["own"] == [None, {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}]
+
+
+_LEASE = """
+import json, os, socket, threading, time
+import ray
+from airflow_provider_raybatch.pipeline.generate import engine_pool
+from airflow_provider_raybatch.pipeline.generate.engine_pool import NAMESPACE, EnginePool, PoolLease
+
+engine_pool.MAKE_ROOM_AFTER_SECONDS = 0.5
+
+@ray.remote
+class FakeReplica:  # EngineReplica's protocol, with an engine that takes build_seconds to build
+    def __init__(self, build_seconds):
+        self.started = time.time()
+        time.sleep(build_seconds)
+        self.ready = time.time()
+        self.leases = set()
+    def attach(self, job_id, keep_warm):
+        self.leases.add(job_id)
+        return {"engine_started_at": self.started, "engine_ready_at": self.ready,
+                "engine_build_seconds": round(self.ready - self.started, 3)}
+    def release(self, job_id):
+        self.leases.discard(job_id)
+    def retire_if_idle(self):
+        if self.leases:
+            return False
+        threading.Timer(0.2, os._exit, (0,)).start()  # as the replica: ends a moment after answering
+        return True
+
+class Pool(EnginePool):
+    def replica(self, index):
+        return FakeReplica.options(name=self.names[index], namespace=NAMESPACE, lifetime="detached",
+                                   get_if_exists=True, **self.actor_options
+                                   ).remote(self.engine_kwargs["build"])
+
+def pool(fingerprint, replicas, build):
+    return Pool(fingerprint, replicas, {"build": build}, {"num_cpus": 0, "resources": {"slot": 1}}, None, 0.0)
+
+def lease_of(pool):
+    lease = PoolLease(pool).start()
+    while lease.describe()["replicas_ready_s"] is None:
+        time.sleep(0.2)
+    lease.stop()
+    return lease.describe()
+
+def alive():
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(e["name"] for e in named if e["namespace"] == NAMESPACE)
+
+port = socket.socket(); port.bind(("127.0.0.1", 0)); dashboard = port.getsockname()[1]; port.close()
+ray.init(address="local", num_cpus=2, resources={"slot": 3}, include_dashboard=True, dashboard_port=dashboard,
+         logging_level="ERROR")
+idle = pool("other", 1, 0.0)
+ray.get(idle.replica(0).attach.remote("earlier-job", 0.0))
+ray.get(ray.get_actor(idle.names[0], namespace=NAMESPACE).release.remote("earlier-job"))
+# Two replicas fit beside the other pool's idle one: they build for 3 s with every slot taken, and
+# nothing of the other pool is ended (it is not in their way).
+placed = lease_of(pool("mine", 2, 3.0))
+after_placed = alive()
+# A third replica of another pool does not fit until the idle one goes: the lease makes room.
+for name in after_placed:
+    if "mine" in name:
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+time.sleep(1)
+crowded = lease_of(pool("third", 3, 0.5))
+print(json.dumps({"placed": placed, "after_placed": after_placed, "crowded": crowded,
+                  "after_crowded": alive()}))
+"""
+
+
+def test_a_lease_reports_each_replicas_start_and_makes_room_only_for_a_replica_that_waits() -> None:
+    report = run_in_ray_env(_LEASE)
+    placed = report["placed"]
+    # Both replicas were built for this job, side by side: their readiness is timed and compared.
+    assert [entry["replica"] for entry in placed["replica_timings"]] == [0, 1]
+    assert all(entry["engine_build_seconds"] >= 3.0 for entry in placed["replica_timings"])
+    assert all(0 <= entry["engine_start_s"] < 3.0 for entry in placed["replica_timings"])
+    assert placed["replica_ready_skew_s"] is not None and placed["replica_ready_skew_s"] < 2.0
+    # While they built, every slot was taken, yet the other pool's idle replica was left alone.
+    assert placed["ended_for_room"] == [] and "raybatch-engine-other-0" in report["after_placed"]
+    # A replica that could not be placed: the idle replica of the other pool was ended for it.
+    crowded = report["crowded"]
+    assert crowded["ended_for_room"] == ["raybatch-engine-other-0"]
+    assert "raybatch-engine-other-0" not in report["after_crowded"]
+    assert crowded["replica_ready_skew_s"] >= 0.4  # the third replica started only once room was made
