@@ -22,8 +22,9 @@ from typing import Any
 RUNS = ("pool1-cold", "pool2-cold", "pool1-warm", "pool2-warm")
 
 
-def _row(result: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
-    manifest = result.get("manifest") or {}
+def _row(result: dict[str, Any], committed: Path) -> dict[str, Any]:  # Any: JSON values.
+    # The committed manifest (run_gpu.sh copies it as KEEP/manifest-NAME.json): the job log's may be cut.
+    manifest = json.loads(committed.read_text()) if committed.exists() else result.get("manifest") or {}
     pool = manifest.get("engine_pool") or {}
     timings = manifest.get("timings") or {}
     return {
@@ -48,7 +49,7 @@ def _ratio(one: dict[str, Any] | None, two: dict[str, Any] | None, key: str) -> 
 
 
 def summarize(keep: Path) -> dict[str, Any]:  # Any: JSON values.
-    rows = {name: _row(json.loads((keep / f"b-{name}.json").read_text()))
+    rows = {name: _row(json.loads((keep / f"b-{name}.json").read_text()), keep / f"manifest-{name}.json")
             for name in RUNS if (keep / f"b-{name}.json").exists()}  # fmt: skip
     speedups = {
         state: {

@@ -194,7 +194,9 @@ PY
     timeout $(stagelimit) python3 "$HERE/ours_job.py" "$HERE/jobs/$name.json" "$K/b-$name.json" $mode > "$L/b-$name.out" 2>&1; rc=$?
     [ $SPY = 1 ] && { kill $spy 2>/dev/null; SPY=0; }
     echo "--- b:$name rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "RESULT|PHASES|RSS|SPILLED|submitted|Error|Traceback|job " "$L/b-$name.out" | cut -c1-1500 | tail -8
-    [ $rc = 0 ] || tail -40 "$L/b-$name.out";;
+    [ $rc = 0 ] || tail -40 "$L/b-$name.out"
+    # The committed manifest, whole (the job log's copy may be cut): the pool's and the timings' blocks.
+    cp "/tmp/gpu_out/$name/manifest.json" "$K/manifest-$name.json" 2>/dev/null;;
   resume:*)
     name=${s#resume:}; waitgpu; startray
     echo "=== resume:$name start $(date +%T) ($(left)s left)"

@@ -50,11 +50,12 @@ class EngineReplica:
     def __init__(
         self, engine_kwargs: dict[str, Any], compile_cache_dir: str | None, fingerprint: str
     ) -> None:
+        # Before the imports (vLLM's among them): the build time is all the replica's own start-up.
+        started = time.monotonic()
+        self._engine_started_at = time.time()  # wall clock: replicas of one pool compare their start-ups
         from airflow_provider_raybatch.pipeline.generate.engine import CHAT_TEMPLATE_KWARG
         from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
 
-        started = time.monotonic()
-        self._engine_started_at = time.time()  # wall clock: replicas of one pool compare their start-ups
         engine_kwargs = dict(engine_kwargs)
         chat_template = engine_kwargs.pop(CHAT_TEMPLATE_KWARG, None)
         self._engine = RaybatchvLLMEngineStageUDF(
