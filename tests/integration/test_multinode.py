@@ -1,9 +1,12 @@
 """Two nodes on one machine (the head and a worker raylet of its own): two engine replicas, one per
-node, through Ray's own scheduling; the output is complete and has every row exactly once."""
+node, through Ray's own scheduling; the output is complete and has every row exactly once. The same
+with a warm pool of two replicas (``keep_warm_seconds``): one per node, both built side by side, the
+job's rows spread over both, and the pool gone after its keep-warm window."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,44 +22,91 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 ROWS = 240
 
 
-def _engine_actor_nodes(hook: RayHook, job_hex: str | None = None) -> dict[str, str]:
-    """actor id -> node id of every vLLM engine replica the cluster has run (the state API)."""
+def _actors(hook: RayHook, class_name: str) -> dict[str, dict]:
+    """actor id -> the state API's record of every actor of that class the cluster has run."""
     payload = hook._send(_Request("GET", "/api/v0/actors?detail=true&limit=10000")).json()
     actors = payload["data"]["result"]["result"]
-    return {a["actor_id"]: a["node_id"] for a in actors if "vLLMEngineStage" in (a.get("class_name") or "")}
+    return {a["actor_id"]: a for a in actors if class_name in (a.get("class_name") or "")}
 
 
-def test_two_replicas_one_per_node_every_row_once(ray_connection, tiny_model: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def two_nodes(ray_connection) -> list:
+    """The session's cluster with a second raylet (added once) holding one replica slot, as the head."""
     hook = RayHook()
-    ray_connection.add_worker_node(num_cpus=4, resources={REPLICA_SLOT: 1})
+    if len(hook.get_cluster_resources().nodes) == 1:
+        ray_connection.add_worker_node(num_cpus=4, resources={REPLICA_SLOT: 1})
     nodes = hook.get_cluster_resources().nodes
     assert len(nodes) == 2, nodes
-    before = set(_engine_actor_nodes(hook))
+    return nodes
 
+
+def _operator(tiny_model: Path, tmp_path: Path, **overrides):
     source = tmp_path / "tickets.jsonl"
     source.write_text(
         "".join(json.dumps({"id": f"t{i:04d}", "text": f"ticket {i}"}) + "\n" for i in range(ROWS))
     )
-    operator = make_operator(
+    return make_operator(
         tiny_model, str(source), str(tmp_path / "out"),
         messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
         concurrency=(2, 2),  # a fixed pool: both replicas start at once
         replica_resources={"CPU": 1, REPLICA_SLOT: 1},  # one slot per node: one replica per node
         engine_kwargs={"max_model_len": 512, "gpu_memory_utilization": 0.1, "enforce_eager": True},
-        output_format="parquet",
+        output_format="parquet", **overrides,
     )  # fmt: skip
 
-    job_id = submit_pipeline(operator, run_key="two-nodes", submission_id="raybatch-test-two-nodes")
-    status = wait_for_job(job_id)
-    log = hook.get_job_logs(job_id)
-    assert status.value == "SUCCEEDED", log[-3000:]
 
-    engines = {actor: node for actor, node in _engine_actor_nodes(hook).items() if actor not in before}
-    assert len(engines) == 2, engines
-    assert set(engines.values()) == {node.node_id for node in nodes}  # one replica on each node
-
+def _every_row_once(log: str) -> dict:
     manifest = manifest_from_log(log)
     assert manifest is not None
     assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (ROWS, ROWS, 0)
     ids = pq.read_table(manifest["outputs_uri"]).column("id").to_pylist()
     assert sorted(ids) == [f"t{i:04d}" for i in range(ROWS)]  # every row, exactly once
+    return manifest
+
+
+def test_two_replicas_one_per_node_every_row_once(two_nodes, tiny_model: Path, tmp_path: Path) -> None:
+    hook = RayHook()
+    before = set(_actors(hook, "vLLMEngineStage"))
+    operator = _operator(tiny_model, tmp_path)
+    job_id = submit_pipeline(operator, run_key="two-nodes", submission_id="raybatch-test-two-nodes")
+    status = wait_for_job(job_id)
+    log = hook.get_job_logs(job_id)
+    assert status.value == "SUCCEEDED", log[-3000:]
+
+    engines = {
+        actor: a["node_id"] for actor, a in _actors(hook, "vLLMEngineStage").items() if actor not in before
+    }
+    assert len(engines) == 2, engines
+    assert set(engines.values()) == {node.node_id for node in two_nodes}  # one replica on each node
+    _every_row_once(log)
+
+
+def test_a_warm_pool_of_two_replicas_one_per_node(two_nodes, tiny_model: Path, tmp_path: Path) -> None:
+    hook = RayHook()
+    before = set(_actors(hook, "EngineReplica"))
+    operator = _operator(tiny_model, tmp_path, keep_warm_seconds=5, batch_size=8)
+    job_id = submit_pipeline(operator, run_key="two-nodes-pool", submission_id="raybatch-test-two-nodes-pool")
+    status = wait_for_job(job_id)
+    log = hook.get_job_logs(job_id)
+    assert status.value == "SUCCEEDED", log[-3000:]
+    pool = _every_row_once(log)["engine_pool"]
+
+    replicas = {actor: a for actor, a in _actors(hook, "EngineReplica").items() if actor not in before}
+    assert len(replicas) == 2, replicas
+    assert {a["node_id"] for a in replicas.values()} == {node.node_id for node in two_nodes}
+    # Both built for this job, side by side; how far apart they became ready is in the manifest.
+    assert (pool["replicas"], pool["warm_replicas"]) == (2, 0)
+    timings = pool["replica_timings"]
+    assert [t["replica"] for t in timings] == [0, 1] and all(t["engine_ready_s"] > 0 for t in timings)
+    ready = [t["engine_ready_s"] for t in timings]
+    assert pool["replica_ready_skew_s"] == pytest.approx(max(ready) - min(ready), abs=0.002)
+    # keep_warm_seconds=5: both replicas end after the job, and their slots are free again.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        states = {
+            actor: a["state"] for actor, a in _actors(hook, "EngineReplica").items() if actor in replicas
+        }
+        if set(states.values()) == {"DEAD"}:
+            break
+        time.sleep(2)
+    assert set(states.values()) == {"DEAD"}, states

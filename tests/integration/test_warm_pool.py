@@ -136,7 +136,7 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
     assert _run_fingerprint(tiny_model, tmp_path) != cold["fingerprint"]
 
     # A replica killed while a job's rows are in it: replaced, and every row committed exactly once.
-    third, third_ids = _run(tiny_model, tmp_path, "third", 3000, keep_warm=3,
+    third, third_ids = _run(tiny_model, tmp_path, "third", 1200, keep_warm=3,
                             sampling_params={"temperature": 0, "max_tokens": 48})  # fmt: skip
     out = tmp_path / "third" / "out"  # the replicas stage parts into the version folder as rows finish
     deadline = time.monotonic() + 600
@@ -159,11 +159,11 @@ def _run_fingerprint(tiny_model: Path, folder: Path) -> str:
 
 def test_two_concurrent_jobs_share_one_engine(ray_connection, tiny_model, tmp_path) -> None:
     _wait_for_empty_pool(timeout=120)  # nothing left from another test
-    jobs = [_run(tiny_model, tmp_path, name, 120, keep_warm=20) for name in ("day1", "day2")]
+    jobs = [_run(tiny_model, tmp_path, name, 60, keep_warm=20) for name in ("day1", "day2")]
     manifests = [
         _committed(tmp_path, name, job, ids) for name, (job, ids) in zip(("day1", "day2"), jobs, strict=True)
     ]
     assert manifests[0]["engine_pool"]["fingerprint"] == manifests[1]["engine_pool"]["fingerprint"]
     [replica] = _pool()  # one engine for both
-    assert (replica["jobs_served"], replica["rows_done"], replica["leases"]) == (2, 240, 0)
+    assert (replica["jobs_served"], replica["rows_done"], replica["leases"]) == (2, 120, 0)
     _wait_for_empty_pool(timeout=120)

@@ -101,7 +101,7 @@ class EnginePool:
                 max_concurrency=10_000,  # rows of every job in flight at once; vLLM bounds its own batch
                 **self.actor_options,
             )
-            .remote(self.engine_kwargs, self.compile_cache_dir, self.fingerprint)
+            .remote(self.engine_kwargs, self.compile_cache_dir, self.fingerprint, self.keep_warm_seconds)
         )
 
     def existing(self) -> set[str]:

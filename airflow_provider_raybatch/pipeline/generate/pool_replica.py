@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import threading
 import time
 import uuid
 from typing import Any
@@ -45,10 +47,16 @@ class EngineReplica:
         processor built them (model, engine_kwargs, task_type, ...).
     :param compile_cache_dir: the spec's ``compile_cache_dir``.
     :param fingerprint: the pool's (:func:`.engine_pool.pool_fingerprint`), for its reports.
+    :param keep_warm_seconds: the creating job's: how long the replica waits for a first job once built
+        (that job's driver may have died while the engine built: nobody would ever attach).
     """
 
     def __init__(
-        self, engine_kwargs: dict[str, Any], compile_cache_dir: str | None, fingerprint: str
+        self,
+        engine_kwargs: dict[str, Any],
+        compile_cache_dir: str | None,
+        fingerprint: str,
+        keep_warm_seconds: float = 0.0,
     ) -> None:
         # Before the imports (vLLM's among them): the build time is all the replica's own start-up.
         started = time.monotonic()
@@ -74,7 +82,7 @@ class EngineReplica:
         self._fingerprint = fingerprint
         self._engine_build_seconds = round(time.monotonic() - started, 3)
         self._engine_ready_at = time.time()
-        self._keep_warm_seconds = 0.0
+        self._keep_warm_seconds = float(keep_warm_seconds)
         self._leases: dict[str, float] = {}  # job id -> when its lease ends (monotonic)
         self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}  # job id -> its requests in the engine
         self._last_active = time.monotonic()
@@ -82,11 +90,17 @@ class EngineReplica:
         self._rows_done = 0
         self._watch: asyncio.Task[None] | None = None
         self._retiring = False
+        # Until a first job attaches, a thread keeps the keep-warm window (the lease watch needs the
+        # actor's event loop, which only a call gives): a replica whose creator died mid-build ends.
+        threading.Thread(
+            target=self._end_if_never_attached, name="raybatch-orphan-watch", daemon=True
+        ).start()
 
     # The job side ------------------------------------------------------------------------------
 
     async def attach(self, job_id: str, keep_warm_seconds: float) -> dict[str, Any]:
         """Hold (or renew) ``job_id``'s lease; the replica's state before this call."""
+        await self._refuse_if_retiring()
         state = self._state()
         if job_id not in self._jobs_served:
             self._jobs_served.append(job_id)
@@ -97,12 +111,15 @@ class EngineReplica:
         return state
 
     async def release(self, job_id: str) -> None:
-        """``job_id`` is done: its lease ends now; the keep-warm window starts once nothing is in flight."""
+        """``job_id`` is done or stopped: its lease ends now and its requests still in the engine are
+        cancelled (a finished job has none); the keep-warm window starts once nothing is in flight."""
         self._leases.pop(job_id, None)
+        self._cancel(job_id)
         self._last_active = time.monotonic()
 
     async def generate(self, row: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: row values.
         """Ray Data LLM's per-row call on this engine: the row's engine output (an error row on failure)."""
+        await self._refuse_if_retiring()
         task = asyncio.current_task()
         assert task is not None  # an async actor method runs in a task
         self._in_flight.setdefault(job_id, set()).add(task)
@@ -152,6 +169,20 @@ class EngineReplica:
 
     # The replica's own lifetime ------------------------------------------------------------------
 
+    async def _refuse_if_retiring(self) -> None:
+        """A retiring replica takes no new work: the call waits for the actor's end (a moment away),
+        so its caller sees the replica dead and replaces it, instead of a row failed by an engine
+        that is shutting down."""
+        while self._retiring:
+            await asyncio.sleep(_TICK_SECONDS)
+
+    def _end_if_never_attached(self) -> None:
+        while self._watch is None and not self._retiring:
+            time.sleep(_TICK_SECONDS)
+            waited = time.monotonic() - self._last_active
+            if self._watch is None and waited >= max(self._keep_warm_seconds, LEASE_SECONDS):
+                self._retire(f"no job attached within {waited:.0f} s of its engine being ready")
+
     def _state(self) -> dict[str, Any]:  # Any: JSON values.
         return {
             "fingerprint": self._fingerprint,
@@ -193,8 +224,10 @@ class EngineReplica:
         with contextlib.suppress(Exception):  # best effort: the actor's end kills what is left
             self._engine.llm.shutdown()
         me = ray.get_runtime_context().current_actor
-        # A moment later: a retire_if_idle call still gets its answer.
-        asyncio.get_running_loop().call_later(0.2, lambda: ray.kill(me, no_restart=True))
+        # A moment later: a retire_if_idle call still gets its answer. Should Ray's kill not come, the
+        # process ends anyway: calls that wait for the end (_refuse_if_retiring) must not wait forever.
+        threading.Timer(0.2, lambda: ray.kill(me, no_restart=True)).start()
+        threading.Timer(10.0, os._exit, (0,)).start()
 
 
 #: One id for every row this replica answers (Ray Data LLM logs it per batch; a pool has no batches).

@@ -63,24 +63,29 @@ class _PoolClient(StatefulStageUDF):
 
     async def _generate(self, row: dict[str, Any], index: int) -> dict[str, Any]:  # Any: row values.
         while True:
-            handle = await self._replica(index)
+            handle, new = await self._replica(index)
             try:
+                if new:  # a replica this actor has not used yet (the first, or a replacement): hold it
+                    await handle.attach.remote(self._job_id, self._pool.keep_warm_seconds)
                 return await handle.generate.remote(row, self._job_id)
             except ray.exceptions.RayActorError as err:
                 self._replace(index, handle, err)
 
-    async def _replica(self, index: int) -> Any:  # Any: a Ray actor handle
+    async def _replica(self, index: int) -> tuple[Any, bool]:  # Any: a Ray actor handle
+        """The replica at ``index``, and whether it is new to this actor."""
         handle: Any = self._handles.get(index)  # Any: a Ray actor handle
-        if handle is None:
-            handle = self._pool.replica(index)  # the live replica of that name, or a new one
-            for _ in range(100):  # until Ray has freed a dead replica's name (it does as the actor dies)
-                if handle._actor_id not in self._dead:
-                    break
-                await asyncio.sleep(0.2)
-                handle = self._pool.replica(index)
-            self._handles[index] = handle  # before the await: the batch's other rows take this one
-            await handle.attach.remote(self._job_id, self._pool.keep_warm_seconds)
-        return handle
+        if handle is not None:
+            return handle, False
+        handle = self._pool.replica(index)  # the live replica of that name, or a new one
+        for _ in range(100):  # until Ray has freed a dead replica's name (it does as the actor dies)
+            if handle._actor_id not in self._dead:
+                break
+            await asyncio.sleep(0.2)
+            handle = self._pool.replica(index)
+        if index in self._handles:  # another row of the batch got one while this one waited
+            return self._handles[index], False
+        self._handles[index] = handle  # the batch's other rows take this one
+        return handle, True
 
     def _replace(self, index: int, dead: Any, err: BaseException) -> None:  # Any: a Ray actor handle
         if self._handles.get(index) is not dead:

@@ -75,7 +75,7 @@ def test_what_a_replica_needs_and_whether_it_fits() -> None:
 
 
 _REPLICA = """
-import asyncio, json
+import asyncio, json, time
 from airflow_provider_raybatch.pipeline.generate import pool_replica
 from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
 
@@ -113,11 +113,36 @@ async def main():
     retired_while_leased = list(retired)
     await replica.release("live")
     await asyncio.sleep(0.6)
+    after = replica._state()
+    # A stopped job's driver releases its lease: what it still had in the engine is cancelled at once.
+    replica.__dict__.update(_retiring=False, _keep_warm_seconds=60.0)
+    await replica.attach("stopped", keep_warm_seconds=60.0)
+    stopped = loop.create_task(replica.generate({"source": "s:2", "job": "stuck"}, "stopped"))
+    await asyncio.sleep(0.1)
+    await replica.release("stopped")
+    await asyncio.sleep(0.05)
+    # A retiring replica takes no new row: the call waits for the actor's end (its caller then replaces
+    # the replica) instead of answering from an engine that is shutting down.
+    replica._retiring = True
+    try:
+        late = await asyncio.wait_for(replica.generate({"source": "a:2", "job": "live"}, "live"), 0.3)
+    except asyncio.TimeoutError:
+        late = "waited"
     return {"before": before, "answer": answer, "busy": busy, "idle_refused": idle_refused,
-            "cancelled": cancelled, "retired_while_leased": retired_while_leased, "retired": retired,
-            "after": replica._state()}
+            "cancelled": cancelled, "retired_while_leased": retired_while_leased, "retired": list(retired),
+            "after": after, "stopped_cancelled": stopped.cancelled(), "late": late}
 
-print(json.dumps(asyncio.run(main())))
+report = asyncio.run(main())
+
+# A replica whose creator died while its engine built: no job ever attaches, and it ends by itself.
+orphan = object.__new__(EngineReplica)
+orphan.__dict__.update(_engine=Engine(), _fingerprint="f", _keep_warm_seconds=0.2, _watch=None,
+                       _retiring=False, _last_active=time.monotonic())
+orphan._retire = lambda why: (retired.append(why), setattr(orphan, "_retiring", True))
+started = time.monotonic()
+orphan._end_if_never_attached()
+report.update(orphan_retired=retired[-1], orphan_after=round(time.monotonic() - started, 1))
+print(json.dumps(report))
 """
 
 
@@ -129,7 +154,12 @@ def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_aft
     # The killed job's lease lapsed: its row in the engine was cancelled (vLLM aborts it); the job
     # that kept renewing kept the replica.
     assert report["cancelled"] is True and report["retired_while_leased"] == []
-    assert report["retired"] == ["idle for 0.3 s (keep_warm_seconds)"]
+    assert report["retired"][0] == "idle for 0.3 s (keep_warm_seconds)"
+    assert report["stopped_cancelled"] is True  # released by a stopped job: its rows no longer generate
+    assert report["late"] == "waited"  # a retiring replica answers no row
+    # No job ever attached (its creator died mid-build): it ended after the lease time (0.5 s here).
+    assert report["orphan_retired"].startswith("no job attached within")
+    assert 0.4 <= report["orphan_after"] <= 2.0
     assert (report["after"]["leases"], report["after"]["in_flight"], report["after"]["jobs_served"]) == (
         0,
         0,
@@ -154,6 +184,9 @@ class Replica:
         self.generate = Call(self._generate)
         self.attach = Call(self._attach)
     async def _attach(self, job_id, keep_warm):
+        if self.deaths and self.deaths[-1] == "attach":
+            self.deaths.pop()
+            raise ray.exceptions.RayActorError()
         return {}
     async def _generate(self, row, job_id):
         if self.deaths:
@@ -181,7 +214,8 @@ async def run(deaths):
     except pooled_stage.PoolReplicaLost as err:
         return {"error": str(err), "made": len(made)}
 
-print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": asyncio.run(run([1] * 8))}))
+print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": asyncio.run(run([1] * 8)),
+                  "dead_on_attach": asyncio.run(run(["attach"]))}))
 """
 
 
@@ -193,6 +227,9 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     assert sorted(text.split()[1] for text in one["rows"]) == ["a:0", "a:1", "a:2"]
     too_many = report["too_many"]
     assert "died; replicas were replaced 2 times already (RAYBATCH_ENGINE_MAX_RESTARTS)" in too_many["error"]
+    # The replica was found dead by the stage's own attach (before any row): replaced the same way.
+    on_attach = report["dead_on_attach"]
+    assert on_attach["made"] == 2 and on_attach["rows"] == ["actor-1 a:0", "actor-1 a:1", "actor-1 a:2"]
 
 
 _RENDER = """
