@@ -1,7 +1,7 @@
 """Two nodes on one machine (the head and a worker raylet of its own): two engine replicas, one per
 node, through Ray's own scheduling; the output is complete and has every row exactly once. The same
-with a warm pool of two replicas (``keep_warm_seconds``): one per node, both built side by side, the
-job's rows spread over both, and the pool gone after its keep-warm window."""
+with a warm pool of two replicas (``keep_warm_seconds``) that two concurrent jobs share: one replica
+per node, both built side by side, and the pool gone after its keep-warm window."""
 
 from __future__ import annotations
 
@@ -40,13 +40,14 @@ def two_nodes(ray_connection) -> list:
     return nodes
 
 
-def _operator(tiny_model: Path, tmp_path: Path, **overrides):
-    source = tmp_path / "tickets.jsonl"
+def _operator(tiny_model: Path, folder: Path, **overrides):
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "tickets.jsonl"
     source.write_text(
         "".join(json.dumps({"id": f"t{i:04d}", "text": f"ticket {i}"}) + "\n" for i in range(ROWS))
     )
     return make_operator(
-        tiny_model, str(source), str(tmp_path / "out"),
+        tiny_model, str(source), str(folder / "out"),
         messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
         concurrency=(2, 2),  # a fixed pool: both replicas start at once
         replica_resources={"CPU": 1, REPLICA_SLOT: 1},  # one slot per node: one replica per node
@@ -81,26 +82,39 @@ def test_two_replicas_one_per_node_every_row_once(two_nodes, tiny_model: Path, t
     _every_row_once(log)
 
 
-def test_a_warm_pool_of_two_replicas_one_per_node(two_nodes, tiny_model: Path, tmp_path: Path) -> None:
+def test_two_concurrent_jobs_share_a_warm_pool_of_two_replicas_one_per_node(
+    two_nodes, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Two dates at once (a backfill with max_active_runs=2) on one pool of two replicas: two engines in
+    all, one per node, built side by side; each date commits every row once; then scale to zero."""
     hook = RayHook()
     before = set(_actors(hook, "EngineReplica"))
-    operator = _operator(tiny_model, tmp_path, keep_warm_seconds=5, batch_size=8)
-    job_id = submit_pipeline(operator, run_key="two-nodes-pool", submission_id="raybatch-test-two-nodes-pool")
-    status = wait_for_job(job_id)
-    log = hook.get_job_logs(job_id)
-    assert status.value == "SUCCEEDED", log[-3000:]
-    pool = _every_row_once(log)["engine_pool"]
+    jobs = {
+        day: submit_pipeline(
+            _operator(tiny_model, tmp_path / day, keep_warm_seconds=5, batch_size=8),
+            run_key=f"two-nodes-pool-{day}",
+            submission_id=f"raybatch-test-two-nodes-pool-{day}",
+        )
+        for day in ("day1", "day2")
+    }
+    pools = []
+    for day, job_id in jobs.items():
+        status = wait_for_job(job_id)
+        log = hook.get_job_logs(job_id)
+        assert status.value == "SUCCEEDED", f"{day}: {log[-3000:]}"
+        pools.append(_every_row_once(log)["engine_pool"])
 
     replicas = {actor: a for actor, a in _actors(hook, "EngineReplica").items() if actor not in before}
-    assert len(replicas) == 2, replicas
+    assert len(replicas) == 2, replicas  # one pool for both dates, not one each
     assert {a["node_id"] for a in replicas.values()} == {node.node_id for node in two_nodes}
-    # Both built for this job, side by side; how far apart they became ready is in the manifest.
-    assert (pool["replicas"], pool["warm_replicas"]) == (2, 0)
-    timings = pool["replica_timings"]
+    assert pools[0]["fingerprint"] == pools[1]["fingerprint"] and pools[0]["replicas"] == 2
+    # Both replicas were built while the first date held its lease: their start-ups and how far apart
+    # they became ready are in its manifest.
+    timings = pools[0]["replica_timings"]
     assert [t["replica"] for t in timings] == [0, 1] and all(t["engine_ready_s"] > 0 for t in timings)
     ready = [t["engine_ready_s"] for t in timings]
-    assert pool["replica_ready_skew_s"] == pytest.approx(max(ready) - min(ready), abs=0.002)
-    # keep_warm_seconds=5: both replicas end after the job, and their slots are free again.
+    assert pools[0]["replica_ready_skew_s"] == pytest.approx(max(ready) - min(ready), abs=0.002)
+    # keep_warm_seconds=5: both replicas end after the jobs, and their slots are free again.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         states = {

@@ -1,6 +1,7 @@
 """Warm engines across jobs (``keep_warm_seconds``), as real Ray jobs on the local cluster with vLLM's
-CPU engine: a second job starts on the first one's engine, two concurrent jobs share one engine, a
-replica killed mid-job is replaced and no row is lost or doubled, and the pool scales to zero.
+CPU engine: a second job starts on the first one's engine, a replica killed mid-job is replaced and no
+row is lost or doubled, and the pool scales to zero. Two concurrent jobs sharing a pool of two
+replicas (one per node) is tests/integration/test_multinode.py.
 
 The test process has no Ray (the Airflow side stays light): it looks at the pool through small Ray
 jobs of its own (:func:`_pool`, :func:`_kill_replica`).
@@ -155,15 +156,3 @@ def _run_fingerprint(tiny_model: Path, folder: Path) -> str:
     job, ids = _run(tiny_model, folder, "other", 8, keep_warm=0, engine_kwargs={
         "max_model_len": 384, "gpu_memory_utilization": 0.3, "enforce_eager": True})  # fmt: skip
     return _committed(folder, "other", job, ids)["engine_pool"]["fingerprint"]
-
-
-def test_two_concurrent_jobs_share_one_engine(ray_connection, tiny_model, tmp_path) -> None:
-    _wait_for_empty_pool(timeout=120)  # nothing left from another test
-    jobs = [_run(tiny_model, tmp_path, name, 60, keep_warm=20) for name in ("day1", "day2")]
-    manifests = [
-        _committed(tmp_path, name, job, ids) for name, (job, ids) in zip(("day1", "day2"), jobs, strict=True)
-    ]
-    assert manifests[0]["engine_pool"]["fingerprint"] == manifests[1]["engine_pool"]["fingerprint"]
-    [replica] = _pool()  # one engine for both
-    assert (replica["jobs_served"], replica["rows_done"], replica["leases"]) == (2, 120, 0)
-    _wait_for_empty_pool(timeout=120)
