@@ -327,18 +327,10 @@ class PoolLease:
                 self._replica_states = [_answer(ref) for ref in self._attaching]
 
     def _unplaced(self) -> bool:
-        """Whether one of the job's replicas waits for resources (not one that is building its engine:
-        making room then would end other pools' idle replicas for nothing)."""
-        import ray
-
-        for name in self.pool.names:
-            try:
-                replica = ray.get_actor(name, namespace=NAMESPACE)
-            except ValueError:
-                continue  # dead: the stage that calls it next replaces it
-            if not _is_placed(replica):
-                return True
-        return False
+        """Whether an actor of the replicas' shape waits for resources (not one that is building its
+        engine, or whose worker process is starting: making room then would end other pools' idle
+        replicas for nothing)."""
+        return _actor_waits_for(replica_needs(self.pool.actor_options))
 
     def _replica_timings(self) -> list[dict[str, Any]]:  # Any: JSON values.
         """Each replica's engine start and ready time (seconds after this lease started; a warm one's
@@ -379,18 +371,25 @@ def _is_up(replica: Any) -> bool:  # Any: a Ray actor handle
     return state is None or state.state == "ALIVE"
 
 
-def _is_placed(replica: Any) -> bool:  # Any: a Ray actor handle
-    """Whether Ray has given the replica a worker (it may still be building its engine); False if Ray
-    cannot say (no state API: the lease then makes room as if the replica waited for resources)."""
-    try:
-        from ray.util.state import get_actor
+def _actor_waits_for(needs: dict[str, float]) -> bool:
+    """Whether Ray's scheduler has an actor asking for at least ``needs`` that it cannot place now (the
+    resource demands the autoscaler reads from the GCS); True if Ray cannot say, so that making room
+    stays the lease's way out of a full cluster."""
+    import ray
 
-        state = get_actor(replica._actor_id.hex())
-    except Exception:  # noqa: BLE001 - no state API (no dashboard)
-        return False
-    if state is None or state.state != "PENDING_CREATION":
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        status = get_cluster_status(ray.get_runtime_context().gcs_address)
+        demands = status.resource_demands.ray_task_actor_demand
+    except Exception:  # noqa: BLE001 - another Ray layout, or the GCS did not answer
         return True
-    return bool(state.pid)  # a pending actor without a worker process waits for resources
+    for demand in demands:
+        for request in demand.bundles_by_count:
+            if request.count and all(request.bundle.get(name, 0.0) >= amount
+                                     for name, amount in needs.items() if amount):  # fmt: skip
+                return True
+    return False
 
 
 def _answer(ref: Any) -> dict[str, Any] | None:  # Any: a Ray object ref; JSON values
