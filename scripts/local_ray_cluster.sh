@@ -23,7 +23,9 @@ AGENT_PORT=${RAYBATCH_AGENT_PORT:-$((PORT + 44100))}
 # /tmp/ray names whichever cluster on the machine started last, so another cluster's start sent this
 # one's jobs to the wrong GCS (2026-11-26). Short: Ray's socket paths must stay under 107 characters.
 RAY_TEMP_DIR=${RAYBATCH_RAY_TEMP_DIR:-/tmp/ray-$GCS_PORT}
-export PATH=$ROOT/.venvs/ray/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
+# The cluster side's virtualenv: .venvs/ray, or another Ray release's (scripts/test_matrix.sh).
+RAY_VENV=${RAYBATCH_RAY_VENV:-$ROOT/.venvs/ray}
+export PATH=$RAY_VENV/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS_ENABLED=0
 
 # Any HTTP answer (401 included: token auth guards every route) means the dashboard is up.

@@ -9,6 +9,8 @@
 # .venvs/airflow-wheel, where pytest runs from build/test-root so that the checkout's package is not
 # on sys.path. RAYBATCH_TEST_INSTALL=editable runs the tests in .venvs/airflow against the checkout.
 # Paths among the arguments replace pyproject's testpaths (tests/): `scripts/test.sh tests/unit`.
+# A run without arguments then tests the oldest Airflow and Ray releases we claim
+# (scripts/test_matrix.sh); RAYBATCH_TEST_MATRIX=0 leaves that out.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -35,9 +37,16 @@ set +e
 RAYBATCH_TEST_PART=unit "${PYTEST[@]}" -n "${RAYBATCH_TEST_WORKERS:-2}" "$@"; unit=$?
 if [ "$unit" = 2 ] || [ "$unit" = 3 ] || [ "$unit" = 4 ]; then exit "$unit"; fi  # interrupted, internal or usage error
 RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" "$@"; real=$?
+# The oldest Airflow and Ray we claim, one side at a time (scripts/test_matrix.sh), after a whole run
+# (no pytest arguments) unless RAYBATCH_TEST_MATRIX=0.
+matrix=0
+if [ $# = 0 ] && [ "${RAYBATCH_TEST_MATRIX:-1}" != 0 ]; then
+  "$ROOT/scripts/test_matrix.sh"; matrix=$?
+fi
 set -e
-echo "scripts/test.sh: unit tests exit $unit, tests on the real parts exit $real (5: none selected)"
+echo "scripts/test.sh: unit tests exit $unit, tests on the real parts exit $real (5: none selected)," \
+  "version matrix exit $matrix"
 if [ "$unit" = 5 ] && [ "$real" = 5 ]; then exit 5; fi
-for rc in "$unit" "$real"; do
+for rc in "$unit" "$real" "$matrix"; do
   if [ "$rc" != 0 ] && [ "$rc" != 5 ]; then exit "$rc"; fi
 done

@@ -2,8 +2,8 @@
 
 The tests run in .venvs/airflow (the editable install), or with RAYBATCH_TEST_INSTALL=wheel in
 .venvs/airflow-wheel, where scripts/test_wheel.sh installs the built wheel; the cluster runs from
-.venvs/ray (scripts/setup_envs.sh makes both). The cluster uses its own ports so a running demo
-cluster is not mistaken for it.
+.venvs/ray (scripts/setup_envs.sh makes both), or RAYBATCH_RAY_VENV (scripts/test_matrix.sh's other Ray
+release). The cluster uses its own ports so a running demo cluster is not mistaken for it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"
+#: The cluster side's virtualenv: .venvs/ray, or another Ray release's (scripts/test_matrix.sh).
+RAY_VENV = Path(os.environ.get("RAYBATCH_RAY_VENV") or ROOT / ".venvs" / "ray")
+RAY_PYTHON = RAY_VENV / "bin" / "python"
+
+
+def cluster_ray_version() -> str:
+    """The Ray release the cluster's virtualenv holds (from its dist-info: no Ray import here)."""
+    [dist_info] = RAY_VENV.glob("lib/python*/site-packages/ray-*.dist-info")
+    return dist_info.name.removeprefix("ray-").removesuffix(".dist-info")
+
+
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
 DASHBOARD_PORT = 8275
 RAY_TEMP_DIR = "/tmp/ray-raybatch-tests"

@@ -18,7 +18,7 @@ import pytest
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, cluster_ray_version, submit_pipeline, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -124,7 +124,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert manifest["tokens_out"] == sum(row["num_generated_tokens"] for row in outputs)
     assert sum(manifest["generated_text_counts"].values()) == GOOD_ROWS
     assert manifest["spec_fingerprint"] == operator.build_spec().fingerprint()
-    assert manifest["versions"]["vllm"] and manifest["versions"]["ray"] == "2.60.0"
+    assert manifest["versions"]["vllm"] and manifest["versions"]["ray"] == cluster_ray_version()
     # Where the time went (pipeline/reporting/timings.py): every phase measured, none past the wall.
     timings = manifest["timings"]
     phases = (

@@ -16,7 +16,7 @@ import pytest
 from airflow_provider_raybatch.exceptions import RayHookError, RayUnavailableError
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
-from tests.conftest import DASHBOARD_PORT
+from tests.conftest import DASHBOARD_PORT, cluster_ray_version
 from tests.integration.proxy import TcpProxy, make_tls_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -46,7 +46,7 @@ def test_tls_with_the_clusters_ca_bundle(ray_cluster, tls_proxy, monkeypatch) ->
     ok, message = RayHook(ray_conn_id="ray_tls").test_connection()
 
     assert ok, message
-    assert message.startswith("Connected to Ray 2.60.0 at https://127.0.0.1:")
+    assert message.startswith(f"Connected to Ray {cluster_ray_version()} at https://127.0.0.1:")
 
 
 def test_tls_against_an_unknown_ca_fails_at_once_with_a_clear_message(
@@ -70,7 +70,7 @@ def test_tls_verification_switched_off(ray_cluster, tls_proxy, monkeypatch) -> N
         "AIRFLOW_CONN_RAY_TLS", _connection(ray_cluster.token, proxy.port, "https", verify=False)
     )
 
-    assert RayHook(ray_conn_id="ray_tls").get_version()["ray_version"] == "2.60.0"
+    assert RayHook(ray_conn_id="ray_tls").get_version()["ray_version"] == cluster_ray_version()
 
 
 @pytest.mark.parametrize("extra", ["ca_bundle", "verify_off"])

@@ -23,7 +23,18 @@ from airflow.sdk.api.client import Client
 from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.execution_time import task_runner
 from airflow.sdk.execution_time.comms import GetXCom
-from airflow.sdk.execution_time.request_handlers import handle_get_xcom
+
+try:  # Airflow 3.3 moved the supervisor's answers to a task's requests into request_handlers
+    from airflow.sdk.execution_time.request_handlers import handle_get_xcom
+except ImportError:  # Airflow 3.2: the supervisor answered inline (supervisor.py, its GetXCom branch)
+    from airflow.sdk.execution_time.comms import XComResult
+
+    def handle_get_xcom(client: Client, msg: GetXCom) -> tuple[Any, dict[str, bool]]:  # Any: a comms model
+        xcom = client.xcoms.get(
+            msg.dag_id, msg.run_id, msg.task_id, msg.key, msg.map_index, msg.include_prior_dates
+        )
+        return XComResult.from_xcom_response(xcom), {}
+
 
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator

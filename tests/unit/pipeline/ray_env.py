@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -10,14 +11,15 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-RAY_PYTHON = ROOT / ".venvs" / "ray" / "bin" / "python"
+#: .venvs/ray, or another Ray release's virtualenv (scripts/test_matrix.sh).
+RAY_PYTHON = Path(os.environ.get("RAYBATCH_RAY_VENV") or ROOT / ".venvs" / "ray") / "bin" / "python"
 
 
 def run_in_ray_env(code: str) -> Any:  # Any: the JSON the snippet printed last.
     """Run ``code`` with the repository on its path and no Ray cluster; return its last printed line,
     parsed."""
     if not RAY_PYTHON.exists():
-        pytest.skip(".venvs/ray is missing (scripts/setup_envs.sh makes it)")
+        pytest.skip(f"{RAY_PYTHON} is missing (scripts/setup_envs.sh makes .venvs/ray)")
     result = subprocess.run(
         [str(RAY_PYTHON), "-c", code],
         capture_output=True,
