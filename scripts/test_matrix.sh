@@ -15,7 +15,11 @@
 # RAYBATCH_TEST_INSTALL=wheel (CI) the Airflow cell installs the built wheel (dist/, from
 # scripts/test_wheel.sh) and runs from build/test-root, as the main passes do.
 # RAYBATCH_TEST_MATRIX=0 skips it all (scripts/test.sh); extra arguments to this script name cells.
+# Run on its own, it expects what scripts/test.sh made first: the virtualenvs, and with the wheel
+# (the default) dist/, .venvs/airflow-wheel and build/test-root (RAYBATCH_TEST_INSTALL=editable needs
+# only the virtualenvs).
 set -euo pipefail
+shopt -s inherit_errexit  # the venv functions run in $(...): a failed install must stop the script
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 UV=$ROOT/.venvs/bootstrap/bin/uv
@@ -50,9 +54,15 @@ declare -A AIRFLOW_RELEASED=([3.2.0]=2026-04-08)
 # out of those constraints: Airflow lets them be upgraded on their own, as our extras need.
 airflow_venv() {
   local venv=$ROOT/.venvs/airflow-$1 provider stamp released=${AIRFLOW_RELEASED[$1]:-}
-  if [ "$MODE" = wheel ]; then provider="airflow-provider-raybatch[test] @ file://$(ls "$ROOT"/dist/*.whl)"
-  else provider="-e $ROOT[test]"; fi
-  stamp="$1 $released $provider $(sha256sum pyproject.toml | cut -c1-16)"
+  local wheel
+  if [ "$MODE" = wheel ]; then
+    wheel=$(ls "$ROOT"/dist/*.whl)
+    provider="airflow-provider-raybatch[test] @ file://$wheel"
+    stamp="$1 $released $(sha256sum "$wheel" | cut -c1-16)"  # the wheel's bytes: a rebuilt 0.1.0 is new
+  else
+    provider="-e $ROOT[test]"
+    stamp="$1 $released editable $(sha256sum pyproject.toml | cut -c1-16)"
+  fi
   if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
     [ -n "$released" ] || { echo "test_matrix: no release date for Airflow $1 (AIRFLOW_RELEASED)" >&2; return 2; }
     rm -rf "$venv"
@@ -108,7 +118,8 @@ for cell in "${CELLS[@]}"; do
       venv=$(ray_venv "${cell#ray-}")
       "$venv/bin/python" -c 'import ray, vllm; print(f"ray {ray.__version__}, vllm {vllm.__version__}")'
       set +e
-      RAYBATCH_RAY_VENV=$venv run_pytest "$MAIN_VENV/bin/python" unit -n 2 "${RAY_ENV_TESTS[@]}"; unit=$?
+      RAYBATCH_RAY_VENV=$venv run_pytest "$MAIN_VENV/bin/python" unit -n "${RAYBATCH_TEST_WORKERS:-2}" \
+        "${RAY_ENV_TESTS[@]}"; unit=$?
       RAYBATCH_RAY_VENV=$venv run_pytest "$MAIN_VENV/bin/python" real_parts \
         tests/integration/test_pipeline_job.py::test_dirty_input_lands_in_errors_with_exact_counts
       real=$?

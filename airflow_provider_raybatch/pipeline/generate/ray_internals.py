@@ -36,6 +36,8 @@ REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
 
 
 #: What a dry run uses (pipeline/dry_run.py): the prompt stages, not the engine's.
+#: The Ray releases the test command runs the pipeline on (scripts/test_matrix.sh, README "Versions we test").
+TESTED_RAY = "2.57.0 to 2.60.0"
 DRY_RUN_MODULES = (f"{_STAGES}.chat_template_stage", f"{_STAGES}.tokenize_stage", f"{_STAGES}.base")
 
 
@@ -87,7 +89,7 @@ def check_ray_internals(
     missing = missing_internals(import_module or importlib.import_module, dry_run=dry_run)
     if missing:
         raise RayInternalsChanged(
-            f"Ray {ray_version}: the Ray Data LLM internals this provider builds on changed, so the job "
-            f"stops before reading any row. Missing: {', '.join(missing)}. Run the cluster on a Ray "
-            "release this provider supports (its 'cluster' extra), or upgrade the provider."
+            f"Ray {ray_version}: the Ray Data LLM internals this provider builds on were renamed or "
+            f"removed, so the job stops before reading any row. Missing: {', '.join(missing)}. Run the "
+            f"cluster on a Ray release this provider is tested with ({TESTED_RAY}), or upgrade the provider."
         )

@@ -46,7 +46,8 @@ def test_a_renamed_class_a_lost_method_and_a_moved_module_are_named_with_the_ray
     with pytest.raises(ray_internals.RayInternalsChanged) as raised:
         ray_internals.check_ray_internals("2.99.0", import_module)
     message = str(raised.value)
-    assert message.startswith("Ray 2.99.0: the Ray Data LLM internals this provider builds on changed")
+    assert message.startswith("Ray 2.99.0: the Ray Data LLM internals this provider builds on were renamed")
+    assert f"tested with ({ray_internals.TESTED_RAY})" in message
     assert f"{engine_stage}.vLLMEngineStageUDF" in message
     assert f"{engine_stage}.vLLMEngineWrapper._generate_async" in message
     assert "ray.llm._internal.batch.stages.tokenize_stage (No module named" in message
