@@ -62,6 +62,8 @@ _PER_JOB_KWARGS = ("batch_size", "max_concurrent_batches", "should_continue_on_e
 RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
 #: How long a job waits for its replicas to be placed before it ends idle replicas of other pools.
 MAKE_ROOM_AFTER_SECONDS = 5.0
+#: How long the lease waits for a replica to say it is up (an actor answers at once once created).
+UP_ANSWER_SECONDS = 0.5
 #: How long make_room waits for an idle replica of another pool to say whether it ends.
 RETIRE_ANSWER_SECONDS = 3.0
 #: How long an attaching job waits for a warm replica's health check before it replaces the replica.
@@ -178,11 +180,20 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
             continue
         try:
             handle = ray.get_actor(name, namespace=NAMESPACE)
-            answer_within = max(0.5, min(RETIRE_ANSWER_SECONDS, deadline - time.monotonic()))
-            if ray.get(handle.retire_if_idle.remote(), timeout=answer_within):
-                ended.append(name)
-        except Exception:  # noqa: BLE001 - gone, busy building, or unreachable: not ours to end
+        except ValueError:
+            continue  # gone already
+        answer_within = max(0.5, min(RETIRE_ANSWER_SECONDS, deadline - time.monotonic()))
+        ref = handle.retire_if_idle.remote()
+        try:
+            retired = ray.get(ref, timeout=answer_within)
+        except Exception:  # noqa: BLE001 - busy building, or unreachable: not ours to end
+            with contextlib.suppress(Exception):  # a call left queued would end it once built
+                ray.cancel(ref)
             continue
+        if retired:
+            ended.append(name)
+            # Its resources show as free only once it is gone: then see whether the job fits.
+            _wait_until_gone(name, timeout=max(0.0, deadline - time.monotonic()))
     if ended:
         log.warning("Ended idle engine pool replicas %s to make room for this job.", ", ".join(ended))
     return ended
@@ -305,12 +316,16 @@ class PoolLease:
         renewed = time.monotonic()
         while not self._stop.wait(1.0):
             try:
-                if time.monotonic() - renewed >= LEASE_RENEW_SECONDS:
+                renewing = time.monotonic() - renewed >= LEASE_RENEW_SECONDS
+                if renewing:
                     renewed = time.monotonic()
                     self._renew()
                 self._note_when_ready()
+                # Every round until the replicas answered, then with each renewal: a replica that
+                # died mid-job is replaced by the stage, and its replacement may wait for room too.
                 waited = time.monotonic() - self._started
-                if self._ready_after is None and waited > MAKE_ROOM_AFTER_SECONDS and self._unplaced():
+                look = self._ready_after is None or renewing
+                if look and waited > MAKE_ROOM_AFTER_SECONDS and self._unplaced():
                     self._ended_for_room += make_room(
                         replica_needs(self.pool.actor_options), self.pool.fingerprint, LEASE_RENEW_SECONDS
                     )
@@ -327,10 +342,19 @@ class PoolLease:
                 self._replica_states = [_answer(ref) for ref in self._attaching]
 
     def _unplaced(self) -> bool:
-        """Whether an actor of the replicas' shape waits for resources (not one that is building its
-        engine, or whose worker process is starting: making room then would end other pools' idle
-        replicas for nothing)."""
-        return _actor_waits_for(replica_needs(self.pool.actor_options))
+        """Whether one of this job's replicas is not up yet while Ray's scheduler cannot place an actor
+        of its shape: then it waits for resources (one that is building its engine, or whose worker is
+        starting, does not need room: ending other pools' idle replicas then would be for nothing)."""
+        import ray
+
+        for name in self.pool.names:
+            try:
+                replica = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                continue  # dead: the stage that calls it next replaces it
+            if not _is_up(replica):
+                return _actor_waits_for(replica_needs(self.pool.actor_options))
+        return False
 
     def _replica_timings(self) -> list[dict[str, Any]]:  # Any: JSON values.
         """Each replica's engine start and ready time (seconds after this lease started; a warm one's
@@ -360,15 +384,15 @@ class PoolLease:
             replica.attach.remote(self.job_id, self.pool.keep_warm_seconds)
 
 
-def _is_up(replica: Any) -> bool:  # Any: a Ray actor handle
-    """Whether the replica's constructor has returned (Ray's actor state ALIVE); True if Ray cannot say."""
-    try:
-        from ray.util.state import get_actor
+def _is_up(replica: Any, wait_seconds: float = UP_ANSWER_SECONDS) -> bool:  # Any: a Ray actor handle
+    """Whether the replica's constructor has returned (its engine is built), asked through Ray's own
+    ``__ray_ready__``, which an actor answers once created; a dead one counts as up (its next call
+    fails, and the caller replaces it). Not the state API: it needs the dashboard's address, which a
+    process outside a job finds ambiguous where two clusters share a machine."""
+    import ray
 
-        state = get_actor(replica._actor_id.hex())
-    except Exception:  # noqa: BLE001 - no state API (no dashboard): treat a silent replica as wedged
-        return True
-    return state is None or state.state == "ALIVE"
+    ready, _ = ray.wait([replica.__ray_ready__.remote()], timeout=wait_seconds)
+    return bool(ready)
 
 
 def _actor_waits_for(needs: dict[str, float]) -> bool:
@@ -380,7 +404,7 @@ def _actor_waits_for(needs: dict[str, float]) -> bool:
     try:
         from ray.autoscaler.v2.sdk import get_cluster_status
 
-        status = get_cluster_status(ray.get_runtime_context().gcs_address)
+        status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=2)
         demands = status.resource_demands.ray_task_actor_demand
     except Exception:  # noqa: BLE001 - another Ray layout, or the GCS did not answer
         return True

@@ -90,11 +90,10 @@ class EngineReplica:
         self._rows_done = 0
         self._watch: asyncio.Task[None] | None = None
         self._retiring = False
-        # Until a first job attaches, a thread keeps the keep-warm window (the lease watch needs the
-        # actor's event loop, which only a call gives): a replica whose creator died mid-build ends.
-        threading.Thread(
-            target=self._end_if_never_attached, name="raybatch-orphan-watch", daemon=True
-        ).start()
+        # Ray runs an async actor's __init__ on the actor's event loop: the watch starts with the
+        # replica, so one whose creator died while it built (nobody ever attaches) ends too.
+        with contextlib.suppress(RuntimeError):  # no loop (built outside Ray): the first attach starts it
+            self._watch = asyncio.get_running_loop().create_task(self._watch_leases())
 
     # The job side ------------------------------------------------------------------------------
 
@@ -114,7 +113,7 @@ class EngineReplica:
         """``job_id`` is done or stopped: its lease ends now and its requests still in the engine are
         cancelled (a finished job has none); the keep-warm window starts once nothing is in flight."""
         self._leases.pop(job_id, None)
-        self._cancel(job_id)
+        self._cancel(job_id, "released its lease")
         self._last_active = time.monotonic()
 
     async def generate(self, row: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: row values.
@@ -157,12 +156,20 @@ class EngineReplica:
 
     async def health(self) -> dict[str, Any]:
         """The replica's state, after asking vLLM whether its engine is alive (raises if it is not)."""
+        await self._refuse_if_retiring()
         await self._engine.llm.engine.check_health()
         return self._state()
 
     async def retire_if_idle(self) -> bool:
-        """End the replica now if no job holds it and nothing is in flight; True if it ends."""
-        if self._leases or self._in_flight:
+        """End the replica now if no job holds it and nothing is in flight; True if it ends.
+
+        A replica built moments ago that no job has attached to yet is not idle: its creator's attach
+        is on its way (a make-room call queued while it built may run first).
+        """
+        if self._retiring:
+            return True
+        fresh = not self._jobs_served and time.monotonic() - self._last_active < LEASE_SECONDS
+        if self._leases or self._in_flight or fresh:
             return False
         self._retire("another job needs its resources")
         return True
@@ -175,13 +182,6 @@ class EngineReplica:
         that is shutting down."""
         while self._retiring:
             await asyncio.sleep(_TICK_SECONDS)
-
-    def _end_if_never_attached(self) -> None:
-        while self._watch is None and not self._retiring:
-            time.sleep(_TICK_SECONDS)
-            waited = time.monotonic() - self._last_active
-            if self._watch is None and waited >= max(self._keep_warm_seconds, LEASE_SECONDS):
-                self._retire(f"no job attached within {waited:.0f} s of its engine being ready")
 
     def _state(self) -> dict[str, Any]:  # Any: JSON values.
         return {
@@ -203,15 +203,20 @@ class EngineReplica:
             for job_id, ends in list(self._leases.items()):
                 if ends < now:  # its driver stopped renewing: stopped or killed
                     del self._leases[job_id]
-                    self._cancel(job_id)
+                    self._cancel(job_id, "stopped renewing its lease")
             idle = not self._leases and not self._in_flight
-            if idle and now - self._last_active >= self._keep_warm_seconds:
+            if not self._jobs_served:  # nobody attached yet: its creator's attach may still come
+                if idle and now - self._last_active >= max(self._keep_warm_seconds, LEASE_SECONDS):
+                    self._retire(
+                        f"no job attached within {now - self._last_active:.0f} s of its engine being ready"
+                    )
+            elif idle and now - self._last_active >= self._keep_warm_seconds:
                 self._retire(f"idle for {self._keep_warm_seconds:g} s (keep_warm_seconds)")
 
-    def _cancel(self, job_id: str) -> None:
+    def _cancel(self, job_id: str, why: str) -> None:
         tasks = self._in_flight.get(job_id, set())
         if tasks:
-            log.warning("Job %s stopped renewing its lease: cancelling its %d requests.", job_id, len(tasks))
+            log.warning("Job %s %s: cancelling its %d requests.", job_id, why, len(tasks))
         for task in tasks:
             task.cancel()  # vLLM aborts a request whose caller is cancelled
 
@@ -219,15 +224,18 @@ class EngineReplica:
         """Shut the engine down and end this actor (its name is then free for a new replica)."""
         import ray
 
+        if self._retiring:
+            return
         self._retiring = True
+        # First: should the engine's shutdown hang, or Ray's kill not come, the process still ends
+        # (calls that wait for the end in _refuse_if_retiring must not wait forever).
+        threading.Timer(10.0, os._exit, (0,)).start()
         log.warning("Engine pool replica %s retires: %s.", self._fingerprint, why)
         with contextlib.suppress(Exception):  # best effort: the actor's end kills what is left
             self._engine.llm.shutdown()
         me = ray.get_runtime_context().current_actor
-        # A moment later: a retire_if_idle call still gets its answer. Should Ray's kill not come, the
-        # process ends anyway: calls that wait for the end (_refuse_if_retiring) must not wait forever.
+        # A moment later: a retire_if_idle call still gets its answer.
         threading.Timer(0.2, lambda: ray.kill(me, no_restart=True)).start()
-        threading.Timer(10.0, os._exit, (0,)).start()
 
 
 #: One id for every row this replica answers (Ray Data LLM logs it per batch; a pool has no batches).

@@ -134,14 +134,22 @@ async def main():
 
 report = asyncio.run(main())
 
-# A replica whose creator died while its engine built: no job ever attaches, and it ends by itself.
-orphan = object.__new__(EngineReplica)
-orphan.__dict__.update(_engine=Engine(), _fingerprint="f", _keep_warm_seconds=0.2, _watch=None,
-                       _retiring=False, _last_active=time.monotonic())
-orphan._retire = lambda why: (retired.append(why), setattr(orphan, "_retiring", True))
-started = time.monotonic()
-orphan._end_if_never_attached()
-report.update(orphan_retired=retired[-1], orphan_after=round(time.monotonic() - started, 1))
+# A replica whose creator died while its engine built: no job ever attaches, and it ends by itself
+# (its watch runs from its constructor, on the actor's loop); until the lease time has passed since it
+# became ready, another job's make-room does not end it (its creator's attach may be on its way).
+async def orphaned():
+    orphan = object.__new__(EngineReplica)
+    orphan.__dict__.update(_engine=Engine(), _fingerprint="f", _keep_warm_seconds=0.2, _watch=None,
+                           _retiring=False, _last_active=time.monotonic(), _leases={}, _in_flight={},
+                           _jobs_served=[])
+    orphan._retire = lambda why: (retired.append(why), setattr(orphan, "_retiring", True))
+    fresh_refused = await orphan.retire_if_idle()
+    started = time.monotonic()
+    await asyncio.wait_for(orphan._watch_leases(), 5)
+    return {"orphan_retired": retired[-1], "orphan_after": round(time.monotonic() - started, 1),
+            "fresh_refused": fresh_refused}
+
+report.update(asyncio.run(orphaned()))
 print(json.dumps(report))
 """
 
@@ -160,6 +168,7 @@ def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_aft
     # No job ever attached (its creator died mid-build): it ended after the lease time (0.5 s here).
     assert report["orphan_retired"].startswith("no job attached within")
     assert 0.4 <= report["orphan_after"] <= 2.0
+    assert report["fresh_refused"] is False  # just built, nobody attached yet: not ended for room
     assert (report["after"]["leases"], report["after"]["in_flight"], report["after"]["jobs_served"]) == (
         0,
         0,
