@@ -35,8 +35,12 @@ def cluster_ray_version() -> str:
 
 
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
-DASHBOARD_PORT = 8275
-RAY_TEMP_DIR = "/tmp/ray-raybatch-tests"
+# The test cluster's ports and Ray folder; RAYBATCH_TEST_PORTS=<dashboard>,<gcs>,<client> moves them, to
+# run a few tests beside another test run on the same machine.
+DASHBOARD_PORT, GCS_PORT, CLIENT_PORT = (
+    int(port) for port in os.environ.get("RAYBATCH_TEST_PORTS", "8275,6390,23001").split(",")
+)
+RAY_TEMP_DIR = "/tmp/ray-raybatch-tests" + ("" if DASHBOARD_PORT == 8275 else f"-{DASHBOARD_PORT}")
 
 
 REPLICA_SLOT = "replica_slot"
@@ -148,8 +152,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCl
         **os.environ,
         "RAYBATCH_STATE": str(state),
         "RAYBATCH_DASHBOARD_PORT": str(DASHBOARD_PORT),
-        "RAYBATCH_GCS_PORT": "6390",
-        "RAYBATCH_CLIENT_PORT": "23001",
+        "RAYBATCH_GCS_PORT": str(GCS_PORT),
+        "RAYBATCH_CLIENT_PORT": str(CLIENT_PORT),
         "RAYBATCH_RAY_TEMP_DIR": RAY_TEMP_DIR,
         # One replica slot per node, so a test can place one engine replica on each (test_multinode).
         "RAYBATCH_HEAD_RESOURCES": json.dumps({REPLICA_SLOT: 1}),
