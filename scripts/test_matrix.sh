@@ -53,14 +53,14 @@ declare -A AIRFLOW_RELEASED=([3.2.0]=2026-04-08)
 # `airflow dags test` in its own execution API (a pydantic discriminator error). Providers are left
 # out of those constraints: Airflow lets them be upgraded on their own, as our extras need.
 airflow_venv() {
-  local venv=$ROOT/.venvs/airflow-$1 provider stamp released=${AIRFLOW_RELEASED[$1]:-}
-  local wheel
+  local venv=$ROOT/.venvs/airflow-$1 stamp released=${AIRFLOW_RELEASED[$1]:-}
+  local wheel provider=()  # one requirement (the wheel's, with spaces in it), or -e and a path
   if [ "$MODE" = wheel ]; then
     wheel=$(ls "$ROOT"/dist/*.whl)
-    provider="airflow-provider-raybatch[test] @ file://$wheel"
+    provider=("airflow-provider-raybatch[test] @ file://$wheel")
     stamp="$1 $released $(sha256sum "$wheel" | cut -c1-16)"  # the wheel's bytes: a rebuilt 0.1.0 is new
   else
-    provider="-e $ROOT[test]"
+    provider=(-e "$ROOT[test]")
     stamp="$1 $released editable $(sha256sum pyproject.toml | cut -c1-16)"
   fi
   if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
@@ -69,8 +69,7 @@ airflow_venv() {
     "$UV" venv -q -p "$BASE_PY" "$venv"
     echo "apache-airflow==$1" | "$UV" pip compile -q --exclude-newer "$released" -p "$BASE_PY" - \
       | grep -v '^apache-airflow-providers-' > "$venv/constraints.txt"
-    # shellcheck disable=SC2086  # $provider is one requirement, or -e and a path
-    VIRTUAL_ENV=$venv "$UV" pip install -q -c "$venv/constraints.txt" "apache-airflow==$1" $provider
+    VIRTUAL_ENV=$venv "$UV" pip install -q -c "$venv/constraints.txt" "apache-airflow==$1" "${provider[@]}"
     echo "$stamp" > "$venv/.stamp"
   fi
   echo "$venv"
