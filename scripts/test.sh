@@ -28,6 +28,14 @@ case "${RAYBATCH_TEST_INSTALL:=wheel}" in
   *) echo "RAYBATCH_TEST_INSTALL=$RAYBATCH_TEST_INSTALL: use wheel or editable" >&2; exit 2 ;;
 esac
 export RAYBATCH_TEST_INSTALL
+# A whole run ends with the version matrix: its virtualenvs are made meanwhile, in the background.
+MATRIX=0
+if [ $# = 0 ] && [ "${RAYBATCH_TEST_MATRIX:-1}" != 0 ]; then
+  MATRIX=1
+  mkdir -p "$ROOT/build"
+  "$ROOT/scripts/test_matrix.sh" --prepare > "$ROOT/build/matrix-prepare.log" 2>&1 &
+  PREPARE_PID=$!
+fi
 # Two passes (tests/conftest.py's RAYBATCH_TEST_PART): the unit tests in two pytest-xdist workers
 # (RAYBATCH_TEST_WORKERS), then the tests on the real parts (one Ray head, one Airflow, one S3 server on
 # fixed ports) one at a time. A pass that selects no test (pytest's exit 5) is not a failure, unless
@@ -40,7 +48,9 @@ RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" "$@"; real=$?
 # The oldest Airflow and Ray we claim, one side at a time (scripts/test_matrix.sh), after a whole run
 # (no pytest arguments) unless RAYBATCH_TEST_MATRIX=0.
 matrix=0
-if [ $# = 0 ] && [ "${RAYBATCH_TEST_MATRIX:-1}" != 0 ]; then
+if [ "$MATRIX" = 1 ]; then
+  # A failed preparation is shown and tried again by the matrix itself (the venvs are stamped when whole).
+  wait "$PREPARE_PID" || { echo "test.sh: making the matrix's virtualenvs failed:"; tail -n 20 "$ROOT/build/matrix-prepare.log"; }
   "$ROOT/scripts/test_matrix.sh"; matrix=$?
 fi
 set -e

@@ -15,6 +15,8 @@
 # RAYBATCH_TEST_INSTALL=wheel (CI) the Airflow cell installs the built wheel (dist/, from
 # scripts/test_wheel.sh) and runs from build/test-root, as the main passes do.
 # RAYBATCH_TEST_MATRIX=0 skips it all (scripts/test.sh); extra arguments to this script name cells.
+# --prepare only makes the cells' virtualenvs: scripts/test.sh runs that in the background while the
+# main passes run (a fresh machine spends minutes there, mostly waiting on downloads and disk).
 # Run on its own, it expects what scripts/test.sh made first: the virtualenvs, and with the wheel
 # (the default) dist/, .venvs/airflow-wheel and build/test-root (RAYBATCH_TEST_INSTALL=editable needs
 # only the virtualenvs).
@@ -34,6 +36,8 @@ RAY_ENV_TESTS=(tests/unit/pipeline/test_ray_internals.py tests/unit/pipeline/tes
   tests/unit/pipeline/test_engine.py tests/unit/pipeline/test_engine_actor.py
   tests/unit/pipeline/test_chat_template.py tests/unit/pipeline/test_engine_pool.py
   tests/unit/pipeline/test_dedupe.py tests/unit/pipeline/test_prepared_cache.py)
+PREPARE=0
+if [ "${1:-}" = --prepare ]; then PREPARE=1; shift; fi
 CELLS=("${@:-airflow-$OLDEST_AIRFLOW ray-$OLDEST_RAY}")
 read -ra CELLS <<< "${CELLS[*]}"
 MODE=${RAYBATCH_TEST_INSTALL:-wheel}
@@ -98,6 +102,16 @@ run_pytest() {  # PYTHON PART ARGS...: pytest's exit status
   cd "$ROOT"
   return $rc
 }
+
+if [ "$PREPARE" = 1 ]; then
+  for cell in "${CELLS[@]}"; do
+    case $cell in
+      airflow-*) airflow_venv "${cell#airflow-}" ;;
+      ray-*) ray_venv "${cell#ray-}" ;;
+    esac
+  done
+  exit 0
+fi
 
 failed=()
 for cell in "${CELLS[@]}"; do
