@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create the two virtualenvs the project runs in, as production does:
-#   .venvs/airflow  Airflow + the provider (light: no Ray, no vLLM, no torch), with the test and lint
-#                   extras (pytest; ruff, mypy and pre-commit for scripts/lint.sh)
+#   .venvs/airflow  Airflow + the provider (light: no Ray, no vLLM, no torch), with the test, lint and
+#                   common-ai extras (pytest; ruff, mypy and pre-commit for scripts/lint.sh; common.ai's
+#                   @task.llm_batch and the OpenAI provider, whose tests run on our cluster)
 #   .venvs/ray      the Ray cluster side: ray[data,default] + the CPU build of vLLM
 # Idempotent: a venv whose stamp matches this script's pins is left alone.
 set -euo pipefail
@@ -29,11 +30,11 @@ if [ "$(cat .venvs/airflow/.stamp 2>/dev/null)" != "$(stamp airflow)" ]; then
   rm -rf .venvs/airflow
   "$UV" venv -q -p "$PY" .venvs/airflow
   VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip install -q \
-    "apache-airflow==$AIRFLOW_VERSION" -e ".[test,lint]"
+    "apache-airflow==$AIRFLOW_VERSION" -e ".[test,lint,common-ai]"
   stamp airflow > .venvs/airflow/.stamp
 else
   # The provider itself may have changed (entry points, deps, the lint pins): refresh it cheaply.
-  VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip install -q "apache-airflow==$AIRFLOW_VERSION" -e ".[test,lint]"
+  VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip install -q "apache-airflow==$AIRFLOW_VERSION" -e ".[test,lint,common-ai]"
 fi
 
 # --- Ray cluster side ---------------------------------------------------------------------------

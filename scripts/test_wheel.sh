@@ -32,7 +32,7 @@ rm -rf build/test-root
 "$BASE_PY" scripts/check_dist.py dist
 WHEEL=$(ls "$ROOT"/dist/*.whl)
 
-# 3. A fresh venv: the wheel with its [test] extra, its dependencies resolved from the wheel's own
+# 3. A fresh venv: the wheel with its [test] and [common-ai] extras, its dependencies resolved from the wheel's own
 # metadata at .venvs/airflow's versions; then whatever else .venvs/airflow holds (tools the tests
 # may run), so that the two venvs differ only in how the provider is installed.
 VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip freeze -q --exclude-editable \
@@ -40,7 +40,7 @@ VIRTUAL_ENV=$ROOT/.venvs/airflow "$UV" pip freeze -q --exclude-editable \
 rm -rf "$VENV"
 "$UV" venv -q -p "$BASE_PY" "$VENV"
 VIRTUAL_ENV=$VENV "$UV" pip install -q -c "$SCRATCH/airflow-venv.txt" \
-  "airflow-provider-raybatch[test] @ file://$WHEEL"
+  "airflow-provider-raybatch[test,common-ai] @ file://$WHEEL"
 VIRTUAL_ENV=$VENV "$UV" pip install -q -r "$SCRATCH/airflow-venv.txt"
 
 # 4. What Airflow sees there: the provider from site-packages, at the wheel's version. From an empty
