@@ -1,0 +1,372 @@
+"""The ``raybatch`` batch adapter of common.ai's ``@task.llm_batch``: the batch is one of our Ray jobs.
+
+common.ai owns the task: it normalises the prompts, records its intent and the batch id under
+``result_path/_airflow_batch_state/``, waits (deferred in its ``LLMBatchTrigger``, or polling), and
+lands the results as JSONL with the XCom manifest. This adapter is what it calls for the batch
+itself, and it reuses common.ai's own OpenAI adapter for both ends of the wire: the request lines
+(chat completions, ``custom_id = <key>-<index>``, ``response_format`` for structured output) and the
+parsing of OpenAI batch output and error lines. Between them runs our pipeline with
+``openai_endpoint="/v1/chat/completions"``, which reads exactly those lines and writes exactly those
+outputs, committed with ``manifest.json`` last. So nothing here translates prompts or results.
+
+The batch id is the Ray job's submission id; its metadata carries the output folder, the request
+count and common.ai's idempotency key and input fingerprint (for :meth:`find_orphaned_batch`).
+common.ai builds adapters from the connection's host and password only (its dispatch), so the
+trigger's adapter sees no port field and no extras: in the worker, :meth:`RayBatchAdapter.submit`
+checks that the full ``ray`` connection says nothing those two fields do not, and fails naming
+the field otherwise. See docs/common-ai-llm-batch.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.ai.batch.base import BatchState, BatchStatus, RawResultItem, SubmitResult
+from airflow.providers.common.ai.batch.openai import OpenAIBatchAdapter
+from airflow.providers.common.ai.exceptions import LLMBatchLimitExceededError, LLMBatchModelMismatchError
+from airflow.sdk import BaseHook, Connection
+
+from airflow_provider_raybatch.common_ai import settings as job
+from airflow_provider_raybatch.common_ai.files import iter_result_lines, write_lines
+from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError
+from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayConnectionSettings, RayHook
+from airflow_provider_raybatch.operators import job_shipping
+from airflow_provider_raybatch.operators.task_tries import task_try_of
+from airflow_provider_raybatch.triggers.ray import ProgressRelay
+from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
+from airflow_provider_raybatch.utils.deployment_secret import deployment_key
+from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
+
+if TYPE_CHECKING:
+    from airflow.providers.common.ai.batch.base import BatchRequest
+    from airflow.providers.common.ai.batch.output_schema import OutputSpec
+    from airflow.sdk import Context
+
+    from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+log = logging.getLogger(__name__)
+
+#: Ray job metadata keys (string values) this adapter writes and reads back.
+KEY_META = "common_ai_idempotency_key"
+FINGERPRINT_META = "common_ai_input_fingerprint"
+OUTPUT_META = "raybatch_output_uri"
+COUNT_META = "common_ai_request_count"
+#: As common.ai's OpenAI adapter: intent time and job start are compared with this much slack.
+CLOCK_SKEW_SLACK_MS = 300_000
+#: Progress lines from the driver log go to the task log at most this often.
+PROGRESS_INTERVAL_SECONDS = 60.0
+
+
+class RayBatchAdapter(OpenAIBatchAdapter):
+    """Run a ``@task.llm_batch`` batch as an airflow-provider-raybatch Ray job (``raybatch:<model>``).
+
+    :param api_key: the ``ray`` connection's password: the cluster's token (never logged).
+    :param base_url: the ``ray`` connection's host: the dashboard address, port included
+        (``http://ray-head:8265``; a bare name gets port 8265).
+    :param client: a :class:`RayHook` to use instead (tests).
+    """
+
+    name = "raybatch"
+    conn_types = frozenset({"ray"})
+    #: No limit of Ray's: these bound what one worker builds and common.ai keeps in its task.
+    max_requests = 1_000_000
+    max_payload_bytes = 2 << 30
+    #: One job runs one model (one engine configuration).
+    allows_per_request_model = False
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        client: Any | None = None,  # Any: a RayHook or a test double.
+    ) -> None:
+        # No OpenAI client (the parent's __init__ would build one): the wire is the Ray Jobs API.
+        self._client = None
+        self._connection_settings = _settings(api_key, base_url)
+        self._hook: RayHook = client if client is not None else _FixedRayHook(self._connection_settings)
+        self._progress: dict[str, ProgressRelay] = {}
+
+    # -- before submitting ------------------------------------------------------------------------
+
+    def validate_requests(
+        self,
+        requests: list[BatchRequest],
+        *,
+        model: str,
+        output_spec: OutputSpec,
+        idempotency_key: str,
+        system_prompt: str = "",
+        max_tokens: int = 1024,
+        request_params: dict[str, Any] | None = None,  # Any: JSON values.
+        **kwargs: Any,  # Any: common.ai's batch-level context, passed on.
+    ) -> None:
+        """Limits, one model, and the job settings, before any network call (common.ai's contract)."""
+        self.check_custom_id_length(idempotency_key, len(requests))
+        if len(requests) > self.max_requests:
+            raise LLMBatchLimitExceededError(
+                f"The raybatch adapter takes at most {self.max_requests} requests per batch; got "
+                f"{len(requests)}. Split the input with .expand(), or run RayLLMBatchOperator on a file."
+            )
+        models = {
+            self.resolve_request_model(r.get("model"), default_bare_model=model, request_index=i)
+            for i, r in enumerate(requests)
+        }
+        if len(models) > 1:
+            raise LLMBatchModelMismatchError(
+                f"A raybatch batch runs one model; got {len(models)} ({sorted(models)!r}). Give each model "
+                "its own task."
+            )
+        body_params, operator_settings = job.split_request_params(request_params)
+        settings = job.job_settings(self._connection_extra(), operator_settings)
+        job.build_spec(settings, model=model, input_uri="/in.jsonl", output_uri="/out", run_key="check")
+        total = 0
+        lines = self._iter_lines(
+            requests, model=model, idempotency_key="0" * 16,
+            directive=self.build_output_directive(output_spec), system_prompt=system_prompt,
+            max_tokens=max_tokens, request_params=body_params,
+        )  # fmt: skip
+        for index, line in enumerate(lines):
+            total += len(json.dumps(line).encode()) + 1
+            if total > self.max_payload_bytes:
+                raise LLMBatchLimitExceededError(
+                    f"The raybatch adapter takes at most {self.max_payload_bytes} bytes of requests; request "
+                    f"{index + 1} of {len(requests)} reached {total}. Split the input with .expand()."
+                )
+
+    # -- submit -----------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        requests: list[BatchRequest],
+        *,
+        model: str,
+        idempotency_key: str,
+        input_fingerprint: str,
+        output_spec: OutputSpec,
+        system_prompt: str = "",
+        max_tokens: int = 1024,
+        request_params: dict[str, Any] | None = None,  # Any: JSON values.
+        **kwargs: Any,  # Any: common.ai's batch-level context (completion_window: no meaning here).
+    ) -> SubmitResult:
+        """Write the request lines next to ``result_path``, ship the pipeline and submit the Ray job."""
+        context = _context()
+        body_params, operator_settings = job.split_request_params(request_params)
+        settings = job.job_settings(self._connection_extra(context), operator_settings)
+        folder = job.batch_folder(settings, _operator_field(context, "result_path"), idempotency_key)
+        spec = job.build_spec(
+            settings,
+            model=model,
+            input_uri=job.input_uri(folder, input_fingerprint),
+            output_uri=job.output_uri(folder),
+            run_key=f"common-ai-{idempotency_key}",
+        )
+        lines = self._iter_lines(
+            requests, model=model, idempotency_key=idempotency_key,
+            directive=self.build_output_directive(output_spec), system_prompt=system_prompt,
+            max_tokens=max_tokens, request_params=body_params,
+        )  # fmt: skip
+        write_lines(spec.input_uri, lines)
+        job_shipping.check_layout(self._hook, spec, settings.check_layout, log)
+        runtime_env = job_shipping.upload_runtime_env(self._hook, spec, None, {})
+        metadata = {
+            KEY_META: idempotency_key,
+            FINGERPRINT_META: input_fingerprint[:16],
+            OUTPUT_META: spec.output_uri,
+            COUNT_META: str(len(requests)),
+            job_shipping.FINGERPRINT_KEY: spec.fingerprint(),
+        }
+        job_id = _submit(self._hook, task_try_of(context), deployment_key(), spec, runtime_env, metadata)
+        log.info(
+            "Submitted Ray job %s (%d requests, model %s): %s/#/jobs/%s; outputs at %s.",
+            job_id, len(requests), model, self._hook.dashboard_url, job_id, spec.output_uri,
+        )  # fmt: skip
+        return SubmitResult(batch_id=job_id, provider_input_ref=spec.input_uri)
+
+    def _connection_extra(self, context: Context | None = None) -> dict[str, Any]:  # Any: JSON values.
+        """The full ``ray`` connection's extras, after checking that host and password say it all.
+
+        common.ai's trigger rebuilds this adapter from host and password alone; a port field or an
+        extra that changes how the cluster is reached (headers, cookies, TLS) would work here and
+        fail, or reach another address, there. So that fails now, naming the field.
+        """
+        context = context or _context()
+        conn = BaseHook.get_connection(_operator_field(context, "llm_conn_id"))
+        full = RayConnectionSettings.from_connection(conn)
+        given = self._connection_settings
+        differs = [f.name for f in fields(full) if getattr(full, f.name) != getattr(given, f.name)]
+        if differs:
+            raise BatchSpecError(
+                f"ray connection {conn.conn_id!r}: {', '.join(differs)} would not reach common.ai's trigger, "
+                "which rebuilds the adapter from the connection's host and password only. Put the port in "
+                "the host (host='http://ray-head:8265', port empty) and the token in the password; extras "
+                "that change how the cluster is reached (headers, cookies, verify, ca_bundle_path, "
+                "timeout_seconds, retry_window_seconds) cannot be used with @task.llm_batch."
+            )
+        return conn.extra_dejson
+
+    # -- while it runs ------------------------------------------------------------------------------
+
+    def get_batch(self, batch_id: str) -> BatchState:
+        """The job's status in common.ai's words; progress lines go to the task log, once a minute."""
+        info = self._hook.get_job_info(batch_id)
+        relay = self._progress.setdefault(batch_id, ProgressRelay(batch_id, PROGRESS_INTERVAL_SECONDS, log))
+        relay.relay(self._hook, info.status)
+        committed = info.status in (JobStatus.FAILED, JobStatus.STOPPED) and self._committed(info) is not None
+        status = batch_status(info.status, committed)
+        counts = None
+        if status == "cancelled":
+            # Nothing was committed: every request is one the stop cancelled (common.ai's "cancelled").
+            total = info.metadata.get(COUNT_META, "")
+            if total.isdigit():
+                counts = {"succeeded": 0, "errored": 0, "expired": 0, "cancelled": int(total)}
+        message = None
+        if status in ("failed", "cancelled"):
+            tail = self._hook.get_job_log_tail(batch_id, lines=20) if status == "failed" else ""
+            message = f"Ray job {batch_id} {info.status.value}: {info.message}"
+            message += f"\n{tail}" if tail else ""
+        return BatchState(status=status, counts=counts, error_message=message)
+
+    def cancel_batch(self, batch_id: str) -> None:
+        """Stop the Ray job; rows it had staged are resumed by the next job of the same task instance."""
+        self._hook.stop_job(batch_id)
+
+    # -- results --------------------------------------------------------------------------------------
+
+    def iter_results(self, batch_id: str) -> Iterator[RawResultItem]:
+        """The committed output and error lines of this job; none if it committed nothing (stopped)."""
+        manifest = self._committed(self._hook.get_job_info(batch_id))
+        if manifest is None:
+            return iter(())
+        return self._parsed(batch_id, iter_result_lines(manifest["outputs_uri"], manifest["errors_uri"]))
+
+    def _parsed(self, batch_id: str, lines: Iterator[tuple[str, str]]) -> Iterator[RawResultItem]:
+        for where, line in lines:
+            try:
+                yield self._parse_result_line(json.loads(line))
+            except (KeyError, IndexError, ValueError, AttributeError, TypeError) as err:
+                # As common.ai's OpenAI adapter: one bad line becomes a "missing" request, not a lost batch.
+                log.warning("Skipping unparsable result line %s of Ray job %s: %s", where, batch_id, err)
+
+    def _committed(self, info: JobInfo) -> dict[str, Any] | None:  # Any: JSON values.
+        """The manifest committed at the job's output folder, when this job committed it."""
+        output_uri = info.metadata.get(OUTPUT_META)
+        if not output_uri:
+            raise BatchSpecError(
+                f"Ray job {info.job_id} was not submitted by the raybatch common.ai adapter (no "
+                f"{OUTPUT_META!r} in its metadata); common.ai's recorded batch id points elsewhere."
+            )
+        manifest = read_committed_manifest(output_uri).manifest
+        if manifest is None or not is_result_of(manifest, info.job_id, "", ""):
+            return None
+        return manifest
+
+    def find_orphaned_batch(
+        self, idempotency_key: str, input_fingerprint: str, not_before: str
+    ) -> str | None:
+        """The newest job of this task instance with this input, started at or after ``not_before``.
+
+        Only jobs whose submission id proves them this deployment's (the HMAC of
+        :class:`TaskTry`) count: common.ai's key has no secret in it, so another deployment's job of
+        the same DAG, task and run on a shared cluster would match it too.
+        """
+        from datetime import datetime
+
+        task_try, secret = task_try_of(_context()), deployment_key()
+        not_before_ms = (datetime.fromisoformat(not_before).timestamp() * 1000 - CLOCK_SKEW_SLACK_MS
+                         if not_before else 0)  # fmt: skip
+        candidates = [
+            info
+            for info in self._hook.list_jobs()
+            if info.metadata.get(KEY_META) == idempotency_key
+            and info.metadata.get(FINGERPRINT_META) == input_fingerprint[:16]
+            and (info.start_time_ms or 0) >= not_before_ms
+            and task_try.owns(info.job_id, info.metadata, secret)
+        ]
+        newest = max(candidates, key=lambda info: info.start_time_ms or 0, default=None)
+        return newest.job_id if newest is not None else None
+
+    def close(self) -> None:
+        """Nothing to release: each Jobs API call opens and closes its own client."""
+
+
+def batch_status(status: JobStatus, committed: bool) -> BatchStatus:
+    """A Ray job status as common.ai's :data:`BatchStatus`.
+
+    A job that failed or was stopped after it committed its manifest has its results: common.ai
+    lands them (``completed``) rather than discarding them. Without a commit, a stopped job is
+    ``cancelled`` (its staged rows are resumed by the next job) and a failed one ``failed``.
+    """
+    if not status.is_terminal:
+        return "in_progress"
+    if status == JobStatus.SUCCEEDED or committed:
+        return "completed"
+    return "cancelled" if status == JobStatus.STOPPED else "failed"
+
+
+def _submit(
+    hook: RayHook,
+    task_try: TaskTry,
+    secret: bytes,
+    spec: BatchInferenceSpec,
+    runtime_env: dict[str, Any],  # Any: Ray runtime_env values.
+    metadata: dict[str, str],
+) -> str:
+    """Submit under this try's first free submission id, as RayLLMBatchOperator does."""
+    for attempt in range(1, MAX_SUBMISSION_ATTEMPTS + 1):
+        this = replace(task_try, attempt=attempt)
+        try:
+            return hook.submit_job(
+                job_shipping.entrypoint(spec),
+                submission_id=this.submission_id(secret),
+                runtime_env=runtime_env,
+                metadata={**this.metadata(), **metadata},
+            )
+        except RayJobAlreadyExistsError:
+            continue
+    raise RayJobAlreadyExistsError(
+        f"Ray already has jobs under all {MAX_SUBMISSION_ATTEMPTS} submission ids of this try; another "
+        "deployment may share this one's [raybatch] job_identity_secret."
+    )
+
+
+def _settings(api_key: str | None, base_url: str | None) -> RayConnectionSettings:
+    """The settings the trigger will have too: a ``ray`` connection of host and password only."""
+    if not base_url:
+        raise BatchSpecError(
+            "the ray connection has no host: set it to the Ray dashboard's address, port included "
+            "(e.g. http://ray-head:8265)."
+        )
+    return RayConnectionSettings.from_connection(
+        Connection(conn_id="raybatch_common_ai", conn_type="ray", host=base_url, password=api_key)
+    )
+
+
+def _context() -> Context:
+    """The running task's context: submit and the orphan lookup run in the worker, inside the task."""
+    from airflow.sdk import get_current_context
+
+    return get_current_context()
+
+
+def _operator_field(context: Context, name: str) -> str:
+    """A rendered field of the running LLMBatchOperator (the adapter is only ever called from one)."""
+    value = getattr(context["task"], name, None)
+    if not isinstance(value, str) or not value:
+        raise BatchSpecError(
+            f"the raybatch adapter runs inside common.ai's LLMBatchOperator, whose {name} it reads; the "
+            f"running task {context['task'].task_id!r} has {name}={value!r}."
+        )
+    return value
+
+
+class _FixedRayHook(RayHook):
+    """A RayHook on settings given up front (common.ai passes host and password, not a conn id)."""
+
+    def __init__(self, settings: RayConnectionSettings) -> None:
+        super().__init__(ray_conn_id="raybatch_common_ai")
+        self._settings = settings
