@@ -117,9 +117,12 @@ def failed_rows_verdict(
     return message
 
 
-_TIMING_LABELS = (
+_TIMING_LABELS = (  # the phases of reporting/timings.py, short, for one log line
+    ("runtime_env_s", "runtime env"),
+    ("driver_start_s", "driver start"),
     ("read_and_prepare_s", "read and prepare"),
     ("engine_start_to_first_row_s", "engine start to first row"),
+    ("engine_build_s", "of which engine build"),
     ("generating_s", "generating"),
     ("commit_s", "commit"),
 )

@@ -31,7 +31,12 @@ from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache, rows
 from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
 from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
-from airflow_provider_raybatch.pipeline.reporting.timings import RunClock, run_timings
+from airflow_provider_raybatch.pipeline.reporting.timings import (
+    RunClock,
+    job_submitted_at,
+    process_started_at,
+    run_timings,
+)
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
@@ -369,6 +374,14 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         if lease is not None:
             lease.stop()  # the pool's keep-warm window starts once no job holds it
     versions = _versions()
+    layout_plan = plan_layout(spec)
+    # The start of the job: read from Ray here, at the end, where a miss costs a line of the report only.
+    marks.submitted, marks.driver_started = job_submitted_at(_ray_submission_id()), process_started_at()
+
+    def timings() -> dict[str, Any]:  # Any: JSON values.
+        engine_sidecars = [part.sidecar for part in engine_parts]
+        return run_timings(marks, engine_sidecars, layout_plan.max_replicas, layout_plan.gpus_per_replica)
+
     committed = commit.write_version(
         layout,
         spec,
@@ -378,9 +391,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         started_at=started_at,
         versions=versions,
         known_parts=[*resumed, *staged_now],  # commit reads back only the sidecars of parts not reported
+        timings=timings(),  # for the report: every phase but the commit itself
     )
     marks.mark("committed")
-    layout_plan = plan_layout(spec)
     manifest = {
         "status": "complete",
         "version": committed.version,
@@ -404,12 +417,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         "finished_at": datetime.now(UTC).isoformat(),
         "wall_seconds": round(time.perf_counter() - clock, 3),
         # where the wall time and the GPUs went (reporting/timings.py)
-        "timings": run_timings(
-            marks,
-            [part.sidecar for part in engine_parts],
-            layout_plan.max_replicas,
-            layout_plan.gpus_per_replica,
-        ),
+        "timings": timings(),
         # the warm pool the engine stage ran on, if any: how many replicas were warm (engine_pool.py)
         "engine_pool": lease.describe() if lease is not None else None,
         "run_key": spec.run_key,

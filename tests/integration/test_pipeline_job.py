@@ -130,12 +130,30 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     phases = (
         "read_and_prepare_s",
         "engine_start_to_first_row_s",
+        "engine_import_s",
+        "engine_build_s",
         "generating_s",
         "engine_stage_s",
         "commit_s",
     )
     assert all(0 <= timings[phase] <= manifest["wall_seconds"] for phase in phases), timings
     assert timings["engine_start_to_first_row_s"] + timings["generating_s"] <= timings["engine_stage_s"] + 1
+    # ...and before the run: the runtime env (from the Jobs API's record) and the driver's own start,
+    # which the job's wall (submit to end, as Ray counts it) holds with the run.
+    info = hook.get_job_info(job_id)
+    assert info.start_time_ms and info.end_time_ms
+    job_wall = (info.end_time_ms - info.start_time_ms) / 1000
+    before_run = timings["runtime_env_s"] + timings["driver_start_s"]
+    assert timings["runtime_env_s"] > 0 and timings["driver_start_s"] > 0 and before_run < job_wall, timings
+    assert manifest["wall_seconds"] + before_run <= job_wall + 1, (timings, job_wall)
+    # The one CPU replica's start-up, from the clock it stamped on its parts; engine build the slowest.
+    [replica] = timings["engine_replicas"]
+    assert replica["engine_build_s"] == timings["engine_build_s"] > 0, timings
+    assert replica["actor_start_s"] + replica["import_s"] + replica["engine_build_s"] + replica[
+        "first_row_s"
+    ] == pytest.approx(timings["engine_start_to_first_row_s"], abs=0.01)
+    report_page = Path(manifest["report_uri"]).read_text()
+    assert "Where the time went" in report_page and replica["replica"] in report_page
     # A CPU engine holds no GPU: replicas x 0 GPUs.
     assert (timings["replicas"], timings["gpus_per_replica"], timings["gpu_seconds_held"]) == (1, 0.0, 0.0)
     assert not (tmp_path / "out" / "_staging").exists() or not any((tmp_path / "out" / "_staging").iterdir())

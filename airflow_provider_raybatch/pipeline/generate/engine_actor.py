@@ -14,18 +14,23 @@ with ``n`` > 1 also returns its other choices, as the row's ``extra_choices``; a
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import json
-import os
 import time
-from typing import Any
 
-import ray
+#: When a replica's process imported this module (Ray unpickling the UDF class): its start-up clock.
+_LOADED_AT = time.time()
 
-from airflow_provider_raybatch.pipeline.generate import engine
-from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows
-from airflow_provider_raybatch.pipeline.openai import openai_batch
+import asyncio  # noqa: E402 - after the clock above
+import functools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+from typing import Any  # noqa: E402
+
+import ray  # noqa: E402
+
+from airflow_provider_raybatch.pipeline.generate import engine  # noqa: E402
+from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows  # noqa: E402
+from airflow_provider_raybatch.pipeline.openai import openai_batch  # noqa: E402
+from airflow_provider_raybatch.pipeline.reporting.timings import replica_clock  # noqa: E402
 
 # In a replica, this module is imported when Ray unpickles the UDF class, before Ray Data LLM's stage
 # module imports torch: the earliest point to let the forkserver start its imports (not in the driver).
@@ -67,6 +72,7 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
     ) -> None:  # Any: Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
         """:param raybatch_staging: where to stage finished rows; None in a warm pool's replica
         (:mod:`.pool_replica`), which returns its rows to the job's stage instead."""
+        init_started_at = time.time()
         # Before the engine starts: its EngineCore gets this process's environment (spawned or forked).
         os.environ.update(engine.compile_cache_env(raybatch_compile_cache_dir, os.environ))
         if engine.forkserver_enabled():
@@ -77,7 +83,8 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)
         if raybatch_staging is not None:
-            self._start_staging(raybatch_staging)
+            clock = replica_clock(_LOADED_AT, init_started_at, engine_ready_at=time.time())
+            self._start_staging(raybatch_staging, replica=clock)
 
     def normalize_engine_kwargs(self, engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.
         """Ray Data LLM's normalization, then raw vLLM's batch sizes where unset (see :mod:`.engine`)."""

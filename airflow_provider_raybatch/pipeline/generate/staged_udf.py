@@ -33,13 +33,21 @@ class StagesFinishedRows:
     data_column: str
     _stager: RowStager
 
-    def _start_staging(self, staging: dict[str, Any]) -> None:  # Any: PartWriter keywords plus "spec"
+    def _start_staging(
+        self,
+        staging: dict[str, Any],  # Any: PartWriter keywords plus "spec"
+        replica: dict[str, Any] | None = None,  # Any: JSON values
+    ) -> None:
+        """:param replica: this replica's clock (reporting/timings.py ``replica_clock``), stamped on
+        each part it stages so that the run's timings show its start-up; None for a pooled stage."""
         from airflow_provider_raybatch.pipeline.row_steps import stage_engine_rows
         from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
         settings = dict(staging)
         spec = settings.pop("spec")
-        write = functools.partial(stage_engine_rows, spec=spec, parts=PartWriter(**settings))
+        writer = PartWriter(**settings)
+        writer.replica = replica
+        write = functools.partial(stage_engine_rows, spec=spec, parts=writer)
         self._stager = RowStager(write, flush_rows_for(spec.batch_size))
 
     async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.

@@ -171,6 +171,20 @@ def throughput(
 # -- the page -------------------------------------------------------------------------------------
 
 
+#: The phases of a run's ``timings`` block (reporting/timings.py), in the order they happen, as the
+#: report's table and the task's log line name them.
+PHASE_LABELS = (
+    ("runtime_env_s", "runtime env (submitted to driver started)"),
+    ("driver_start_s", "driver start (Python, imports, ray.init)"),
+    ("read_and_prepare_s", "read and prepare"),
+    ("engine_start_to_first_row_s", "engine start to first row"),
+    ("engine_import_s", "of which the slowest replica's actor to constructor"),
+    ("engine_build_s", "of which the slowest replica's engine build (vLLM import, weights, compile)"),
+    ("generating_s", "generating (first to last row staged)"),
+    ("commit_s", "commit"),
+)
+
+
 def _e(value: Any) -> str:  # Any: anything shown on the page.
     return html.escape(str(value), quote=True)
 
@@ -318,6 +332,43 @@ def _run_facts(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped value
     return f'<table class="facts"><tbody>{rows}</tbody></table>'
 
 
+def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON), or None.
+    """Where the run's time and GPUs went: each phase, GPU-seconds held, and each engine replica's start."""
+    if not isinstance(timings, Mapping):
+        return ""
+    rows = [
+        f"<tr><th>{_e(label)}</th><td class=num>{_duration(seconds)}</td></tr>"
+        for key, label in PHASE_LABELS
+        if isinstance(seconds := timings.get(key), int | float) and not isinstance(seconds, bool)
+    ]
+    held = timings.get("gpu_seconds_held")
+    if isinstance(held, int | float) and not isinstance(held, bool):
+        rows.append(
+            f"<tr><th>GPU-seconds held</th><td class=num>{held:,.1f} ({_e(timings.get('replicas'))} replicas "
+            f"x {_e(timings.get('gpus_per_replica'))} GPU)</td></tr>"
+        )
+    replicas = [phase for phase in timings.get("engine_replicas") or [] if isinstance(phase, Mapping)]
+    columns = ("actor_start_s", "import_s", "engine_build_s", "first_row_s")
+    replica_rows = "".join(
+        f"<tr><td>{_e(phase.get('replica'))}</td>"
+        + "".join(f"<td class=num>{_duration(phase.get(key))}</td>" for key in columns)
+        + "</tr>"
+        for phase in replicas
+    )
+    replica_table = (
+        "<table><thead><tr><th>engine replica</th><th class=num>stage start to actor up</th>"
+        "<th class=num>to constructor</th><th class=num>engine build</th><th class=num>to first row</th>"
+        f"</tr></thead><tbody>{replica_rows}</tbody></table>"
+        if replicas
+        else ""
+    )
+    if not rows and not replica_table:
+        return ""
+    note = "Commit is the time after this page was written; the manifest's timings block has it."
+    body = f'<table class="facts"><tbody>{"".join(rows)}</tbody></table>{replica_table}'
+    return _section("Where the time went", body, note)
+
+
 def _counts_table(column: str, counts: Mapping[str, int], total: int | None, of: str) -> str:
     """Row counts by name (error kinds, labels: user data), their share of ``total``, and bars
     scaled to the largest count."""
@@ -441,6 +492,7 @@ def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any
             _counts_table("kind", errors, rows_in, "rows in") if errors else "",
             "" if errors else "No failed rows.",
         ),
+        _timings_section(summary.get("timings")),
         _histograms_section(stats),
         _throughput_section(stats, epoch_seconds(summary.get("started_at"))),
     ]

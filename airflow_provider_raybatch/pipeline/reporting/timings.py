@@ -1,20 +1,31 @@
 """Where a run's wall time and GPUs went: the manifest's ``timings`` block.
 
 A user who backfills a month wants to see what a run cost and what start-up took of it (issue 20):
-the driver marks the moments it knows (rows ready, engine stage started and done, committed), and the
-staged parts' ``written_at`` give when the engines' first and last rows were staged. GPU-seconds count
-what the job held, not what it used: replicas x GPUs per replica x the seconds from the engine stage's
-start to its end (engines are reserved for all of it, start-up included).
+the driver marks the moments it knows (rows ready, engine stage started and done, committed), the
+Jobs API's record and the driver's process say when the job was submitted and when its driver
+started (the runtime env between), each engine replica stamps its own start on the parts it stages
+(:func:`replica_clock`), and the staged parts' ``written_at`` give when the engines' first and last
+rows were staged. GPU-seconds count what the job held, not what it used: replicas x GPUs per replica x
+the seconds from the engine stage's start to its end (engines are reserved for all of it, start-up
+included).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.reporting.report import epoch_seconds
+
+log = logging.getLogger(__name__)
+
+#: A staged part's sidecar key for the clock of the engine replica that staged it (:func:`replica_clock`).
+REPLICA_KEY = "replica"
 
 
 @dataclass
@@ -26,9 +37,113 @@ class RunClock:
     engine_started: float | None = None  # the engine stage's dataset starts (engines requested)
     engine_done: float | None = None  # every batch through the engines and staged
     committed: float | None = None  # the version's files and report written (manifest next)
+    submitted: float | None = None  # the Jobs API took the job (its JobInfo start_time)
+    driver_started: float | None = None  # the driver's process started (its runtime env was ready)
 
     def mark(self, name: str) -> None:
         setattr(self, name, time.time())
+
+
+def job_submitted_at(submission_id: str | None) -> float | None:
+    """When the Jobs API took this job (epoch seconds, the head's clock), or None when unknown.
+
+    The job's record in the GCS (what ``GET /api/jobs/<id>`` shows as ``start_time``): read here, at the
+    end of the run, so that a layout change in a Ray release costs a missing phase, never the job.
+    """
+    if not submission_id:
+        return None
+    try:
+        from ray._private import ray_constants
+        from ray.dashboard.modules.job.common import JobInfoStorageClient
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        key = JobInfoStorageClient.JOB_DATA_KEY.format(job_id=submission_id)
+        record = _internal_kv_get(key, namespace=ray_constants.KV_NAMESPACE_JOB)
+    except Exception:  # noqa: BLE001 - a report's detail; see the docstring
+        log.debug("No submit time for job %s.", submission_id, exc_info=True)
+        return None
+    return submitted_at_of(record)
+
+
+def submitted_at_of(record: Any) -> float | None:  # Any: what the GCS holds for the job, if anything.
+    """A job record's ``start_time`` (JSON, milliseconds) in epoch seconds; None for anything else."""
+    try:
+        start_ms = json.loads(record).get("start_time") if record else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if isinstance(start_ms, int | float) and not isinstance(start_ms, bool) and 0 < start_ms < 1e15:
+        return start_ms / 1000
+    return None
+
+
+def process_started_at() -> float | None:
+    """When this process started (epoch seconds), or None: for the driver, the end of its runtime env."""
+    try:
+        import psutil  # type: ignore[import-untyped]  # Ray's own dependency; no stubs here
+
+        return float(psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - a report's detail
+        return None
+
+
+def replica_clock(loaded_at: float, init_started_at: float, engine_ready_at: float) -> dict[str, Any]:
+    """An engine replica's own marks, stamped on each part it stages (``sidecar["replica"]``).
+
+    :param loaded_at: its stage module was imported (the actor's process is up, its runtime env ready).
+    :param init_started_at: its constructor began (Ray Data LLM's stage module imported, the actor made).
+    :param engine_ready_at: its constructor ended: vLLM imported, the engine built (weights loaded,
+        compiled, CUDA graphs captured).
+    """
+    return {
+        "id": uuid.uuid4().hex[:12],
+        "loaded_at": round(loaded_at, 3),
+        "init_started_at": round(init_started_at, 3),
+        "engine_ready_at": round(engine_ready_at, 3),
+    }
+
+
+def replica_phases(
+    engine_parts: Iterable[Mapping[str, Any]], engine_started: float | None
+) -> list[dict[str, Any]]:  # Any: JSON sidecar values.
+    """Each engine replica's start-up, in seconds, from the clocks on the parts it staged, by first ready.
+
+    ``actor_start_s``: the engine stage's start to the replica's module loaded (the actor scheduled, its
+    worker process and runtime env). ``import_s``: to its constructor (Ray Data LLM's stage module).
+    ``engine_build_s``: the constructor (vLLM imported, the engine built: weights, compile, CUDA graphs;
+    vLLM's own log splits these). ``first_row_s``: engine ready
+    to its first staged part. Parts without a clock (a warm pool's replicas, an older job's) count none.
+    """
+    clocks: dict[str, Mapping[str, Any]] = {}
+    first_written: dict[str, float] = {}
+    for sidecar in engine_parts:
+        clock = sidecar.get(REPLICA_KEY)
+        if not isinstance(clock, Mapping) or not isinstance(clock.get("id"), str):
+            continue
+        clocks.setdefault(clock["id"], clock)
+        written = epoch_seconds(sidecar.get("written_at"))
+        if written is not None:
+            first_written[clock["id"]] = min(written, first_written.get(clock["id"], written))
+    phases = [
+        {
+            "replica": replica,
+            "actor_start_s": _seconds(engine_started, _mark(clock, "loaded_at")),
+            "import_s": _seconds(_mark(clock, "loaded_at"), _mark(clock, "init_started_at")),
+            "engine_build_s": _seconds(_mark(clock, "init_started_at"), _mark(clock, "engine_ready_at")),
+            "first_row_s": _seconds(_mark(clock, "engine_ready_at"), first_written.get(replica)),
+        }
+        for replica, clock in clocks.items()
+    ]
+    return sorted(phases, key=lambda phase: _mark(clocks[phase["replica"]], "engine_ready_at") or 0.0)
+
+
+def _mark(clock: Mapping[str, Any], key: str) -> float | None:  # Any: JSON values.
+    value = clock.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _slowest(phases: list[dict[str, Any]], key: str) -> float | None:  # Any: JSON values.
+    values = [phase[key] for phase in phases if phase.get(key) is not None]
+    return max(values) if values else None
 
 
 def first_and_last_written(sidecars: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None]:
@@ -49,21 +164,32 @@ def run_timings(
 ) -> dict[str, Any]:  # Any: JSON values.
     """The ``timings`` block: each phase in seconds (None where the run had no such phase) and GPU-seconds.
 
-    ``read_and_prepare_s``: start to rows ready. ``engine_start_to_first_row_s``: the engine stage's
-    start to its first staged row (engine build, compile, first batch; engines built while the rows
-    were read started earlier). ``generating_s``: first to last staged row of the engines.
-    ``commit_s``: engines done to the version written. ``gpu_seconds_held``: ``replicas`` x
-    ``gpus_per_replica`` x the engine stage's seconds, 0 on a CPU engine, None without an engine.
+    ``runtime_env_s``: submitted to the driver's process started (the job's runtime env: packages
+    uploaded by the operator are unpacked, a ``pip`` list installed). ``driver_start_s``: to the run's
+    start (Python, our imports, ``ray.init``). ``read_and_prepare_s``: start to rows ready.
+    ``engine_start_to_first_row_s``: the engine stage's start to its first staged row (engine build,
+    compile, first batch; engines built while the rows were read started earlier). ``generating_s``:
+    first to last staged row of the engines. ``commit_s``: engines done to the version written.
+    ``gpu_seconds_held``: ``replicas`` x ``gpus_per_replica`` x the engine stage's seconds, 0 on a CPU
+    engine, None without an engine. ``engine_replicas``: each replica's own start-up
+    (:func:`replica_phases`); ``engine_import_s`` and ``engine_build_s``: the slowest replica's.
     """
+    engine_parts = list(engine_parts)
     first, last = first_and_last_written(engine_parts)
     engine_s = _seconds(clock.engine_started, clock.engine_done)
+    phases = replica_phases(engine_parts, clock.engine_started)
     return {
+        "runtime_env_s": _seconds(clock.submitted, clock.driver_started),
+        "driver_start_s": _seconds(clock.driver_started, clock.started),
         "read_and_prepare_s": _seconds(clock.started, clock.rows_ready),
         "engine_start_to_first_row_s": _seconds(clock.engine_started, first),
+        "engine_import_s": _slowest(phases, "import_s"),
+        "engine_build_s": _slowest(phases, "engine_build_s"),
         "generating_s": _seconds(first, last),
         "engine_stage_s": engine_s,
         "commit_s": _seconds(clock.engine_done or clock.rows_ready, clock.committed),
         "replicas": replicas if engine_s is not None else 0,
         "gpus_per_replica": gpus_per_replica,
         "gpu_seconds_held": None if engine_s is None else round(replicas * gpus_per_replica * engine_s, 1),
+        "engine_replicas": phases,
     }

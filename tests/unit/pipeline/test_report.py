@@ -389,3 +389,36 @@ def test_a_staged_parts_sidecar_carries_the_report_fields(tmp_path: Path) -> Non
     assert before - 1 <= report.epoch_seconds(document["written_at"]) <= datetime.now(UTC).timestamp() + 1
     assert (document["tokens_in"], document["tokens_out"]) == (354, 7)
     assert document["errors_by_reason"] == {"<script>": 1}
+
+
+def test_report_shows_where_the_time_and_gpus_went() -> None:
+    timings = {
+        "runtime_env_s": 3.25, "driver_start_s": 4.0, "read_and_prepare_s": 12.0,
+        "engine_start_to_first_row_s": 32.0, "engine_import_s": 1.0, "engine_build_s": 29.0,
+        "generating_s": 54.0, "commit_s": None, "replicas": 2, "gpus_per_replica": 1.0,
+        "gpu_seconds_held": 174.0,
+        "engine_replicas": [
+            {"replica": "<b>r1</b>", "actor_start_s": 5.0, "import_s": 1.0, "engine_build_s": 29.0,
+             "first_row_s": 2.0},
+        ],
+    }  # fmt: skip
+
+    page = render_report({**SUMMARY, "timings": timings}, stats_of_run())
+
+    section = page.split("Where the time went")[1].split("</section>")[0]
+    for label, shown in [
+        ("runtime env (submitted to driver started)", "3.2 s"), ("read and prepare", "12.0 s"),
+        ("of which the slowest replica&#x27;s engine build (vLLM import, weights, compile)", "29.0 s"),
+        ("generating (first to last row staged)", "54.0 s"),
+    ]:  # fmt: skip
+        assert f"<tr><th>{label}</th><td class=num>{shown}</td></tr>" in section
+    assert "<th>commit</th>" not in section  # after the page: the manifest has it
+    assert "174.0 (2 replicas x 1.0 GPU)" in section
+    assert "&lt;b&gt;r1&lt;/b&gt;" in section and "<b>" not in section
+
+
+@pytest.mark.parametrize("timings", [None, "12 s", [], {}, {"engine_replicas": "x"}, {"generating_s": True}])
+def test_report_of_a_run_without_timings_has_no_such_section(timings: object) -> None:
+    page = render_report({**SUMMARY, "timings": timings}, stats_of_run())
+
+    assert "Where the time went" not in page

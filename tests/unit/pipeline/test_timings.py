@@ -7,33 +7,98 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.reporting.timings import RunClock, first_and_last_written, run_timings
+from airflow_provider_raybatch.pipeline.reporting.timings import (
+    REPLICA_KEY,
+    RunClock,
+    first_and_last_written,
+    job_submitted_at,
+    process_started_at,
+    replica_clock,
+    replica_phases,
+    run_timings,
+    submitted_at_of,
+)
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC).timestamp()
 
 
-def sidecar(at: float) -> dict[str, str]:
-    return {"written_at": datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")}
+def sidecar(at: float, replica: object = None) -> dict[str, object]:
+    written_at = datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
+    part: dict[str, object] = {"written_at": written_at}
+    if replica is not None:
+        part[REPLICA_KEY] = replica
+    return part
 
 
 def test_a_run_with_an_engine() -> None:
     clock = RunClock(
-        started=T0, rows_ready=T0 + 12, engine_started=T0 + 13, engine_done=T0 + 100, committed=T0 + 101.5
+        started=T0,
+        rows_ready=T0 + 12,
+        engine_started=T0 + 13,
+        engine_done=T0 + 100,
+        committed=T0 + 101.5,
+        submitted=T0 - 9,
+        driver_started=T0 - 4,
     )
     parts = [sidecar(T0 + 60), sidecar(T0 + 99), sidecar(T0 + 45)]
 
     timings = run_timings(clock, parts, replicas=4, gpus_per_replica=0.25)
 
     assert timings == {
+        "runtime_env_s": 5.0,
+        "driver_start_s": 4.0,
         "read_and_prepare_s": 12.0,
         "engine_start_to_first_row_s": 32.0,
+        "engine_import_s": None,  # no replica stamped its clock (a warm pool's, an older job's)
+        "engine_build_s": None,
         "generating_s": 54.0,
         "engine_stage_s": 87.0,
         "commit_s": 1.5,
         "replicas": 4,
         "gpus_per_replica": 0.25,
         "gpu_seconds_held": 87.0,  # 4 x 0.25 GPU x 87 s
+        "engine_replicas": [],
     }
+
+
+def test_each_replica_s_start_up_comes_from_the_clock_on_its_parts() -> None:
+    slow = replica_clock(loaded_at=T0 + 20, init_started_at=T0 + 21, engine_ready_at=T0 + 50)
+    fast = replica_clock(loaded_at=T0 + 15, init_started_at=T0 + 15.5, engine_ready_at=T0 + 40)
+    assert slow["id"] != fast["id"]
+    parts = [
+        sidecar(T0 + 70, slow),
+        sidecar(T0 + 52, slow),  # its first part
+        sidecar(T0 + 44, fast),
+        sidecar(T0 + 90, fast),
+        sidecar(T0 + 60),  # a part without a clock counts for no replica
+        sidecar(T0 + 61, {"id": 7}),  # nor one with a clock that is not ours
+    ]
+    clock = RunClock(started=T0, rows_ready=T0 + 5, engine_started=T0 + 10, engine_done=T0 + 95)
+
+    timings = run_timings(clock, parts, replicas=2, gpus_per_replica=1.0)
+
+    keys = ("actor_start_s", "import_s", "engine_build_s", "first_row_s")
+    assert timings["engine_replicas"] == [  # by engine ready
+        {"replica": fast["id"], **dict(zip(keys, (5.0, 0.5, 24.5, 4.0), strict=True))},
+        {"replica": slow["id"], **dict(zip(keys, (10.0, 1.0, 29.0, 2.0), strict=True))},
+    ]
+    assert (timings["engine_import_s"], timings["engine_build_s"]) == (1.0, 29.0)  # the slowest replica's
+    assert timings["engine_start_to_first_row_s"] == 34.0
+
+
+def test_the_job_s_start_is_none_where_ray_cannot_say() -> None:
+    assert job_submitted_at(None) is None and job_submitted_at("") is None
+    # Outside a Ray job (no ray.init here): no record to read, and no exception either.
+    assert job_submitted_at("raysubmit_hostile/../../x") is None
+    started = process_started_at()
+    assert started is None or started <= datetime.now(UTC).timestamp()
+
+
+def test_a_corrupt_job_record_costs_the_phase_not_the_run() -> None:
+    for record in (None, b"", b"{not json", b'{"start_time": "soon"}', b'{"start_time": true}', b"[]", b"7",
+                   b'{"start_time": -5}', b'{"start_time": 1e300}', "\udcff", 12):  # fmt: skip
+        assert submitted_at_of(record) is None, record
+    assert submitted_at_of(b'{"start_time": 1764237600123, "status": "RUNNING"}') == 1764237600.123
 
 
 def test_a_run_whose_rows_all_failed_holds_no_engine() -> None:
@@ -67,3 +132,24 @@ def test_phases_are_never_negative_and_gpu_seconds_follow_the_engine_stage(
 
     assert all(v is None or v >= 0 for k, v in timings.items() if k.endswith("_s"))
     assert timings["gpu_seconds_held"] == round(replicas * gpus * timings["engine_stage_s"], 1)
+
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4)
+clocks = scalars | st.fixed_dictionaries(
+    {"id": st.sampled_from(["a", "b"]) | scalars},
+    optional={key: scalars for key in ("loaded_at", "init_started_at", "engine_ready_at")},
+)
+
+
+@given(
+    st.lists(
+        st.fixed_dictionaries({}, optional={"written_at": scalars, REPLICA_KEY: clocks}),
+        max_size=6,
+    )
+)
+def test_any_sidecar_gives_phases_or_none_and_never_raises(parts: list[dict[str, object]]) -> None:
+    phases = replica_phases(parts, engine_started=T0)
+
+    for phase in phases:
+        assert isinstance(phase["replica"], str)
+        assert all(value is None or value >= 0 for key, value in phase.items() if key.endswith("_s"))
