@@ -105,6 +105,20 @@ def test_deferrable_execute_defers_when_running(
     assert info.value.timeout == timedelta(seconds=300)
 
 
+def test_deferred_without_a_poke_interval_polls_at_the_operator_s_pace(
+    ray_conn: str, ray_api: respx.MockRouter, job_payload: Any
+) -> None:
+    ray_api.get(f"/api/jobs/{JOB}").respond(json=job_payload(JOB, "RUNNING"))
+    sensor = RayJobSensor(task_id="wait", job_id=JOB, ray_conn_id=ray_conn, deferrable=True)
+
+    with pytest.raises(TaskDeferred) as info:
+        sensor.execute({})
+
+    # None: the paced default (1 s while few jobs wait), not Airflow's 60 s poke_interval.
+    assert sensor.poke_interval == 60
+    assert info.value.trigger.serialize()[1]["poll_interval_seconds"] is None
+
+
 def test_deferrable_execute_returns_at_once_when_done(
     ray_conn: str, ray_api: respx.MockRouter, job_payload: Any
 ) -> None:
