@@ -199,6 +199,10 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         full = RayConnectionSettings.from_connection(conn)
         given = self._connection_settings
         differs = [f.name for f in fields(full) if getattr(full, f.name) != getattr(given, f.name)]
+        if differs and conn.port:  # the usual cause of a base_url that differs: say which field
+            differs = [
+                f"port={conn.port} (the port field)" if name == "base_url" else name for name in differs
+            ]
         if differs:
             raise BatchSpecError(
                 f"ray connection {conn.conn_id!r}: {', '.join(differs)} would not reach common.ai's trigger, "

@@ -4,7 +4,9 @@ common.ai hands an adapter the prompts, the bare model and ``request_params`` (m
 request body), and builds the adapter from the connection's host and password only. The settings
 of the Ray job (engine, replicas, where its files go) therefore come from two places, both read in
 the worker: the ``ray`` connection's extra ``llm_batch`` (defaults for every batch on that cluster)
-and the operator's ``request_params["raybatch"]`` (this batch), the operator's winning key by key.
+and the operator's ``request_params["raybatch"]`` (this batch), the operator's winning key by key, and
+inside ``engine_kwargs`` and ``sampling_params`` key by key too (a batch that adds a structured-outputs
+backend keeps the connection's ``max_model_len``).
 Everything else in ``request_params`` stays in each request's body, as for OpenAI. Pure functions:
 nothing here calls the network or reads a file.
 """
@@ -35,6 +37,9 @@ _ROW_FIELDS = frozenset(
     {"messages_column", "user_template", "system_prompt", "image_column", "preprocess", "postprocess",
      "id_column", "keep_columns"}
 )  # fmt: skip
+#: Settings whose keys merge one by one (the connection's, then the operator's): the engine's and the
+#: sampling defaults. Others (replica_resources, runtime_env, ...) are replaced whole.
+_MERGED_FIELDS = frozenset({"engine_kwargs", "sampling_params"})
 #: A dry run commits nothing for common.ai to land: run it with RayLLMBatchOperator instead.
 _UNSUPPORTED_FIELDS = frozenset({"dry_run", "dry_run_rows_per_second"})
 #: Spec defaults that differ for a common.ai batch: row failures are common.ai's to judge
@@ -64,6 +69,8 @@ def split_request_params(
     settings = body.pop(SETTINGS_KEY, None)
     if settings is None:
         return body, {}
+    if isinstance(settings, str):  # a templated "{{ params.raybatch | tojson }}"
+        settings = _from_text(f"request_params[{SETTINGS_KEY!r}]", "", settings, json_only=True)
     if not isinstance(settings, Mapping):
         raise BatchSpecError(
             f"request_params[{SETTINGS_KEY!r}]={settings!r} must be a dict of job settings "
@@ -90,7 +97,11 @@ def job_settings(
             if isinstance(value, str) and value.strip() in ("", "null", "None"):
                 merged.pop(str(name), None)  # an unset Param rendered through a template: the default
                 continue
-            merged[str(name)] = _from_text(where, str(name), value)
+            value = _from_text(where, str(name), value, json_only=_takes_json(str(name)))
+            earlier = merged.get(str(name))
+            if str(name) in _MERGED_FIELDS and isinstance(value, Mapping) and isinstance(earlier, Mapping):
+                value = {**earlier, **value}
+            merged[str(name)] = value
     check_layout = merged.pop("check_layout", True)
     if not isinstance(check_layout, bool):
         raise BatchSpecError(f"check_layout={check_layout!r} must be true or false.")
@@ -100,15 +111,29 @@ def job_settings(
     return JobSettings({**_DEFAULTS, **merged}, work_uri, check_layout)
 
 
-def _from_text(where: str, name: str, value: Any) -> Any:  # Any: a JSON value.
+def _from_text(where: str, name: str, value: Any, json_only: bool = False) -> Any:  # Any: a JSON value.
     """A dict or list written as JSON text, as common.ai's templated ``request_params`` renders them
-    (``"{{ params.engine_kwargs | tojson }}"``); other values as they are."""
-    if not isinstance(value, str) or value.strip()[:1] not in ("{", "["):
+    (``"{{ params.engine_kwargs | tojson }}"``); other values as they are.
+
+    :param json_only: the setting takes a dict or list, so any text must be its JSON.
+    """
+    if not isinstance(value, str) or (not json_only and value.strip()[:1] not in ("{", "[")):
         return value
     try:
         return json.loads(value)
     except json.JSONDecodeError as err:
-        raise BatchSpecError(f"{where}[{name!r}]={value!r} is text but not valid JSON: {err.msg}.") from err
+        label = f"{where}[{name!r}]" if name else where
+        raise BatchSpecError(
+            f"{label}={value!r} is text but not valid JSON ({err.msg}): give a dict, or its JSON text "
+            "(a template's `| tojson`)."
+        ) from err
+
+
+def _takes_json(name: str) -> bool:
+    """Whether the spec field ``name`` holds a dict or a list (so text given for it must be JSON)."""
+    field = BatchInferenceSpec.model_fields.get(name)
+    annotation = str(field.annotation) if field is not None else ""
+    return "dict" in annotation or "list" in annotation
 
 
 def _check_name(where: str, name: str) -> None:

@@ -241,7 +241,11 @@ def test_a_connection_the_trigger_cannot_rebuild_fails_before_submitting(
     result = env.dags_test(DECORATOR_DAG, "2026-11-23", _conf(tiny_model, tmp_path))
     log = result.stdout + result.stderr
     assert "state=failed" in log, log[-6000:]
-    assert "ray connection 'ray_default': base_url would not reach common.ai's trigger" in log, log[-6000:]
+    port = ray_cluster.address.rsplit(":", 1)[1]
+    assert (
+        f"ray connection 'ray_default': port={port} (the port field) would not reach common.ai's trigger"
+        in log
+    ), log[-6000:]
     assert "host='http://ray-head:8265', port empty" in log
     assert ray_cluster.token not in log
     assert len(_jobs_of(hook, DECORATOR_DAG)) == before

@@ -176,7 +176,7 @@ def test_validate_checks_job_settings_before_any_network_call(
 @pytest.mark.parametrize(
     ("conn", "named"),
     [
-        ({"host": "127.0.0.1", "port": 8375}, "base_url"),
+        ({"host": "127.0.0.1", "port": 8375}, r"port=8375 \(the port field\)"),
         ({"host": HOST, "extra": {"headers": {"X-Team": "a"}}}, "headers"),
         ({"host": HOST, "extra": {"verify": False}}, "verify"),
     ],

@@ -15,9 +15,18 @@ def test_request_params_split_into_body_and_job_settings() -> None:
     assert job.split_request_params(None) == ({}, {})
 
 
-def test_request_params_raybatch_must_be_a_dict() -> None:
-    with pytest.raises(BatchSpecError, match=r"request_params\['raybatch'\]='fast' must be a dict"):
+def test_request_params_raybatch_must_be_a_dict_or_its_json_text() -> None:
+    with pytest.raises(
+        BatchSpecError, match=r"request_params\['raybatch'\]='fast' is text but not valid JSON"
+    ):
         job.split_request_params({"raybatch": "fast"})
+    with pytest.raises(BatchSpecError, match=r"request_params\['raybatch'\]=\[1\] must be a dict"):
+        job.split_request_params({"raybatch": "[1]"})
+    # A whole templated "{{ params.raybatch | tojson }}" (a new user's first try).
+    body, settings = job.split_request_params(
+        {"seed": 1, "raybatch": '{"concurrency": 1, "keep_warm_seconds": null}'}
+    )
+    assert (body, settings) == ({"seed": 1}, {"concurrency": 1, "keep_warm_seconds": None})
 
 
 def test_operator_settings_win_over_the_connection_key_by_key() -> None:
@@ -26,6 +35,28 @@ def test_operator_settings_win_over_the_connection_key_by_key() -> None:
     assert merged.spec_fields == {"max_failed_fraction": 1.0, "engine_kwargs": {"max_model_len": 4096},
                                   "batch_size": 16}  # fmt: skip
     assert merged.check_layout is False and merged.work_uri is None
+
+
+def test_engine_and_sampling_settings_merge_key_by_key_and_others_are_replaced() -> None:
+    """A batch that adds a structured-outputs backend keeps the connection's CPU engine settings (a new
+    user's batch lost them, and vLLM then asked for 92% of the machine's memory)."""
+    extra = {"llm_batch": {
+        "engine_kwargs": {"max_model_len": 512, "gpu_memory_utilization": 0.3},
+        "sampling_params": {"temperature": 0.0},
+        "replica_resources": {"CPU": 1},
+    }}  # fmt: skip
+    merged = job.job_settings(extra, {
+        "engine_kwargs": '{"structured_outputs_config": {"backend": "xgrammar"}, "max_model_len": 1024}',
+        "sampling_params": {"max_tokens": 8},
+        "replica_resources": {"GPU": 1},
+    })  # fmt: skip
+    assert merged.spec_fields["engine_kwargs"] == {
+        "max_model_len": 1024,
+        "gpu_memory_utilization": 0.3,
+        "structured_outputs_config": {"backend": "xgrammar"},
+    }
+    assert merged.spec_fields["sampling_params"] == {"temperature": 0.0, "max_tokens": 8}
+    assert merged.spec_fields["replica_resources"] == {"GPU": 1}
 
 
 def test_templated_json_text_and_unset_params_are_read_back() -> None:
@@ -42,6 +73,8 @@ def test_templated_json_text_and_unset_params_are_read_back() -> None:
         ({"dry_run": True}, r"\['dry_run'\] is not supported .* RayLLMBatchOperator\(dry_run=True\)"),
         ({"engine_kwarg": {}}, r"\['engine_kwarg'\] is not a job setting"),
         ({"engine_kwargs": "{not json"}, r"\['engine_kwargs'\]='\{not json' is text but not valid JSON"),
+        ({"engine_kwargs": "not json{"}, r"\['engine_kwargs'\]='not json\{' is text but not valid JSON"),
+        ({"replica_resources": "CPU=1"}, r"\['replica_resources'\]='CPU=1' is text but not valid JSON"),
         ({"check_layout": "yes"}, r"check_layout='yes' must be true or false"),
         ({"work_uri": 3}, r"work_uri=3 must be a local path or an s3:// URI"),
     ],
