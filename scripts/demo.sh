@@ -34,7 +34,7 @@ export AIRFLOW_CONN_RAY_DEFAULT
 
 CONF=$(cat <<JSON
 {"model": "$STATE/tiny-llama", "data_root": "$STATE/data",
- "engine_kwargs": {"max_model_len": 512, "gpu_memory_utilization": 0.3, "enforce_eager": true},
+ "engine_kwargs": {"max_model_len": 512, "gpu_memory_utilization": 0.3, "enforce_eager": true, "kv_cache_memory_bytes": 1073741824},
  "replica_resources": {"CPU": 1}, "keep_warm_seconds": 120}
 JSON
 )
