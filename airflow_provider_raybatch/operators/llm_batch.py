@@ -36,6 +36,7 @@ from airflow_provider_raybatch.triggers.ray import (
     RayJobTrigger,
     StatusLine,
     event_for_job,
+    settle_deadline,
 )
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key
 from airflow_provider_raybatch.utils.events import job_event, job_failed_error, validate_event
@@ -424,6 +425,7 @@ class RayLLMBatchOperator(BaseOperator):
                     else None,
                     progress_interval_seconds=self.progress_interval_seconds,
                     deadline=deadline,
+                    fire_not_before=settle_deadline(),
                 ),
                 method_name="execute_complete",
                 kwargs={"deadline": deadline, "attached_at": attached_at},

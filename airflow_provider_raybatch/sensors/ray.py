@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import (
 )
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job
+from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job, settle_deadline
 from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ class RayJobSensor(BaseSensorOperator):
                 ray_conn_id=self.ray_conn_id,
                 poll_interval_seconds=self.poke_interval if self.poke_interval_given else None,
                 owns_job=False,
+                fire_not_before=settle_deadline(),
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),

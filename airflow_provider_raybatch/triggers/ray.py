@@ -27,6 +27,19 @@ STOP_CALL_SECONDS = 30.0
 _PENDING_STOPS: set[asyncio.Future[None]] = set()
 
 
+#: Least seconds between a task's deferral and its trigger's event (see ``fire_not_before``). Airflow's
+#: scheduler fails a deferred task whose trigger fired before it drained the executor's report of the
+#: deferring process's exit (apache/airflow#66374, #72716: "finished with state success, but the task
+#: instance's state attribute is queued"); that report came 3-6 s after the deferral in those issues and
+#: in our CI, where a retry attached to a job that its earlier try's cleanup stopped a moment later.
+DEFER_SETTLE_SECONDS = 10.0
+
+
+def settle_deadline() -> float:
+    """``fire_not_before`` for a trigger deferred now: the deferral plus :data:`DEFER_SETTLE_SECONDS`."""
+    return time.time() + DEFER_SETTLE_SECONDS
+
+
 def _seconds_left(deadline: float | None) -> float | None:
     """Seconds until an absolute deadline (None: no deadline, wait forever)."""
     return None if deadline is None else deadline - time.time()
@@ -140,6 +153,10 @@ class RayJobTrigger(BaseTrigger):
         the timeout passes. False (:class:`~airflow_provider_raybatch.sensors.ray.RayJobSensor`) only
         watches: the job is left running whatever happens to the task, as in worker mode. Default True,
         which is also how a trigger serialized before this argument existed loads.
+    :param fire_not_before: Hold the event until this absolute time (epoch seconds), at most
+        :data:`DEFER_SETTLE_SECONDS` from when the trigger runs: the deferring task sets it to its
+        deferral plus that long, so that a job already over (or ending at once) does not resume the task
+        before Airflow has taken note of its deferral. A job longer than that is not delayed.
     """
 
     def __init__(
@@ -152,6 +169,7 @@ class RayJobTrigger(BaseTrigger):
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
         owns_job: bool = True,
         deadline: float | None = None,
+        fire_not_before: float | None = None,
     ) -> None:
         super().__init__()
         if poll_interval_seconds is not None and not poll_interval_seconds > 0:
@@ -168,6 +186,7 @@ class RayJobTrigger(BaseTrigger):
                 f"owns_job={owns_job!r} must be a bool: True stops the job on kill, False only watches it."
             )
         self.owns_job = owns_job
+        self.fire_not_before = None if fire_not_before is None else float(fire_not_before)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:  # Any: JSON-able constructor arguments.
         return (
@@ -181,6 +200,7 @@ class RayJobTrigger(BaseTrigger):
                 "progress_interval_seconds": self.progress_interval_seconds,
                 "owns_job": self.owns_job,
                 "deadline": self.deadline,
+                "fire_not_before": self.fire_not_before,
             },
         )
 
@@ -193,13 +213,23 @@ class RayJobTrigger(BaseTrigger):
             return self.deadline
         return None if self.timeout_seconds is None else time.time() + self.timeout_seconds
 
+    def _settle_until(self) -> float | None:
+        """When the event may fire: ``fire_not_before``, but never more than the settle time from now
+        (a worker clock ahead of the triggerer's, or a bad value, must not hold a finished job's task)."""
+        if self.fire_not_before is None:
+            return None
+        return min(self.fire_not_before, time.time() + DEFER_SETTLE_SECONDS)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
         deadline = self._deadline()
         progress = ProgressRelay(self.job_id, self.progress_interval_seconds, self.log)
         try:
+            settle_until = self._settle_until()
             with poll_pace.waiting(self.poll_interval_seconds):
                 async for event in self._wait(hook, deadline, progress):
+                    if settle_until is not None and (hold := settle_until - time.time()) > 0:
+                        await asyncio.sleep(hold)
                     yield event
                     return
         except Exception as err:  # noqa: BLE001 - any crash becomes an event the operator acts on.

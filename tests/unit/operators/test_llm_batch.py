@@ -33,7 +33,7 @@ from airflow_provider_raybatch.operators.llm_batch import (
     RayLLMBatchOperator,
 )
 from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.triggers.ray import RayJobTrigger
+from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
 from airflow_provider_raybatch.utils.events import job_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
@@ -1023,6 +1023,8 @@ def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeC
     assert isinstance(trigger, RayJobTrigger)
     kwargs = trigger.serialize()[1]
     deadline = kwargs.pop("deadline")
+    # The event waits for the deferral to settle (triggers/ray.py DEFER_SETTLE_SECONDS).
+    assert started < kwargs.pop("fire_not_before") <= time.time() + DEFER_SETTLE_SECONDS
     assert kwargs == {
         "job_id": submission_id,
         "ray_conn_id": ray_conn,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 from airflow_provider_raybatch.exceptions import RayHookError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.sensors.ray import RayJobSensor
-from airflow_provider_raybatch.triggers.ray import RayJobTrigger
+from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
 from airflow_provider_raybatch.utils.events import job_event
 
 JOB = "raysubmit_abc"
@@ -91,7 +92,10 @@ def test_deferrable_execute_defers_when_running(
 
     trigger = info.value.trigger
     assert isinstance(trigger, RayJobTrigger)
-    assert trigger.serialize()[1] == {
+    kwargs = trigger.serialize()[1]
+    # The event waits for the deferral to settle (triggers/ray.py DEFER_SETTLE_SECONDS).
+    assert time.time() < kwargs.pop("fire_not_before") <= time.time() + DEFER_SETTLE_SECONDS
+    assert kwargs == {
         "job_id": JOB,
         "ray_conn_id": ray_conn,
         "poll_interval_seconds": 7.0,

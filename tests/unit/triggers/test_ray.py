@@ -19,7 +19,7 @@ from packaging.version import Version
 import airflow_provider_raybatch.hooks.ray as ray_hook_module
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus
 from airflow_provider_raybatch.triggers import ray as trigger_module
-from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job
+from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger, event_for_job
 from airflow_provider_raybatch.utils.events import EVENT_KEYS
 
 JOB = "raybatch-dag-task-run-m-1-t1-abc"
@@ -71,8 +71,41 @@ def test_serialize_round_trip() -> None:
         "progress_interval_seconds": 60.0,
         "owns_job": True,
         "deadline": None,
+        "fire_not_before": None,
     }
     assert rebuilt.serialize() == trigger.serialize()
+
+
+async def test_an_event_of_a_job_already_over_waits_for_the_deferral_to_settle(
+    make_trigger: Any, ray_api: respx.MockRouter, job_payload: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ended as the task deferred (a retry attached to a job its earlier try's cleanup then
+    stopped): the event waits until fire_not_before, so that Airflow takes note of the deferral first
+    (apache/airflow#72716); never longer than the settle time, whatever the value."""
+    ray_api.get(JOB_PATH).respond(json=job_payload(JOB, "STOPPED"))
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(trigger_module.asyncio, "sleep", sleep)
+    now = time.time()
+
+    for fire_not_before, held in [
+        (now + 4, 4),
+        (now + 3600, DEFER_SETTLE_SECONDS),
+        (now - 5, None),
+        (None, None),
+    ]:
+        slept.clear()
+        events = await events_of(make_trigger(fire_not_before=fire_not_before))
+        assert [e["termination_reason"] for e in events] == ["stopped"]
+        if held is None:
+            assert slept == []
+        else:
+            assert slept and held - 1 < slept[-1] <= held
 
 
 def test_serialize_round_trip_with_a_deadline() -> None:
@@ -115,6 +148,7 @@ async def test_a_trigger_serialized_before_owns_job_loads_and_still_stops_on_kil
         "ray_conn_id": ray_conn,
         "owns_job": True,
         "deadline": None,
+        "fire_not_before": None,
     }
     assert stop.call_count == 1
 
