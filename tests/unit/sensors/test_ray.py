@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 from airflow_provider_raybatch.exceptions import RayHookError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.sensors.ray import RayJobSensor
+from airflow_provider_raybatch.triggers import ray as trigger_module
 from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
 from airflow_provider_raybatch.utils.events import job_event
 
@@ -201,10 +202,14 @@ async def run_sensor(
         sensor.execute({})
         return
     status.respond(json={"submission_id": JOB, "status": "RUNNING"})  # the fields the hook reads
-    with pytest.raises(TaskDeferred) as info:
-        sensor.execute({})
-    status.mock(return_value=final)
-    events = [event.payload async for event in rebuilt_in_the_triggerer(info.value).run()]
+    with pytest.MonkeyPatch.context() as patch:
+        # The event is held 0.05 s after the deferral, not 10 s: these tests are about soft_fail and
+        # never_fail; the hold itself is tests/unit/triggers/test_ray.py's.
+        patch.setattr(trigger_module, "DEFER_SETTLE_SECONDS", 0.05)
+        with pytest.raises(TaskDeferred) as info:
+            sensor.execute({})
+        status.mock(return_value=final)
+        events = [event.payload async for event in rebuilt_in_the_triggerer(info.value).run()]
     assert len(events) == 1
     sensor.resume_execution(info.value.method_name, {"event": events[0]}, {})
 
