@@ -20,6 +20,8 @@ LLM's ``ServeDeploymentProcessorConfig``, and named detached actors):
   replica runs in (our code's package, which is content-addressed, so a new provider version gets
   new engines; the env vars; pip). The author's own modules and the job's spec package are left out
   of the replica's runtime env: a replica serves many jobs and holds nothing of any one of them.
+  So are our job-side settings (:data:`JOB_SIDE_SETTINGS`): read by the job's driver and stage
+  actors only, they would split one engine shape into several pools.
 * **Leases, keep-warm, scale to zero.** A job's driver holds a lease on each replica while it runs
   (:class:`PoolLease`, renewed every :data:`.pool_replica.LEASE_RENEW_SECONDS`); a replica with no
   lease and nothing in flight for ``keep_warm_seconds`` ends itself and frees its GPUs. A job whose
@@ -60,6 +62,15 @@ NAME_PREFIX = "raybatch-engine-"
 _PER_JOB_KWARGS = ("batch_size", "max_concurrent_batches", "should_continue_on_error", "log_engine_metrics")
 #: The map_batches keywords that reserve the replica's resources (they go to the pool's actors).
 RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
+#: ``RAYBATCH_*`` settings of a job's env vars that no engine reads: its driver's (worker_warmup,
+#: dedupe, prepared_cache) and its engine stage's (engine.ENGINE_MAX_RESTARTS_ENV, read by the stage
+#: that replaces a dead replica). Left out of the replicas' runtime env, and so of the fingerprint.
+JOB_SIDE_SETTINGS = frozenset({
+    "RAYBATCH_WARM_WORKERS",
+    "RAYBATCH_DRIVER_SCAN_MAX_ROWS",
+    "RAYBATCH_KEEP_PREPARED_MIN_ROWS",
+    "RAYBATCH_ENGINE_MAX_RESTARTS",
+})  # fmt: skip
 #: How long a job waits for its replicas to be placed before it ends idle replicas of other pools.
 MAKE_ROOM_AFTER_SECONDS = 5.0
 #: How long the lease waits for a replica to say it is up (an actor answers at once once created).
@@ -151,6 +162,13 @@ def plan_pool(
     runtime_env = {key: value for key, value in job_runtime_env.items() if key != "py_modules"}
     if job_runtime_env.get("py_modules"):
         runtime_env["py_modules"] = list(job_runtime_env["py_modules"])[:1]
+    if isinstance(runtime_env.get("env_vars"), dict):
+        env_vars = {
+            key: value for key, value in runtime_env["env_vars"].items() if key not in JOB_SIDE_SETTINGS
+        }
+        runtime_env.pop("env_vars")
+        if env_vars:
+            runtime_env["env_vars"] = env_vars
     options["runtime_env"] = runtime_env
     fingerprint = pool_fingerprint(engine_kwargs, options, compile_cache_dir)
     return EnginePool(

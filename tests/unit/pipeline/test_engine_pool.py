@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_raybatch.pipeline.generate.engine_pool import (
+    JOB_SIDE_SETTINGS,
     EnginePool,
     _fits,
     plan_pool,
@@ -58,6 +59,25 @@ def test_a_replica_keeps_our_code_not_the_jobs_own_packages() -> None:
     other_job = {"py_modules": ["gcs://_ray_pkg_ours.zip", "gcs://_ray_pkg_other_job.zip"],
                  "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # fmt: skip
     assert _plan(runtime_env=other_job).fingerprint == pool.fingerprint
+
+
+def test_the_jobs_own_settings_stay_out_of_the_replica_and_do_not_split_the_pool() -> None:
+    """RAYBATCH_WARM_WORKERS and the like are read by the job's driver and stage actors, never by an
+    engine: a DAG that sets one shares the engine of a DAG that does not."""
+    from airflow_provider_raybatch.pipeline import worker_warmup
+    from airflow_provider_raybatch.pipeline.generate import engine
+    from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache
+
+    settings = (worker_warmup.WARM_WORKERS_ENV, dedupe.DRIVER_SCAN_MAX_ROWS_ENV,
+                prepared_cache.KEEP_MIN_ROWS_ENV, engine.ENGINE_MAX_RESTARTS_ENV)  # fmt: skip
+    assert frozenset(settings) == JOB_SIDE_SETTINGS
+    tuned = {**JOB_ENV, "env_vars": {**JOB_ENV["env_vars"], **dict.fromkeys(settings, "0")}}
+    assert _plan(runtime_env=tuned).actor_options == _plan().actor_options
+    assert _plan(runtime_env=tuned).fingerprint == _plan().fingerprint
+    only_ours = {"py_modules": JOB_ENV["py_modules"], "env_vars": {worker_warmup.WARM_WORKERS_ENV: "0"}}
+    assert _plan(runtime_env=only_ours).actor_options["runtime_env"] == {
+        "py_modules": ["gcs://_ray_pkg_ours.zip"]
+    }
 
 
 def test_a_tensor_parallel_engine_is_not_pooled() -> None:
