@@ -16,6 +16,8 @@ Jobs:
   backfill-d1..d7        issue 20: 2,000 of those requests a date on a warm pool (section 9)
   pool1-cold, pool1-warm, pool2-cold, pool2-warm
                          issue 23: 20,000 of them on a warm pool of one replica and of two (section 10)
+  pool1-warm-nowarm, pool2-warm-nowarm
+                         the same warm job with RAYBATCH_WARM_WORKERS=0 (issue 20's warm start, section 13)
   scale-2m-small         issue 19 item 1: the seeds' customers CSV shape, 2,000,000 rows in ONE file,
                          the example DAG's company-industry prompt with its ``choice`` constraint, on a
                          small dummy-weight Llama (bench/gpu/make_model.py --shape small --tokenizer bpe)
@@ -147,11 +149,16 @@ def _job(
 
 
 def submission(
-    name: str, n: int, concurrency: int = 1, keep_warm_seconds: float | None = None
+    name: str,
+    n: int,
+    concurrency: int = 1,
+    keep_warm_seconds: float | None = None,
+    env_vars: dict[str, str] | None = None,
 ) -> dict[str, Any]:  # Any: JSON values.
     """A job of the random-words workload (sections 5 and 6 of bench/RESULTS.md).
 
     :param keep_warm_seconds: run on the warm engine pool (the backfill of issue 20, section 9).
+    :param env_vars: the job's ``runtime_env`` env vars (e.g. ``RAYBATCH_WARM_WORKERS``).
     """
     kwargs = workload.operator_kwargs(
         MODEL,
@@ -165,6 +172,8 @@ def submission(
     kwargs["concurrency"] = concurrency  # an int: the operator's default pool (a fixed pool of n replicas)
     if keep_warm_seconds is not None:
         kwargs["keep_warm_seconds"] = keep_warm_seconds
+    if env_vars:
+        kwargs["runtime_env"] = {"env_vars": env_vars}
     extra = {"requests": n, "prompt_tokens": PROMPT_TOKENS, "vocab_words": VOCAB_WORDS}
     return _job(name, kwargs, extra)
 
@@ -284,6 +293,14 @@ JOBS = {
         )
         for replicas in (1, 2)
         for state in ("cold", "warm")
+    },
+    # A warm job without the driver's warm workers (pipeline/worker_warmup.py), on the same pool: the
+    # setting is a job-side one, which the pool's fingerprint leaves out (issue 20's warm start).
+    **{
+        f"pool{replicas}-warm-nowarm": functools.partial(
+            submission, f"pool{replicas}-warm-nowarm", 20000, replicas, 600, {"RAYBATCH_WARM_WORKERS": "0"}
+        )
+        for replicas in (1, 2)
     },
     "scale-2m-small": lambda: scale_submission("scale-2m-small", 2_000_000, SMALL_MODEL),
     "scale-2m-small-x4": lambda: scale_submission(

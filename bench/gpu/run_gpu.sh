@@ -21,6 +21,8 @@
 #   resume:NAME issue 19 item 5: NAME's job stopped half way, rerun as try 2 (bench/gpu/scale_resume.py)
 #   a:NAME@TAG  the same, its results as a-NAME@TAG.json (e.g. a:2000@d1 ... a:2000@d7: 7 cold raw scripts)
 #   backfill    the 7-date backfill's table (bench/gpu/backfill_summary.py): a:2000@d1..d7 vs b:backfill-d1..d7
+#   raylogs:TAG the Ray session's worker and actor start times since the last raylogs stage, into
+#               logs/raylogs-TAG/ (where a warm job's seconds before its first row go)
 #   pool2x      issue 23's table (bench/gpu/pool_scale_summary.py): b:pool1-cold, pool1-warm vs pool2-*
 #   check:NAME  every input row exactly once in NAME's committed outputs + errors (bench/gpu/scale_check.py)
 #   bg          the stages after it run in a detached runner (setsid; it outlives this call while the
@@ -181,7 +183,7 @@ PY
   b:*)
     name=${s#b:}
     # A backfill's later dates run while the pool's engine holds the GPU (keep_warm_seconds): no wait.
-    case $name in backfill-d[2-9]|pool*-warm) ;; *) waitgpu;; esac
+    case $name in backfill-d[2-9]|pool*-warm*) ;; *) waitgpu;; esac
     startray
     mode=; rayup || mode=--direct
     echo "=== b:$name start $(date +%T) ($(left)s left) $mode"
@@ -206,6 +208,14 @@ PY
     [ $rc = 0 ] || tail -40 "$L/resume-$name.out";;
   backfill)  # issue 20's backfill table from the a:ours-2000@dK and b:backfill-dK results
     python3 "$HERE/backfill_summary.py" "$K" "$K/backfill.json";;
+  raylogs:*)  # the Ray session's process timelines since the last raylogs (workers started, actors made)
+    name=${s#raylogs:}; d=/tmp/ray/session_latest/logs; o=$L/raylogs-$name; mkdir -p $o
+    since=$K/raylogs.stamp; [ -e $since ] || touch -d @0 $since
+    for f in $(find $d -maxdepth 1 -name 'python-core-worker-*.log' -newer $since); do
+      echo "== $(basename $f)"; grep -hE "Constructing CoreWorkerProcess|Creating actor|creation task finished|max pending calls" $f | cut -c1-220
+    done > $o/core-workers.txt
+    for f in $(find $d -maxdepth 1 -name 'worker-*.err' -newer $since); do echo "== $(basename $f)"; head -c 3000 $f; done > $o/worker-err.txt
+    touch $since; ls -la $o;;
   pool2x)  # issue 23's table from the b:pool1-* and b:pool2-* results
     python3 "$HERE/pool_scale_summary.py" "$K" "$K/pool2x.json";;
   check:*)
