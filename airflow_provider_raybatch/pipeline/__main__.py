@@ -62,10 +62,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from airflow_provider_raybatch.pipeline import worker_warmup
+
+    ray.init()
+    # The job's worker processes start while this driver imports Ray Data and reads its input.
+    warm_workers = worker_warmup.configured_workers(worker_warmup.replicas_of(spec))
+    if warm_workers:
+        worker_warmup.start(warm_workers)
+        logging.getLogger("airflow_provider_raybatch.pipeline").info(
+            "Starting %d warm workers for this job (%s).", warm_workers, worker_warmup.WARM_WORKERS_ENV
+        )
+
     from airflow_provider_raybatch.pipeline.credentials import held_for_this_job
     from airflow_provider_raybatch.pipeline.run import run_batch  # heavy: Ray Data and vLLM
 
-    ray.init()
     with held_for_this_job():  # the S3 settings, if any, leave the cluster's store when this ends
         run_batch(spec)
     return 0

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage, worker_warmup
+from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import engine, models, ray_internals
 from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease
 from airflow_provider_raybatch.pipeline.generate.processor import (
@@ -299,7 +299,6 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         # Not ray.init(ignore_reinit_error=True) after __main__'s: even then it installs Ray's SIGTERM
         # handler again, over the one that deletes the job's S3 settings first (pipeline/credentials.py).
         ray.init()
-    worker_warmup.start()  # the job's worker processes start beside the driver's own start-up
     with engine_libraries_held_back():  # the stage modules import vLLM and torch at their top
         # Before any row: fails the job at start. A dry run uses the prompt stages only.
         ray_internals.check_ray_internals(ray.__version__, dry_run=spec.dry_run)

@@ -8,7 +8,8 @@ find no idle worker: the read left one, which the engine stage's actor takes). O
 was 4.9 s of the 6.0 s from the engine stage's start to the first row (a warm job of 2,000 rows; 1.4
 to 3.4 s with four warm workers, but its read took 2.3 s longer: see :data:`WARM_WORKERS`).
 
-So the driver asks for a few workers at once, before it does anything else: each runs a task that
+So the driver (``pipeline/__main__.py``) asks for a few workers as soon as it is connected, before
+it imports Ray Data and the pipeline and before it reads anything: each runs a task that
 imports those modules and holds its worker for a moment, so that Ray starts them side by side instead
 of reusing the first. They end as idle workers of this job, which Ray keeps (up to a node's CPU count)
 and hands the job's next tasks and actors. Nothing waits for them: a busy cluster runs them later, and
@@ -19,9 +20,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.pipeline import job_settings
+
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 #: How many workers to start: the engine dataset's first operators (filter, batching, preprocess, the
 #: engine stage's actor, the reports) each want one at once. Fewer on a small machine (a quarter of
@@ -35,11 +39,18 @@ WARM_WORKERS_LIMIT = 64
 HOLD_SECONDS = 0.5
 
 
-def configured_workers() -> int:
-    """The job's ``RAYBATCH_WARM_WORKERS`` (a whole number from 0 to 64), else :data:`WARM_WORKERS`,
-    at most a quarter of this machine's cores."""
-    default = min(WARM_WORKERS, (os.cpu_count() or 1) // 4)
+def configured_workers(replicas: int = 1) -> int:
+    """The job's ``RAYBATCH_WARM_WORKERS`` (a whole number from 0 to 64), else :data:`WARM_WORKERS`
+    plus one for each engine replica past the first (each has its engine-stage actor), at most a
+    quarter of this machine's cores."""
+    default = min(WARM_WORKERS + max(replicas, 1) - 1, (os.cpu_count() or 1) // 4)
     return job_settings.whole_number(WARM_WORKERS_ENV, default, WARM_WORKERS_LIMIT)
+
+
+def replicas_of(spec: BatchInferenceSpec) -> int:
+    """How many engine replicas the spec asks for at most (``concurrency``: n, or (min, max))."""
+    concurrency = spec.concurrency
+    return concurrency if isinstance(concurrency, int) else max(concurrency)
 
 
 def _warm_up(hold_seconds: float) -> int:
@@ -52,13 +63,9 @@ def _warm_up(hold_seconds: float) -> int:
     return os.getpid()
 
 
-def start(workers: int | None = None, hold_seconds: float = HOLD_SECONDS) -> list[Any]:  # Any: ObjectRefs.
-    """Ask Ray for ``workers`` (unset: :func:`configured_workers`) warm workers of this job; returns at
-    once, with the tasks' refs."""
+def start(workers: int, hold_seconds: float = HOLD_SECONDS) -> list[Any]:  # Any: ObjectRefs.
+    """Ask Ray for ``workers`` warm workers of this job; returns at once, with the tasks' refs."""
     import ray
-
-    if workers is None:
-        workers = configured_workers()
 
     task = ray.remote(num_cpus=0.01, max_retries=0)(_warm_up)  # a sliver: never waits on an engine's CPUs
     return [task.remote(hold_seconds) for _ in range(workers)]

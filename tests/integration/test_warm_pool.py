@@ -127,9 +127,13 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
         0,
     )
 
-    second, second_ids = _run(tiny_model, tmp_path, "second", 40, keep_warm=600)
+    # The second job starts warm workers of its own (none by default on a 2-core machine): a job-side
+    # setting, which leaves the pool the same (engine_pool.JOB_SIDE_SETTINGS).
+    second, second_ids = _run(tiny_model, tmp_path, "second", 40, keep_warm=600,
+                              runtime_env={"env_vars": {"RAYBATCH_WARM_WORKERS": "2"}})  # fmt: skip
     warm = _committed(tmp_path, "second", second, second_ids)["engine_pool"]
     assert (warm["fingerprint"], warm["warm_replicas"]) == (cold["fingerprint"], 1)
+    assert "Starting 2 warm workers for this job" in RayHook().get_job_logs(second)
     [replica] = _pool()
     assert (replica["jobs_served"], replica["rows_done"]) == (2, 80)  # the same engine, not a new one
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_raybatch.pipeline import worker_warmup
+from airflow_provider_raybatch.specs import BatchInferenceSpec
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 _ON_RAY = """
@@ -21,7 +22,8 @@ def later(_):
     return os.getpid(), "airflow_provider_raybatch.pipeline.row_steps" in sys.modules
 after = ray.get([later.remote(i) for i in range(6)])
 os.environ[worker_warmup.WARM_WORKERS_ENV] = "0"
-print(json.dumps({"warm": warm, "after": after, "none": len(worker_warmup.start())}))
+none = worker_warmup.start(worker_warmup.configured_workers(8))
+print(json.dumps({"warm": warm, "after": after, "none": len(none)}))
 """
 
 
@@ -44,14 +46,26 @@ def test_a_bad_setting_fails_naming_it(monkeypatch: pytest.MonkeyPatch, value: s
         worker_warmup.configured_workers()
 
 
-@pytest.mark.parametrize(("cores", "expected"), [(1, 0), (2, 0), (7, 1), (16, 4), (128, 4)])
-def test_a_small_machine_starts_fewer_or_none(
-    monkeypatch: pytest.MonkeyPatch, cores: int, expected: int
+@pytest.mark.parametrize(
+    ("cores", "replicas", "expected"),
+    [(1, 1, 0), (2, 1, 0), (7, 1, 1), (16, 1, 4), (16, 4, 4), (32, 2, 5), (128, 4, 7), (128, 0, 4)],
+)
+def test_one_more_for_each_replica_and_fewer_on_a_small_machine(
+    monkeypatch: pytest.MonkeyPatch, cores: int, replicas: int, expected: int
 ) -> None:
     monkeypatch.delenv(worker_warmup.WARM_WORKERS_ENV, raising=False)
     monkeypatch.setattr(worker_warmup.os, "cpu_count", lambda: cores)
 
-    assert worker_warmup.configured_workers() == expected
+    assert worker_warmup.configured_workers(replicas) == expected
+
+
+@pytest.mark.parametrize(("concurrency", "replicas"), [(1, 1), (3, 3), ((1, 4), 4)])
+def test_the_replicas_are_the_specs_most(concurrency: int | tuple[int, int], replicas: int) -> None:
+    spec = BatchInferenceSpec.build(
+        model="m", input_uri="/in/a.jsonl", output_uri="/out", user_template="{a}", concurrency=concurrency
+    )
+
+    assert worker_warmup.replicas_of(spec) == replicas
 
 
 def test_the_setting_wins_over_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
