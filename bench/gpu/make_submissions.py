@@ -14,6 +14,8 @@ Jobs:
   ours-2000, ours-2000-warm, ours-20000, scale-2   the random-words workload (bench/workload.py) on the
                                                    8B-shaped model with the word tokenizer (sections 5, 6)
   backfill-d1..d7        issue 20: 2,000 of those requests a date on a warm pool (section 9)
+  backfill-d2-nowarm..d7-nowarm
+                         the same dates with RAYBATCH_WARM_WORKERS=0 (section 13)
   pool1-cold, pool1-warm, pool2-cold, pool2-warm
                          issue 23: 20,000 of them on a warm pool of one replica and of two (section 10)
   pool1-warm-nowarm, pool2-warm-nowarm
@@ -284,6 +286,13 @@ JOBS = {
     **{
         f"backfill-d{day}": functools.partial(submission, f"backfill-d{day}", 2000, 1, 600)
         for day in range(1, 8)
+    },
+    # The same dates without the driver's warm workers, on the same pool (issue 20's warm start).
+    **{
+        f"backfill-d{day}-nowarm": functools.partial(
+            submission, f"backfill-d{day}-nowarm", 2000, 1, 600, {"RAYBATCH_WARM_WORKERS": "0"}
+        )
+        for day in range(2, 8)
     },
     # Issue 23: 20,000 requests on a warm pool of one replica, then of two (a two-GPU machine), each
     # cold (the job that builds the pool) and warm (the next job, on the same pool): RESULTS section 10.

@@ -183,7 +183,7 @@ PY
   b:*)
     name=${s#b:}
     # A backfill's later dates run while the pool's engine holds the GPU (keep_warm_seconds): no wait.
-    case $name in backfill-d[2-9]|pool*-warm*) ;; *) waitgpu;; esac
+    case $name in backfill-d[2-9]*|pool*-warm*) ;; *) waitgpu;; esac
     startray
     mode=; rayup || mode=--direct
     echo "=== b:$name start $(date +%T) ($(left)s left) $mode"
