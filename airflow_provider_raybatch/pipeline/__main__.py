@@ -67,11 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     ray.init()
     # The job's worker processes start while this driver imports Ray Data and reads its input.
     warm_workers = worker_warmup.configured_workers(worker_warmup.replicas_of(spec))
-    if warm_workers:
-        worker_warmup.start(warm_workers)
-        logging.getLogger("airflow_provider_raybatch.pipeline").info(
-            "Starting %d warm workers for this job (%s).", warm_workers, worker_warmup.WARM_WORKERS_ENV
-        )
+    worker_warmup.start(warm_workers)
+    logging.getLogger("airflow_provider_raybatch.pipeline").info(
+        "Starting %d warm workers for this job (%d cores here; %s sets it).",
+        warm_workers,
+        os.cpu_count() or 1,
+        worker_warmup.WARM_WORKERS_ENV,
+    )
 
     from airflow_provider_raybatch.pipeline.credentials import held_for_this_job
     from airflow_provider_raybatch.pipeline.run import run_batch  # heavy: Ray Data and vLLM

@@ -64,7 +64,8 @@ _PER_JOB_KWARGS = ("batch_size", "max_concurrent_batches", "should_continue_on_e
 RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
 #: ``RAYBATCH_*`` settings of a job's env vars that no engine reads: its driver's (worker_warmup,
 #: dedupe, prepared_cache) and its engine stage's (engine.ENGINE_MAX_RESTARTS_ENV, read by the stage
-#: that replaces a dead replica). Left out of the replicas' runtime env, and so of the fingerprint.
+#: that replaces a dead replica). Left out of the runtime env the pool asks for, and so of the
+#: fingerprint (Ray still merges the creating job's env vars into the replica's: one may carry them).
 JOB_SIDE_SETTINGS = frozenset({
     "RAYBATCH_WARM_WORKERS",
     "RAYBATCH_DRIVER_SCAN_MAX_ROWS",
