@@ -21,6 +21,7 @@ from typing import Any
 import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.pipeline import job_settings
 from airflow_provider_raybatch.pipeline.credentials import settings_upload
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
@@ -125,7 +126,13 @@ def upload_runtime_env(
     It goes last, so as little time as possible passes between its upload and the job's start.
 
     :param extra_runtime_env: the operator's own ``runtime_env``; not modified.
+    :raises BatchSpecError: for a job setting in its ``env_vars`` that the job would refuse as it
+        starts (:func:`.job_settings.check_env_vars`): nothing is uploaded or submitted.
     """
+    try:
+        job_settings.check_env_vars(extra_runtime_env.get("env_vars") or {})
+    except ValueError as err:
+        raise BatchSpecError(f"runtime_env env_vars: {err}") from err
     packages = module_packages(spec)
     settings_values = s3_settings(aws_conn_id, spec)
     settings = settings_upload(settings_values) if settings_values is not None else None

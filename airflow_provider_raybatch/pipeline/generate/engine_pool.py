@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_raybatch.pipeline import job_settings
 from airflow_provider_raybatch.pipeline.generate.pool_replica import LEASE_RENEW_SECONDS
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
@@ -62,16 +63,10 @@ NAME_PREFIX = "raybatch-engine-"
 _PER_JOB_KWARGS = ("batch_size", "max_concurrent_batches", "should_continue_on_error", "log_engine_metrics")
 #: The map_batches keywords that reserve the replica's resources (they go to the pool's actors).
 RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "memory")
-#: ``RAYBATCH_*`` settings of a job's env vars that no engine reads: its driver's (worker_warmup,
-#: dedupe, prepared_cache) and its engine stage's (engine.ENGINE_MAX_RESTARTS_ENV, read by the stage
-#: that replaces a dead replica). Left out of the runtime env the pool asks for, and so of the
-#: fingerprint (Ray still merges the creating job's env vars into the replica's: one may carry them).
-JOB_SIDE_SETTINGS = frozenset({
-    "RAYBATCH_WARM_WORKERS",
-    "RAYBATCH_DRIVER_SCAN_MAX_ROWS",
-    "RAYBATCH_KEEP_PREPARED_MIN_ROWS",
-    "RAYBATCH_ENGINE_MAX_RESTARTS",
-})  # fmt: skip
+#: ``RAYBATCH_*`` settings of a job's env vars that no engine reads (job_settings.MAXIMA): its driver's
+#: and its engine stage's. Left out of the runtime env the pool asks for, and so of the fingerprint
+#: (Ray still merges the creating job's env vars into the replica's: one may carry them).
+JOB_SIDE_SETTINGS = frozenset(job_settings.MAXIMA)
 #: How long a job waits for its replicas to be placed before it ends idle replicas of other pools.
 MAKE_ROOM_AFTER_SECONDS = 5.0
 #: How long the lease waits for a replica to say it is up (an actor answers at once once created).

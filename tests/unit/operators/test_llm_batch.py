@@ -412,6 +412,27 @@ def test_runtime_env_uploads_modules_and_keeps_the_users(
     assert spec_in_package(uploads.calls.last.request.content) == spec
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RAYBATCH_WARM_WORKERS", "lots"),
+        ("RAYBATCH_WARM_WORKERS", "65"),
+        ("RAYBATCH_ENGINE_MAX_RESTARTS", "-1"),
+        ("RAYBATCH_KEEP_PREPARED_MIN_ROWS", 5),
+    ],
+)
+def test_a_job_setting_the_job_would_refuse_fails_before_anything_is_uploaded(
+    hook: RayHook, ray_api: respx.MockRouter, name: str, value: Any
+) -> None:
+    uploads = ray_api.put(url__regex=r"/api/packages/gcs/").respond(200)
+    op = make_operator(runtime_env={"env_vars": {"HF_HOME": "/models", name: value}})
+
+    with pytest.raises(BatchSpecError, match=f"runtime_env env_vars: {name}="):
+        op._runtime_env(hook, op.build_spec())
+
+    assert uploads.call_count == 0
+
+
 # -- submit, wait, complete ---------------------------------------------------------------------
 
 
