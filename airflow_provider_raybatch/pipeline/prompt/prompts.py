@@ -68,7 +68,10 @@ def messages_from_column(column: str, row: dict[str, Any]) -> list[dict[str, Any
         try:
             messages = json.loads(messages)
         except json.JSONDecodeError as err:
-            raise ValueError(f"bad messages: column {column!r} is text but not JSON: {err.msg}") from err
+            raise ValueError(
+                f"bad messages: column {column!r} is text but not JSON: {err.msg}; it must hold a "
+                'non-empty list of chat messages, e.g. [{"role": "user", "content": "..."}]'
+            ) from err
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"bad messages: column {column!r} must hold a non-empty list of chat messages")
     for index, message in enumerate(messages):

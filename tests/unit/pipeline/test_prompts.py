@@ -75,7 +75,10 @@ def test_messages_json_text_is_parsed() -> None:
 @pytest.mark.parametrize(
     ("value", "reason"),
     [
-        ("not json [", "bad messages: column 'messages' is text but not JSON: "),
+        (
+            "not json [",
+            "bad messages: column 'messages' is text but not JSON: Expecting value; it must hold a ",
+        ),
         ("", "bad messages: column 'messages' is text but not JSON: "),
         ([], "bad messages: column 'messages' must hold a non-empty list"),
         ("[]", "bad messages: column 'messages' must hold a non-empty list"),
