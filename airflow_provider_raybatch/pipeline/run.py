@@ -382,6 +382,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         engine_sidecars = [part.sidecar for part in engine_parts]
         return run_timings(marks, engine_sidecars, layout_plan.max_replicas, layout_plan.gpus_per_replica)
 
+    pool_used = lease.describe() if lease is not None else None  # the warm pool, if any (engine_pool.py)
     committed = commit.write_version(
         layout,
         spec,
@@ -392,6 +393,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         versions=versions,
         known_parts=[*resumed, *staged_now],  # commit reads back only the sidecars of parts not reported
         timings=timings(),  # for the report: every phase but the commit itself
+        engine_pool=pool_used,
     )
     marks.mark("committed")
     manifest = {
@@ -419,7 +421,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         # where the wall time and the GPUs went (reporting/timings.py)
         "timings": timings(),
         # the warm pool the engine stage ran on, if any: how many replicas were warm (engine_pool.py)
-        "engine_pool": lease.describe() if lease is not None else None,
+        "engine_pool": pool_used,
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
         "job_id": _ray_submission_id(),

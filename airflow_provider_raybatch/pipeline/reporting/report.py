@@ -369,6 +369,52 @@ def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON
     return _section("Where the time went", body, note)
 
 
+def _pool_section(pool: Any) -> str:  # Any: the summary's "engine_pool" (JSON), or None.
+    """The warm pool the engine stage ran on (the manifest's ``engine_pool``): which replicas were warm,
+    and when each replica's engine was built, so that a warm run and a cold one tell themselves apart."""
+    if not isinstance(pool, Mapping):
+        return ""
+    facts = [
+        ("Pool", pool.get("fingerprint")),
+        (
+            "Replicas warm when the job started",
+            f"{_number(pool.get('warm_replicas'))} of {_number(pool.get('replicas'))}",
+        ),
+        ("Kept warm after the last job", _duration(_number_or_none(pool.get("keep_warm_seconds")))),
+    ]
+    rows = "".join(f"<tr><th>{_e(name)}</th><td>{_e('—' if v is None else v)}</td></tr>" for name, v in facts)
+    replicas = [entry for entry in pool.get("replica_timings") or [] if isinstance(entry, Mapping)]
+    replica_rows = "".join(
+        f"<tr><td>{_e(entry.get('replica'))}</td>"
+        + "".join(
+            f"<td class=num>{_e(_signed(entry.get(key)))}</td>"
+            for key in ("engine_start_s", "engine_ready_s")
+        )
+        + f"<td class=num>{_duration(_number_or_none(entry.get('engine_build_seconds')))}</td></tr>"
+        for entry in replicas
+    )
+    table = (
+        "<table><thead><tr><th>replica</th><th class=num>engine start</th><th class=num>engine ready</th>"
+        f"<th class=num>engine build</th></tr></thead><tbody>{replica_rows}</tbody></table>"
+        if replicas
+        else ""
+    )
+    note = (
+        "Start and ready count from when this job asked for its replicas: a negative time is a replica "
+        "an earlier job built (warm)."
+    )
+    return _section("Warm engine pool", f'<table class="facts"><tbody>{rows}</tbody></table>{table}', note)
+
+
+def _number_or_none(value: Any) -> float | None:  # Any: a JSON value.
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _signed(seconds: Any) -> str:  # Any: a JSON number or None.
+    number = _number_or_none(seconds)
+    return "—" if number is None else f"{number:+,.1f} s"
+
+
 def _counts_table(column: str, counts: Mapping[str, int], total: int | None, of: str) -> str:
     """Row counts by name (error kinds, labels: user data), their share of ``total``, and bars
     scaled to the largest count."""
@@ -472,7 +518,8 @@ def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any
     :param summary: the run's facts under the manifest's keys (``model``, ``version``, ``rows_in``,
         ``rows_out``, ``rows_failed``, ``rows_duplicate``, ``rows_resumed``, ``tokens_in``,
         ``tokens_out``, ``wall_seconds``, ``started_at``, ``committed_at``, ``versions``,
-        ``errors_by_reason``, ``generated_text_counts``, the URIs); a missing one shows as "—".
+        ``errors_by_reason``, ``generated_text_counts``, ``timings``, ``engine_pool``, the URIs); a
+        missing one shows as "—".
         ``failed_rows_message`` (the failed-row check's message, or None when the run passed it) shows
         as a banner above everything else.
     :param stats: the sidecars added up (:class:`ReportStats`).
@@ -493,6 +540,7 @@ def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any
             "" if errors else "No failed rows.",
         ),
         _timings_section(summary.get("timings")),
+        _pool_section(summary.get("engine_pool")),
         _histograms_section(stats),
         _throughput_section(stats, epoch_seconds(summary.get("started_at"))),
     ]

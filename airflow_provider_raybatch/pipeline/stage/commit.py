@@ -279,6 +279,7 @@ def write_version(
     versions: Mapping[str, str] | None = None,
     known_parts: Iterable[StagedPart] = (),
     timings: Mapping[str, Any] | None = None,  # Any: JSON values
+    engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
 ) -> CommittedRun:
     """Make the staged parts a version (invisible until :func:`publish`) and write its run report there.
 
@@ -293,6 +294,8 @@ def write_version(
     :param known_parts: parts whose sidecars the caller has (reported by the replicas and the sink,
         read by resume): commit reads only the other sidecars it lists, one GET each.
     :param timings: where the run's time went so far (reporting/timings.py), shown in the report.
+    :param engine_pool: the warm pool the run's engine stage used (the manifest's ``engine_pool``),
+        shown in the report.
     """
     data_uri = staged_data_uri(layout)
     in_place = data_uri != layout.staging_uri  # else a staging from before in-place commits: moved
@@ -329,7 +332,7 @@ def write_version(
     if spec.structured_choices is not None or labels:  # the operator's choice, or rows' own
         run.generated_text_counts = dict(sorted(labels.items()))
     # Rendered before anything moves: a rendering bug must not leave the parts half committed.
-    page = _render_report(run, spec, parts, rows_in, rows_resumed, started_at, versions, timings)
+    page = _render_report(run, spec, parts, rows_in, rows_resumed, started_at, versions, timings, engine_pool)
     for folder in ("outputs", "errors"):
         source = storage.join(data_uri, folder)
         target = storage.join(layout.version_uri(version), folder)
@@ -353,6 +356,7 @@ def _render_report(
     started_at: datetime | None,
     versions: Mapping[str, str] | None,
     timings: Mapping[str, Any] | None = None,  # Any: JSON values
+    engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
 ) -> str | None:
     """The version's report page (see :func:`write_version`), or None, logged, when it cannot be rendered.
 
@@ -384,6 +388,7 @@ def _render_report(
             "committed_at": committed_at.isoformat(timespec="seconds"),
             "wall_seconds": (committed_at - started_at).total_seconds() if started_at else None,
             "timings": dict(timings) if timings is not None else None,
+            "engine_pool": dict(engine_pool) if engine_pool is not None else None,
         }
         return report.render_report(summary, report.ReportStats.of_sidecars(part.sidecar for part in parts))
     except Exception:  # noqa: BLE001 - see the docstring; the manifest then carries report_uri None.

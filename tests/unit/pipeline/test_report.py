@@ -422,3 +422,36 @@ def test_report_of_a_run_without_timings_has_no_such_section(timings: object) ->
     page = render_report({**SUMMARY, "timings": timings}, stats_of_run())
 
     assert "Where the time went" not in page
+
+
+def test_report_of_a_run_on_a_warm_pool_says_which_replicas_were_warm_and_when_each_was_built() -> None:
+    pool = {
+        "fingerprint": "<i>0e15a3f1</i>", "replicas": 2, "warm_replicas": 1, "keep_warm_seconds": 600.0,
+        "replica_timings": [
+            {"replica": 0, "answered": True, "engine_build_seconds": 21.7, "engine_start_s": -53.104,
+             "engine_ready_s": -31.378},
+            {"replica": 1, "answered": True, "engine_build_seconds": 28.6, "engine_start_s": 0.4,
+             "engine_ready_s": 29.0},
+        ],
+    }  # fmt: skip
+
+    page = render_report({**SUMMARY, "engine_pool": pool}, stats_of_run())
+
+    section = page.split("Warm engine pool")[1].split("</section>")[0]
+    assert "<tr><th>Replicas warm when the job started</th><td>1 of 2</td></tr>" in section
+    assert "&lt;i&gt;0e15a3f1&lt;/i&gt;" in section and "<i>" not in section
+    assert (
+        "<td>0</td><td class=num>-53.1 s</td><td class=num>-31.4 s</td><td class=num>21.7 s</td>" in section
+    )
+    assert "<td>1</td><td class=num>+0.4 s</td><td class=num>+29.0 s</td>" in section
+    assert "a negative time is a replica an earlier job built" in section
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [None, "warm", [], {"replica_timings": "x"}, {"keep_warm_seconds": "600", "replica_timings": [{}]}],
+)
+def test_report_of_a_run_on_its_own_engines_has_no_pool_section(pool: object) -> None:
+    page = render_report({**SUMMARY, "engine_pool": pool}, stats_of_run())
+
+    assert ("Warm engine pool" in page) is isinstance(pool, dict)
