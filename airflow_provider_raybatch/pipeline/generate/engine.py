@@ -178,7 +178,12 @@ def use_engine_pool(
         wait for its first row), which the warm replica already holds. False (a batch with images):
         the job keeps Ray Data LLM's stages, ours for the chat template as in :func:`use_our_engine_stage`.
     """
-    from airflow_provider_raybatch.pipeline.generate.engine_pool import RESOURCE_KWARGS, plan_pool
+    from airflow_provider_raybatch.pipeline.generate.engine_pool import (
+        RESOURCE_KWARGS,
+        live_replica_names,
+        plan_pool,
+        ray_is_up,
+    )
     from airflow_provider_raybatch.pipeline.generate.pooled_stage import RaybatchPooledEngineStageUDF
 
     chat_template: dict[str, Any] | None = None  # Any: the chat-template stage's keywords
@@ -206,6 +211,8 @@ def use_engine_pool(
         compile_cache_dir,
         job_runtime_env,
     )
+    if ray_is_up():  # in a job: take the pool's live replicas first (engine_pool.EnginePool.preferring_live)
+        pool = pool.preferring_live(live_replica_names())
     for name in RESOURCE_KWARGS:
         stage.map_batches_kwargs.pop(name, None)  # the dict itself: no validator runs
     stage.map_batches_kwargs["num_cpus"] = 0  # it waits on the pool; the pool's replicas hold the resources

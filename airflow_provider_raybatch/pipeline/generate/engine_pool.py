@@ -45,11 +45,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import job_settings
@@ -90,8 +92,24 @@ class EnginePool:
     names: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        names = tuple(f"{NAME_PREFIX}{self.fingerprint}-{index}" for index in range(self.replicas))
-        object.__setattr__(self, "names", names)
+        if not self.names:  # replicas 0..n-1 unless chosen (preferring_live)
+            names = tuple(f"{NAME_PREFIX}{self.fingerprint}-{index}" for index in range(self.replicas))
+            object.__setattr__(self, "names", names)
+
+    def preferring_live(self, alive: Iterable[str]) -> EnginePool:
+        """This pool with its replicas chosen among ``alive`` names first (lowest index first), then the
+        lowest free indices: a job that asks for fewer replicas than are up uses warm ones, never
+        builds replica 0 while replica 1 idles. Jobs that see the same replicas choose the same."""
+        prefix = f"{NAME_PREFIX}{self.fingerprint}-"
+        live = sorted(
+            int(suffix)
+            for name in alive
+            if name.startswith(prefix) and (suffix := name[len(prefix) :]).isdigit()
+        )
+        chosen = live[: self.replicas]
+        free = (index for index in itertools.count() if index not in live)
+        chosen += [next(free) for _ in range(self.replicas - len(chosen))]
+        return replace(self, names=tuple(f"{prefix}{index}" for index in sorted(chosen)))
 
     def replica(self, index: int) -> Any:  # Any: a Ray actor handle
         """Replica ``index``: the live one, or a new one (its engine starts building now)."""
@@ -115,11 +133,22 @@ class EnginePool:
 
     def existing(self) -> set[str]:
         """The names of this pool's replicas that are alive now."""
-        import ray.util
+        return live_replica_names() & set(self.names)
 
-        alive = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-                 if entry.get("namespace") == NAMESPACE}  # fmt: skip
-        return alive & set(self.names)
+
+def ray_is_up() -> bool:
+    """Whether this process is connected to a Ray cluster (a job's driver; not a build without one)."""
+    import ray
+
+    return bool(ray.is_initialized())
+
+
+def live_replica_names() -> set[str]:
+    """The names of every pool's replicas alive now (Ray's named actors in :data:`NAMESPACE`)."""
+    import ray.util
+
+    return {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+            if entry.get("namespace") == NAMESPACE}  # fmt: skip
 
 
 def pool_fingerprint(
@@ -374,7 +403,8 @@ class PoolLease:
         """Each replica's engine start and ready time (seconds after this lease started; a warm one's
         are negative: an earlier job built it) and its build time."""
         timings = []
-        for index, state in enumerate(self._replica_states):
+        for name, state in zip(self.pool.names, self._replica_states, strict=False):
+            index = int(name.rpartition("-")[2])  # the replica's own index in its pool
             if state is None:
                 timings.append({"replica": index, "answered": False})
                 continue

@@ -80,6 +80,32 @@ def test_the_jobs_own_settings_stay_out_of_the_replica_and_do_not_split_the_pool
     }
 
 
+@pytest.mark.parametrize(
+    ("replicas", "alive", "chosen"),
+    [
+        (1, [], [0]),
+        (1, [1], [1]),  # replica 0 went (a crash, keep_warm_seconds=0): the warm replica 1, not a cold 0
+        (2, [1], [0, 1]),
+        (2, [3, 1, 5], [1, 3]),
+        (3, [4], [0, 1, 4]),
+        (1, ["x", "7a"], [0]),  # not replica names of this pool
+    ],
+)
+def test_a_job_takes_the_pools_live_replicas_first(replicas: int, alive: list, chosen: list[int]) -> None:
+    pool = (
+        _plan() if replicas == 2 else plan_pool(dict(ENGINE), {"num_cpus": 1}, replicas, 60.0, None, JOB_ENV)
+    )
+    prefix = f"raybatch-engine-{pool.fingerprint}-"
+    names = [f"{prefix}{index}" for index in alive]
+    other_pool = ["raybatch-engine-0000000000000000-0"]
+
+    taken = pool.preferring_live([*names, *other_pool])
+
+    assert taken.names == tuple(f"{prefix}{index}" for index in chosen)
+    assert (taken.fingerprint, taken.replicas) == (pool.fingerprint, pool.replicas)
+    assert taken.preferring_live([*names, *other_pool]) == taken  # another job that sees the same, the same
+
+
 def test_a_tensor_parallel_engine_is_not_pooled() -> None:
     with pytest.raises(ValueError, match="one-actor engines"):
         plan_pool(dict(ENGINE), {"ray_remote_args_fn": object()}, 1, 60.0, None, {})
