@@ -1,7 +1,8 @@
 """Two nodes on one machine (the head and a worker raylet of its own): two engine replicas, one per
 node, through Ray's own scheduling; the output is complete and has every row exactly once. The same
 with a warm pool of two replicas (``keep_warm_seconds``) that two concurrent jobs share: one replica
-per node, both built side by side, and the pool gone after its keep-warm window."""
+per node, both built side by side; with replica 0 gone a one-replica job runs warm on replica 1; and
+the pool gone after its keep-warm window."""
 
 from __future__ import annotations
 
@@ -46,14 +47,24 @@ def _operator(tiny_model: Path, folder: Path, **overrides):
     source.write_text(
         "".join(json.dumps({"id": f"t{i:04d}", "text": f"ticket {i}"}) + "\n" for i in range(ROWS))
     )
-    return make_operator(
-        tiny_model, str(source), str(folder / "out"),
+    params = dict(
         messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
         concurrency=(2, 2),  # a fixed pool: both replicas start at once
         replica_resources={"CPU": 1, REPLICA_SLOT: 1},  # one slot per node: one replica per node
         engine_kwargs={"max_model_len": 512, "gpu_memory_utilization": 0.1, "enforce_eager": True},
-        output_format="parquet", **overrides,
+        output_format="parquet",
     )  # fmt: skip
+    return make_operator(tiny_model, str(source), str(folder / "out"), **{**params, **overrides})
+
+
+def _script_job(hook: RayHook, script: str) -> str:
+    """Run ``script`` as a small Ray job of its own (the test process has no Ray); its job id."""
+    import shlex
+    import uuid
+
+    return hook.submit_job(
+        f"python -c {shlex.quote(script)}", submission_id=f"pool-probe-{uuid.uuid4().hex[:8]}"
+    )
 
 
 def _every_row_once(log: str) -> dict:
@@ -91,7 +102,7 @@ def test_two_concurrent_jobs_share_a_warm_pool_of_two_replicas_one_per_node(
     before = set(_actors(hook, "EngineReplica"))
     jobs = {
         day: submit_pipeline(
-            _operator(tiny_model, tmp_path / day, keep_warm_seconds=5, batch_size=8),
+            _operator(tiny_model, tmp_path / day, keep_warm_seconds=120, batch_size=8),
             run_key=f"two-nodes-pool-{day}",
             submission_id=f"raybatch-test-two-nodes-pool-{day}",
         )
@@ -114,7 +125,36 @@ def test_two_concurrent_jobs_share_a_warm_pool_of_two_replicas_one_per_node(
     assert [t["replica"] for t in timings] == [0, 1] and all(t["engine_ready_s"] > 0 for t in timings)
     ready = [t["engine_ready_s"] for t in timings]
     assert pools[0]["replica_ready_skew_s"] == pytest.approx(max(ready) - min(ready), abs=0.002)
-    # keep_warm_seconds=5: both replicas end after the jobs, and their slots are free again.
+
+    # Replica 0 goes (a crash, say); a date that asks for one replica runs warm on replica 1 instead of
+    # building replica 0 again (EnginePool.preferring_live), and its keep_warm_seconds=5 is the pool's now.
+    [replica_0] = [a for a in replicas.values() if a.get("name", "").endswith(f"{pools[0]['fingerprint']}-0")]
+    killed = _script_job(
+        hook, f"import ray; ray.init(); ray.kill(ray.get_actor({replica_0['name']!r}, "
+        "namespace='raybatch_engine_pool'), no_restart=True)"
+    )  # fmt: skip
+    assert wait_for_job(killed).value == "SUCCEEDED", hook.get_job_logs(killed)[-2000:]
+    deadline = time.monotonic() + 60
+    while _actors(hook, "EngineReplica")[replica_0["actor_id"]]["state"] != "DEAD":
+        assert time.monotonic() < deadline, "replica 0 still alive 60 s after ray.kill"
+        time.sleep(1)
+    day3 = submit_pipeline(
+        _operator(tiny_model, tmp_path / "day3", keep_warm_seconds=5, batch_size=8, concurrency=1),
+        run_key="two-nodes-pool-day3", submission_id="raybatch-test-two-nodes-pool-day3",
+    )  # fmt: skip
+    status = wait_for_job(day3)
+    log = hook.get_job_logs(day3)
+    assert status.value == "SUCCEEDED", log[-3000:]
+    third = _every_row_once(log)["engine_pool"]
+    assert (third["fingerprint"], third["replicas"], third["warm_replicas"]) == (
+        pools[0]["fingerprint"],
+        1,
+        1,
+    )
+    assert [t["replica"] for t in third["replica_timings"]] == [1]
+    assert set(_actors(hook, "EngineReplica")) - before == set(replicas)  # no replica built for it
+
+    # keep_warm_seconds=5, the last job's: the replicas end after the jobs, and their slots are free again.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         states = {
