@@ -21,9 +21,9 @@ def test_the_table_is_what_the_modules_read() -> None:
     }
 
 
-#: Text an environment can hold (no NUL), numbers in and out of range, and near misses.
+#: Text an environment can hold (no NUL, no lone surrogate), numbers in and out of range, near misses.
 _VALUES = st.one_of(
-    st.text(st.characters(blacklist_characters="\x00"), max_size=16),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=16),
     st.integers(-5, 10**13).map(str),
     st.sampled_from([" 4 ", "4.0", "+4", "\u0664", "0x10", "1e3", "", " "]),
 )
@@ -56,3 +56,9 @@ def test_a_value_that_is_not_text_is_refused_naming_the_setting() -> None:
 
 def test_other_env_vars_are_not_looked_at() -> None:
     job_settings.check_env_vars({"HF_HOME": "/models", "RAYBATCH_SOMETHING_ELSE": "words"})
+
+
+@pytest.mark.parametrize("value", ["\ud800", "4\x00", "\u0664"])
+def test_text_no_environment_would_take_is_refused_before_submitting(value: str) -> None:
+    with pytest.raises(ValueError, match="RAYBATCH_WARM_WORKERS="):
+        job_settings.check_env_vars({"RAYBATCH_WARM_WORKERS": value})
