@@ -6,6 +6,7 @@ On SQLite, with the repository's dags/ folder and the provider installed; the ca
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -124,8 +125,23 @@ def airflow_standalone(
         yield instance.wait("the API server and the parsed DAGs", ready, timeout=300)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        _end_process_group(process.pid)
         log.close()
+
+
+def _end_process_group(group: int, grace_seconds: float = 30) -> None:
+    """Wait for what is left of the group to end, then kill it. standalone may restart a component
+    that its SIGTERM ended before it ends itself: that scheduler never got the signal, outlived the
+    test with its executor's idle workers (a local CI run, 2026-11-27: a dozen LocalExecutor processes to
+    the run's end)."""
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)

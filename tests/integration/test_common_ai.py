@@ -10,16 +10,18 @@ cluster while it runs (cancelled; the retry submits a job of its own).
 from __future__ import annotations
 
 import json
+import shlex
 import sqlite3
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 # The common-ai extra (scripts/setup_envs.sh installs it): without it these tests fail, never skip.
 import airflow.providers.common.ai  # noqa: F401
 import pytest
 
-from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, REPLICA_SLOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -182,12 +184,41 @@ def _labels(manifest: dict) -> set:
     return {row["output"] for row in rows}
 
 
+#: Holds every engine slot of the cluster for a while (a Ray job of its own): a batch that needs one
+#: stays running, its engine waiting, however fast the machine.
+_HOLD_SLOTS = """
+import ray, time
+ray.init()
+@ray.remote(num_cpus=0, resources={{{slot!r}: 1}})
+def hold():
+    print("HOLDING", flush=True)
+    time.sleep({seconds})
+ray.get([hold.remote() for _ in range({slots})])
+"""
+
+
+def _hold_every_slot(hook, seconds: float) -> None:
+    """Start holding every REPLICA_SLOT of the cluster for ``seconds``; return once all are held."""
+    slots = int(sum(node.resources.get(REPLICA_SLOT, 0) for node in hook.get_cluster_resources().nodes))
+    script = _HOLD_SLOTS.format(slot=REPLICA_SLOT, seconds=seconds, slots=slots)
+    job_id = hook.submit_job(f"python -c {shlex.quote(script)}", submission_id=f"hold-{uuid.uuid4().hex[:8]}")
+    deadline = time.monotonic() + 120
+    while hook.get_job_logs(job_id).count("HOLDING") < slots:
+        assert time.monotonic() < deadline, hook.get_job_logs(job_id)[-2000:]
+        time.sleep(1)
+
+
 def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     airflow_env, ray_cluster, tiny_model, tmp_path
 ) -> None:
     dag_file = _retry_dags(tmp_path)
     env, day, hook = _env(airflow_env, ray_cluster), "2026-11-21", _hook(ray_cluster)
-    process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, _conf(tiny_model, tmp_path))
+    # The batch's engine needs a slot, held for 60 s: its job is still running when try 1's trigger
+    # first looks (30 s, common.ai's least poll interval) and gives up (timeout=20). A job of 4 rows
+    # on an idle machine was done by then (CI, 2026-11-27), and no try re-attached.
+    _hold_every_slot(hook, seconds=60)
+    conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
+    process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, conf)
     log, _ = process.communicate(timeout=840)
     (tmp_path / "dags_test.log").write_text(log)
     assert "state=success" in log, log[-6000:]
