@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: in the job's environment sets it; 0 starts none.
 WARM_WORKERS = 4
 WARM_WORKERS_ENV = "RAYBATCH_WARM_WORKERS"
-WARM_WORKERS_LIMIT = 64
+WARM_WORKERS_LIMIT = job_settings.MAXIMA[WARM_WORKERS_ENV]
 #: How long each warm-up task holds its worker, so that the others cannot reuse it (seconds).
 HOLD_SECONDS = 0.5
 
@@ -49,8 +49,9 @@ def configured_workers(replicas: int = 1) -> int:
 
 def replicas_of(spec: BatchInferenceSpec) -> int:
     """How many engine replicas the spec asks for at most (``concurrency``: n, or (min, max))."""
-    concurrency = spec.concurrency
-    return concurrency if isinstance(concurrency, int) else max(concurrency)
+    from airflow_provider_raybatch.pipeline.generate.engine import fixed_pool
+
+    return fixed_pool(spec.concurrency)[1]
 
 
 def _warm_up(hold_seconds: float) -> int:
