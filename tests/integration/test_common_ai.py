@@ -208,6 +208,11 @@ def _hold_every_slot(hook, seconds: float) -> None:
         time.sleep(1)
 
 
+def _driver_started(hook, job_id: str) -> bool:
+    """Whether the job's driver is running and has logged (a stop then reaches it, not a pending job)."""
+    return hook.get_job_status(job_id) == "RUNNING" and bool(hook.get_job_logs(job_id).strip())
+
+
 def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     airflow_env, ray_cluster, tiny_model, tmp_path
 ) -> None:
@@ -235,13 +240,17 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
 ) -> None:
     dag_file = _retry_dags(tmp_path)
     env, day, hook = _env(airflow_env, ray_cluster), "2026-11-22", _hook(ray_cluster)
-    process = _popen_dags_test(
-        env, dag_file, "common_ai_retry_after_cancel", day, _conf(tiny_model, tmp_path)
-    )
+    # The job is stopped while its driver runs, waiting for a held engine slot. Stopped at once, while
+    # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine (CI, 2026-11-27).
+    _hold_every_slot(hook, seconds=60)
+    conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
+    process = _popen_dags_test(env, dag_file, "common_ai_retry_after_cancel", day, conf)
     try:
         deadline = time.monotonic() + 300
-        while not (jobs := _jobs_of(hook, "common_ai_retry_after_cancel")):
-            assert time.monotonic() < deadline and process.poll() is None, "no Ray job was submitted"
+        while not (jobs := _jobs_of(hook, "common_ai_retry_after_cancel")) or not _driver_started(
+            hook, jobs[0].job_id
+        ):
+            assert time.monotonic() < deadline and process.poll() is None, "no Ray job was running"
             time.sleep(1)
         (first,) = jobs
         assert hook.stop_job(first.job_id)
