@@ -42,9 +42,10 @@ fi
 # neither pass ran one.
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=25)
 set +e
-RAYBATCH_TEST_PART=unit "${PYTEST[@]}" -n "${RAYBATCH_TEST_WORKERS:-2}" "$@"; unit=$?
+# Every test's time is kept in build/junit-<pass>.xml (--durations prints only the slowest).
+RAYBATCH_TEST_PART=unit "${PYTEST[@]}" --junitxml="$ROOT/build/junit-unit.xml" -n "${RAYBATCH_TEST_WORKERS:-2}" "$@"; unit=$?
 if [ "$unit" = 2 ] || [ "$unit" = 3 ] || [ "$unit" = 4 ]; then exit "$unit"; fi  # interrupted, internal or usage error
-RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" "$@"; real=$?
+RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" --junitxml="$ROOT/build/junit-real-parts.xml" "$@"; real=$?
 # The oldest Airflow and Ray we claim, one side at a time (scripts/test_matrix.sh), after a whole run
 # (no pytest arguments) unless RAYBATCH_TEST_MATRIX=0.
 matrix=0

@@ -119,12 +119,18 @@ def test_two_concurrent_jobs_share_a_warm_pool_of_two_replicas_one_per_node(
     assert len(replicas) == 2, replicas  # one pool for both dates, not one each
     assert {a["node_id"] for a in replicas.values()} == {node.node_id for node in two_nodes}
     assert pools[0]["fingerprint"] == pools[1]["fingerprint"] and pools[0]["replicas"] == 2
-    # Both replicas were built while the first date held its lease: their start-ups and how far apart
-    # they became ready are in its manifest.
+    # Both replicas were built for the first date: each one's start-up is in its manifest, or, where the
+    # date's rows were all done on the replica built first (a batch goes only to a built replica), that
+    # the other was still building when it ended; how far apart they became ready where both were.
     timings = pools[0]["replica_timings"]
-    assert [t["replica"] for t in timings] == [0, 1] and all(t["engine_ready_s"] > 0 for t in timings)
-    ready = [t["engine_ready_s"] for t in timings]
-    assert pools[0]["replica_ready_skew_s"] == pytest.approx(max(ready) - min(ready), abs=0.002)
+    assert [t["replica"] for t in timings] == [0, 1], timings
+    built = [t["engine_ready_s"] for t in timings if t["answered"]]
+    assert built and all(ready > 0 for ready in built), timings
+    assert all(t["answered"] or t["building_at_job_end"] for t in timings), timings
+    if len(built) == 2:
+        assert pools[0]["replica_ready_skew_s"] == pytest.approx(max(built) - min(built), abs=0.002)
+    else:
+        assert pools[0]["replica_ready_skew_s"] is None
 
     # Replica 0 goes (a crash, say); a date that asks for one replica runs warm on replica 1 instead of
     # building replica 0 again (EnginePool.preferring_live), and its keep_warm_seconds=5 is the pool's now.

@@ -297,6 +297,9 @@ class PoolLease:
         self._stop.set()
         self._thread.join(timeout=10)
         self._note_when_ready()  # the engine stage may end within a second of the replicas' readiness
+        if self._ready_after is None:  # the job ended on its built replicas while another still built
+            done, _ = ray.wait(self._attaching, num_returns=len(self._attaching), timeout=0)
+            self._replica_states = [_answer(ref) if ref in done else _BUILDING for ref in self._attaching]
         for name in self.pool.names:
             try:
                 ray.get(ray.get_actor(name, namespace=NAMESPACE).release.remote(self.job_id), timeout=10)
@@ -405,8 +408,10 @@ class PoolLease:
         timings = []
         for name, state in zip(self.pool.names, self._replica_states, strict=False):
             index = int(name.rpartition("-")[2])  # the replica's own index in its pool
-            if state is None:
-                timings.append({"replica": index, "answered": False})
+            if state is None or state is _BUILDING:
+                timings.append(
+                    {"replica": index, "answered": False, "building_at_job_end": state is _BUILDING}
+                )
                 continue
             timings.append({
                 "replica": index,
@@ -458,6 +463,11 @@ def _actor_waits_for(needs: dict[str, float]) -> bool:
                                      for name, amount in needs.items() if amount):  # fmt: skip
                 return True
     return False
+
+
+#: A replica's state in the lease when the job ended before its engine was built (the job's rows went
+#: to the replicas that were: pooled_stage routes batches only to built replicas).
+_BUILDING: dict[str, Any] = {}  # Any: JSON values (an identity marker, never filled)
 
 
 def _answer(ref: Any) -> dict[str, Any] | None:  # Any: a Ray object ref; JSON values

@@ -7,15 +7,21 @@ same parts. It never imports vLLM or torch, which is what lets a warm job's firs
 after its start instead of after an engine build.
 
 Each batch goes to one replica, the next batch to the next (from a random first one): a job's stage
-actors spread their batches over the pool. A replica that dies mid-batch (its engine crashed, the
-node went, it was replaced) is replaced here, and its rows of the batch are sent again; commit keeps
-one copy of a row staged twice. After ``RAYBATCH_ENGINE_MAX_RESTARTS`` replacements in one stage
-actor the stage fails, and the job with it, saying so.
+actors spread their batches over the pool. Only a replica whose engine is built takes a batch while
+another is: in a half-warm pool (one replica warm, one building) the warm one takes every batch until
+the other is ready, instead of half the rows waiting out a build (a minute on a GPU). With none
+built yet, the batch goes to whichever is ready first.
+
+A replica that dies mid-batch (its engine crashed, the node went, it was replaced) is replaced here,
+and its rows of the batch are sent again; commit keeps one copy of a row staged twice. After
+``RAYBATCH_ENGINE_MAX_RESTARTS`` replacements in one stage actor the stage fails, and the job with it,
+saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,7 +30,7 @@ import ray
 from ray.llm._internal.batch.stages.base import StatefulStageUDF
 
 from airflow_provider_raybatch.pipeline.generate import engine
-from airflow_provider_raybatch.pipeline.generate.engine_pool import EnginePool
+from airflow_provider_raybatch.pipeline.generate.engine_pool import UP_ANSWER_SECONDS, EnginePool
 from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows
 
 
@@ -46,13 +52,15 @@ class _PoolClient(StatefulStageUDF):
         self._pool = raybatch_pool
         self._job_id = ray.get_runtime_context().get_job_id()
         self._handles: dict[int, Any] = {}  # Any: Ray actor handles, by replica index
+        self._attached: set[Any] = set()  # Any: the Ray actor ids of replicas this actor attached to
+        self._built: dict[int, asyncio.Task[None]] = {}  # by replica index: done once its engine is built
         self._dead: set[Any] = set()  # Any: the Ray actor ids of replicas seen dead
         self._next = random.randrange(raybatch_pool.replicas)
         self._replaced = 0
         self._max_replaced = engine.engine_max_restarts()
 
     async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
-        index, self._next = self._next, (self._next + 1) % self._pool.replicas
+        index = await self._next_built_replica()
         tasks = [asyncio.create_task(self._generate(row, index)) for row in batch]
         try:
             for finished in asyncio.as_completed(tasks):
@@ -61,36 +69,61 @@ class _PoolClient(StatefulStageUDF):
             for task in tasks:
                 task.cancel()
 
+    async def _next_built_replica(self) -> int:
+        """The next replica in turn whose engine is built; with none built yet, the first to be."""
+        turn = [(self._next + step) % self._pool.replicas for step in range(self._pool.replicas)]
+        built = {index: self._built_task(index) for index in turn}
+        if not any(task.done() for task in built.values()):
+            # A built replica answers within milliseconds: waiting for all of them (bounded) first keeps
+            # a fresh stage actor's turns fair; then a batch waits only for the first build to finish.
+            await asyncio.wait(built.values(), timeout=UP_ANSWER_SECONDS)
+            if not any(task.done() for task in built.values()):
+                await asyncio.wait(built.values(), return_when=asyncio.FIRST_COMPLETED)
+        index = next(index for index in turn if built[index].done())
+        self._next = (index + 1) % self._pool.replicas
+        return index
+
+    def _built_task(self, index: int) -> asyncio.Task[None]:
+        if index not in self._built:
+            self._built[index] = asyncio.create_task(self._until_built(index))
+        return self._built[index]
+
+    async def _until_built(self, index: int) -> None:
+        """Returns once replica ``index``'s constructor (its engine build) has returned, or it died: the
+        row sent to a dead one finds it so and replaces it (:meth:`_generate`)."""
+        handle = await self._replica(index)
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            await handle.__ray_ready__.remote()
+
     async def _generate(self, row: dict[str, Any], index: int) -> dict[str, Any]:  # Any: row values.
         while True:
-            handle, new = await self._replica(index)
+            handle = await self._replica(index)
             try:
-                if new:  # a replica this actor has not used yet (the first, or a replacement): hold it
+                if handle._actor_id not in self._attached:  # new to this actor (the first, a replacement)
+                    self._attached.add(handle._actor_id)  # the batch's other rows need not attach it too
                     await handle.attach.remote(self._job_id, self._pool.keep_warm_seconds)
                 return await handle.generate.remote(row, self._job_id)
             except ray.exceptions.RayActorError as err:
                 self._replace(index, handle, err)
 
-    async def _replica(self, index: int) -> tuple[Any, bool]:  # Any: a Ray actor handle
-        """The replica at ``index``, and whether it is new to this actor."""
+    async def _replica(self, index: int) -> Any:  # Any: a Ray actor handle
+        """The replica at ``index``: the one this actor holds, else the live one of its name or a new one."""
         handle: Any = self._handles.get(index)  # Any: a Ray actor handle
         if handle is not None:
-            return handle, False
+            return handle
         handle = self._pool.replica(index)  # the live replica of that name, or a new one
         for _ in range(100):  # until Ray has freed a dead replica's name (it does as the actor dies)
             if handle._actor_id not in self._dead:
                 break
             await asyncio.sleep(0.2)
             handle = self._pool.replica(index)
-        if index in self._handles:  # another row of the batch got one while this one waited
-            return self._handles[index], False
-        self._handles[index] = handle  # the batch's other rows take this one
-        return handle, True
+        return self._handles.setdefault(index, handle)  # another row may have got one while this waited
 
     def _replace(self, index: int, dead: Any, err: BaseException) -> None:  # Any: a Ray actor handle
         if self._handles.get(index) is not dead:
             return  # another row of this actor replaced it already
         del self._handles[index]
+        self._built.pop(index, None)  # its replacement's build is waited for anew
         self._dead.add(getattr(dead, "_actor_id", None))
         self._replaced += 1
         if self._replaced > self._max_replaced:

@@ -390,7 +390,7 @@ def _pool_section(pool: Any) -> str:  # Any: the summary's "engine_pool" (JSON),
             f"<td class=num>{_e(_signed(entry.get(key)))}</td>"
             for key in ("engine_start_s", "engine_ready_s")
         )
-        + f"<td class=num>{_duration(_number_or_none(entry.get('engine_build_seconds')))}</td></tr>"
+        + f"<td class=num>{_build_cell(entry)}</td></tr>"
         for entry in replicas
     )
     table = (
@@ -404,6 +404,13 @@ def _pool_section(pool: Any) -> str:  # Any: the summary's "engine_pool" (JSON),
         "an earlier job built (warm)."
     )
     return _section("Warm engine pool", f'<table class="facts"><tbody>{rows}</tbody></table>{table}', note)
+
+
+def _build_cell(entry: Mapping[str, Any]) -> str:  # Any: JSON values.
+    """A replica's engine build time; one still building when the job ended took none of its rows."""
+    if entry.get("building_at_job_end") is True:
+        return "still building when the job ended (took none of its rows)"
+    return _duration(_number_or_none(entry.get("engine_build_seconds")))
 
 
 def _number_or_none(value: Any) -> float | None:  # Any: a JSON value.

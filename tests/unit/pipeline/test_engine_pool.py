@@ -238,6 +238,9 @@ class Replica:
         self.deaths = deaths
         self.generate = Call(self._generate)
         self.attach = Call(self._attach)
+        self.__ray_ready__ = Call(self._ready)
+    async def _ready(self):
+        return True
     async def _attach(self, job_id, keep_warm):
         if self.deaths and self.deaths[-1] == "attach":
             self.deaths.pop()
@@ -261,7 +264,8 @@ async def run(deaths):
     made.clear()
     client = object.__new__(pooled_stage._PoolClient)
     client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=Pool(deaths), _job_id="job",
-                           _handles={}, _dead=set(), _next=0, _replaced=0, _max_replaced=2)
+                           _handles={}, _attached=set(), _built={}, _dead=set(), _next=0, _replaced=0,
+                           _max_replaced=2)
     rows = [{"source": f"a:{i}", "__idx_in_batch": i} for i in range(3)]
     try:
         out = [row async for row in client.udf(rows)]
@@ -285,6 +289,73 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     # The replica was found dead by the stage's own attach (before any row): replaced the same way.
     on_attach = report["dead_on_attach"]
     assert on_attach["made"] == 2 and on_attach["rows"] == ["actor-1 a:0", "actor-1 a:1", "actor-1 a:2"]
+
+
+_ROUTING = """
+import asyncio, json, socket, time
+import ray
+from airflow_provider_raybatch.pipeline.generate import pooled_stage
+from airflow_provider_raybatch.pipeline.generate.engine_pool import NAMESPACE, EnginePool
+
+@ray.remote(num_cpus=0)
+class BuildingReplica:  # EngineReplica's protocol; its engine takes build_seconds to build
+    def __init__(self, index, build_seconds):
+        self.index = index
+        time.sleep(build_seconds)
+    def attach(self, job_id, keep_warm):
+        return {}
+    def generate(self, row, job_id):
+        return {"__idx_in_batch": row["__idx_in_batch"], "generated_text": f"replica-{self.index}"}
+
+class Pool(EnginePool):
+    def replica(self, index):
+        return BuildingReplica.options(name=self.names[index], namespace=NAMESPACE, get_if_exists=True
+                                       ).remote(index, self.engine_kwargs["build"][index])
+
+def client_of(pool, first):
+    client = object.__new__(pooled_stage._PoolClient)
+    client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=pool, _job_id="job",
+                           _handles={}, _attached=set(), _built={}, _dead=set(), _next=first, _replaced=0,
+                           _max_replaced=2)
+    return client
+
+async def served(pool, first, batches, heard_from_all=False):
+    client = client_of(pool, first)
+    if heard_from_all:  # first hear from every replica (on a loaded machine an answer can take seconds)
+        await asyncio.gather(*(client._built_task(index) for index in range(pool.replicas)))
+    out = []
+    for number in range(batches):
+        rows = [{"source": f"{number}:{i}", "__idx_in_batch": i} for i in range(3)]
+        out.append(sorted({row["generated_text"] async for row in client.udf(rows)}))
+    return out
+
+ray.init(address="local", num_cpus=2, logging_level="ERROR", include_dashboard=False)
+# Half warm: replica 0 is built, replica 1 builds for 600 s. Each batch, from replica 1's turn on,
+# goes to replica 0 (none waits for the build).
+half = Pool("half", 2, {"build": [0, 600]}, {}, None, 0.0)
+ray.get(half.replica(0).__ray_ready__.remote())
+half_warm = asyncio.run(served(half, 1, 4))
+building = not ray.wait([ray.get_actor(half.names[1], namespace=NAMESPACE).__ray_ready__.remote()],
+                        timeout=0)[0]
+# Both built: batches take turns.
+both = Pool("both", 2, {"build": [0, 0]}, {}, None, 0.0)
+ray.get([both.replica(index).__ray_ready__.remote() for index in range(2)])
+both_built = asyncio.run(served(both, 1, 4, heard_from_all=True))
+# None built yet: the batch goes to the first replica to be built (replica 1, in 1 s; replica 0 in 600 s).
+cold = Pool("cold", 2, {"build": [600, 1]}, {}, None, 0.0)
+cold_first = asyncio.run(served(cold, 0, 2))
+print(json.dumps({"half_warm": half_warm, "still_building": building, "both_built": both_built,
+                  "cold_first": cold_first}))
+"""
+
+
+def test_a_batch_goes_to_a_built_replica_never_to_one_still_building() -> None:
+    """A half-warm pool (helper-39's trial): rows sent to the replica still building waited out its build."""
+    report = run_in_ray_env(_ROUTING)
+    assert report["still_building"] is True
+    assert report["half_warm"] == [["replica-0"]] * 4  # replica 1's turns went to replica 0
+    assert report["both_built"] == [["replica-1"], ["replica-0"], ["replica-1"], ["replica-0"]]  # turns
+    assert report["cold_first"] == [["replica-1"]] * 2
 
 
 _RENDER = """

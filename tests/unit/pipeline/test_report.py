@@ -447,6 +447,24 @@ def test_report_of_a_run_on_a_warm_pool_says_which_replicas_were_warm_and_when_e
     assert "a negative time is a replica an earlier job built" in section
 
 
+def test_report_says_a_replica_still_building_when_the_job_ended_took_none_of_its_rows() -> None:
+    pool = {
+        "fingerprint": "0e15a3f1", "replicas": 2, "warm_replicas": 1, "keep_warm_seconds": 600.0,
+        "replica_timings": [
+            {"replica": 0, "answered": True, "engine_build_seconds": 21.7, "engine_start_s": -53.104,
+             "engine_ready_s": -31.378},
+            {"replica": 1, "answered": False, "building_at_job_end": True},
+        ],
+    }  # fmt: skip
+
+    section = render_report({**SUMMARY, "engine_pool": pool}, stats_of_run()).split("Warm engine pool")[1]
+
+    assert (
+        "<td>1</td><td class=num>—</td><td class=num>—</td>"
+        "<td class=num>still building when the job ended (took none of its rows)</td>"
+    ) in section
+
+
 @pytest.mark.parametrize(
     "pool",
     [None, "warm", [], {"replica_timings": "x"}, {"keep_warm_seconds": "600", "replica_timings": [{}]}],
