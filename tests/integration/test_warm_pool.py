@@ -133,6 +133,7 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
                               runtime_env={"env_vars": {"RAYBATCH_WARM_WORKERS": "2"}})  # fmt: skip
     warm = _committed(tmp_path, "second", second, second_ids)["engine_pool"]
     assert (warm["fingerprint"], warm["warm_replicas"]) == (cold["fingerprint"], 1)
+    assert [timing["rows"] for timing in warm["replica_timings"]] == [40]  # the replica's share: all
     assert "Starting 2 warm workers for this job" in RayHook().get_job_logs(second)
     [replica] = _pool()
     assert (replica["jobs_served"], replica["rows_done"]) == (2, 80)  # the same engine, not a new one

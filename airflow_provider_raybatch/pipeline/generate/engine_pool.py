@@ -75,6 +75,8 @@ MAKE_ROOM_AFTER_SECONDS = 5.0
 UP_ANSWER_SECONDS = 0.5
 #: How long make_room waits for an idle replica of another pool to say whether it ends.
 RETIRE_ANSWER_SECONDS = 3.0
+#: How long a job's end waits for its built replicas to take back its lease (they answer at once).
+RELEASE_ANSWER_SECONDS = 10.0
 #: How long an attaching job waits for a warm replica's health check before it replaces the replica.
 HEALTH_TIMEOUT_SECONDS = 30.0
 
@@ -279,6 +281,7 @@ class PoolLease:
         self._replaced: list[str] = []
         self._ended_for_room: list[str] = []
         self._attaching: list[Any] = []  # Any: Ray object refs of the first attach calls
+        self._rows_by_replica: dict[str, int | None] = {}  # the job's rows each replica answered
         self._thread = threading.Thread(target=self._keep, name="raybatch-pool-lease", daemon=True)
 
     def start(self) -> PoolLease:
@@ -297,14 +300,23 @@ class PoolLease:
         self._stop.set()
         self._thread.join(timeout=10)
         self._note_when_ready()  # the engine stage may end within a second of the replicas' readiness
+        done, _ = ray.wait(self._attaching, num_returns=len(self._attaching), timeout=0)
         if self._ready_after is None:  # the job ended on its built replicas while another still built
-            done, _ = ray.wait(self._attaching, num_returns=len(self._attaching), timeout=0)
             self._replica_states = [_answer(ref) if ref in done else _BUILDING for ref in self._attaching]
+        built = {name for name, ref in zip(self.pool.names, self._attaching, strict=True) if ref in done}
+        releases = {}
         for name in self.pool.names:
-            try:
-                ray.get(ray.get_actor(name, namespace=NAMESPACE).release.remote(self.job_id), timeout=10)
-            except Exception:  # noqa: BLE001 - gone already: nothing to release
-                continue
+            with contextlib.suppress(ValueError):  # gone already: nothing to release
+                releases[name] = ray.get_actor(name, namespace=NAMESPACE).release.remote(self.job_id)
+        # Only the built replicas' answers are waited for (bounded): one still building answers once
+        # built, and the job must not wait for that (helper-40's trial: ~10 s at the end of each job on
+        # a half-warm pool). Should this driver end first, its lease there lapses (LEASE_SECONDS).
+        waited = [ref for name, ref in releases.items() if name in built]
+        ray.wait(waited, num_returns=len(waited), timeout=RELEASE_ANSWER_SECONDS)
+        for name, ref in releases.items():
+            if name in built:
+                answer = _answer(ref, timeout=0)
+                self._rows_by_replica[name] = answer.get("rows") if answer else None
 
     def describe(self) -> dict[str, Any]:  # Any: JSON values.
         timings = self._replica_timings()
@@ -404,18 +416,21 @@ class PoolLease:
 
     def _replica_timings(self) -> list[dict[str, Any]]:  # Any: JSON values.
         """Each replica's engine start and ready time (seconds after this lease started; a warm one's
-        are negative: an earlier job built it) and its build time."""
+        are negative: an earlier job built it), its build time, and how many of the job's rows it
+        answered (None where it could not say: it died, or did not answer in time)."""
         timings = []
         for name, state in zip(self.pool.names, self._replica_states, strict=False):
             index = int(name.rpartition("-")[2])  # the replica's own index in its pool
             if state is None or state is _BUILDING:
-                timings.append(
-                    {"replica": index, "answered": False, "building_at_job_end": state is _BUILDING}
-                )
+                building = state is _BUILDING  # then it took none of the job's rows (pooled_stage)
+                rows = 0 if building else self._rows_by_replica.get(name)
+                timings.append({"replica": index, "answered": False, "building_at_job_end": building,
+                                "rows": rows})  # fmt: skip
                 continue
             timings.append({
                 "replica": index,
                 "answered": True,
+                "rows": self._rows_by_replica.get(name),
                 "engine_start_s": round(state["engine_started_at"] - self._started_at, 3),
                 "engine_ready_s": round(state["engine_ready_at"] - self._started_at, 3),
                 "engine_build_seconds": state["engine_build_seconds"],
@@ -470,12 +485,12 @@ def _actor_waits_for(needs: dict[str, float]) -> bool:
 _BUILDING: dict[str, Any] = {}  # Any: JSON values (an identity marker, never filled)
 
 
-def _answer(ref: Any) -> dict[str, Any] | None:  # Any: a Ray object ref; JSON values
-    """A replica's answer to the lease's first attach; None if it died before answering."""
+def _answer(ref: Any, timeout: float = 5.0) -> dict[str, Any] | None:  # Any: a Ray object ref; JSON values
+    """A replica's answer to one of the lease's calls; None if it died (or had not answered) by then."""
     import ray
 
     try:
-        answer: dict[str, Any] = ray.get(ref, timeout=5)
+        answer: dict[str, Any] = ray.get(ref, timeout=timeout)
     except Exception:  # noqa: BLE001 - dead or gone: the engine stage replaces it
         return None
     return answer

@@ -88,6 +88,7 @@ class EngineReplica:
         self._last_active = time.monotonic()
         self._jobs_served: list[str] = []
         self._rows_done = 0
+        self._rows_by_job: dict[str, int] = {}  # job id -> rows answered for it, until it releases
         self._watch: asyncio.Task[None] | None = None
         self._retiring = False
         # Ray runs an async actor's __init__ on the actor's event loop: the watch starts with the
@@ -109,12 +110,14 @@ class EngineReplica:
             self._watch = asyncio.get_running_loop().create_task(self._watch_leases())
         return state
 
-    async def release(self, job_id: str) -> None:
+    async def release(self, job_id: str) -> dict[str, int]:
         """``job_id`` is done or stopped: its lease ends now and its requests still in the engine are
-        cancelled (a finished job has none); the keep-warm window starts once nothing is in flight."""
+        cancelled (a finished job has none); the keep-warm window starts once nothing is in flight.
+        Returns how many of the job's rows this replica answered (the manifest's per-replica share)."""
         self._leases.pop(job_id, None)
         self._cancel(job_id, "released its lease")
         self._last_active = time.monotonic()
+        return {"rows": self._rows_by_job.pop(job_id, 0)}
 
     async def generate(self, row: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: row values.
         """Ray Data LLM's per-row call on this engine: the row's engine output (an error row on failure)."""
@@ -133,6 +136,7 @@ class EngineReplica:
                 del self._in_flight[job_id]
             self._last_active = time.monotonic()
         self._rows_done += 1
+        self._rows_by_job[job_id] = self._rows_by_job.get(job_id, 0) + 1
         return _portable(output)
 
     def _render(self, row: dict[str, Any]) -> dict[str, Any] | None:  # Any: row values.
@@ -203,6 +207,7 @@ class EngineReplica:
             for job_id, ends in list(self._leases.items()):
                 if ends < now:  # its driver stopped renewing: stopped or killed
                     del self._leases[job_id]
+                    self._rows_by_job.pop(job_id, None)
                     self._cancel(job_id, "stopped renewing its lease")
             idle = not self._leases and not self._in_flight
             if not self._jobs_served:  # nobody attached yet: its creator's attach may still come

@@ -137,8 +137,8 @@ class Engine:  # Ray Data LLM's UDF: rows of job "stuck" never finish; the other
 replica = object.__new__(EngineReplica)
 replica.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0, _keep_warm_seconds=0.0,
                         _engine_started_at=0.0, _engine_ready_at=1.0,
-                        _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _watch=None,
-                        _retiring=False, _chat_template=None,
+                        _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _rows_by_job={},
+                        _watch=None, _retiring=False, _chat_template=None,
                         _last_active=0.0)
 retired = []
 replica._retire = lambda why: (retired.append(why), setattr(replica, "_retiring", True))
@@ -157,7 +157,7 @@ async def main():
         await asyncio.sleep(0.1)
     cancelled = stuck.cancelled()
     retired_while_leased = list(retired)
-    await replica.release("live")
+    released = await replica.release("live")
     await asyncio.sleep(0.6)
     after = replica._state()
     # A stopped job's driver releases its lease: what it still had in the engine is cancelled at once.
@@ -165,7 +165,7 @@ async def main():
     await replica.attach("stopped", keep_warm_seconds=60.0)
     stopped = loop.create_task(replica.generate({"source": "s:2", "job": "stuck"}, "stopped"))
     await asyncio.sleep(0.1)
-    await replica.release("stopped")
+    released_stopped = await replica.release("stopped")
     await asyncio.sleep(0.05)
     # A retiring replica takes no new row: the call waits for the actor's end (its caller then replaces
     # the replica) instead of answering from an engine that is shutting down.
@@ -176,7 +176,8 @@ async def main():
         late = "waited"
     return {"before": before, "answer": answer, "busy": busy, "idle_refused": idle_refused,
             "cancelled": cancelled, "retired_while_leased": retired_while_leased, "retired": list(retired),
-            "after": after, "stopped_cancelled": stopped.cancelled(), "late": late}
+            "after": after, "stopped_cancelled": stopped.cancelled(), "late": late, "released": released,
+            "released_stopped": released_stopped, "rows_by_job_left": replica._rows_by_job}
 
 report = asyncio.run(main())
 
@@ -210,6 +211,9 @@ def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_aft
     assert report["cancelled"] is True and report["retired_while_leased"] == []
     assert report["retired"][0] == "idle for 0.3 s (keep_warm_seconds)"
     assert report["stopped_cancelled"] is True  # released by a stopped job: its rows no longer generate
+    # Its release tells a job how many of its rows the replica answered, and forgets the job.
+    assert report["released"] == {"rows": 1} and report["released_stopped"] == {"rows": 0}
+    assert report["rows_by_job_left"] == {}
     assert report["late"] == "waited"  # a retiring replica answers no row
     # No job ever attached (its creator died mid-build): it ended after the lease time (0.5 s here).
     assert report["orphan_retired"].startswith("no job attached within")
@@ -416,6 +420,7 @@ class FakeReplica:  # EngineReplica's protocol, with an engine that takes build_
                 "engine_build_seconds": round(self.ready - self.started, 3)}
     def release(self, job_id):
         self.leases.discard(job_id)
+        return {"rows": 7}
     def retire_if_idle(self):
         if self.leases:
             return False
@@ -426,10 +431,12 @@ class Pool(EnginePool):
     def replica(self, index):
         return FakeReplica.options(name=self.names[index], namespace=NAMESPACE, lifetime="detached",
                                    get_if_exists=True, **self.actor_options
-                                   ).remote(self.engine_kwargs["build"])
+                                   ).remote(self.engine_kwargs["build"][index])
 
-def pool(fingerprint, replicas, build):
-    return Pool(fingerprint, replicas, {"build": build}, {"num_cpus": 0, "resources": {"slot": 1}}, None, 0.0)
+def pool(fingerprint, replicas, build):  # build: seconds, or each replica's
+    builds = build if isinstance(build, list) else [build] * replicas
+    options = {"num_cpus": 0, "resources": {"slot": 1}}
+    return Pool(fingerprint, replicas, {"build": builds}, options, None, 0.0)
 
 def lease_of(pool):
     lease = PoolLease(pool).start()
@@ -458,8 +465,19 @@ for name in after_placed:
         ray.kill(ray.get_actor(name, namespace=NAMESPACE))
 time.sleep(1)
 crowded = lease_of(pool("third", 3, 0.5))
+after_crowded = alive()
+# The job ends (on replica 0) while replica 1 still builds: the lease's end does not wait for it.
+for name in after_crowded:
+    ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+time.sleep(1)
+half = pool("half", 2, [0.0, 120.0])
+lease = PoolLease(half).start()
+ray.get(lease._attaching[0])
+lease.stop()
+building_after_stop = not engine_pool._is_up(ray.get_actor(half.names[1], namespace=NAMESPACE))
 print(json.dumps({"placed": placed, "after_placed": after_placed, "crowded": crowded,
-                  "after_crowded": alive()}))
+                  "after_crowded": after_crowded, "half": lease.describe(),
+                  "building_after_stop": building_after_stop}))
 """
 
 
@@ -481,3 +499,12 @@ def test_a_lease_reports_each_replicas_start_and_makes_room_only_for_a_replica_t
     assert crowded["ended_for_room"] == ["raybatch-engine-other-0"]
     assert "raybatch-engine-other-0" not in report["after_crowded"]
     assert crowded["replica_ready_skew_s"] >= 0.4  # the third replica started only once room was made
+    # A job that ended on replica 0 while replica 1 still built (helper-40's trial: its end waited ~10 s
+    # for replica 1): the lease let go at once; each replica says how many of the job's rows it answered.
+    assert report["building_after_stop"] is True
+    half = report["half"]
+    assert [(t["replica"], t["answered"], t["rows"]) for t in half["replica_timings"]] == [
+        (0, True, 7),
+        (1, False, 0),
+    ]
+    assert half["replica_timings"][1]["building_at_job_end"] is True and half["replicas_ready_s"] is None

@@ -429,7 +429,7 @@ def test_report_of_a_run_on_a_warm_pool_says_which_replicas_were_warm_and_when_e
         "fingerprint": "<i>0e15a3f1</i>", "replicas": 2, "warm_replicas": 1, "keep_warm_seconds": 600.0,
         "replica_timings": [
             {"replica": 0, "answered": True, "engine_build_seconds": 21.7, "engine_start_s": -53.104,
-             "engine_ready_s": -31.378},
+             "engine_ready_s": -31.378, "rows": 1450},
             {"replica": 1, "answered": True, "engine_build_seconds": 28.6, "engine_start_s": 0.4,
              "engine_ready_s": 29.0},
         ],
@@ -441,9 +441,14 @@ def test_report_of_a_run_on_a_warm_pool_says_which_replicas_were_warm_and_when_e
     assert "<tr><th>Replicas warm when the job started</th><td>1 of 2</td></tr>" in section
     assert "&lt;i&gt;0e15a3f1&lt;/i&gt;" in section and "<i>" not in section
     assert (
-        "<td>0</td><td class=num>-53.1 s</td><td class=num>-31.4 s</td><td class=num>21.7 s</td>" in section
+        "<td>0</td><td class=num>-53.1 s</td><td class=num>-31.4 s</td><td class=num>21.7 s</td>"
+        "<td class=num>1,450</td>"
+    ) in section
+    # A manifest from before rows were counted per replica (or one that could not say): a dash.
+    assert (
+        "<td>1</td><td class=num>+0.4 s</td><td class=num>+29.0 s</td><td class=num>28.6 s</td>"
+        "<td class=num>—</td>" in section
     )
-    assert "<td>1</td><td class=num>+0.4 s</td><td class=num>+29.0 s</td>" in section
     assert "a negative time is a replica an earlier job built" in section
 
 
@@ -453,7 +458,7 @@ def test_report_says_a_replica_still_building_when_the_job_ended_took_none_of_it
         "replica_timings": [
             {"replica": 0, "answered": True, "engine_build_seconds": 21.7, "engine_start_s": -53.104,
              "engine_ready_s": -31.378},
-            {"replica": 1, "answered": False, "building_at_job_end": True},
+            {"replica": 1, "answered": False, "building_at_job_end": True, "rows": 0},
         ],
     }  # fmt: skip
 
@@ -461,7 +466,7 @@ def test_report_says_a_replica_still_building_when_the_job_ended_took_none_of_it
 
     assert (
         "<td>1</td><td class=num>—</td><td class=num>—</td>"
-        "<td class=num>still building when the job ended (took none of its rows)</td>"
+        "<td class=num>still building when the job ended (took none of its rows)</td><td class=num>0</td>"
     ) in section
 
 
