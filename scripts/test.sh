@@ -37,15 +37,18 @@ if [ $# = 0 ] && [ "${RAYBATCH_TEST_MATRIX:-1}" != 0 ]; then
   PREPARE_PID=$!
 fi
 # Two passes (tests/conftest.py's RAYBATCH_TEST_PART): the unit tests in two pytest-xdist workers
-# (RAYBATCH_TEST_WORKERS), then the tests on the real parts (one Ray head, one Airflow, one S3 server on
-# fixed ports) one at a time. A pass that selects no test (pytest's exit 5) is not a failure, unless
-# neither pass ran one.
+# (RAYBATCH_TEST_WORKERS), then the tests on the real parts (a Ray head, Airflow, an S3 server). A pass
+# that selects no test (pytest's exit 5) is not a failure, unless neither pass ran one.
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=25)
 set +e
 # Every test's time is kept in build/junit-<pass>.xml (--durations prints only the slowest).
 RAYBATCH_TEST_PART=unit "${PYTEST[@]}" --junitxml="$ROOT/build/junit-unit.xml" -n "${RAYBATCH_TEST_WORKERS:-2}" "$@"; unit=$?
 if [ "$unit" = 2 ] || [ "$unit" = 3 ] || [ "$unit" = 4 ]; then exit "$unit"; fi  # interrupted, internal or usage error
-RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" --junitxml="$ROOT/build/junit-real-parts.xml" "$@"; real=$?
+# The tests on the real parts in RAYBATCH_REAL_PARTS_WORKERS workers (default 2; 0: one process), each
+# with its own Ray head and S3 server and taking whole test files (a file's own servers use fixed ports).
+REAL_WORKERS=${RAYBATCH_REAL_PARTS_WORKERS:-2}
+REAL_DIST=(); if [ "$REAL_WORKERS" != 0 ]; then REAL_DIST=(-n "$REAL_WORKERS" --dist loadfile); fi
+RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" --junitxml="$ROOT/build/junit-real-parts.xml" "${REAL_DIST[@]}" "$@"; real=$?
 # The oldest Airflow and Ray we claim, one side at a time (scripts/test_matrix.sh), after a whole run
 # (no pytest arguments) unless RAYBATCH_TEST_MATRIX=0.
 matrix=0

@@ -35,10 +35,20 @@ def cluster_ray_version() -> str:
 
 
 AIRFLOW_BIN = Path(sys.executable).parent / "airflow"
+
+
+def _worker_port_offset() -> int:
+    """pytest-xdist's worker N (``gwN``) runs its own Ray head and S3 server, on ports 200 x N up: the
+    real-parts pass runs test files in two workers (scripts/test.sh), each file in one of them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return 200 * int(worker) if worker.isdigit() else 0
+
+
 # The test cluster's ports and Ray folder; RAYBATCH_TEST_PORTS=<dashboard>,<gcs>,<client> moves them, to
 # run a few tests beside another test run on the same machine.
 DASHBOARD_PORT, GCS_PORT, CLIENT_PORT = (
-    int(port) for port in os.environ.get("RAYBATCH_TEST_PORTS", "8275,6390,23001").split(",")
+    int(port) + _worker_port_offset()
+    for port in os.environ.get("RAYBATCH_TEST_PORTS", "8275,6390,23001").split(",")
 )
 RAY_TEMP_DIR = "/tmp/ray-raybatch-tests" + ("" if DASHBOARD_PORT == 8275 else f"-{DASHBOARD_PORT}")
 
@@ -95,13 +105,14 @@ def on_real_parts(item: pytest.Item) -> bool:
 
 
 def _refuse_workers_on_the_real_parts(config: pytest.Config) -> None:
-    """The real parts listen on fixed ports: two workers would each start them (``-n`` meant for the
-    unit tests, passed through scripts/test.sh to both passes)."""
+    """Each worker starts its own Ray head and S3 server (:func:`_worker_port_offset`), but a test
+    file's own servers listen on fixed ports: the real parts' workers must take whole files."""
     workers = getattr(config.option, "numprocesses", None)
-    if os.environ.get(TEST_PART_ENV) == "real_parts" and workers not in (None, 0, "0"):
+    dist = getattr(config.option, "dist", "no")
+    if os.environ.get(TEST_PART_ENV) == "real_parts" and workers not in (None, 0, "0") and dist != "loadfile":
         raise pytest.UsageError(
-            f"The tests on the real parts run in one process (fixed ports), not with -n {workers}: "
-            "scripts/test.sh gives the unit tests RAYBATCH_TEST_WORKERS workers."
+            f"The tests on the real parts run in workers only with --dist loadfile (a file's own servers "
+            f"listen on fixed ports), not -n {workers} --dist {dist}."
         )
 
 
@@ -284,7 +295,7 @@ def wait_for_job(job_id: str, timeout: float = 840):
 
 # -- S3: a real S3-compatible server (moto in server mode) on loopback ----------------------------
 
-S3_PORT = 8295
+S3_PORT = 8295 + _worker_port_offset()
 S3_ACCESS_KEY = "AKIARAYBATCHTEST0001"
 #: A secret that must never show up anywhere: the leak tests search for it.
 S3_SECRET_KEY = "rbSecret/" + "9f3c1e7a5b2d4f6e8a0c1b3d5e7f9a2c4e6b8d0f"
