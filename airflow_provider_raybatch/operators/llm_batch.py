@@ -548,10 +548,11 @@ class RayLLMBatchOperator(BaseOperator):
         if spec.dry_run:
             return self._dry_run_complete(manifest, spec, job_id)
         ti.xcom_push(key="output_uri", value=manifest["output_uri"])
+        duplicates = int(manifest.get("rows_duplicate") or 0)
         self.log.info(
-            "Ray job %s done: %d rows in, %d out, %d failed; output at %s.",
+            "Ray job %s done: %d rows in, %d out, %d failed%s; output at %s.",
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"],
-            manifest["output_uri"],
+            f" ({duplicates} of them repeated ids)" if duplicates else "", manifest["output_uri"],
         )  # fmt: skip
         if (timings := describe_timings(manifest.get("timings"))) is not None:
             self.log.info("Ray job %s took: %s.", job_id, timings)

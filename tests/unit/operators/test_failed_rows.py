@@ -16,6 +16,7 @@ import httpx
 import pytest
 import respx
 from airflow.sdk import Asset
+from structlog.testing import capture_logs
 
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError
 from airflow_provider_raybatch.manifest import failed_rows_verdict, manifest_log_line
@@ -243,3 +244,18 @@ def test_the_thresholds_are_templated(name: str, text: str, expected: float | No
 def test_an_invalid_threshold_names_the_parameter(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(BatchSpecError, match=fragment):
         make_operator(**kwargs).build_spec()
+
+
+def test_the_done_line_says_how_many_failed_rows_are_repeated_ids(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
+    """The thresholds leave repeated ids out: the log's failed count says how many of them it holds."""
+    with capture_logs() as events:
+        complete(ray_conn, ray_api, run_manifest(30, 11, duplicates=7), max_failed_fraction=1.0)
+        complete(ray_conn, ray_api, run_manifest(30, 4), max_failed_fraction=1.0)
+
+    lines = [event["event"] % tuple(event.get("positional_args", ())) for event in events]
+    assert [line for line in lines if line.startswith("Ray job j1 done")] == [
+        "Ray job j1 done: 30 rows in, 19 out, 11 failed (7 of them repeated ids); output at s3://b/out/.",
+        "Ray job j1 done: 30 rows in, 26 out, 4 failed; output at s3://b/out/.",
+    ]
