@@ -311,12 +311,11 @@ class PoolLease:
         # Only the built replicas' answers are waited for (bounded): one still building answers once
         # built, and the job must not wait for that (helper-40's trial: ~10 s at the end of each job on
         # a half-warm pool). Should this driver end first, its lease there lapses (LEASE_SECONDS).
-        waited = [ref for name, ref in releases.items() if name in built]
-        ray.wait(waited, num_returns=len(waited), timeout=RELEASE_ANSWER_SECONDS)
-        for name, ref in releases.items():
-            if name in built:
-                answer = _answer(ref, timeout=0)
-                self._rows_by_replica[name] = answer.get("rows") if answer else None
+        waited = {name: ref for name, ref in releases.items() if name in built}
+        ray.wait(list(waited.values()), num_returns=len(waited), timeout=RELEASE_ANSWER_SECONDS)
+        for name, ref in waited.items():
+            answer = _answer(ref, timeout=0)
+            self._rows_by_replica[name] = answer.get("rows") if answer else None
 
     def describe(self) -> dict[str, Any]:  # Any: JSON values.
         timings = self._replica_timings()

@@ -391,7 +391,7 @@ def _pool_section(pool: Any) -> str:  # Any: the summary's "engine_pool" (JSON),
             for key in ("engine_start_s", "engine_ready_s")
         )
         + f"<td class=num>{_build_cell(entry)}</td>"
-        + f"<td class=num>{_e(_count_or_dash(entry.get('rows')))}</td></tr>"
+        + f"<td class=num>{_e(_number(entry.get('rows')))}</td></tr>"
         for entry in replicas
     )
     table = (
@@ -413,10 +413,6 @@ def _build_cell(entry: Mapping[str, Any]) -> str:  # Any: JSON values.
     if entry.get("building_at_job_end") is True:
         return "still building when the job ended (took none of its rows)"
     return _duration(_number_or_none(entry.get("engine_build_seconds")))
-
-
-def _count_or_dash(value: Any) -> str:  # Any: a JSON value.
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "—"
 
 
 def _number_or_none(value: Any) -> float | None:  # Any: a JSON value.
