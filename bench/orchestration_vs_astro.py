@@ -277,7 +277,10 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def summarize(runs: list[dict[str, Any]], configs: list[Config]) -> tuple[dict[str, Any], str]:  # Any: JSON
+def summarize(
+    runs: list[dict[str, Any]], configs: list[Config], metrics: list[tuple[str, str]] = METRICS
+) -> tuple[dict[str, Any], str]:  # Any: JSON
+    """Medians (min-max) of each metric per configuration, and the markdown table of them."""
     summary: dict[str, Any] = {}  # Any: JSON
     for run in runs:
         if run.get("task_start_to_code_s") is not None and run.get("task_minus_job_s") is not None:
@@ -286,7 +289,7 @@ def summarize(runs: list[dict[str, Any]], configs: list[Config]) -> tuple[dict[s
         ok = [r for r in runs if r["config"] == config.name and "error" not in r]
         summary[config.name] = {
             key: _stats([r[key] for r in ok if r.get(key) is not None])
-            for key, _ in METRICS
+            for key, _ in metrics
             if any(r.get(key) is not None for r in ok)
         }
         summary[config.name]["failed_runs"] = sum(
@@ -299,7 +302,7 @@ def summarize(runs: list[dict[str, Any]], configs: list[Config]) -> tuple[dict[s
     lines.append("| runs ok / failed | " + " | ".join(
         f"{summary[c.name].get('task_minus_job_s', {}).get('n', 0)} / {summary[c.name]['failed_runs']}"
         for c in configs) + " |")  # fmt: skip
-    for key, label in METRICS:
+    for key, label in metrics:
         cells = []
         for config in configs:
             s = summary[config.name].get(key)

@@ -4,6 +4,8 @@
   ``RayJobSensor`` (deferrable) waits for it: at its default ``poke_interval`` (Airflow's 60 s) and 5 s.
 - ``orch_llm_*``: ``RayLLMBatchOperator`` (deferrable) on the tiny model, at the default pace
   (``poll_interval_seconds=None``) and 5 s; the job is the batch pipeline, not the trivial job.
+- ``orch_llm_worker``: the same operator with every setting at its default: ``deferrable`` is then
+  Airflow's ``[operators] default_deferrable`` (False), so the task waits in its worker.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ def _sensor_dag(dag_id: str, **kwargs: Any) -> None:  # Any: BaseSensorOperator'
     _sensor()
 
 
-def _llm_dag(dag_id: str, **kwargs: Any) -> None:  # Any: the operator's arguments.
+def _llm_dag(dag_id: str, deferrable: bool | None = True, **kwargs: Any) -> None:  # Any: its arguments
+    """:param deferrable: None leaves the operator's default (Airflow's ``default_deferrable``)."""
+    if deferrable is not None:
+        kwargs["deferrable"] = deferrable
+
     @dag(
         dag_id=dag_id,
         schedule=None,
@@ -65,7 +71,6 @@ def _llm_dag(dag_id: str, **kwargs: Any) -> None:  # Any: the operator's argumen
             id_column="Customer Id",
             keep_columns=["Company", "Country"],
             batch_size=64,
-            deferrable=True,
             **kwargs,
         )  # fmt: skip
 
@@ -76,3 +81,4 @@ _sensor_dag("orch_sensor_default")
 _sensor_dag("orch_sensor_poll5", poke_interval=5)
 _llm_dag("orch_llm_default")
 _llm_dag("orch_llm_poll5", poll_interval_seconds=5)
+_llm_dag("orch_llm_worker", deferrable=None)
