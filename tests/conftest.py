@@ -293,6 +293,14 @@ def wait_for_job(job_id: str, timeout: float = 840):
     return status
 
 
+def engine_plan(driver_log: str) -> str:
+    """The operators of the job's engine dataset, from Ray Data's "Execution plan" line in its log."""
+    plans = [line.split("Execution plan of Dataset ", 1)[1] for line in driver_log.splitlines()
+             if "Execution plan of Dataset " in line]  # fmt: skip
+    [plan] = [plan.split(": ", 1)[1] for plan in plans if "EngineStage" in plan]
+    return plan
+
+
 # -- S3: a real S3-compatible server (moto in server mode) on loopback ----------------------------
 
 S3_PORT = 8295 + _worker_port_offset()

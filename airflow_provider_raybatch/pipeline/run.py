@@ -335,10 +335,12 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
              len(done_sources), todo)  # fmt: skip
     marks.mark("rows_ready")
 
-    accepted = prepared.filter(lambda row: row["error"] is None)
     rejected = prepared.filter(lambda row: row["error"] is not None)
     # Without duplicates or resumed rows the scan's error count holds: no dataset pass per count.
     rejected_rows = errors if not (repeated_ids or done_sources) else rejected.count()
+    # No row rejected: the engine takes every prepared row, with no filter pass ahead of it (one Ray
+    # Data operator fewer, its tasks and their processes, between a warm job's start and its first row).
+    accepted = prepared.filter(lambda row: row["error"] is None) if rejected_rows else prepared
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     lease: PoolLease | None = None  # the job's hold on a warm pool, if it runs on one
     staged_now: list[commit.StagedPart] = []  # this try's parts, as the sink and the replicas report them

@@ -18,7 +18,14 @@ import pytest
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, cluster_ray_version, submit_pipeline, wait_for_job
+from tests.conftest import (
+    CPU_ENGINE_KWARGS,
+    CPU_REPLICA,
+    cluster_ray_version,
+    engine_plan,
+    submit_pipeline,
+    wait_for_job,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -95,7 +102,10 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert wait_for_job(job_id) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)
 
     manifest = json.loads(Path(output_uri, "manifest.json").read_text())
-    assert manifest == manifest_from_log(hook.get_job_logs(job_id))
+    log = hook.get_job_logs(job_id)
+    assert manifest == manifest_from_log(log)
+    # its bad rows are filtered out before the engine
+    assert engine_plan(log).startswith("InputDataBuffer[Input] -> TaskPoolMapOperator[Filter(")
     outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
     errors = pq.read_table(manifest["errors_uri"]).to_pylist()
 

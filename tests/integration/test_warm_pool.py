@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import submit_pipeline, wait_for_job
+from tests.conftest import engine_plan, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -134,7 +134,9 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
     warm = _committed(tmp_path, "second", second, second_ids)["engine_pool"]
     assert (warm["fingerprint"], warm["warm_replicas"]) == (cold["fingerprint"], 1)
     assert [timing["rows"] for timing in warm["replica_timings"]] == [40]  # the replica's share: all
-    assert "Starting 2 warm workers for this job" in RayHook().get_job_logs(second)
+    log = RayHook().get_job_logs(second)
+    assert "Starting 2 warm workers for this job" in log
+    assert "Filter(" not in engine_plan(log)  # no row rejected: no filter pass before the engine
     [replica] = _pool()
     assert (replica["jobs_served"], replica["rows_done"]) == (2, 80)  # the same engine, not a new one
 
