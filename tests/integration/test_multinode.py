@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import RayHook, _Request
 from airflow_provider_raybatch.manifest import manifest_from_log
-from tests.conftest import REPLICA_SLOT, submit_pipeline, wait_for_job
+from tests.conftest import CPU_ENGINE_KWARGS, REPLICA_SLOT, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -74,7 +74,7 @@ def _operator(tiny_model: Path, folder: Path, **overrides):
         messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
         concurrency=(2, 2),  # a fixed pool: both replicas start at once
         replica_resources={"CPU": 1, REPLICA_SLOT: 1},  # one slot per node: one replica per node
-        engine_kwargs={"max_model_len": 512, "gpu_memory_utilization": 0.1, "enforce_eager": True},
+        engine_kwargs=CPU_ENGINE_KWARGS,  # an explicit 1 GiB KV cache: no sizing pass, bounded memory
         output_format="parquet",
     )  # fmt: skip
     return make_operator(tiny_model, str(source), str(folder / "out"), **{**params, **overrides})

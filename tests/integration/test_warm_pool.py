@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import engine_plan, submit_pipeline, wait_for_job
+from tests.conftest import CPU_ENGINE_KWARGS, engine_plan, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -160,6 +160,6 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
 
 
 def _run_fingerprint(tiny_model: Path, folder: Path) -> str:
-    job, ids = _run(tiny_model, folder, "other", 8, keep_warm=0, engine_kwargs={
-        "max_model_len": 384, "gpu_memory_utilization": 0.3, "enforce_eager": True})  # fmt: skip
+    job, ids = _run(tiny_model, folder, "other", 8, keep_warm=0,
+                    engine_kwargs={**CPU_ENGINE_KWARGS, "max_model_len": 384})  # fmt: skip
     return _committed(folder, "other", job, ids)["engine_pool"]["fingerprint"]
