@@ -32,10 +32,11 @@ class Airflow:
     def api(self, method: str, path: str, **kwargs) -> httpx.Response:
         """One REST call; a 5xx is tried again twice. `airflow standalone` runs on SQLite, where a write
         waits at most 5 s for a lock the scheduler holds, and then the API answers 500 (seen in CI: the
-        audit-log INSERT of a POST dagRuns, before the run is created)."""
+        audit-log INSERT of a POST dagRuns, before the run is created). A call may wait 120 s: on a
+        loaded 2-core machine the API server once took over 30 s to answer (CI, 2026-11-27)."""
         for attempt in range(3):
             response = httpx.request(
-                method, f"{self.url}/api/v2{path}", timeout=30, headers=self.headers, **kwargs
+                method, f"{self.url}/api/v2{path}", timeout=120, headers=self.headers, **kwargs
             )
             if response.status_code < 500 or attempt == 2:
                 break
