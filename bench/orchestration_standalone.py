@@ -51,6 +51,9 @@ from orchestration_vs_astro import Config, _env, _load, _prepare_model_and_data,
 
 STATE = Path("/tmp/orch-standalone")
 API_PORTS = {"ours": 8471, "astro": 8472}
+#: Each standalone's scheduler and triggerer serve their logs on ports of their own (Airflow's 8793 and
+#: 8794 by default: two instances at once would collide).
+LOG_SERVER_PORTS = {"ours": (8481, 8482), "astro": (8483, 8484)}
 TERMINAL = {"success", "failed"}
 
 _FROM_DAGS_TEST = ("llm_default", "sensor_poll5", "astro_poll5", "astro_default")
@@ -106,6 +109,8 @@ def standalone(cluster: LocalCluster, side: str, dag_ids: set[str]) -> Iterator[
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local bench instance: no login
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(LOG_SERVER_PORTS[side][0]),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(LOG_SERVER_PORTS[side][1]),
     }
     with (home / "standalone.log").open("w") as log:
         process = subprocess.Popen(
