@@ -47,6 +47,7 @@ from urllib.parse import quote
 import httpx
 from cluster import ROOT, LocalCluster, require_lock
 from orchestration_vs_astro import CONFIGS as DAGS_TEST_CONFIGS
+from orchestration_vs_astro import METRICS as DAGS_TEST_METRICS
 from orchestration_vs_astro import Config, _env, _load, _prepare_model_and_data, _venv, summarize
 
 STATE = Path("/tmp/orch-standalone")
@@ -63,12 +64,11 @@ CONFIGS = [
     *[c for c in DAGS_TEST_CONFIGS if c.name in _FROM_DAGS_TEST],
 ]  # fmt: skip
 
+_SAME_METRICS = ("task_minus_job_s", "task_wall_s", "job_wall_s", "task_start_to_job_start_s",
+                 "job_end_to_task_success_s")  # fmt: skip
+#: The dags-test benchmark's metrics that mean the same here, and two of a real scheduler's own.
 METRICS = [
-    ("task_minus_job_s", "**task wall - job wall**"),
-    ("task_wall_s", "task wall"),
-    ("job_wall_s", "job wall"),
-    ("task_start_to_job_start_s", "task start -> job start"),
-    ("job_end_to_task_success_s", "job end -> task success"),
+    *[m for m in DAGS_TEST_METRICS if m[0] in _SAME_METRICS],
     ("queued_to_start_s", "first task queued -> started (before the task wall)"),
     ("run_wall_s", "DAG run start -> end"),
 ]
