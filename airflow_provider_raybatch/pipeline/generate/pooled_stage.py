@@ -15,7 +15,8 @@ built yet, the batch goes to whichever is ready first.
 A replica that dies mid-batch (its engine crashed, the node went, it was replaced) is replaced here,
 and its rows of the batch are sent again; commit keeps one copy of a row staged twice. After
 ``RAYBATCH_ENGINE_MAX_RESTARTS`` replacements in one stage actor the stage fails, and the job with it,
-saying so.
+saying so. A replica Ray calls unavailable (unreachable for a moment, as on a loaded node) is alive: its
+rows try it again for up to a minute before it counts as dead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,6 +34,11 @@ from ray.llm._internal.batch.stages.base import StatefulStageUDF
 from airflow_provider_raybatch.pipeline.generate import engine
 from airflow_provider_raybatch.pipeline.generate.engine_pool import UP_ANSWER_SECONDS, EnginePool
 from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows
+
+#: How long a row keeps trying a replica Ray calls unavailable (not dead) before it is replaced, and how
+#: often. Ray's GCS declares a lost node's actors dead within about 30 s, so a dead one rarely lasts this.
+UNREACHABLE_GRACE_SECONDS = 60.0
+UNREACHABLE_RETRY_SECONDS = 1.0
 
 
 class PoolReplicaLost(RuntimeError):
@@ -96,13 +103,28 @@ class _PoolClient(StatefulStageUDF):
             await handle.__ray_ready__.remote()
 
     async def _generate(self, row: dict[str, Any], index: int) -> dict[str, Any]:  # Any: row values.
+        unreachable_since: float | None = None
         while True:
             handle = await self._replica(index)
             try:
                 if handle._actor_id not in self._attached:  # new to this actor (the first, a replacement)
                     self._attached.add(handle._actor_id)  # the batch's other rows need not attach it too
-                    await handle.attach.remote(self._job_id, self._pool.keep_warm_seconds)
+                    try:
+                        await handle.attach.remote(self._job_id, self._pool.keep_warm_seconds)
+                    except BaseException:
+                        self._attached.discard(handle._actor_id)  # not attached: the next try attaches
+                        raise
                 return await handle.generate.remote(row, self._job_id)
+            except ray.exceptions.ActorUnavailableError as err:
+                # Unreachable for a moment (a loaded node, a dropped connection), not dead: Ray says
+                # ActorDiedError once it knows a replica is gone. Killing a live replica would cost a
+                # rebuild and a turn of the restart budget, so the row tries the same one again.
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since < UNREACHABLE_GRACE_SECONDS:
+                    await asyncio.sleep(UNREACHABLE_RETRY_SECONDS)
+                    continue
+                unreachable_since = None
+                self._replace(index, handle, err)
             except ray.exceptions.RayActorError as err:
                 self._replace(index, handle, err)
 
