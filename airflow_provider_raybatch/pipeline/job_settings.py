@@ -20,7 +20,6 @@ from typing import Any
 MAXIMA: dict[str, int] = {
     "RAYBATCH_WARM_WORKERS": 64,  # worker_warmup.py
     "RAYBATCH_DRIVER_SCAN_MAX_ROWS": 10_000_000,  # read/dedupe.py
-    "RAYBATCH_DRIVER_READ_MAX_BYTES": 1024 * 1024 * 1024,  # read/in_driver.py
     "RAYBATCH_KEEP_PREPARED_MIN_ROWS": 10**12,  # read/prepared_cache.py
     "RAYBATCH_ENGINE_MAX_RESTARTS": 1000,  # generate/engine.py
 }

@@ -45,7 +45,7 @@ from airflow_provider_raybatch.specs import (
 
 INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_continue_on_error=True
 #: The columns of a prepared row (:func:`prepare_row`), all text or null, so Ray's blocks stay uniform.
-PREPARED_COLUMNS = ("id", "source", "row", "messages", "prompt", "sampling", "request", "error")
+_PREPARED_COLUMNS = ("id", "source", "row", "messages", "prompt", "sampling", "request", "error")
 #: A preprocess's column of per-row sampling parameters (Ray Data LLM's name).
 ROW_SAMPLING_PARAMS = "sampling_params"
 #: The kind of a row's error that no step foresaw (the row firewall's).
@@ -92,7 +92,7 @@ def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
     one row raises becomes that row's error, never the job's.
     """
     source = record["source"]
-    prepared = dict.fromkeys(PREPARED_COLUMNS) | {"id": source, "source": source, "row": record["row"]}
+    prepared = dict.fromkeys(_PREPARED_COLUMNS) | {"id": source, "source": source, "row": record["row"]}
     if record["error"] is not None:
         return {**prepared, "error": record["error"]}
     try:

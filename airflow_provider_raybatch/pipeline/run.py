@@ -28,7 +28,7 @@ from airflow_provider_raybatch.pipeline.generate.processor import (
     engine_libraries_held_back,
 )
 from airflow_provider_raybatch.pipeline.openai import openai_batch
-from airflow_provider_raybatch.pipeline.read import dedupe, in_driver, prepared_cache, rows
+from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache, rows
 from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
 from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.reporting.timings import (
@@ -83,17 +83,12 @@ def _check_job_settings() -> None:
     """Read the job's whole-number ``RAYBATCH_*`` settings before any row: a bad one fails the job at
     its start, naming the setting (:mod:`.job_settings`), not after the input is read."""
     engine.engine_max_restarts()
-    in_driver.configured_max_bytes()
     prepared_cache.keep_min_rows()
     dedupe.configured_driver_scan_max_rows()
 
 
 def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
-    """Every input row read and prepared (materialized) and, where its id repeats, marked a duplicate:
-    a small input by the driver itself (:mod:`.read.in_driver`), any other by Ray Data's tasks."""
-    small = in_driver.prepared_rows(spec)
-    if small is not None:
-        return small
+    """Every input row read and prepared (materialized) and, where its id repeats, marked a duplicate."""
     prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
     first_sources, errors = dedupe.find_first_sources(prepared, rows_in)

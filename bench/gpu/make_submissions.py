@@ -20,9 +20,6 @@ Jobs:
                          issue 23: 20,000 of them on a warm pool of one replica and of two (section 10)
   pool1-warm-nowarm, pool2-warm-nowarm
                          the same warm job with RAYBATCH_WARM_WORKERS=0 (issue 20's warm start, section 13)
-  pool1-warm-taskread, pool2-warm-taskread, backfill-d2-taskread..d7-taskread
-                         the same warm jobs with RAYBATCH_DRIVER_READ_MAX_BYTES=0: Ray Data's tasks read
-                         the input, not the driver (section 15)
   scale-2m-small         issue 19 item 1: the seeds' customers CSV shape, 2,000,000 rows in ONE file,
                          the example DAG's company-industry prompt with its ``choice`` constraint, on a
                          small dummy-weight Llama (bench/gpu/make_model.py --shape small --tokenizer bpe)
@@ -313,25 +310,6 @@ JOBS = {
             submission, f"pool{replicas}-warm-nowarm", 20000, replicas, 600, {"RAYBATCH_WARM_WORKERS": "0"}
         )
         for replicas in (1, 2)
-    },
-    # A warm job whose input Ray Data's tasks read (not the driver: pipeline/read/in_driver.py), on the
-    # same pool: the setting is a job-side one too (issue 20's warm start, issue 23's warm ratio).
-    **{
-        f"pool{replicas}-warm-taskread": functools.partial(
-            submission,
-            f"pool{replicas}-warm-taskread",
-            20000,
-            replicas,
-            600,
-            {"RAYBATCH_DRIVER_READ_MAX_BYTES": "0"},
-        )
-        for replicas in (1, 2)
-    },
-    **{
-        f"backfill-d{day}-taskread": functools.partial(
-            submission, f"backfill-d{day}-taskread", 2000, 1, 600, {"RAYBATCH_DRIVER_READ_MAX_BYTES": "0"}
-        )
-        for day in range(2, 8)
     },
     "scale-2m-small": lambda: scale_submission("scale-2m-small", 2_000_000, SMALL_MODEL),
     "scale-2m-small-x4": lambda: scale_submission(

@@ -9,14 +9,13 @@ from hypothesis import strategies as st
 
 from airflow_provider_raybatch.pipeline import job_settings, worker_warmup
 from airflow_provider_raybatch.pipeline.generate import engine
-from airflow_provider_raybatch.pipeline.read import dedupe, in_driver, prepared_cache
+from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache
 
 
 def test_the_table_is_what_the_modules_read() -> None:
     assert job_settings.MAXIMA == {
         worker_warmup.WARM_WORKERS_ENV: worker_warmup.WARM_WORKERS_LIMIT,
         dedupe.DRIVER_SCAN_MAX_ROWS_ENV: dedupe.DRIVER_SCAN_MAX_ROWS_LIMIT,
-        in_driver.DRIVER_READ_MAX_BYTES_ENV: in_driver.DRIVER_READ_MAX_BYTES_LIMIT,
         prepared_cache.KEEP_MIN_ROWS_ENV: 10**12,
         engine.ENGINE_MAX_RESTARTS_ENV: engine.ENGINE_MAX_RESTARTS_LIMIT,
     }
