@@ -338,7 +338,9 @@ class PoolLease:
     def _replace_unhealthy(self) -> None:
         """A warm replica whose engine fails vLLM's health check, or that is up but does not answer it,
         is killed, not reused. One still building its engine (another job started it a moment ago)
-        cannot answer yet and is left to finish."""
+        cannot answer yet and is left to finish. One Ray calls unavailable (unreachable for a moment,
+        as on a loaded node) is left too: it may be serving other jobs, and if it is dead after all,
+        the engine stage replaces it when a row finds it so (:mod:`.pooled_stage`)."""
         import ray
 
         answered = []
@@ -351,6 +353,9 @@ class PoolLease:
                 answered.append(name)
             except ray.exceptions.GetTimeoutError:
                 self._kill(name, "is up but did not answer its health check")
+            except ray.exceptions.ActorUnavailableError:
+                log.warning("Engine pool replica %s did not answer its health check (Ray: unavailable for "
+                            "now): left running, not counted warm.", name)  # fmt: skip
             except Exception as err:  # noqa: BLE001 - dead or gone: replace it
                 self._kill(name, f"failed its health check ({type(err).__name__})")
         self._warm = answered  # warm: an engine that answered; one still building is shared, not warm

@@ -103,7 +103,7 @@ class _PoolClient(StatefulStageUDF):
             await handle.__ray_ready__.remote()
 
     async def _generate(self, row: dict[str, Any], index: int) -> dict[str, Any]:  # Any: row values.
-        unreachable_since: float | None = None
+        unreachable: tuple[Any, float] | None = None  # Any: the Ray actor id unreachable, and since when
         while True:
             handle = await self._replica(index)
             try:
@@ -117,13 +117,14 @@ class _PoolClient(StatefulStageUDF):
                 return await handle.generate.remote(row, self._job_id)
             except ray.exceptions.ActorUnavailableError as err:
                 # Unreachable for a moment (a loaded node, a dropped connection), not dead: Ray says
-                # ActorDiedError once it knows a replica is gone. Killing a live replica would cost a
-                # rebuild and a turn of the restart budget, so the row tries the same one again.
-                unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since < UNREACHABLE_GRACE_SECONDS:
+                # ActorDiedError once it knows a replica is gone. Counting a live one as dead would
+                # spend a turn of the restart budget, so the row tries the same one again. The grace
+                # is each replica's own: one that another row put in a dead one's place starts anew.
+                if unreachable is None or unreachable[0] != handle._actor_id:
+                    unreachable = (handle._actor_id, time.monotonic())
+                if time.monotonic() - unreachable[1] < UNREACHABLE_GRACE_SECONDS:
                     await asyncio.sleep(UNREACHABLE_RETRY_SECONDS)
                     continue
-                unreachable_since = None
                 self._replace(index, handle, err)
             except ray.exceptions.RayActorError as err:
                 self._replace(index, handle, err)
