@@ -272,12 +272,16 @@ class Pool:
         made.append(Replica(index, self.deaths))
         return made[-1]
 
-async def run(deaths):
+def client_of(deaths):  # a stage actor's client of a one-replica pool whose replicas fail as deaths says
     made.clear()
     client = object.__new__(pooled_stage._PoolClient)
     client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=Pool(deaths), _job_id="job",
                            _handles={}, _attached=set(), _built={}, _dead=set(), _next=0, _replaced=0,
                            _max_replaced=2)
+    return client
+
+async def run(deaths):
+    client = client_of(deaths)
     rows = [{"source": f"a:{i}", "__idx_in_batch": i} for i in range(3)]
     try:
         out = [row async for row in client.udf(rows)]
@@ -287,12 +291,8 @@ async def run(deaths):
         return {"error": str(err), "made": len(made)}
 
 async def unreachable_for(seconds, rows=1):  # every call fails as unavailable for that long; then answers
-    made.clear()
     deaths = ["unreachable"] * 10_000
-    client = object.__new__(pooled_stage._PoolClient)
-    client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=Pool(deaths), _job_id="job",
-                           _handles={}, _attached=set(), _built={}, _dead=set(), _next=0, _replaced=0,
-                           _max_replaced=2)
+    client = client_of(deaths)
     asyncio.get_running_loop().call_later(seconds, deaths.clear)
     batch = [{"source": f"a:{i}", "__idx_in_batch": i} for i in range(rows)]
     out = [row async for row in client.udf(batch)]
