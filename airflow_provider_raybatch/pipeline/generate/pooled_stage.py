@@ -10,7 +10,8 @@ Each batch goes to one replica, the next batch to the next (from a random first 
 actors spread their batches over the pool. Only a replica whose engine is built takes a batch while
 another is: in a half-warm pool (one replica warm, one building) the warm one takes every batch until
 the other is ready, instead of half the rows waiting out a build (a minute on a GPU). With none
-built yet, the batch goes to whichever is ready first.
+built yet, the batch goes to whichever is ready first, after a moment's wait for the others (replicas
+started together are ready within seconds of each other, and a small job's batches are then shared).
 
 A replica that dies mid-batch (its engine crashed, the node went, it was replaced) is replaced here,
 and its rows of the batch are sent again; commit keeps one copy of a row staged twice. After
@@ -39,6 +40,9 @@ from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishe
 #: often. Ray's GCS declares a lost node's actors dead within about 30 s, so a dead one rarely lasts this.
 UNREACHABLE_GRACE_SECONDS = 60.0
 UNREACHABLE_RETRY_SECONDS = 1.0
+#: How long batches that waited for the first replica's build wait for the others' (the issue's replica
+#: start skew target is 5 s), at most: see :meth:`_PoolClient._next_built_replica`.
+BUILD_SKEW_GRACE_SECONDS = 5.0
 
 
 class PoolReplicaLost(RuntimeError):
@@ -77,15 +81,27 @@ class _PoolClient(StatefulStageUDF):
                 task.cancel()
 
     async def _next_built_replica(self) -> int:
-        """The next replica in turn whose engine is built; with none built yet, the first to be."""
-        turn = [(self._next + step) % self._pool.replicas for step in range(self._pool.replicas)]
-        built = {index: self._built_task(index) for index in turn}
+        """The next replica in turn whose engine is built; with none built yet, the first to be.
+
+        The turn is read after the waits, not before: an actor runs several batches at once, and batches
+        that waited together must still take turns (helper-43's trial saw every batch of a small warm
+        job go to one replica, each having read the same turn before its wait).
+        """
+        built = {index: self._built_task(index) for index in range(self._pool.replicas)}
         if not any(task.done() for task in built.values()):
             # A built replica answers within milliseconds: waiting for all of them (bounded) first keeps
             # a fresh stage actor's turns fair; then a batch waits only for the first build to finish.
+            started = time.monotonic()
             await asyncio.wait(built.values(), timeout=UP_ANSWER_SECONDS)
             if not any(task.done() for task in built.values()):
                 await asyncio.wait(built.values(), return_when=asyncio.FIRST_COMPLETED)
+                # Replicas started together finish their builds within seconds of each other: a
+                # moment's wait for the others lets them share the queued batches, instead of the
+                # first one taking all of a small job. Bounded by the wait so far, so a warm pool that
+                # was slow to answer does not wait on a replica that is building from scratch.
+                grace = min(BUILD_SKEW_GRACE_SECONDS, time.monotonic() - started)
+                await asyncio.wait(built.values(), timeout=grace)
+        turn = [(self._next + step) % self._pool.replicas for step in range(self._pool.replicas)]
         index = next(index for index in turn if built[index].done())
         self._next = (index + 1) % self._pool.replicas
         return index

@@ -408,15 +408,16 @@ def client_of(pool, first):
                            _max_replaced=2)
     return client
 
-async def served(pool, first, batches, heard_from_all=False):
+async def served(pool, first, batches, heard_from_all=False, together=False):
     client = client_of(pool, first)
     if heard_from_all:  # first hear from every replica (on a loaded machine an answer can take seconds)
         await asyncio.gather(*(client._built_task(index) for index in range(pool.replicas)))
-    out = []
-    for number in range(batches):
+    async def one(number):
         rows = [{"source": f"{number}:{i}", "__idx_in_batch": i} for i in range(3)]
-        out.append(sorted({row["generated_text"] async for row in client.udf(rows)}))
-    return out
+        return sorted({row["generated_text"] async for row in client.udf(rows)})
+    if together:  # as Ray Data runs a stage actor's batches: several at once (max_concurrency)
+        return sorted(await asyncio.gather(*(one(number) for number in range(batches))))
+    return [await one(number) for number in range(batches)]
 
 ray.init(address="local", num_cpus=2, logging_level="ERROR", include_dashboard=False)
 # Half warm: replica 0 is built, replica 1 builds for 600 s. Each batch, from replica 1's turn on,
@@ -433,18 +434,27 @@ both_built = asyncio.run(served(both, 1, 4, heard_from_all=True))
 # None built yet: the batch goes to the first replica to be built (replica 1, in 1 s; replica 0 in 600 s).
 cold = Pool("cold", 2, {"build": [600, 1]}, {}, None, 0.0)
 cold_first = asyncio.run(served(cold, 0, 2))
+# A fresh stage actor's batches, all at once (helper-43's trial: a small warm job's every batch went to
+# one replica). Both built: they share them. Both building, ready 0.3 s apart: they share them too.
+warm_together = asyncio.run(served(both, 0, 4, together=True))
+close = Pool("close", 2, {"build": [4, 4.3]}, {}, None, 0.0)
+cold_together = asyncio.run(served(close, 0, 4, together=True))
 print(json.dumps({"half_warm": half_warm, "still_building": building, "both_built": both_built,
-                  "cold_first": cold_first}))
+                  "cold_first": cold_first, "warm_together": warm_together,
+                  "cold_together": cold_together}))
 """
 
 
 def test_a_batch_goes_to_a_built_replica_never_to_one_still_building() -> None:
-    """A half-warm pool (helper-39's trial): rows sent to the replica still building waited out its build."""
+    """A half-warm pool (helper-39's trial): rows sent to the replica still building waited out its build.
+    A small job (helper-43's trial): one replica took every batch that a stage actor ran at once."""
     report = run_in_ray_env(_ROUTING)
     assert report["still_building"] is True
     assert report["half_warm"] == [["replica-0"]] * 4  # replica 1's turns went to replica 0
     assert report["both_built"] == [["replica-1"], ["replica-0"], ["replica-1"], ["replica-0"]]  # turns
     assert report["cold_first"] == [["replica-1"]] * 2
+    assert report["warm_together"] == [["replica-0"]] * 2 + [["replica-1"]] * 2  # each takes two of four
+    assert report["cold_together"] == [["replica-0"]] * 2 + [["replica-1"]] * 2
 
 
 _RENDER = """
