@@ -504,6 +504,21 @@ def test_a_csv_column_of_numbers_then_words_is_text_not_a_failed_file() -> None:
     assert json.loads(records[-1]["row"]) == {"id": "2", "n": "x"}
 
 
+def test_a_text_column_keeps_every_cell_as_written_as_ray_datas_read_csv_does() -> None:
+    """helper-43's trial: README said `N/A` becomes null, but in a column of numbers and words it stayed
+    "n/a". Null markers are null only in a column of numbers or bools; in a text column, as in Ray Data's
+    ``read_csv`` (pyarrow's ``strings_can_be_null=False``), `n/a`, `NA` and an empty cell stay text."""
+    pa_csv = pytest.importorskip("pyarrow.csv")
+    data = b"amount,name,count\n5,a,1\nn/a,,N/A\ntwelve,NA,\n,b,3\n"
+
+    rows = [json.loads(r["row"]) for r in csv_rows(data)]
+
+    assert [row["amount"] for row in rows] == ["5", "n/a", "twelve", ""]  # numbers and words: text
+    assert [row["name"] for row in rows] == ["a", "", "NA", "b"]
+    assert [row["count"] for row in rows] == [1, None, None, 3]  # numbers: N/A and empty are null
+    assert rows == pa_csv.read_csv(io.BytesIO(data)).to_pylist()  # Ray Data's reader gives the same
+
+
 def test_when_pyarrow_cannot_type_the_columns_they_stay_text(monkeypatch: pytest.MonkeyPatch) -> None:
     pa_csv = pytest.importorskip("pyarrow.csv")
 
