@@ -31,13 +31,36 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS
 # Any HTTP answer (401 included: token auth guards every route) means the dashboard is up.
 dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/api/version")" != 000 ]; }
 
-# The pids whose environment names this cluster's token file, less this script and its callers.
+# The pids whose environment names this cluster's token file, and their descendants (a raylet's
+# ray::DashboardAgent and ray::RuntimeEnvAgent rename themselves, which blanks their environment as
+# /proc shows it: a head's agents outlived `stop` on a two-raylet cluster), less this script and its
+# callers.
 own_processes() {
-  local dir pid self=" $$ $(ancestors) "
+  local dir pid ppid self=" $$ $(ancestors) " own=" " found=1
+  declare -A parent=()
   for dir in /proc/[0-9]*; do
     pid=${dir#/proc/}
+    ppid=$(awk '{print $4}' "$dir/stat" 2> /dev/null) || continue
+    parent[$pid]=$ppid
     case "$self" in *" $pid "*) continue ;; esac
-    { tr '\0' '\n' < "$dir/environ"; } 2> /dev/null | grep -qxF "RAY_AUTH_TOKEN_PATH=$STATE/auth_token" && echo "$pid"
+    { tr '\0' '\n' < "$dir/environ"; } 2> /dev/null | grep -qxF "RAY_AUTH_TOKEN_PATH=$STATE/auth_token" && own+="$pid "
+  done
+  while [ "$found" = 1 ]; do  # add children of own processes until none is new
+    found=0
+    for pid in "${!parent[@]}"; do
+      case "$own" in *" $pid "*) continue ;; esac
+      case "$self" in *" $pid "*) continue ;; esac
+      case "$own" in *" ${parent[$pid]} "*) own+="$pid "; found=1 ;; esac
+    done
+  done
+  echo $own
+  return 0
+}
+# Those of the given pids still running (a zombie has ended: only its parent's wait is left).
+running() {
+  local pid
+  for pid in "$@"; do
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2> /dev/null || echo Z)" != Z ] && echo "$pid"
   done
   return 0
 }
@@ -88,14 +111,16 @@ case "${1:-}" in
     # This cluster's processes only, not `ray stop --force`, which ends every Ray on the machine (a
     # benchmark's, another checkout's tests'): `ray start` above exported RAY_AUTH_TOKEN_PATH, so the
     # GCS, raylets, dashboard, workers and job drivers of this cluster, and no other, carry it.
+    # The pids are taken once, before any signal: a raylet's agents become init's children as it
+    # exits, and would no longer be found as its descendants.
     pids=$(own_processes)
     [ -n "$pids" ] && kill -TERM $pids 2> /dev/null
     for _ in $(seq 20); do
-      [ -z "$(own_processes)" ] && break
+      [ -z "$(running $pids)" ] && break
       sleep 0.5
     done
-    pids=$(own_processes)
-    [ -n "$pids" ] && kill -KILL $pids 2> /dev/null
+    left=$(running $pids)
+    [ -n "$left" ] && kill -KILL $left 2> /dev/null
     echo "Ray stopped"
     ;;
   *)

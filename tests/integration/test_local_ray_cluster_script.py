@@ -10,6 +10,7 @@ whichever cluster started last (a helper's cluster once sent every CI job to the
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local_ray_cluster.sh"
-PORTS = ({"dashboard": 8321, "gcs": 6421, "client": 23031}, {"dashboard": 8322, "gcs": 6422, "client": 23032})
+PORTS = ({"dashboard": 8321, "gcs": 6421, "client": 23031}, {"dashboard": 8325, "gcs": 6422, "client": 23032})
+# Not adjacent dashboard ports: a worker node's agent takes its head's agent port + 1 (the script).
 
 
 def _env(state: Path, ports: dict[str, int]) -> dict[str, str]:
@@ -42,6 +44,20 @@ def _answers(port: int) -> bool:
     except httpx.HTTPError:
         return False
     return True  # any answer (401 included: token auth) means the dashboard is up
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _agents() -> str:
+    """The Ray agents still running (their titles), for a failure's message."""
+    return subprocess.run(["pgrep", "-fa", "ray::.*Agent"], capture_output=True, text=True).stdout
 
 
 # A driver, as our pipeline's is: ray.init() with no address, then the GCS it reached.
@@ -90,6 +106,15 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
     second = _run_driver(second_state, second_port)  # through its own dashboard agent
     assert second.startswith("SUCCEEDED") and f":{PORTS[1]['gcs']}" in second, second[-2000:]
 
+    # A second raylet in the first cluster: `stop` once left the head's dashboard and runtime-env
+    # agents running, holding the agent port (helper-43's trial), as they rename themselves.
+    subprocess.run(
+        [str(SCRIPT), "add-worker"], env={**first_env, "RAYBATCH_WORKER_CPUS": "1"}, check=True,
+        timeout=180, capture_output=True,
+    )  # fmt: skip
+    agent_ports = [first_port + 44100, first_port + 44101]  # the head's and the worker's agents
+    assert not any(_port_free(port) for port in agent_ports)
+
     stopped = subprocess.run(
         [str(SCRIPT), "stop"], env=first_env, timeout=120, capture_output=True, text=True
     )
@@ -97,5 +122,6 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stderr == ""
     assert not _answers(first_port)
+    assert all(_port_free(port) for port in agent_ports), _agents()
     assert _answers(second_port)
     assert _run_driver(second_state, second_port).startswith("SUCCEEDED")
