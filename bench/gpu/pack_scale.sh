@@ -10,7 +10,9 @@ DEST=$(cd "${1:-.gpu}" && pwd); PIECE=${PIECE_MIB:-57}
 for d in p1 p2 p3 p4 p5 p6 x; do [ -d "$DEST/$d" ] || { echo "missing $DEST/$d: run pack.sh and pack_extras.sh first" >&2; exit 1; }; done
 rm -rf "$DEST"/c[0-9]* "$DEST/tarsplit"; mkdir -p "$DEST/tarsplit"
 # one flat folder of files: every part's files side by side, as /tmp/wh holds them on the device
-tar cf - -C "$DEST/p1" . -C "$DEST/p2" . -C "$DEST/p3" . -C "$DEST/p4" . -C "$DEST/p5" . -C "$DEST/p6" . -C "$DEST/x" . \
+# and pack_airflow.sh's Airflow side, when made, as the folder af/ (installed apart: run_gpu.sh "install")
+AF=(); [ -d "$DEST/af" ] && AF=(-C "$DEST" af)
+tar cf - -C "$DEST/p1" . -C "$DEST/p2" . -C "$DEST/p3" . -C "$DEST/p4" . -C "$DEST/p5" . -C "$DEST/p6" . -C "$DEST/x" . "${AF[@]}" \
   | split -b "${PIECE}M" -a 2 - "$DEST/tarsplit/wheels.tar."
 k=0
 for f in $(ls "$DEST"/tarsplit/wheels.tar.* | sort); do k=$((k + 1)); mkdir -p "$DEST/c$k"; mv "$f" "$DEST/c$k/"; done

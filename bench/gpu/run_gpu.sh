@@ -23,6 +23,8 @@
 #   backfill    the 7-date backfill's table (bench/gpu/backfill_summary.py): a:2000@d1..d7 vs b:backfill-d1..d7
 #   raylogs:TAG the Ray session's worker and actor start times since the last raylogs stage, into
 #               logs/raylogs-TAG/ (where a warm job's seconds before its first row go)
+#   af:N        issue 20's 7-date backfill through Airflow (airflow standalone, `airflow backfill create
+#               --max-active-runs N`; bench/gpu/airflow_backfill.py; needs pack_airflow.sh's Airflow side)
 #   pool2x      issue 23's table (bench/gpu/pool_scale_summary.py): b:pool1-cold, pool1-warm vs pool2-*
 #   check:NAME  every input row exactly once in NAME's committed outputs + errors (bench/gpu/scale_check.py)
 #   bg          the stages after it run in a detached runner (setsid; it outlives this call while the
@@ -123,6 +125,10 @@ while [ $i -lt ${#ST[@]} ]; do
     echo "wheels: $(ls *.whl | wc -l), $(du -sm . | cut -f1) MiB"; cd "$REPO"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wh/*.whl > $K/install.log 2>&1 || { tail -20 $K/install.log; exit 1; }
     python3 "$HERE/smoke.py" > $K/smoke.log 2>&1 || { tail -30 $K/smoke.log; exit 1; }
+    if [ -d /tmp/wh/af ]; then  # the Airflow side (pack_airflow.sh), apart from the cluster side's /tmp/site
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/afsite /tmp/wh/af/*.whl > $K/install-af.log 2>&1 || { tail -20 $K/install-af.log; exit 1; }
+      PYTHONPATH=$REPO:/tmp/afsite python3 -c "import airflow, airflow_provider_raybatch.operators.llm_batch as m; print('airflow', airflow.__version__, 'provider OK')" 2>&1 | tail -1
+    fi
     grep -E "torch|vllm|SMOKE" $K/smoke.log | cut -c1-300
     python3 -c "import ray.dashboard.optional_deps; print('ray dashboard deps OK')" 2>&1 | tail -1
     python3 "$HERE/make_model.py" $MODEL 2>&1 | tail -1
@@ -199,6 +205,12 @@ PY
     [ $rc = 0 ] || tail -40 "$L/b-$name.out"
     # The committed manifest, whole (the job log's copy may be cut): the pool's and the timings' blocks.
     cp "/tmp/gpu_out/$name/manifest.json" "$K/manifest-$name.json" 2>/dev/null;;
+  af:*)  # issue 20's 7-date backfill through Airflow (bench/gpu/airflow_backfill.py): af:MAX_ACTIVE_RUNS
+    waitgpu; startray
+    echo "=== af:${s#af:} start $(date +%T) ($(left)s left)"
+    rm -rf /tmp/gpu_out/af-backfill /tmp/afhome
+    BACKFILL_LIMIT=$(stagelimit) timeout $(stagelimit) python3 "$HERE/airflow_backfill.py" $K "$K/af-backfill.json" "${s#af:}" > "$L/af-backfill.out" 2>&1; rc=$?
+    echo "--- af rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -vE "dates done" "$L/af-backfill.out" | tail -16 | cut -c1-400;;
   resume:*)
     name=${s#resume:}; waitgpu; startray
     echo "=== resume:$name start $(date +%T) ($(left)s left)"
