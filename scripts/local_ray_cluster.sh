@@ -27,6 +27,11 @@ RAY_TEMP_DIR=${RAYBATCH_RAY_TEMP_DIR:-/tmp/ray-$GCS_PORT}
 RAY_VENV=${RAYBATCH_RAY_VENV:-$ROOT/.venvs/ray}
 export PATH=$RAY_VENV/bin:$PATH  # job entrypoints run `python` from the cluster's PATH
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS_ENABLED=0
+# vLLM's CPU build (this cluster's engine) turns Ray Data LLM's one-process "uni" executor into "mp"
+# unless VLLM_ENABLE_V1_MULTIPROCESSING=0 (vllm/platforms/cpu.py): one more process importing torch and
+# vLLM. The tiny model's engine built in 35 s against 17 s on 2 cores, and generated slower (2026-11-28).
+# The engine core is a process of its own either way (AsyncLLM); a GPU engine of one GPU is "uni" anyway.
+export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
 
 # Any HTTP answer (401 included: token auth guards every route) means the dashboard is up.
 dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/api/version")" != 000 ]; }

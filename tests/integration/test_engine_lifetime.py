@@ -41,6 +41,9 @@ _CLUSTER_ENV = {
     "RAYBATCH_GCS_PORT": "6423",
     "RAYBATCH_CLIENT_PORT": "23033",
     "RAYBATCH_RAY_TEMP_DIR": "/tmp/ray-raybatch-lifetime",
+    # The engine core with a worker process under it, as a GPU engine of several GPUs has (the CPU
+    # engine runs its model in the engine core on the other clusters: scripts/local_ray_cluster.sh).
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
 }
 _REPLICA = "ray::MapWorker(MapBatches(RaybatchvLLMEngineStageUDF"
 

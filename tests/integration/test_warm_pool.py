@@ -144,7 +144,7 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
     assert _run_fingerprint(tiny_model, tmp_path) != cold["fingerprint"]
 
     # A replica killed while a job's rows are in it: replaced, and every row committed exactly once.
-    third, third_ids = _run(tiny_model, tmp_path, "third", 1200, keep_warm=3,
+    third, third_ids = _run(tiny_model, tmp_path, "third", 600, keep_warm=3,
                             sampling_params={"temperature": 0, "max_tokens": 48})  # fmt: skip
     out = tmp_path / "third" / "out"  # the replicas stage parts into the version folder as rows finish
     deadline = time.monotonic() + 600

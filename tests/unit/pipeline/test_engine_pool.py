@@ -593,7 +593,10 @@ def test_a_lease_reports_each_replicas_start_and_makes_room_only_for_a_replica_t
     crowded = report["crowded"]
     assert crowded["ended_for_room"] == ["raybatch-engine-other-0"]
     assert "raybatch-engine-other-0" not in report["after_crowded"]
-    assert crowded["replica_ready_skew_s"] >= 0.4  # the third replica started only once room was made
+    # The third replica started only once room was made, at least MAKE_ROOM_AFTER_SECONDS (0.5 s) into the
+    # lease. (Not the skew of their readiness: on a loaded machine the first two's worker processes can
+    # start as late as the third; CI, 2026-11-27, 0.06 s.)
+    assert max(entry["engine_start_s"] for entry in crowded["replica_timings"]) >= 0.5
     # A job that ended on replica 0 while replica 1 still built (helper-40's trial: its end waited ~10 s
     # for replica 1): the lease let go at once; each replica says how many of the job's rows it answered.
     assert report["building_after_stop"] is True
