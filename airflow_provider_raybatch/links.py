@@ -50,9 +50,15 @@ class RayJobLink(BaseOperatorLink):
     name = "Ray job"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        job_id = _xcom(ti_key, JOB_ID_XCOM_KEY)
+        # The job from the operator that ran (it sets job_id on every path that settles on a job, and
+        # from the trigger's event after a deferral), not pulled: a task refused before any job was
+        # submitted logged the SDK's "[error] XCom not found ... key='job_id'" after its own error
+        # (helper-45's trial). The dashboard's address was pushed with the job's id, by this try.
+        job_id = getattr(operator, "job_id", None)
+        if not job_id:
+            return ""
         dashboard_url = _xcom(ti_key, DASHBOARD_URL_XCOM_KEY)
-        return ray_job_url(str(dashboard_url), str(job_id)) if job_id and dashboard_url else ""
+        return ray_job_url(str(dashboard_url), str(job_id)) if dashboard_url else ""
 
 
 class RunReportLink(BaseOperatorLink):

@@ -50,7 +50,7 @@ def test_output_location_url(uri: str, url: str) -> None:
     assert output_location_url(uri) == url
 
 
-def test_links_read_the_job_id_and_dashboard_from_xcom_and_the_report_from_the_manifest(
+def test_links_read_the_job_from_the_operator_the_dashboard_from_xcom_and_the_report_from_the_manifest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     stored: dict[str, Any] = {
@@ -63,6 +63,8 @@ def test_links_read_the_job_id_and_dashboard_from_xcom_and_the_report_from_the_m
     operator = make_operator(output_uri="/data/out")
     key = SimpleNamespace(dag_id="d", task_id="t", run_id="r", try_number=1, map_index=-1)
     assert RunReportLink().get_link(operator, ti_key=key) == ""  # deferred: no manifest yet, nothing pulled
+    assert RayJobLink().get_link(operator, ti_key=key) == ""  # no job of its own yet: nothing pulled
+    operator.job_id = "raybatch-j1"  # as execute sets it when it submits, or execute_complete from the event
     operator.manifest = {"report_uri": "s3://b/out/versions/v1/report.html"}  # what execute_complete read
 
     assert RayJobLink().get_link(operator, ti_key=key) == "http://ray.test:8265/#/jobs/raybatch-j1"
@@ -71,7 +73,7 @@ def test_links_read_the_job_id_and_dashboard_from_xcom_and_the_report_from_the_m
         "https://s3.console.aws.amazon.com/s3/object/b?prefix=out/versions/v1/report.html"
     )
     stored.clear()
-    assert RayJobLink().get_link(operator, ti_key=key) == ""  # before submission: no link
+    assert RayJobLink().get_link(operator, ti_key=key) == ""  # no dashboard address pushed: no link
 
 
 def test_links_are_declared_on_the_operator_and_in_the_provider_info() -> None:

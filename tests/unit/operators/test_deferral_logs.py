@@ -142,3 +142,20 @@ def test_completing_logs_no_error(
 
     assert links["Ray job"] == "http://ray.test:8265/#/jobs/j1"
     assert error_lines() == [], f"the completion logged at ERROR level (XComs read: {supervisor.reads})"
+
+
+def test_a_refused_spec_logs_its_own_error_and_no_other(
+    ray_conn: str, ray_api: respx.MockRouter, supervisor: FakeSupervisor, error_lines: Callable[[], list[str]]
+) -> None:
+    """A spec refused before any job is submitted fails the task with its own message only: the "Ray
+    job" link of a task with no job reads no XCom (helper-45's trial saw the SDK's "XCom not found ...
+    key='job_id'" at ERROR right after the refusal)."""
+    op = make_operator(ray_conn_id=ray_conn, engine_kwargs={"max_model_len": 0})
+
+    with pytest.raises(Exception, match=r"max_model_len"):
+        op.execute({"ti": supervisor.ti, "task_state_store": FakeStateStore()})
+    links = finalize_links(op, supervisor.ti)
+
+    assert links["Ray job"] == ""
+    assert not ray_api.calls, "a refused spec reached the Ray cluster"
+    assert error_lines() == [], f"finalizing the links logged at ERROR level (XComs read: {supervisor.reads})"
