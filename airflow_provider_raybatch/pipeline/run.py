@@ -57,10 +57,6 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
 
     filesystem, _ = storage.filesystem(spec.input_uri)
     extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
-    # Each file is read whole into one worker: one too large fails the job here, naming it, before
-    # any worker (or GPU) is spent on it, not as an out-of-memory worker later.
-    for path, size in storage.input_file_sizes(spec.input_uri, extensions):
-        rows.check_input_file_size(path, size)
     files = ray.data.read_binary_files(
         spec.input_uri,
         filesystem=filesystem,  # S3 through the job's own settings (pipeline/credentials.py)
@@ -77,6 +73,15 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
             "id_column": spec.id_column,  # ids are read as text, as written
         },
     )
+
+
+def _check_input_files(spec: BatchInferenceSpec) -> None:
+    """Fail the job at its start, before any engine is built or leased, when ``input_uri`` names no
+    file to read (storage.InputNotFoundError) or a file too large: each file is read whole into one
+    worker, so one too large would fail as an out-of-memory worker later. Both messages name it."""
+    extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
+    for path, size in storage.input_file_sizes(spec.input_uri, extensions):
+        rows.check_input_file_size(path, size)
 
 
 def _check_job_settings() -> None:
@@ -303,6 +308,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         # Before any row: fails the job at start. A dry run uses the prompt stages only.
         ray_internals.check_ray_internals(ray.__version__, dry_run=spec.dry_run)
     _check_job_settings()
+    _check_input_files(spec)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):

@@ -231,8 +231,15 @@ def input_file_sizes(input_uri: str, extensions: list[str] | None) -> list[tuple
     return [(info.path, info.size) for info in input_file_infos(input_uri, extensions)]
 
 
+class InputNotFoundError(FileNotFoundError):
+    """``input_uri`` names no file a job would read. Raised at the job's start, before any engine: a
+    backfill date whose file never arrived failed with Ray Data's FileNotFoundError traceback, after
+    the engine had started (helper-45's trial, 2026-11-28)."""
+
+
 def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:  # Any: pyarrow FileInfo.
-    """pyarrow's ``FileInfo`` (path, size, modification time) of each file the job will read."""
+    """pyarrow's ``FileInfo`` (path, size, modification time) of each file the job will read; raises
+    :class:`InputNotFoundError` when there is none."""
     from pyarrow import fs
 
     filesystem_, path = filesystem(input_uri)
@@ -240,12 +247,21 @@ def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:
     if info.type == fs.FileType.File:
         return [info]
     if info.type != fs.FileType.Directory:
-        return []
+        raise InputNotFoundError(
+            f"input_uri={input_uri!r}: no such file or folder, as the Ray cluster sees it (a local path is "
+            "read on the cluster's nodes, not on the Airflow worker). No row was read or generated."
+        )
     infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
-    return [
+    found = [
         item for item in infos
         if item.type == fs.FileType.File and (extensions is None or item.path.endswith(tuple(extensions)))
     ]  # fmt: skip
+    if not found:
+        raise InputNotFoundError(
+            f"input_uri={input_uri!r}: the folder holds no {' or '.join(extensions or [])} file to read "
+            "(input_format decides which). No row was read or generated."
+        )
+    return found
 
 
 def write_dataset(dataset: Any, uri: str, output_format: OutputFormat) -> None:  # Any: ray Dataset.

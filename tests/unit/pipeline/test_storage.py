@@ -410,3 +410,40 @@ def test_one_s3_filesystem_per_settings_shared_by_every_call() -> None:
     assert options.filesystem() is same.filesystem()
     assert options.filesystem() is not other.filesystem()
     assert "s3cr3t-value" not in repr(options)  # the cache key's repr (in a traceback, say) hides it
+
+
+@pytest.mark.parametrize(
+    ("uri", "input_format", "why"),
+    [
+        ("day/2026-11-20.jsonl", "jsonl", "no such file or folder"),  # a backfill date whose file never came
+        ("no-such-folder/", "csv", "no such file or folder"),
+        ("empty", "jsonl", "holds no jsonl or ndjson or json file"),
+        ("other", "parquet", "holds no parquet or pq file"),  # files, none of the format asked for
+    ],
+)
+def test_an_input_uri_with_nothing_to_read_fails_naming_it(
+    pa_fs: Any, tmp_path: Path, uri: str, input_format: str, why: str
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "rows.csv").write_text("id\n1\n")
+    input_uri = str(tmp_path / uri)
+
+    with pytest.raises(storage.InputNotFoundError) as info:
+        storage.input_file_sizes(input_uri, extensions_for(input_uri, input_format))  # type: ignore[arg-type]
+    assert f"input_uri={input_uri!r}" in str(info.value) and why in str(info.value)
+    assert "No row was read or generated" in str(info.value)
+    assert isinstance(info.value, FileNotFoundError)  # what a caller of pyarrow or Ray Data would catch
+
+
+def test_an_input_uri_on_an_object_store_with_nothing_to_read_fails_naming_it(
+    pa_fs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bucket" / "in").mkdir(parents=True)
+    (tmp_path / "bucket" / "in" / "a.jsonl").write_text("{}\n")
+    store = pa_fs.SubTreeFileSystem(str(tmp_path), pa_fs.LocalFileSystem())
+    monkeypatch.setattr(storage, "filesystem", lambda uri_: (store, uri_.split("://", 1)[1]))
+
+    assert [size for _, size in storage.input_file_sizes("s3://bucket/in", ["jsonl"])] == [3]
+    with pytest.raises(storage.InputNotFoundError, match=r"input_uri='s3://bucket/in/2026-11-21.jsonl': no such"):
+        storage.input_file_sizes("s3://bucket/in/2026-11-21.jsonl", None)
