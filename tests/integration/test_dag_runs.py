@@ -112,6 +112,19 @@ def test_missing_model_fails_the_task_with_a_clear_message(airflow_env, tmp_path
     assert not (tmp_path / "company_industry" / day / "manifest.json").exists()
 
 
+def test_a_date_without_its_input_fails_the_task_naming_it(airflow_env, tiny_model, tmp_path) -> None:
+    """A backfill date whose file never arrived: the job fails at its start, before any engine, and the
+    task's error names the input (it was Ray Data's FileNotFoundError traceback: helper-45's trial)."""
+    day = "2026-11-16"  # no customers.csv written for it
+    result = airflow_env.dags_test(DAG_ID, day, _conf(tiny_model, tmp_path), timeout=300)
+    log = result.stdout + result.stderr
+    assert "state=failed" in log, log[-4000:]
+    missing = tmp_path / "customers" / day / "customers.csv"
+    assert f"InputNotFoundError: input_uri='{missing}': no such file or folder" in log, log[-4000:]
+    assert "read_binary_files" not in log  # failed at the job's start, not in Ray Data's read
+    assert not (tmp_path / "company_industry" / day / "manifest.json").exists()
+
+
 def test_invalid_parameter_fails_before_anything_is_submitted(airflow_env, tiny_model, tmp_path) -> None:
     conf = {**_conf(tiny_model, tmp_path), "engine_kwargs": {"max_model_len": 0}}
     result = airflow_env.dags_test(DAG_ID, "2026-11-17", conf, timeout=300)
@@ -119,3 +132,4 @@ def test_invalid_parameter_fails_before_anything_is_submitted(airflow_env, tiny_
     assert "state=failed" in log, log[-4000:]
     assert "engine_kwargs['max_model_len']=0 must be an int >= 1" in log
     assert "Submitted Ray job" not in log
+    assert "XCom not found" not in log  # the "Ray job" link of a task with no job reads none
