@@ -118,6 +118,7 @@ def failed_rows_verdict(
 
 
 _TIMING_LABELS = (  # the phases of reporting/timings.py, short, for one log line
+    ("job_wall_s", "job"),
     ("runtime_env_s", "runtime env"),
     ("driver_start_s", "driver start"),
     ("read_and_prepare_s", "read and prepare"),

@@ -388,7 +388,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     def timings() -> dict[str, Any]:  # Any: JSON values.
         engine_sidecars = [part.sidecar for part in engine_parts]
-        return run_timings(marks, engine_sidecars, layout_plan.max_replicas, layout_plan.gpus_per_replica)
+        keep_warm = lease.pool.keep_warm_seconds if lease is not None else None
+        return run_timings(marks, engine_sidecars, layout_plan.max_replicas, layout_plan.gpus_per_replica,
+                           keep_warm)  # fmt: skip
 
     pool_used = lease.describe() if lease is not None else None  # the warm pool, if any (engine_pool.py)
     committed = commit.write_version(

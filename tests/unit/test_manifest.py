@@ -167,6 +167,7 @@ def test_verdict_reads_a_manifest_without_the_newer_keys() -> None:
 
 def test_describe_timings_says_where_the_time_and_gpus_went() -> None:
     timings = {
+        "job_wall_s": 110.5,
         "runtime_env_s": 3.25,
         "driver_start_s": 4.0,
         "read_and_prepare_s": 12.0,
@@ -180,8 +181,8 @@ def test_describe_timings_says_where_the_time_and_gpus_went() -> None:
         "gpu_seconds_held": 87.0,
     }
     assert describe_timings(timings) == (
-        "runtime env 3.2 s; driver start 4.0 s; read and prepare 12.0 s; engine start to first row 32.0 s; "
-        "of which engine build 25.0 s; generating 54.2 s; commit 1.5 s; "
+        "job 110.5 s; runtime env 3.2 s; driver start 4.0 s; read and prepare 12.0 s; "
+        "engine start to first row 32.0 s; of which engine build 25.0 s; generating 54.2 s; commit 1.5 s; "
         "87.0 GPU-seconds held (4 replicas x 0.25 GPU)"
     )
 

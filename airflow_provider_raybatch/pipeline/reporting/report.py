@@ -174,6 +174,7 @@ def throughput(
 #: The phases of a run's ``timings`` block (reporting/timings.py), in the order they happen, as the
 #: report's table and the task's log line name them.
 PHASE_LABELS = (
+    ("job_wall_s", "the job, from its submission (runtime env, driver start and all below)"),
     ("runtime_env_s", "runtime env (submitted to driver started)"),
     ("driver_start_s", "driver start (Python, imports, ray.init)"),
     ("read_and_prepare_s", "read and prepare"),
@@ -341,11 +342,20 @@ def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON
         for key, label in PHASE_LABELS
         if isinstance(seconds := timings.get(key), int | float) and not isinstance(seconds, bool)
     ]
-    held = timings.get("gpu_seconds_held")
-    if isinstance(held, int | float) and not isinstance(held, bool):
+    held = _number_or_none(timings.get("gpu_seconds_held"))
+    if held is not None:
         rows.append(
             f"<tr><th>GPU-seconds held</th><td class=num>{held:,.1f} ({_e(timings.get('replicas'))} replicas "
             f"x {_e(timings.get('gpus_per_replica'))} GPU)</td></tr>"
+        )
+    replica_seconds = _number_or_none(timings.get("replica_seconds_held"))
+    if replica_seconds is not None:
+        rows.append(f"<tr><th>replica-seconds held</th><td class=num>{replica_seconds:,.1f}</td></tr>")
+    kept_warm = _number_or_none(timings.get("keep_warm_gpu_seconds_max"))
+    if kept_warm is not None:
+        rows.append(
+            "<tr><th>GPU-seconds the warm pool may hold idle after this job (at most; the pool's, not "
+            f"counted above)</th><td class=num>{kept_warm:,.1f}</td></tr>"
         )
     replicas = [phase for phase in timings.get("engine_replicas") or [] if isinstance(phase, Mapping)]
     columns = ("actor_start_s", "import_s", "engine_build_s", "first_row_s")
@@ -364,7 +374,11 @@ def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON
     )
     if not rows and not replica_table:
         return ""
-    note = "Commit is the time after this page was written; the manifest's timings block has it."
+    note = (
+        "The phases overlap (engines start while the rows are read), so they need not add up to the job's "
+        "time. This page is written during the commit: the job's time runs to it, and the manifest's "
+        "timings block has the commit's own time and the job's to its end."
+    )
     body = f'<table class="facts"><tbody>{"".join(rows)}</tbody></table>{replica_table}'
     return _section("Where the time went", body, note)
 

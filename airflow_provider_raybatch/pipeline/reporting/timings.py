@@ -161,24 +161,37 @@ def run_timings(
     engine_parts: Iterable[Mapping[str, Any]],  # Any: JSON sidecar values.
     replicas: int,
     gpus_per_replica: float,
+    keep_warm_seconds: float | None = None,
 ) -> dict[str, Any]:  # Any: JSON values.
     """The ``timings`` block: each phase in seconds (None where the run had no such phase) and GPU-seconds.
 
-    ``runtime_env_s``: submitted to the driver's process started (the job's runtime env: packages
-    uploaded by the operator are unpacked, a ``pip`` list installed). ``driver_start_s``: to the run's
-    start (Python, our imports, ``ray.init``). ``read_and_prepare_s``: start to rows ready.
+    ``job_wall_s``: submitted to committed (to now, before the commit): the whole job as Ray times it,
+    runtime env and driver start included, which the manifest's ``wall_seconds`` (the driver's run
+    only) leaves out. ``runtime_env_s``: submitted to the driver's process started (the job's runtime
+    env: packages uploaded by the operator are unpacked, a ``pip`` list installed). ``driver_start_s``:
+    to the run's start (Python, our imports, ``ray.init``). ``read_and_prepare_s``: start to rows ready.
     ``engine_start_to_first_row_s``: the engine stage's start to its first staged row (engine build,
     compile, first batch; engines built while the rows were read started earlier). ``generating_s``:
-    first to last staged row of the engines. ``commit_s``: engines done to the version written.
-    ``gpu_seconds_held``: ``replicas`` x ``gpus_per_replica`` x the engine stage's seconds, 0 on a CPU
-    engine, None without an engine. ``engine_replicas``: each replica's own start-up
-    (:func:`replica_phases`); ``engine_import_s`` and ``engine_build_s``: the slowest replica's.
+    first to last staged row of the engines. ``commit_s``: engines done to the version written. The
+    phases overlap (the engines start while the rows are read): they need not add up to the wall time.
+
+    ``replica_seconds_held``: ``replicas`` x the engine stage's seconds, None without an engine; and
+    ``gpu_seconds_held``: that x ``gpus_per_replica`` (0 on a CPU engine). ``keep_warm_gpu_seconds_max``:
+    on a warm pool, what its replicas may hold after the job, idle, waiting for the next one (replicas
+    x GPUs x ``keep_warm_seconds``, at most: a next job ends the wait); the pool's, not counted in
+    ``gpu_seconds_held``. ``engine_replicas``: each replica's own start-up (:func:`replica_phases`);
+    ``engine_import_s`` and ``engine_build_s``: the slowest replica's.
     """
     engine_parts = list(engine_parts)
     first, last = first_and_last_written(engine_parts)
     engine_s = _seconds(clock.engine_started, clock.engine_done)
     phases = replica_phases(engine_parts, clock.engine_started)
+    held = None if engine_s is None else round(replicas * engine_s, 1)
+    kept_warm = None
+    if keep_warm_seconds and engine_s is not None:
+        kept_warm = round(replicas * gpus_per_replica * keep_warm_seconds, 1)
     return {
+        "job_wall_s": _seconds(clock.submitted, clock.committed or time.time()),
         "runtime_env_s": _seconds(clock.submitted, clock.driver_started),
         "driver_start_s": _seconds(clock.driver_started, clock.started),
         "read_and_prepare_s": _seconds(clock.started, clock.rows_ready),
@@ -190,6 +203,8 @@ def run_timings(
         "commit_s": _seconds(clock.engine_done or clock.rows_ready, clock.committed),
         "replicas": replicas if engine_s is not None else 0,
         "gpus_per_replica": gpus_per_replica,
+        "replica_seconds_held": held,
         "gpu_seconds_held": None if engine_s is None else round(replicas * gpus_per_replica * engine_s, 1),
+        "keep_warm_gpu_seconds_max": kept_warm,
         "engine_replicas": phases,
     }

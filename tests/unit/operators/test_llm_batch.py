@@ -217,7 +217,15 @@ DEFAULTS = BatchInferenceSpec.model_fields
 
 
 @pytest.mark.parametrize(
-    "name", ["sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency"]
+    "name",
+    [
+        "sampling_params",
+        "engine_kwargs",
+        "replica_resources",
+        "keep_columns",
+        "concurrency",
+        "keep_warm_seconds",
+    ],
 )
 def test_null_text_means_the_default(name: str) -> None:
     """An unset Param rendered through a template ('null', 'None', '') means the spec's default."""

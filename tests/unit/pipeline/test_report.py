@@ -393,10 +393,10 @@ def test_a_staged_parts_sidecar_carries_the_report_fields(tmp_path: Path) -> Non
 
 def test_report_shows_where_the_time_and_gpus_went() -> None:
     timings = {
-        "runtime_env_s": 3.25, "driver_start_s": 4.0, "read_and_prepare_s": 12.0,
+        "job_wall_s": 98.5, "runtime_env_s": 3.25, "driver_start_s": 4.0, "read_and_prepare_s": 12.0,
         "engine_start_to_first_row_s": 32.0, "engine_import_s": 1.0, "engine_build_s": 29.0,
         "generating_s": 54.0, "commit_s": None, "replicas": 2, "gpus_per_replica": 1.0,
-        "gpu_seconds_held": 174.0,
+        "gpu_seconds_held": 174.0, "replica_seconds_held": 174.0, "keep_warm_gpu_seconds_max": 1200.0,
         "engine_replicas": [
             {"replica": "<b>r1</b>", "actor_start_s": 5.0, "import_s": 1.0, "engine_build_s": 29.0,
              "first_row_s": 2.0},
@@ -407,6 +407,7 @@ def test_report_shows_where_the_time_and_gpus_went() -> None:
 
     section = page.split("Where the time went")[1].split("</section>")[0]
     for label, shown in [
+        ("the job, from its submission (runtime env, driver start and all below)", "1m 38s"),
         ("runtime env (submitted to driver started)", "3.2 s"), ("read and prepare", "12.0 s"),
         ("of which the slowest replica&#x27;s engine build (vLLM import, weights, compile)", "29.0 s"),
         ("generating (first to last row staged)", "54.0 s"),
@@ -414,6 +415,11 @@ def test_report_shows_where_the_time_and_gpus_went() -> None:
         assert f"<tr><th>{label}</th><td class=num>{shown}</td></tr>" in section
     assert "<th>commit</th>" not in section  # after the page: the manifest has it
     assert "174.0 (2 replicas x 1.0 GPU)" in section
+    assert "<tr><th>replica-seconds held</th><td class=num>174.0</td></tr>" in section
+    assert (
+        "idle after this job (at most; the pool's, not counted above)</th><td class=num>1,200.0<" in section
+    )
+    assert "The phases overlap" in page  # they add up to more than the job's time, and the page says so
     assert "&lt;b&gt;r1&lt;/b&gt;" in section and "<b>" not in section
 
 

@@ -445,5 +445,7 @@ def test_an_input_uri_on_an_object_store_with_nothing_to_read_fails_naming_it(
     monkeypatch.setattr(storage, "filesystem", lambda uri_: (store, uri_.split("://", 1)[1]))
 
     assert [size for _, size in storage.input_file_sizes("s3://bucket/in", ["jsonl"])] == [3]
-    with pytest.raises(storage.InputNotFoundError, match=r"input_uri='s3://bucket/in/2026-11-21.jsonl': no such"):
+    with pytest.raises(
+        storage.InputNotFoundError, match=r"input_uri='s3://bucket/in/2026-11-21.jsonl': no such"
+    ):
         storage.input_file_sizes("s3://bucket/in/2026-11-21.jsonl", None)

@@ -45,6 +45,7 @@ def test_a_run_with_an_engine() -> None:
     timings = run_timings(clock, parts, replicas=4, gpus_per_replica=0.25)
 
     assert timings == {
+        "job_wall_s": 110.5,  # submitted to committed: runtime env and driver start included
         "runtime_env_s": 5.0,
         "driver_start_s": 4.0,
         "read_and_prepare_s": 12.0,
@@ -56,9 +57,24 @@ def test_a_run_with_an_engine() -> None:
         "commit_s": 1.5,
         "replicas": 4,
         "gpus_per_replica": 0.25,
+        "replica_seconds_held": 348.0,  # 4 x 87 s, on a CPU engine too
         "gpu_seconds_held": 87.0,  # 4 x 0.25 GPU x 87 s
+        "keep_warm_gpu_seconds_max": None,  # no warm pool
         "engine_replicas": [],
     }
+    # On a warm pool, what its replicas may hold idle after the job, the pool's, apart from the job's.
+    pooled = run_timings(clock, parts, replicas=4, gpus_per_replica=0.25, keep_warm_seconds=600)
+    assert pooled["keep_warm_gpu_seconds_max"] == 600.0 and pooled["gpu_seconds_held"] == 87.0
+
+
+def test_before_the_commit_the_job_s_time_runs_to_now() -> None:
+    """The report is written during the commit: its job time runs to the page, not to the end."""
+    clock = RunClock(started=T0, rows_ready=T0 + 1, submitted=T0 - 9)
+
+    before = datetime.now(UTC).timestamp() - T0 + 9
+    job_wall = run_timings(clock, [], replicas=1, gpus_per_replica=1.0)["job_wall_s"]
+    assert before - 0.001 <= job_wall <= datetime.now(UTC).timestamp() - T0 + 9 + 0.001  # rounded to ms
+    assert run_timings(RunClock(started=T0), [], 1, 1.0)["job_wall_s"] is None  # submit time unknown
 
 
 def test_each_replica_s_start_up_comes_from_the_clock_on_its_parts() -> None:
@@ -132,6 +148,7 @@ def test_phases_are_never_negative_and_gpu_seconds_follow_the_engine_stage(
 
     assert all(v is None or v >= 0 for k, v in timings.items() if k.endswith("_s"))
     assert timings["gpu_seconds_held"] == round(replicas * gpus * timings["engine_stage_s"], 1)
+    assert timings["replica_seconds_held"] == round(replicas * timings["engine_stage_s"], 1)
 
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4)
