@@ -70,13 +70,14 @@ def _run_chromium(command: list[str]) -> str:
     """Its stdout; a second try after a first that ran 120 s. The UI's first page load, on a 2-core
     machine that starts a Ray job and its engine meanwhile, once took past 120 s (CI, 2026-11-28; a
     later load of the same page, 15 s)."""
-    for attempt in (1, 2):
-        try:
-            return subprocess.run(command, check=True, capture_output=True, text=True, timeout=120).stdout
-        except subprocess.TimeoutExpired:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+
+    def run() -> str:
+        return subprocess.run(command, check=True, capture_output=True, text=True, timeout=120).stdout
+
+    try:
+        return run()
+    except subprocess.TimeoutExpired:
+        return run()
 
 
 def _save(paths: list[Path]) -> None:

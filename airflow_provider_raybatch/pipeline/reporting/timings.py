@@ -186,7 +186,7 @@ def run_timings(
     first, last = first_and_last_written(engine_parts)
     engine_s = _seconds(clock.engine_started, clock.engine_done)
     phases = replica_phases(engine_parts, clock.engine_started)
-    held = None if engine_s is None else round(replicas * engine_s, 1)
+    replica_seconds = None if engine_s is None else round(replicas * engine_s, 1)
     kept_warm = None
     if keep_warm_seconds and engine_s is not None:
         kept_warm = round(replicas * gpus_per_replica * keep_warm_seconds, 1)
@@ -203,7 +203,7 @@ def run_timings(
         "commit_s": _seconds(clock.engine_done or clock.rows_ready, clock.committed),
         "replicas": replicas if engine_s is not None else 0,
         "gpus_per_replica": gpus_per_replica,
-        "replica_seconds_held": held,
+        "replica_seconds_held": replica_seconds,
         "gpu_seconds_held": None if engine_s is None else round(replicas * gpus_per_replica * engine_s, 1),
         "keep_warm_gpu_seconds_max": kept_warm,
         "engine_replicas": phases,
