@@ -252,9 +252,47 @@ class AirflowEnv:
         return {(task_id, key): json.loads(value) for task_id, key, value in rows}
 
 
+#: How long the batch tasks of the tests' Airflow deployments keep their engines warm when their DAG
+#: leaves ``keep_warm_seconds`` unset (``RAYBATCH_TEST_KEEP_WARM_SECONDS``; 0: they start their own).
+TEST_KEEP_WARM_SECONDS = float(os.environ.get("RAYBATCH_TEST_KEEP_WARM_SECONDS", "300"))
+
+
+def warm_conf() -> dict[str, float]:
+    """The run conf of a DAG with a ``keep_warm_seconds`` Param (the examples'), set as the policy
+    below sets an operator's: a rendered Param is no longer unset when the policy runs."""
+    return {"keep_warm_seconds": TEST_KEEP_WARM_SECONDS} if TEST_KEEP_WARM_SECONDS > 0 else {}
+
+
+def install_warm_engine_policy(home: Path) -> None:
+    """Give an Airflow home a cluster policy: batch tasks that leave ``keep_warm_seconds`` unset run on
+    a warm engine pool for :data:`TEST_KEEP_WARM_SECONDS`, as a deployment that backfills would set.
+
+    Why: most Airflow-driven tests are about Airflow, the row path or the API, not about an engine's
+    start, and each cold job spent ~40 s of a 2-core CI machine starting vLLM (two processes importing
+    it, then building): about a quarter of the tests' time. Their jobs now share the engines an earlier
+    job of the same settings left warm. The cold path keeps its own tests, which submit from the test
+    process (no Airflow home, no policy): test_pipeline_job, test_fault_injection, test_multinode's
+    first test, test_engine_lifetime; test_warm_pool and the backfill test set their own pools.
+    Airflow runs the policy wherever it parses a DAG (``airflow dags test``, the dag processor, each
+    task's process): ``$AIRFLOW_HOME/config`` is on its ``sys.path``.
+    """
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    if TEST_KEEP_WARM_SECONDS <= 0:
+        (config / "airflow_local_settings.py").unlink(missing_ok=True)
+        return
+    (config / "airflow_local_settings.py").write_text(
+        '"""The tests\' cluster policy (tests/conftest.py install_warm_engine_policy)."""\n\n\n'
+        "def task_policy(task):\n"
+        '    if getattr(task, "keep_warm_seconds", "") is None:  # our batch operators, argument unset\n'
+        f"        task.keep_warm_seconds = {TEST_KEEP_WARM_SECONDS!r}\n"
+    )
+
+
 @pytest.fixture(scope="session")
 def airflow_env(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
     home = tmp_path_factory.mktemp("airflow-home")
+    install_warm_engine_policy(home)
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tests.conftest import AIRFLOW_BIN, ROOT
+from tests.conftest import AIRFLOW_BIN, ROOT, install_warm_engine_policy
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ def airflow_standalone(
     :param token: how to get an API token once the server is up (None: the API needs none).
     """
     _refuse_a_taken_port(port)
+    install_warm_engine_policy(home)
     env = {
         **os.environ,
         "PATH": f"{AIRFLOW_BIN.parent}:{os.environ['PATH']}",  # standalone starts `airflow` subcommands

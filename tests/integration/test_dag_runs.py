@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, warm_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -27,6 +27,7 @@ def _conf(model: Path, data_root: Path) -> dict:
         "data_root": str(data_root),
         "engine_kwargs": CPU_ENGINE_KWARGS,
         "replica_resources": CPU_REPLICA,
+        **warm_conf(),
     }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, warm_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -43,7 +43,7 @@ def test_summaries_progress_links_and_asset_event(airflow_env, ray_cluster, tiny
         timeout=300,
     )
     conf = {"model": str(tiny_model), "data_root": str(tmp_path), "engine_kwargs": CPU_ENGINE_KWARGS,
-            "replica_resources": CPU_REPLICA}  # fmt: skip
+            "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
 
     result = airflow_env.dags_test(DAG_ID, day, conf)
     log = result.stdout + result.stderr

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, warm_conf
 from tests.integration.standalone import Airflow, airflow_standalone
 from tests.integration.test_ticket_summary_dag import _write_tickets
 
@@ -66,7 +66,7 @@ def _fernet_key(home: Path) -> str:
 
 def _conf(tiny_model: Path, data_root: Path) -> dict:
     return {"model": str(tiny_model), "data_root": str(data_root), "engine_kwargs": CPU_ENGINE_KWARGS,
-            "replica_resources": CPU_REPLICA}  # fmt: skip
+            "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
 
 
 def _trigger(airflow: Airflow, conf: dict) -> str:
