@@ -103,6 +103,11 @@ def airflow_standalone(
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        # A task's first call to the execution API (its "run" state, a SQLite write) waits for the
+        # scheduler's and the dag processor's writes; on a loaded 2-core machine it ran past the 5 s
+        # default five times and the task failed before it started, its log one "Pre Execute" line
+        # (test_two_deployments, CI 2026-11-28; Airflow's own advice for timeouts under load).
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
         "AIRFLOW_CONN_RAY_DEFAULT": ray_connection_json,
         **extra_env,
     }
