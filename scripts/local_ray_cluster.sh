@@ -3,6 +3,7 @@
 #   scripts/local_ray_cluster.sh start   # prints the dashboard address; token in $RAYBATCH_STATE/auth_token
 #   scripts/local_ray_cluster.sh add-worker   # one more node on this machine (RAYBATCH_WORKER_CPUS,
 #                                             # RAYBATCH_WORKER_RESOURCES as JSON), joining the head
+#   scripts/local_ray_cluster.sh remove-workers   # stop the nodes add-worker started
 #   scripts/local_ray_cluster.sh stop
 # Token auth is on, as on a real Ray 2.60 cluster, with a token of our own kept under $RAYBATCH_STATE
 # rather than ~/.ray. 8 logical CPUs: each Ray Data LLM stage's actor pool holds one, so a 2-core
@@ -32,6 +33,12 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$STATE/auth_token RAY_USAGE_STATS
 # vLLM. The tiny model's engine built in 35 s against 17 s on 2 cores, and generated slower (2026-11-28).
 # The engine core is a process of its own either way (AsyncLLM); a GPU engine of one GPU is "uni" anyway.
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
+# Ray's log monitor (one per node) globs the logs folder for new worker files on every pass, ten a
+# second when idle, until the folder holds RAY_LOG_MONITOR_MANY_FILES_THRESHOLD files (1,000); only
+# then every LOG_NAME_UPDATE_INTERVAL_S (0.5 s). With a few hundred files, after an hour of jobs, the
+# two log monitors of the tests' two-node cluster took 10-15% of a core (2026-11-28). Every 0.5 s from
+# the start: a new worker's output reaches its job's log at most half a second later.
+export RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=${RAY_LOG_MONITOR_MANY_FILES_THRESHOLD:-0}
 
 # Any HTTP answer (401 included: token auth guards every route) means the dashboard is up.
 dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/api/version")" != 000 ]; }
@@ -40,15 +47,18 @@ dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$
 # ray::DashboardAgent and ray::RuntimeEnvAgent rename themselves, which blanks their environment as
 # /proc shows it: a head's agents outlived `stop` on a two-raylet cluster), less this script and its
 # callers.
+# With an argument (a VAR=value line), only the processes whose environment also has it, and theirs.
 own_processes() {
-  local dir pid ppid self=" $$ $(ancestors) " own=" " found=1
+  local dir pid ppid environ self=" $$ $(ancestors) " own=" " found=1 marker=${1:-}
   declare -A parent=()
   for dir in /proc/[0-9]*; do
     pid=${dir#/proc/}
     ppid=$(awk '{print $4}' "$dir/stat" 2> /dev/null) || continue
     parent[$pid]=$ppid
     case "$self" in *" $pid "*) continue ;; esac
-    { tr '\0' '\n' < "$dir/environ"; } 2> /dev/null | grep -qxF "RAY_AUTH_TOKEN_PATH=$STATE/auth_token" && own+="$pid "
+    environ=$({ tr '\0' '\n' < "$dir/environ"; } 2> /dev/null) || continue
+    grep -qxF "RAY_AUTH_TOKEN_PATH=$STATE/auth_token" <<< "$environ" || continue
+    [ -z "$marker" ] || grep -qxF "$marker" <<< "$environ" && own+="$pid "
   done
   while [ "$found" = 1 ]; do  # add children of own processes until none is new
     found=0
@@ -67,6 +77,19 @@ running() {
   for pid in "$@"; do
     [ "$(awk '{print $3}' "/proc/$pid/stat" 2> /dev/null || echo Z)" != Z ] && echo "$pid"
   done
+  return 0
+}
+# SIGTERM the given pids (one word), then SIGKILL those still running after 10 s.
+stop_processes() {
+  local pids=$1 left
+  [ -n "$pids" ] || return 0
+  kill -TERM $pids 2> /dev/null
+  for _ in $(seq 20); do
+    [ -z "$(running $pids)" ] && break
+    sleep 0.5
+  done
+  left=$(running $pids)
+  [ -n "$left" ] && kill -KILL $left 2> /dev/null
   return 0
 }
 ancestors() {
@@ -105,12 +128,18 @@ case "${1:-}" in
     # A second raylet on the same machine, with resources of its own: a real two-node cluster
     # (own object store, own worker processes) without a second machine.
     cd "$STATE"
-    ray start --address="127.0.0.1:$GCS_PORT" --num-cpus="${RAYBATCH_WORKER_CPUS:-4}" \
+    # Marked, so that remove-workers finds this node's processes (raylet, log monitor, agents, workers).
+    RAYBATCH_WORKER_NODE=1 ray start --address="127.0.0.1:$GCS_PORT" --num-cpus="${RAYBATCH_WORKER_CPUS:-4}" \
       --resources="${RAYBATCH_WORKER_RESOURCES:-{\}}" --dashboard-agent-listen-port=$((AGENT_PORT + 1)) \
       --temp-dir="$RAY_TEMP_DIR" \
       --disable-usage-stats >> "$STATE/ray_worker.log" 2>&1 \
       || { cat "$STATE/ray_worker.log"; exit 1; }
     echo "Ray worker node joined 127.0.0.1:$GCS_PORT"
+    ;;
+  remove-workers)
+    # The nodes add-worker started, and what runs on them; the head goes on (Ray marks them dead).
+    stop_processes "$(own_processes RAYBATCH_WORKER_NODE=1)"
+    echo "Ray worker nodes removed"
     ;;
   stop)
     # This cluster's processes only, not `ray stop --force`, which ends every Ray on the machine (a
@@ -118,18 +147,11 @@ case "${1:-}" in
     # GCS, raylets, dashboard, workers and job drivers of this cluster, and no other, carry it.
     # The pids are taken once, before any signal: a raylet's agents become init's children as it
     # exits, and would no longer be found as its descendants.
-    pids=$(own_processes)
-    [ -n "$pids" ] && kill -TERM $pids 2> /dev/null
-    for _ in $(seq 20); do
-      [ -z "$(running $pids)" ] && break
-      sleep 0.5
-    done
-    left=$(running $pids)
-    [ -n "$left" ] && kill -KILL $left 2> /dev/null
+    stop_processes "$(own_processes)"
     echo "Ray stopped"
     ;;
   *)
-    echo "usage: $0 start|stop" >&2
+    echo "usage: $0 start|add-worker|remove-workers|stop" >&2
     exit 2
     ;;
 esac

@@ -115,6 +115,18 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
     agent_ports = [first_port + 44100, first_port + 44101]  # the head's and the worker's agents
     assert not any(_port_free(port) for port in agent_ports)
 
+    # remove-workers ends that node alone (test_multinode's teardown): the head still runs jobs.
+    removed = subprocess.run(
+        [str(SCRIPT), "remove-workers"], env=first_env, timeout=120, capture_output=True, text=True
+    )
+    assert removed.returncode == 0, removed.stderr
+    assert _port_free(agent_ports[1]) and not _port_free(agent_ports[0]), _agents()
+    assert _run_driver(first_state, first_port).startswith("SUCCEEDED")
+    subprocess.run(
+        [str(SCRIPT), "add-worker"], env={**first_env, "RAYBATCH_WORKER_CPUS": "1"}, check=True,
+        timeout=180, capture_output=True,
+    )  # fmt: skip
+
     stopped = subprocess.run(
         [str(SCRIPT), "stop"], env=first_env, timeout=120, capture_output=True, text=True
     )

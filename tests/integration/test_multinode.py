@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -28,6 +29,13 @@ def _actors(hook: RayHook, class_name: str) -> dict[str, dict]:
     payload = hook._send(_Request("GET", "/api/v0/actors?detail=true&limit=10000")).json()
     actors = payload["data"]["result"]["result"]
     return {a["actor_id"]: a for a in actors if class_name in (a.get("class_name") or "")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_node_after(ray_cluster) -> Iterator[None]:
+    """The later test files run on the head alone, as before this file added a node."""
+    yield
+    ray_cluster.remove_worker_nodes()
 
 
 @pytest.fixture
