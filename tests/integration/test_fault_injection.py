@@ -134,75 +134,84 @@ def _wait_until_staged(hook: RayHook, job_id: str, output_uri: str, run_key: str
     raise AssertionError(f"Ray job {job_id} staged fewer than {rows} rows in 600 s")
 
 
-def _crash(hook: RayHook, job_id: str, trace: Path) -> None:
-    """SIGKILL the job's engine replicas (their pids name their trace files), then its driver: what a
-    lost node does. Nothing drains: a replica dies with the rows it had not staged yet.
+def _crash(hook: RayHook, job_id: str, traces: set[Path]) -> None:
+    """SIGKILL the job's engine replicas (their pids name ``traces``, this try's trace files), then its
+    driver: what a lost node does. Nothing drains: a replica dies with the rows it had not staged yet.
 
     (``stop_job``, what ``on_kill`` sends, lets the replicas finish the batches they hold while the
     driver shuts down: measured, a kill asked for after the first part found 128 rows staged.)
     """
-    for pid in {int(path.name.split("-", 1)[0]) for path in trace.glob("*.txt")}:
+    for pid in {int(path.name.split("-", 1)[0]) for path in traces}:
         os.kill(pid, signal.SIGKILL)
     driver = hook._send(_Request("GET", f"/api/jobs/{job_id}")).json()["driver_info"]["pid"]
     os.kill(int(driver), signal.SIGKILL)
 
 
-# Both ways of dying, early and late. Crashed after the first part and stopped half way (5 -> 3
-# cases, -3 min of CI) exercised the same paths as the two kept neighbours: the staged parts are read
-# back the same way whatever stopped the job. Stopped before any part (3 -> 2, -75 s, 2026-11-28):
-# its rerun had nothing to resume, which is every first run's path.
-@pytest.mark.parametrize(
-    ("kill_after_rows", "how", "label"),
-    [
-        (1, "stop", "stopped after the first part"),
-        (ROWS // 2, "crash", "crashed half way"),
-    ],
-)
-def test_killed_job_resumes_exactly_once(
-    ray_connection, tiny_model, tmp_path, kill_after_rows: int, how: str, label: str, capsys
+#: Both ways of dying, in one run key: the first try stopped (what ``on_kill`` sends) after its first
+#: part, its retry crashed (every process SIGKILLed) half way through what was left, the third try
+#: completes. (Two tests, each a killed try and its rerun, until 2026-11-28: one cold engine more. A
+#: stop before any part was dropped earlier: its rerun had nothing to resume, every first run's path.)
+KILLS = (("stop", "stopped after the first part"), ("crash", "crashed half way through the rest"))
+
+
+def test_a_stopped_then_crashed_run_resumes_each_time_exactly_once(
+    ray_connection, tiny_model, tmp_path, capsys
 ) -> None:
     hook, run_key = RayHook(), "fault-run"
-    ids, output_uri, trace, operator, first = _submit_traced(tiny_model, tmp_path, run_key)
-    _wait_until_staged(hook, first, output_uri, run_key, kill_after_rows)
-    if how == "stop":
-        hook.stop_job(first)
-        assert wait_for_job(first) == JobStatus.STOPPED
-    else:
-        _crash(hook, first, trace)
-        assert wait_for_job(first) == JobStatus.FAILED
-    staged_at_kill, parts_at_kill = (
-        set(_staged_sources(output_uri, run_key)),
-        _committed_parts(output_uri, run_key),
-    )
-    first_traces = set(trace.glob("*.txt"))
-    finished_first = set(_finished(trace, first_traces))
-    assert not Path(output_uri, "manifest.json").exists()  # nothing visible from a killed run
-    assert staged_at_kill <= finished_first
+    ids, output_uri, trace, operator, job = _submit_traced(tiny_model, tmp_path, run_key)
+    staged_before: set[str] = set()  # what the earlier tries left staged
+    finished_before: set[str] = set()  # what the earlier tries' engines finished
+    traces_before: set[Path] = set()
+    for attempt, (how, label) in enumerate(KILLS, start=1):
+        kill_at = len(staged_before) + (1 if how == "stop" else (ROWS - len(staged_before)) // 2)
+        _wait_until_staged(hook, job, output_uri, run_key, kill_at)
+        traces = set(trace.glob("*.txt")) - traces_before
+        if how == "stop":
+            hook.stop_job(job)
+            assert wait_for_job(job) == JobStatus.STOPPED
+        else:
+            _crash(hook, job, traces)
+            assert wait_for_job(job) == JobStatus.FAILED
+        staged_at_kill = set(_staged_sources(output_uri, run_key))
+        traces = set(trace.glob("*.txt")) - traces_before
+        finished = _finished(trace, traces)
+        assert not Path(output_uri, "manifest.json").exists()  # nothing visible from a killed run
+        assert staged_before <= staged_at_kill <= staged_before | set(finished)
+        # Rows this try's engine finished that the kill lost before they were staged: at most one batch
+        # (the replica's buffer of half a batch, and the half batch being written).
+        assert len(set(finished) - staged_at_kill) <= BATCH, sorted(set(finished) - staged_at_kill)
+        assert len(staged_at_kill) < ROWS, f"try {attempt} staged every row before it was killed"
+        if attempt > 1:  # a retry resumed: it generated only rows no earlier try had staged, each once
+            assert len(finished) == len(set(finished)) and not set(finished) & staged_before
+            assert f"Took the {ROWS} rows an earlier try read and prepared" in hook.get_job_logs(job)
+        with capsys.disabled():
+            print(
+                f"\n[fault] try {attempt} {label}: parts staged {_committed_parts(output_uri, run_key)}, "
+                f"rows staged {len(staged_at_kill)}, rows this try's engine finished {len(finished)}"
+            )
+        staged_before, finished_before = staged_at_kill, set(finished)
+        traces_before |= traces
+        job = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
 
-    second = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
-    assert wait_for_job(second) == JobStatus.SUCCEEDED, hook.get_job_log_tail(second, 60)
+    assert wait_for_job(job) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job, 60)
     manifest = _assert_exactly_once(output_uri, ids)
-    finished_second = _finished(trace, set(trace.glob("*.txt")) - first_traces)
-    assert manifest["rows_resumed"] == len(staged_at_kill)
+    finished_last = _finished(trace, set(trace.glob("*.txt")) - traces_before)
+    assert manifest["rows_resumed"] == len(staged_before)
     # The first try kept its prepared rows before its engine was fed (pipeline/read/prepared_cache.py),
-    # so once a part was staged the rerun reads them back instead of the input...
+    # so once a part was staged the reruns read them back instead of the input...
     assert manifest["prepared_rows_reused"] is True
-    # ...and says so in the job's log, which the task's log shows (pipeline/__main__.py)
-    assert f"Took the {ROWS} rows an earlier try read and prepared" in hook.get_job_logs(second)
-    # The rerun generates exactly the rows not staged, each once.
-    assert len(finished_second) == len(set(finished_second)) == ROWS - len(staged_at_kill)
-    assert not set(finished_second) & staged_at_kill
-    # Rows the engine had finished but the kill lost before they were staged: at most one batch (the
-    # replica's buffer of half a batch, and the half batch being written, while writes keep up).
-    recomputed = finished_first & set(finished_second)
-    assert recomputed == finished_first - staged_at_kill
+    # ...and say so in the job's log, which the task's log shows (pipeline/__main__.py)
+    assert f"Took the {ROWS} rows an earlier try read and prepared" in hook.get_job_logs(job)
+    # The last try generates exactly the rows not staged, each once.
+    assert len(finished_last) == len(set(finished_last)) == ROWS - len(staged_before)
+    assert not set(finished_last) & staged_before
+    # Rows the crashed try's engine had finished but the crash lost before they were staged: at most
+    # one batch (the replica's buffer of half a batch, and the half batch being written).
+    recomputed = finished_before & set(finished_last)
+    assert recomputed == finished_before - staged_before
     assert len(recomputed) <= BATCH, sorted(recomputed)
     with capsys.disabled():
-        print(
-            f"\n[fault] {label}: parts staged {parts_at_kill}, rows staged "
-            f"{len(staged_at_kill)}, rows finished by the engine before the kill {len(finished_first)}, "
-            f"recomputed {len(recomputed)} (bound {BATCH}), duplicates 0, lost 0"
-        )
+        print(f"\n[fault] recomputed after the crash {len(recomputed)} (bound {BATCH}), duplicates 0, lost 0")
 
 
 def test_a_replica_killed_mid_run_is_restarted_and_every_row_lands_once(
