@@ -4,6 +4,12 @@ A real `airflow standalone` serves the provider's FastAPI plugin under /openai w
 auth (simple auth manager, real users and passwords, JWTs from /auth/token); each batch is a run of
 dags/openai_batch_api.py on the scheduler and triggerer, on the local Ray cluster with vLLM's CPU
 engine. Files live in the embedded default store, a local folder.
+
+The same server runs dags/openai_provider_batch.py: the OpenAI provider's
+``OpenAITriggerBatchOperator`` reaches the Batch API through the real apache-airflow-providers-openai
+hook and an ``openai`` connection whose host is the API server's ``/openai/v1`` and whose password is an
+Airflow API token, deferred (``OpenAIBatchTrigger``) and waiting in the worker. (One server for both:
+each `airflow standalone` costs a 2-core CI machine a minute and a half to start.)
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
+# The common-ai extra (scripts/setup_envs.sh installs it): without it these tests fail, never skip.
+import airflow.providers.openai  # noqa: F401
 import httpx
 import openai
 import pytest
@@ -24,6 +33,7 @@ from tests.integration.standalone import Airflow, airflow_standalone
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 API_PORT = 8297
+PROVIDER_DAG_ID = "openai_provider_batch"
 USERS = {"batchuser": ("admin", "batch-pass-1"), "reader": ("viewer", "reader-pass-2")}
 
 
@@ -52,7 +62,7 @@ def airflow(ray_cluster, tiny_model, tmp_path_factory) -> Iterator[Airflow]:
         "AIRFLOW_VAR_RAYBATCH_OPENAI_REPLICA_RESOURCES": json.dumps(CPU_REPLICA),
     }
     with airflow_standalone(
-        home, API_PORT, ray_cluster.connection_json(), {DEFAULT_DAG_ID}, extra_env,
+        home, API_PORT, ray_cluster.connection_json(), {DEFAULT_DAG_ID, PROVIDER_DAG_ID}, extra_env,
         token=lambda instance: _token(instance, "batchuser"),
     ) as instance:  # fmt: skip
         yield instance
@@ -149,6 +159,52 @@ def _long_batch(client: openai.OpenAI, path: Path, completion_window: str):
     return client.batches.create(
         input_file_id=input_file_id, endpoint="/v1/chat/completions", completion_window=completion_window
     )
+
+
+def test_openai_trigger_batch_operator_completes_on_our_batch_api(airflow: Airflow) -> None:
+    token = _token(airflow, "batchuser")
+    # The connection a DAG written for OpenAI already uses, pointed at our Batch API.
+    connection = {"connection_id": "openai_raybatch", "conn_type": "openai",
+                  "host": f"{airflow.url}/openai/v1", "password": token}  # fmt: skip
+    assert airflow.api("POST", "/connections", json=connection).status_code == 201
+    for dag_id in (PROVIDER_DAG_ID, DEFAULT_DAG_ID):
+        airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+    run_id = airflow.trigger(PROVIDER_DAG_ID, "2026-11-22", {"max_tokens": 8})
+    run_path = f"/dags/{PROVIDER_DAG_ID}/dagRuns/{quote(run_id)}"
+
+    def finished():
+        run = airflow.api("GET", run_path).json()
+        return run if run["state"] in ("success", "failed") else None
+
+    run = airflow.wait("the DAG run to finish", finished, timeout=1200, every=5)
+    tis = airflow.api("GET", f"{run_path}/taskInstances").json()["task_instances"]
+    states = {ti["task_id"]: ti["state"] for ti in tis}
+    assert run["state"] == "success", (states, (airflow.home / "standalone.log").read_text()[-6000:])
+
+    def xcom(task_id: str):
+        path = f"{run_path}/taskInstances/{task_id}/xcomEntries/return_value"
+        return airflow.api("GET", path, params={"deserialize": True}).json()["value"]
+
+    for reader, batch_task in (
+        ("read_answers", "batch_deferred"),
+        ("read_answers_in_worker", "batch_in_worker"),
+    ):
+        batch_id = xcom(batch_task)
+        assert str(batch_id).startswith("batch_")
+        result = xcom(reader)
+        if isinstance(result, str):
+            result = json.loads(result)
+        assert result["status"] == "completed"
+        assert result["counts"] == {"total": 5, "completed": 4, "failed": 1}
+        assert sorted(result["answers"]) == ["q-0", "q-1", "q-2", "q-3"]
+        # The request our engine cannot honour failed alone, named in the error file.
+        assert result["errors"]["q-tools"]["code"] == "unsupported_parameter"
+        assert "body.tools is not supported" in result["errors"]["q-tools"]["message"]
+    # The deferred one waited in the triggerer, in the OpenAI provider's own trigger.
+    ti = airflow.task_instance(PROVIDER_DAG_ID, run_id, "batch_deferred")
+    logs = airflow.api("GET", f"{run_path}/taskInstances/batch_deferred/logs/{ti['try_number']}")
+    assert "Deferring batch" in logs.text
+    assert token not in logs.text
 
 
 def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connection, tmp_path: Path) -> None:
