@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
 import httpx
@@ -82,16 +83,54 @@ def _refuse_a_taken_port(port: int) -> None:
             )
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """One `airflow standalone` to start: its home, API port, ``ray_default`` connection, the DAGs it
+    must have parsed before it counts as up, the caller's settings (auth, variables), and how to get an
+    API token once the server is up (None: the API needs none)."""
+
+    home: Path
+    port: int
+    ray_connection_json: str
+    dag_ids: set[str]
+    extra_env: dict[str, str]
+    token: Callable[[Airflow], str] | None = None
+
+
 @contextmanager
 def airflow_standalone(
     home: Path, port: int, ray_connection_json: str, dag_ids: set[str], extra_env: dict[str, str],
     token: Callable[[Airflow], str] | None = None,
 ) -> Iterator[Airflow]:  # fmt: skip
-    """Start it, wait until the API answers and ``dag_ids`` are parsed, yield it, stop it.
+    """Start it, wait until the API answers and ``dag_ids`` are parsed, yield it, stop it."""
+    deployment = Deployment(home, port, ray_connection_json, dag_ids, extra_env, token)
+    with airflow_standalones(deployment) as [instance]:
+        yield instance
 
-    :param token: how to get an API token once the server is up (None: the API needs none).
-    """
-    _refuse_a_taken_port(port)
+
+@contextmanager
+def airflow_standalones(*deployments: Deployment) -> Iterator[list[Airflow]]:
+    """Start every deployment at once, then wait for each: a start is mostly each process importing
+    Airflow and the API server building its app, so two side by side are up sooner than one after the
+    other. Yield them in order; stop them all."""
+    started: list[tuple[subprocess.Popen, IO[str]]] = []
+    try:
+        for deployment in deployments:
+            started.append(_start(deployment))
+        yield [_wait_until_up(deployment) for deployment in deployments]
+    finally:
+        for process, _ in started:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process, log in started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=60)
+            _end_process_group(process.pid)
+            log.close()
+
+
+def _start(deployment: Deployment) -> tuple[subprocess.Popen, IO[str]]:
+    _refuse_a_taken_port(deployment.port)
+    home, port = deployment.home, deployment.port
     install_warm_engine_policy(home)
     env = {
         **os.environ,
@@ -108,34 +147,33 @@ def airflow_standalone(
         # default five times and the task failed before it started, its log one "Pre Execute" line
         # (test_two_deployments, CI 2026-11-28; Airflow's own advice for timeouts under load).
         "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
-        "AIRFLOW_CONN_RAY_DEFAULT": ray_connection_json,
-        **extra_env,
+        "AIRFLOW_CONN_RAY_DEFAULT": deployment.ray_connection_json,
+        **deployment.extra_env,
     }
     log = (home / "standalone.log").open("w")
     process = subprocess.Popen([str(AIRFLOW_BIN), "standalone"], env=env, stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True, cwd=home)  # fmt: skip
-    instance = Airflow(f"http://127.0.0.1:{port}", home)
+    return process, log
+
+
+def _wait_until_up(deployment: Deployment) -> Airflow:
+    """The deployment once its API answers and its DAGs are parsed (with the token's header, if any)."""
+    instance = Airflow(f"http://127.0.0.1:{deployment.port}", deployment.home)
 
     def ready() -> Airflow | None:
         try:
             client = (
-                Airflow(instance.url, home, {"Authorization": f"Bearer {token(instance)}"})
-                if token
+                Airflow(instance.url, deployment.home,
+                        {"Authorization": f"Bearer {deployment.token(instance)}"})
+                if deployment.token
                 else instance
-            )
+            )  # fmt: skip
             ids = {d["dag_id"] for d in client.api("GET", "/dags", params={"limit": 100}).json()["dags"]}
         except httpx.HTTPError:
             return None
-        return client if dag_ids <= ids else None
+        return client if deployment.dag_ids <= ids else None
 
-    try:
-        yield instance.wait("the API server and the parsed DAGs", ready, timeout=300)
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=60)
-        _end_process_group(process.pid)
-        log.close()
+    return instance.wait("the API server and the parsed DAGs", ready, timeout=300)
 
 
 def _end_process_group(group: int, grace_seconds: float = 30) -> None:

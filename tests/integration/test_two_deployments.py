@@ -22,7 +22,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, warm_conf
-from tests.integration.standalone import Airflow, airflow_standalone
+from tests.integration.standalone import Airflow, Deployment, airflow_standalones
 from tests.integration.test_ticket_summary_dag import _write_tickets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -39,23 +39,22 @@ DEV_TICKETS = 3000
 PROD_TICKETS = 6
 
 
-def _deployment(home: Path, port: int, ray_cluster) -> Iterator[Airflow]:
+def _deployment(home: Path, port: int, ray_cluster) -> Deployment:
     extra_env = {
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local test instance: no login
         "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET": "",  # unset: each home's generated fernet_key signs
     }
-    with airflow_standalone(home, port, ray_cluster.connection_json(), {DAG_ID}, extra_env) as instance:
-        yield instance
+    return Deployment(home, port, ray_cluster.connection_json(), {DAG_ID}, extra_env)
 
 
 @pytest.fixture(scope="module")
-def dev(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
-    yield from _deployment(tmp_path_factory.mktemp("airflow-dev"), DEV_PORT, ray_cluster)
-
-
-@pytest.fixture(scope="module")
-def prod(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
-    yield from _deployment(tmp_path_factory.mktemp("airflow-prod"), PROD_PORT, ray_cluster)
+def deployments(ray_cluster, tmp_path_factory) -> Iterator[tuple[Airflow, Airflow]]:
+    """(dev, prod), started side by side."""
+    with airflow_standalones(
+        _deployment(tmp_path_factory.mktemp("airflow-dev"), DEV_PORT, ray_cluster),
+        _deployment(tmp_path_factory.mktemp("airflow-prod"), PROD_PORT, ray_cluster),
+    ) as (dev, prod):
+        yield dev, prod
 
 
 def _fernet_key(home: Path) -> str:
@@ -115,8 +114,9 @@ def _summarised(manifest: dict) -> list[str]:
 
 
 def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_others_jobs(
-    dev: Airflow, prod: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch
+    deployments: tuple[Airflow, Airflow], ray_cluster, tiny_model, tmp_path, monkeypatch
 ) -> None:
+    dev, prod = deployments
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     hook = RayHook()
     # two deployments' secrets
