@@ -218,10 +218,11 @@ def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
 ) -> None:
     dag_file = _retry_dags(tmp_path)
     env, day, hook = _env(airflow_env, ray_cluster), "2026-11-21", _hook(ray_cluster)
-    # The batch's engine needs a slot, held for 60 s: its job is still running when try 1's trigger
-    # first looks (30 s, common.ai's least poll interval) and gives up (timeout=20). A job of 4 rows
-    # on an idle machine was done by then (CI, 2026-11-27), and no try re-attached.
-    _hold_every_slot(hook, seconds=60)
+    # The batch's engine needs a slot, held for 40 s: its job is still running when try 1's trigger
+    # first looks (30 s after it deferred, common.ai's least poll interval) and gives up (timeout=20),
+    # its engine not yet built. A job of 4 rows on an idle machine was done by then (CI, 2026-11-27),
+    # and no try re-attached. (60 s until 2026-11-28: 20 s more of each of these two tests.)
+    _hold_every_slot(hook, seconds=40)
     conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
     process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, conf)
     log, _ = process.communicate(timeout=840)
@@ -242,7 +243,7 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
     env, day, hook = _env(airflow_env, ray_cluster), "2026-11-22", _hook(ray_cluster)
     # The job is stopped while its driver runs, waiting for a held engine slot. Stopped at once, while
     # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine (CI, 2026-11-27).
-    _hold_every_slot(hook, seconds=60)
+    _hold_every_slot(hook, seconds=40)
     conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
     process = _popen_dags_test(env, dag_file, "common_ai_retry_after_cancel", day, conf)
     try:
