@@ -61,6 +61,38 @@ class Airflow:
     def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}").json()
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        """A try's log as the UI shows it (the worker's lines, then the triggerer's)."""
+        path = f"/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}/logs/{try_number}"
+        content = self.api("GET", path, params={"full_content": "true"}).json()["content"]
+        return "\n".join(
+            str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content
+        )
+
+    def exits_taken(self, dag_id: str, run_id: str, try_number: int) -> int:
+        """How many exits of the try's task processes the scheduler has taken from its executor (a
+        deferring process's, then the resumed one's), read from the scheduler's lines in standalone.log:
+        the REST API does not show it."""
+        key = f"TaskInstanceKey(dag_id='{dag_id}', task_id="
+        run = f"run_id='{run_id}', try_number={try_number},"
+        lines = (self.home / "standalone.log").read_text(errors="replace").splitlines()
+        exits = ("Received executor event with state success", "Received executor event with state failed")
+        return sum(line.split(" for task instance ")[0].endswith(exits) and key in line and run in line
+                   for line in lines)  # fmt: skip
+
+    def why(self, dag_id: str, run_id: str, task_id: str, try_number: int, lines: int = 60) -> str:
+        """What to print when a try ended other than expected: the try's log and the end of the
+        deployment's own log (its triggerer's and scheduler's lines), since the test's temporary
+        folders, and the logs in them, are gone by the time anyone reads CI's output."""
+        try:
+            task_log = self.task_log(dag_id, run_id, task_id, try_number)
+        except httpx.HTTPError as err:
+            task_log = f"(the try's log could not be read: {err})"
+        standalone = (self.home / "standalone.log").read_text(errors="replace").splitlines()[-lines:]
+        return f"try {try_number}'s log:\n{task_log}\n\nstandalone.log, last {lines} lines:\n" + "\n".join(
+            standalone
+        )
+
     def clear(self, dag_id: str, run_id: str, task_id: str) -> None:
         """Clear one task of a run, with what the UI's "Clear" sends: the task runs again as a new try."""
         body = {

@@ -128,9 +128,7 @@ def test_task_page_shows_progress_and_the_ray_job_link(
     ).json()["value"]
 
     # The API the UI reads: the log has the relayed progress lines, the links point at the job.
-    logs = f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/logs/{ti['try_number']}"
-    content = airflow.api("GET", logs, params={"full_content": "true"}).json()["content"]
-    events = [str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content]
+    events = airflow.task_log(DAG_ID, run_id, TASK_ID, ti["try_number"]).splitlines()
     progress = [event for event in events if f"Ray job {job_id}: " in event and f"/ {TICKETS} rows" in event]
     assert progress, events[-40:]
     links = airflow.api(
@@ -183,20 +181,12 @@ def _deferred_run(
     polled = (f"Ray job {job_id} is ", f"Ray job {job_id}: ")  # the trigger's status and progress lines
     airflow.wait(
         "the triggerer to poll the job",
-        lambda: True if any(line in _log_text(airflow, path, 1) for line in polled) else None,
+        lambda: (
+            True if any(line in airflow.task_log(DAG_ID, run_id, TASK_ID, 1) for line in polled) else None
+        ),
         every=1,
     )
     return run_id, path, job_id
-
-
-def _log_text(airflow: Airflow, path: str, try_number: int) -> str:
-    """A try's log as the UI shows it (the worker's lines, then the triggerer's)."""
-    content = airflow.api("GET", f"{path}/logs/{try_number}", params={"full_content": "true"}).json()[
-        "content"
-    ]
-    return "\n".join(
-        str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content
-    )
 
 
 def test_marking_a_deferred_task_failed_stops_its_ray_job(
@@ -298,8 +288,7 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
     assert (done["state"], done["try_number"]) == ("success", 2)
     jobs = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
     assert [(job.job_id, job.status) for job in jobs] == [(job_id, JobStatus.SUCCEEDED)]  # no second job
-    content = airflow.api("GET", f"{path}/logs/2", params={"full_content": "true"}).json()["content"]
-    events = [str(entry.get("event", "")) if isinstance(entry, dict) else str(entry) for entry in content]
+    events = airflow.task_log(WORKER_KILL_DAG_ID, run_id, TASK_ID, 2).splitlines()
     assert any(job_id in event and "attaching to it" in event for event in events), events
     manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
     manifest = json.loads(manifest) if isinstance(manifest, str) else manifest

@@ -98,14 +98,18 @@ def _job_of(airflow: Airflow, run_id: str, not_in: set[str] = frozenset()) -> st
     return airflow.wait(f"a job id of {run_id} at {airflow.url}", pushed, every=2)
 
 
-def _finished(airflow: Airflow, run_id: str, timeout: float = 900) -> dict:
-    return airflow.wait(
+def _finished(airflow: Airflow, run_id: str, expected_try: int, timeout: float = 900) -> None:
+    """Wait until the run's task ends; assert it succeeded on ``expected_try``, else say why it did not."""
+    done = airflow.wait(
         f"{run_id} at {airflow.url} to finish",
         lambda: ti
         if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
         else None,
         timeout=timeout,
     )  # fmt: skip
+    assert (done["state"], done["try_number"]) == ("success", expected_try), airflow.why(
+        DAG_ID, run_id, TASK_ID, done["try_number"]
+    )
 
 
 def _summarised(manifest: dict) -> list[str]:
@@ -142,8 +146,7 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
         "dev's job to stop", lambda: True if hook.get_job_status(dev_job).is_terminal else None, timeout=180
     )
 
-    done = _finished(prod, run_id)
-    assert (done["state"], done["try_number"]) == ("success", 1)
+    _finished(prod, run_id, expected_try=1)
     assert hook.get_job_status(dev_job) == JobStatus.STOPPED
     manifest = _xcom(prod, run_id, "manifest")
     assert manifest["job_id"] == prod_job
@@ -151,13 +154,19 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
 
     # Prod deletes the run and creates it again under the same run id: its jobs are new ones, not
     # the deleted run's result (same names, same parameters).
-    # The task ends before the scheduler ends its run, and a running run cannot be deleted (409).
+    # The task ends before the scheduler ends its run, and a running run cannot be deleted (409). Nor
+    # may it go before the scheduler has taken both exits of its task's processes (the deferring one,
+    # the resumed one) from its executor: the run created again has the same task instance key, and a
+    # late exit of the deleted run's task took the new try's place in the executor, which the scheduler
+    # then failed as "killed externally" before its trigger ever ran (CI, 2026-11-28). A user deleting
+    # from the UI is never that quick; an API client can be (Airflow's race, not ours).
     prod.wait(
-        "prod's run to end",
+        "prod's run to end and the scheduler to take its task's two exits",
         lambda: (
             True
             if prod.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}").json()["state"]
             in ("success", "failed")
+            and prod.exits_taken(DAG_ID, run_id, try_number=1) >= 2
             else None
         ),
         timeout=120,
@@ -166,8 +175,7 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     assert _trigger(prod, _conf(tiny_model, tmp_path / "prod")) == run_id
     again_job = _job_of(prod, run_id)
     assert again_job not in (dev_job, prod_job)
-    done = _finished(prod, run_id)
-    assert (done["state"], done["try_number"]) == ("success", 1)
+    _finished(prod, run_id, expected_try=1)
     again = _xcom(prod, run_id, "manifest")
     assert again["job_id"] == again_job and again["version"] != manifest["version"]
 
@@ -184,8 +192,7 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
         lambda: True if prod.task_instance(DAG_ID, run_id, TASK_ID)["try_number"] == 2 else None,
         every=1,
     )
-    done = _finished(prod, run_id, timeout=300)
-    assert (done["state"], done["try_number"]) == ("success", 2)
+    _finished(prod, run_id, expected_try=2, timeout=300)
     assert _xcom(prod, run_id, "manifest") == again
     jobs = {
         job.job_id: job.status for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id
