@@ -55,14 +55,19 @@ def airflow(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
         yield instance
 
 
-def _chromium(url: str, screenshot: Path | None = None) -> str:
-    """Load a page in headless Chromium, let its scripts run, return the DOM (and save a screenshot)."""
+def _chromium(url: str, screenshot: Path | None = None, dom: bool = True) -> str:
+    """Load a page in headless Chromium, let its scripts run, return the DOM (and save a screenshot).
+
+    Each is a load of its own; ``dom=False`` spares the second where only the picture is wanted (a
+    load under a cold engine's start took up to 120 s on 2 cores)."""
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={screenshot.parent if screenshot else Path('/tmp')}/chromium-profile",
              "--window-size=1600,1000", "--virtual-time-budget=20000"]  # fmt: skip
     if screenshot is not None:
         _run_chromium([CHROMIUM, *flags, f"--screenshot={screenshot}", url])
+    if not dom:
+        return ""
     return _run_chromium([CHROMIUM, *flags, "--dump-dom", url])
 
 
@@ -112,7 +117,7 @@ def test_task_page_shows_progress_and_the_ray_job_link(
         lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None,
     )
     shots.append(tmp_path / "1-task-deferred.png")
-    _chromium(task_page, shots[-1])
+    _chromium(task_page, shots[-1], dom=False)
 
     ti = airflow.wait(
         "the task to finish",
