@@ -43,6 +43,19 @@ export RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=${RAY_LOG_MONITOR_MANY_FILES_THRESHO
 # Any HTTP answer (401 included: token auth guards every route) means the dashboard is up.
 dashboard_up() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/api/version")" != 000 ]; }
 
+# How many nodes the head's state API lists alive (its JSON: data.result.result[].state); -1 while the
+# dashboard does not answer.
+alive_nodes() {
+  curl -s -H "Authorization: Bearer $(cat "$STATE/auth_token")" "http://127.0.0.1:$PORT/api/v0/nodes?limit=10000" \
+    | python -c 'import json, sys
+try:
+    rows = json.load(sys.stdin)["data"]["result"]["result"]
+except (ValueError, KeyError, TypeError):
+    print(-1)
+else:
+    print(sum(row.get("state") == "ALIVE" for row in rows))'
+}
+
 # The pids whose environment names this cluster's token file, and their descendants (a raylet's
 # ray::DashboardAgent and ray::RuntimeEnvAgent rename themselves, which blanks their environment as
 # /proc shows it: a head's agents outlived `stop` on a two-raylet cluster), less this script and its
@@ -102,6 +115,11 @@ ancestors() {
 
 case "${1:-}" in
   start)
+    # Ray's own error for this comes from deep in `ray start`, after the head half started.
+    if [ "$CLIENT_PORT" -ge 10002 ] && [ "$CLIENT_PORT" -le 19999 ]; then
+      echo "RAYBATCH_CLIENT_PORT=$CLIENT_PORT is inside Ray's worker port range (10002-19999): pick one outside it (e.g. 23001)" >&2
+      exit 2
+    fi
     mkdir -p "$STATE"
     [ -s "$STATE/auth_token" ] || python -c "import secrets; print(secrets.token_hex(32), end='')" > "$STATE/auth_token"
     chmod 600 "$STATE/auth_token"
@@ -128,13 +146,21 @@ case "${1:-}" in
     # A second raylet on the same machine, with resources of its own: a real two-node cluster
     # (own object store, own worker processes) without a second machine.
     cd "$STATE"
+    before=$(alive_nodes)
     # Marked, so that remove-workers finds this node's processes (raylet, log monitor, agents, workers).
     RAYBATCH_WORKER_NODE=1 ray start --address="127.0.0.1:$GCS_PORT" --num-cpus="${RAYBATCH_WORKER_CPUS:-4}" \
       --resources="${RAYBATCH_WORKER_RESOURCES:-{\}}" --dashboard-agent-listen-port=$((AGENT_PORT + 1)) \
       --temp-dir="$RAY_TEMP_DIR" \
       --disable-usage-stats >> "$STATE/ray_worker.log" 2>&1 \
       || { cat "$STATE/ray_worker.log"; exit 1; }
-    echo "Ray worker node joined 127.0.0.1:$GCS_PORT"
+    # `ray start` returns before the head lists the node (~5 s on 2 cores; a job submitted at once saw
+    # one node): wait until it does, up to a minute.
+    for _ in $(seq 120); do
+      [ "$(alive_nodes)" -gt "$before" ] && break
+      sleep 0.5
+    done
+    [ "$(alive_nodes)" -gt "$before" ] || { echo "the new node did not show in the head's node list within 60 s" >&2; exit 1; }
+    echo "Ray worker node joined 127.0.0.1:$GCS_PORT ($(alive_nodes) nodes alive)"
     ;;
   remove-workers)
     # The nodes add-worker started, and what runs on them; the head goes on (Ray marks them dead).

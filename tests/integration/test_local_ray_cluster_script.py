@@ -27,6 +27,18 @@ PORTS = ({"dashboard": 8321, "gcs": 6421, "client": 23031}, {"dashboard": 8325, 
 # Not adjacent dashboard ports: a worker node's agent takes its head's agent port + 1 (the script).
 
 
+def _alive_nodes(state: Path, dashboard_port: int) -> int:
+    """The nodes the head's state API lists alive, now."""
+    token = (state / "auth_token").read_text().strip()
+    body = httpx.get(
+        f"http://127.0.0.1:{dashboard_port}/api/v0/nodes",
+        params={"limit": 10000},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    ).json()
+    return sum(row["state"] == "ALIVE" for row in body["data"]["result"]["result"])
+
+
 def _env(state: Path, ports: dict[str, int]) -> dict[str, str]:
     return {
         **os.environ,
@@ -108,10 +120,12 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
 
     # A second raylet in the first cluster: `stop` once left the head's dashboard and runtime-env
     # agents running, holding the agent port (helper-43's trial), as they rename themselves.
-    subprocess.run(
+    added = subprocess.run(
         [str(SCRIPT), "add-worker"], env={**first_env, "RAYBATCH_WORKER_CPUS": "1"}, check=True,
-        timeout=180, capture_output=True,
+        timeout=180, capture_output=True, text=True,
     )  # fmt: skip
+    # It returns once the head lists the node (it returned ~5 s before: helper-44's trial).
+    assert "(2 nodes alive)" in added.stdout and _alive_nodes(first_state, first_port) == 2, added.stdout
     agent_ports = [first_port + 44100, first_port + 44101]  # the head's and the worker's agents
     assert not any(_port_free(port) for port in agent_ports)
 
@@ -126,6 +140,7 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
         [str(SCRIPT), "add-worker"], env={**first_env, "RAYBATCH_WORKER_CPUS": "1"}, check=True,
         timeout=180, capture_output=True,
     )  # fmt: skip
+    assert _alive_nodes(first_state, first_port) == 2  # the removed node is dead, the new one alive
 
     stopped = subprocess.run(
         [str(SCRIPT), "stop"], env=first_env, timeout=120, capture_output=True, text=True
