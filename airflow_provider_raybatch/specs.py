@@ -198,7 +198,7 @@ class BatchInferenceSpec(BaseModel):
         "body sets its own sampling parameters over sampling_params. A line for another url, or with a "
         "field this pipeline cannot honour, fails alone. Replaces user_template/messages_column.",
     )
-    messages_column: str | None = Field(
+    messages_column: ColumnName | None = Field(
         default=None, description="Column holding OpenAI-style chat messages, passed through as they are."
     )
     system_prompt: str | None = Field(default=None, description="System message put before the user message.")
@@ -286,7 +286,7 @@ class BatchInferenceSpec(BaseModel):
         description="Resources one engine replica reserves, e.g. {'CPU': 1} for vLLM's CPU build; "
         "unset: Ray Data LLM's default of one GPU per tensor x pipeline parallel rank.",
     )
-    id_column: str | None = Field(
+    id_column: ColumnName | None = Field(
         default=None,
         description=f"Column that identifies a row; unset: '{DERIVED_ID_COLUMN}' = <file>:<row number>.",
     )
