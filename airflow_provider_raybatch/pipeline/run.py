@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
-from airflow_provider_raybatch.pipeline.generate import engine, models, ray_internals
+from airflow_provider_raybatch.pipeline.generate import engine, engine_args, models, ray_internals
 from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease
 from airflow_provider_raybatch.pipeline.generate.processor import (
     build_llm_processor,
@@ -309,6 +309,10 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         ray_internals.check_ray_internals(ray.__version__, dry_run=spec.dry_run)
     _check_job_settings()
     _check_input_files(spec)
+    # A key vLLM does not take fails here, not in every replica's constructor, restarted (engine_args).
+    engine_args.check_engine_kwargs(
+        spec.engine_kwargs, engine_args.engine_argument_names(engine_args.installed_vllm_dir())
+    )
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):

@@ -211,3 +211,15 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
         timings["engine_start_to_first_row_s"] + GOOD_ROWS / (GOOD_ROWS / timings["generating_s"])
     )
     assert "Dry run" in Path(output_uri, "_dry_runs", "dirty", "report.html").read_text()
+
+    # An engine setting misspelled: the job fails at its start, naming it, before any replica starts
+    # (every replica used to die in its constructor and be restarted, for minutes: helper-51's trial).
+    typo = make_operator(
+        tiny_model, str(input_path), output_uri, engine_kwargs={**CPU_ENGINE_KWARGS, "max_model_length": 512}
+    )
+    typo_job = submit_pipeline(typo, "typo", f"pipeline-typo-{uuid.uuid4().hex[:8]}")
+    assert wait_for_job(typo_job, timeout=300) == JobStatus.FAILED
+    typo_log = hook.get_job_logs(typo_job)
+    assert "engine_kwargs['max_model_length'] (did you mean 'max_model_len'?)" in typo_log, typo_log[-3000:]
+    assert "UnknownEngineArgumentError" in typo_log and "RaybatchvLLMEngineStageUDF" not in typo_log
+    assert Path(output_uri, "manifest.json").read_bytes() == committed  # nothing committed
