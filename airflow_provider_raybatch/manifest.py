@@ -152,6 +152,27 @@ def describe_timings(timings: Any) -> str | None:  # Any: the manifest's "timing
     return "; ".join(shown) or None
 
 
+def describe_engine_pool(pool: Any) -> str | None:  # Any: the manifest's "engine_pool" (JSON), or None.
+    """One line saying whether the run found its engines warm, e.g. ``engine pool 8f26a2bb2cf787aa: 1 of
+    1 replicas warm, kept warm 300 s after the job``; None for a run on its own engines.
+
+    Why in the task log: a date that ran cold when the one before had left a pool warm (the pool's
+    fingerprint changed with the engine settings, the model or the provider's version) was only found
+    by opening the manifest (helper-51's trial).
+    """
+    if not isinstance(pool, dict):
+        return None
+    warm, replicas = _number(pool.get("warm_replicas")), _number(pool.get("replicas"))
+    if warm is None or replicas is None:
+        return None
+    line = f"engine pool {pool.get('fingerprint', '?')}: {warm:g} of {replicas:g} replicas warm"
+    if warm == 0:
+        line += " (started cold)"
+    if (keep := _number(pool.get("keep_warm_seconds"))) is not None:
+        line += f", kept warm {keep:g} s after the job"
+    return line
+
+
 def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
     """One line for the task log, e.g.
     ``1,200 / 5,000 rows (24.0%), 35.1 rows/s, 210 output tokens/s, ETA 1m48s``.

@@ -22,7 +22,7 @@ from airflow_provider_raybatch.links import (
     RayJobLink,
     RunReportLink,
 )
-from airflow_provider_raybatch.manifest import describe_timings
+from airflow_provider_raybatch.manifest import describe_engine_pool, describe_timings
 from airflow_provider_raybatch.operators import job_results, job_shipping
 from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
@@ -556,6 +556,8 @@ class RayLLMBatchOperator(BaseOperator):
         )  # fmt: skip
         if (timings := describe_timings(manifest.get("timings"))) is not None:
             self.log.info("Ray job %s took: %s.", job_id, timings)
+        if (pool := describe_engine_pool(manifest.get("engine_pool"))) is not None:
+            self.log.info("Ray job %s ran on %s.", job_id, pool)
         job_results.check_failed_rows(manifest, spec, job_id)
         if self.output_asset is not None:
             context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)

@@ -71,6 +71,12 @@ def test_summaries_progress_links_and_asset_event(airflow_env, ray_cluster, tiny
     ]
     assert progress, log[-4000:]
     assert len(progress) <= 10  # bounded: not one per poll
+    pool = manifest.get("engine_pool")
+    if pool:  # on a warm pool (the tests' default, warm_conf): the log says whether it was warm
+        warm = f"Ray job {job_id} ran on engine pool {pool['fingerprint']}: {pool['warm_replicas']} of "
+        assert warm in log, log[-4000:]
+    else:  # RAYBATCH_TEST_KEEP_WARM_SECONDS=0: its own engines, nothing said
+        assert f"Ray job {job_id} ran on engine pool" not in log
 
     # Extra links, kept as XComs by Airflow.
     assert xcoms[("summarise_tickets", "_link_RayJobLink")] == f"{ray_cluster.address}/#/jobs/{job_id}"

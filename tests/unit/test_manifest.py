@@ -9,6 +9,7 @@ import pytest
 
 from airflow_provider_raybatch.manifest import (
     MANIFEST_LOG_MARKER,
+    describe_engine_pool,
     describe_timings,
     failed_rows,
     failed_rows_verdict,
@@ -192,3 +193,20 @@ def test_describe_timings_says_where_the_time_and_gpus_went() -> None:
 )
 def test_describe_timings_of_an_older_or_odd_manifest_says_nothing(timings: object) -> None:
     assert describe_timings(timings) is None
+
+
+def test_describe_engine_pool_says_whether_the_run_found_its_engines_warm() -> None:
+    pool = {"fingerprint": "8f26a2bb2cf787aa", "replicas": 2, "warm_replicas": 1, "keep_warm_seconds": 300.0}
+
+    assert (
+        describe_engine_pool(pool)
+        == "engine pool 8f26a2bb2cf787aa: 1 of 2 replicas warm, kept warm 300 s after the job"
+    )
+    assert describe_engine_pool({**pool, "warm_replicas": 0}) == (
+        "engine pool 8f26a2bb2cf787aa: 0 of 2 replicas warm (started cold), kept warm 300 s after the job"
+    )
+
+
+@pytest.mark.parametrize("pool", [None, "warm", {}, {"replicas": 1}, {"warm_replicas": "x", "replicas": 1}])
+def test_describe_engine_pool_of_a_run_on_its_own_engines_says_nothing(pool: object) -> None:
+    assert describe_engine_pool(pool) is None
