@@ -25,6 +25,9 @@ from typing import Any
 
 #: The classes whose fields are vLLM's engine arguments (Ray Data LLM builds ``AsyncEngineArgs``).
 _ARG_CLASSES = ("EngineArgs", "AsyncEngineArgs")
+#: Keys of ``engine_kwargs`` that Ray Data LLM's vLLM stage takes itself before it builds
+#: ``AsyncEngineArgs`` (``vLLMEngineStageUDF.__init__``): not vLLM's, yet accepted.
+TAKEN_BY_RAY_DATA_LLM = frozenset({"task_type", "model", "model_source"})
 
 
 class UnknownEngineArgumentError(ValueError):
@@ -67,7 +70,7 @@ def check_engine_kwargs(
     """
     if not known:
         return
-    unknown = sorted(key for key in engine_kwargs if key not in known)
+    unknown = sorted(key for key in engine_kwargs if key not in known and key not in TAKEN_BY_RAY_DATA_LLM)
     if not unknown:
         return
     described = []
