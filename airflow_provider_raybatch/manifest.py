@@ -23,6 +23,9 @@ VERDICT_REASONS = 3
 DRY_RUNS_FOLDER = "_dry_runs"
 #: A dry run's manifest ``status`` (a real run's committed manifest says ``complete``).
 DRY_RUN_STATUS = "dry_run"
+#: The ``status`` of a run that failed its failed-row check: written, but not made current (it is
+#: printed in the driver log and kept in its staging; ``current_version`` names what stays current).
+HELD_STATUS = "held"
 
 
 def dry_run_uri(output_uri: str, run_key: str) -> str:
@@ -111,10 +114,28 @@ def failed_rows_verdict(
     if reasons:
         common = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))[:VERDICT_REASONS]
         message += " Most common reasons: " + "; ".join(f"{kind!r} {count:,}" for kind, count in common) + "."
-    committed = [str(manifest[key]) for key in ("outputs_uri", "errors_uri") if manifest.get(key)]
-    if committed:
-        message += f" Outputs and errors are committed: {', '.join(committed)}."
+    written = [str(manifest[key]) for key in ("outputs_uri", "errors_uri") if manifest.get(key)]
+    if manifest.get("status") == HELD_STATUS:
+        message += " " + _held_sentence(manifest, written)
+    elif written:
+        message += f" Outputs and errors are committed: {', '.join(written)}."
     return message
+
+
+def _held_sentence(manifest: dict[str, Any], written: list[str]) -> str:  # Any: JSON values.
+    """What a held run (:data:`HELD_STATUS`) left where, and how to commit it without paying again."""
+    current = manifest.get("current_version")
+    kept = f"version {current} stays current" if current else "no version is current (none was before)"
+    sentence = f"Nothing was committed: {manifest.get('output_uri')} is as it was ({kept})."
+    if written:
+        sentence += f" This run's outputs and errors are kept for a look at {', '.join(written)}"
+        sentence += f", its report at {manifest['report_uri']}." if manifest.get("report_uri") else "."
+    if int(manifest.get("rows_out") or 0) == 0:  # no threshold passes it: only a fix helps
+        return sentence + " Fix the input or the parameters: the retry then starts afresh."
+    return sentence + (
+        " A retry of the same parameters with looser max_failed_fraction / max_failed_rows commits "
+        "them without generating a row again; fix the input or the parameters and it starts afresh."
+    )
 
 
 _TIMING_LABELS = (  # the phases of reporting/timings.py, short, for one log line
@@ -147,7 +168,11 @@ def describe_timings(timings: Any) -> str | None:  # Any: the manifest's "timing
     held, replicas, gpus = (
         _number(timings.get(key)) for key in ("gpu_seconds_held", "replicas", "gpus_per_replica")
     )
-    if held is not None and replicas is not None and gpus is not None:
+    if held is not None and replicas is not None and gpus == 0:  # a CPU engine: "0.0 GPU-seconds" read wrong
+        replica_seconds = _number(timings.get("replica_seconds_held"))
+        held_for = f", {replica_seconds:,.1f} replica-seconds" if replica_seconds is not None else ""
+        shown.append(f"no GPU held ({replicas:g} CPU replica{'' if replicas == 1 else 's'}{held_for})")
+    elif held is not None and replicas is not None and gpus is not None:
         shown.append(f"{held:,.1f} GPU-seconds held ({replicas:g} replicas x {gpus:g} GPU)")
     return "; ".join(shown) or None
 
@@ -177,7 +202,9 @@ def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
     """One line for the task log, e.g.
     ``1,200 / 5,000 rows (24.0%), 35.1 rows/s, 210 output tokens/s, ETA 1m48s``.
 
-    Rates count only this run's rows (not those resumed from an earlier try) over this run's time.
+    Rates count only this run's rows (not those resumed from an earlier try) over this run's time. The
+    ETA is at the engines' own rate since they took their first row (``generating_seconds``, from
+    pipeline/reporting/progress.py); until then the line says the engines are starting.
     """
     done, total = int(progress["rows_done"]), int(progress["rows_total"])
     resumed, elapsed = int(progress.get("rows_resumed", 0)), float(progress["elapsed_seconds"])
@@ -188,6 +215,14 @@ def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
     rows_per_second = (done - resumed) / elapsed
     tokens_per_second = float(progress.get("tokens_out", 0)) / elapsed
     line += f", {rows_per_second:.1f} rows/s, {tokens_per_second:,.0f} output tokens/s"
+    if "generating_seconds" in progress:  # a job that says when its engines began: the ETA is at their rate
+        generating, generated = (
+            _number(progress["generating_seconds"]),
+            int(progress.get("rows_generated") or 0),
+        )
+        if generating is None or generated == 0:
+            return line + (", engines starting" if total > done else "")
+        rows_per_second = generated / max(generating, 1.0)
     if rows_per_second > 0 and total > done:
         line += f", ETA {_duration((total - done) / rows_per_second)}"
     return line

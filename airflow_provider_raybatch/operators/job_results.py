@@ -14,6 +14,7 @@ from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError, RayHoo
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.manifest import (
     DRY_RUN_STATUS,
+    HELD_STATUS,
     MANIFEST_FILE_NAME,
     dry_run_uri,
     failed_rows,
@@ -98,6 +99,26 @@ def committed_result_of(
     if committed is not None and is_result_of(committed, job_id, spec.run_key, spec.fingerprint()):
         return committed
     return None
+
+
+def held_result_of(
+    hook: RayHook, job_id: str, spec: BatchInferenceSpec
+) -> dict[str, Any] | None:  # Any: JSON.
+    """The manifest a failed job printed when it held its run for its failed rows, else None.
+
+    Such a job wrote its version but did not commit it (``pipeline/stage/commit.hold``): it exits
+    non-zero, so a retry submits a job again, which finds every row staged and, with looser
+    thresholds, commits them. The log is the one place its manifest reaches Airflow.
+    """
+    try:
+        manifest = manifest_from_log(hook.get_job_logs(job_id))
+    except RayHookError:
+        return None
+    if manifest is None or manifest.get("status") != HELD_STATUS or manifest.get("job_id") != job_id:
+        return None
+    if manifest.get("run_key") != spec.run_key or manifest.get("spec_fingerprint") != spec.fingerprint():
+        return None
+    return manifest
 
 
 def check_not_superseded(

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.packaging import JOB_MODULE, SPEC_FILE, read_job_file
 
@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_provider_raybatch.pipeline.run import run_batch  # heavy: Ray Data and vLLM
 
     with held_for_this_job():  # the S3 settings, if any, leave the cluster's store when this ends
-        run_batch(spec)
+        try:
+            run_batch(spec)
+        except RayBatchRowsFailedError as err:  # the rows' fault, said in full: no traceback to read past
+            logging.getLogger("airflow_provider_raybatch.pipeline").error("%s", err)
+            return 1
     return 0
 
 

@@ -19,7 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.manifest import manifest_log_line
+from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError
+from airflow_provider_raybatch.manifest import HELD_STATUS, failed_rows, manifest_log_line
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import engine, engine_args, models, ray_internals
 from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease
@@ -335,7 +336,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         openai_lines=spec.openai_endpoint is not None,
         data_uri=commit.staged_data_uri(layout),  # the version folder: commit moves nothing
     )
-    building = _build_while_reading(spec, model_source, parts)
+    # A try held for its failed rows staged every row: a retry commits them, with no engine to start.
+    building = None if commit.is_held(layout) else _build_while_reading(spec, model_source, parts)
     kept = _prepared_rows_kept_for_retries(spec, layout)
     prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
@@ -455,8 +457,16 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         manifest["request_counts"] = {
             "total": rows_in, "completed": committed.rows_out, "failed": committed.rows_failed,
         }  # fmt: skip
+    if (
+        committed.failed_rows_message is not None
+    ):  # the run fails on them: what was current stays so (commit.hold)
+        manifest.update(status=HELD_STATUS, current_version=commit.current_version(layout))
+        commit.hold(layout, manifest)
+        print(manifest_log_line(manifest), flush=True)
+        raise RayBatchRowsFailedError(
+            committed.failed_rows_message, rows_in=rows_in, rows_failed=failed_rows(manifest),
+            job_id=manifest["job_id"] or "",
+        )  # fmt: skip
     commit.publish(layout, manifest, keep_versions=spec.keep_versions)
     print(manifest_log_line(manifest), flush=True)
-    if committed.failed_rows_message is not None:  # committed all the same: the task fails on it
-        log.warning("Committed, but the task will fail: %s", committed.failed_rows_message)
     return manifest

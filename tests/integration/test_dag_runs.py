@@ -100,6 +100,21 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     ]  # fmt: skip
     assert ray_cluster.token not in lineage_file.read_text()
 
+    # The same date again, later that day (another run, the same output folder), after the file's id
+    # column was renamed: every row fails. The run is held: the task fails saying so, and the date's
+    # good version stays current and whole (helper-51's trial: it was replaced by a version of 0 rows).
+    csv = tmp_path / "customers" / day / "customers.csv"
+    csv.write_text(csv.read_text().replace("Customer Id", "Customer ID", 1))
+    rerun = airflow_env.dags_test(DAG_ID, f"{day}T06:00:00+00:00", _conf(tiny_model, tmp_path), timeout=300)
+    rerun_log = rerun.stdout + rerun.stderr
+    assert "state=failed" in rerun_log, rerun_log[-4000:]
+    assert "RayBatchRowsFailedError" in rerun_log, rerun_log[-4000:]
+    assert f"{rows} of {rows} rows failed" in rerun_log and "'missing id' 200" in rerun_log
+    kept = f"Nothing was committed: {output_uri} is as it was (version {manifest['version']} stays current)."
+    assert kept in rerun_log, rerun_log[-4000:]
+    assert json.loads((Path(output_uri) / "manifest.json").read_text())["version"] == manifest["version"]
+    assert len(pq.read_table(manifest["outputs_uri"])) == rows
+
 
 def test_missing_model_fails_the_task_with_a_clear_message(airflow_env, tmp_path) -> None:
     day = "2026-11-18"

@@ -112,6 +112,7 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
         replica_resources=CPU_REPLICA,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}},  # GiB of KV cache: plenty here
         batch_size=8,
+        max_failed_fraction=0.5,  # the corpus is dirty on purpose; a run over the threshold commits nothing
     )
     job_id = submit_pipeline(operator, "captions", f"captions-test-{uuid.uuid4().hex[:8]}")
     hook = RayHook()

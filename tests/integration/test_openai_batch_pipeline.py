@@ -58,6 +58,7 @@ def run_batch(
         replica_resources=CPU_REPLICA,
         batch_size=16,
         runtime_env=runtime_env or {},
+        max_failed_fraction=1.0,  # as the Batch API's DAG (openai_api/dag.py): failed lines are its errors
     )
     job_id = submit_pipeline(operator, "openai", f"openai-test-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(job_id) == JobStatus.SUCCEEDED, RayHook().get_job_log_tail(job_id, 80)

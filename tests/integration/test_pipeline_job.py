@@ -86,6 +86,7 @@ def make_operator(model: Path, input_uri: str, output_uri: str, **overrides) -> 
         engine_kwargs=CPU_ENGINE_KWARGS,
         replica_resources=CPU_REPLICA,
         batch_size=16,
+        max_failed_fraction=0.5,  # the corpus is dirty on purpose: 8 of 49 rows (16%) fail
     )
     return RayLLMBatchOperator(**{**params, **overrides})
 
@@ -223,3 +224,36 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert "engine_kwargs['max_model_length'] (did you mean 'max_model_len'?)" in typo_log, typo_log[-3000:]
     assert "UnknownEngineArgumentError" in typo_log and "RaybatchvLLMEngineStageUDF" not in typo_log
     assert Path(output_uri, "manifest.json").read_bytes() == committed  # nothing committed
+
+    # A re-run of the date with a wrong id column: every row fails. It must not replace the good version
+    # (helper-51's trial: it committed 0 rows and deleted the date's good version). It is held: the job
+    # fails with one clear line, manifest.json and the good version stay, its rows stay staged.
+    wrong = make_operator(tiny_model, str(input_path), output_uri, id_column="ticket-id")
+    held_job = submit_pipeline(wrong, "rerun", f"pipeline-held-{uuid.uuid4().hex[:8]}")
+    assert wait_for_job(held_job, timeout=300) == JobStatus.FAILED
+    held_log = hook.get_job_logs(held_job)
+    held = manifest_from_log(held_log)
+    assert held is not None, held_log[-3000:]
+    assert (held["status"], held["current_version"], held["rows_out"]) == ("held", manifest["version"], 0)
+    assert (
+        held["rows_failed"] == rows_in and held["errors_by_reason"]["missing id"] == rows_in - 3
+    )  # 3 unparsed
+    assert Path(output_uri, "manifest.json").read_bytes() == committed
+    assert sorted(row["ticket_id"] for row in pq.read_table(manifest["outputs_uri"]).to_pylist())[:1] == [
+        "T000"
+    ]
+    assert (
+        f"Nothing was committed: {output_uri} is as it was (version {manifest['version']} stays current)"
+        in (held_log)
+    )
+    assert "Traceback" not in held_log, held_log[-3000:]
+    assert Path(output_uri, "_staging", "rerun", "held.json").exists()
+    assert len(pq.read_table(held["errors_uri"])) == rows_in  # kept for a look
+    # A retry of the same parameters resumes with every row staged: no engine, held again.
+    again = submit_pipeline(wrong, "rerun", f"pipeline-held-{uuid.uuid4().hex[:8]}")
+    assert wait_for_job(again, timeout=300) == JobStatus.FAILED
+    again_log = hook.get_job_logs(again)
+    assert f"{rows_in} staged by an earlier try, 0 to do" in again_log, again_log[-3000:]
+    assert "EngineStage" not in again_log
+    assert manifest_from_log(again_log)["version"] == held["version"]
+    assert Path(output_uri, "manifest.json").read_bytes() == committed

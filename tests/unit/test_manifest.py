@@ -188,6 +188,14 @@ def test_describe_timings_says_where_the_time_and_gpus_went() -> None:
     )
 
 
+def test_describe_timings_of_a_cpu_engine_says_no_gpu_was_held() -> None:
+    """Both trials: a CPU run's task log said '0.0 GPU-seconds held', which reads like a measuring fault."""
+    timings = {"generating_s": 5.0, "replicas": 1, "gpus_per_replica": 0.0, "gpu_seconds_held": 0.0,
+               "replica_seconds_held": 57.25}  # fmt: skip
+
+    assert describe_timings(timings) == "generating 5.0 s; no GPU held (1 CPU replica, 57.2 replica-seconds)"
+
+
 @pytest.mark.parametrize(
     "timings", [None, "12 s", [], {}, {"generating_s": "54"}, {"commit_s": True, "gpu_seconds_held": None}]
 )

@@ -13,8 +13,10 @@ every input row is accounted for and writes the run report (``report.html``, see
 :mod:`~airflow_provider_raybatch.pipeline.reporting.report`) into the version folder; it moves no data
 file, so it costs a read of each sidecar (in parallel) and a listing, however many rows. Then it
 replaces ``manifest.json`` and only then deletes the previous version (unless ``keep_versions``) and
-the sidecars. A staging opened before in-place commits (its ``spec.json`` names no version) keeps its
-data files under ``_staging/<run_key>/`` and is committed the old way, by moving them.
+the sidecars. A run whose failed rows fail it (``max_failed_fraction``, ``max_failed_rows``) is held
+instead: ``manifest.json`` and the version it names stay, and so does the staging, for a retry. A
+staging opened before in-place commits (its ``spec.json`` names no version) keeps its data files under
+``_staging/<run_key>/`` and is committed the old way, by moving them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, failed_rows_verdict
+from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, HELD_STATUS, failed_rows_verdict
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting import report
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
@@ -43,6 +45,8 @@ PART_FOLDERS = ("outputs", "errors", "parts")
 SOURCES_IN_FILE_ORDER = "sources_in_file_order"
 #: ``spec.json`` key: the version whose folder the staged data files are written into.
 STAGED_VERSION_KEY = "version"
+#: In a held run's staging (:func:`hold`): the manifest it did not commit.
+HELD_MANIFEST = "held.json"
 #: Sidecars read at once: an object store answers each GET in milliseconds, tens of thousands per run.
 SIDECAR_READERS = 32
 
@@ -265,7 +269,12 @@ class CommittedRun:
     #: Columns of each folder written as JSON text (their values are not of one Arrow type).
     json_columns: dict[str, list[str]] = field(default_factory=dict)
     #: Why the run's failed rows fail its task (``manifest.failed_rows_verdict``); None when they do not.
+    #: A run they fail is held (:func:`hold`), not published.
     failed_rows_message: str | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.failed_rows_message is not None
 
 
 def write_version(
@@ -282,6 +291,8 @@ def write_version(
     engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
 ) -> CommittedRun:
     """Make the staged parts a version (invisible until :func:`publish`) and write its run report there.
+
+    A version whose failed rows fail the run (``run.held``) is to be held (:func:`hold`), not published.
 
     The parts' data files are in the version folder already (in place); a staging from before
     in-place commits has them moved into a new version folder.
@@ -328,7 +339,12 @@ def write_version(
     counts = {"rows_in": rows_in, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
               "rows_duplicate": reasons.get(DUPLICATE_ID_REASON, 0), "errors_by_reason": run.errors_by_reason,
               "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri}  # fmt: skip
-    run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
+    if failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows) is not None:
+        # Held, not published (:func:`hold`): the message says what stays current and what is kept.
+        report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
+        counts.update(status=HELD_STATUS, current_version=current_version(layout),
+                      output_uri=layout.output_uri, report_uri=report_uri)  # fmt: skip
+        run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
     if spec.structured_choices is not None or labels:  # the operator's choice, or rows' own
         run.generated_text_counts = dict(sorted(labels.items()))
     # Rendered before anything moves: a rendering bug must not leave the parts half committed.
@@ -394,6 +410,34 @@ def _render_report(
     except Exception:  # noqa: BLE001 - see the docstring; the manifest then carries report_uri None.
         log.exception("Could not render the run report of version %s; committing without it.", run.version)
         return None
+
+
+def current_version(layout: OutputLayout) -> str | None:
+    """The version ``manifest.json`` names now, or None before the first commit."""
+    return _committed_version(layout)
+
+
+def hold(layout: OutputLayout, manifest: dict[str, Any]) -> None:  # Any: JSON values.
+    """Keep a run that failed its failed-row check out of ``manifest.json``: what was current stays so.
+
+    A run whose rows mostly failed (a wrong column, a broken prompt) must not replace the date's
+    last good result, nor delete it. Its version folder (outputs, errors, report) and its staging
+    stay as they are, with the manifest it would have committed (status ``held``) beside the
+    sidecars: a retry of the same spec resumes with every row staged, so with looser thresholds it
+    commits them without generating any again; a retry with other parameters discards them
+    (:func:`open_staging_parts`).
+    """
+    storage.write_text(held_manifest_uri(layout), json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def held_manifest_uri(layout: OutputLayout) -> str:
+    """Where :func:`hold` keeps a held run's manifest: in its staging, which a commit deletes."""
+    return storage.join(layout.staging_uri, HELD_MANIFEST)
+
+
+def is_held(layout: OutputLayout) -> bool:
+    """Whether an earlier try of this run was held (:func:`hold`): then every row is staged."""
+    return storage.exists(held_manifest_uri(layout))
 
 
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.

@@ -16,20 +16,23 @@ import httpx
 import pytest
 import respx
 from airflow.sdk import Asset
+from airflow.sdk.exceptions import TaskDeferred
 from structlog.testing import capture_logs
 
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError
+from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError, RayJobFailedError
 from airflow_provider_raybatch.manifest import failed_rows_verdict, manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
 from airflow_provider_raybatch.operators.llm_batch import JOB_ID_STATE_KEY, RayLLMBatchOperator
 from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION
 from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.operators.test_llm_batch import (
+    KEY,
     FakeCluster,
     FakeStateStore,
     FakeTI,
     make_operator,
     retry_ti,
+    task_try_of,
 )
 
 OUTPUT_ASSET = Asset("s3://b/out")
@@ -259,3 +262,66 @@ def test_the_done_line_says_how_many_failed_rows_are_repeated_ids(
         "Ray job j1 done: 30 rows in, 19 out, 11 failed (7 of them repeated ids); output at s3://b/out/.",
         "Ray job j1 done: 30 rows in, 26 out, 4 failed; output at s3://b/out/.",
     ]
+
+
+# -- a run held for its failed rows (pipeline/stage/commit.hold): its job failed, nothing committed --
+
+
+def held_job(
+    cluster: FakeCluster, ti: FakeTI, **manifest_fields: Any
+) -> tuple[str, dict[str, Any]]:  # Any: JSON.
+    """Try 1's job, FAILED after printing the manifest of the run it held: (its id, that manifest)."""
+    job_id = task_try_of(ti, 1).submission_id(KEY)
+    spec = make_operator().build_spec(run_key=task_try_of(ti, 1).run_key())
+    fields = {"status": "held", "current_version": "v0", "job_id": job_id, "run_key": spec.run_key,
+              "spec_fingerprint": spec.fingerprint(),
+              "report_uri": "s3://b/out/versions/v1/report.html"}  # fmt: skip
+    manifest = run_manifest(30, 30, **{**fields, **manifest_fields})
+    logs = "x\n" + manifest_log_line(manifest) + "\nERROR 30 of 30 rows failed\n"
+    cluster.add_try(ti, 1, "FAILED", logs=logs)
+    return job_id, manifest
+
+
+def test_a_held_run_fails_its_task_saying_what_stays_current(ray_conn: str, cluster: FakeCluster) -> None:
+    """helper-51's trial: every row failed (a wrong column) and the run replaced the date's good
+    version. Now the job holds it and fails; the task says so in one error, with no log tail."""
+    ti = retry_ti(1)
+    job_id, manifest = held_job(cluster, ti)
+    failed = job_event("error", job_id, f"Ray job {job_id} finished: FAILED.", "failed")
+
+    with pytest.raises(RayBatchRowsFailedError) as info:
+        make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, failed)
+
+    message = str(info.value)
+    assert message.startswith("30 of 30 rows failed (100.0%, duplicate ids not counted)")
+    assert "Nothing was committed: s3://b/out/ is as it was (version v0 stays current)." in message
+    assert "its report at s3://b/out/versions/v1/report.html." in message
+    assert "Fix the input or the parameters: the retry then starts afresh." in message  # no threshold helps
+    assert "driver log" not in message
+    assert (info.value.rows_in, info.value.rows_failed, info.value.job_id) == (30, 30, job_id)
+    assert ti.xcoms["manifest"] == manifest and "output_uri" not in ti.xcoms
+
+
+def test_a_retry_of_a_held_run_submits_a_job_to_commit_it(ray_conn: str, cluster: FakeCluster) -> None:
+    """The held job FAILED and committed nothing: the retry submits, and that job finds every row staged."""
+    ti = retry_ti(2)
+    held_job(cluster, ti)
+
+    with pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn, max_failed_fraction=1.0).execute(
+            {"ti": ti, "task_state_store": FakeStateStore()}
+        )
+
+    assert [body["submission_id"] for body in cluster.submitted()] == [task_try_of(ti, 2).submission_id(KEY)]
+
+
+@pytest.mark.parametrize("other", [{"spec_fingerprint": "another"}, {"job_id": "raybatch-someone-else"}])
+def test_a_held_manifest_of_another_run_is_not_taken(
+    ray_conn: str, cluster: FakeCluster, other: dict[str, str]
+) -> None:
+    ti = retry_ti(1)
+    job_id, _ = held_job(cluster, ti, **other)
+    failed = job_event("error", job_id, f"Ray job {job_id} finished: FAILED.", "failed")
+
+    with pytest.raises(RayJobFailedError, match="driver log"):
+        make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, failed)

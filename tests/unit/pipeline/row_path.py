@@ -158,7 +158,10 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
         "failed_rows_message": committed.failed_rows_message,
         "generated_text_counts": committed.generated_text_counts,
     }
-    commit.publish(layout, manifest, keep_versions=False)
+    if committed.held:  # as pipeline/run.py: a run its failed rows fail replaces nothing
+        commit.hold(layout, manifest)
+    else:
+        commit.publish(layout, manifest, keep_versions=False)
     return RowPathResult(
         manifest=manifest,
         outputs=read_rows(committed.outputs_uri, spec.output_format),

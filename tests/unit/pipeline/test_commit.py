@@ -919,3 +919,93 @@ def test_commit_reads_back_only_the_sidecars_nobody_reported(
     sidecar_reads = sorted(Path(uri).name for uri in reads if "/parts/" in uri)
     assert sidecar_reads == ["part-3.json", "part-7.json"]
     assert (run.rows_out, run.tokens_in) == (10, sum(range(10)))
+
+
+# -- hold: a run whose failed rows fail it replaces nothing ---------------------------------------------
+
+
+def _commit_good_date(tmp_path: Path) -> tuple[OutputLayout, commit.CommittedRun]:
+    """The date's first run: every row answered, committed as pipeline/run.py commits it."""
+    good = OutputLayout(str(tmp_path / "out"), "daily-run-1")
+    spec = spec_of(run_key=good.run_key)
+    commit.open_staging(good, spec)
+    stage_part(good, "part-good", ["1", "2", "3"])
+    run = commit.write_version(good, spec, rows_in=3)
+    assert not run.held
+    commit.publish(good, {"version": run.version, "outputs_uri": run.outputs_uri}, keep_versions=False)
+    return good, run
+
+
+def _held_rerun(
+    tmp_path: Path, **params: Any
+) -> tuple[OutputLayout, commit.CommittedRun]:  # Any: spec values.
+    """A re-run of the date (another run key, as a backfill's) whose rows mostly fail: held."""
+    rerun = OutputLayout(str(tmp_path / "out"), "backfill-run-2")
+    spec = spec_of(run_key=rerun.run_key, **params)
+    commit.open_staging(rerun, spec)
+    stage_part(rerun, "part-bad", ["1", "2", "3"], failed=["1", "2"])
+    run = commit.write_version(rerun, spec, rows_in=3)
+    assert run.held
+    commit.hold(rerun, {"status": "held", "version": run.version})
+    return rerun, run
+
+
+def test_a_run_whose_rows_fail_is_held_and_the_dates_good_version_stays(tmp_path: Path) -> None:
+    """helper-51's trial: a re-run with a wrong column failed every row, committed a 0-row version and
+    deleted the date's good one. Held instead: the good version stays current and whole."""
+    good, first = _commit_good_date(tmp_path)
+
+    rerun, held = _held_rerun(tmp_path)
+
+    assert json.loads(storage.read_text(good.manifest_uri))["version"] == first.version  # still current
+    assert files_under(first.outputs_uri) == ["part-good.jsonl"]
+    assert files_under(held.errors_uri) == ["part-bad.jsonl"]  # kept for a look
+    assert commit.is_held(rerun) and not commit.is_held(good)
+    assert commit.open_staging(rerun, spec_of(run_key=rerun.run_key)) == {"1", "2", "3"}  # all staged
+    assert held.failed_rows_message is not None
+    assert (
+        f"Nothing was committed: {good.output_uri} is as it was (version {first.version} stays current)."
+        in (held.failed_rows_message)
+    )
+    assert (
+        f"kept for a look at {held.outputs_uri}, {held.errors_uri}, its report at" in held.failed_rows_message
+    )
+    assert "with looser max_failed_fraction / max_failed_rows commits them" in held.failed_rows_message
+
+
+def test_the_first_run_of_a_date_held_leaves_no_manifest(tmp_path: Path) -> None:
+    rerun, held = _held_rerun(tmp_path)
+
+    assert not storage.exists(rerun.manifest_uri)
+    assert held.failed_rows_message is not None
+    assert "(no version is current (none was before))" in held.failed_rows_message
+
+
+def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_path: Path) -> None:
+    """The thresholds are not in the fingerprint: the retry resumes every row and commits them."""
+    good, first = _commit_good_date(tmp_path)
+    rerun, held = _held_rerun(tmp_path)
+    looser = spec_of(run_key=rerun.run_key, max_failed_fraction=0.9)
+
+    assert commit.open_staging(rerun, looser) == {"1", "2", "3"}
+    run = commit.write_version(rerun, looser, rows_in=3)
+    assert not run.held
+    commit.publish(rerun, {"version": run.version, "outputs_uri": run.outputs_uri}, keep_versions=False)
+
+    assert run.version == held.version
+    assert json.loads(storage.read_text(good.manifest_uri))["version"] == held.version
+    assert not Path(good.version_uri(first.version)).exists()  # replaced, as any commit replaces
+    assert not commit.is_held(rerun) and not storage.exists(rerun.staging_uri)
+
+
+def test_a_held_run_retried_with_other_parameters_starts_afresh(tmp_path: Path) -> None:
+    """The fixed column changes the spec: the held rows are not its rows; the good version stays."""
+    good, first = _commit_good_date(tmp_path)
+    rerun, held = _held_rerun(tmp_path)
+
+    assert commit.open_staging(rerun, spec_of(run_key=rerun.run_key, user_template="{Name}")) == set()
+
+    assert not Path(good.version_uri(held.version)).exists()
+    assert not commit.is_held(rerun)
+    assert json.loads(storage.read_text(good.manifest_uri))["version"] == first.version
+    assert files_under(first.outputs_uri) == ["part-good.jsonl"]
