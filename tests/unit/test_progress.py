@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,39 @@ def test_no_eta_when_done_or_before_any_row() -> None:
     assert "ETA" not in describe_progress(_progress(rows_done=5000))
     assert "ETA" not in describe_progress(_progress(rows_done=0))
     assert describe_progress(_progress(elapsed_seconds=0)) == "1,200 / 5,000 rows (24.0%)"
+
+
+def test_the_eta_is_at_the_engines_rate_and_waits_for_their_first_row() -> None:
+    """helper-51's trial: 8 rows staged at once (bad rows, no engine) while the engine built, and the line
+    said "ETA 24m26s"; the job ended 27 s later. The ETA now waits for the engines and uses their rate."""
+    building = _progress(
+        rows_done=8, rows_total=69, elapsed_seconds=30, rows_generated=0, generating_seconds=None
+    )
+    generating = _progress(
+        rows_done=24, rows_total=69, elapsed_seconds=60, rows_generated=16, generating_seconds=4
+    )
+
+    assert describe_progress(building).endswith(", engines starting")
+    assert "ETA" not in describe_progress(building)
+    assert describe_progress(generating).endswith(", ETA 11s")  # 45 rows to go at 16 rows / 4 s
+    assert "engines starting" not in describe_progress(
+        {**building, "rows_done": 69}
+    )  # done: nothing to wait for
+
+
+def test_the_reporter_times_the_engines_from_their_first_row(tmp_path: Path) -> None:
+    parts = tmp_path / "parts"
+    _sidecar(parts, "part-resumed", rows=8, tokens_out=10, first_row_in_engine_at=1.0)  # an earlier try's
+    reporter = ProgressReporter(str(parts), rows_total=40, rows_resumed=8, interval=3600).start()
+    _sidecar(parts, "part-rejected", rows=4, tokens_out=0)  # bad rows, staged by the sink: no engine
+    assert (reporter.snapshot()["rows_generated"], reporter.snapshot()["generating_seconds"]) == (0, None)
+
+    _sidecar(parts, "part-a", rows=16, tokens_out=100, first_row_in_engine_at=time.time() - 5)
+    snapshot = reporter.snapshot()
+    reporter.stop()
+
+    assert snapshot["rows_generated"] == 16
+    assert 5 <= snapshot["generating_seconds"] <= 7
 
 
 def test_latest_progress_is_read_from_a_noisy_log() -> None:
@@ -131,10 +165,10 @@ def test_interval_zero_turns_the_relay_off(hook: RayHook, ray_api: respx.MockRou
     assert not logs.called
 
 
-def _sidecar(folder: Path, name: str, rows: int, tokens_out: int) -> None:
+def _sidecar(folder: Path, name: str, rows: int, tokens_out: int, **fields: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(
-        json.dumps({"sources": [f"f:{i}" for i in range(rows)], "tokens_out": tokens_out})
+        json.dumps({"sources": [f"{name}:{i}" for i in range(rows)], "tokens_out": tokens_out, **fields})
     )
 
 

@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS, RowStager, flush_rows_for
 
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+
 #: Marks a row the engine loop staged already (dropped before the row leaves the stage).
 STAGED = "__raybatch_staged__"
+#: Ray Data LLM's output field: the row's seconds in the engine (vllm_engine_stage.py).
+TIME_IN_ENGINE = "time_taken_llm"
 
 
 class StagesFinishedRows:
@@ -32,6 +39,7 @@ class StagesFinishedRows:
     IDX_IN_BATCH_COLUMN: str
     data_column: str
     _stager: RowStager
+    _writer: PartWriter
 
     def _start_staging(
         self,
@@ -47,6 +55,7 @@ class StagesFinishedRows:
         spec = settings.pop("spec")
         writer = PartWriter(**settings)
         writer.replica = replica
+        self._writer = writer
         write = functools.partial(stage_engine_rows, spec=spec, parts=writer)
         self._stager = RowStager(write, flush_rows_for(spec.batch_size))
 
@@ -54,12 +63,27 @@ class StagesFinishedRows:
         """The engine loop of the UDF after this mixin; each row it finishes goes to the stager at once."""
         by_index = {row[self.IDX_IN_BATCH_COLUMN]: row for row in batch}
         async for output in super().udf(batch):  # type: ignore[misc]  # the stage UDF after this mixin
+            self._note_engine_start(output)
             # The row as it leaves the stage (what Ray Data LLM's __call__ builds from the two).
             row = {**by_index[output[self.IDX_IN_BATCH_COLUMN]], **output}
             row.pop(self.IDX_IN_BATCH_COLUMN)
             if self._stager.finished(row):
                 await self._stager.flush()
             yield {**output, STAGED: True}
+
+    def _note_engine_start(self, output: dict[str, Any]) -> None:  # Any: row values.
+        """Keep when an engine took this stage's first row: the row's finish less its seconds in the
+        engine (Ray Data LLM's ``time_taken_llm``; -1 for a row that failed before it).
+
+        The end of start-up and the start of generating (reporting/timings.py). The first staged part
+        marked it before, so a run whose rows fit one batch showed its whole decode as start-up.
+        """
+        seconds = output.get(TIME_IN_ENGINE)
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 <= seconds < math.inf:
+            return
+        started = time.time() - seconds
+        current = self._writer.first_row_in_engine_at
+        self._writer.first_row_in_engine_at = started if current is None else min(current, started)
 
     async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:  # Any: Ray Data batch.
         async for output in super().__call__(batch):  # type: ignore[misc]  # the stage UDF after this mixin

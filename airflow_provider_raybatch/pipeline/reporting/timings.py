@@ -4,10 +4,10 @@ A user who backfills a month wants to see what a run cost and what start-up took
 the driver marks the moments it knows (rows ready, engine stage started and done, committed), the
 Jobs API's record and the driver's process say when the job was submitted and when its driver
 started (the runtime env between), each engine replica stamps its own start on the parts it stages
-(:func:`replica_clock`), and the staged parts' ``written_at`` give when the engines' first and last
-rows were staged. GPU-seconds count what the job held, not what it used: replicas x GPUs per replica x
-the seconds from the engine stage's start to its end (engines are reserved for all of it, start-up
-included).
+(:func:`replica_clock`) and when an engine took its first row (:data:`FIRST_ROW_IN_ENGINE_KEY`), and
+the staged parts' ``written_at`` give when the engines' last rows were staged. GPU-seconds count what
+the job held, not what it used: replicas x GPUs per replica x the seconds from the engine stage's start
+to its end (engines are reserved for all of it, start-up included).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 #: A staged part's sidecar key for the clock of the engine replica that staged it (:func:`replica_clock`).
 REPLICA_KEY = "replica"
+#: A staged part's sidecar key: when an engine took the first row of the stage that staged it (epoch
+#: seconds; generate/staged_udf.py), where start-up ends and generating begins.
+FIRST_ROW_IN_ENGINE_KEY = "first_row_in_engine_at"
 
 
 @dataclass
@@ -110,19 +113,18 @@ def replica_phases(
     ``actor_start_s``: the engine stage's start to the replica's module loaded (the actor scheduled, its
     worker process and runtime env). ``import_s``: to its constructor (Ray Data LLM's stage module).
     ``engine_build_s``: the constructor (vLLM imported, the engine built: weights, compile, CUDA graphs;
-    vLLM's own log splits these). ``first_row_s``: engine ready
-    to its first staged part. Parts without a clock (a warm pool's replicas, an older job's) count none.
+    vLLM's own log splits these). ``first_row_s``: engine ready to its engine taking its first row
+    (:func:`generating_from`). Parts without a clock (a warm pool's replicas, an older job's) count none.
     """
     clocks: dict[str, Mapping[str, Any]] = {}
-    first_written: dict[str, float] = {}
+    parts_of: dict[str, list[Mapping[str, Any]]] = {}
     for sidecar in engine_parts:
         clock = sidecar.get(REPLICA_KEY)
         if not isinstance(clock, Mapping) or not isinstance(clock.get("id"), str):
             continue
         clocks.setdefault(clock["id"], clock)
-        written = epoch_seconds(sidecar.get("written_at"))
-        if written is not None:
-            first_written[clock["id"]] = min(written, first_written.get(clock["id"], written))
+        parts_of.setdefault(clock["id"], []).append(sidecar)
+    first_written = {replica: generating_from(parts) for replica, parts in parts_of.items()}
     phases = [
         {
             "replica": replica,
@@ -152,6 +154,17 @@ def first_and_last_written(sidecars: Iterable[Mapping[str, Any]]) -> tuple[float
     return (min(times), max(times)) if times else (None, None)
 
 
+def generating_from(sidecars: Iterable[Mapping[str, Any]]) -> float | None:  # Any: JSON sidecar values.
+    """When the engines took their first row (epoch seconds): the end of start-up, the start of generating.
+
+    The earliest :data:`FIRST_ROW_IN_ENGINE_KEY` of the parts; for parts without it (an older job's),
+    their first ``written_at``, which counts the first batch's generation as start-up.
+    """
+    sidecars = list(sidecars)
+    taken = [stamp for sidecar in sidecars if (stamp := _mark(sidecar, FIRST_ROW_IN_ENGINE_KEY)) is not None]
+    return min(taken) if taken else first_and_last_written(sidecars)[0]
+
+
 def _seconds(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else round(max(end - start, 0.0), 3)
 
@@ -170,10 +183,13 @@ def run_timings(
     only) leaves out. ``runtime_env_s``: submitted to the driver's process started (the job's runtime
     env: packages uploaded by the operator are unpacked, a ``pip`` list installed). ``driver_start_s``:
     to the run's start (Python, our imports, ``ray.init``). ``read_and_prepare_s``: start to rows ready.
-    ``engine_start_to_first_row_s``: the engine stage's start to its first staged row (engine build,
-    compile, first batch; engines built while the rows were read started earlier). ``generating_s``:
-    first to last staged row of the engines. ``commit_s``: engines done to the version written. The
-    phases overlap (the engines start while the rows are read): they need not add up to the wall time.
+    ``engine_start_to_first_row_s``: the engine stage's start (after the reads) to an engine taking its
+    first row (:func:`generating_from`): what the rows waited for the engines (the build, compile; a
+    warm pool's answer). A replica built beside the reads (a warm pool's cold replica) started before
+    this phase: its own ``engine_build_s`` and the pool's ``engine_ready_s`` (counted from the job's
+    lease, taken while it reads) can be longer than it. ``generating_s``: from there to the engines'
+    last staged row. ``commit_s``: engines done to the version written. The phases overlap (the engines
+    start while the rows are read): they need not add up to the wall time.
 
     ``replica_seconds_held``: ``replicas`` x the engine stage's seconds, None without an engine; and
     ``gpu_seconds_held``: that x ``gpus_per_replica`` (0 on a CPU engine). ``keep_warm_gpu_seconds_max``:
@@ -183,7 +199,7 @@ def run_timings(
     ``engine_import_s`` and ``engine_build_s``: the slowest replica's.
     """
     engine_parts = list(engine_parts)
-    first, last = first_and_last_written(engine_parts)
+    first, last = generating_from(engine_parts), first_and_last_written(engine_parts)[1]
     engine_s = _seconds(clock.engine_started, clock.engine_done)
     phases = replica_phases(engine_parts, clock.engine_started)
     replica_seconds = None if engine_s is None else round(replicas * engine_s, 1)

@@ -32,7 +32,7 @@ from typing import Any
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
-from airflow_provider_raybatch.pipeline.reporting.timings import REPLICA_KEY
+from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY, REPLICA_KEY
 from airflow_provider_raybatch.pipeline.stage import part_schema
 from airflow_provider_raybatch.pipeline.stage.commit import (
     PART_FOLDERS,
@@ -110,6 +110,8 @@ class PartWriter:
         self.reason_of = openai_batch.error_reason if openai_lines else (lambda record: record[ERROR_COLUMN])
         #: An engine replica's clock (reporting/timings.py replica_clock), stamped on each part it stages.
         self.replica: dict[str, Any] | None = None
+        #: When an engine took this stage's first row (epoch seconds; staged_udf.py), stamped likewise.
+        self.first_row_in_engine_at: float | None = None
 
     def settings(self) -> dict[str, Any]:  # Any: the constructor's keyword values.
         """The keywords that build this writer again (in an engine replica, which stages rows too)."""
@@ -168,6 +170,8 @@ class PartWriter:
                     sidecar.setdefault(COLUMNS_KEY, {})[folder] = types
         if self.replica is not None:
             sidecar[REPLICA_KEY] = self.replica
+        if self.first_row_in_engine_at is not None:
+            sidecar[FIRST_ROW_IN_ENGINE_KEY] = round(self.first_row_in_engine_at, 3)
         # written_at: now, when the part's data is in place
         sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of, token_counts=tokens))
         # The sidecar last: until it exists the part's files do not count.

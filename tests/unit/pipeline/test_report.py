@@ -232,6 +232,14 @@ def stats_of_run() -> ReportStats:
     return ReportStats.of_sidecars(parts)
 
 
+def test_the_wall_time_at_the_top_is_the_jobs_as_where_the_time_went_counts_it() -> None:
+    """helper-50's trial: 'Wall time' read the driver's 51 s, the timing section the job's 66 s."""
+    timed = {**SUMMARY, "timings": {"job_wall_s": 800.0, "read_and_prepare_s": 3.0}}
+
+    assert '<dd id="wall_seconds">13m 20s</dd>' in render_report(timed, stats_of_run())
+    assert '<dd id="wall_seconds">12m 34s</dd>' in render_report(SUMMARY, stats_of_run())  # no timings
+
+
 def test_report_shows_the_counts() -> None:
     page = render_report(SUMMARY, stats_of_run())
 

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_provider_raybatch.pipeline.reporting.timings import (
+    FIRST_ROW_IN_ENGINE_KEY,
     REPLICA_KEY,
     RunClock,
     first_and_last_written,
@@ -65,6 +66,26 @@ def test_a_run_with_an_engine() -> None:
     # On a warm pool, what its replicas may hold idle after the job, the pool's, apart from the job's.
     pooled = run_timings(clock, parts, replicas=4, gpus_per_replica=0.25, keep_warm_seconds=600)
     assert pooled["keep_warm_gpu_seconds_max"] == 600.0 and pooled["gpu_seconds_held"] == 87.0
+
+
+def test_generating_starts_when_an_engine_takes_its_first_row() -> None:
+    """Both trials of issue 20: every row in one batch, so the first staged part came with the last and
+    ``generating_s`` read 0.007 s, the whole decode counted as start-up. The engines' first row taken
+    (stamped by the stage on its parts) is where start-up ends."""
+    clock = RunClock(started=T0, rows_ready=T0 + 2, engine_started=T0 + 3, engine_done=T0 + 60)
+    ready = replica_clock(loaded_at=T0 + 4, init_started_at=T0 + 5, engine_ready_at=T0 + 30)
+    one_batch = [
+        {**sidecar(T0 + 59.99, ready), FIRST_ROW_IN_ENGINE_KEY: T0 + 31},
+        {**sidecar(T0 + 59.993, ready), FIRST_ROW_IN_ENGINE_KEY: T0 + 31},
+    ]
+
+    timings = run_timings(clock, one_batch, replicas=1, gpus_per_replica=0.0)
+
+    assert (timings["engine_start_to_first_row_s"], timings["generating_s"]) == (28.0, 28.993)
+    [replica] = timings["engine_replicas"]
+    assert replica["first_row_s"] == 1.0  # engine ready to its first row taken, not to its first part
+    # An older job's parts, without the stamp: their first part, as before.
+    assert run_timings(clock, [sidecar(T0 + 59.99, ready)], 1, 0.0)["generating_s"] == 0.0
 
 
 def test_before_the_commit_the_job_s_time_runs_to_now() -> None:
