@@ -561,7 +561,7 @@ class BatchInferenceSpec(BaseModel):
         try:
             return cls(**params)
         except ValidationError as err:
-            raise BatchSpecError(_describe(err)) from err
+            raise BatchSpecError(_describe(err)) from None  # it says it all: no pydantic traceback first
 
     @classmethod
     def from_json(cls, payload: str) -> BatchInferenceSpec:
@@ -569,7 +569,7 @@ class BatchInferenceSpec(BaseModel):
         try:
             return cls.model_validate_json(payload)
         except ValidationError as err:
-            raise BatchSpecError(_describe(err)) from err
+            raise BatchSpecError(_describe(err)) from None  # it says it all: no pydantic traceback first
 
     @property
     def resolved_input_format(self) -> InputFormat:

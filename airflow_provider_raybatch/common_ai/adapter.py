@@ -39,6 +39,7 @@ from airflow_provider_raybatch.operators.task_tries import task_try_of
 from airflow_provider_raybatch.triggers.ray import ProgressRelay
 from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key
+from airflow_provider_raybatch.utils.events import without_log_tail
 from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
 
 if TYPE_CHECKING:
@@ -231,7 +232,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         message = None
         if status in ("failed", "cancelled"):
             tail = self._hook.get_job_log_tail(batch_id, lines=20) if status == "failed" else ""
-            message = f"Ray job {batch_id} {info.status.value}: {info.message}"
+            message = f"Ray job {batch_id} {info.status.value}: {without_log_tail(info.message)}"
             message += f"\n{tail}" if tail else ""
         return BatchState(status=status, counts=counts, error_message=message)
 

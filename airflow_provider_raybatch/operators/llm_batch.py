@@ -71,6 +71,13 @@ _STOPPED_FROM_OUTSIDE = (
     "fernet_key) and runs this DAG with the same run id: each deployment needs a secret of its own."
 )
 
+#: Added instead when this task stopped it: Airflow killed the task (SIGTERM, a timeout), and its
+#: ``on_kill`` stops the job rather than leave it running unowned.
+_STOPPED_BY_THIS_TASK = (
+    " This task stopped it: Airflow ended the task (it was killed, marked failed or timed out), and the "
+    "task stops its job rather than leave it running. A retry resumes from the rows it staged."
+)
+
 
 class RayLLMBatchOperator(BaseOperator):
     """Run LLM batch inference over a dataset on a Ray cluster and hand the output location on.
@@ -534,8 +541,13 @@ class RayLLMBatchOperator(BaseOperator):
                 # the job running: stop it, as the worker path does whatever ends its wait.
                 cleanup = self._cleanup_hook()
                 self._stop_job(cleanup, job_id)
-                if event["status"] == "cancelled":  # no try of this task stopped it: say who else can
-                    event = {**event, "message": event["message"] + _STOPPED_FROM_OUTSIDE}
+                if event["termination_reason"] == "failed":  # held for its failed rows? Say so, alone.
+                    held = job_results.held_result_of(cleanup, job_id, spec)
+                    if held is not None:
+                        context["ti"].xcom_push(key="manifest", value=held)
+                        job_results.check_failed_rows(held, spec, job_id)
+                if event["status"] == "cancelled":
+                    event = {**event, "message": event["message"] + self._who_stopped(job_id)}
                 raise job_failed_error(event, cleanup.get_job_log_tail(job_id))
             self.log.warning("Ray job %s ended %s after it committed its result; taking that result.",
                              job_id, event["termination_reason"])  # fmt: skip
@@ -607,6 +619,12 @@ class RayLLMBatchOperator(BaseOperator):
                          "cleanup of an earlier try, so the task fails instead of running again.",
                          job_id, ended_at - attached_at)  # fmt: skip
         return False
+
+    def _who_stopped(self, job_id: str) -> str:
+        """Said of a stopped job: this task stopped it (its own kill or timeout), or someone else did."""
+        if job_id == getattr(self, "_stop_requested_for", None):
+            return _STOPPED_BY_THIS_TASK
+        return _STOPPED_FROM_OUTSIDE
 
     def _committed_result_of(
         self, job_id: str, spec: BatchInferenceSpec

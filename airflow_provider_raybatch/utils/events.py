@@ -8,6 +8,15 @@ from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEv
 
 EVENT_STATUSES = frozenset({"success", "error", "cancelled"})
 EVENT_KEYS = ("status", "job_id", "message", "termination_reason")
+#: How Ray's message of a failed entrypoint starts the log lines it quotes (job_supervisor.py).
+_RAY_LOG_TAIL = ", last available logs"
+
+
+def without_log_tail(message: str) -> str:
+    """Ray's job message without the log lines it quotes: the task's error adds the driver log's end
+    itself (:func:`job_failed_error`), and both made every error show twice (helper-51's trial)."""
+    head, found, _ = message.partition(_RAY_LOG_TAIL)
+    return f"{head}." if found else message
 
 
 def job_event(status: str, job_id: str, message: str, termination_reason: str) -> dict[str, str]:

@@ -681,6 +681,25 @@ def test_this_tries_own_stopped_job_fails_the_task(ray_conn: str, cluster: FakeC
     assert "ray job stop" in str(info.value) and "job_identity_secret" in str(info.value)
 
 
+def test_a_job_this_task_stopped_says_so(ray_conn: str, cluster: FakeCluster) -> None:
+    """helper-51's trial: a task killed by Airflow (SIGTERM) stops its job in on_kill, and Airflow's
+    task runner then lets the wait go on; the job's STOPPED read "stopped from outside this task"."""
+    ti = retry_ti(1)
+    own = cluster.add_try(ti, 1, "RUNNING")
+    op = make_operator(ray_conn_id=ray_conn)
+    op.job_id = own
+    op.on_kill()
+    assert cluster.stops[own].called
+    cluster.gets[own].respond(json=cluster.job_payload(own, "STOPPED", metadata=cluster.jobs[0]["metadata"]))
+    stopped = job_event("cancelled", own, f"Ray job {own} finished: STOPPED.", "stopped")
+
+    with pytest.raises(RayJobFailedError) as info:
+        op.execute_complete({"ti": ti}, stopped)
+
+    assert "This task stopped it: Airflow ended the task" in str(info.value)
+    assert "from outside" not in str(info.value)
+
+
 def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: FakeCluster) -> None:
     ti = retry_ti(2)
     manifest = {**MANIFEST, "output_uri": "s3://b/out/"}
