@@ -116,18 +116,6 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     assert len(pq.read_table(manifest["outputs_uri"])) == rows
 
 
-def test_missing_model_fails_the_task_with_a_clear_message(airflow_env, tmp_path) -> None:
-    day = "2026-11-18"
-    write_customers_csv(tmp_path / "customers" / day / "customers.csv", day, 10)
-
-    result = airflow_env.dags_test(DAG_ID, day, _conf(tmp_path / "no-such-model", tmp_path), timeout=300)
-    log = result.stdout + result.stderr
-    assert "state=failed" in log, log[-4000:]
-    assert "finished: FAILED" in log
-    assert f"model='{tmp_path / 'no-such-model'}': no such folder" in log
-    assert not (tmp_path / "company_industry" / day / "manifest.json").exists()
-
-
 def test_a_date_without_its_input_fails_the_task_naming_it(airflow_env, tiny_model, tmp_path) -> None:
     """A backfill date whose file never arrived: the job fails at its start, before any engine, and the
     task's error names the input (it was Ray Data's FileNotFoundError traceback: helper-45's trial)."""
