@@ -84,10 +84,11 @@ class RayJobFailedError(RayBatchError):
 
 
 class RayBatchRowsFailedError(RayBatchError):
-    """The Ray job succeeded and committed its result, but more of its rows failed than the task allows.
+    """More of the run's rows failed than the task allows (``max_failed_fraction``, ``max_failed_rows``).
 
-    The message (also :attr:`message`) gives the counts, the most common reasons and where the
-    committed outputs and errors are (see ``max_failed_fraction`` and ``max_failed_rows``);
+    The job held the run rather than commit it (its version stays out of ``manifest.json``), or, for
+    a result committed earlier, the thresholds are stricter now. The message (also :attr:`message`)
+    gives the counts, the most common reasons, what is current and where the run's rows are;
     ``rows_failed`` counts them as the thresholds do, without duplicate ids.
     """
 

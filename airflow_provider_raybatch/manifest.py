@@ -127,14 +127,17 @@ def _held_sentence(manifest: dict[str, Any], written: list[str]) -> str:  # Any:
     current = manifest.get("current_version")
     kept = f"version {current} stays current" if current else "no version is current (none was before)"
     sentence = f"Nothing was committed: {manifest.get('output_uri')} is as it was ({kept})."
+    if int(manifest.get("rows_out") or 0) == 0:  # no outputs to look at, and no threshold passes it
+        written = [str(manifest["errors_uri"])] if manifest.get("errors_uri") else []
     if written:
-        sentence += f" This run's outputs and errors are kept for a look at {', '.join(written)}"
+        sentence += f" This run's {'outputs and errors are' if len(written) > 1 else 'errors are'} kept"
+        sentence += f" for a look at {', '.join(written)}"
         sentence += f", its report at {manifest['report_uri']}." if manifest.get("report_uri") else "."
-    if int(manifest.get("rows_out") or 0) == 0:  # no threshold passes it: only a fix helps
-        return sentence + " Fix the input or the parameters: the retry then starts afresh."
+    if int(manifest.get("rows_out") or 0) == 0:
+        return sentence + " Fix the input or the parameters: a retry then starts afresh."
     return sentence + (
-        " A retry of the same parameters with looser max_failed_fraction / max_failed_rows commits "
-        "them without generating a row again; fix the input or the parameters and it starts afresh."
+        " A retry with looser max_failed_fraction / max_failed_rows (and the same input and parameters) "
+        "commits these rows without generating one again; any other retry starts afresh."
     )
 
 

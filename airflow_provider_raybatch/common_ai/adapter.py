@@ -232,8 +232,8 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         message = None
         if status in ("failed", "cancelled"):
             tail = self._hook.get_job_log_tail(batch_id, lines=20) if status == "failed" else ""
-            message = f"Ray job {batch_id} {info.status.value}: {without_log_tail(info.message)}"
-            message += f"\n{tail}" if tail else ""
+            message = f"Ray job {batch_id} {info.status.value}: "
+            message += f"{without_log_tail(info.message)}\n{tail}" if tail else info.message
         return BatchState(status=status, counts=counts, error_message=message)
 
     def cancel_batch(self, batch_id: str) -> None:

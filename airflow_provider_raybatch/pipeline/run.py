@@ -107,11 +107,18 @@ def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
     return PreparedRows(prepared, rows_in, errors, repeated_ids)
 
 
-def _prepared_rows_kept_for_retries(spec: BatchInferenceSpec, layout: storage.OutputLayout) -> PreparedRows:
-    """The rows an earlier try of this run prepared and kept in its staging, when the input is the
-    same; else every input row prepared now, and kept there for a later try (:mod:`.prepared_cache`)."""
+def _input_digest(spec: BatchInferenceSpec) -> str:
+    """What the input files are now (paths, sizes, times): tells a retry whether they changed."""
     extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
-    digest = prepared_cache.input_digest(spec.input_uri, extensions)
+    return prepared_cache.input_digest(spec.input_uri, extensions)
+
+
+def _prepared_rows_kept_for_retries(
+    spec: BatchInferenceSpec, layout: storage.OutputLayout, digest: str
+) -> PreparedRows:
+    """The rows an earlier try of this run prepared and kept in its staging, when the input is the
+    same (``digest``, :func:`_input_digest`); else every input row prepared now, and kept there for a
+    later try (:mod:`.prepared_cache`)."""
     clock = time.perf_counter()
     kept = prepared_cache.read(layout.staging_uri, digest)
     if kept is not None:
@@ -327,6 +334,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         print(manifest_log_line(manifest), flush=True)
         return manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
+    digest = _input_digest(spec)
+    # An earlier try held for its failed rows: taken when only the thresholds changed, else discarded.
+    taking_held_rows = commit.take_held(layout, spec, digest)
     resumed = commit.open_staging_parts(layout, spec)
     done_sources = {source for part in resumed for source in part.sidecar["sources"]}
     parts = PartWriter(
@@ -336,9 +346,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         openai_lines=spec.openai_endpoint is not None,
         data_uri=commit.staged_data_uri(layout),  # the version folder: commit moves nothing
     )
-    # A try held for its failed rows staged every row: a retry commits them, with no engine to start.
-    building = None if commit.is_held(layout) else _build_while_reading(spec, model_source, parts)
-    kept = _prepared_rows_kept_for_retries(spec, layout)
+    # Taking the rows a try held: every row is staged, and no engine is to start.
+    building = None if taking_held_rows else _build_while_reading(spec, model_source, parts)
+    kept = _prepared_rows_kept_for_retries(spec, layout, digest)
     prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
         prepared = dedupe.drop_staged(prepared, done_sources).materialize()
@@ -460,7 +470,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     if (
         committed.failed_rows_message is not None
     ):  # the run fails on them: what was current stays so (commit.hold)
-        manifest.update(status=HELD_STATUS, current_version=commit.current_version(layout))
+        manifest.update(
+            status=HELD_STATUS, current_version=commit.current_version(layout), input_digest=digest
+        )
         commit.hold(layout, manifest)
         print(manifest_log_line(manifest), flush=True)
         raise RayBatchRowsFailedError(

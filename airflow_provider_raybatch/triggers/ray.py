@@ -13,7 +13,7 @@ from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.manifest import describe_progress, progress_from_log
 from airflow_provider_raybatch.triggers import poll_pace
-from airflow_provider_raybatch.utils.events import job_event, without_log_tail
+from airflow_provider_raybatch.utils.events import job_event
 
 #: Least time between two progress lines in the task log (each costs one fetch of the driver log).
 DEFAULT_PROGRESS_INTERVAL_SECONDS = 60.0
@@ -50,7 +50,7 @@ def event_for_job(info: JobInfo) -> dict[str, str]:
     status = {JobStatus.SUCCEEDED: "success", JobStatus.STOPPED: "cancelled"}.get(info.status, "error")
     message = f"Ray job {info.job_id} finished: {info.status.value}."
     if info.message:
-        message += f" {without_log_tail(info.message)}"
+        message += f" {info.message}"
     return job_event(status, info.job_id, message, info.status.value.lower())
 
 

@@ -13,8 +13,9 @@ _RAY_LOG_TAIL = ", last available logs"
 
 
 def without_log_tail(message: str) -> str:
-    """Ray's job message without the log lines it quotes: the task's error adds the driver log's end
-    itself (:func:`job_failed_error`), and both made every error show twice (helper-51's trial)."""
+    """Ray's job message without the log lines it quotes, for an error that adds the driver log's end
+    itself: both made every error show twice (helper-51's trial). Only then: where the log cannot be
+    read (the driver's node gone), Ray's quote is the last copy (helper-53's review)."""
     head, found, _ = message.partition(_RAY_LOG_TAIL)
     return f"{head}." if found else message
 
@@ -44,5 +45,5 @@ def job_failed_error(event: dict[str, str], log_tail: str) -> RayJobFailedError:
     """The exception that fails a task whose job ended badly: Ray's message plus the driver log's end."""
     message = event["message"]
     if log_tail:
-        message += f"\n--- last lines of the Ray job's driver log ---\n{log_tail}"
+        message = without_log_tail(message) + f"\n--- last lines of the Ray job's driver log ---\n{log_tail}"
     return RayJobFailedError(message, job_id=event["job_id"], status=event["termination_reason"])

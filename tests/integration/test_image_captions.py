@@ -112,11 +112,23 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
         replica_resources=CPU_REPLICA,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}},  # GiB of KV cache: plenty here
         batch_size=8,
-        max_failed_fraction=0.5,  # the corpus is dirty on purpose; a run over the threshold commits nothing
     )
-    job_id = submit_pipeline(operator, "captions", f"captions-test-{uuid.uuid4().hex[:8]}")
+    # 9 of 21 images are bad on purpose, over the default max_failed_fraction (0.1): the run is held.
+    held_job = submit_pipeline(operator, "captions", f"captions-held-{uuid.uuid4().hex[:8]}")
     hook = RayHook()
+    assert wait_for_job(held_job) == JobStatus.FAILED, hook.get_job_log_tail(held_job, 80)
+    held = manifest_from_log(hook.get_job_logs(held_job))
+    assert held is not None and (held["status"], held["rows_out"]) == ("held", GOOD_IMAGES)
+    assert not Path(output_uri, "manifest.json").exists()  # nothing committed
+    # The author accepts them (a looser threshold, the same parameters otherwise): the retry commits the
+    # held rows, captions included, without starting an engine.
+    operator.max_failed_fraction = 0.5
+    job_id = submit_pipeline(operator, "captions", f"captions-test-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(job_id) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)
+    taken_log = hook.get_job_logs(job_id)
+    assert "as the thresholds now pass them" in taken_log and "EngineStage" not in taken_log, taken_log[
+        -3000:
+    ]
 
     manifest = json.loads(Path(output_uri, "manifest.json").read_text())
     assert manifest == manifest_from_log(hook.get_job_logs(job_id))

@@ -249,11 +249,15 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert "Traceback" not in held_log, held_log[-3000:]
     assert Path(output_uri, "_staging", "rerun", "held.json").exists()
     assert len(pq.read_table(held["errors_uri"])) == rows_in  # kept for a look
-    # A retry of the same parameters resumes with every row staged: no engine, held again.
+    # A retry that does not loosen the thresholds does not take the held rows (they would be held again,
+    # each time): it discards them and starts afresh, and is held again on its own rows.
     again = submit_pipeline(wrong, "rerun", f"pipeline-held-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(again, timeout=300) == JobStatus.FAILED
     again_log = hook.get_job_logs(again)
-    assert f"{rows_in} staged by an earlier try, 0 to do" in again_log, again_log[-3000:]
-    assert "EngineStage" not in again_log
-    assert manifest_from_log(again_log)["version"] == held["version"]
+    assert "the thresholds still fail them: discarding them and starting afresh" in again_log, again_log[
+        -3000:
+    ]
+    assert f"0 staged by an earlier try, {rows_in} to do" in again_log
+    assert manifest_from_log(again_log)["version"] != held["version"]
+    assert not Path(held["outputs_uri"]).parent.exists()  # the discarded version folder
     assert Path(output_uri, "manifest.json").read_bytes() == committed

@@ -357,9 +357,15 @@ def write_version(
         elif not storage.exists(target):
             filesystem, path = storage.filesystem(target)
             filesystem.create_dir(path, recursive=True)
+    if not in_place and run.held:  # to be held: its staging now names the version its files went to
+        pointer = {**(_pointer(layout) or {}), STAGED_VERSION_KEY: version}
+        storage.write_text(layout.staged_spec_uri, json.dumps(pointer))
     if page is not None:
         run.report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
         storage.write_text(run.report_uri, page)
+    elif run.held:  # the message named the report it would have
+        counts["report_uri"] = None
+        run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
     return run
 
 
@@ -423,9 +429,7 @@ def hold(layout: OutputLayout, manifest: dict[str, Any]) -> None:  # Any: JSON v
     A run whose rows mostly failed (a wrong column, a broken prompt) must not replace the date's
     last good result, nor delete it. Its version folder (outputs, errors, report) and its staging
     stay as they are, with the manifest it would have committed (status ``held``) beside the
-    sidecars: a retry of the same spec resumes with every row staged, so with looser thresholds it
-    commits them without generating any again; a retry with other parameters discards them
-    (:func:`open_staging_parts`).
+    sidecars, for a retry to take (:func:`take_held`).
     """
     storage.write_text(held_manifest_uri(layout), json.dumps(manifest, indent=2, sort_keys=True))
 
@@ -435,9 +439,31 @@ def held_manifest_uri(layout: OutputLayout) -> str:
     return storage.join(layout.staging_uri, HELD_MANIFEST)
 
 
-def is_held(layout: OutputLayout) -> bool:
-    """Whether an earlier try of this run was held (:func:`hold`): then every row is staged."""
-    return storage.exists(held_manifest_uri(layout))
+def take_held(layout: OutputLayout, spec: BatchInferenceSpec, input_digest: str) -> bool:
+    """Whether this try commits the rows an earlier try held (:func:`hold`), else discard them.
+
+    Taken only when nothing but the thresholds changed and they now pass those rows: the same spec,
+    the same input files (``input_digest``: paths, sizes, times) and a verdict that passes. The user
+    loosened ``max_failed_fraction`` to accept them, and no row is paid for twice. Anything else
+    means the rows are not wanted as they are (the input fixed in place, a fixed preprocess behind
+    the same name, errors that were passing: a fetch that failed for a while) and a retry that took
+    them would be held again, each time: they are discarded with their version folder and the run
+    starts afresh. Call before :func:`open_staging_parts`.
+    """
+    if not storage.exists(held_manifest_uri(layout)):
+        return False
+    held = json.loads(storage.read_text(held_manifest_uri(layout)))
+    same = held.get("spec_fingerprint") == spec.fingerprint() and held.get("input_digest") == input_digest
+    if same and failed_rows_verdict(held, spec.max_failed_fraction, spec.max_failed_rows) is None:
+        log.info("Committing the %s rows an earlier try of %s held, as the thresholds now pass them.",
+                 held.get("rows_in"), layout.run_key)  # fmt: skip
+        return True
+    why = "the thresholds still fail them" if same else "the input or the spec changed since"
+    log.info(
+        "An earlier try of %s held its rows; %s: discarding them and starting afresh.", layout.run_key, why
+    )
+    _discard(layout, _pointer(layout) or {})
+    return False
 
 
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.

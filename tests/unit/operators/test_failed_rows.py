@@ -296,7 +296,8 @@ def test_a_held_run_fails_its_task_saying_what_stays_current(ray_conn: str, clus
     assert message.startswith("30 of 30 rows failed (100.0%, duplicate ids not counted)")
     assert "Nothing was committed: s3://b/out/ is as it was (version v0 stays current)." in message
     assert "its report at s3://b/out/versions/v1/report.html." in message
-    assert "Fix the input or the parameters: the retry then starts afresh." in message  # no threshold helps
+    assert "Fix the input or the parameters: a retry then starts afresh." in message  # no threshold helps
+    assert "errors are kept for a look at s3://b/out/versions/v1/errors," in message  # no empty outputs
     assert "driver log" not in message
     assert (info.value.rows_in, info.value.rows_failed, info.value.job_id) == (30, 30, job_id)
     assert ti.xcoms["manifest"] == manifest and "output_uri" not in ti.xcoms

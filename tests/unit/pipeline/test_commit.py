@@ -936,18 +936,29 @@ def _commit_good_date(tmp_path: Path) -> tuple[OutputLayout, commit.CommittedRun
     return good, run
 
 
+DIGEST = "input-files-as-they-were"
+
+
 def _held_rerun(
     tmp_path: Path, **params: Any
 ) -> tuple[OutputLayout, commit.CommittedRun]:  # Any: spec values.
-    """A re-run of the date (another run key, as a backfill's) whose rows mostly fail: held."""
+    """A re-run of the date (another run key, as a backfill's) whose rows mostly fail: held, with the
+    manifest pipeline/run.py holds (its counts, spec fingerprint and input digest)."""
     rerun = OutputLayout(str(tmp_path / "out"), "backfill-run-2")
     spec = spec_of(run_key=rerun.run_key, **params)
     commit.open_staging(rerun, spec)
     stage_part(rerun, "part-bad", ["1", "2", "3"], failed=["1", "2"])
     run = commit.write_version(rerun, spec, rows_in=3)
     assert run.held
-    commit.hold(rerun, {"status": "held", "version": run.version})
+    held = {"status": "held", "version": run.version, "spec_fingerprint": spec.fingerprint(),
+            "input_digest": DIGEST, "rows_in": 3, "rows_out": run.rows_out,
+            "rows_failed": run.rows_failed}  # fmt: skip
+    commit.hold(rerun, held)
     return rerun, run
+
+
+def _held_files(layout: OutputLayout) -> bool:
+    return storage.exists(commit.held_manifest_uri(layout))
 
 
 def test_a_run_whose_rows_fail_is_held_and_the_dates_good_version_stays(tmp_path: Path) -> None:
@@ -960,17 +971,19 @@ def test_a_run_whose_rows_fail_is_held_and_the_dates_good_version_stays(tmp_path
     assert json.loads(storage.read_text(good.manifest_uri))["version"] == first.version  # still current
     assert files_under(first.outputs_uri) == ["part-good.jsonl"]
     assert files_under(held.errors_uri) == ["part-bad.jsonl"]  # kept for a look
-    assert commit.is_held(rerun) and not commit.is_held(good)
-    assert commit.open_staging(rerun, spec_of(run_key=rerun.run_key)) == {"1", "2", "3"}  # all staged
+    assert _held_files(rerun) and not _held_files(good)
     assert held.failed_rows_message is not None
     assert (
         f"Nothing was committed: {good.output_uri} is as it was (version {first.version} stays current)."
         in (held.failed_rows_message)
     )
     assert (
-        f"kept for a look at {held.outputs_uri}, {held.errors_uri}, its report at" in held.failed_rows_message
+        f"outputs and errors are kept for a look at {held.outputs_uri}, {held.errors_uri}, its report at"
+        in held.failed_rows_message
     )
-    assert "with looser max_failed_fraction / max_failed_rows commits them" in held.failed_rows_message
+    assert "with looser max_failed_fraction / max_failed_rows (and the same input and parameters)" in (
+        held.failed_rows_message
+    )
 
 
 def test_the_first_run_of_a_date_held_leaves_no_manifest(tmp_path: Path) -> None:
@@ -982,11 +995,12 @@ def test_the_first_run_of_a_date_held_leaves_no_manifest(tmp_path: Path) -> None
 
 
 def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_path: Path) -> None:
-    """The thresholds are not in the fingerprint: the retry resumes every row and commits them."""
+    """The thresholds are not in the fingerprint: the retry takes every held row and commits them."""
     good, first = _commit_good_date(tmp_path)
     rerun, held = _held_rerun(tmp_path)
     looser = spec_of(run_key=rerun.run_key, max_failed_fraction=0.9)
 
+    assert commit.take_held(rerun, looser, DIGEST)
     assert commit.open_staging(rerun, looser) == {"1", "2", "3"}
     run = commit.write_version(rerun, looser, rows_in=3)
     assert not run.held
@@ -995,17 +1009,60 @@ def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_p
     assert run.version == held.version
     assert json.loads(storage.read_text(good.manifest_uri))["version"] == held.version
     assert not Path(good.version_uri(first.version)).exists()  # replaced, as any commit replaces
-    assert not commit.is_held(rerun) and not storage.exists(rerun.staging_uri)
+    assert not _held_files(rerun) and not storage.exists(rerun.staging_uri)
 
 
-def test_a_held_run_retried_with_other_parameters_starts_afresh(tmp_path: Path) -> None:
-    """The fixed column changes the spec: the held rows are not its rows; the good version stays."""
+@pytest.mark.parametrize(
+    ("params", "digest", "why"),
+    [
+        ({}, DIGEST, "the thresholds still fail them"),  # the same retry: a fetch that failed for a while
+        ({"max_failed_fraction": 0.9}, "the-file-fixed-in-place", "the input or the spec changed since"),
+        ({"user_template": "{Name}"}, DIGEST, "the input or the spec changed since"),  # the column fixed
+    ],
+)
+def test_a_held_run_retried_otherwise_starts_afresh_and_the_good_version_stays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, params: dict[str, Any], digest: str, why: str
+) -> None:
+    """helper-53's review: a file fixed in place (or a fixed preprocess behind the same name) kept
+    the held rows, and every retry was held again. Only looser thresholds take them."""
     good, first = _commit_good_date(tmp_path)
     rerun, held = _held_rerun(tmp_path)
+    retry = spec_of(run_key=rerun.run_key, **params)
 
-    assert commit.open_staging(rerun, spec_of(run_key=rerun.run_key, user_template="{Name}")) == set()
+    with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch.pipeline"):
+        assert not commit.take_held(rerun, retry, digest)
 
-    assert not Path(good.version_uri(held.version)).exists()
-    assert not commit.is_held(rerun)
+    assert why in caplog.text
+    assert commit.open_staging(rerun, retry) == set()
+    assert not Path(good.version_uri(held.version)).exists() and not _held_files(rerun)
     assert json.loads(storage.read_text(good.manifest_uri))["version"] == first.version
     assert files_under(first.outputs_uri) == ["part-good.jsonl"]
+
+
+def test_a_held_legacy_staging_names_the_version_its_files_went_to(layout: OutputLayout) -> None:
+    """helper-53's review: a staging from before in-place commits had its files moved into a new
+    version, but its spec.json named none: the retry found no files, dropped every part, and paid
+    for every row again, leaving the version folder behind."""
+    spec = spec_of(run_key=RUN_KEY)
+    _legacy_staging(layout, spec)
+    stage_part(layout, "part-a", ["1", "2"], failed=["1", "2"])
+
+    run = commit.write_version(layout, spec, rows_in=2)
+
+    assert run.held and commit.staged_data_uri(layout) == layout.version_uri(run.version)
+    assert commit.open_staging(layout, spec) == {"1", "2"}  # the retry finds the moved files
+    assert files_under(run.errors_uri) == ["part-a.jsonl"]
+
+
+def test_a_held_run_without_its_report_does_not_name_one(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(report, "render_report", lambda *_: 1 / 0)
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    stage_part(layout, "part-a", ["1", "2"], failed=["1"])
+
+    run = commit.write_version(layout, spec, rows_in=2)
+
+    assert run.held and run.report_uri is None and run.failed_rows_message is not None
+    assert "report" not in run.failed_rows_message

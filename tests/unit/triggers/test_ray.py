@@ -563,13 +563,3 @@ async def test_cancel_in_the_triggerer_stops_only_an_owned_job_and_only_on_user_
     await cancel_in_the_triggerer(make_trigger(owns_job=owns_job), polls, user_action=user_action)
 
     assert stop.call_count == stops
-
-
-def test_a_failed_jobs_event_leaves_out_the_log_lines_ray_quotes() -> None:
-    """Ray's message of a failed entrypoint quotes the log's end, and the task's error adds the driver
-    log's end itself: every error showed twice (helper-51's trial)."""
-    message = ("Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 "
-               "chars):\nERROR 30 of 30 rows failed\n")  # fmt: skip
-    event = event_for_job(JobInfo(job_id="j", status=JobStatus.FAILED, message=message))
-
-    assert event["message"] == "Ray job j finished: FAILED. Job entrypoint command failed with exit code 1."

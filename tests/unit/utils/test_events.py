@@ -83,3 +83,27 @@ def test_job_failed_error_without_log_tail_is_just_the_message() -> None:
 
     assert str(error) == "Ray job job-8 finished: STOPPED."
     assert error.status == "stopped"
+
+
+RAY_MESSAGE = (
+    "Ray job j finished: FAILED. Job entrypoint command failed with exit code 1, last available logs "
+    "(truncated to 20,000 chars):\nERROR 30 of 30 rows failed\n"
+)
+
+
+def test_job_failed_error_quotes_the_log_once() -> None:
+    """Ray's message quotes the log's end, and the error adds it itself: every error showed twice
+    (helper-51's trial)."""
+    event = job_event("error", "j", RAY_MESSAGE, "failed")
+
+    error = str(job_failed_error(event, "ERROR 30 of 30 rows failed"))
+
+    assert error.count("ERROR 30 of 30 rows failed") == 1
+    assert error.startswith("Ray job j finished: FAILED. Job entrypoint command failed with exit code 1.\n")
+
+
+def test_job_failed_error_keeps_rays_quote_when_the_log_cannot_be_read() -> None:
+    """The driver's node gone, the log unreadable: Ray's quote is the last copy (helper-53's review)."""
+    assert "ERROR 30 of 30 rows failed" in str(
+        job_failed_error(job_event("error", "j", RAY_MESSAGE, "failed"), "")
+    )
