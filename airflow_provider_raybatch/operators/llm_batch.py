@@ -99,10 +99,12 @@ class RayLLMBatchOperator(BaseOperator):
     (the run's counts, as a dict) and ``job_id``.
 
     :param max_failed_fraction: Fail the task (``RayBatchRowsFailedError``) when more than this share of
-        the rows failed, duplicate ids not counted. Default 0.1. The outputs, errors and XComs are
-        committed either way, but no output Asset event is emitted; a retry with the same parameters
-        takes that result and fails the same way unless the thresholds were loosened. A run whose
-        every row failed always fails; an empty input never does. Templated.
+        the rows failed, duplicate ids not counted. Default 0.1. Such a run commits nothing: the
+        output's current version stays, the run's outputs, errors and report are kept for a look, and
+        the ``manifest`` XCom says where; no output Asset event is emitted. A retry with looser
+        thresholds (nothing else changed) commits those rows without generating them again; any
+        other retry starts afresh. A run whose every row failed always fails; an empty input never
+        does. Templated.
     :param max_failed_rows: Also fail the task when more than this many rows failed (duplicate ids not
         counted). Default None: only ``max_failed_fraction`` applies. Templated.
     :param ray_conn_id: Airflow connection of type ``ray``. Default ``ray_default``.
@@ -370,7 +372,8 @@ class RayLLMBatchOperator(BaseOperator):
                 context, job_event("success", previous.job_id, "committed", "succeeded")
             )
         if previous is not None and previous.status == JobStatus.SUCCEEDED and self.reuse_earlier_result:
-            self.log.info("Ray job %s of an earlier try succeeded; taking its result.", previous.job_id)
+            self.log.info("Ray job %s of an earlier try succeeded; taking its result (nothing runs again: "
+                          "the numbers below are that job's).", previous.job_id)  # fmt: skip
             self.job_id = previous.job_id
             self._push_job_link(context, hook, previous.job_id)  # this try's "Ray job" link names it too
             return self.execute_complete(context, event_for_job(previous))

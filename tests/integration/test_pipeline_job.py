@@ -165,6 +165,13 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
         job_wall,
     )
     assert job_wall - timings["job_wall_s"] < 5, (timings, job_wall)
+    # One after the other, the phases make up the job's time (helper-54's trial: 10.6 s of 46.2 nowhere).
+    sequential = ("runtime_env_s", "driver_start_s", "read_and_prepare_s", "before_engine_stage_s",
+                  "engine_start_to_first_row_s", "generating_s", "engine_stage_end_s",
+                  "commit_s")  # fmt: skip
+    assert sum(timings[phase] for phase in sequential) == pytest.approx(timings["job_wall_s"], abs=0.05), (
+        timings
+    )
     # The one CPU replica's start-up, from the clock it stamped on its parts; engine build the slowest.
     [replica] = timings["engine_replicas"]
     assert replica["engine_build_s"] == timings["engine_build_s"] > 0, timings

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -46,7 +47,24 @@ BUILD_SKEW_GRACE_SECONDS = 5.0
 
 
 class PoolReplicaLost(RuntimeError):
-    """The pool's replicas died more often than a stage may replace them."""
+    """The pool's replicas died more often than a stage may replace them, or failed to build twice alike."""
+
+
+#: A line of a traceback that names an exception: ``ValueError: No available memory ...``.
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+
+def death_cause(err: BaseException) -> tuple[str, bool]:
+    """Why a replica died, in one line (the last exception its traceback names), and whether it died
+    building (an error in its constructor: Ray's ``actor_init_failed``).
+
+    helper-54's trial: a setting vLLM refuses only as it builds (``kv_cache_memory_bytes`` too small)
+    was built four times and the task said only "died"; the reason was in the actor logs.
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    named = [line for line in lines if _ERROR_LINE.match(line)]
+    cause = (named or lines or [type(err).__name__])[-1][:400]
+    return cause, bool(getattr(err, "actor_init_failed", False))
 
 
 class _PoolClient(StatefulStageUDF):
@@ -69,6 +87,7 @@ class _PoolClient(StatefulStageUDF):
         self._next = random.randrange(raybatch_pool.replicas)
         self._replaced = 0
         self._max_replaced = engine.engine_max_restarts()
+        self._last_build_failure: str | None = None  # death_cause of the last replica that died building
 
     async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
         index = await self._next_built_replica()
@@ -165,11 +184,20 @@ class _PoolClient(StatefulStageUDF):
         self._built.pop(index, None)  # its replacement's build is waited for anew
         self._dead.add(getattr(dead, "_actor_id", None))
         self._replaced += 1
+        cause, building = death_cause(err)
+        if building and cause == self._last_build_failure:  # a setting, not a passing fault: no more builds
+            raise PoolReplicaLost(
+                f"Engine pool replica {self._pool.names[index]} failed to build twice with the same error: "
+                f"{cause} The engine refuses a setting (engine_kwargs, the model, the resources): fix it "
+                "and retry. Its whole traceback is in the job's log and the Ray dashboard's actor logs."
+            ) from err
+        self._last_build_failure = cause if building else None
         if self._replaced > self._max_replaced:
             raise PoolReplicaLost(
                 f"Engine pool replica {self._pool.names[index]} died; replicas were replaced "
-                f"{self._replaced - 1} times already ({engine.ENGINE_MAX_RESTARTS_ENV}). Its own error "
-                "(for example an EngineCore traceback) is in the Ray dashboard's actor logs."
+                f"{self._replaced - 1} times already ({engine.ENGINE_MAX_RESTARTS_ENV}). Its last error: "
+                f"{cause} The whole of it (for example an EngineCore traceback) is in the Ray dashboard's "
+                "actor logs."
             ) from err
 
 

@@ -178,10 +178,12 @@ PHASE_LABELS = (
     ("runtime_env_s", "runtime env (submitted to driver started)"),
     ("driver_start_s", "driver start (Python, imports, ray.init)"),
     ("read_and_prepare_s", "read and prepare"),
+    ("before_engine_stage_s", "rows ready to engine stage start (bad rows staged, the processor's build)"),
     ("engine_start_to_first_row_s", "engine start to first row"),
     ("engine_import_s", "of which the slowest replica's actor to constructor"),
     ("engine_build_s", "of which the slowest replica's engine build (vLLM import, weights, compile)"),
     ("generating_s", "generating (first to last row staged)"),
+    ("engine_stage_end_s", "last row staged to engine stage end"),
     ("commit_s", "commit"),
 )
 
@@ -365,7 +367,13 @@ def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON
     if replica_seconds is not None:
         rows.append(f"<tr><th>replica-seconds held</th><td class=num>{replica_seconds:,.1f}</td></tr>")
     kept_warm = _number_or_none(timings.get("keep_warm_gpu_seconds_max"))
-    if kept_warm is not None:
+    kept_warm_replicas = _number_or_none(timings.get("keep_warm_replica_seconds_max"))
+    if kept_warm == 0 and kept_warm_replicas is not None:  # a CPU engine: "0.0 GPU-seconds" said nothing
+        rows.append(
+            "<tr><th>replica-seconds the warm pool may hold idle after this job (at most; the pool's, "
+            f"not counted above)</th><td class=num>{kept_warm_replicas:,.1f}</td></tr>"
+        )
+    elif kept_warm is not None:
         rows.append(
             "<tr><th>GPU-seconds the warm pool may hold idle after this job (at most; the pool's, not "
             f"counted above)</th><td class=num>{kept_warm:,.1f}</td></tr>"
@@ -388,9 +396,10 @@ def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON
     if not rows and not replica_table:
         return ""
     note = (
-        "The phases overlap (engines start while the rows are read), so they need not add up to the job's "
-        "time. This page is written during the commit: the job's time runs to it, and the manifest's "
-        "timings block has the commit's own time and the job's to its end."
+        "One after the other, the phases from the runtime env to the commit make up the job's time; the "
+        "engine replicas' own start-up (the rows marked 'of which') may have begun beside the reads. This "
+        "page is written during the commit: the job's time runs to it, and the manifest's timings block "
+        "has the commit's own time and the job's to its end."
     )
     body = f'<table class="facts"><tbody>{"".join(rows)}</tbody></table>{replica_table}'
     return _section("Where the time went", body, note)

@@ -188,14 +188,18 @@ def run_timings(
     warm pool's answer). A replica built beside the reads (a warm pool's cold replica) started before
     this phase: its own ``engine_build_s`` and the pool's ``engine_ready_s`` (counted from the job's
     lease, taken while it reads) can be longer than it. ``generating_s``: from there to the engines'
-    last staged row. ``commit_s``: engines done to the version written. The phases overlap (the engines
-    start while the rows are read): they need not add up to the wall time.
+    last staged row. ``commit_s``: engines done to the version written. Between them, so that one after
+    the other they account for ``job_wall_s`` (helper-54's trial found 10.6 s of 46.2 nowhere):
+    ``before_engine_stage_s``, rows ready to the engine stage's start (the bad rows staged, the
+    processor's build awaited), and ``engine_stage_end_s``, the last row staged to the stage's end. The
+    engines' own start-up (``engine_build_s``, ``engine_replicas``) overlaps the phases before it.
 
     ``replica_seconds_held``: ``replicas`` x the engine stage's seconds, None without an engine; and
     ``gpu_seconds_held``: that x ``gpus_per_replica`` (0 on a CPU engine). ``keep_warm_gpu_seconds_max``:
     on a warm pool, what its replicas may hold after the job, idle, waiting for the next one (replicas
     x GPUs x ``keep_warm_seconds``, at most: a next job ends the wait); the pool's, not counted in
-    ``gpu_seconds_held``. ``engine_replicas``: each replica's own start-up (:func:`replica_phases`);
+    ``gpu_seconds_held``; ``keep_warm_replica_seconds_max`` the same without the GPUs (a CPU engine's
+    idle replicas hold memory too). ``engine_replicas``: each replica's own start-up (:func:`replica_phases`);
     ``engine_import_s`` and ``engine_build_s``: the slowest replica's.
     """
     engine_parts = list(engine_parts)
@@ -203,18 +207,21 @@ def run_timings(
     engine_s = _seconds(clock.engine_started, clock.engine_done)
     phases = replica_phases(engine_parts, clock.engine_started)
     replica_seconds = None if engine_s is None else round(replicas * engine_s, 1)
-    kept_warm = None
+    kept_warm = kept_warm_replicas = None
     if keep_warm_seconds and engine_s is not None:
         kept_warm = round(replicas * gpus_per_replica * keep_warm_seconds, 1)
+        kept_warm_replicas = round(replicas * keep_warm_seconds, 1)
     return {
         "job_wall_s": _seconds(clock.submitted, clock.committed or time.time()),
         "runtime_env_s": _seconds(clock.submitted, clock.driver_started),
         "driver_start_s": _seconds(clock.driver_started, clock.started),
         "read_and_prepare_s": _seconds(clock.started, clock.rows_ready),
+        "before_engine_stage_s": _seconds(clock.rows_ready, clock.engine_started),
         "engine_start_to_first_row_s": _seconds(clock.engine_started, first),
         "engine_import_s": _slowest(phases, "import_s"),
         "engine_build_s": _slowest(phases, "engine_build_s"),
         "generating_s": _seconds(first, last),
+        "engine_stage_end_s": _seconds(last, clock.engine_done),
         "engine_stage_s": engine_s,
         "commit_s": _seconds(clock.engine_done or clock.rows_ready, clock.committed),
         "replicas": replicas if engine_s is not None else 0,
@@ -222,5 +229,6 @@ def run_timings(
         "replica_seconds_held": replica_seconds,
         "gpu_seconds_held": None if engine_s is None else round(replicas * gpus_per_replica * engine_s, 1),
         "keep_warm_gpu_seconds_max": kept_warm,
+        "keep_warm_replica_seconds_max": kept_warm_replicas,
         "engine_replicas": phases,
     }

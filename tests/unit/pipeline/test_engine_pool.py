@@ -238,9 +238,18 @@ class Call:
 pooled_stage.UNREACHABLE_RETRY_SECONDS = 0.01
 pooled_stage.UNREACHABLE_GRACE_SECONDS = 0.5
 
+class BuildFailed(ray.exceptions.RayActorError):  # as Ray says a replica's constructor raised
+    actor_init_failed = True
+    def __str__(self):
+        return ("The actor died because of an error raised in its creation task, ray::R.__init__()\n"
+                '  File "arg_utils.py", line 9, in create_engine_config\n'
+                "ValueError: No available memory for the cache blocks. Try increasing gpu_memory_utilization")
+
 def fault(kind):  # a death, or Ray's "unavailable": a replica unreachable for a moment (a loaded node)
     if "unreachable" in str(kind):
         return ray.exceptions.ActorUnavailableError("connection reset", None)
+    if kind == "build":
+        return BuildFailed()
     return ray.exceptions.RayActorError()
 
 made = []
@@ -277,7 +286,7 @@ def client_of(deaths):  # a stage actor's client of a one-replica pool whose rep
     client = object.__new__(pooled_stage._PoolClient)
     client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=Pool(deaths), _job_id="job",
                            _handles={}, _attached=set(), _built={}, _dead=set(), _next=0, _replaced=0,
-                           _max_replaced=2)
+                           _max_replaced=2, _last_build_failure=None)
     return client
 
 async def run(deaths):
@@ -300,6 +309,7 @@ async def unreachable_for(seconds, rows=1):  # every call fails as unavailable f
     return {"rows": texts, "made": len(made), "replaced": client._replaced}
 
 print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": asyncio.run(run([1] * 8)),
+                  "build_fails_alike": asyncio.run(run(["build"] * 8)),
                   "dead_on_attach": asyncio.run(run(["attach"])),
                   "unreachable": asyncio.run(run(["unreachable"] * 8)),
                   "unreachable_on_attach": asyncio.run(run(["attach unreachable"] * 2)),
@@ -316,6 +326,15 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     assert sorted(text.split()[1] for text in one["rows"]) == ["a:0", "a:1", "a:2"]
     too_many = report["too_many"]
     assert "died; replicas were replaced 2 times already (RAYBATCH_ENGINE_MAX_RESTARTS)" in too_many["error"]
+    assert "Its last error: The actor died unexpectedly" in too_many["error"]
+    # helper-54's trial: a setting vLLM refuses only as it builds was built four times, and the task
+    # never said why. The second build failing alike ends it, quoting the engine's own line.
+    alike = report["build_fails_alike"]
+    assert alike["made"] == 2, alike
+    assert alike["error"].startswith(
+        "Engine pool replica raybatch-engine-f-0 failed to build twice with the same error: "
+        "ValueError: No available memory for the cache blocks."
+    )
     # The replica was found dead by the stage's own attach (before any row): replaced the same way.
     on_attach = report["dead_on_attach"]
     assert on_attach["made"] == 2 and on_attach["rows"] == ["actor-1 a:0", "actor-1 a:1", "actor-1 a:2"]

@@ -427,7 +427,7 @@ def test_report_shows_where_the_time_and_gpus_went() -> None:
     assert (
         "idle after this job (at most; the pool's, not counted above)</th><td class=num>1,200.0<" in section
     )
-    assert "The phases overlap" in page  # they add up to more than the job's time, and the page says so
+    assert "One after the other, the phases from the runtime env to the commit make up the job" in page
     assert "&lt;b&gt;r1&lt;/b&gt;" in section and "<b>" not in section
 
 
@@ -492,3 +492,14 @@ def test_report_of_a_run_on_its_own_engines_has_no_pool_section(pool: object) ->
     page = render_report({**SUMMARY, "engine_pool": pool}, stats_of_run())
 
     assert ("Warm engine pool" in page) is isinstance(pool, dict)
+
+
+def test_a_cpu_pool_shows_the_replica_seconds_it_may_hold_idle() -> None:
+    """helper-54's trial: on a CPU engine the line read "0.0" while a replica (3 GiB) stayed up 600 s."""
+    timings = {"replicas": 1, "gpus_per_replica": 0.0, "gpu_seconds_held": 0.0, "replica_seconds_held": 20.0,
+               "keep_warm_gpu_seconds_max": 0.0, "keep_warm_replica_seconds_max": 600.0}  # fmt: skip
+
+    page = render_report({**SUMMARY, "timings": timings}, stats_of_run())
+
+    assert "replica-seconds the warm pool may hold idle after this job" in page and "600.0" in page
+    assert "GPU-seconds the warm pool may hold idle" not in page

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,6 +22,10 @@ from airflow_provider_raybatch.pipeline.reporting.timings import (
 )
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC).timestamp()
+#: The phases that follow each other from the job's submission to its commit.
+SEQUENTIAL_PHASES = ("runtime_env_s", "driver_start_s", "read_and_prepare_s", "before_engine_stage_s",
+                     "engine_start_to_first_row_s", "generating_s", "engine_stage_end_s",
+                     "commit_s")  # fmt: skip
 
 
 def sidecar(at: float, replica: object = None) -> dict[str, object]:
@@ -50,10 +55,12 @@ def test_a_run_with_an_engine() -> None:
         "runtime_env_s": 5.0,
         "driver_start_s": 4.0,
         "read_and_prepare_s": 12.0,
+        "before_engine_stage_s": 1.0,
         "engine_start_to_first_row_s": 32.0,
         "engine_import_s": None,  # no replica stamped its clock (a warm pool's, an older job's)
         "engine_build_s": None,
         "generating_s": 54.0,
+        "engine_stage_end_s": 1.0,
         "engine_stage_s": 87.0,
         "commit_s": 1.5,
         "replicas": 4,
@@ -61,11 +68,15 @@ def test_a_run_with_an_engine() -> None:
         "replica_seconds_held": 348.0,  # 4 x 87 s, on a CPU engine too
         "gpu_seconds_held": 87.0,  # 4 x 0.25 GPU x 87 s
         "keep_warm_gpu_seconds_max": None,  # no warm pool
+        "keep_warm_replica_seconds_max": None,
         "engine_replicas": [],
     }
+    # One after the other the phases make up the job (helper-54's trial: 10.6 s of 46.2 were nowhere).
+    assert sum(timings[phase] for phase in SEQUENTIAL_PHASES) == pytest.approx(timings["job_wall_s"])
     # On a warm pool, what its replicas may hold idle after the job, the pool's, apart from the job's.
     pooled = run_timings(clock, parts, replicas=4, gpus_per_replica=0.25, keep_warm_seconds=600)
     assert pooled["keep_warm_gpu_seconds_max"] == 600.0 and pooled["gpu_seconds_held"] == 87.0
+    assert pooled["keep_warm_replica_seconds_max"] == 2400.0  # 4 replicas x 600 s, whatever they hold
 
 
 def test_generating_starts_when_an_engine_takes_its_first_row() -> None:
