@@ -17,6 +17,8 @@ MANIFEST_LOG_MARKER = "RAYBATCH_MANIFEST_JSON="
 PROGRESS_LOG_MARKER = "RAYBATCH_PROGRESS_JSON="
 #: The ``errors_by_reason`` kind of a row whose id an earlier row already has (counted in ``rows_duplicate``).
 DUPLICATE_ID_REASON = "duplicate id"
+#: The ``errors_by_reason`` kind of a row without a value in ``id_column`` (pipeline/prompt/prompts.py).
+MISSING_ID_REASON = "missing id"
 #: How many of the most common reasons a failed-rows verdict names.
 VERDICT_REASONS = 3
 #: Under ``output_uri``: one folder per run key with a dry run's manifest and report.
@@ -114,6 +116,10 @@ def failed_rows_verdict(
     if reasons:
         common = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))[:VERDICT_REASONS]
         message += " Most common reasons: " + "; ".join(f"{kind!r} {count:,}" for kind, count in common) + "."
+        if rows_out == 0 and common[0][0] == MISSING_ID_REASON and manifest.get("id_column"):
+            # Both trials of issue 20: a misspelled id_column read as a list of row errors.
+            column = manifest["id_column"]
+            message += f" No row has a value in id_column={column!r}: is that the input's id column?"
     written = [str(manifest[key]) for key in ("outputs_uri", "errors_uri") if manifest.get(key)]
     if manifest.get("status") == HELD_STATUS:
         message += " " + _held_sentence(manifest, written)
@@ -196,8 +202,10 @@ def describe_engine_pool(pool: Any) -> str | None:  # Any: the manifest's "engin
     if warm is None or replicas is None:
         return None
     line = f"engine pool {pool.get('fingerprint', '?')}: {warm:g} of {replicas:g} replicas warm"
-    if warm == 0:
-        line += " (started cold)"
+    builds = [seconds for timing in pool.get("replica_timings") or [] if isinstance(timing, dict)
+              if (seconds := _number(timing.get("engine_build_seconds"))) is not None]  # fmt: skip
+    if warm == 0:  # the build this job paid for is in engine_pool, not in its timings (two trials)
+        line += f" (started cold, engine built in {max(builds):.1f} s)" if builds else " (started cold)"
     if (keep := _number(pool.get("keep_warm_seconds"))) is not None:
         line += f", kept warm {keep:g} s after the job"
     return line
@@ -228,6 +236,7 @@ def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
         if generating is None or generated == 0:
             return line + (", engines starting" if total > done else "")
         rows_per_second = generated / max(generating, 1.0)
+        line += f" ({rows_per_second:.1f} rows/s while generating)"  # the rate above counts the start-up
     if rows_per_second > 0 and total > done:
         line += f", ETA {_duration((total - done) / rows_per_second)}"
     return line

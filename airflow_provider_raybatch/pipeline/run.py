@@ -456,6 +456,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         "json_columns": committed.json_columns,
         "max_failed_fraction": spec.max_failed_fraction,
         "max_failed_rows": spec.max_failed_rows,
+        "id_column": spec.id_column,  # named by the failed-rows verdict when no row has it
         "failed_rows_check": {
             "passed": committed.failed_rows_message is None,
             "message": committed.failed_rows_message,

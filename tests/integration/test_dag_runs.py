@@ -112,6 +112,7 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     assert f"{rows} of {rows} rows failed" in rerun_log and "'missing id' 200" in rerun_log
     kept = f"Nothing was committed: {output_uri} is as it was (version {manifest['version']} stays current)."
     assert kept in rerun_log, rerun_log[-4000:]
+    assert "No row has a value in id_column='Customer Id': is that the input's id column?" in rerun_log
     assert json.loads((Path(output_uri) / "manifest.json").read_text())["version"] == manifest["version"]
     assert len(pq.read_table(manifest["outputs_uri"])) == rows
 

@@ -254,6 +254,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
         in (held_log)
     )
     assert "Traceback" not in held_log, held_log[-3000:]
+    assert "No row has a value in id_column='ticket-id': is that the input's id column?" in held_log
     assert Path(output_uri, "_staging", "rerun", "held.json").exists()
     assert len(pq.read_table(held["errors_uri"])) == rows_in  # kept for a look
     # A retry that does not loosen the thresholds does not take the held rows (they would be held again,

@@ -213,8 +213,28 @@ def test_describe_engine_pool_says_whether_the_run_found_its_engines_warm() -> N
     assert describe_engine_pool({**pool, "warm_replicas": 0}) == (
         "engine pool 8f26a2bb2cf787aa: 0 of 2 replicas warm (started cold), kept warm 300 s after the job"
     )
+    # The build a cold job paid for: the slowest replica's (helper-52's trial found it only in engine_pool).
+    built = [{"engine_build_seconds": 33.25}, {"engine_build_seconds": 79.7}, {"answered": False}]
+    assert describe_engine_pool({**pool, "warm_replicas": 0, "replica_timings": built}) == (
+        "engine pool 8f26a2bb2cf787aa: 0 of 2 replicas warm (started cold, engine built in 79.7 s), "
+        "kept warm 300 s after the job"
+    )
 
 
 @pytest.mark.parametrize("pool", [None, "warm", {}, {"replicas": 1}, {"warm_replicas": "x", "replicas": 1}])
 def test_describe_engine_pool_of_a_run_on_its_own_engines_says_nothing(pool: object) -> None:
     assert describe_engine_pool(pool) is None
+
+
+def test_a_run_whose_rows_all_miss_their_id_names_the_id_column() -> None:
+    """Both trials of issue 20: id_column='ticketID' (the file says ticket_id) read as 66 row errors."""
+    reasons = {"missing id": 66, "malformed JSON": 1, "not a JSON object": 1}
+    manifest = {"rows_in": 68, "rows_out": 0, "rows_failed": 68, "id_column": "ticketID",
+                "errors_by_reason": reasons}  # fmt: skip
+
+    verdict = failed_rows_verdict(manifest, 0.1, None)
+
+    assert verdict is not None
+    assert "No row has a value in id_column='ticketID': is that the input's id column?" in verdict
+    some_out = {**manifest, "rows_out": 2, "rows_failed": 66}  # some rows had one: the rows' fault
+    assert "id_column" not in (failed_rows_verdict(some_out, 0.1, None) or "")

@@ -64,7 +64,9 @@ def test_the_eta_is_at_the_engines_rate_and_waits_for_their_first_row() -> None:
 
     assert describe_progress(building).endswith(", engines starting")
     assert "ETA" not in describe_progress(building)
-    assert describe_progress(generating).endswith(", ETA 11s")  # 45 rows to go at 16 rows / 4 s
+    assert describe_progress(generating).endswith(
+        " (4.0 rows/s while generating), ETA 11s"
+    )  # 45 to go at 16 / 4 s
     assert "engines starting" not in describe_progress(
         {**building, "rows_done": 69}
     )  # done: nothing to wait for

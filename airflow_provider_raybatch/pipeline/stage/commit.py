@@ -338,7 +338,8 @@ def write_version(
     run.errors_by_reason = dict(sorted(reasons.items()))
     counts = {"rows_in": rows_in, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
               "rows_duplicate": reasons.get(DUPLICATE_ID_REASON, 0), "errors_by_reason": run.errors_by_reason,
-              "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri}  # fmt: skip
+              "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri,
+              "id_column": spec.id_column}  # fmt: skip
     if failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows) is not None:
         # Held, not published (:func:`hold`): the message says what stays current and what is kept.
         report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
