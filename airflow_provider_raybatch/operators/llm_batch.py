@@ -569,6 +569,10 @@ class RayLLMBatchOperator(BaseOperator):
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"],
             f" ({duplicates} of them repeated ids)" if duplicates else "", manifest["output_uri"],
         )  # fmt: skip
+        if manifest.get("replaced_version"):
+            self.log.info("Ray job %s's version %s replaced version %s at %s (%s).", job_id,
+                          manifest.get("version"), manifest["replaced_version"], manifest["output_uri"],
+                          "kept: keep_versions" if spec.keep_versions else "deleted")  # fmt: skip
         if (timings := describe_timings(manifest.get("timings"))) is not None:
             self.log.info("Ray job %s took: %s.", job_id, timings)
         if (pool := describe_engine_pool(manifest.get("engine_pool"))) is not None:

@@ -468,10 +468,15 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, input_digest: str)
 
 
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.
-    """Make the version visible (manifest last), then clean up staging and the previous version."""
+    """Make the version visible (manifest last), then clean up staging and the previous version.
+
+    The manifest gets ``replaced_version``: the version it replaces (deleted unless ``keep_versions``),
+    or None, so the task can say so (a trial's re-run replaced a good version without a word).
+    """
     previous = None
     if storage.exists(layout.manifest_uri):
         previous = json.loads(storage.read_text(layout.manifest_uri)).get("version")
+    manifest["replaced_version"] = previous if previous != manifest.get("version") else None
     storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
     storage.delete_tree(layout.staging_uri)
     if previous and previous != manifest["version"] and not keep_versions:

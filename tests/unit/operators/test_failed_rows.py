@@ -326,3 +326,13 @@ def test_a_held_manifest_of_another_run_is_not_taken(
 
     with pytest.raises(RayJobFailedError, match="driver log"):
         make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, failed)
+
+
+def test_the_task_says_which_version_its_commit_replaced(ray_conn: str, ray_api: respx.MockRouter) -> None:
+    """helper-52's trial: a re-run committed a new version and deleted the good one, and the task log
+    said nothing of it."""
+    with capture_logs() as events:
+        complete(ray_conn, ray_api, run_manifest(30, 0, replaced_version="v0"))
+
+    lines = [event["event"] % tuple(event.get("positional_args", ())) for event in events]
+    assert "Ray job j1's version v1 replaced version v0 at s3://b/out/ (deleted)." in lines

@@ -825,7 +825,11 @@ def test_publish_writes_the_manifest_and_clears_staging(layout: OutputLayout) ->
 
     commit.publish(layout, {"version": "v1", "rows_in": 1}, keep_versions=False)
 
-    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v1", "rows_in": 1}
+    assert json.loads(storage.read_text(layout.manifest_uri)) == {
+        "version": "v1",
+        "rows_in": 1,
+        "replaced_version": None,
+    }
     assert not storage.exists(layout.staging_uri)
     assert first.exists()
 
@@ -852,7 +856,7 @@ def test_publish_deletes_the_previous_version_unless_kept(
 
     commit.publish(layout, {"version": "v2"}, keep_versions=keep_versions)
 
-    assert json.loads(storage.read_text(layout.manifest_uri))["version"] == "v2"
+    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v2", "replaced_version": "v1"}
     assert second.exists()
     assert first.exists() is kept
 
@@ -864,7 +868,11 @@ def test_publish_of_the_same_version_again_keeps_it(layout: OutputLayout) -> Non
     commit.publish(layout, {"version": "v1", "again": True}, keep_versions=False)
 
     assert folder.exists()
-    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v1", "again": True}
+    assert json.loads(storage.read_text(layout.manifest_uri)) == {
+        "version": "v1",
+        "again": True,
+        "replaced_version": None,
+    }
 
 
 def test_publish_over_a_manifest_of_the_old_layout(layout: OutputLayout) -> None:
@@ -874,7 +882,7 @@ def test_publish_over_a_manifest_of_the_old_layout(layout: OutputLayout) -> None
 
     commit.publish(layout, {"version": "v1"}, keep_versions=False)
 
-    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v1"}
+    assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v1", "replaced_version": None}
 
 
 def test_write_version_then_publish_replaces_the_previous_run(layout: OutputLayout) -> None:
