@@ -468,18 +468,15 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         manifest["request_counts"] = {
             "total": rows_in, "completed": committed.rows_out, "failed": committed.rows_failed,
         }  # fmt: skip
-    if (
-        committed.failed_rows_message is not None
-    ):  # the run fails on them: what was current stays so (commit.hold)
-        manifest.update(
-            status=HELD_STATUS, current_version=commit.current_version(layout), input_digest=digest
-        )
+    held_because = committed.failed_rows_message
+    if held_because is not None:  # the run fails on its rows: what was current stays so (commit.hold)
+        current = commit.current_version(layout)
+        manifest.update(status=HELD_STATUS, current_version=current, input_digest=digest)
         commit.hold(layout, manifest)
         print(manifest_log_line(manifest), flush=True)
         raise RayBatchRowsFailedError(
-            committed.failed_rows_message, rows_in=rows_in, rows_failed=failed_rows(manifest),
-            job_id=manifest["job_id"] or "",
-        )  # fmt: skip
+            held_because, rows_in=rows_in, rows_failed=failed_rows(manifest), job_id=manifest["job_id"] or ""
+        )
     commit.publish(layout, manifest, keep_versions=spec.keep_versions)
     print(manifest_log_line(manifest), flush=True)
     return manifest
