@@ -80,7 +80,8 @@ def staged_data_uri(layout: OutputLayout) -> str:
     return layout.version_uri(version) if version else layout.staging_uri
 
 
-def _committed_version(layout: OutputLayout) -> str | None:
+def current_version(layout: OutputLayout) -> str | None:
+    """The version ``manifest.json`` names now, or None before the first commit."""
     if not storage.exists(layout.manifest_uri):
         return None
     return json.loads(storage.read_text(layout.manifest_uri)).get("version")
@@ -153,7 +154,7 @@ def _remove_orphans(layout: OutputLayout, committed: set[str], data_uri: str | N
 
 
 def _is_committed(layout: OutputLayout, version: str | None) -> bool:
-    return version is not None and version == _committed_version(layout)
+    return version is not None and version == current_version(layout)
 
 
 def _discard(layout: OutputLayout, pointer: dict[str, Any]) -> None:  # Any: JSON values.
@@ -419,11 +420,6 @@ def _render_report(
         return None
 
 
-def current_version(layout: OutputLayout) -> str | None:
-    """The version ``manifest.json`` names now, or None before the first commit."""
-    return _committed_version(layout)
-
-
 def hold(layout: OutputLayout, manifest: dict[str, Any]) -> None:  # Any: JSON values.
     """Keep a run that failed its failed-row check out of ``manifest.json``: what was current stays so.
 
@@ -473,9 +469,7 @@ def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool)
     The manifest gets ``replaced_version``: the version it replaces (deleted unless ``keep_versions``),
     or None, so the task can say so (a trial's re-run replaced a good version without a word).
     """
-    previous = None
-    if storage.exists(layout.manifest_uri):
-        previous = json.loads(storage.read_text(layout.manifest_uri)).get("version")
+    previous = current_version(layout)
     manifest["replaced_version"] = previous if previous != manifest.get("version") else None
     storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
     storage.delete_tree(layout.staging_uri)
