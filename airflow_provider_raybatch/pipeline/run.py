@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -222,13 +223,34 @@ class EngineStageFailed(RuntimeError):
     engine that crashes on a row does fail here, and again on a retry: its traceback says which."""
 
     def __init__(self, cause: BaseException) -> None:
-        first_line = (str(cause).strip().splitlines() or [""])[0][:500]
+        ours = _our_engine_error(str(cause))
+        if ours is not None and _REFUSED_SETTING.search(ours):
+            # trial 55: "a retry resumes" after an engine that refused its settings invited a retry
+            # that fails alike; the reason was one frame further in.
+            super().__init__(
+                f"The engine stage failed: {ours} A retry with the same settings fails the same way; rows "
+                "generated before it stay staged for the retry after the fix."
+            )
+            return
+        first_line = ours or f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:500]}"
         super().__init__(
-            f"The engine stage failed: {type(cause).__name__}: {first_line}. If engine replicas died: each "
+            f"The engine stage failed: {first_line}. If engine replicas died: each "
             f"is restarted at most {engine.engine_max_restarts()} times ({engine.ENGINE_MAX_RESTARTS_ENV}), "
             "and their own errors (for example an EngineCore traceback) are in the job's log and in the "
             "Ray dashboard's actor logs. The rows already generated are staged: a retry resumes from them."
         )
+
+
+#: The lines of our own engine errors in a Ray error's text (it quotes the failed actor's traceback).
+_OUR_ENGINE_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*((?:PoolReplicaLost|EngineBuildError): .*)$")
+#: An engine error that a retry with the same settings meets again.
+_REFUSED_SETTING = re.compile(r"^EngineBuildError: |failed to build twice with the same error")
+
+
+def _our_engine_error(text: str) -> str | None:
+    """The last of our engine errors that ``text`` quotes, without its module path; None if none."""
+    found = [m.group(1) for line in text.splitlines() if (m := _OUR_ENGINE_ERROR.match(line.strip()))]
+    return found[-1][:1000] if found else None
 
 
 def _build_while_reading(

@@ -36,11 +36,14 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from multiprocessing import context as mp_context
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import job_settings
@@ -48,6 +51,7 @@ from airflow_provider_raybatch.pipeline import job_settings
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
+_ENGINE_CORE_ERROR_CHARS = 500  # one line of a task's error
 # What the EngineCore process imports before it runs (vllm.v1.engine.core pulls torch and the model
 # executor); "ray": the child re-runs the Ray worker's main module, as a spawned child does.
 #: How many times Ray restarts one engine replica that died before the job fails. Ray Data's own
@@ -251,16 +255,47 @@ def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LL
             stage.__dict__["fn"] = RaybatchChatTemplateUDF  # as for the engine stage: no validator run
 
 
-def _run_with_environ(environ: dict[str, str], target: Any, *args: Any, **kwargs: Any) -> Any:
+def engine_core_error_path(parent_pid: int | None = None) -> Path:
+    """Where the EngineCore that this process (or ``parent_pid``) started leaves the error it died of."""
+    return Path(tempfile.gettempdir()) / f"raybatch-enginecore-{parent_pid or os.getpid()}.error"
+
+
+def engine_core_error() -> str | None:
+    """The error the EngineCore this process started died of while it built, in one line; read once.
+
+    vLLM's parent only says ``Engine core initialization failed. See root cause above``: the cause
+    (``ValueError: No available memory for the cache blocks``, say) is in the child's log alone, which
+    the task never shows (trial 55: a refused setting failed the task with vLLM's wrapper only).
+    """
+    path = engine_core_error_path()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        path.unlink()
+    except OSError:
+        return None
+    return " ".join(text.split())[:_ENGINE_CORE_ERROR_CHARS] or None
+
+
+def _run_with_environ(
+    environ: dict[str, str], error_path: str, target: Any, *args: Any, **kwargs: Any
+) -> Any:
     """In the forked EngineCore: the environment the parent had at start(), a watch that ends it
-    with its replica (:mod:`.engine_lifetime`), then vLLM's target."""
+    with its replica (:mod:`.engine_lifetime`), then vLLM's target; an error it dies of is left at
+    ``error_path`` for the parent (:func:`engine_core_error`)."""
     from airflow_provider_raybatch.pipeline.generate import engine_lifetime
 
     engine_lifetime.keep_process_title()  # before the environment is rebuilt
     os.environ.clear()
     os.environ.update(environ)
     engine_lifetime.end_with_replica()
-    return target(*args, **kwargs)
+    try:
+        return target(*args, **kwargs)
+    except Exception as err:  # vLLM logs it and raises again: the parent hears only that it died
+        with contextlib.suppress(OSError):
+            Path(error_path).write_text(
+                f"{type(err).__name__}: {err}"[:_ENGINE_CORE_ERROR_CHARS], encoding="utf-8"
+            )
+        raise
 
 
 class _ForkServerProcess(mp_context.ForkServerProcess):
@@ -269,7 +304,9 @@ class _ForkServerProcess(mp_context.ForkServerProcess):
     _target: Callable[..., Any] | None  # BaseProcess's private attribute (set in its __init__); Any: vLLM's
 
     def start(self) -> None:
-        self._target = functools.partial(_run_with_environ, dict(os.environ), self._target)
+        error_path = engine_core_error_path()
+        error_path.unlink(missing_ok=True)  # an earlier EngineCore's error is not this one's
+        self._target = functools.partial(_run_with_environ, dict(os.environ), str(error_path), self._target)
         super().start()
 
 

@@ -32,6 +32,12 @@ from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishe
 from airflow_provider_raybatch.pipeline.openai import openai_batch  # noqa: E402
 from airflow_provider_raybatch.pipeline.reporting.timings import replica_clock  # noqa: E402
 
+
+class EngineBuildError(RuntimeError):
+    """vLLM's engine failed to build, with the error its EngineCore process died of (its parent's own
+    error says only "See root cause above"): a setting the engine refuses, most often."""
+
+
 # In a replica, this module is imported when Ray unpickles the UDF class, before Ray Data LLM's stage
 # module imports torch: the earliest point to let the forkserver start its imports (not in the driver).
 _IN_A_WORKER = ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
@@ -78,7 +84,13 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()
-        super().__init__(*args, **kwargs)
+        try:
+            super().__init__(*args, **kwargs)
+        except Exception as err:
+            cause = engine.engine_core_error()
+            if cause is None:
+                raise
+            raise EngineBuildError(f"{cause} (vLLM's EngineCore, building the engine)") from err
         # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)

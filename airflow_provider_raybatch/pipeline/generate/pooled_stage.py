@@ -52,6 +52,8 @@ class PoolReplicaLost(RuntimeError):
 
 #: A line of a traceback that names an exception: ``ValueError: No available memory ...``.
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+#: The module path before an error's class name (``airflow_provider_raybatch.….EngineBuildError``).
+_MODULE_PATH = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*:)")
 
 
 def death_cause(err: BaseException) -> tuple[str, bool]:
@@ -62,8 +64,8 @@ def death_cause(err: BaseException) -> tuple[str, bool]:
     was built four times and the task said only "died"; the reason was in the actor logs.
     """
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    named = [line for line in lines if _ERROR_LINE.match(line)]
-    cause = (named or lines or [type(err).__name__])[-1][:400]
+    named = [_MODULE_PATH.sub("", line, count=1) for line in lines if _ERROR_LINE.match(line)]
+    cause = (named or lines or [type(err).__name__])[-1][:600]
     return cause, bool(getattr(err, "actor_init_failed", False))
 
 

@@ -33,6 +33,31 @@ def test_the_forkserver_child_gets_the_environment_of_start_not_of_the_server(
     assert (tmp_path / "env").read_text() == "set after the forkserver started"
 
 
+def _refuse(message: str) -> None:  # runs in the forked child, as vLLM's EngineCore would die building
+    raise ValueError(message)
+
+
+def test_the_error_an_engine_core_dies_of_reaches_its_parent_once() -> None:
+    """trial 55: vLLM's parent says only "Engine core initialization failed. See root cause above"."""
+    context = engine._forkserver_context()
+    stale = engine.engine_core_error_path()
+    stale.write_text("ValueError: an earlier EngineCore's")
+    process = context.Process(
+        target=_refuse, args=("No available memory for the cache blocks.\n  Try more.",)
+    )
+    process.start()
+    process.join(60)
+    assert process.exitcode == 1
+    assert engine.engine_core_error() == "ValueError: No available memory for the cache blocks. Try more."
+    assert engine.engine_core_error() is None  # read once: a later build's failure is its own
+    fine = context.Process(target=_write_env, args=(os.devnull, "PATH"))
+    stale.write_text("ValueError: an earlier EngineCore's")
+    fine.start()
+    fine.join(60)
+    assert fine.exitcode == 0
+    assert engine.engine_core_error() is None  # start() cleared the earlier one; this one did not die
+
+
 def test_vllm_gets_the_forkserver_context_and_keeps_its_own_side_effects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
