@@ -131,13 +131,15 @@ def failed_rows_verdict(
 def _held_sentence(manifest: dict[str, Any], written: list[str]) -> str:  # Any: JSON values.
     """What a held run (:data:`HELD_STATUS`) left where, and how to commit it without paying again."""
     current = manifest.get("current_version")
-    kept = f"version {current} stays current" if current else "no version is current (none was before)"
+    kept = f"version {current} stays current" if current else "it has no version yet"
     sentence = f"Nothing was committed: {manifest.get('output_uri')} is as it was ({kept})."
     if int(manifest.get("rows_out") or 0) == 0:  # no outputs to look at, and no threshold passes it
         written = [str(manifest["errors_uri"])] if manifest.get("errors_uri") else []
     if written:
+        # until the next try of this run, which takes them or deletes them (trial 55: a message
+        # pointed at a folder the retry had deleted)
         sentence += f" This run's {'outputs and errors are' if len(written) > 1 else 'errors are'} kept"
-        sentence += f" for a look at {', '.join(written)}"
+        sentence += f" until its next try, for a look at {', '.join(written)}"
         sentence += f", its report at {manifest['report_uri']}." if manifest.get("report_uri") else "."
     if int(manifest.get("rows_out") or 0) == 0:
         return sentence + " Fix the input or the parameters: a retry then starts afresh."
@@ -184,7 +186,8 @@ def describe_timings(timings: Any) -> str | None:  # Any: the manifest's "timing
         held_for = f", {replica_seconds:,.1f} replica-seconds" if replica_seconds is not None else ""
         shown.append(f"no GPU held ({replicas:g} CPU replica{'' if replicas == 1 else 's'}{held_for})")
     elif held is not None and replicas is not None and gpus is not None:
-        shown.append(f"{held:,.1f} GPU-seconds held ({replicas:g} replicas x {gpus:g} GPU)")
+        plural = "" if replicas == 1 else "s"
+        shown.append(f"{held:,.1f} GPU-seconds held ({replicas:g} replica{plural} x {gpus:g} GPU)")
     return "; ".join(shown) or None
 
 

@@ -358,7 +358,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     digest = _input_digest(spec)
     # An earlier try held for its failed rows: taken when only the thresholds changed, else discarded.
-    taking_held_rows = commit.take_held(layout, spec, digest)
+    held = commit.take_held(layout, spec, digest)
+    taking_held_rows = held is not None
     resumed = commit.open_staging_parts(layout, spec)
     done_sources = {source for part in resumed for source in part.sidecar["sources"]}
     parts = PartWriter(
@@ -484,6 +485,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             "message": committed.failed_rows_message,
         },
     }
+    if held is not None:  # this job generated nothing: what the rows cost is the held try's
+        manifest["held_try"] = commit.held_try(held)
     if committed.generated_text_counts is not None:
         manifest["generated_text_counts"] = committed.generated_text_counts
     if spec.openai_endpoint is not None:  # OpenAI's names for the counts

@@ -436,8 +436,11 @@ def held_manifest_uri(layout: OutputLayout) -> str:
     return storage.join(layout.staging_uri, HELD_MANIFEST)
 
 
-def take_held(layout: OutputLayout, spec: BatchInferenceSpec, input_digest: str) -> bool:
-    """Whether this try commits the rows an earlier try held (:func:`hold`), else discard them.
+def take_held(
+    layout: OutputLayout, spec: BatchInferenceSpec, input_digest: str
+) -> dict[str, Any] | None:  # Any: JSON values
+    """The held manifest of the earlier try whose rows this try commits (:func:`hold`), or None (and
+    those rows discarded).
 
     Taken only when nothing but the thresholds changed and they now pass those rows: the same spec,
     the same input files (``input_digest``: paths, sizes, times) and a verdict that passes. The user
@@ -448,19 +451,26 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, input_digest: str)
     starts afresh. Call before :func:`open_staging_parts`.
     """
     if not storage.exists(held_manifest_uri(layout)):
-        return False
-    held = json.loads(storage.read_text(held_manifest_uri(layout)))
+        return None
+    held: dict[str, Any] = json.loads(storage.read_text(held_manifest_uri(layout)))  # Any: JSON values
     same = held.get("spec_fingerprint") == spec.fingerprint() and held.get("input_digest") == input_digest
     if same and failed_rows_verdict(held, spec.max_failed_fraction, spec.max_failed_rows) is None:
         log.info("Committing the %s rows an earlier try of %s held, as the thresholds now pass them.",
                  held.get("rows_in"), layout.run_key)  # fmt: skip
-        return True
+        return held
     why = "the thresholds still fail them" if same else "the input or the spec changed since"
     log.info(
         "An earlier try of %s held its rows; %s: discarding them and starting afresh.", layout.run_key, why
     )
     _discard(layout, _pointer(layout) or {})
-    return False
+    return None
+
+
+def held_try(held: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values
+    """What the try that generated and held the rows a later try committed paid for them: the committed
+    manifest's ``held_try`` (that later job started no engine: its own timings show none, and a trial
+    read the run as free)."""
+    return {key: held.get(key) for key in ("job_id", "version", "timings", "engine_pool")}
 
 
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.

@@ -297,7 +297,9 @@ def test_a_held_run_fails_its_task_saying_what_stays_current(ray_conn: str, clus
     assert "Nothing was committed: s3://b/out/ is as it was (version v0 stays current)." in message
     assert "its report at s3://b/out/versions/v1/report.html." in message
     assert "Fix the input or the parameters: a retry then starts afresh." in message  # no threshold helps
-    assert "errors are kept for a look at s3://b/out/versions/v1/errors," in message  # no empty outputs
+    assert (
+        "errors are kept until its next try, for a look at s3://b/out/versions/v1/errors," in message
+    )  # no empty outputs
     assert "driver log" not in message
     assert (info.value.rows_in, info.value.rows_failed, info.value.job_id) == (30, 30, job_id)
     assert ti.xcoms["manifest"] == manifest and "output_uri" not in ti.xcoms
@@ -336,3 +338,20 @@ def test_the_task_says_which_version_its_commit_replaced(ray_conn: str, ray_api:
 
     lines = [event["event"] % tuple(event.get("positional_args", ())) for event in events]
     assert "Ray job j1's version v1 replaced version v0 at s3://b/out/ (deleted)." in lines
+
+
+def test_a_commit_of_held_rows_says_which_job_generated_them_and_what_that_took(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
+    """trial 55: the job that committed a held try's rows showed no engine time and no GPU-seconds, as
+    if the rows had cost nothing."""
+    timings = {"generating_s": 41.5, "replicas": 1, "gpus_per_replica": 1.0, "gpu_seconds_held": 60.2}
+    held_try = {"job_id": "j0", "version": "v1", "engine_pool": None, "timings": timings}
+    with capture_logs() as events:
+        complete(ray_conn, ray_api, run_manifest(30, 0, held_try=held_try))
+
+    lines = [event["event"] % tuple(event.get("positional_args", ())) for event in events]
+    assert (
+        "Ray job j1 generated no row: it committed the rows Ray job j0 generated and held, which took: "
+        "generating 41.5 s; 60.2 GPU-seconds held (1 replica x 1 GPU)." in lines
+    ), lines

@@ -959,8 +959,9 @@ def _held_rerun(
     run = commit.write_version(rerun, spec, rows_in=3)
     assert run.held
     held = {"status": "held", "version": run.version, "spec_fingerprint": spec.fingerprint(),
-            "input_digest": DIGEST, "rows_in": 3, "rows_out": run.rows_out,
-            "rows_failed": run.rows_failed}  # fmt: skip
+            "input_digest": DIGEST, "rows_in": 3, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
+            "job_id": "raybatch-held-try", "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
+            "engine_pool": {"warm_replicas": 1, "replicas": 1}}  # fmt: skip
     commit.hold(rerun, held)
     return rerun, run
 
@@ -986,8 +987,8 @@ def test_a_run_whose_rows_fail_is_held_and_the_dates_good_version_stays(tmp_path
         in (held.failed_rows_message)
     )
     assert (
-        f"outputs and errors are kept for a look at {held.outputs_uri}, {held.errors_uri}, its report at"
-        in held.failed_rows_message
+        f"outputs and errors are kept until its next try, for a look at {held.outputs_uri}, "
+        f"{held.errors_uri}, its report at" in held.failed_rows_message
     )
     assert "with looser max_failed_fraction / max_failed_rows (and the same input and parameters)" in (
         held.failed_rows_message
@@ -999,7 +1000,7 @@ def test_the_first_run_of_a_date_held_leaves_no_manifest(tmp_path: Path) -> None
 
     assert not storage.exists(rerun.manifest_uri)
     assert held.failed_rows_message is not None
-    assert "(no version is current (none was before))" in held.failed_rows_message
+    assert "is as it was (it has no version yet)." in held.failed_rows_message
 
 
 def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_path: Path) -> None:
@@ -1008,8 +1009,15 @@ def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_p
     rerun, held = _held_rerun(tmp_path)
     looser = spec_of(run_key=rerun.run_key, max_failed_fraction=0.9)
 
-    assert commit.take_held(rerun, looser, DIGEST)
+    taken = commit.take_held(rerun, looser, DIGEST)
+    assert taken is not None
     assert commit.open_staging(rerun, looser) == {"1", "2", "3"}
+    # trial 55: the committing job starts no engine; the manifest says what the rows cost, and where.
+    assert commit.held_try(taken) == {
+        "job_id": "raybatch-held-try", "version": held.version,
+        "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
+        "engine_pool": {"warm_replicas": 1, "replicas": 1},
+    }  # fmt: skip
     run = commit.write_version(rerun, looser, rows_in=3)
     assert not run.held
     commit.publish(rerun, {"version": run.version, "outputs_uri": run.outputs_uri}, keep_versions=False)
@@ -1038,7 +1046,7 @@ def test_a_held_run_retried_otherwise_starts_afresh_and_the_good_version_stays(
     retry = spec_of(run_key=rerun.run_key, **params)
 
     with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch.pipeline"):
-        assert not commit.take_held(rerun, retry, digest)
+        assert commit.take_held(rerun, retry, digest) is None
 
     assert why in caplog.text
     assert commit.open_staging(rerun, retry) == set()
