@@ -26,6 +26,8 @@ So, while :func:`build_llm_processor` builds, and only in this process:
   access, so a module that bound them keeps working later; only an actual use pays the import.
 * The telemetry probe reads ``architectures`` from the model folder's ``config.json`` (a Hub id or a
   remote path: reported as unknown) instead of downloading files and loading transformers.
+* The telemetry report is sent to Ray's telemetry actor without waiting for that actor to start
+  (:func:`_telemetry_report_not_awaited`).
 
 Everything is put back when the build returns. The processor and its stages are Ray's own, built by
 Ray's own ``build_processor``; the replicas run exactly as before. If a Ray upgrade makes the build
@@ -53,6 +55,7 @@ from airflow_provider_raybatch.pipeline.generate import engine
 BLOCKED = ("vllm",)
 DEFERRED = ("torch", "transformers")
 _DOWNLOAD_UTILS = "ray.llm._internal.common.utils.download_utils"
+_TELEMETRY = "ray.llm._internal.batch.observability.usage_telemetry.usage"
 
 _building = threading.local()
 
@@ -79,6 +82,7 @@ def build_llm_processor(
     """
     with engine_libraries_held_back():
         _answer_the_telemetry_probe_locally()
+        _telemetry_report_not_awaited()
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
         config = vLLMEngineProcessorConfig(**config_kwargs)
@@ -152,6 +156,38 @@ def _answer_the_telemetry_probe_locally() -> None:
     download_utils: Any = importlib.import_module(_DOWNLOAD_UTILS)  # with the stand-in torch; Any: Ray's.
     if not getattr(download_utils.download_model_files, "__raybatch__", False):
         download_utils.download_model_files = _skipped_while_building(download_utils.download_model_files)
+
+
+def _telemetry_report_not_awaited() -> None:
+    """Wrap Ray's ``TelemetryAgent.push_telemetry_report`` once: while we build, the report is sent and
+    not waited for.
+
+    Ray waits for its telemetry actor to record the report (``ray.get``), and on a cluster's first job
+    that actor is made then: a worker process started and Ray imported, 5-8 s on the 2-core VM. A
+    warm pool's replicas are asked for only once the processor is built (``run._engine_ready``), so
+    a cold replica started that much later than the reads it is meant to build beside (trial 55: 8 s
+    into a 10.5 s read). Best effort: another Ray layout keeps Ray's own.
+    """
+    try:
+        usage: Any = importlib.import_module(_TELEMETRY)  # Any: Ray's module
+        agent = usage.TelemetryAgent
+    except (ImportError, AttributeError):
+        return
+    push = agent.push_telemetry_report
+    if getattr(push, "__raybatch__", False):
+        return
+
+    @functools.wraps(push)
+    def push_telemetry_report(self: Any, telemetry: Any) -> None:  # Any: Ray's agent and report
+        remote = getattr(self, "remote_telemetry_agent", None)
+        if not _in_build() or remote is None:
+            return push(self, telemetry)
+        with contextlib.suppress(Exception):  # as Ray's: telemetry never breaks the build
+            remote.record.remote(telemetry)  # sent; the actor records it once it is up
+        return None
+
+    push_telemetry_report.__raybatch__ = True  # type: ignore[attr-defined]  # our mark on a function
+    agent.push_telemetry_report = push_telemetry_report
 
 
 def _skipped_while_building(download: Callable[..., Any]) -> Callable[..., Any]:
