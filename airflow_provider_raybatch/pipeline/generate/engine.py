@@ -36,10 +36,12 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from multiprocessing import context as mp_context
@@ -255,9 +257,16 @@ def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LL
             stage.__dict__["fn"] = RaybatchChatTemplateUDF  # as for the engine stage: no validator run
 
 
-def engine_core_error_path(parent_pid: int | None = None) -> Path:
-    """Where the EngineCore that this process (or ``parent_pid``) started leaves the error it died of."""
-    return Path(tempfile.gettempdir()) / f"raybatch-enginecore-{parent_pid or os.getpid()}.error"
+@functools.cache
+def engine_core_error_path() -> Path:
+    """Where the EngineCore that this process started leaves the error it died of.
+
+    In a folder of this process's own (``mkdtemp``: private, a name nobody can guess), not at a
+    name in the shared temp folder that another user could plant a link at before the child writes.
+    """
+    folder = tempfile.mkdtemp(prefix="raybatch-enginecore-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return Path(folder) / "error"
 
 
 def engine_core_error() -> str | None:

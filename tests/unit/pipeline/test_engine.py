@@ -56,6 +56,9 @@ def test_the_error_an_engine_core_dies_of_reaches_its_parent_once() -> None:
     fine.join(60)
     assert fine.exitcode == 0
     assert engine.engine_core_error() is None  # start() cleared the earlier one; this one did not die
+    folder = engine.engine_core_error_path().parent
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"  # private: no other user can plant a link in it
+    assert engine.engine_core_error_path() == stale  # one place per process
 
 
 def test_vllm_gets_the_forkserver_context_and_keeps_its_own_side_effects(
