@@ -36,14 +36,15 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
+import itertools
 import logging
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing import context as mp_context
 from pathlib import Path
 from typing import Any
@@ -257,40 +258,57 @@ def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LL
             stage.__dict__["fn"] = RaybatchChatTemplateUDF  # as for the engine stage: no validator run
 
 
-@functools.cache
-def engine_core_error_path() -> Path:
-    """Where the EngineCore that this process started leaves the error it died of.
-
-    In a folder of this process's own (``mkdtemp``: private, a name nobody can guess), not at a
-    name in the shared temp folder that another user could plant a link at before the child writes.
-    """
-    folder = tempfile.mkdtemp(prefix="raybatch-enginecore-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return Path(folder) / "error"
+#: A line naming an error (``ValueError: ...``, ``ray.exceptions.RayTaskError: ...``) in a traceback.
+ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+#: The folder of the engine build under way in this process (:func:`engine_core_errors`), else None.
+_build_error_folder: str | None = None
+_error_files = itertools.count()
 
 
-def engine_core_error() -> str | None:
-    """The error the EngineCore this process started died of while it built, in one line; read once.
+@contextlib.contextmanager
+def engine_core_errors() -> Iterator[Callable[[], str | None]]:
+    """For one engine build: the error an EngineCore it starts dies of, kept for the build to quote.
 
     vLLM's parent only says ``Engine core initialization failed. See root cause above``: the cause
     (``ValueError: No available memory for the cache blocks``, say) is in the child's log alone, which
-    the task never shows (trial 55: a refused setting failed the task with vLLM's wrapper only).
+    the task never shows (trial 55: a refused setting failed the task with vLLM's wrapper only). The
+    EngineCores write into a folder of this build's own (``mkdtemp``: private, a name nobody can guess,
+    so no other user can plant a link for them to write through), gone when the build ends: an
+    EngineCore that dies later finds none and writes nothing. Yields a function that returns the
+    first error written, in one line, or None (none written, or vLLM spawned its EngineCore itself).
     """
-    path = engine_core_error_path()
+    global _build_error_folder
+    folder = tempfile.mkdtemp(prefix="raybatch-enginecore-")
+    _build_error_folder = folder
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        path.unlink()
-    except OSError:
-        return None
-    return " ".join(text.split())[:_ENGINE_CORE_ERROR_CHARS] or None
+        yield functools.partial(_first_error_in, Path(folder))
+    finally:
+        _build_error_folder = None
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _first_error_in(folder: Path) -> str | None:
+    for path in sorted(folder.glob("*.error")):
+        with contextlib.suppress(OSError):
+            if text := path.read_text(encoding="utf-8", errors="replace").strip():
+                return text
+    return None
+
+
+def error_line(err: BaseException) -> str:
+    """An exception in one line: for a traceback's text (a Ray worker's error), its last error line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    named = [line for line in lines if ERROR_LINE.match(line)]
+    line = named[-1] if len(lines) > 1 and named else f"{type(err).__name__}: {' '.join(lines)}"
+    return line[:_ENGINE_CORE_ERROR_CHARS]
 
 
 def _run_with_environ(
-    environ: dict[str, str], error_path: str, target: Any, *args: Any, **kwargs: Any
+    environ: dict[str, str], error_path: str | None, target: Any, *args: Any, **kwargs: Any
 ) -> Any:
     """In the forked EngineCore: the environment the parent had at start(), a watch that ends it
-    with its replica (:mod:`.engine_lifetime`), then vLLM's target; an error it dies of is left at
-    ``error_path`` for the parent (:func:`engine_core_error`)."""
+    with its replica (:mod:`.engine_lifetime`), then vLLM's target; an error it dies of while its
+    parent builds is left at ``error_path`` for the parent (:func:`engine_core_errors`)."""
     from airflow_provider_raybatch.pipeline.generate import engine_lifetime
 
     engine_lifetime.keep_process_title()  # before the environment is rebuilt
@@ -300,10 +318,9 @@ def _run_with_environ(
     try:
         return target(*args, **kwargs)
     except Exception as err:  # vLLM logs it and raises again: the parent hears only that it died
-        with contextlib.suppress(OSError):
-            Path(error_path).write_text(
-                f"{type(err).__name__}: {err}"[:_ENGINE_CORE_ERROR_CHARS], encoding="utf-8"
-            )
+        if error_path is not None:
+            with contextlib.suppress(Exception):  # never instead of vLLM's own error
+                Path(error_path).write_text(error_line(err), encoding="utf-8")
         raise
 
 
@@ -313,9 +330,9 @@ class _ForkServerProcess(mp_context.ForkServerProcess):
     _target: Callable[..., Any] | None  # BaseProcess's private attribute (set in its __init__); Any: vLLM's
 
     def start(self) -> None:
-        error_path = engine_core_error_path()
-        error_path.unlink(missing_ok=True)  # an earlier EngineCore's error is not this one's
-        self._target = functools.partial(_run_with_environ, dict(os.environ), str(error_path), self._target)
+        folder = _build_error_folder  # one file per EngineCore (data parallel: several per build)
+        error_path = None if folder is None else os.path.join(folder, f"{next(_error_files):06d}.error")
+        self._target = functools.partial(_run_with_environ, dict(os.environ), error_path, self._target)
         super().start()
 
 

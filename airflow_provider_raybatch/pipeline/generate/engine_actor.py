@@ -84,13 +84,16 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()
-        try:
-            super().__init__(*args, **kwargs)
-        except Exception as err:
-            cause = engine.engine_core_error()
-            if cause is None:
-                raise
-            raise EngineBuildError(f"{cause} (vLLM's EngineCore, building the engine)") from err
+        with engine.engine_core_errors() as engine_core_error:
+            try:
+                super().__init__(*args, **kwargs)
+            except Exception as err:
+                cause = engine_core_error()
+                if cause is None:
+                    raise
+                raise EngineBuildError(
+                    f"{cause.rstrip('.')} (vLLM's EngineCore, building the engine)."
+                ) from err
         # An instance attribute: Ray's _generate_with_error_handling calls self.llm.generate_async(row),
         # and keeps doing its error handling around ours.
         self.llm.generate_async = functools.partial(generate_with_extras, self.llm)

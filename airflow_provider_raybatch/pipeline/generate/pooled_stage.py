@@ -51,7 +51,7 @@ class PoolReplicaLost(RuntimeError):
 
 
 #: A line of a traceback that names an exception: ``ValueError: No available memory ...``.
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+_DIGITS = re.compile(r"\d+")
 #: The module path before an error's class name (``airflow_provider_raybatch.….EngineBuildError``).
 _MODULE_PATH = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*:)")
 
@@ -64,9 +64,13 @@ def death_cause(err: BaseException) -> tuple[str, bool]:
     was built four times and the task said only "died"; the reason was in the actor logs.
     """
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    named = [_MODULE_PATH.sub("", line, count=1) for line in lines if _ERROR_LINE.match(line)]
+    named = [_MODULE_PATH.sub("", line, count=1) for line in lines if engine.ERROR_LINE.match(line)]
     cause = (named or lines or [type(err).__name__])[-1][:600]
     return cause, bool(getattr(err, "actor_init_failed", False))
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 class _PoolClient(StatefulStageUDF):
@@ -187,19 +191,23 @@ class _PoolClient(StatefulStageUDF):
         self._dead.add(getattr(dead, "_actor_id", None))
         self._replaced += 1
         cause, building = death_cause(err)
-        if building and cause == self._last_build_failure:  # a setting, not a passing fault: no more builds
+        # A setting, not a passing fault: no more builds. Compared without numbers (pids, addresses, bytes
+        # measured), which differ from build to build of the same refused setting.
+        alike = _DIGITS.sub("#", cause)
+        if building and alike == self._last_build_failure:
             raise PoolReplicaLost(
                 f"Engine pool replica {self._pool.names[index]} failed to build twice with the same error: "
-                f"{cause} The engine refuses a setting (engine_kwargs, the model, the resources): fix it "
-                "and retry. Its whole traceback is in the job's log and the Ray dashboard's actor logs."
+                f"{_sentence(cause)} The engine refuses a setting (engine_kwargs, the model, the "
+                "resources): fix it and retry. Its whole traceback is in the job's log and the Ray "
+                "dashboard's actor logs."
             ) from err
-        self._last_build_failure = cause if building else None
+        self._last_build_failure = alike if building else None
         if self._replaced > self._max_replaced:
             raise PoolReplicaLost(
                 f"Engine pool replica {self._pool.names[index]} died; replicas were replaced "
                 f"{self._replaced - 1} times already ({engine.ENGINE_MAX_RESTARTS_ENV}). Its last error: "
-                f"{cause} The whole of it (for example an EngineCore traceback) is in the Ray dashboard's "
-                "actor logs."
+                f"{_sentence(cause)} The whole of it (for example an EngineCore traceback) is in the Ray "
+                "dashboard's actor logs."
             ) from err
 
 

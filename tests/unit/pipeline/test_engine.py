@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,28 +38,43 @@ def _refuse(message: str) -> None:  # runs in the forked child, as vLLM's Engine
     raise ValueError(message)
 
 
-def test_the_error_an_engine_core_dies_of_reaches_its_parent_once() -> None:
-    """trial 55: vLLM's parent says only "Engine core initialization failed. See root cause above"."""
-    context = engine._forkserver_context()
-    stale = engine.engine_core_error_path()
-    stale.write_text("ValueError: an earlier EngineCore's")
-    process = context.Process(
-        target=_refuse, args=("No available memory for the cache blocks.\n  Try more.",)
-    )
+class _WorkerFailed(Exception):  # a Ray worker's error as the EngineCore gets it: a traceback's text
+    def __str__(self) -> str:
+        return (
+            "ray::RayWorkerWrapper.execute_method() (pid=4242, ip=10.0.0.7)\n"
+            '  File "gpu_worker.py", line 9, in determine_available_memory\n'
+            "ValueError: No available memory for the cache blocks."
+        )
+
+
+def _fail_as_a_worker() -> None:  # runs in the forked child
+    raise _WorkerFailed()
+
+
+def _run_child(target: Callable[..., None], *args: object) -> int | None:
+    process = engine._forkserver_context().Process(target=target, args=args)
     process.start()
     process.join(60)
-    assert process.exitcode == 1
-    assert engine.engine_core_error() == "ValueError: No available memory for the cache blocks. Try more."
-    assert engine.engine_core_error() is None  # read once: a later build's failure is its own
-    fine = context.Process(target=_write_env, args=(os.devnull, "PATH"))
-    stale.write_text("ValueError: an earlier EngineCore's")
-    fine.start()
-    fine.join(60)
-    assert fine.exitcode == 0
-    assert engine.engine_core_error() is None  # start() cleared the earlier one; this one did not die
-    folder = engine.engine_core_error_path().parent
-    assert oct(folder.stat().st_mode & 0o777) == "0o700"  # private: no other user can plant a link in it
-    assert engine.engine_core_error_path() == stale  # one place per process
+    return process.exitcode
+
+
+def test_the_error_an_engine_core_dies_of_while_building_reaches_its_builder() -> None:
+    """trial 55: vLLM's parent says only "Engine core initialization failed. See root cause above"."""
+    with engine.engine_core_errors() as error_of_this_build:
+        folder = engine._build_error_folder
+        assert folder is not None and oct(Path(folder).stat().st_mode & 0o777) == "0o700"
+        assert _run_child(_write_env, os.devnull, "PATH") == 0
+        assert error_of_this_build() is None  # a child that did not die leaves nothing
+        assert _run_child(_refuse, "No available memory for the cache blocks.\n  Try more.") == 1
+        assert error_of_this_build() == "ValueError: No available memory for the cache blocks. Try more."
+    assert not Path(folder).exists()  # gone with the build
+    with engine.engine_core_errors() as error_of_this_build:
+        assert error_of_this_build() is None  # an earlier build's error is not this one's
+        # A Ray worker's error reaches the EngineCore as a traceback's text: its last error line, whole.
+        assert _run_child(_fail_as_a_worker) == 1
+        assert error_of_this_build() == "ValueError: No available memory for the cache blocks."
+    assert _run_child(_refuse, "after the build") == 1  # an EngineCore dying later writes nowhere
+    assert engine._build_error_folder is None
 
 
 def test_vllm_gets_the_forkserver_context_and_keeps_its_own_side_effects(

@@ -238,17 +238,23 @@ class Call:
 pooled_stage.UNREACHABLE_RETRY_SECONDS = 0.01
 pooled_stage.UNREACHABLE_GRACE_SECONDS = 0.5
 
+builds = [0]
 class BuildFailed(ray.exceptions.RayActorError):  # as Ray says a replica's constructor raised
     actor_init_failed = True
+    def __init__(self):
+        super().__init__()
+        builds[0] += 1
+        self.pid = 4000 + builds[0]  # each build its own process: the same error, other numbers
     def __str__(self):  # vLLM's parent error, then ours with the EngineCore's (engine_actor.py)
-        return ("The actor died because of an error raised in its creation task, ray::R.__init__()\\n"
+        return ("The actor died because of an error raised in its creation task, "
+                f"ray::R.__init__() (pid={self.pid})\\n"
                 '  File "core_client.py", line 9, in wait_for_engine_startup\\n'
                 "RuntimeError: Engine core initialization failed. See root cause above.\\n\\n"
                 "The above exception was the direct cause of the following exception:\\n\\n"
                 '  File "engine_actor.py", line 90, in __init__\\n'
                 "airflow_provider_raybatch.pipeline.generate.engine_actor.EngineBuildError: ValueError: No "
-                "available memory for the cache blocks. Try increasing gpu_memory_utilization (vLLM's "
-                "EngineCore, building the engine)")
+                f"available memory for the cache blocks (pid {self.pid}). Try increasing "
+                "gpu_memory_utilization (vLLM's EngineCore, building the engine).")
 
 def fault(kind):  # a death, or Ray's "unavailable": a replica unreachable for a moment (a loaded node)
     if "unreachable" in str(kind):
@@ -313,11 +319,10 @@ async def unreachable_for(seconds, rows=1):  # every call fails as unavailable f
     texts = sorted(row["generated_text"] for row in out)
     return {"rows": texts, "made": len(made), "replaced": client._replaced}
 
-def stage_failed(lost):  # run_batch's error for the engine dataset that a PoolReplicaLost stopped
+def stage_failed(error, name="pooled_stage.PoolReplicaLost"):  # run_batch's error for the engine dataset
     from airflow_provider_raybatch.pipeline import run as run_module
     wrapped = Exception("ray::MapWorker(MapBatches(RaybatchPooledEngineStageUDF)).submit() (pid=1)\\n"
-                        "airflow_provider_raybatch.pipeline.generate.pooled_stage."
-                        f"PoolReplicaLost: {lost}\\n\\n"
+                        f"airflow_provider_raybatch.pipeline.generate.{name}: {error}\\n\\n"
                         "ray.exceptions.UserCodeException: UDF failed to process a data block.")
     return str(run_module.EngineStageFailed(wrapped))
 
@@ -327,6 +332,8 @@ print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": too_many_repor
                   "build_fails_alike": alike_report,
                   "stage_failed": stage_failed(alike_report["error"]),
                   "stage_died": stage_failed(too_many_report["error"]),
+                  "stage_built_once": stage_failed("ValueError: CUDA out of memory. (vLLM's EngineCore, "
+                                                   "building the engine).", "engine_actor.EngineBuildError"),
                   "dead_on_attach": asyncio.run(run(["attach"])),
                   "unreachable": asyncio.run(run(["unreachable"] * 8)),
                   "unreachable_on_attach": asyncio.run(run(["attach unreachable"] * 2)),
@@ -350,8 +357,8 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     assert alike["made"] <= too_many["made"], (alike, too_many)  # never more builds than the budget's
     assert alike["error"].startswith(
         "Engine pool replica raybatch-engine-f-0 failed to build twice with the same error: "
-        "EngineBuildError: ValueError: No available memory for the cache blocks."
-    )
+        "EngineBuildError: ValueError: No available memory for the cache blocks (pid 4002)."
+    )  # the two builds' pids differ: still the same error
     # trial 55: the job's own error led with Ray's wrapper and ended "a retry resumes from them",
     # which a retry with the same settings meets again. It now leads with the refusal.
     assert report["stage_failed"].startswith(
@@ -362,7 +369,17 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     assert "a retry resumes" not in report["stage_failed"]
     # A replica that died mid-run, past the restart budget: a retry may well go through, and resumes.
     assert report["stage_died"].startswith("The engine stage failed: PoolReplicaLost: Engine pool replica ")
-    assert "The rows already generated are staged: a retry resumes from them." in report["stage_died"]
+    assert report["stage_died"].endswith(
+        "is in the Ray dashboard's actor logs. The rows already generated are staged: a retry resumes "
+        "from them."
+    )  # one full stop, and the restart budget said once (helper-56's review)
+    # One build failed (no pool, where Ray Data starts the actor again): a setting, or a passing fault.
+    once = report["stage_built_once"]
+    assert once.startswith(
+        "The engine stage failed: EngineBuildError: ValueError: CUDA out of memory. (vLLM's"
+    )
+    assert "a setting it refuses (engine_kwargs, the model, the resources) fails every retry alike" in once
+    assert "fails the same way" not in once and once.endswith("a retry resumes from them.")
     # The replica was found dead by the stage's own attach (before any row): replaced the same way.
     on_attach = report["dead_on_attach"]
     assert on_attach["made"] == 2 and on_attach["rows"] == ["actor-1 a:0", "actor-1 a:1", "actor-1 a:2"]
