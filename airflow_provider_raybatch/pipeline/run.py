@@ -224,27 +224,39 @@ class EngineStageFailed(RuntimeError):
 
     def __init__(self, cause: BaseException) -> None:
         ours = _our_engine_error(str(cause))
-        if ours is not None and _REFUSED_SETTING.search(ours):
-            # trial 55: "a retry resumes" after an engine that refused its settings invited a retry
-            # that fails alike; the reason was one frame further in.
-            super().__init__(
-                f"The engine stage failed: {ours} A retry with the same settings fails the same way; rows "
-                "generated before it stay staged for the retry after the fix."
-            )
-            return
-        first_line = ours or f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:500]}"
-        super().__init__(
-            f"The engine stage failed: {first_line}. If engine replicas died: each "
-            f"is restarted at most {engine.engine_max_restarts()} times ({engine.ENGINE_MAX_RESTARTS_ENV}), "
-            "and their own errors (for example an EngineCore traceback) are in the job's log and in the "
-            "Ray dashboard's actor logs. The rows already generated are staged: a retry resumes from them."
+        said = ours or f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0][:500]}"
+        super().__init__(f"The engine stage failed: {said.rstrip('.')}. {_what_a_retry_meets(ours)}")
+
+
+def _what_a_retry_meets(ours: str | None) -> str:
+    """After the engine stage failed with ``ours`` (our engine error in its text), or with none."""
+    resumes = "The rows already generated are staged: a retry resumes from them."
+    if ours is None:
+        return (
+            f"If engine replicas died: each is restarted at most {engine.engine_max_restarts()} times "
+            f"({engine.ENGINE_MAX_RESTARTS_ENV}), and their own errors (for example an EngineCore traceback) "
+            f"are in the job's log and in the Ray dashboard's actor logs. {resumes}"
         )
+    if _BUILT_TWICE_ALIKE.search(ours):
+        # trial 55: "a retry resumes" after an engine that refused its settings invited a retry that
+        # fails alike; the reason was one frame further in.
+        return (
+            "A retry with the same settings fails the same way; rows generated before it stay staged for "
+            "the retry after the fix."
+        )
+    if ours.startswith("EngineBuildError: "):  # one build: a setting, or a passing fault
+        return (
+            "An engine could not be built: a setting it refuses (engine_kwargs, the model, the resources) "
+            "fails every retry alike, a passing fault (a GPU another process still held) may not. The "
+            f"replicas' own errors are in the job's log and in the Ray dashboard's actor logs. {resumes}"
+        )
+    return resumes  # a pool's replica lost past its restart budget: its message says so
 
 
 #: The lines of our own engine errors in a Ray error's text (it quotes the failed actor's traceback).
 _OUR_ENGINE_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*((?:PoolReplicaLost|EngineBuildError): .*)$")
-#: An engine error that a retry with the same settings meets again.
-_REFUSED_SETTING = re.compile(r"^EngineBuildError: |failed to build twice with the same error")
+#: A warm pool's replica that failed to build twice alike: a setting, which a retry meets again.
+_BUILT_TWICE_ALIKE = re.compile(r"failed to build twice with the same error")
 
 
 def _our_engine_error(text: str) -> str | None:
@@ -443,6 +455,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         known_parts=[*resumed, *staged_now],  # commit reads back only the sidecars of parts not reported
         timings=timings(),  # for the report: every phase but the commit itself
         engine_pool=pool_used,
+        held_try=commit.held_try(held) if held is not None else None,
     )
     marks.mark("committed")
     manifest = {
