@@ -186,8 +186,8 @@ def describe_timings(timings: Any) -> str | None:  # Any: the manifest's "timing
         held_for = f", {replica_seconds:,.1f} replica-seconds" if replica_seconds is not None else ""
         shown.append(f"no GPU held ({replicas:g} CPU replica{'' if replicas == 1 else 's'}{held_for})")
     elif held is not None and replicas is not None and gpus is not None:
-        plural = "" if replicas == 1 else "s"
-        shown.append(f"{held:,.1f} GPU-seconds held ({replicas:g} replica{plural} x {gpus:g} GPU)")
+        each = f"{replicas:g} replica{'' if replicas == 1 else 's'} x {gpus:g} GPU{'s' if gpus > 1 else ''}"
+        shown.append(f"{held:,.1f} GPU-seconds held ({each})")
     return "; ".join(shown) or None
 
 

@@ -169,11 +169,10 @@ def _telemetry_report_not_awaited() -> None:
     into a 10.5 s read). Best effort: another Ray layout keeps Ray's own.
     """
     try:
-        usage: Any = importlib.import_module(_TELEMETRY)  # Any: Ray's module
-        agent = usage.TelemetryAgent
+        agent: Any = importlib.import_module(_TELEMETRY).TelemetryAgent  # Any: Ray's class
+        push = agent.push_telemetry_report
     except (ImportError, AttributeError):
         return
-    push = agent.push_telemetry_report
     if getattr(push, "__raybatch__", False):
         return
 

@@ -345,7 +345,24 @@ def _run_facts(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped value
     return f'<table class="facts"><tbody>{rows}</tbody></table>'
 
 
-def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON), or None.
+def _held_try_section(held: Any) -> str:  # Any: the summary's "held_try" (JSON), or None.
+    """What the earlier try whose held rows this run committed spent generating them (trial 55: the
+    report of such a run, which starts no engine, showed the rows as free)."""
+    if not isinstance(held, Mapping):
+        return ""
+    job = held.get("job_id") or "an earlier try"
+    note = (
+        f"This run started no engine: it committed the rows that {job} generated and held, once the "
+        "failed-row thresholds passed them. The phases above are that try's."
+    )
+    return _timings_section(held.get("timings"), "What generating these rows took", note) or _section(
+        "What generating these rows took", "", note
+    )
+
+
+def _timings_section(
+    timings: Any, title: str = "Where the time went", note: str | None = None
+) -> str:  # Any: the summary's "timings" (JSON), or None.
     """Where the run's time and GPUs went: each phase, GPU-seconds held, and each engine replica's start."""
     if not isinstance(timings, Mapping):
         return ""
@@ -395,14 +412,14 @@ def _timings_section(timings: Any) -> str:  # Any: the summary's "timings" (JSON
     )
     if not rows and not replica_table:
         return ""
-    note = (
+    note = note or (
         "One after the other, the phases from the runtime env to the commit make up the job's time; the "
         "engine replicas' own start-up (the rows marked 'of which') may have begun beside the reads. This "
         "page is written during the commit: the job's time runs to it, and the manifest's timings block "
         "has the commit's own time and the job's to its end."
     )
     body = f'<table class="facts"><tbody>{"".join(rows)}</tbody></table>{replica_table}'
-    return _section("Where the time went", body, note)
+    return _section(title, body, note)
 
 
 def _pool_section(pool: Any) -> str:  # Any: the summary's "engine_pool" (JSON), or None.
@@ -586,6 +603,7 @@ def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any
         ),
         _timings_section(summary.get("timings")),
         _pool_section(summary.get("engine_pool")),
+        _held_try_section(summary.get("held_try")),
         _histograms_section(stats),
         _throughput_section(stats, epoch_seconds(summary.get("started_at"))),
     ]

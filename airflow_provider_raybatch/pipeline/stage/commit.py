@@ -290,6 +290,7 @@ def write_version(
     known_parts: Iterable[StagedPart] = (),
     timings: Mapping[str, Any] | None = None,  # Any: JSON values
     engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
+    held_try: Mapping[str, Any] | None = None,  # Any: JSON values
 ) -> CommittedRun:
     """Make the staged parts a version (invisible until :func:`publish`) and write its run report there.
 
@@ -308,6 +309,8 @@ def write_version(
     :param timings: where the run's time went so far (reporting/timings.py), shown in the report.
     :param engine_pool: the warm pool the run's engine stage used (the manifest's ``engine_pool``),
         shown in the report.
+    :param held_try: the earlier try whose held rows this run commits (:func:`held_try`): what
+        generating them took, shown in the report.
     """
     data_uri = staged_data_uri(layout)
     in_place = data_uri != layout.staging_uri  # else a staging from before in-place commits: moved
@@ -350,7 +353,9 @@ def write_version(
     if spec.structured_choices is not None or labels:  # the operator's choice, or rows' own
         run.generated_text_counts = dict(sorted(labels.items()))
     # Rendered before anything moves: a rendering bug must not leave the parts half committed.
-    page = _render_report(run, spec, parts, rows_in, rows_resumed, started_at, versions, timings, engine_pool)
+    page = _render_report(
+        run, spec, parts, rows_in, rows_resumed, started_at, versions, timings, engine_pool, held_try
+    )
     for folder in ("outputs", "errors"):
         source = storage.join(data_uri, folder)
         target = storage.join(layout.version_uri(version), folder)
@@ -381,6 +386,7 @@ def _render_report(
     versions: Mapping[str, str] | None,
     timings: Mapping[str, Any] | None = None,  # Any: JSON values
     engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
+    held_try: Mapping[str, Any] | None = None,  # Any: JSON values
 ) -> str | None:
     """The version's report page (see :func:`write_version`), or None, logged, when it cannot be rendered.
 
@@ -413,6 +419,7 @@ def _render_report(
             "wall_seconds": (committed_at - started_at).total_seconds() if started_at else None,
             "timings": dict(timings) if timings is not None else None,
             "engine_pool": dict(engine_pool) if engine_pool is not None else None,
+            "held_try": dict(held_try) if held_try is not None else None,
         }
         return report.render_report(summary, report.ReportStats.of_sidecars(part.sidecar for part in parts))
     except Exception:  # noqa: BLE001 - see the docstring; the manifest then carries report_uri None.

@@ -352,6 +352,16 @@ def test_a_commit_of_held_rows_says_which_job_generated_them_and_what_that_took(
 
     lines = [event["event"] % tuple(event.get("positional_args", ())) for event in events]
     assert (
-        "Ray job j1 generated no row: it committed the rows Ray job j0 generated and held, which took: "
+        "Ray job j1 generated no rows: it committed the rows Ray job j0 generated and held, which took: "
         "generating 41.5 s; 60.2 GPU-seconds held (1 replica x 1 GPU)." in lines
     ), lines
+
+
+def test_a_held_try_without_a_job_id_or_timings_is_an_earlier_try(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
+    with capture_logs() as events:
+        complete(ray_conn, ray_api, run_manifest(30, 0, held_try={"version": "v1"}))
+
+    lines = [event["event"] % tuple(event.get("positional_args", ())) for event in events]
+    assert "Ray job j1 generated no rows: it committed the rows an earlier try generated and held." in lines

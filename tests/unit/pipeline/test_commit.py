@@ -1018,8 +1018,11 @@ def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_p
         "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
         "engine_pool": {"warm_replicas": 1, "replicas": 1},
     }  # fmt: skip
-    run = commit.write_version(rerun, looser, rows_in=3)
+    run = commit.write_version(rerun, looser, rows_in=3, held_try=commit.held_try(taken))
     assert not run.held
+    page = Path(run.report_uri or "").read_text()
+    assert "What generating these rows took" in page and "raybatch-held-try" in page
+    assert "<td class=num>41.5 s</td>" in page  # the held try's generating: this run had none
     commit.publish(rerun, {"version": run.version, "outputs_uri": run.outputs_uri}, keep_versions=False)
 
     assert run.version == held.version

@@ -127,30 +127,36 @@ def test_vllm_cannot_be_imported_while_building_and_can_afterwards(monkeypatch: 
 
 _TELEMETRY = """
 import json, ray
+ray.init = lambda *args, **kwargs: None
 from ray.llm._internal.batch.observability.usage_telemetry import usage
-from airflow_provider_raybatch.pipeline.generate import processor
-waited = []
+waited, sent = [], []
 ray.get = lambda ref, *args, **kwargs: waited.append(ref)
-class Record:
-    sent = []
+class Record:  # the telemetry actor's method: a report sent to it returns a ref to wait for
     def remote(self, report):
-        self.sent.append(report)
-        return "ref-" + report
-processor._telemetry_report_not_awaited()
-processor._telemetry_report_not_awaited()  # a second build in the same driver: wrapped once
-agent = object.__new__(usage.TelemetryAgent)
-agent.remote_telemetry_agent = type("Actor", (), {"record": Record()})()
-processor._building.active = True
-agent.push_telemetry_report("while building")
-processor._building.active = False
-agent.push_telemetry_report("later")
-print(json.dumps({"sent": Record.sent, "waited": waited}))
+        sent.append(report.model_dump()["model_architecture"])
+        return "ref"
+class Actor:
+    record = Record()
+    _update_record_tag_func = type("Call", (), {"remote": lambda self, *args: None})()
+class Options:
+    def remote(self):
+        return Actor()
+usage._TelemetryAgent.options = lambda **options: Options()  # as if the cluster made the actor
+from airflow_provider_raybatch.pipeline import run
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/out/", user_template="{text}",
+                          replica_resources={"CPU": 1})
+run._processor(spec, MODEL, PartWriter("/out/_staging/k", "parquet", count_labels=False))
+built_sent, built_waited = list(sent), list(waited)
+usage.TelemetryAgent().push_telemetry_report(usage.BatchModelTelemetry(model_architecture="Later"))
+print(json.dumps({"built": [built_sent, built_waited], "later": [sent[len(built_sent):], waited]}))
 """
 
 
-def test_the_build_sends_rays_telemetry_without_waiting_for_its_actor_to_start() -> None:
+def test_the_build_sends_rays_telemetry_without_waiting_for_its_actor_to_start(model_folder: Path) -> None:
     """trial 55: on a cluster's first job Ray's telemetry actor starts inside the build, and a warm
     pool's cold replica was asked for only then, 8 s into a 10.5 s read instead of at its start."""
-    report = run_in_ray_env(_TELEMETRY)
-    assert report["sent"] == ["while building", "later"]  # the report still goes to Ray
-    assert report["waited"] == ["ref-later"]  # outside our build, Ray's own behaviour
+    report = run_in_ray_env(f"MODEL = {str(model_folder)!r}\n{_TELEMETRY}")
+    assert report["built"] == [["LlamaForCausalLM"], []]  # the report went to Ray, not waited for
+    assert report["later"] == [["Later"], ["ref"]]  # outside our build, Ray's own: sent and waited for
