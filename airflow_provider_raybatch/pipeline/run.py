@@ -262,7 +262,7 @@ _BUILT_TWICE_ALIKE = re.compile(r"failed to build twice with the same error")
 def _our_engine_error(text: str) -> str | None:
     """The last of our engine errors that ``text`` quotes, without its module path; None if none."""
     found = [m.group(1) for line in text.splitlines() if (m := _OUR_ENGINE_ERROR.match(line.strip()))]
-    return found[-1][:1000] if found else None
+    return found[-1][:3000] if found else None  # whole: its advice comes last (trial 57)
 
 
 def _build_while_reading(
@@ -437,13 +437,14 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     # The start of the job: read from Ray here, at the end, where a miss costs a line of the report only.
     marks.submitted, marks.driver_started = job_submitted_at(_ray_submission_id()), process_started_at()
 
+    pool_used = lease.describe() if lease is not None else None  # the warm pool, if any (engine_pool.py)
+
     def timings() -> dict[str, Any]:  # Any: JSON values.
         engine_sidecars = [part.sidecar for part in engine_parts]
         keep_warm = lease.pool.keep_warm_seconds if lease is not None else None
         return run_timings(marks, engine_sidecars, layout_plan.max_replicas, layout_plan.gpus_per_replica,
-                           keep_warm)  # fmt: skip
+                           keep_warm, lease.started_at if lease is not None else None, pool_used)  # fmt: skip
 
-    pool_used = lease.describe() if lease is not None else None  # the warm pool, if any (engine_pool.py)
     committed = commit.write_version(
         layout,
         spec,

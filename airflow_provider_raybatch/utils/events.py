@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEventError
@@ -42,8 +43,24 @@ def validate_event(event: Any) -> dict[str, str]:  # Any: whatever the triggerer
 
 
 def job_failed_error(event: dict[str, str], log_tail: str) -> RayJobFailedError:
-    """The exception that fails a task whose job ended badly: Ray's message plus the driver log's end."""
+    """The exception that fails a task whose job ended badly: Ray's message, the error the driver
+    ended with (trial 57: the why was only in the log lines below, a screen down), then the log's end."""
     message = event["message"]
     if log_tail:
-        message = without_log_tail(message) + f"\n--- last lines of the Ray job's driver log ---\n{log_tail}"
+        why, message = last_error_line(log_tail), without_log_tail(message).rstrip()
+        if why:
+            message += f"{'' if message.endswith('.') else '.'} Why: {why}"
+        message += f"\n--- last lines of the Ray job's driver log ---\n{log_tail}"
     return RayJobFailedError(message, job_id=event["job_id"], status=event["termination_reason"])
+
+
+#: A traceback's closing line: an exception's (dotted) class name, a colon, its message.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Failed|Lost)): (.+)$")
+
+
+def last_error_line(log: str) -> str | None:
+    """The last exception a log's traceback ends with, as ``Name: message`` (no module path), or None."""
+    for line in reversed(log.splitlines()):
+        if found := _EXCEPTION_LINE.match(line.strip()):
+            return f"{found.group(1)}: {found.group(2)}"
+    return None

@@ -145,7 +145,7 @@ def test_execute_complete_error_raises_with_the_log_tail(
     with pytest.raises(RayJobFailedError) as info:
         sensor.execute_complete({}, job_event("error", JOB, "timed out", "timeout"))
 
-    assert str(info.value).startswith("timed out\n")
+    assert str(info.value).startswith("timed out. Why: ValueError: boom\n")  # the driver's last error first
     assert "ValueError: boom" in str(info.value)
     assert info.value.status == "timeout"
 

@@ -71,9 +71,27 @@ def test_job_failed_error_carries_job_status_and_log_tail() -> None:
     assert error.job_id == "job-7"
     assert error.status == "failed"
     message = str(error)
-    assert message.startswith("Ray job job-7 finished: FAILED.")
+    assert message.startswith("Ray job job-7 finished: FAILED. Why: ValueError: boom\n")
     assert "last lines of the Ray job's driver log" in message
     assert message.endswith("ValueError: boom")
+
+
+def test_the_first_line_of_a_failed_jobs_error_says_why() -> None:
+    """trial 57: a job whose engine could not be built failed the task with "Job entrypoint command
+    failed with exit code 1"; the why was in the driver log's last lines below it."""
+    tail = (
+        "Traceback (most recent call last):\n"
+        '  File "run.py", line 390, in run_batch\n'
+        "    raise EngineStageFailed(err) from err\n"
+        "airflow_provider_raybatch.pipeline.run.EngineStageFailed: The engine stage failed: "
+        "EngineBuildError: ValueError: No available memory for the cache blocks.\n"
+        "INFO 11-29 09:36:50 shutting down\n"
+    )
+    first_line = str(job_failed_error(job_event("error", "j", RAY_MESSAGE, "failed"), tail)).splitlines()[0]
+    assert first_line == (
+        "Ray job j finished: FAILED. Job entrypoint command failed with exit code 1. Why: EngineStageFailed: "
+        "The engine stage failed: EngineBuildError: ValueError: No available memory for the cache blocks."
+    )
 
 
 def test_job_failed_error_without_log_tail_is_just_the_message() -> None:
