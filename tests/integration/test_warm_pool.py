@@ -119,8 +119,13 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
     ray_connection, tiny_model, tmp_path
 ) -> None:
     first, first_ids = _run(tiny_model, tmp_path, "first", 40, keep_warm=600)
-    cold = _committed(tmp_path, "first", first, first_ids)["engine_pool"]
+    cold_manifest = _committed(tmp_path, "first", first, first_ids)
+    cold = cold_manifest["engine_pool"]
     assert (cold["replicas"], cold["warm_replicas"]) == (1, 0)
+    # trial 57: the build this job paid for is in its timings, and it held the replica from its lease.
+    timings, [built] = cold_manifest["timings"], cold["replica_timings"]
+    assert timings["engine_build_s"] == built["engine_build_seconds"] > 0, timings
+    assert timings["replica_seconds_held"] >= round(timings["engine_stage_s"], 1), timings
     [replica] = _pool(cold["fingerprint"])
     assert replica["name"].endswith(f"{cold['fingerprint']}-0")
     assert (replica["jobs_served"], replica["rows_done"], replica["leases"], replica["in_flight"]) == (

@@ -284,6 +284,11 @@ class PoolLease:
         self._rows_by_replica: dict[str, int | None] = {}  # the job's rows each replica answered
         self._thread = threading.Thread(target=self._keep, name="raybatch-pool-lease", daemon=True)
 
+    @property
+    def started_at(self) -> float:
+        """When the job asked for its replicas (epoch seconds): what it holds from, warm or cold."""
+        return self._started_at
+
     def start(self) -> PoolLease:
         self._replace_unhealthy()
         # Creates the cold replicas (their engines build while the job reads its input).

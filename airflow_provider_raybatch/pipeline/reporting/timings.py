@@ -138,6 +138,19 @@ def replica_phases(
     return sorted(phases, key=lambda phase: _mark(clocks[phase["replica"]], "engine_ready_at") or 0.0)
 
 
+def _built_for_this_job(pool: Mapping[str, Any] | None) -> float | None:  # Any: JSON values.
+    """The slowest engine build of a warm pool's replicas that started after the job asked for them."""
+    builds = [
+        build
+        for entry in (pool or {}).get("replica_timings") or []
+        if isinstance(entry, Mapping)
+        and (start := _mark(entry, "engine_start_s")) is not None
+        and start >= 0
+        and (build := _mark(entry, "engine_build_seconds")) is not None
+    ]
+    return max(builds) if builds else None
+
+
 def _mark(clock: Mapping[str, Any], key: str) -> float | None:  # Any: JSON values.
     value = clock.get(key)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -175,6 +188,8 @@ def run_timings(
     replicas: int,
     gpus_per_replica: float,
     keep_warm_seconds: float | None = None,
+    lease_started: float | None = None,
+    pool: Mapping[str, Any] | None = None,  # Any: JSON values
 ) -> dict[str, Any]:  # Any: JSON values.
     """The ``timings`` block: each phase in seconds (None where the run had no such phase) and GPU-seconds.
 
@@ -194,19 +209,26 @@ def run_timings(
     processor's build awaited), and ``engine_stage_end_s``, the last row staged to the stage's end. The
     engines' own start-up (``engine_build_s``, ``engine_replicas``) overlaps the phases before it.
 
-    ``replica_seconds_held``: ``replicas`` x the engine stage's seconds, None without an engine; and
-    ``gpu_seconds_held``: that x ``gpus_per_replica`` (0 on a CPU engine). ``keep_warm_gpu_seconds_max``:
+    ``replica_seconds_held``: ``replicas`` x the engine stage's seconds, None without an engine; on a
+    warm pool from the job's lease (``lease_started``, when it asked for its replicas, beside the reads)
+    if that was sooner (trial 57: a cold pool job held its replica through a 45 s build and counted
+    43.8 replica-seconds); and ``gpu_seconds_held``: that x ``gpus_per_replica`` (0 on a CPU engine).
+    ``keep_warm_gpu_seconds_max``:
     on a warm pool, what its replicas may hold after the job, idle, waiting for the next one (replicas
     x GPUs x ``keep_warm_seconds``, at most: a next job ends the wait); the pool's, not counted in
     ``gpu_seconds_held``; ``keep_warm_replica_seconds_max`` the same without the GPUs (a CPU engine's
     idle replicas hold memory too). ``engine_replicas``: each replica's own start-up (:func:`replica_phases`);
-    ``engine_import_s`` and ``engine_build_s``: the slowest replica's.
+    ``engine_import_s`` and ``engine_build_s``: the slowest replica's; on a warm pool, whose replicas
+    stamp no parts, ``engine_build_s`` is the slowest build of the replicas started for this job
+    (``pool``'s ``replica_timings``; import included), None when every replica was warm.
     """
     engine_parts = list(engine_parts)
     first, last = generating_from(engine_parts), first_and_last_written(engine_parts)[1]
     engine_s = _seconds(clock.engine_started, clock.engine_done)
     phases = replica_phases(engine_parts, clock.engine_started)
-    replica_seconds = None if engine_s is None else round(replicas * engine_s, 1)
+    held_from = min(clock.engine_started, lease_started) if clock.engine_started and lease_started else None
+    held_s = engine_s if held_from is None else _seconds(held_from, clock.engine_done)
+    replica_seconds = None if held_s is None else round(replicas * held_s, 1)
     kept_warm = kept_warm_replicas = None
     if keep_warm_seconds and engine_s is not None:
         kept_warm = round(replicas * gpus_per_replica * keep_warm_seconds, 1)
@@ -219,7 +241,7 @@ def run_timings(
         "before_engine_stage_s": _seconds(clock.rows_ready, clock.engine_started),
         "engine_start_to_first_row_s": _seconds(clock.engine_started, first),
         "engine_import_s": _slowest(phases, "import_s"),
-        "engine_build_s": _slowest(phases, "engine_build_s"),
+        "engine_build_s": _slowest(phases, "engine_build_s") or _built_for_this_job(pool),
         "generating_s": _seconds(first, last),
         "engine_stage_end_s": _seconds(last, clock.engine_done),
         "engine_stage_s": engine_s,
@@ -227,7 +249,7 @@ def run_timings(
         "replicas": replicas if engine_s is not None else 0,
         "gpus_per_replica": gpus_per_replica,
         "replica_seconds_held": replica_seconds,
-        "gpu_seconds_held": None if engine_s is None else round(replicas * gpus_per_replica * engine_s, 1),
+        "gpu_seconds_held": None if held_s is None else round(replicas * gpus_per_replica * held_s, 1),
         "keep_warm_gpu_seconds_max": kept_warm,
         "keep_warm_replica_seconds_max": kept_warm_replicas,
         "engine_replicas": phases,

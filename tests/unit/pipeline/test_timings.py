@@ -79,6 +79,38 @@ def test_a_run_with_an_engine() -> None:
     assert pooled["keep_warm_replica_seconds_max"] == 2400.0  # 4 replicas x 600 s, whatever they hold
 
 
+def test_a_cold_pool_job_counts_its_replicas_build_and_holds_them_from_its_lease() -> None:
+    """trial 57: a job whose pool replica was built for it showed no engine build in its timings and
+    held fewer replica-seconds (43.8) than the build it waited for (45.2 s)."""
+    clock = RunClock(started=T0, rows_ready=T0 + 12, engine_started=T0 + 13, engine_done=T0 + 60,
+                     committed=T0 + 61, submitted=T0 - 9, driver_started=T0 - 4)  # fmt: skip
+    pool = {"warm_replicas": 1, "replica_timings": [
+        {"replica": 0, "engine_start_s": -300.0, "engine_build_seconds": 80.0},  # warm: built earlier
+        {"replica": 1, "engine_start_s": 0.4, "engine_build_seconds": 45.2},  # started for this job
+        {"replica": 2, "engine_start_s": 0.6, "engine_build_seconds": None},  # still building at the end
+    ]}  # fmt: skip
+
+    cold = run_timings(clock, [sidecar(T0 + 59)], replicas=3, gpus_per_replica=1.0, keep_warm_seconds=60,
+                       lease_started=T0 + 1, pool=pool)  # fmt: skip
+
+    assert cold["engine_build_s"] == 45.2
+    assert cold["engine_import_s"] is None  # a replica's import is inside its build: not split
+    assert cold["engine_stage_s"] == 47.0
+    assert cold["replica_seconds_held"] == 177.0  # 3 x 59 s, from the lease (beside the reads)
+    assert cold["gpu_seconds_held"] == 177.0
+    assert sum(cold[phase] for phase in SEQUENTIAL_PHASES) == pytest.approx(cold["job_wall_s"])
+    warm = run_timings(
+        clock,
+        [sidecar(T0 + 59)],
+        replicas=3,
+        gpus_per_replica=1.0,
+        keep_warm_seconds=60,
+        lease_started=T0 + 1,
+        pool={"replica_timings": pool["replica_timings"][:1]},
+    )
+    assert warm["engine_build_s"] is None  # every replica warm: this job built nothing
+
+
 def test_generating_starts_when_an_engine_takes_its_first_row() -> None:
     """Both trials of issue 20: every row in one batch, so the first staged part came with the last and
     ``generating_s`` read 0.007 s, the whole decode counted as start-up. The engines' first row taken
