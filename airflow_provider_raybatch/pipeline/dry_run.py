@@ -193,6 +193,9 @@ def _measured_rate(output_uri: str) -> MeasuredRate | None:
             return None
         manifest = json.loads(storage.read_text(uri))
         timings = manifest.get("timings") or {}
+        held = manifest.get("held_try")
+        if not timings.get("generating_s") and isinstance(held, dict):  # committed a held try's rows:
+            timings = held.get("timings") or {}  # that try generated them (trial 57)
         generated, generating = int(manifest.get("rows_out") or 0), float(timings.get("generating_s") or 0)
         if generated > 0 and generating > 0:
             startup = float(timings.get("engine_start_to_first_row_s") or 0)

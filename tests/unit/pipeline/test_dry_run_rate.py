@@ -1,0 +1,36 @@
+"""pipeline/dry_run.py: the rate a dry run scales a backfill's estimate by, from the last committed run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from airflow_provider_raybatch.pipeline import dry_run
+
+
+def _commit(folder: Path, **manifest: object) -> str:
+    (folder / "manifest.json").write_text(json.dumps({"rows_in": 120, "rows_out": 100, **manifest}))
+    return str(folder)
+
+
+def test_the_rate_is_the_engines_while_generating_with_start_up_apart(tmp_path: Path) -> None:
+    timings = {"generating_s": 20.0, "engine_start_to_first_row_s": 45.0}
+    rate = dry_run._measured_rate(_commit(tmp_path, wall_seconds=80.0, timings=timings))
+    assert rate == dry_run.MeasuredRate(5.0, 45.0, "last run, while generating")
+
+
+def test_a_commit_of_held_rows_takes_the_rate_of_the_try_that_generated_them(tmp_path: Path) -> None:
+    """trial 57: the retry that committed a held try's rows ran no engine (its generating_s is None):
+    its rows over its 11 s of wall time would make a backfill look ten times as fast as it is."""
+    held_try = {"job_id": "j0", "timings": {"generating_s": 25.0, "engine_start_to_first_row_s": 40.0}}
+    rate = dry_run._measured_rate(
+        _commit(tmp_path, wall_seconds=11.0, timings={"generating_s": None}, held_try=held_try)
+    )
+    assert rate == dry_run.MeasuredRate(4.0, 40.0, "last run, while generating")
+
+
+def test_without_timings_the_rate_is_rows_over_wall_time(tmp_path: Path) -> None:
+    assert dry_run._measured_rate(_commit(tmp_path, wall_seconds=60.0)) == dry_run.MeasuredRate(
+        2.0, 0.0, "last run"
+    )
+    assert dry_run._measured_rate(str(tmp_path / "nothing-committed")) is None
