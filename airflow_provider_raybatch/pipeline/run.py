@@ -371,7 +371,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     digest = _input_digest(spec)
     # An earlier try held for its failed rows: taken when only the thresholds changed, else discarded.
     held = commit.take_held(layout, spec, digest)
-    taking_held_rows = held is not None
+    # What generating the held rows took, when this try commits them (it then generates none).
+    held_try = commit.held_try(held) if held is not None else None
     resumed = commit.open_staging_parts(layout, spec)
     done_sources = {source for part in resumed for source in part.sidecar["sources"]}
     parts = PartWriter(
@@ -382,7 +383,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         data_uri=commit.staged_data_uri(layout),  # the version folder: commit moves nothing
     )
     # Taking the rows a try held: every row is staged, and no engine is to start.
-    building = None if taking_held_rows else _build_while_reading(spec, model_source, parts)
+    building = None if held is not None else _build_while_reading(spec, model_source, parts)
     kept = _prepared_rows_kept_for_retries(spec, layout, digest)
     prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
@@ -456,7 +457,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         known_parts=[*resumed, *staged_now],  # commit reads back only the sidecars of parts not reported
         timings=timings(),  # for the report: every phase but the commit itself
         engine_pool=pool_used,
-        held_try=commit.held_try(held) if held is not None else None,
+        held_try=held_try,
     )
     marks.mark("committed")
     manifest = {
@@ -499,8 +500,8 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
             "message": committed.failed_rows_message,
         },
     }
-    if held is not None:  # this job generated nothing: what the rows cost is the held try's
-        manifest["held_try"] = commit.held_try(held)
+    if held_try is not None:  # this job generated nothing: what the rows cost is the held try's
+        manifest["held_try"] = held_try
     if committed.generated_text_counts is not None:
         manifest["generated_text_counts"] = committed.generated_text_counts
     if spec.openai_endpoint is not None:  # OpenAI's names for the counts

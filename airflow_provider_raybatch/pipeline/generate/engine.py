@@ -54,7 +54,6 @@ from airflow_provider_raybatch.pipeline import job_settings
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
-_ENGINE_CORE_ERROR_CHARS = 500  # one line of a task's error
 # What the EngineCore process imports before it runs (vllm.v1.engine.core pulls torch and the model
 # executor); "ray": the child re-runs the Ray worker's main module, as a spawned child does.
 #: How many times Ray restarts one engine replica that died before the job fails. Ray Data's own
@@ -260,6 +259,7 @@ def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LL
 
 #: A line naming an error (``ValueError: ...``, ``ray.exceptions.RayTaskError: ...``) in a traceback.
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+_ENGINE_CORE_ERROR_CHARS = 500  # one line of a task's error
 #: The folder of the engine build under way in this process (:func:`engine_core_errors`), else None.
 _build_error_folder: str | None = None
 _error_files = itertools.count()
