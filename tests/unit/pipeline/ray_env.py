@@ -10,9 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.run_record import note
+
 ROOT = Path(__file__).resolve().parents[3]
 #: .venvs/ray, or another Ray release's virtualenv (scripts/test_matrix.sh).
 RAY_PYTHON = Path(os.environ.get("RAYBATCH_RAY_VENV") or ROOT / ".venvs" / "ray") / "bin" / "python"
+#: vLLM's line at the end of each engine build (scripts/test_report.py counts them).
+ENGINE_BUILT = "init engine (profile, create kv cache, warmup model) took"
 
 
 def run_in_ray_env(code: str) -> Any:  # Any: the JSON the snippet printed last.
@@ -28,5 +32,8 @@ def run_in_ray_env(code: str) -> Any:  # Any: the JSON the snippet printed last.
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0", "PATH": "/usr/bin:/bin"},
     )
+    # An engine built here, outside any Ray cluster, counts among the run's cold engine starts.
+    if builds := (result.stdout + result.stderr).count(ENGINE_BUILT):
+        note("engine_builds", count=builds)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,0 +1,184 @@
+"""The test run's account: where its time went and what it started, checked against tests/budget.toml.
+
+scripts/test.sh runs this last: ``test_report.py REPORT_DIR [--whole]``. REPORT_DIR holds
+``phases.jsonl`` (test.sh's phases: setup, lint and wheel, each pytest pass, the matrix) and
+``events.jsonl`` (tests/run_record.py: each test file's time, ``airflow standalone`` starts,
+``airflow dags test`` runs, engines built outside Ray). Cold vLLM engine starts are counted from
+vLLM's own line ("init engine (profile, create kv cache, warmup model) took") in the worker logs of
+every Ray cluster on the machine that were written during the run, plus those the tests noted, and
+put to the test file that ran at that moment.
+
+Prints a table, writes REPORT_DIR/report.json, and with ``--whole`` (a run of the whole suite) exits 1
+when the run is over its budget. Standard library only: it runs in any of the project's venvs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET = ROOT / "tests" / "budget.toml"
+#: vLLM's line at the end of every engine build (vllm/v1/engine/core.py), with its logger's time
+#: ("INFO 12-02 05:12:33 [core.py:403] init engine ...": month-day and local time, no year).
+ENGINE_BUILT = re.compile(
+    r"^.*(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\S* \[[^\]]*\] init engine \(profile.*$",
+    re.MULTILINE,
+)
+#: Where the tests' Ray clusters keep their logs: scripts/local_ray_cluster.sh's --temp-dir folders
+#: (/tmp/ray-<GCS port>, /tmp/ray-raybatch-*) and Ray's default, for drivers that start their own.
+RAY_LOG_GLOBS = ("/tmp/ray*/session_2*/logs/worker-*.err", "/tmp/ray*/session_2*/logs/worker-*.out")
+
+
+@dataclass(frozen=True)
+class TestFile:
+    pass_name: str
+    name: str
+    seconds: float
+    start: float
+    stop: float
+    tests: int
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def engine_builds(since: float) -> list[float]:
+    """The times of the vLLM engine builds logged on this machine since ``since`` (epoch seconds)."""
+    year = time.localtime(since).tm_year
+    builds: dict[str, float] = {}  # by the whole line: a line Ray wrote to two files counts once
+    for pattern in RAY_LOG_GLOBS:
+        for path in Path("/").glob(pattern.lstrip("/")):
+            try:
+                if path.stat().st_mtime < since:
+                    continue
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue  # a cluster's folder removed while we read
+            for match in ENGINE_BUILT.finditer(text):
+                stamp = f"{year}-{match['month']}-{match['day']} {match['time']}"
+                at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+                if at >= since - 1:
+                    builds[match[0]] = at
+    return sorted(builds.values())
+
+
+def test_files(events: list[dict]) -> list[TestFile]:
+    return [
+        TestFile(event["pass_name"], name, entry["seconds"], entry["start"], entry["stop"], entry["tests"])
+        for event in events
+        if event["kind"] == "test_files"
+        for name, entry in event["files"].items()
+    ]
+
+
+def owner(at: float, files: list[TestFile]) -> str:
+    """The test file that ran at ``at`` (log times have whole seconds: the nearest one)."""
+    running = [f for f in files if f.start - 1 <= at <= f.stop + 1]
+    if running:
+        return f"{running[0].pass_name}: {running[0].name}"
+    return "(between test files)"
+
+
+def account(report_dir: Path) -> dict:
+    phases = read_jsonl(report_dir / "phases.jsonl")
+    events = read_jsonl(report_dir / "events.jsonl")
+    started = min((phase["start"] for phase in phases), default=time.time())
+    ended = max((phase["end"] for phase in phases), default=time.time())
+    files = test_files(events)
+    # On the Ray clusters, from their logs; outside any (a test's own interpreter), as the tests noted.
+    builds = engine_builds(started) + [
+        event["at"] for event in events if event["kind"] == "engine_builds" for _ in range(event["count"])
+    ]
+    builds_by_file = Counter(owner(at, files) for at in builds)
+    kinds = Counter(event["kind"] for event in events)
+    return {
+        "whole_run_s": round(ended - started, 1),
+        "phases": [{"phase": p["phase"], "seconds": round(p["end"] - p["start"], 1)} for p in phases],
+        "counts": {
+            "cold_engine_starts": len(builds),
+            "standalone_starts": kinds["standalone_start"],
+            "dags_test_runs": kinds["dags_test"],
+        },
+        "test_files": sorted(
+            (
+                {
+                    "pass": f.pass_name,
+                    "file": f.name,
+                    "seconds": f.seconds,
+                    "tests": f.tests,
+                    "engine_starts": builds_by_file.get(f"{f.pass_name}: {f.name}", 0),
+                }
+                for f in files
+            ),
+            key=lambda row: -row["seconds"],
+        ),
+        "engine_starts_outside_test_files": builds_by_file.get("(between test files)", 0),
+    }
+
+
+def over_budget(report: dict, budget: dict) -> list[str]:
+    limits = {
+        "whole run (minutes)": (report["whole_run_s"] / 60, budget["whole_run_minutes"]),
+        "cold engine starts": (report["counts"]["cold_engine_starts"], budget["cold_engine_starts"]),
+        "airflow standalone starts": (report["counts"]["standalone_starts"], budget["standalone_starts"]),
+    }
+    return [f"{what}: {value:g} > {limit:g}" for what, (value, limit) in limits.items() if value > limit]
+
+
+def print_table(report: dict, budget: dict, rows: int = 30) -> None:
+    print("\n== Test run: phases ==")
+    for phase in report["phases"]:
+        print(f"  {phase['phase']:<34} {phase['seconds']:>8.1f} s")
+    print(
+        f"  {'whole run':<34} {report['whole_run_s']:>8.1f} s ({report['whole_run_s'] / 60:.1f} min; "
+        f"budget {budget['whole_run_minutes']} min)"
+    )
+    counts = report["counts"]
+    print("== Starts ==")
+    for label, key in (
+        ("cold vLLM engine starts", "cold_engine_starts"),
+        ("airflow standalone starts", "standalone_starts"),
+    ):
+        print(f"  {label:<28} {counts[key]:>4} (budget {budget[key]})")
+    print(f"  {'airflow dags test runs':<28} {counts['dags_test_runs']:>4}")
+    print(f"== Test files, slowest first (the {rows} slowest; all in report.json) ==")
+    print(f"  {'seconds':>8} {'tests':>5} {'engines':>7}  pass: file")
+    for row in report["test_files"][:rows]:
+        where = f"{row['pass']}: {row['file']}"
+        print(f"  {row['seconds']:>8.1f} {row['tests']:>5} {row['engine_starts']:>7}  {where}")
+    if report["engine_starts_outside_test_files"]:
+        print(f"  (engine starts outside any test file's time: {report['engine_starts_outside_test_files']})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report_dir", type=Path)
+    parser.add_argument("--whole", action="store_true", help="a whole run: check it against the budget")
+    args = parser.parse_args()
+    budget = tomllib.loads(BUDGET.read_text())
+    report = account(args.report_dir)
+    (args.report_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report, budget)
+    if not args.whole:
+        print("(a partial run: not checked against tests/budget.toml)")
+        return 0
+    problems = over_budget(report, budget)
+    for problem in problems:
+        print(f"test_report: over budget (tests/budget.toml): {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
