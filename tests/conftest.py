@@ -16,11 +16,18 @@ import sqlite3
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.run_record import RunRecord, note
+
+#: The session's two `airflow standalone` deployments (``shared_airflow``, ``second_airflow``).
+pytest_plugins = ["tests.integration.deployments"]
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The cluster side's virtualenv: .venvs/ray, or another Ray release's (scripts/test_matrix.sh).
@@ -70,13 +77,15 @@ def site_packages() -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _refuse_workers_on_the_real_parts(config)
-    """In wheel mode, stop before collecting anything when the provider would not come from site-packages.
+    """Record the run's time (tests/run_record.py). In wheel mode, stop before collecting anything
+    when the provider would not come from site-packages.
 
     pytest run from the repository root (``python -m pytest`` puts the cwd first on sys.path) imports
     the checkout's airflow_provider_raybatch, which shadows the installed one, and so would every
     ``python -c`` the tests start there: scripts/test.sh runs pytest from build/test-root instead.
     """
+    _refuse_workers_on_the_real_parts(config)
+    config.pluginmanager.register(RunRecord(), "raybatch_run_record")
     origin = provider_origin()
     if WHEEL_MODE and (origin is None or not origin.is_relative_to(site_packages())):
         raise pytest.UsageError(
@@ -91,7 +100,16 @@ def pytest_configure(config: pytest.Config) -> None:
 #: or build one (the tiny models). A test that uses one of them, or is marked ``integration``, is a
 #: test "on the real parts": those run one at a time, in one process.
 REAL_PARTS = frozenset(
-    {"ray_cluster", "ray_connection", "airflow_env", "s3_server", "tiny_model", "tiny_vlm"}
+    {
+        "ray_cluster",
+        "ray_connection",
+        "airflow_env",
+        "s3_server",
+        "tiny_model",
+        "tiny_vlm",
+        "shared_airflow",
+        "second_airflow",
+    }
 )
 #: scripts/test.sh runs the tests in two passes: ``unit`` (the rest, in pytest-xdist workers, whose
 #: CPU-bound tests would otherwise slow the real parts' timed waits: a headless Chromium timed out
@@ -121,13 +139,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = os.environ.get(TEST_PART_ENV, "")
     if part not in ("", "unit", "real_parts"):
         raise pytest.UsageError(f"{TEST_PART_ENV}={part!r}: use unit, real_parts or leave it unset")
-    if not part:
-        return
-    keep = [item for item in items if on_real_parts(item) == (part == "real_parts")]
-    dropped = [item for item in items if on_real_parts(item) != (part == "real_parts")]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = keep
+    if part:
+        keep = [item for item in items if on_real_parts(item) == (part == "real_parts")]
+        dropped = [item for item in items if on_real_parts(item) != (part == "real_parts")]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+    items.sort(key=_session_order)
+    _needed_setups.update(
+        name for item in items for name in getattr(item, "fixturenames", ()) if name in _EARLY_SETUP_FIXTURES
+    )
+
+
+def _session_order(item: pytest.Item) -> int:
+    """The order of the tests on the real parts (a stable sort: files and tests keep theirs within):
+
+    0. ``cold_engine`` tests, whose subject is an engine's start, lifetime or placement: on a cluster
+       no warm pool holds yet, so their jobs find every CPU and replica slot free;
+    1. the rest, on the session's warm engine pools (:data:`TEST_KEEP_WARM_SECONDS`);
+    2. the tests on the session's `airflow standalone` deployments, last: their schedulers, triggerers
+       and dag processors then run beside no other test.
+    """
+    if item.get_closest_marker("cold_engine") is not None:
+        return 0
+    return 2 if {"shared_airflow", "second_airflow"} & set(getattr(item, "fixturenames", ())) else 1
 
 
 @dataclass(frozen=True)
@@ -162,9 +197,24 @@ class LocalRayCluster:
         )
 
 
+#: scripts/test.sh's folder for what the pytest passes of one run share (``RAYBATCH_TEST_SHARED_DIR``):
+#: the Ray head, which the first pass that needs it starts and test.sh stops when the run ends (the
+#: version matrix's Airflow cell runs its DAG on it, on the engines the main pass left warm), and the
+#: tiny models, built once. Unset (a pytest run of its own): each session starts and stops its own.
+SHARED_DIR = (
+    Path(os.environ["RAYBATCH_TEST_SHARED_DIR"]) if os.environ.get("RAYBATCH_TEST_SHARED_DIR") else None
+)
+#: A cluster of another Ray release (scripts/test_matrix.sh's Ray cell) is its session's own.
+SHARED_CLUSTER = SHARED_DIR is not None and not os.environ.get("RAYBATCH_RAY_VENV")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
-    state = tmp_path_factory.mktemp("ray-state")
+    start_early_setups(tmp_path_factory)
+    if SHARED_CLUSTER and SHARED_DIR:  # one per pytest-xdist worker's ports
+        state = SHARED_DIR / f"ray-state-{DASHBOARD_PORT}"
+    else:
+        state = tmp_path_factory.mktemp("ray-state")
     env = {
         **os.environ,
         "RAYBATCH_STATE": str(state),
@@ -176,6 +226,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCl
         "RAYBATCH_HEAD_RESOURCES": json.dumps({REPLICA_SLOT: 1}),
     }
     script = ROOT / "scripts" / "local_ray_cluster.sh"
+    # A shared head an earlier pass started is up already: the script says so and returns.
     subprocess.run([str(script), "start"], env=env, check=True, timeout=180)
     try:
         yield LocalRayCluster(
@@ -186,7 +237,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCl
             temp_dir=Path(RAY_TEMP_DIR),
         )
     finally:
-        subprocess.run([str(script), "stop"], env=env, check=False, timeout=120)
+        if not SHARED_CLUSTER:
+            subprocess.run([str(script), "stop"], env=env, check=False, timeout=120)
 
 
 @pytest.fixture
@@ -197,25 +249,74 @@ def ray_connection(ray_cluster: LocalRayCluster, monkeypatch: pytest.MonkeyPatch
 
 
 def _make_model(script: str, out: Path) -> Path:
-    """Run one of scripts/make_tiny_*.py with the cluster's Python (they need torch and transformers)."""
+    """Run one of scripts/make_tiny_*.py with the cluster's Python (they need torch and transformers);
+    in the run's shared folder, once per run (``complete`` marks a whole one)."""
+    if (out / "complete").exists():
+        return out
     subprocess.run(
         [str(RAY_PYTHON), str(ROOT / "scripts" / script), str(out)],
         check=True,
         capture_output=True,
         timeout=300,
     )
+    (out / "complete").touch()
     return out
+
+
+def _model_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    if SHARED_DIR is not None:
+        return SHARED_DIR / "models" / name
+    return tmp_path_factory.mktemp("model") / name
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make_model("make_tiny_model.py", tmp_path_factory.mktemp("model") / "tiny-llama")
+    return early_setup("tiny_model", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random-weight Idefics3 vision-language model (scripts/make_tiny_vlm.py), made once per session."""
-    return _make_model("make_tiny_vlm.py", tmp_path_factory.mktemp("model") / "tiny-vlm")
+    """A random-weight Idefics3 vision-language model (scripts/make_tiny_vlm.py), made once per run."""
+    return early_setup("tiny_vlm", tmp_path_factory)
+
+
+#: The session fixtures whose slow set-up :func:`start_early_setups` starts side by side, and those the
+#: tests of this session use (pytest_collection_modifyitems).
+_EARLY_SETUP_FIXTURES = ("tiny_model", "tiny_vlm", "airflow_env")
+_needed_setups: set[str] = set()
+_early_setups: dict[str, Future] = {}
+
+
+def _setup_starts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Callable[[], Path]]:
+    def model(script: str, name: str) -> Callable[[], Path]:
+        return lambda: _make_model(script, _model_folder(tmp_path_factory, name))
+
+    return {
+        "tiny_model": model("make_tiny_model.py", "tiny-llama"),
+        "tiny_vlm": model("make_tiny_vlm.py", "tiny-vlm"),
+        "airflow_env": lambda: _migrated_airflow_home(tmp_path_factory.mktemp("airflow-home")),
+    }
+
+
+def start_early_setups(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Start the slow set-ups this session's tests need (the tiny models' builds, ``airflow db
+    migrate``), all at once in threads, the first time any real part is asked for: mostly processes
+    importing torch or Airflow, they overlap each other and the Ray head's start."""
+    if _early_setups:
+        return
+    pool = ThreadPoolExecutor(max_workers=len(_EARLY_SETUP_FIXTURES), thread_name_prefix="early-setup")
+    for name, start in _setup_starts(tmp_path_factory).items():
+        if name in _needed_setups:
+            _early_setups[name] = pool.submit(start)
+    pool.shutdown(wait=False)
+
+
+def early_setup(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The set-up's result: started early, or now (a fixture the collected tests did not name)."""
+    start_early_setups(tmp_path_factory)
+    if name not in _early_setups:
+        return _setup_starts(tmp_path_factory)[name]()
+    return _early_setups[name].result()
 
 
 #: Engine settings that fit vLLM's CPU build on a shared 2-core, 24 GiB machine. An explicit 1 GiB KV
@@ -228,6 +329,10 @@ CPU_ENGINE_KWARGS = {
     "kv_cache_memory_bytes": 1 << 30,
 }
 CPU_REPLICA = {"CPU": 1}
+#: The replica resources of a job that must still run when a test acts on it: its engine waits for a
+#: replica slot the test holds (:func:`replica_slots_held`), RUNNING, until the test lets it go. Not on
+#: a warm pool: a pool job that cannot place its replica ends other pools' idle ones to make room.
+HELD_REPLICA = {**CPU_REPLICA, REPLICA_SLOT: 1}
 
 
 @dataclass(frozen=True)
@@ -236,6 +341,7 @@ class AirflowEnv:
     home: Path
 
     def dags_test(self, dag_id: str, day: str, conf: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+        note("dags_test", dag_id=dag_id)
         return subprocess.run(
             [str(AIRFLOW_BIN), "dags", "test", dag_id, day, "--conf", json.dumps(conf)],
             env=self.env,
@@ -258,9 +364,11 @@ class AirflowEnv:
         return {(task_id, key): json.loads(value) for task_id, key, value in rows}
 
 
-#: How long the batch tasks of the tests' Airflow deployments keep their engines warm when their DAG
-#: leaves ``keep_warm_seconds`` unset (``RAYBATCH_TEST_KEEP_WARM_SECONDS``; 0: they start their own).
-TEST_KEEP_WARM_SECONDS = float(os.environ.get("RAYBATCH_TEST_KEEP_WARM_SECONDS", "300"))
+#: How long the tests' engine pools stay warm after their last job: the whole session (the cluster's
+#: stop at the session's end ends them). Used by the batch tasks of the tests' Airflow deployments
+#: whose DAG leaves ``keep_warm_seconds`` unset, and by the tests that submit jobs themselves and whose
+#: subject is not an engine's start (``RAYBATCH_TEST_KEEP_WARM_SECONDS``; 0: each job starts its own).
+TEST_KEEP_WARM_SECONDS = float(os.environ.get("RAYBATCH_TEST_KEEP_WARM_SECONDS", "3600"))
 
 
 def warm_conf() -> dict[str, float]:
@@ -295,19 +403,32 @@ def install_warm_engine_policy(home: Path) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def airflow_env(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
-    home = tmp_path_factory.mktemp("airflow-home")
-    install_warm_engine_policy(home)
-    env = {
+def _airflow_env(home: Path) -> dict[str, str]:
+    return {
         **os.environ,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW_CONN_RAY_DEFAULT": ray_cluster.connection_json(),
     }
-    subprocess.run([str(AIRFLOW_BIN), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+
+
+def _migrated_airflow_home(home: Path) -> Path:
+    install_warm_engine_policy(home)
+    subprocess.run(
+        [str(AIRFLOW_BIN), "db", "migrate"],
+        env=_airflow_env(home),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return home
+
+
+@pytest.fixture(scope="session")
+def airflow_env(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+    home = early_setup("airflow_env", tmp_path_factory)
+    env = {**_airflow_env(home), "AIRFLOW_CONN_RAY_DEFAULT": ray_cluster.connection_json()}
     return AirflowEnv(env=env, home=home)
 
 
@@ -335,6 +456,47 @@ def wait_for_job(job_id: str, timeout: float = 840):
             raise AssertionError(f"Ray job {job_id} still {status.value} after {timeout} s")
         time.sleep(1)
     return status
+
+
+_HOLD_SLOTS = """
+import ray, time
+ray.init()
+@ray.remote(num_cpus=0, resources={{{slot!r}: 1}})
+def hold():
+    print("HOLDING", flush=True)
+    time.sleep({seconds})
+ray.get([hold.remote() for _ in range({slots})])
+"""
+
+
+def hold_replica_slots(hook, seconds: float) -> str:
+    """Hold every REPLICA_SLOT of the cluster for ``seconds`` (a Ray job of tasks that take them);
+    return the holding job's id once all are held. A job whose replicas ask for a slot then waits,
+    RUNNING, until the hold ends or is stopped (:func:`replica_slots_held`)."""
+    import shlex
+    import time
+    import uuid
+
+    slots = int(sum(node.resources.get(REPLICA_SLOT, 0) for node in hook.get_cluster_resources().nodes))
+    script = _HOLD_SLOTS.format(slot=REPLICA_SLOT, seconds=seconds, slots=slots)
+    job_id = hook.submit_job(f"python -c {shlex.quote(script)}", submission_id=f"hold-{uuid.uuid4().hex[:8]}")
+    deadline = time.monotonic() + 120
+    while hook.get_job_logs(job_id).count("HOLDING") < slots:
+        assert time.monotonic() < deadline, hook.get_job_logs(job_id)[-2000:]
+        time.sleep(1)
+    return job_id
+
+
+@contextmanager
+def replica_slots_held(hook) -> Iterator[None]:
+    """Every REPLICA_SLOT held while the block runs: a job whose replicas need one stays RUNNING, its
+    engine unplaced, until the test lets it go. A job that must still run when the test acts on it
+    waits on this event, not on how slowly it generates."""
+    holder = hold_replica_slots(hook, seconds=3600)
+    try:
+        yield
+    finally:
+        hook.stop_job(holder)
 
 
 def engine_plan(driver_log: str) -> str:

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import httpx
 
 from tests.conftest import AIRFLOW_BIN, ROOT, install_warm_engine_policy
+from tests.run_record import note
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,7 @@ def airflow_standalones(*deployments: Deployment) -> Iterator[list[Airflow]]:
 
 def _start(deployment: Deployment) -> tuple[subprocess.Popen, IO[str]]:
     _refuse_a_taken_port(deployment.port)
+    note("standalone_start", port=deployment.port)
     home, port = deployment.home, deployment.port
     install_warm_engine_policy(home)
     env = {
@@ -173,7 +175,10 @@ def _start(deployment: Deployment) -> tuple[subprocess.Popen, IO[str]]:
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        # Its DAG files are in place before it starts and never change: each is parsed once, not
+        # every 30 s (Airflow's default) for the whole session beside the jobs on 2 cores.
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "60",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
         # A task's first call to the execution API (its "run" state, a SQLite write) waits for the
         # scheduler's and the dag processor's writes; on a loaded 2-core machine it ran past the 5 s
         # default five times and the task failed before it started, its log one "Pre Execute" line

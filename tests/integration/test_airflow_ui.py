@@ -17,7 +17,10 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
@@ -25,13 +28,20 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, warm_conf
-from tests.integration.standalone import Airflow, airflow_standalone
+from tests.conftest import (
+    AIRFLOW_BIN,
+    CPU_ENGINE_KWARGS,
+    CPU_REPLICA,
+    HELD_REPLICA,
+    replica_slots_held,
+    warm_conf,
+)
+from tests.integration.deployments import user_token
+from tests.integration.standalone import Airflow
 from tests.integration.test_ticket_summary_dag import TICKETS, _write_tickets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
-API_PORT = 8299
 DAG_ID = "daily_support_ticket_summary"
 DIGEST_DAG_ID = "support_summary_digest"
 TASK_ID = "summarise_tickets"
@@ -39,24 +49,14 @@ WORKER_KILL_DAG_ID = "raybatch_worker_kill"  # tests/integration/dags/: waits in
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-@pytest.fixture(scope="module")
-def airflow(ray_cluster, tmp_path_factory) -> Iterator[Airflow]:
-    home = tmp_path_factory.mktemp("airflow-standalone")
-    dags = home / "dags"  # the example DAGs and this module's test DAG
-    dags.mkdir()
-    for path in [*ROOT.joinpath("dags").glob("*.py"), *Path(__file__).with_name("dags").glob("*.py")]:
-        shutil.copy(path, dags)
-    extra_env = {
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local test instance: no login
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-    }
-    dag_ids = {DAG_ID, DIGEST_DAG_ID, WORKER_KILL_DAG_ID}
-    with airflow_standalone(home, API_PORT, ray_cluster.connection_json(), dag_ids, extra_env) as instance:
-        yield instance
+@pytest.fixture
+def airflow(shared_airflow: Airflow) -> Airflow:
+    return shared_airflow
 
 
-def _chromium(url: str, screenshot: Path | None = None, dom: bool = True) -> str:
-    """Load a page in headless Chromium, let its scripts run, return the DOM (and save a screenshot).
+def _chromium(airflow: Airflow, url: str, screenshot: Path | None = None, dom: bool = True) -> str:
+    """Load a page in headless Chromium signed in as ``admin``, let its scripts run, return the DOM (and
+    save a screenshot).
 
     Each is a load of its own; ``dom=False`` spares the second where only the picture is wanted (a
     load under a cold engine's start took up to 120 s on 2 cores)."""
@@ -64,11 +64,38 @@ def _chromium(url: str, screenshot: Path | None = None, dom: bool = True) -> str
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={screenshot.parent if screenshot else Path('/tmp')}/chromium-profile",
              "--window-size=1600,1000", "--virtual-time-budget=20000"]  # fmt: skip
-    if screenshot is not None:
-        _run_chromium([CHROMIUM, *flags, f"--screenshot={screenshot}", url])
-    if not dom:
-        return ""
-    return _run_chromium([CHROMIUM, *flags, "--dump-dom", url])
+    with _signed_in(url, user_token(airflow, "admin")) as start:
+        if screenshot is not None:
+            _run_chromium([CHROMIUM, *flags, f"--screenshot={screenshot}", start])
+        if not dom:
+            return ""
+        return _run_chromium([CHROMIUM, *flags, "--dump-dom", start])
+
+
+@contextmanager
+def _signed_in(url: str, token: str) -> Iterator[str]:
+    """An address on loopback that hands the browser Airflow's session cookie (``_token``, as Airflow's
+    login page sets it) and redirects to ``url``: a browser sends a host's cookies to every port of it,
+    so the UI on its own port reads the cookie as after a login."""
+
+    class SignIn(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(302)
+            self.send_header("Set-Cookie", f"_token={token}; Path=/; SameSite=Lax")
+            self.send_header("Location", url)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SignIn)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _run_chromium(command: list[str]) -> str:
@@ -102,6 +129,11 @@ def _conf(tiny_model: Path, data_root: Path) -> dict:
             "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
 
 
+def _held_conf(tiny_model: Path, data_root: Path) -> dict:
+    """A run whose job waits, RUNNING, for a replica slot the test holds (HELD_REPLICA: no warm pool)."""
+    return {**_conf(tiny_model, data_root), "replica_resources": HELD_REPLICA, "keep_warm_seconds": None}
+
+
 def test_task_page_shows_progress_and_the_ray_job_link(
     airflow: Airflow, ray_cluster, tiny_model, tmp_path
 ) -> None:
@@ -117,7 +149,7 @@ def test_task_page_shows_progress_and_the_ray_job_link(
         lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None,
     )
     shots.append(tmp_path / "1-task-deferred.png")
-    _chromium(task_page, shots[-1], dom=False)
+    _chromium(airflow, task_page, shots[-1], dom=False)
 
     ti = airflow.wait(
         "the task to finish",
@@ -146,7 +178,7 @@ def test_task_page_shows_progress_and_the_ray_job_link(
     # The page itself, in a real browser: the task page opens on its log, with the progress lines.
     # (The extra links are checked above through the API the page reads them from.)
     shots.append(tmp_path / "2-task-done-log.png")
-    page = _chromium(task_page, shots[-1])
+    page = _chromium(airflow, task_page, shots[-1])
     assert f"Ray job {job_id}: " in page and f"/ {TICKETS} rows" in page, page[-3000:]
 
     # The Asset event made the scheduler run the digest DAG.
@@ -165,18 +197,18 @@ def test_task_page_shows_progress_and_the_ray_job_link(
 
 
 def _deferred_run(
-    airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, day: str
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, day: str, conf: dict, tickets: int
 ) -> tuple[str, str, str]:
     """Trigger the ticket DAG for ``day`` and wait until the triggerer runs its trigger: (run id, TI
     path, job id).
 
-    LONG_RUN_TICKETS of them: the job must still run when the test stops it from the UI. Not just
-    "deferred": Airflow calls a trigger's ``on_kill`` only once the triggerer has started it (about 2 s
-    after the task defers; CI cleared in that gap once, and the next try attached to the running job).
+    Not just "deferred": Airflow calls a trigger's ``on_kill`` only once the triggerer has started it
+    (about 2 s after the task defers; CI cleared in that gap once, and the next try attached to the
+    running job).
     """
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
-    _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl", LONG_RUN_TICKETS)
-    run_id = airflow.trigger(DAG_ID, day, _conf(tiny_model, tmp_path))
+    _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl", tickets)
+    run_id = airflow.trigger(DAG_ID, day, conf)
     airflow.wait(
         "the task to defer",
         lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None,
@@ -197,19 +229,22 @@ def _deferred_run(
 def test_marking_a_deferred_task_failed_stops_its_ray_job(
     airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch
 ) -> None:
-    run_id, path, job_id = _deferred_run(
-        airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-13"
-    )
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     hook = RayHook()
-    assert not hook.get_job_status(job_id).is_terminal
+    with replica_slots_held(hook):  # the job runs until the test stops it
+        run_id, path, job_id = _deferred_run(
+            airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-13",
+            _held_conf(tiny_model, tmp_path), TICKETS,
+        )  # fmt: skip
+        assert not hook.get_job_status(job_id).is_terminal
 
-    airflow.api("PATCH", path, json={"new_state": "failed"})  # what "Mark as failed" sends
+        airflow.api("PATCH", path, json={"new_state": "failed"})  # what "Mark as failed" sends
 
-    status = airflow.wait(
-        "the Ray job to stop",
-        lambda: s if (s := hook.get_job_status(job_id)).is_terminal else None,
-        timeout=120,
-    )
+        status = airflow.wait(
+            "the Ray job to stop",
+            lambda: s if (s := hook.get_job_status(job_id)).is_terminal else None,
+            timeout=120,
+        )
     assert status == JobStatus.STOPPED
     assert airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "failed"
 
@@ -220,9 +255,12 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
     """Clear in the UI while the task waits in the triggerer: the earlier try's job is stopped, and
     the next try finishes the batch with one job of its own (never two running at once), every
     ticket exactly once."""
+    # LONG_RUN_TICKETS: the job must still run when the test clears it (the next try must finish, so
+    # it runs on the warm engines: a held job would not).
     run_id, path, first_job = _deferred_run(
-        airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12"
-    )
+        airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12",
+        _conf(tiny_model, tmp_path), LONG_RUN_TICKETS,
+    )  # fmt: skip
     hook = RayHook()
 
     airflow.clear(DAG_ID, run_id, TASK_ID)
@@ -265,23 +303,33 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     day = "2026-11-11"
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
-    run_id = airflow.trigger(WORKER_KILL_DAG_ID, day, _conf(tiny_model, tmp_path))
-    path = f"/dags/{WORKER_KILL_DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
-
-    def submitted() -> object:
-        state = airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID)["state"]
-        assert state in (None, "scheduled", "queued", "running"), f"try 1 ended {state} before the kill"
-        return _xcom_or_none(airflow, f"{path}/xcomEntries/job_id")
-
-    job_id = airflow.wait("try 1 to submit its job", submitted, every=1)
     hook = RayHook()
-    assert not hook.get_job_status(job_id).is_terminal
-    ti = airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID)
-    assert (ti["state"], ti["try_number"]) == ("running", 1)
-    [pid] = subprocess.run(
-        ["pgrep", "-f", f"airflow worker -- {ti['id']}"], capture_output=True, text=True
-    ).stdout.split()
-    os.kill(int(pid), signal.SIGKILL)
+    with replica_slots_held(hook):  # try 1's job runs until try 2 has attached to it
+        run_id = airflow.trigger(WORKER_KILL_DAG_ID, day, _held_conf(tiny_model, tmp_path))
+        path = f"/dags/{WORKER_KILL_DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
+
+        def submitted() -> object:
+            state = airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID)["state"]
+            assert state in (None, "scheduled", "queued", "running"), f"try 1 ended {state} before the kill"
+            return _xcom_or_none(airflow, f"{path}/xcomEntries/job_id")
+
+        job_id = airflow.wait("try 1 to submit its job", submitted, every=1)
+        assert not hook.get_job_status(job_id).is_terminal
+        ti = airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID)
+        assert (ti["state"], ti["try_number"]) == ("running", 1)
+        [pid] = subprocess.run(
+            ["pgrep", "-f", f"airflow worker -- {ti['id']}"], capture_output=True, text=True
+        ).stdout.split()
+        os.kill(int(pid), signal.SIGKILL)
+
+        def attached() -> bool | None:
+            try:
+                log = airflow.task_log(WORKER_KILL_DAG_ID, run_id, TASK_ID, 2)
+            except httpx.HTTPError:  # until try 2 has a log
+                return None
+            return True if f"{job_id}" in log and "attaching to it" in log else None
+
+        airflow.wait("try 2 to attach to try 1's job", attached, every=2)
 
     done = airflow.wait(
         "the retry to finish",

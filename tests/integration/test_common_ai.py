@@ -10,18 +10,24 @@ cluster while it runs (cancelled; the retry submits a job of its own).
 from __future__ import annotations
 
 import json
-import shlex
 import sqlite3
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 # The common-ai extra (scripts/setup_envs.sh installs it): without it these tests fail, never skip.
 import airflow.providers.common.ai  # noqa: F401
 import pytest
 
-from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, REPLICA_SLOT
+from tests.conftest import (
+    AIRFLOW_BIN,
+    CPU_ENGINE_KWARGS,
+    CPU_REPLICA,
+    REPLICA_SLOT,
+    hold_replica_slots,
+    warm_conf,
+)
+from tests.run_record import note
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -29,9 +35,14 @@ DECORATOR_DAG = "common_ai_llm_batch"
 KEY_META = "common_ai_idempotency_key"
 
 
-def _env(airflow_env, ray_cluster):
+def _env(airflow_env, ray_cluster, extra: dict | None = None):
     """``ray_default`` as common.ai needs it: the full address in the host, the token as password."""
-    conn = {"conn_type": "ray", "host": ray_cluster.address, "password": ray_cluster.token}
+    conn = {
+        "conn_type": "ray",
+        "host": ray_cluster.address,
+        "password": ray_cluster.token,
+        "extra": extra or {},
+    }
     return airflow_env.with_env(AIRFLOW_CONN_RAY_DEFAULT=json.dumps(conn))
 
 
@@ -80,7 +91,8 @@ def _rendered_fields(home: Path, dag_id: str) -> str:
 
 
 def test_llm_batch_decorator_runs_as_our_ray_job(airflow_env, ray_cluster, tiny_model, tmp_path) -> None:
-    env, day = _env(airflow_env, ray_cluster), "2026-11-20"
+    # On the session's warm engines (the connection's job defaults): this test's subject is the adapter.
+    env, day = _env(airflow_env, ray_cluster, {"llm_batch": warm_conf()}), "2026-11-20"
     result = env.dags_test(DECORATOR_DAG, day, _conf(tiny_model, tmp_path))
     log = result.stdout + result.stderr
     (tmp_path / "dags_test.log").write_text(log)
@@ -167,6 +179,7 @@ def _popen_dags_test(env, dags: Path, dag_id: str, day: str, conf: dict) -> subp
     """``airflow dags test`` of a test DAG in its own DAGs folder (``-f`` takes only files under the
     configured one)."""
     command = [str(AIRFLOW_BIN), "dags", "test", dag_id, day, "--conf", json.dumps(conf)]
+    note("dags_test", dag_id=dag_id)
     return subprocess.Popen(command, env={**env.env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
@@ -186,33 +199,12 @@ def _labels(manifest: dict) -> set:
 
 #: Holds every engine slot of the cluster for a while (a Ray job of its own): a batch that needs one
 #: stays running, its engine waiting, however fast the machine.
-_HOLD_SLOTS = """
-import ray, time
-ray.init()
-@ray.remote(num_cpus=0, resources={{{slot!r}: 1}})
-def hold():
-    print("HOLDING", flush=True)
-    time.sleep({seconds})
-ray.get([hold.remote() for _ in range({slots})])
-"""
-
-
-def _hold_every_slot(hook, seconds: float) -> None:
-    """Start holding every REPLICA_SLOT of the cluster for ``seconds``; return once all are held."""
-    slots = int(sum(node.resources.get(REPLICA_SLOT, 0) for node in hook.get_cluster_resources().nodes))
-    script = _HOLD_SLOTS.format(slot=REPLICA_SLOT, seconds=seconds, slots=slots)
-    job_id = hook.submit_job(f"python -c {shlex.quote(script)}", submission_id=f"hold-{uuid.uuid4().hex[:8]}")
-    deadline = time.monotonic() + 120
-    while hook.get_job_logs(job_id).count("HOLDING") < slots:
-        assert time.monotonic() < deadline, hook.get_job_logs(job_id)[-2000:]
-        time.sleep(1)
-
-
 def _driver_started(hook, job_id: str) -> bool:
     """Whether the job's driver is running and has logged (a stop then reaches it, not a pending job)."""
     return hook.get_job_status(job_id) == "RUNNING" and bool(hook.get_job_logs(job_id).strip())
 
 
+@pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
 def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     airflow_env, ray_cluster, tiny_model, tmp_path
 ) -> None:
@@ -222,7 +214,7 @@ def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     # first looks (30 s after it deferred, common.ai's least poll interval) and gives up (timeout=20),
     # its engine not yet built. A job of 4 rows on an idle machine was done by then (CI, 2026-11-27),
     # and no try re-attached. (60 s until 2026-11-28: 20 s more of each of these two tests.)
-    _hold_every_slot(hook, seconds=40)
+    hold_replica_slots(hook, seconds=40)
     conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
     process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, conf)
     log, _ = process.communicate(timeout=840)
@@ -236,6 +228,7 @@ def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     assert _labels(manifest) <= {"positive", "negative", "neutral"}
 
 
+@pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
 def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new_job(
     airflow_env, ray_cluster, tiny_model, tmp_path
 ) -> None:
@@ -243,7 +236,7 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
     env, day, hook = _env(airflow_env, ray_cluster), "2026-11-22", _hook(ray_cluster)
     # The job is stopped while its driver runs, waiting for a held engine slot. Stopped at once, while
     # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine (CI, 2026-11-27).
-    _hold_every_slot(hook, seconds=40)
+    hold_replica_slots(hook, seconds=40)
     conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
     process = _popen_dags_test(env, dag_file, "common_ai_retry_after_cancel", day, conf)
     try:

@@ -32,7 +32,9 @@ from tests.conftest import (
     wait_for_job,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# Its own cluster (the raylet's process-group clean-up off): each test's subject is an engine replica's
+# processes, from a cold start to their end.
+pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(900)]
 
 #: This cluster's own ports (apart from the session cluster's and the benchmarks' 8285; its dashboard
 #: agent's: 8323 + 44100) and Ray folder (scripts/local_ray_cluster.sh: one per cluster on the machine).

@@ -28,7 +28,8 @@ from airflow_provider_raybatch.pipeline.read.prepared_cache import KEEP_MIN_ROWS
 from airflow_provider_raybatch.pipeline.stage.replica_staging import TRACE_ROWS_ENV
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+# Cold engines of its own: the kills hit the job's own engine replicas (a warm pool's outlive the job).
+pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(1200)]
 
 #: 200 rows of up to 96 tokens (400 of up to 160 until 2026-11-28): the kill points (the first part,
 #: half way, a quarter in) fall inside the job either way, and the 7 jobs took 12 of CI's 90 minutes.

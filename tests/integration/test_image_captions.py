@@ -23,7 +23,7 @@ from PIL import Image
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job, warm_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -110,8 +110,9 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
         sampling_params={"temperature": 0, "max_tokens": 8},
         engine_kwargs={**CPU_ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 1}},
         replica_resources=CPU_REPLICA,
-        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}},  # GiB of KV cache: plenty here
         batch_size=8,
+        # On the session's warm VLM engines (the DAG test below and test_row_contract's vision task).
+        **warm_conf(),
     )
     # 9 of 21 images are bad on purpose, over the default max_failed_fraction (0.1): the run is held.
     held_job = submit_pipeline(operator, "captions", f"captions-held-{uuid.uuid4().hex[:8]}")

@@ -19,9 +19,11 @@ from airflow_provider_raybatch.manifest import manifest_from_log
 from tests.conftest import CPU_ENGINE_KWARGS, REPLICA_SLOT, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# Cold engines of its own: the subject is where a job's (and a pool's) replicas are placed.
+pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(900)]
 
-ROWS = 240
+# Enough batches for both replicas to take some (placement is the subject, not throughput).
+ROWS = 64
 
 
 def _actors(hook: RayHook, class_name: str) -> dict[str, dict]:

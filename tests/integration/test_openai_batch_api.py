@@ -8,14 +8,13 @@ engine. Files live in the embedded default store, a local folder.
 The same server runs dags/openai_provider_batch.py: the OpenAI provider's
 ``OpenAITriggerBatchOperator`` reaches the Batch API through the real apache-airflow-providers-openai
 hook and an ``openai`` connection whose host is the API server's ``/openai/v1`` and whose password is an
-Airflow API token, deferred (``OpenAIBatchTrigger``) and waiting in the worker. (One server for both:
-each `airflow standalone` costs a 2-core CI machine a minute and a half to start.)
+Airflow API token, deferred (``OpenAIBatchTrigger``) and waiting in the worker. (The session's shared
+server for both: each `airflow standalone` costs a 2-core CI machine a minute and a half to start.)
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -27,45 +26,19 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA
-from tests.integration.standalone import Airflow, airflow_standalone
+from tests.integration.deployments import user_token
+from tests.integration.standalone import Airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
-API_PORT = 8297
 PROVIDER_DAG_ID = "openai_provider_batch"
-USERS = {"batchuser": ("admin", "batch-pass-1"), "reader": ("viewer", "reader-pass-2")}
 
 
-def _token(airflow: Airflow, user: str) -> str:
-    password = USERS[user][1]
-    response = httpx.post(
-        f"{airflow.url}/auth/token", json={"username": user, "password": password}, timeout=30
-    )
-    response.raise_for_status()
-    return response.json()["access_token"]
-
-
-@pytest.fixture(scope="module")
-def airflow(ray_cluster, tiny_model, tmp_path_factory) -> Iterator[Airflow]:
-    home = tmp_path_factory.mktemp("airflow-openai")
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({user: password for user, (_, password) in USERS.items()}))
-    extra_env = {
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
-            f"{user}:{role}" for user, (role, _) in USERS.items()
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__RAYBATCH__OPENAI_FILES_URI": str(home / "openai-files"),
-        "AIRFLOW_VAR_RAYBATCH_OPENAI_MODEL": str(tiny_model),
-        "AIRFLOW_VAR_RAYBATCH_OPENAI_ENGINE_KWARGS": json.dumps(CPU_ENGINE_KWARGS),
-        "AIRFLOW_VAR_RAYBATCH_OPENAI_REPLICA_RESOURCES": json.dumps(CPU_REPLICA),
-    }
-    with airflow_standalone(
-        home, API_PORT, ray_cluster.connection_json(), {DEFAULT_DAG_ID, PROVIDER_DAG_ID}, extra_env,
-        token=lambda instance: _token(instance, "batchuser"),
-    ) as instance:  # fmt: skip
-        yield instance
+@pytest.fixture
+def airflow(shared_airflow: Airflow) -> Airflow:
+    """The session's shared deployment: its Batch API keeps files in a local folder and runs batches on
+    the tiny model (tests/integration/deployments.py)."""
+    return shared_airflow
 
 
 def client_for(airflow: Airflow, api_key: str) -> openai.OpenAI:
@@ -91,7 +64,7 @@ def upload(client: openai.OpenAI, path: Path, lines: list) -> str:
 
 
 def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Path) -> None:
-    client = client_for(airflow, _token(airflow, "batchuser"))
+    client = client_for(airflow, user_token(airflow, "batchuser"))
     lines = [chat(f"req-{i}", f"Question {i}?", 4 + i % 3) for i in range(16)]
     lines += [
         chat("req-3", "duplicate id", 4),
@@ -162,7 +135,7 @@ def _long_batch(client: openai.OpenAI, path: Path, completion_window: str):
 
 
 def test_openai_trigger_batch_operator_completes_on_our_batch_api(airflow: Airflow) -> None:
-    token = _token(airflow, "batchuser")
+    token = user_token(airflow, "batchuser")
     # The connection a DAG written for OpenAI already uses, pointed at our Batch API.
     connection = {"connection_id": "openai_raybatch", "conn_type": "openai",
                   "host": f"{airflow.url}/openai/v1", "password": token}  # fmt: skip
@@ -208,7 +181,7 @@ def test_openai_trigger_batch_operator_completes_on_our_batch_api(airflow: Airfl
 
 
 def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connection, tmp_path: Path) -> None:
-    client = client_for(airflow, _token(airflow, "batchuser"))
+    client = client_for(airflow, user_token(airflow, "batchuser"))
     batch = _long_batch(client, tmp_path / "long.jsonl", completion_window="24h")
     hook = RayHook()
 
@@ -244,7 +217,7 @@ def test_a_batch_past_its_completion_window_expires_and_its_ray_job_stops(
 ) -> None:
     """A 45 s window (the API takes durations besides OpenAI's "24h") on a batch that needs longer:
     the window is the batch task's deadline, so the task stops its Ray job then; reads only read."""
-    client = client_for(airflow, _token(airflow, "batchuser"))
+    client = client_for(airflow, user_token(airflow, "batchuser"))
     batch = _long_batch(client, tmp_path / "slow.jsonl", completion_window="45s")
     assert batch.expires_at == batch.created_at + 45
     hook = RayHook()
@@ -275,7 +248,7 @@ def test_airflow_auth_guards_the_api(airflow: Airflow, tmp_path: Path) -> None:
     anonymous = httpx.get(f"{airflow.url}/openai/v1/batches", timeout=30)  # no token at all
     assert anonymous.status_code == 401
     assert anonymous.json()["error"]["type"] == "authentication_error"
-    reader = client_for(airflow, _token(airflow, "reader"))
+    reader = client_for(airflow, user_token(airflow, "reader"))
     assert reader.batches.list().object == "list"  # a viewer may read
     with pytest.raises(openai.PermissionDeniedError):  # but not upload or start batches
         upload(reader, tmp_path / "r.jsonl", [chat("r", "x", 2)])

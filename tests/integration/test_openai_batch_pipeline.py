@@ -16,7 +16,7 @@ import pytest
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 from airflow_provider_raybatch.pipeline.openai.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job, warm_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -40,6 +40,7 @@ def run_batch(
     endpoint: str,
     lines: list[str],
     runtime_env: dict | None = None,
+    keep_warm_seconds: float | None = None,
     **engine_kwargs,
 ) -> tuple[dict, list, list]:
     """Write ``lines`` as a batch file, run it, return (manifest, output lines, error lines)."""
@@ -59,6 +60,7 @@ def run_batch(
         batch_size=16,
         runtime_env=runtime_env or {},
         max_failed_fraction=1.0,  # as the Batch API's DAG (openai_api/dag.py): failed lines are its errors
+        keep_warm_seconds=keep_warm_seconds,
     )
     job_id = submit_pipeline(operator, "openai", f"openai-test-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(job_id) == JobStatus.SUCCEEDED, RayHook().get_job_log_tail(job_id, 80)
@@ -116,8 +118,9 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     }
     # Compact JSON: a random model in a grammar that allows whitespace pads with it until max_tokens.
     compact_json = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+    # On the session's warm engines of this shape (test_common_ai's decorator test shares them).
     manifest, outputs, errors = run_batch(
-        tiny_model, tmp_path, CHAT, good + list(bad.values()), **compact_json
+        tiny_model, tmp_path, CHAT, good + list(bad.values()), **warm_conf(), **compact_json
     )
 
     assert_counts_add_up(manifest, outputs, errors, len(good) + len(bad))
@@ -181,6 +184,7 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     )
 
 
+@pytest.mark.cold_engine  # the engine built with the forkserver off: a start no other test makes
 def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -> None:
     """Also: two choices for one line, with the forkserver off (our engine-stage UDF serves n either
     way)."""
@@ -214,6 +218,7 @@ def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -
     assert errors[0]["error"]["code"] == "invalid_request" and "empty prompt" in errors[0]["error"]["message"]
 
 
+@pytest.mark.cold_engine  # an embedding engine: no other test shares it
 def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
     lines = [request(f"e-{i}", EMBEDDINGS, {"input": f"document number {i}"}) for i in range(8)]
     # Three inputs in one line, in the same block as one-input lines; two of them also sent alone.

@@ -27,7 +27,8 @@ from tests.conftest import (
     wait_for_job,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# A cold engine of its own: the subject is a job's cold path (its timings, no warm pool).
+pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(900)]
 
 LABELS = ["positive", "negative", "neutral"]
 GOOD_ROWS = 40

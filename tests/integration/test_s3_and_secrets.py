@@ -24,7 +24,9 @@ import pytest
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, S3Server
 from tests.security.test_job_credentials import cluster_store, files_holding
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# Cold engines of their own: a model fetched from S3 (and its keys kept off disk meanwhile), and one
+# from a Hugging Face id, each an engine no other test shares.
+pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(900)]
 
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "dags"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import configparser
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -21,40 +20,25 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, warm_conf
-from tests.integration.standalone import Airflow, Deployment, airflow_standalones
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, HELD_REPLICA, replica_slots_held, warm_conf
+from tests.integration.standalone import Airflow
 from tests.integration.test_ticket_summary_dag import _write_tickets
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
-DEV_PORT, PROD_PORT = 8312, 8313
 DAG_ID = "daily_support_ticket_summary"
 TASK_ID = "summarise_tickets"
 DAY = "2026-11-05"
 #: Both deployments name the run alike, as two deployments of one DAG's schedule do.
 RUN_ID = f"daily__{DAY}"
-#: Dev's run must still be running when prod submits: 300 tickets were done first once (CI, 2026-11-27),
-#: so many times that; dev's job is stopped before it ends, so its length costs nothing.
-DEV_TICKETS = 3000
 PROD_TICKETS = 6
 
 
-def _deployment(home: Path, port: int, ray_cluster) -> Deployment:
-    extra_env = {
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",  # a local test instance: no login
-        "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET": "",  # unset: each home's generated fernet_key signs
-    }
-    return Deployment(home, port, ray_cluster.connection_json(), {DAG_ID}, extra_env)
-
-
-@pytest.fixture(scope="module")
-def deployments(ray_cluster, tmp_path_factory) -> Iterator[tuple[Airflow, Airflow]]:
-    """(dev, prod), started side by side."""
-    with airflow_standalones(
-        _deployment(tmp_path_factory.mktemp("airflow-dev"), DEV_PORT, ray_cluster),
-        _deployment(tmp_path_factory.mktemp("airflow-prod"), PROD_PORT, ray_cluster),
-    ) as (dev, prod):
-        yield dev, prod
+@pytest.fixture
+def deployments(second_airflow: Airflow, shared_airflow: Airflow) -> tuple[Airflow, Airflow]:
+    """(dev, prod): the session's two deployments (tests/integration/deployments.py), each with its own
+    home and fernet key and no ``[raybatch] job_identity_secret``."""
+    return second_airflow, shared_airflow
 
 
 def _fernet_key(home: Path) -> str:
@@ -63,9 +47,16 @@ def _fernet_key(home: Path) -> str:
     return config.get("core", "fernet_key")
 
 
-def _conf(tiny_model: Path, data_root: Path) -> dict:
+def _conf(tiny_model: Path, data_root: Path, replica_resources: dict = CPU_REPLICA) -> dict:
     return {"model": str(tiny_model), "data_root": str(data_root), "engine_kwargs": CPU_ENGINE_KWARGS,
-            "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
+            "replica_resources": replica_resources, **warm_conf()}  # fmt: skip
+
+
+def _held_conf(tiny_model: Path, data_root: Path) -> dict:
+    """A run whose job waits, RUNNING, for a replica slot the test holds (HELD_REPLICA: no warm pool)."""
+    conf = _conf(tiny_model, data_root, HELD_REPLICA)
+    conf.pop("keep_warm_seconds", None)
+    return conf
 
 
 def _trigger(airflow: Airflow, conf: dict) -> str:
@@ -126,27 +117,31 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     # two deployments' secrets
     assert _fernet_key(dev.home) and _fernet_key(dev.home) != _fernet_key(prod.home)
 
-    # Dev runs the day on its own data; its job is running when prod starts the same run.
-    _write_tickets(tmp_path / "dev" / "tickets" / DAY / "tickets.jsonl", DEV_TICKETS)
-    run_id = _trigger(dev, _conf(tiny_model, tmp_path / "dev"))
-    dev_job = _job_of(dev, run_id)
-    assert not hook.get_job_status(dev_job).is_terminal
+    # Dev runs the day on its own data; its job runs, waiting for a replica slot the test holds, while
+    # prod starts the same run: it can end only when stopped.
+    _write_tickets(tmp_path / "dev" / "tickets" / DAY / "tickets.jsonl", PROD_TICKETS)
+    with replica_slots_held(hook):
+        run_id = _trigger(dev, _held_conf(tiny_model, tmp_path / "dev"))
+        dev_job = _job_of(dev, run_id)
+        assert not hook.get_job_status(dev_job).is_terminal
 
-    _write_tickets(tmp_path / "prod" / "tickets" / DAY / "tickets.jsonl", PROD_TICKETS)
-    assert _trigger(prod, _conf(tiny_model, tmp_path / "prod")) == run_id  # the same run id
-    prod_job = _job_of(prod, run_id)
+        _write_tickets(tmp_path / "prod" / "tickets" / DAY / "tickets.jsonl", PROD_TICKETS)
+        assert _trigger(prod, _conf(tiny_model, tmp_path / "prod")) == run_id  # the same run id
+        prod_job = _job_of(prod, run_id)
 
-    assert prod_job != dev_job
-    assert not hook.get_job_status(dev_job).is_terminal, "prod stopped dev's job"
-    same_names = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
-    assert {job.job_id for job in same_names} == {dev_job, prod_job}
-    # The cluster has one engine slot: dev gives it up the way its users would (mark failed).
-    dev.api("PATCH", _ti_path(run_id), json={"new_state": "failed"})
-    dev.wait(
-        "dev's job to stop", lambda: True if hook.get_job_status(dev_job).is_terminal else None, timeout=180
-    )
+        assert prod_job != dev_job
+        _finished(prod, run_id, expected_try=1)
+        assert not hook.get_job_status(dev_job).is_terminal, "prod stopped dev's job"
+        same_names = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
+        assert {job.job_id for job in same_names} == {dev_job, prod_job}
+        # Dev gives its run up the way its users would (mark failed): its job stops.
+        dev.api("PATCH", _ti_path(run_id), json={"new_state": "failed"})
+        dev.wait(
+            "dev's job to stop",
+            lambda: True if hook.get_job_status(dev_job).is_terminal else None,
+            timeout=180,
+        )
 
-    _finished(prod, run_id, expected_try=1)
     assert hook.get_job_status(dev_job) == JobStatus.STOPPED
     manifest = _xcom(prod, run_id, "manifest")
     assert manifest["job_id"] == prod_job

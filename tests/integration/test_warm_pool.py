@@ -22,7 +22,8 @@ from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from tests.conftest import engine_plan, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+# Pools of its own: the subject is a pool's start (its first job cold), replacement and scale to zero.
+pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(1200)]
 
 NAMESPACE = "raybatch_engine_pool"  # pipeline/generate/engine_pool.py (not imported: it is cluster code)
 

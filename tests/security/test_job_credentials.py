@@ -23,7 +23,17 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.pipeline.credentials import KV_NAMESPACE, UPLOAD_PREFIX
-from tests.conftest import RAY_PYTHON, ROOT, LocalRayCluster, S3Server, submit_pipeline, wait_for_job
+from tests.conftest import (
+    CPU_REPLICA,
+    RAY_PYTHON,
+    REPLICA_SLOT,
+    ROOT,
+    LocalRayCluster,
+    S3Server,
+    replica_slots_held,
+    submit_pipeline,
+    wait_for_job,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -89,6 +99,7 @@ def files_holding(root: Path, secret: str) -> list[str]:
     return hits
 
 
+@pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
 def test_a_job_stopped_mid_run_leaves_its_s3_keys_neither_on_disk_nor_in_the_store(
     ray_connection: LocalRayCluster,
     s3_server: S3Server,
@@ -106,19 +117,24 @@ def test_a_job_stopped_mid_run_leaves_its_s3_keys_neither_on_disk_nor_in_the_sto
     operator = make_operator(
         tiny_model, "s3://raybatch-stop/in/tickets.jsonl", str(tmp_path / "out"), aws_conn_id="aws_stop_test",
         messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
+        # Its engine waits for a slot the test holds: the job runs until the test stops it.
+        replica_resources={**CPU_REPLICA, REPLICA_SLOT: 1},
     )  # fmt: skip
     hook = RayHook()
-    job_id = submit_pipeline(operator, run_key="stop", submission_id=f"raybatch-stop-{uuid.uuid4().hex[:8]}")
-    try:
-        # While it runs: its driver holds its own copy (the upload is gone), and no file has the key.
-        held = cluster_store(ray_connection, wait_for_copy=True)
-        session = Path(held["session_dir"])
-        assert hook.get_job_status(job_id) == JobStatus.RUNNING, hook.get_job_log_tail(job_id)
-        assert len(held["copies"]) == 1 and held["uploads"] == [], held
-        assert files_holding(session, s3_server.secret_key) == []
-    finally:
-        hook.stop_job(job_id)
-    assert wait_for_job(job_id, timeout=120) == JobStatus.STOPPED
+    with replica_slots_held(hook):
+        job_id = submit_pipeline(
+            operator, run_key="stop", submission_id=f"raybatch-stop-{uuid.uuid4().hex[:8]}"
+        )
+        try:
+            # While it runs: its driver holds its own copy (the upload is gone), and no file has the key.
+            held = cluster_store(ray_connection, wait_for_copy=True)
+            session = Path(held["session_dir"])
+            assert hook.get_job_status(job_id) == JobStatus.RUNNING, hook.get_job_log_tail(job_id)
+            assert len(held["copies"]) == 1 and held["uploads"] == [], held
+            assert files_holding(session, s3_server.secret_key) == []
+        finally:
+            hook.stop_job(job_id)
+        assert wait_for_job(job_id, timeout=120) == JobStatus.STOPPED
 
     after = cluster_store(ray_connection)
     assert (after["copies"], after["uploads"]) == ([], []), after

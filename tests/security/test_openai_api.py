@@ -5,9 +5,10 @@ isolation; a read that writes), 7 (no size limits) and 9 (CSRF-able requests und
 cookie, unauthenticated /docs, a NUL byte answered 500), each as it was shown to work before.
 
 The file store is on a real S3-compatible server on loopback (moto); Airflow's simple auth manager
-has two ordinary users (alice, bob), an op (an admin of the store: may edit connections) and a
+has ordinary users (alice, bob, ...), an op (an admin of the store: may edit connections) and a
 viewer. No Ray cluster: the batch DAG's Ray connection points at a closed port, so a batch that
-gets as far as submitting fails at once; nothing here needs a job to run.
+gets as far as submitting fails at once; nothing here needs a job to run. (The session's second
+deployment, tests/integration/deployments.py: test_two_deployments runs its dev there.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import httpx
@@ -26,39 +26,17 @@ import pytest
 from airflow_provider_raybatch.openai_api.body_limit import MULTIPART_ENVELOPE_BYTES
 from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
 from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
-from tests.integration.standalone import Airflow, airflow_standalone
+from tests.integration.deployments import (
+    MAX_BODY_BYTES,
+    MAX_FILES_PER_USER,
+    MAX_OPEN_BATCHES_PER_USER,
+    MAX_UPLOAD_BYTES,
+    STORE_BUCKET,
+    user_token,
+)
+from tests.integration.standalone import Airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-API_PORT = 8311
-STORE_CONN_ID = "raybatch_security_store"
-BUCKET = f"sec-store-{uuid.uuid4().hex[:6]}"
-USERS = {
-    "alice": ("user", "alice-pass-1"), "bob": ("user", "bob-pass-2"), "carol": ("user", "carol-pass-5"),
-    "dave": ("user", "dave-pass-6"), "erin": ("user", "erin-pass-7"),
-    "ops": ("op", "ops-pass-3"), "viewer": ("viewer", "viewer-pass-4"),
-}  # fmt: skip
-MAX_UPLOAD_BYTES = 100_000
-MAX_BODY_BYTES = 8192
-MAX_FILES_PER_USER = 12
-MAX_OPEN_BATCHES_PER_USER = 2
-CLOSED_RAY = json.dumps(
-    {
-        "conn_type": "ray",
-        "host": "127.0.0.1",
-        "port": 9,
-        "password": "t",
-        "extra": {"retry_window_seconds": 0},
-    }
-)
-
-
-def _token(airflow: Airflow, user: str) -> str:
-    response = httpx.post(
-        f"{airflow.url}/auth/token", json={"username": user, "password": USERS[user][1]}, timeout=30
-    )
-    response.raise_for_status()
-    return response.json()["access_token"]
 
 
 class Client:
@@ -66,7 +44,7 @@ class Client:
 
     def __init__(self, airflow: Airflow, user: str) -> None:
         self.airflow = airflow
-        self.headers = {"Authorization": f"Bearer {_token(airflow, user)}"}
+        self.headers = {"Authorization": f"Bearer {user_token(airflow, user)}"}
 
     def call(self, method: str, path: str, **kwargs) -> httpx.Response:
         headers = {**self.headers, **kwargs.pop("headers", {})}
@@ -92,46 +70,23 @@ class Client:
 @pytest.fixture(scope="module")
 def store_s3(s3_server):
     client = s3_server.client()
-    client.create_bucket(Bucket=BUCKET)
+    client.create_bucket(Bucket=STORE_BUCKET)
     client.create_bucket(Bucket="payroll")
     client.put_object(Bucket="payroll", Key="payroll.jsonl", Body=b"salary: 1\n")
     return client
 
 
-@pytest.fixture(scope="module")
-def airflow(store_s3, s3_server, tmp_path_factory) -> Iterator[Airflow]:
-    home = tmp_path_factory.mktemp("airflow-security")
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({user: password for user, (_, password) in USERS.items()}))
-    extra_env = {
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
-            f"{user}:{role}" for user, (role, _) in USERS.items()
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        f"AIRFLOW_CONN_{STORE_CONN_ID.upper()}": s3_server.connection_json(),
-        "AIRFLOW__RAYBATCH__OPENAI_FILES_URI": f"s3://{BUCKET}/root",
-        "AIRFLOW__RAYBATCH__OPENAI_FILES_CONN_ID": STORE_CONN_ID,
-        "AIRFLOW__RAYBATCH__OPENAI_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
-        "AIRFLOW__RAYBATCH__OPENAI_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
-        "AIRFLOW__RAYBATCH__OPENAI_MAX_FILES_PER_USER": str(MAX_FILES_PER_USER),
-        "AIRFLOW__RAYBATCH__OPENAI_MAX_OPEN_BATCHES_PER_USER": str(MAX_OPEN_BATCHES_PER_USER),
-        "AIRFLOW_VAR_RAYBATCH_OPENAI_MODEL": "/nonexistent/model",
-    }
-    with airflow_standalone(
-        home,
-        API_PORT,
-        CLOSED_RAY,
-        {DEFAULT_DAG_ID},
-        extra_env,
-        token=lambda instance: _token(instance, "ops"),
-    ) as instance:
-        yield instance
+@pytest.fixture
+def airflow(store_s3, second_airflow: Airflow) -> Airflow:
+    """The session's second deployment (tests/integration/deployments.py): its Batch API's store on the
+    S3 server, small limits, its batch DAG's Ray connection a closed port."""
+    return second_airflow
 
 
 def _objects(store_s3) -> dict[str, tuple[str, object]]:
     """Every object in the store's bucket and in the victim's, with its ETag and time."""
     found = {}
-    for bucket in (BUCKET, "payroll"):
+    for bucket in (STORE_BUCKET, "payroll"):
         for item in store_s3.list_objects_v2(Bucket=bucket).get("Contents", []):
             found[f"{bucket}/{item['Key']}"] = (item["ETag"], item["LastModified"])
     return found
@@ -202,7 +157,7 @@ def test_the_batch_dag_refuses_a_run_conf_that_names_paths(airflow, store_s3) ->
     before = _objects(store_s3)
     conf = {
         "input_uri": "s3://payroll/payroll.jsonl",
-        "output_uri": f"s3://{BUCKET}/root/files",
+        "output_uri": f"s3://{STORE_BUCKET}/root/files",
         "endpoint": "x",
     }
     run_id = airflow.api(

@@ -17,7 +17,13 @@ from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
     schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,
-    params={"model": "", "data_root": "", "engine_kwargs": {}, "replica_resources": None},
+    params={
+        "model": "",
+        "data_root": "",
+        "engine_kwargs": {},
+        "replica_resources": None,
+        "keep_warm_seconds": None,
+    },
 )
 def raybatch_worker_kill() -> None:
     RayLLMBatchOperator(
@@ -30,6 +36,7 @@ def raybatch_worker_kill() -> None:
         sampling_params={"temperature": 0, "max_tokens": 48},
         engine_kwargs="{{ params.engine_kwargs | tojson }}",
         replica_resources="{{ params.replica_resources | tojson }}",
+        keep_warm_seconds="{{ params.keep_warm_seconds }}",
         id_column="ticket_id",
         output_format="jsonl",
         batch_size=8,
