@@ -46,7 +46,7 @@ class _FileTime:
     tests: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # a plugin: pluggy keeps plugins in sets
 class RunRecord:
     """A pytest plugin: sums each test file's reports; writes them when the session ends."""
 
