@@ -33,9 +33,14 @@ ENGINE_BUILT = re.compile(
     r"^.*(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)\S* \[[^\]]*\] init engine \(profile.*$",
     re.MULTILINE,
 )
-#: Where the tests' Ray clusters keep their logs: scripts/local_ray_cluster.sh's --temp-dir folders
-#: (/tmp/ray-<GCS port>, /tmp/ray-raybatch-*) and Ray's default, for drivers that start their own.
-RAY_LOG_GLOBS = ("/tmp/ray*/session_2*/logs/worker-*.err", "/tmp/ray*/session_2*/logs/worker-*.out")
+#: Where the tests' Ray clusters keep their workers' logs: scripts/local_ray_cluster.sh's --temp-dir
+#: folders (/tmp/ray-<GCS port>, /tmp/ray-raybatch-*) and Ray's default, for drivers that start their
+#: own; a dead worker's under logs/old/ (not the job drivers' logs, which repeat their actors' lines).
+RAY_LOG_GLOBS = tuple(
+    f"/tmp/ray*/session_2*/logs/{folder}worker-*.{stream}"
+    for folder in ("", "old/")
+    for stream in ("err", "out")
+)
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,12 @@ class TestFile:
     pass_name: str
     name: str
     seconds: float
-    start: float
-    stop: float
     tests: int
+    spans: tuple[tuple[float, float], ...]  # each test's, setup to teardown
+
+    def ran_at(self, at: float) -> bool:
+        """Whether one of its tests ran at ``at`` (log times have whole seconds: within one)."""
+        return any(start - 1 <= at <= stop + 1 for start, stop in self.spans)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -76,7 +84,13 @@ def engine_builds(since: float) -> list[float]:
 
 def test_files(events: list[dict]) -> list[TestFile]:
     return [
-        TestFile(event["pass_name"], name, entry["seconds"], entry["start"], entry["stop"], entry["tests"])
+        TestFile(
+            event["pass_name"],
+            name,
+            entry["seconds"],
+            entry["tests"],
+            tuple((start, stop) for start, stop in entry["spans"]),
+        )
         for event in events
         if event["kind"] == "test_files"
         for name, entry in event["files"].items()
@@ -84,8 +98,8 @@ def test_files(events: list[dict]) -> list[TestFile]:
 
 
 def owner(at: float, files: list[TestFile]) -> str:
-    """The test file that ran at ``at`` (log times have whole seconds: the nearest one)."""
-    running = [f for f in files if f.start - 1 <= at <= f.stop + 1]
+    """The test file one of whose tests ran at ``at``."""
+    running = [f for f in files if f.ran_at(at)]
     if running:
         return f"{running[0].pass_name}: {running[0].name}"
     return "(between test files)"

@@ -4,7 +4,7 @@ scripts/test.sh names one events file for a whole run (``RAYBATCH_TEST_EVENTS``)
 of the run (unit, real parts, each version-matrix cell) appends to it:
 
 - ``test_files``: each file's seconds (setup, call and teardown of its tests, so a module-scoped
-  fixture counts where it starts) and when its first test began and its last ended, from this pass;
+  fixture counts where it starts) and each of its tests' time span, from this pass;
 - ``standalone_start``, ``dags_test``: one line each time a test starts ``airflow standalone`` or
   runs ``airflow dags test`` (:func:`note`);
 - ``engine_builds``: vLLM engines a test built in an interpreter of its own, outside any Ray cluster
@@ -41,9 +41,10 @@ def note(kind: str, **fields: object) -> None:
 @dataclass
 class _FileTime:
     seconds: float = 0.0
-    first_start: float = float("inf")
-    last_stop: float = 0.0
     tests: int = 0
+    #: Each test's time span, setup to teardown: [start, stop] by test id (a file's tests need not
+    #: run together: tests/conftest.py orders them by what they start).
+    spans: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)  # a plugin: pluggy keeps plugins in sets
@@ -55,10 +56,9 @@ class RunRecord:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         entry = self.files.setdefault(report.nodeid.split("::", 1)[0], _FileTime())
         entry.seconds += report.duration
-        if report.start:
-            entry.first_start = min(entry.first_start, report.start)
-        entry.last_stop = max(entry.last_stop, report.stop)
         entry.tests += report.when == "call"
+        span = entry.spans.setdefault(report.nodeid, [report.start, report.stop])
+        span[:] = [min(span[0], report.start), max(span[1], report.stop)]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput") or not self.files:
@@ -69,9 +69,8 @@ class RunRecord:
             files={
                 name: {
                     "seconds": round(entry.seconds, 1),
-                    "start": entry.first_start,
-                    "stop": entry.last_stop,
                     "tests": entry.tests,
+                    "spans": list(entry.spans.values()),
                 }
                 for name, entry in self.files.items()
             },
