@@ -21,7 +21,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError
-from airflow_provider_raybatch.manifest import HELD_STATUS, failed_rows, manifest_log_line
+from airflow_provider_raybatch.manifest import (
+    HELD_STATUS,
+    failed_rows,
+    failed_rows_verdict,
+    manifest_log_line,
+)
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import engine, engine_args, models, ray_internals
 from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease
@@ -39,7 +44,8 @@ from airflow_provider_raybatch.pipeline.reporting.timings import (
     process_started_at,
     run_timings,
 )
-from airflow_provider_raybatch.pipeline.stage import commit
+from airflow_provider_raybatch.pipeline.stage import commit, ownership
+from airflow_provider_raybatch.pipeline.stage.binding import binding_of, check_input_unchanged
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
 from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -320,18 +326,47 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _job_metadata() -> dict[str, str]:
+    """The metadata of the Ray job this driver runs as (its submission id, the operator's Airflow run
+    keys), from the job config Ray's job supervisor hands the driver; empty outside a job."""
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+        metadata = config.get("metadata") or {}
+    except (ValueError, AttributeError):
+        return {}
+    return {str(key): value for key, value in metadata.items() if isinstance(value, str)}
+
+
 def _ray_submission_id() -> str | None:
     """The submission id of the Ray job this driver runs as (the Jobs API's id), or None outside one.
 
-    Ray's job supervisor hands the driver its job config, whose metadata holds the submission id.
     It goes into the manifest so the operator can tell this job's committed result from another's.
     """
-    try:
-        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
-        submission_id = (config.get("metadata") or {}).get("job_submission_id")
-    except (ValueError, AttributeError):
-        return None
-    return submission_id if isinstance(submission_id, str) and submission_id else None
+    return _job_metadata().get("job_submission_id") or None
+
+
+def _staging_owner() -> ownership.Owner:
+    """This job as the owner of its run's staging: its id and the Airflow run it belongs to."""
+    metadata = _job_metadata()
+    job_id = metadata.get("job_submission_id") or f"driver-{os.getpid()}-{int(time.time())}"
+    run = {
+        key.removeprefix("airflow_"): value for key, value in metadata.items() if key.startswith("airflow_")
+    }
+    return ownership.Owner(job_id, run, time.time())
+
+
+def _hold_again(spec: BatchInferenceSpec, held: dict[str, Any]) -> None:  # Any: JSON values
+    """Fail as the earlier try did, on the rows it held, generating nothing (:func:`commit.take_held`):
+    its manifest again, as this job's, then :class:`RayBatchRowsFailedError`."""
+    manifest = {**held, "job_id": _ray_submission_id()}
+    print(manifest_log_line(manifest), flush=True)
+    verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows) or ""
+    raise RayBatchRowsFailedError(
+        verdict,
+        rows_in=int(manifest["rows_in"]),
+        rows_failed=failed_rows(manifest),
+        job_id=manifest["job_id"] or "",
+    )
 
 
 def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest.
@@ -368,12 +403,36 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         print(manifest_log_line(manifest), flush=True)
         return manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
+    # One live job writes a run's staging: fails here, before writing, beside another (ownership.py).
+    owner = _staging_owner()
+    ownership.claim(layout, owner, ownership.ray_job_alive)
+    heartbeat = ownership.Heartbeat(layout, owner).start()
+    try:
+        return _run_owned(spec, layout, owner, model_source, started_at, clock, marks)
+    finally:
+        heartbeat.stop()
+
+
+def _run_owned(
+    spec: BatchInferenceSpec,
+    layout: storage.OutputLayout,
+    owner: ownership.Owner,
+    model_source: str,
+    started_at: datetime,
+    clock: float,
+    marks: RunClock,
+) -> dict[str, Any]:  # Any: JSON manifest.
+    """The run once this job owns its staging: resume, generate, commit (or hold)."""
     digest = _input_digest(spec)
-    # An earlier try held for its failed rows: taken when only the thresholds changed, else discarded.
-    held = commit.take_held(layout, spec, digest)
+    binding = binding_of(spec, digest)  # what staged, held and kept rows must have been made from
+    # An earlier try held for its failed rows: taken by a try of the same run (held again, or committed
+    # when the thresholds now pass them), else discarded.
+    held = commit.take_held(layout, spec, binding)
+    if held is not None and not held.passes:
+        _hold_again(spec, held.manifest)
     # What generating the held rows took, when this try commits them (it then generates none).
-    held_try = commit.held_try(held) if held is not None else None
-    resumed = commit.open_staging_parts(layout, spec)
+    held_try = commit.held_try(held.manifest) if held is not None else None
+    resumed = commit.open_staging_parts(layout, spec, binding)
     done_sources = {source for part in resumed for source in part.sidecar["sources"]}
     parts = PartWriter(
         layout.staging_uri,
@@ -384,7 +443,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     )
     # Taking the rows a try held: every row is staged, and no engine is to start.
     building = None if held is not None else _build_while_reading(spec, model_source, parts)
-    kept = _prepared_rows_kept_for_retries(spec, layout, digest)
+    kept = _prepared_rows_kept_for_retries(spec, layout, binding.digest())
     prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
         prepared = dedupe.drop_staged(prepared, done_sources).materialize()
@@ -460,6 +519,9 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
         held_try=held_try,
     )
     marks.mark("committed")
+    # The input as it was read, and the staging still this job's: else nothing is published or held.
+    check_input_unchanged(binding, _input_digest(spec), spec.input_uri)
+    ownership.confirm(layout, owner)
     manifest = {
         "status": "complete",
         "version": committed.version,
@@ -511,12 +573,15 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     held_because = committed.failed_rows_message
     if held_because is not None:  # the run fails on its rows: what was current stays so (commit.hold)
         current = commit.current_version(layout)
-        manifest.update(status=HELD_STATUS, current_version=current, input_digest=digest)
+        manifest.update(status=HELD_STATUS, current_version=current, input_digest=digest,
+                        binding=binding.as_dict())  # fmt: skip
         commit.hold(layout, manifest)
         print(manifest_log_line(manifest), flush=True)
+        job_id = _ray_submission_id() or ""
         raise RayBatchRowsFailedError(
-            held_because, rows_in=rows_in, rows_failed=failed_rows(manifest), job_id=manifest["job_id"] or ""
+            held_because, rows_in=rows_in, rows_failed=failed_rows(manifest), job_id=job_id
         )
     commit.publish(layout, manifest, keep_versions=spec.keep_versions)
+    ownership.release(layout, owner)
     print(manifest_log_line(manifest), flush=True)
     return manifest

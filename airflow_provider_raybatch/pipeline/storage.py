@@ -301,22 +301,6 @@ def write_text(uri: str, text: str) -> None:
     write_bytes(uri, text.encode())
 
 
-def move_tree(source_uri: str, target_uri: str) -> None:
-    """Move a folder: one rename on local disk; file by file (copy, then delete) on an object store."""
-    from pyarrow import fs
-
-    filesystem_, source = filesystem(source_uri)
-    _, target = filesystem(target_uri)
-    filesystem_.create_dir(posixpath.dirname(target), recursive=True)
-    if isinstance(filesystem_, fs.LocalFileSystem):
-        filesystem_.move(source, target)
-        return
-    for path in list_files(source_uri):
-        destination = target + path[len(source) :]
-        filesystem_.copy_file(path, destination)
-    filesystem_.delete_dir(source)
-
-
 def read_bytes(uri: str) -> bytes:
     filesystem_, path = filesystem(uri)
     with filesystem_.open_input_stream(path) as stream:

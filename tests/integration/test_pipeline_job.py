@@ -258,15 +258,20 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert "No row has a value in id_column='ticket-id': is that the input's id column?" in held_log
     assert Path(output_uri, "_staging", "rerun", "held.json").exists()
     assert len(pq.read_table(held["errors_uri"])) == rows_in  # kept for a look
-    # A retry that does not loosen the thresholds does not take the held rows (they would be held again,
-    # each time): it discards them and starts afresh, and is held again on its own rows.
+    # A retry that does not loosen the thresholds (an automatic one) would generate, pay for and hold
+    # the same rows again: it is held again at once on the rows it holds, starting no engine.
     again = submit_pipeline(wrong, "rerun", f"pipeline-held-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(again, timeout=300) == JobStatus.FAILED
     again_log = hook.get_job_logs(again)
-    assert "the thresholds still fail them: discarding them and starting afresh" in again_log, again_log[
-        -3000:
-    ]
-    assert f"0 staged by an earlier try, {rows_in} to do" in again_log
-    assert manifest_from_log(again_log)["version"] != held["version"]
-    assert not Path(held["outputs_uri"]).parent.exists()  # the discarded version folder
+    assert "the thresholds still fail them: holding them again without generating anything" in again_log, (
+        again_log[-3000:]
+    )
+    assert "EngineStage" not in again_log and "to do." not in again_log  # nothing read or generated
+    held_again = manifest_from_log(again_log)
+    assert (held_again["status"], held_again["version"], held_again["job_id"]) == (
+        "held",
+        held["version"],
+        again,
+    )
+    assert len(pq.read_table(held["errors_uri"])) == rows_in  # still kept
     assert Path(output_uri, "manifest.json").read_bytes() == committed

@@ -11,9 +11,11 @@ A cache is used only when it is certainly this input's:
 
 - the staging belongs to one spec (:func:`..stage.commit.open_staging_parts` discards another
   spec's, with everything in it);
-- ``prepared.json`` holds a digest of the input's listing (each file's path, size and modification
-  time) and must match the listing now: a file rewritten, added or removed between tries means the
-  input is read again;
+- ``prepared.json`` holds the digest of what the rows were prepared from (the run's
+  :class:`..stage.binding.RunBinding`: the input's listing, each file's path, size and modification
+  time; the code, preprocess included; the model, whose tokenizer and chat template prepare them)
+  and must match the run now: a file rewritten, added or removed between tries, or a preprocess
+  fixed behind the same name, means the input is read and prepared again;
 - a try that died while writing leaves no ``prepared.json`` (it is written last, and removed before a
   write starts): such a cache is ignored and written again;
 - the row count in ``prepared.json`` must be the Parquet's own.

@@ -4,9 +4,11 @@ While a run is in progress its result rows stream in as parts (see
 :mod:`~airflow_provider_raybatch.pipeline.stage.parts`): each part's sidecar into
 ``_staging/<run_key>/parts/``, its data files straight into the version folder the run will commit,
 ``versions/<version>/outputs/`` and ``errors/``, named when staging opens
-(``_staging/<run_key>/spec.json`` holds the spec's fingerprint and that version). Readers never see
-it before the commit: they follow ``manifest.json``. A retry of the same logical run (same
-``run_key``, same spec fingerprint) reads the sources of the staged parts and processes only the rest.
+(``_staging/<run_key>/spec.json`` holds that version and what the rows are made from: the spec, the
+input files, the code and the model, :mod:`.binding`). Readers never see it before the commit: they
+follow ``manifest.json``. A retry of the same logical run (same ``run_key``, made from the same) reads
+the sources of the staged parts and processes only the rest; one live job at a time writes a run's
+staging (:mod:`.ownership`).
 
 Commit keeps the first staged copy of each row (a retried batch stages its rows again), checks that
 every input row is accounted for and writes the run report (``report.html``, see
@@ -14,9 +16,7 @@ every input row is accounted for and writes the run report (``report.html``, see
 file, so it costs a read of each sidecar (in parallel) and a listing, however many rows. Then it
 replaces ``manifest.json`` and only then deletes the previous version (unless ``keep_versions``) and
 the sidecars. A run whose failed rows fail it (``max_failed_fraction``, ``max_failed_rows``) is held
-instead: ``manifest.json`` and the version it names stay, and so does the staging, for a retry. A
-staging opened before in-place commits (its ``spec.json`` names no version) keeps its data files under
-``_staging/<run_key>/`` and is committed the old way, by moving them.
+instead: ``manifest.json`` and the version it names stay, and so does the staging, for a retry.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, HELD_STATUS, failed_rows_verdict
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting import report
+from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
@@ -45,6 +46,8 @@ PART_FOLDERS = ("outputs", "errors", "parts")
 SOURCES_IN_FILE_ORDER = "sources_in_file_order"
 #: ``spec.json`` key: the version whose folder the staged data files are written into.
 STAGED_VERSION_KEY = "version"
+#: ``spec.json`` key: what the staged rows were made from (:class:`.binding.RunBinding`).
+BINDING_KEY = "binding"
 #: In a held run's staging (:func:`hold`): the manifest it did not commit.
 HELD_MANIFEST = "held.json"
 #: Sidecars read at once: an object store answers each GET in milliseconds, tens of thousands per run.
@@ -74,8 +77,8 @@ def _pointer(layout: OutputLayout) -> dict[str, Any] | None:  # Any: JSON values
 
 
 def staged_data_uri(layout: OutputLayout) -> str:
-    """Where this run's staged data files are: its version folder, or, for a staging opened before
-    in-place commits (or none), the staging folder itself."""
+    """Where this run's staged data files are: its version folder (the staging folder itself before
+    :func:`open_staging` names one)."""
     version = (_pointer(layout) or {}).get(STAGED_VERSION_KEY)
     return layout.version_uri(version) if version else layout.staging_uri
 
@@ -165,23 +168,34 @@ def _discard(layout: OutputLayout, pointer: dict[str, Any]) -> None:  # Any: JSO
     storage.delete_tree(layout.staging_uri)
 
 
-def open_staging(layout: OutputLayout, spec: BatchInferenceSpec) -> set[str]:
+def open_staging(
+    layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBinding | None = None
+) -> set[str]:
     """Prepare staging for this run and return the sources of rows an earlier try already staged
     (:func:`open_staging_parts`, for callers that need only the sources)."""
-    return {source for part in open_staging_parts(layout, spec) for source in part.sidecar["sources"]}
+    parts = open_staging_parts(layout, spec, binding)
+    return {source for part in parts for source in part.sidecar["sources"]}
 
 
-def open_staging_parts(layout: OutputLayout, spec: BatchInferenceSpec) -> list[StagedPart]:
+def open_staging_parts(
+    layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBinding | None = None
+) -> list[StagedPart]:
     """Prepare staging for this run and return the parts an earlier try already staged.
 
-    Staging from a different spec (the prompt changed between tries, say) is discarded with the data
-    it staged, and so are the files of parts that were being written when an earlier try died. A
-    fresh staging names the version it stages into (``spec.json``; see :func:`staged_data_uri`).
+    Staging made from anything else (:class:`.binding.RunBinding`: the spec, the input files, the code
+    or the model changed between tries) is discarded with the data it staged, and the log says what
+    changed; so are the files of parts that were being written when an earlier try died. A fresh
+    staging names the version it stages into and what it is made from (``spec.json``; see
+    :func:`staged_data_uri`).
+
+    :param binding: what this run is made from; unset: the spec alone (:func:`binding_of` gives all).
     """
-    fingerprint = spec.fingerprint()
+    binding = binding or RunBinding(spec=spec.fingerprint())
     pointer = _pointer(layout)
-    if pointer is not None and pointer.get("fingerprint") != fingerprint:
-        log.info("Staging of %s holds another spec's rows; starting over.", layout.run_key)
+    changes = binding.changes_from(RunBinding.from_dict(pointer.get(BINDING_KEY))) if pointer else []
+    if pointer is not None and changes:
+        log.warning("Staging of %s is not this run's (changed since: %s): discarding its rows and "
+                    "starting afresh.", layout.run_key, ", ".join(changes))  # fmt: skip
         _discard(layout, pointer)
         pointer = None
     elif pointer is not None and _is_committed(layout, pointer.get(STAGED_VERSION_KEY)):
@@ -193,7 +207,8 @@ def open_staging_parts(layout: OutputLayout, spec: BatchInferenceSpec) -> list[S
     if pointer is None:
         # No spec.json: nothing staged, or the rest of a staging folder whose deletion died half way.
         storage.delete_tree(layout.staging_uri)
-        staged = {"fingerprint": fingerprint, STAGED_VERSION_KEY: layout.new_version()}
+        staged = {"fingerprint": binding.spec, BINDING_KEY: binding.as_dict(),
+                  STAGED_VERSION_KEY: layout.new_version()}  # fmt: skip
         storage.write_text(layout.staged_spec_uri, json.dumps(staged))
         return []
     data_uri = staged_data_uri(layout)
@@ -296,8 +311,7 @@ def write_version(
 
     A version whose failed rows fail the run (``run.held``) is to be held (:func:`hold`), not published.
 
-    The parts' data files are in the version folder already (in place); a staging from before
-    in-place commits has them moved into a new version folder.
+    The parts' data files are in the version folder already (in place): nothing moves.
 
     :param rewriter: stages a part again without the rows it repeats (:func:`_drop_repeated_rows`).
     :param rows_resumed: rows an earlier try staged (shown in the report; unset: "—").
@@ -313,10 +327,13 @@ def write_version(
         generating them took, shown in the report.
     """
     data_uri = staged_data_uri(layout)
-    in_place = data_uri != layout.staging_uri  # else a staging from before in-place commits: moved
+    if data_uri == layout.staging_uri:
+        raise InvariantError(
+            f"staging at {layout.staging_uri} names no version: open it first (open_staging)."
+        )
     parts = _drop_repeated_rows(layout, _sidecars(layout, data_uri, known_parts), rewriter, data_uri)
     _remove_orphans(layout, {part.name for part in parts}, data_uri)
-    version = posixpath.basename(data_uri.rstrip("/")) if in_place else layout.new_version()
+    version = posixpath.basename(data_uri.rstrip("/"))
     run = CommittedRun(
         version=version,
         outputs_uri=storage.join(layout.version_uri(version), "outputs"),
@@ -356,17 +373,11 @@ def write_version(
     page = _render_report(
         run, spec, parts, rows_in, rows_resumed, started_at, versions, timings, engine_pool, held_try
     )
-    for folder in ("outputs", "errors"):
-        source = storage.join(data_uri, folder)
+    for folder in ("outputs", "errors"):  # an empty run's folders too: readers list them
         target = storage.join(layout.version_uri(version), folder)
-        if not in_place and storage.exists(source):
-            storage.move_tree(source, target)
-        elif not storage.exists(target):
+        if not storage.exists(target):
             filesystem, path = storage.filesystem(target)
             filesystem.create_dir(path, recursive=True)
-    if not in_place and run.held:  # to be held: its staging now names the version its files went to
-        pointer = {**(_pointer(layout) or {}), STAGED_VERSION_KEY: version}
-        storage.write_text(layout.staged_spec_uri, json.dumps(pointer))
     if page is not None:
         run.report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
         storage.write_text(run.report_uri, page)
@@ -443,34 +454,43 @@ def held_manifest_uri(layout: OutputLayout) -> str:
     return storage.join(layout.staging_uri, HELD_MANIFEST)
 
 
-def take_held(
-    layout: OutputLayout, spec: BatchInferenceSpec, input_digest: str
-) -> dict[str, Any] | None:  # Any: JSON values
-    """The held manifest of the earlier try whose rows this try commits (:func:`hold`), or None (and
-    those rows discarded).
+@dataclass(frozen=True)
+class HeldRun:
+    """An earlier try's held run that this try may take (:func:`take_held`)."""
 
-    Taken only when nothing but the thresholds changed and they now pass those rows: the same spec,
-    the same input files (``input_digest``: paths, sizes, times) and a verdict that passes. The user
-    loosened ``max_failed_fraction`` to accept them, and no row is paid for twice. Anything else
-    means the rows are not wanted as they are (the input fixed in place, a fixed preprocess behind
-    the same name, errors that were passing: a fetch that failed for a while) and a retry that took
-    them would be held again, each time: they are discarded with their version folder and the run
-    starts afresh. Call before :func:`open_staging_parts`.
+    manifest: dict[str, Any]  # Any: JSON values
+    #: The thresholds pass its rows now: this try commits them. Else it is held again as it is.
+    passes: bool
+
+
+def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBinding) -> HeldRun | None:
+    """The earlier try's held run (:func:`hold`), when this try is of the same run; else None, and
+    its rows discarded.
+
+    A held run is kept as it is until the run changes: a try made from the same spec, input files,
+    code and model (``binding``) takes it without starting an engine, and commits its rows if the
+    thresholds now pass them (the user loosened ``max_failed_fraction`` to accept them), or is held
+    again at once (an automatic retry: the same rows would be generated, paid for and held again).
+    A try made from anything else (the input fixed in place, a fixed preprocess behind the same name)
+    discards them with their version folder and starts afresh. Call before :func:`open_staging_parts`.
     """
     if not storage.exists(held_manifest_uri(layout)):
         return None
     held: dict[str, Any] = json.loads(storage.read_text(held_manifest_uri(layout)))  # Any: JSON values
-    same = held.get("spec_fingerprint") == spec.fingerprint() and held.get("input_digest") == input_digest
-    if same and failed_rows_verdict(held, spec.max_failed_fraction, spec.max_failed_rows) is None:
+    changes = binding.changes_from(RunBinding.from_dict(held.get(BINDING_KEY)))
+    if changes:
+        log.warning("An earlier try of %s held its rows; changed since: %s: discarding them and starting "
+                    "afresh.", layout.run_key, ", ".join(changes))  # fmt: skip
+        _discard(layout, _pointer(layout) or {})
+        return None
+    passes = failed_rows_verdict(held, spec.max_failed_fraction, spec.max_failed_rows) is None
+    if passes:
         log.info("Committing the %s rows an earlier try of %s held, as the thresholds now pass them.",
                  held.get("rows_in"), layout.run_key)  # fmt: skip
-        return held
-    why = "the thresholds still fail them" if same else "the input or the spec changed since"
-    log.info(
-        "An earlier try of %s held its rows; %s: discarding them and starting afresh.", layout.run_key, why
-    )
-    _discard(layout, _pointer(layout) or {})
-    return None
+    else:
+        log.warning("An earlier try of %s held its rows, and the thresholds still fail them: holding them "
+                    "again without generating anything.", layout.run_key)  # fmt: skip
+    return HeldRun(held, passes)
 
 
 def held_try(held: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values

@@ -23,6 +23,7 @@ from airflow_provider_raybatch.pipeline.prompt.prompts import build_messages, ro
 from airflow_provider_raybatch.pipeline.read.rows import parse_file
 from airflow_provider_raybatch.pipeline.reporting import report
 from airflow_provider_raybatch.pipeline.stage import commit
+from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -157,6 +158,8 @@ def stage_part(
 
     Returns the part's files by folder.
     """
+    if not Path(layout.staged_spec_uri).exists():  # a job opens its staging before it stages a row
+        commit.open_staging(layout, spec_of(run_key=layout.run_key))
     staging, data = Path(layout.staging_uri), Path(commit.staged_data_uri(layout))
     outputs = [{"id": source, "generated_text": "x"} for source in sources if source not in failed]
     errors = [{"id": source, "source": source, "error": "empty prompt: e"} for source in failed]
@@ -202,7 +205,8 @@ def test_open_staging_fresh_records_the_spec(layout: OutputLayout) -> None:
     assert commit.open_staging(layout, spec) == set()
 
     pointer = json.loads(storage.read_text(layout.staged_spec_uri))
-    assert pointer == {"fingerprint": spec.fingerprint(), "version": pointer["version"]}
+    binding = {"spec": spec.fingerprint(), "input": "", "code": "", "model": ""}  # the spec alone given
+    assert pointer == {"fingerprint": spec.fingerprint(), "binding": binding, "version": pointer["version"]}
     assert re.fullmatch(rf"\d{{8}}T\d{{6}}-{RUN_KEY[-12:]}-[0-9a-f]{{6}}", pointer["version"])
     assert commit.staged_data_uri(layout) == layout.version_uri(pointer["version"])  # the data goes there
     assert files_under(layout.staging_uri) == ["spec.json"]
@@ -686,46 +690,17 @@ def test_a_retry_after_a_crash_before_publish_resumes_every_row(layout: OutputLa
     assert files_under(run.outputs_uri) == ["part-a.jsonl"]
 
 
-def _legacy_staging(layout: OutputLayout, spec: Any) -> None:  # Any: a BatchInferenceSpec
-    """A staging opened by a pipeline from before in-place commits: its spec.json names no version."""
+def test_a_staging_that_recorded_nothing_it_was_made_from_is_discarded(layout: OutputLayout) -> None:
+    """A staging an older pipeline left (its spec.json names no binding, and no version: its data files
+    under the staging folder) was made by other code: a retry starts afresh, deleting it."""
+    spec = spec_of(run_key=RUN_KEY)
     Path(layout.staged_spec_uri).parent.mkdir(parents=True, exist_ok=True)
     Path(layout.staged_spec_uri).write_text(json.dumps({"fingerprint": spec.fingerprint()}))
+    stage_part(layout, "part-a", ["1", "2"], failed=["2"])
 
-
-def test_a_staging_from_before_in_place_commits_is_resumed_and_moved(layout: OutputLayout) -> None:
-    """A retry by the new pipeline of a try the old one staged: its data files are under the staging
-    folder, are resumed from there, and the commit moves them into a new version."""
-    spec = spec_of(run_key=RUN_KEY)
-    _legacy_staging(layout, spec)
-    assert commit.staged_data_uri(layout) == layout.staging_uri
-    staged = stage_part(layout, "part-a", ["1", "2"], failed=["2"])
-    assert staged["outputs"].parent == Path(layout.staging_uri, "outputs")
-
-    assert commit.open_staging(layout, spec) == {"1", "2"}
-    run = commit.write_version(layout, spec, rows_in=2)
-
-    assert files_under(run.outputs_uri) == ["part-a.jsonl"] and files_under(run.errors_uri) == [
-        "part-a.jsonl"
-    ]
-    assert not Path(layout.staging_uri, "outputs").exists()
-
-
-def test_a_legacy_retry_after_a_crash_before_publish_redoes_the_rows(layout: OutputLayout) -> None:
-    """Moved, then died before publish: the sidecars left in staging point at files that are gone, so
-    the retry must redo those rows, and a commit without them must refuse rather than count rows over
-    an empty outputs folder."""
-    spec = spec_of(run_key=RUN_KEY)
-    _legacy_staging(layout, spec)
-    stage_part(layout, "part-a", ["1", "2"])
-    commit.write_version(layout, spec, rows_in=2)  # ... and the job dies here.
-
-    assert commit.open_staging(layout, spec) == set()  # the retry redoes both rows
-    with pytest.raises(commit.InvariantError):
-        commit.write_version(layout, spec, rows_in=2)
-    stage_part(layout, "part-c", ["1", "2"])
-    run = commit.write_version(layout, spec, rows_in=2)
-    assert run.rows_out == 2
-    assert files_under(run.outputs_uri) != []
+    assert commit.open_staging(layout, spec) == set()
+    assert files_under(layout.staging_uri) == ["spec.json"]
+    assert commit.staged_data_uri(layout) != layout.staging_uri  # a version folder, as every staging now
 
 
 def test_a_committed_staging_left_behind_is_not_resumed(layout: OutputLayout) -> None:
@@ -775,7 +750,6 @@ def test_commit_reads_sidecars_in_parallel_and_lists_instead_of_probing(
 
     monkeypatch.setattr(storage, "read_text", reading)
     monkeypatch.setattr(storage, "exists", _counting(storage.exists, calls := []))
-    monkeypatch.setattr(storage, "move_tree", lambda *a: pytest.fail("an in-place commit moves nothing"))
 
     run = commit.write_version(layout, spec, rows_in=200)
 
@@ -947,6 +921,10 @@ def _commit_good_date(tmp_path: Path) -> tuple[OutputLayout, commit.CommittedRun
 DIGEST = "input-files-as-they-were"
 
 
+def _binding(spec: Any, digest: str = DIGEST) -> RunBinding:  # Any: a BatchInferenceSpec
+    return RunBinding(spec=spec.fingerprint(), input=digest, code="code-1", model="m-1")
+
+
 def _held_rerun(
     tmp_path: Path, **params: Any
 ) -> tuple[OutputLayout, commit.CommittedRun]:  # Any: spec values.
@@ -958,10 +936,13 @@ def _held_rerun(
     stage_part(rerun, "part-bad", ["1", "2", "3"], failed=["1", "2"])
     run = commit.write_version(rerun, spec, rows_in=3)
     assert run.held
-    held = {"status": "held", "version": run.version, "spec_fingerprint": spec.fingerprint(),
-            "input_digest": DIGEST, "rows_in": 3, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
-            "job_id": "raybatch-held-try", "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
-            "engine_pool": {"warm_replicas": 1, "replicas": 1}}  # fmt: skip
+    held = {
+        "status": "held", "version": run.version, "spec_fingerprint": spec.fingerprint(),
+        "input_digest": DIGEST, "binding": _binding(spec).as_dict(), "rows_in": 3, "rows_out": run.rows_out,
+        "rows_failed": run.rows_failed, "job_id": "raybatch-held-try",
+        "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
+        "engine_pool": {"warm_replicas": 1, "replicas": 1},
+    }  # fmt: skip
     commit.hold(rerun, held)
     return rerun, run
 
@@ -1009,16 +990,16 @@ def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_p
     rerun, held = _held_rerun(tmp_path)
     looser = spec_of(run_key=rerun.run_key, max_failed_fraction=0.9)
 
-    taken = commit.take_held(rerun, looser, DIGEST)
-    assert taken is not None
+    taken = commit.take_held(rerun, looser, _binding(looser))
+    assert taken is not None and taken.passes
     assert commit.open_staging(rerun, looser) == {"1", "2", "3"}
-    # trial 55: the committing job starts no engine; the manifest says what the rows cost, and where.
-    assert commit.held_try(taken) == {
+    # The committing job starts no engine; the manifest says what the rows cost, and where.
+    assert commit.held_try(taken.manifest) == {
         "job_id": "raybatch-held-try", "version": held.version,
         "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
         "engine_pool": {"warm_replicas": 1, "replicas": 1},
     }  # fmt: skip
-    run = commit.write_version(rerun, looser, rows_in=3, held_try=commit.held_try(taken))
+    run = commit.write_version(rerun, looser, rows_in=3, held_try=commit.held_try(taken.manifest))
     assert not run.held
     page = Path(run.report_uri or "").read_text()
     assert "What generating these rows took" in page and "raybatch-held-try" in page
@@ -1031,46 +1012,54 @@ def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_p
     assert not _held_files(rerun) and not storage.exists(rerun.staging_uri)
 
 
+def test_a_held_run_retried_as_it_was_is_held_again_without_generating(tmp_path: Path) -> None:
+    """An automatic retry (the same thresholds, input, code and model) would generate, pay for and
+    hold the same rows again: it takes them as they are and is held again; they stay for the next."""
+    good, first = _commit_good_date(tmp_path)
+    rerun, held = _held_rerun(tmp_path)
+    retry = spec_of(run_key=rerun.run_key)
+
+    taken = commit.take_held(rerun, retry, _binding(retry))
+
+    assert taken is not None and not taken.passes and taken.manifest["version"] == held.version
+    assert _held_files(rerun) and files_under(held.errors_uri) == ["part-bad.jsonl"]  # kept
+    assert json.loads(storage.read_text(good.manifest_uri))["version"] == first.version
+
+
 @pytest.mark.parametrize(
-    ("params", "digest", "why"),
+    ("params", "digest", "changed"),
     [
-        ({}, DIGEST, "the thresholds still fail them"),  # the same retry: a fetch that failed for a while
-        ({"max_failed_fraction": 0.9}, "the-file-fixed-in-place", "the input or the spec changed since"),
-        ({"user_template": "{Name}"}, DIGEST, "the input or the spec changed since"),  # the column fixed
+        ({"max_failed_fraction": 0.9}, "the-file-fixed-in-place", "the input files"),
+        ({"user_template": "{Name}"}, DIGEST, "the job's parameters"),  # the column fixed
     ],
 )
 def test_a_held_run_retried_otherwise_starts_afresh_and_the_good_version_stays(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, params: dict[str, Any], digest: str, why: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, params: dict[str, Any], digest: str, changed: str
 ) -> None:
-    """helper-53's review: a file fixed in place (or a fixed preprocess behind the same name) kept
-    the held rows, and every retry was held again. Only looser thresholds take them."""
+    """A file fixed in place (or a fixed preprocess behind the same name) must not keep the held rows,
+    each retry held again: the rows are discarded and the run starts afresh."""
     good, first = _commit_good_date(tmp_path)
     rerun, held = _held_rerun(tmp_path)
     retry = spec_of(run_key=rerun.run_key, **params)
 
     with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch.pipeline"):
-        assert commit.take_held(rerun, retry, digest) is None
+        assert commit.take_held(rerun, retry, _binding(retry, digest)) is None
 
-    assert why in caplog.text
+    assert f"changed since: {changed}" in caplog.text
     assert commit.open_staging(rerun, retry) == set()
     assert not Path(good.version_uri(held.version)).exists() and not _held_files(rerun)
     assert json.loads(storage.read_text(good.manifest_uri))["version"] == first.version
     assert files_under(first.outputs_uri) == ["part-good.jsonl"]
 
 
-def test_a_held_legacy_staging_names_the_version_its_files_went_to(layout: OutputLayout) -> None:
-    """helper-53's review: a staging from before in-place commits had its files moved into a new
-    version, but its spec.json named none: the retry found no files, dropped every part, and paid
-    for every row again, leaving the version folder behind."""
-    spec = spec_of(run_key=RUN_KEY)
-    _legacy_staging(layout, spec)
-    stage_part(layout, "part-a", ["1", "2"], failed=["1", "2"])
+def test_a_held_run_retried_with_fixed_code_starts_afresh(tmp_path: Path) -> None:
+    """A preprocess fixed under the same dotted path: the spec is the same, the shipped code is not."""
+    rerun, _ = _held_rerun(tmp_path)
+    retry = spec_of(run_key=rerun.run_key, max_failed_fraction=0.9)
+    fixed = RunBinding(spec=retry.fingerprint(), input=DIGEST, code="code-2", model="m-1")
 
-    run = commit.write_version(layout, spec, rows_in=2)
-
-    assert run.held and commit.staged_data_uri(layout) == layout.version_uri(run.version)
-    assert commit.open_staging(layout, spec) == {"1", "2"}  # the retry finds the moved files
-    assert files_under(run.errors_uri) == ["part-a.jsonl"]
+    assert commit.take_held(rerun, retry, fixed) is None
+    assert not _held_files(rerun)
 
 
 def test_a_held_run_without_its_report_does_not_name_one(

@@ -1,0 +1,182 @@
+"""One live job writes a run's staging: which one, for which run, and whether it still lives.
+
+Two jobs of one ``run_key`` can be alive at once: a manual run deleted and triggered again under the
+same run id while its job runs, a secret rotated while a try runs, Airflow 3.2 (no trigger
+``on_kill``) letting a cleared try's job run to its end. Both would stage into
+``_staging/<run_key>/`` and the commit would take rows of both. So the staging has an owner,
+``_staging/<run_key>.owner.json`` (beside the folder, which a discard or a commit deletes): the job
+id, the run it belongs to (its Airflow run, ``run_after`` included) and a heartbeat. A job becomes
+the owner only when there is none, or the owner is provably gone: Ray says its job ended, or, when
+Ray cannot say, its heartbeat is :data:`STALE_AFTER_SECONDS` old; a live owner gets
+:data:`OWNER_END_WAIT_SECONDS` to end (a stopped try's job), then the job fails before it writes
+anything, naming the live job. Two jobs claiming at the same moment both write, wait
+:data:`SETTLE_SECONDS` and read back: the one whose claim is there goes on, the other fails. The owner
+checks it still is one before it commits or holds (:func:`confirm`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.storage import OutputLayout
+
+log = logging.getLogger("airflow_provider_raybatch.pipeline")
+
+#: How often the owner's driver renews its heartbeat.
+HEARTBEAT_SECONDS = 15.0
+#: A heartbeat this old is a job gone, when Ray cannot say whether the job lives.
+STALE_AFTER_SECONDS = 120.0
+#: How long a claim waits before it reads itself back (two claims at one moment: the last one wins).
+#: Longer than a claim's read-then-write takes (milliseconds; one GET and one PUT on S3).
+SETTLE_SECONDS = 1.0
+#: How long a claim waits for a live owner to end (a stopped try's job takes seconds to), polling.
+OWNER_END_WAIT_SECONDS = 60.0
+OWNER_POLL_SECONDS = 2.0
+#: Ray job statuses of a job that can no longer write.
+_ENDED = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
+
+#: Whether a Ray job (by its submission id) still runs: True, False, or None when Ray cannot say.
+JobAlive = Callable[[str], "bool | None"]
+
+
+class StagingOwnedError(RuntimeError):
+    """Another live job writes this run's staging: this job stops before it writes beside it."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    job_id: str
+    #: The Airflow run the job belongs to (dag, task, run id, run_after, try), as its metadata says.
+    run: dict[str, str]
+    heartbeat_at: float
+
+
+def owner_uri(layout: OutputLayout) -> str:
+    return f"{layout.staging_uri.rstrip('/')}.owner.json"
+
+
+def read_owner(layout: OutputLayout) -> Owner | None:
+    """The staging's owner, or None (none yet, or an unreadable record: a write that died)."""
+    uri = owner_uri(layout)
+    if not storage.exists(uri):
+        return None
+    try:
+        data = json.loads(storage.read_text(uri))
+        return Owner(str(data["job_id"]), dict(data.get("run") or {}), float(data["heartbeat_at"]))
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+
+
+def _write(layout: OutputLayout, owner: Owner) -> None:
+    storage.write_text(owner_uri(layout), json.dumps(asdict(owner), sort_keys=True))
+
+
+def claim(
+    layout: OutputLayout,
+    me: Owner,
+    job_alive: JobAlive,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Owner | None:
+    """Make this job the staging's owner; return the gone owner it took over from, if any.
+
+    :raises StagingOwnedError: another job owns it and is not provably gone, or claimed it at the
+        same moment and won.
+    """
+    current = read_owner(layout)
+    earlier = current if current is not None and current.job_id != me.job_id else None
+    if earlier is not None:
+        deadline, said = now() + OWNER_END_WAIT_SECONDS, False
+        while (alive := job_alive(earlier.job_id)) or (
+            alive is None and now() - earlier.heartbeat_at < STALE_AFTER_SECONDS
+        ):
+            if now() >= deadline:
+                raise StagingOwnedError(_owned_message(layout, earlier, me))
+            if not said:
+                log.warning("Staging of %s is being written by Ray job %s: waiting up to %.0f s for it to "
+                            "end.", layout.run_key, earlier.job_id, OWNER_END_WAIT_SECONDS)  # fmt: skip
+                said = True
+            sleep(OWNER_POLL_SECONDS)
+        log.warning("Staging of %s belonged to Ray job %s, which %s; this job takes it over.", layout.run_key,
+                    earlier.job_id, "ended" if alive is False else "has not been heard of for "
+                    f"{now() - earlier.heartbeat_at:.0f} s")  # fmt: skip
+    _write(layout, replace(me, heartbeat_at=now()))
+    sleep(SETTLE_SECONDS)
+    after = read_owner(layout)
+    if after is None or after.job_id != me.job_id:
+        raise StagingOwnedError(_owned_message(layout, after or earlier or me, me))
+    return earlier
+
+
+def confirm(layout: OutputLayout, me: Owner) -> None:
+    """Raise :class:`StagingOwnedError` unless this job still owns the staging (before it commits)."""
+    current = read_owner(layout)
+    if current is None or current.job_id != me.job_id:
+        taker = current.job_id if current is not None else "another job"
+        raise StagingOwnedError(
+            f"Staging of {layout.run_key} was taken over by Ray job {taker} while this job ran (it found "
+            "this job gone): this job commits nothing. Every row it staged is there for that job."
+        )
+
+
+def release(layout: OutputLayout, me: Owner) -> None:
+    """Give the staging up once committed: delete the record if it is still this job's."""
+    current = read_owner(layout)
+    if current is not None and current.job_id == me.job_id:
+        storage.delete_file(owner_uri(layout))
+
+
+def _owned_message(layout: OutputLayout, owner: Owner, me: Owner) -> str:
+    run = ", ".join(f"{key} {value}" for key, value in sorted(owner.run.items())) or "run not recorded"
+    return (
+        f"Staging of {layout.run_key} at {layout.output_uri} is being written by Ray job {owner.job_id} "
+        f"({run}), which is still running: Ray job {me.job_id} stops before it writes beside it. Two jobs "
+        "of one run at once: a run deleted and triggered again while its job ran, or a cleared try whose "
+        "job was not stopped. Stop that job (or let it finish), then retry."
+    )
+
+
+class Heartbeat:
+    """The owner's driver renews its heartbeat every :data:`HEARTBEAT_SECONDS` until :meth:`stop`."""
+
+    def __init__(self, layout: OutputLayout, me: Owner, now: Callable[[], float] = time.time) -> None:
+        self._layout, self._me, self._now = layout, me, now
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raybatch-staging-owner", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=HEARTBEAT_SECONDS)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(HEARTBEAT_SECONDS):
+            try:
+                current = read_owner(self._layout)
+                if current is None or current.job_id != self._me.job_id:
+                    return  # taken over: confirm() says so before any commit
+                _write(self._layout, replace(self._me, heartbeat_at=self._now()))
+            except OSError:
+                log.warning("Could not renew the staging's heartbeat; trying again.", exc_info=True)
+
+
+def ray_job_alive(job_id: str) -> bool | None:
+    """Whether the Ray job with this submission id still runs, from the job table Ray's job manager
+    keeps in its GCS key-value store; None when it holds no record of it (not a submitted job, say)."""
+    from ray.experimental import internal_kv
+
+    try:
+        raw = internal_kv._internal_kv_get(f"_ray_internal_job_info_{job_id}", namespace=b"job")
+        status = json.loads(raw)["status"] if raw else None
+    except Exception:  # noqa: BLE001 - Ray's record unreadable: it cannot say
+        return None
+    return None if status is None else status not in _ENDED

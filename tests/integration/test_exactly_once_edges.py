@@ -1,0 +1,105 @@
+"""Exactly-once at the edges, as real Ray jobs on the local cluster (pipeline/stage/binding.py and
+ownership.py; the protocol's random sequences are tests/unit/pipeline/test_commit_protocol.py):
+
+- an input rewritten in place between a stopped try and its retry: the retry discards what the stopped
+  try staged and commits every id of the new input once (a mix before: an id twice, one lost);
+- two live jobs of one run (a run deleted and triggered again while its job runs): the second waits
+  for the first to end and takes its staging over; it never writes beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from tests.conftest import HELD_REPLICA, replica_slots_held, submit_pipeline, wait_for_job, warm_conf
+from tests.integration.test_pipeline_job import make_operator
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+def _write(path: Path, ids: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"id": i, "text": f"ticket {i}"}) + "\n" for i in ids))
+
+
+def _operator(tiny_model: Path, tmp_path: Path, **overrides):
+    return make_operator(
+        tiny_model, str(tmp_path / "in" / "tickets.jsonl"), str(tmp_path / "out"),
+        messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
+        output_format="parquet", **overrides,
+    )  # fmt: skip
+
+
+def _committed_ids(output_uri: Path) -> list[str]:
+    manifest = json.loads((output_uri / "manifest.json").read_text())
+    outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
+    errors = pq.read_table(manifest["errors_uri"]).to_pylist() if manifest["rows_failed"] else []
+    return sorted([row["id"] for row in outputs] + [row["id"] for row in errors])
+
+
+def _staged(output_uri: Path, run_key: str) -> int:
+    parts = output_uri / "_staging" / run_key / "parts"
+    return (
+        sum(len(json.loads(p.read_text())["sources"]) for p in parts.glob("*.json")) if parts.exists() else 0
+    )
+
+
+def test_an_input_rewritten_in_place_before_the_retry_commits_the_new_input_once(
+    ray_connection, tiny_model: Path, tmp_path: Path
+) -> None:
+    """On the session's warm engines: the subject is the staging, not the engine."""
+    hook, run_key = RayHook(), "edge-rewrite"
+    source = tmp_path / "in" / "tickets.jsonl"
+    _write(source, [f"c{i}" for i in range(1, 41)])
+    operator = _operator(tiny_model, tmp_path, batch_size=4, **warm_conf())
+    first = submit_pipeline(operator, run_key, f"edge-{uuid.uuid4().hex[:8]}")
+    while _staged(tmp_path / "out", run_key) < 4:  # some rows staged: then it is stopped
+        assert not hook.get_job_status(first).is_terminal, hook.get_job_log_tail(first, 40)
+        time.sleep(0.1)
+    hook.stop_job(first)
+    assert wait_for_job(first) == JobStatus.STOPPED
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+    # Upstream delivers the file again, in place, with a row inserted at the top.
+    _write(source, [f"c{i}" for i in range(0, 41)])
+    retry = submit_pipeline(operator, run_key, f"edge-{uuid.uuid4().hex[:8]}")
+    assert wait_for_job(retry) == JobStatus.SUCCEEDED, hook.get_job_log_tail(retry, 60)
+
+    assert _committed_ids(tmp_path / "out") == sorted(f"c{i}" for i in range(0, 41))  # each once
+    log = hook.get_job_logs(retry)
+    assert "is not this run's (changed since: the input files)" in log, log[-3000:]
+
+
+@pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
+def test_a_second_live_job_of_a_run_waits_for_the_first_and_never_writes_beside_it(
+    ray_connection, tiny_model: Path, tmp_path: Path
+) -> None:
+    hook, run_key = RayHook(), "edge-two-jobs"
+    _write(tmp_path / "in" / "tickets.jsonl", [f"t{i}" for i in range(12)])
+    with replica_slots_held(hook):  # the first job runs, its engine unplaced, until it is stopped
+        held = _operator(tiny_model, tmp_path, replica_resources=HELD_REPLICA)
+        first = submit_pipeline(held, run_key, f"one-{uuid.uuid4().hex[:8]}")
+        owner = tmp_path / "out" / "_staging" / f"{run_key}.owner.json"
+        while not owner.exists():
+            assert not hook.get_job_status(first).is_terminal, hook.get_job_log_tail(first, 40)
+            time.sleep(0.5)
+        # The run deleted and triggered again: its new try's job, the same run key.
+        second = submit_pipeline(_operator(tiny_model, tmp_path), run_key, f"two-{uuid.uuid4().hex[:8]}")
+        while "waiting up to" not in hook.get_job_logs(second):
+            assert not hook.get_job_status(second).is_terminal, hook.get_job_log_tail(second, 40)
+            time.sleep(0.5)
+        assert json.loads(owner.read_text())["job_id"] == first  # it did not take the staging
+        hook.stop_job(first)  # what the deleted run's on_kill sends
+        assert wait_for_job(first) == JobStatus.STOPPED
+    assert wait_for_job(second) == JobStatus.SUCCEEDED, hook.get_job_log_tail(second, 60)
+
+    assert _committed_ids(tmp_path / "out") == sorted(f"t{i}" for i in range(12))
+    assert f"belonged to Ray job {first}, which ended; this job takes it over" in hook.get_job_logs(second)
+    assert not owner.exists()  # released at the commit

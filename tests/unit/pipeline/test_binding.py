@@ -1,0 +1,71 @@
+"""What staged, held and kept rows are bound to (pipeline/stage/binding.py)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.stage import binding
+from airflow_provider_raybatch.pipeline.stage.binding import InputChangedError, RunBinding
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+
+def _spec(**params: str) -> BatchInferenceSpec:
+    return BatchInferenceSpec.build(
+        model="m", input_uri="in.jsonl", output_uri="out", user_template="{a}", **params
+    )
+
+
+def test_changes_name_what_differs_and_an_unrecorded_binding_differs_in_everything() -> None:
+    before = RunBinding(spec="s", input="i", code="c", model="m")
+
+    assert before.changes_from(before) == []
+    assert RunBinding("s", "i2", "c2", "m").changes_from(before) == [
+        "the input files", "the code (the provider's, or the module of preprocess or postprocess)"
+    ]  # fmt: skip
+    assert before.changes_from(None) == ["what it was made from (not recorded)"]
+    assert RunBinding.from_dict(before.as_dict()) == before
+    assert RunBinding.from_dict({"spec": "s"}) is None and RunBinding.from_dict("x") is None
+    assert before.digest() != RunBinding("s", "i", "c", "m2").digest()
+
+
+def test_the_code_digest_follows_the_content_of_the_authors_module(tmp_path: Path, monkeypatch) -> None:
+    """A preprocess fixed under the same dotted path: the same spec, another code digest."""
+    package = tmp_path / "team_rows"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "steps.py").write_text("def clean(row):\n    return row\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = _spec(preprocess="team_rows.steps.clean")
+
+    first = binding.code_digest(spec)
+    assert binding.code_digest(spec) == first and binding.code_digest(_spec()) != first
+    (package / "steps.py").write_text("def clean(row):\n    return {**row, 'a': row['a'].strip()}\n")
+    sys.modules.pop("team_rows.steps", None)
+    importlib.invalidate_caches()
+    assert binding.code_digest(spec) != first
+
+
+def test_the_model_digest_follows_its_files_and_a_hub_id_is_itself(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    first = binding.model_digest(str(model))
+
+    assert binding.model_digest(str(model)) == first
+    (model / "config.json").write_text('{"a": 1}')
+    os.utime(model / "config.json", (2_000_000_000, 2_000_000_000))
+    assert binding.model_digest(str(model)) != first
+    assert binding.model_digest("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+def test_an_input_changed_while_the_job_ran_commits_nothing() -> None:
+    bound = RunBinding(spec="s", input="as-read")
+
+    binding.check_input_unchanged(bound, "as-read", "s3://b/in/")
+    with pytest.raises(InputChangedError, match=r"s3://b/in/ changed while this job ran"):
+        binding.check_input_unchanged(bound, "rewritten", "s3://b/in/")

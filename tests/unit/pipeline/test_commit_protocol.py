@@ -1,0 +1,291 @@
+"""The commit protocol as a state machine: random sequences of tries, kills, inputs rewritten in place,
+runs re-created while their job runs, code and threshold changes (hypothesis' RuleBasedStateMachine).
+
+Each try is what ``run._run_owned`` does, through the pipeline's own staging calls
+(``ownership.claim``, ``commit.take_held``, ``commit.open_staging_parts``, ``PartWriter.write_part``,
+``commit.write_version``, ``commit.hold`` / ``ownership.confirm`` + ``commit.publish``), with a stand-in
+for the engine (each row's output names the code that made it; every fifth id fails) and for Ray's job
+table (which jobs live). Input changes bump each file's modification time, as time passes between
+tries. After every step:
+
+- a reader following ``manifest.json`` finds a whole version: its files hold exactly the rows its
+  counts say;
+- a version committed holds each row of the input exactly once (an output or an error), as the input
+  is when it commits (a try whose input changed under it commits nothing), and nothing from another
+  input or another code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import hypothesis.strategies as st
+from hypothesis import event, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from airflow_provider_raybatch.manifest import HELD_STATUS
+from airflow_provider_raybatch.pipeline.read import prepared_cache
+from airflow_provider_raybatch.pipeline.stage import commit, ownership
+from airflow_provider_raybatch.pipeline.stage.binding import (
+    InputChangedError,
+    RunBinding,
+    check_input_unchanged,
+)
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+RUN_KEY = "daily-2026-11-20"
+ids = st.text("abcdefgh", min_size=1, max_size=3)
+
+
+@dataclass
+class Try:
+    """A job of the run: what it read, what it made its rows with, what it has staged."""
+
+    job_id: str
+    owner: ownership.Owner
+    spec: BatchInferenceSpec
+    binding: RunBinding
+    code: int
+    input_changes: int  # the input's changes before it read it
+    rows: list[tuple[str, str]]  # (source, id) of every input row it read, in order
+    todo: list[tuple[str, str]]  # those it has still to stage
+    writer: PartWriter
+
+
+@dataclass
+class Clock:
+    """Time for ownership's waits: a sleep advances it."""
+
+    now: float = 1_000_000.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class CommitProtocol(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="raybatch-protocol-"))
+        self.input = self.root / "in"
+        self.input.mkdir()
+        self.layout = OutputLayout(str(self.root / "out"), RUN_KEY)
+        self.files: dict[str, list[str]] = {}
+        self.mtime = 1_700_000_000
+        self.code = 0
+        self.max_failed_fraction = 0.5
+        self.clock = Clock()
+        self.alive: dict[str, bool] = {}  # Ray's job table: job id -> still running
+        self.tries: dict[str, Try] = {}
+        self.jobs = 0
+        self.input_changes = 0
+        self.committed_input_changes = -1
+        # version -> the rows its try read and the code it made them with
+        self.committed: dict[str, tuple[list[tuple[str, str]], int]] = {}
+        self._write_file("a.jsonl", ["a", "b", "c", "d", "e"])
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- the input ------------------------------------------------------------------------------
+
+    def _write_file(self, name: str, row_ids: list[str]) -> None:
+        path = self.input / name
+        path.write_text("".join(json.dumps({"id": row_id}) + "\n" for row_id in row_ids))
+        self.mtime += 10  # time passes between writes, as between tries
+        os.utime(path, (self.mtime, self.mtime))
+        self.files[name] = list(row_ids)
+        self.input_changes += 1
+
+    def _rows(self) -> list[tuple[str, str]]:
+        return [(f"{name}:{line}", row_id) for name in sorted(self.files)
+                for line, row_id in enumerate(self.files[name], start=1)]  # fmt: skip
+
+    @rule(data=st.data())
+    def rewrite_input(self, data: st.DataObject) -> None:
+        """Upstream delivers the input again in place: a row inserted, removed, rows reordered, a file
+        added or deleted."""
+        names = sorted(self.files)
+        ops = ["insert", "add_file"] + (["remove", "reorder"] if any(self.files.values()) else [])
+        ops += ["delete_file"] if len(names) > 1 else []
+        op = data.draw(st.sampled_from(ops))
+        if op == "add_file":
+            name = f"{data.draw(st.sampled_from('bcd'))}.jsonl"
+            self._write_file(name, data.draw(st.lists(ids, max_size=4)))
+        elif op == "delete_file":
+            name = data.draw(st.sampled_from(names))
+            (self.input / name).unlink()
+            del self.files[name]
+            self.input_changes += 1
+        else:
+            name = data.draw(
+                st.sampled_from([n for n in names if self.files[n]] if op != "insert" else names)
+            )
+            rows = list(self.files[name])
+            if op == "insert":
+                rows.insert(data.draw(st.integers(0, len(rows))), data.draw(ids))
+            elif op == "remove":
+                rows.pop(data.draw(st.integers(0, len(rows) - 1)))
+            else:
+                rows = data.draw(st.permutations(rows))
+            self._write_file(name, rows)
+
+    # -- the run's settings ---------------------------------------------------------------------
+
+    @rule()
+    def change_code(self) -> None:
+        """A preprocess fixed under the same dotted path: the shipped code's digest changes."""
+        self.code += 1
+
+    @rule(fraction=st.sampled_from([0.05, 0.5]))
+    def change_thresholds(self, fraction: float) -> None:
+        self.max_failed_fraction = fraction
+
+    # -- tries ----------------------------------------------------------------------------------
+
+    def _spec(self) -> BatchInferenceSpec:
+        return BatchInferenceSpec.build(
+            model="m", input_uri=str(self.input), output_uri=self.layout.output_uri, run_key=RUN_KEY,
+            input_format="jsonl", user_template="{id}", id_column="id",
+            max_failed_fraction=self.max_failed_fraction,
+        )  # fmt: skip
+
+    def _job_alive(self, job_id: str) -> bool | None:
+        return self.alive.get(job_id)
+
+    @precondition(lambda self: bool(self.files))
+    @rule()
+    def start_try(self) -> None:
+        """A new job of the run: a retry, a clear, or a re-created run's try while another job lives."""
+        self.jobs += 1
+        job_id = f"job-{self.jobs}"
+        self.alive[job_id] = True
+        spec = self._spec()
+        digest = prepared_cache.input_digest(str(self.input), ["jsonl"])
+        binding = RunBinding(spec=spec.fingerprint(), input=digest, code=str(self.code), model="m")
+        owner = ownership.Owner(job_id, {"run_id": "manual__1"}, self.clock.now)
+        try:
+            ownership.claim(
+                self.layout, owner, self._job_alive, now=lambda: self.clock.now, sleep=self.clock.sleep
+            )
+        except ownership.StagingOwnedError:
+            assert any(self.alive.get(t) for t in self.tries), "refused though no other job lives"
+            event("a second live job of the run refused")
+            self.alive[job_id] = False  # fails before writing anything
+            return
+        held = commit.take_held(self.layout, spec, binding)
+        if held is not None and not held.passes:
+            event("a held run held again, generating nothing")
+            self.alive[job_id] = False
+            return
+        if held is not None:
+            event("a held run's rows taken by looser thresholds")
+        done = {source for part in commit.open_staging_parts(self.layout, spec, binding)
+                for source in part.sidecar["sources"]}  # fmt: skip
+        writer = PartWriter(self.layout.staging_uri, "jsonl", count_labels=True,
+                            data_uri=commit.staged_data_uri(self.layout))  # fmt: skip
+        writer.create_folders()
+        rows = self._rows()
+        todo = [row for row in rows if row[0] not in done]
+        if len(todo) < len(rows):
+            event("a try resumed staged rows")
+        self.tries[job_id] = Try(
+            job_id, owner, spec, binding, self.code, self.input_changes, rows, todo, writer
+        )
+
+    def _live(self) -> list[str]:
+        return sorted(job_id for job_id in self.tries if self.alive.get(job_id))
+
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data(), count=st.integers(1, 4))
+    def stage_some(self, data: st.DataObject, count: int) -> None:
+        """The engine finishes a few rows of a live try, and its replica stages them as one part."""
+        job = self.tries[data.draw(st.sampled_from(self._live()))]
+        batch, job.todo = job.todo[:count], job.todo[count:]
+        if batch:
+            job.writer.write_part([self._result(source, row_id, job.code) for source, row_id in batch])
+
+    @staticmethod
+    def _result(source: str, row_id: str, code: int) -> dict[str, object]:
+        if zlib.crc32(row_id.encode()) % 5 == 0:  # a row's fault: an error row with its reason
+            record = {"id": row_id, "source": source, "error": "empty prompt: stand-in"}
+            return {"source": source, "ok": False, "record": json.dumps(record)}
+        record = {"id": row_id, "generated_text": f"code{code}:{row_id}", "source": source}
+        return {"source": source, "ok": True, "record": json.dumps(record), "tokens": [1, 1]}
+
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data())
+    def kill(self, data: st.DataObject) -> None:
+        """A try's job dies (stopped, crashed, its node lost) wherever it was."""
+        self.alive[data.draw(st.sampled_from(self._live()))] = False
+
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """A live try stages what is left and commits (or holds) its run."""
+        job = self.tries[data.draw(st.sampled_from(self._live()))]
+        if job.todo:
+            job.writer.write_part([self._result(source, row_id, job.code) for source, row_id in job.todo])
+            job.todo = []
+        run = commit.write_version(self.layout, job.spec, len(job.rows), rewriter=job.writer)
+        self.alive[job.job_id] = False
+        manifest = {"version": run.version, "rows_in": len(job.rows), "rows_out": run.rows_out,
+                    "rows_failed": run.rows_failed, "errors_by_reason": run.errors_by_reason,
+                    "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri, "id_column": "id",
+                    "spec_fingerprint": job.binding.spec, "binding": job.binding.as_dict()}  # fmt: skip
+        digest_now = prepared_cache.input_digest(str(self.input), ["jsonl"])
+        try:
+            check_input_unchanged(job.binding, digest_now, str(self.input))
+        except InputChangedError:
+            assert self.input_changes != job.input_changes, "refused an input that did not change"
+            event("an input changed under a try: nothing committed")
+            return  # the job fails, committing nothing; the next try discards its rows
+        assert self.input_changes == job.input_changes, "an input changed under the job went unnoticed"
+        if run.held:
+            commit.hold(self.layout, {**manifest, "status": HELD_STATUS})
+            event("a run held")
+            return
+        ownership.confirm(self.layout, job.owner)
+        commit.publish(self.layout, {**manifest, "status": "complete"}, keep_versions=False)
+        ownership.release(self.layout, job.owner)
+        self.committed[run.version] = (job.rows, job.code)
+        self.committed_input_changes = job.input_changes
+        event("a version committed")
+
+    # -- what must hold after every step --------------------------------------------------------
+
+    def _version_rows(self, manifest: dict) -> tuple[list[dict], list[dict]]:
+        def read(folder: str) -> list[dict]:
+            return [json.loads(line) for path in sorted(Path(folder).glob("*.jsonl"))
+                    for line in path.read_text().splitlines()]  # fmt: skip
+
+        return read(manifest["outputs_uri"]), read(manifest["errors_uri"])
+
+    @invariant()
+    def a_reader_finds_a_whole_version_of_one_input_and_one_code(self) -> None:
+        manifest_path = Path(self.layout.manifest_uri)
+        if not manifest_path.exists():
+            return
+        manifest = json.loads(manifest_path.read_text())
+        outputs, errors = self._version_rows(manifest)
+        assert (len(outputs), len(errors)) == (manifest["rows_out"], manifest["rows_failed"])
+        rows, code = self.committed[manifest["version"]]
+        # every row its try read, exactly once, as an output or an error
+        assert sorted(row["source"] for row in outputs + errors) == sorted(source for source, _ in rows)
+        by_source = dict(rows)
+        assert all(row["id"] == by_source[row["source"]] for row in outputs + errors)
+        # nothing made by another code
+        assert all(row["generated_text"] == f"code{code}:{row['id']}" for row in outputs)
+        if self.input_changes == self.committed_input_changes:  # the input as it is now
+            assert sorted(rows) == sorted(self._rows())
+
+
+TestCommitProtocol = CommitProtocol.TestCase
+TestCommitProtocol.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)

@@ -1,0 +1,121 @@
+"""One live job writes a run's staging (pipeline/stage/ownership.py), on local disk with a stand-in
+for Ray's job table and a clock the waits advance."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.stage import ownership
+from airflow_provider_raybatch.pipeline.stage.ownership import Owner, StagingOwnedError
+from airflow_provider_raybatch.pipeline.storage import OutputLayout
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+        self.on_sleep = None
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep()
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> OutputLayout:
+    return OutputLayout(str(tmp_path / "out"), "daily-2026-11-20")
+
+
+def _owner(job_id: str, at: float = 1_000.0) -> Owner:
+    return Owner(job_id, {"run_id": "manual__2026-11-20", "run_after": "2026-11-20T00:00:00"}, at)
+
+
+def _claim(layout: OutputLayout, me: Owner, alive: dict[str, bool | None], clock: Clock) -> Owner | None:
+    return ownership.claim(layout, me, alive.get, now=clock.time, sleep=clock.sleep)
+
+
+def test_a_first_job_claims_and_a_second_live_one_is_refused_naming_it(layout: OutputLayout) -> None:
+    clock = Clock()
+    assert _claim(layout, _owner("job-1"), {}, clock) is None
+
+    with pytest.raises(StagingOwnedError, match=r"being written by Ray job job-1 \(.*run_after") as refused:
+        _claim(layout, _owner("job-2"), {"job-1": True}, clock)
+    assert "stops before it writes beside it" in str(refused.value)
+    assert ownership.read_owner(layout).job_id == "job-1"  # untouched
+    assert clock.now >= 1_000 + ownership.OWNER_END_WAIT_SECONDS  # it gave the owner time to end
+
+
+def test_a_job_takes_over_from_an_owner_that_ended_or_ends_while_it_waits(layout: OutputLayout) -> None:
+    clock, alive = Clock(), {"job-1": True}
+    _claim(layout, _owner("job-1"), alive, clock)
+    clock.on_sleep = lambda: alive.update({"job-1": False})  # a stopped try's job ends
+
+    assert _claim(layout, _owner("job-2"), alive, clock).job_id == "job-1"
+    assert ownership.read_owner(layout).job_id == "job-2"
+
+
+def test_an_owner_ray_cannot_answer_for_is_gone_once_its_heartbeat_is_stale(layout: OutputLayout) -> None:
+    clock = Clock()
+    _claim(layout, _owner("job-1"), {}, clock)
+    with pytest.raises(StagingOwnedError):
+        _claim(layout, _owner("job-2"), {}, clock)  # its heartbeat is fresh
+
+    clock.now += ownership.STALE_AFTER_SECONDS
+    assert _claim(layout, _owner("job-2"), {}, clock).job_id == "job-1"
+
+
+def test_of_two_claims_at_one_moment_the_last_one_written_wins(layout: OutputLayout) -> None:
+    clock = Clock()
+    # job-2 writes its claim while job-1 waits to read its own back.
+    clock.on_sleep = lambda: ownership._write(layout, _owner("job-2", clock.now))
+
+    with pytest.raises(StagingOwnedError, match="job-2"):
+        _claim(layout, _owner("job-1"), {}, clock)
+
+
+def test_a_job_taken_over_commits_nothing_and_an_owner_releases_what_is_its(layout: OutputLayout) -> None:
+    clock = Clock()
+    me = _owner("job-1")
+    _claim(layout, me, {}, clock)
+    ownership.confirm(layout, me)
+
+    ownership._write(layout, _owner("job-2"))
+    with pytest.raises(StagingOwnedError, match="taken over by Ray job job-2"):
+        ownership.confirm(layout, me)
+    ownership.release(layout, me)  # not its own any more: left as it is
+    assert ownership.read_owner(layout).job_id == "job-2"
+    ownership.release(layout, _owner("job-2"))
+    assert ownership.read_owner(layout) is None
+
+
+def test_an_unreadable_record_is_no_owner(layout: OutputLayout) -> None:
+    path = Path(ownership.owner_uri(layout))
+    path.parent.mkdir(parents=True)
+    path.write_text('{"job_id": "job-1", "heartb')  # a write that died
+    assert ownership.read_owner(layout) is None
+    assert _claim(layout, _owner("job-2"), {}, Clock()) is None
+    assert json.loads(path.read_text())["job_id"] == "job-2"
+
+
+def test_the_heartbeat_renews_the_owners_record_until_taken_over(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership, "HEARTBEAT_SECONDS", 0.01)
+    me = _owner("job-1", 5.0)
+    ownership._write(layout, me)
+    beat = ownership.Heartbeat(layout, me, now=lambda: 99.0).start()
+    try:
+        for _ in range(500):
+            if ownership.read_owner(layout).heartbeat_at == 99.0:
+                break
+            time.sleep(0.01)
+        assert ownership.read_owner(layout).heartbeat_at == 99.0
+    finally:
+        beat.stop()
