@@ -38,7 +38,7 @@ def _task_events(lineage_file: Path, job_name: str) -> dict[str, dict]:
 
 
 def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_model, tmp_path) -> None:
-    day, rows = "2026-11-19", 200
+    day, rows = "2026-11-19", 60
     write_customers_csv(tmp_path / "customers" / day / "customers.csv", day, rows)
     # The OpenLineage provider is on for this run, writing its events to a file.
     lineage_file = tmp_path / "openlineage.jsonl"
@@ -109,7 +109,7 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     rerun_log = rerun.stdout + rerun.stderr
     assert "state=failed" in rerun_log, rerun_log[-4000:]
     assert "RayBatchRowsFailedError" in rerun_log, rerun_log[-4000:]
-    assert f"{rows} of {rows} rows failed" in rerun_log and "'missing id' 200" in rerun_log
+    assert f"{rows} of {rows} rows failed" in rerun_log and f"'missing id' {rows}" in rerun_log
     kept = f"Nothing was committed: {output_uri} is as it was (version {manifest['version']} stays current)."
     assert kept in rerun_log, rerun_log[-4000:]
     assert "No row has a value in id_column='Customer Id': is that the input's id column?" in rerun_log

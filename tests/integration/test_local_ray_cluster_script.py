@@ -19,11 +19,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import DASHBOARD_PORT, GCS_PORT, LocalRayCluster
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local_ray_cluster.sh"
-PORTS = ({"dashboard": 8321, "gcs": 6421, "client": 23031}, {"dashboard": 8325, "gcs": 6422, "client": 23032})
+#: The cluster this test starts and stops; the other is the session's (tests/conftest.py ray_cluster).
+PORTS = ({"dashboard": 8321, "gcs": 6421, "client": 23031}, {"dashboard": DASHBOARD_PORT, "gcs": GCS_PORT})
 # Not adjacent dashboard ports: a worker node's agent takes its head's agent port + 1 (the script).
 
 
@@ -94,17 +97,14 @@ def _run_driver(state: Path, port: int) -> str:
 
 
 @pytest.fixture
-def two_clusters(tmp_path: Path) -> Iterator[list[tuple[Path, dict[str, str]]]]:
-    clusters = [
-        (tmp_path / f"state-{n}", _env(tmp_path / f"state-{n}", ports)) for n, ports in enumerate(PORTS)
-    ]
+def two_clusters(ray_cluster: LocalRayCluster, tmp_path: Path) -> Iterator[list[tuple[Path, dict[str, str]]]]:
+    """A cluster of the test's own, started after the session's (the other one): both take jobs."""
+    own = (tmp_path / "state-0", _env(tmp_path / "state-0", PORTS[0]))
     try:
-        for _, env in clusters:
-            subprocess.run([str(SCRIPT), "start"], env=env, check=True, timeout=180, capture_output=True)
-        yield clusters
+        subprocess.run([str(SCRIPT), "start"], env=own[1], check=True, timeout=180, capture_output=True)
+        yield [own, (ray_cluster.state_dir, ray_cluster.env)]
     finally:
-        for _, env in clusters:
-            subprocess.run([str(SCRIPT), "stop"], env=env, timeout=120, capture_output=True)
+        subprocess.run([str(SCRIPT), "stop"], env=own[1], timeout=120, capture_output=True)
 
 
 def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
@@ -112,7 +112,7 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
 ) -> None:
     (first_state, first_env), (second_state, _) = two_clusters
     first_port, second_port = PORTS[0]["dashboard"], PORTS[1]["dashboard"]
-    # The first cluster's driver reaches the first cluster although the second started after it.
+    # Each cluster's driver reaches its own cluster, though another started after the session's.
     first = _run_driver(first_state, first_port)
     assert first.startswith("SUCCEEDED") and f":{PORTS[0]['gcs']}" in first, first[-2000:]
     second = _run_driver(second_state, second_port)  # through its own dashboard agent
