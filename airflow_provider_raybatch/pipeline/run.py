@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -348,7 +349,7 @@ def _ray_submission_id() -> str | None:
 def _staging_owner() -> ownership.Owner:
     """This job as the owner of its run's staging: its id and the Airflow run it belongs to."""
     metadata = _job_metadata()
-    job_id = metadata.get("job_submission_id") or f"driver-{os.getpid()}-{int(time.time())}"
+    job_id = metadata.get("job_submission_id") or f"driver-{uuid.uuid4().hex}"  # outside a Ray job
     run = {
         key.removeprefix("airflow_"): value for key, value in metadata.items() if key.startswith("airflow_")
     }
@@ -408,9 +409,11 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     ownership.claim(layout, owner, ownership.ray_job_alive)
     heartbeat = ownership.Heartbeat(layout, owner).start()
     try:
-        return _run_owned(spec, layout, owner, model_source, started_at, clock, marks)
+        manifest = _run_owned(spec, layout, owner, model_source, started_at, clock, marks)
     finally:
         heartbeat.stop()
+    ownership.release(layout, owner)  # committed: after the heartbeat's last write
+    return manifest
 
 
 def _run_owned(
@@ -505,6 +508,7 @@ def _run_owned(
         return run_timings(marks, engine_sidecars, layout_plan.max_replicas, layout_plan.gpus_per_replica,
                            keep_warm, lease.started_at if lease is not None else None, pool_used)  # fmt: skip
 
+    ownership.confirm(layout, owner)  # a job taken over touches none of the new owner's parts
     committed = commit.write_version(
         layout,
         spec,
@@ -582,6 +586,5 @@ def _run_owned(
             held_because, rows_in=rows_in, rows_failed=failed_rows(manifest), job_id=job_id
         )
     commit.publish(layout, manifest, keep_versions=spec.keep_versions)
-    ownership.release(layout, owner)
     print(manifest_log_line(manifest), flush=True)
     return manifest

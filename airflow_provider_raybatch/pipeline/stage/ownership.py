@@ -9,7 +9,8 @@ id, the run it belongs to (its Airflow run, ``run_after`` included) and a heartb
 the owner only when there is none, or the owner is provably gone: Ray says its job ended, or, when
 Ray cannot say, its heartbeat is :data:`STALE_AFTER_SECONDS` old; a live owner gets
 :data:`OWNER_END_WAIT_SECONDS` to end (a stopped try's job), then the job fails before it writes
-anything, naming the live job. Two jobs claiming at the same moment both write, wait
+anything, naming the live job. Staleness is judged on the reader's clock too (a heartbeat that stops
+moving), not only on the writer's. Two jobs claiming at the same moment both write, wait
 :data:`SETTLE_SECONDS` and read back: the one whose claim is there goes on, the other fails. The owner
 checks it still is one before it commits or holds (:func:`confirm`).
 """
@@ -35,8 +36,9 @@ STALE_AFTER_SECONDS = 120.0
 #: How long a claim waits before it reads itself back (two claims at one moment: the last one wins).
 #: Longer than a claim's read-then-write takes (milliseconds; one GET and one PUT on S3).
 SETTLE_SECONDS = 1.0
-#: How long a claim waits for a live owner to end (a stopped try's job takes seconds to), polling.
-OWNER_END_WAIT_SECONDS = 60.0
+#: How long a claim waits for a live owner to end (a stopped try's job takes seconds to), polling:
+#: longer than a heartbeat takes to go stale, so an owner Ray cannot answer for is judged in time.
+OWNER_END_WAIT_SECONDS = STALE_AFTER_SECONDS + 2 * HEARTBEAT_SECONDS
 OWNER_POLL_SECONDS = 2.0
 #: Ray job statuses of a job that can no longer write.
 _ENDED = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
@@ -62,14 +64,18 @@ def owner_uri(layout: OutputLayout) -> str:
 
 
 def read_owner(layout: OutputLayout) -> Owner | None:
-    """The staging's owner, or None (none yet, or an unreadable record: a write that died)."""
+    """The staging's owner, or None (none yet, or a record a write that died left half written).
+
+    :raises OSError: the store did not answer: whether a job owns the staging is not known.
+    """
     uri = owner_uri(layout)
     if not storage.exists(uri):
         return None
+    text = storage.read_text(uri)
     try:
-        data = json.loads(storage.read_text(uri))
+        data = json.loads(text)
         return Owner(str(data["job_id"]), dict(data.get("run") or {}), float(data["heartbeat_at"]))
-    except (ValueError, KeyError, TypeError, OSError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -93,9 +99,13 @@ def claim(
     earlier = current if current is not None and current.job_id != me.job_id else None
     if earlier is not None:
         deadline, said = now() + OWNER_END_WAIT_SECONDS, False
+        beat, beat_seen_at = earlier.heartbeat_at, now()
         while (alive := job_alive(earlier.job_id)) or (
-            alive is None and now() - earlier.heartbeat_at < STALE_AFTER_SECONDS
+            alive is None and not _stale(beat, beat_seen_at, now())
         ):
+            latest = read_owner(layout)
+            if latest is not None and latest.job_id == earlier.job_id and latest.heartbeat_at != beat:
+                beat, beat_seen_at = latest.heartbeat_at, now()  # it still beats
             if now() >= deadline:
                 raise StagingOwnedError(_owned_message(layout, earlier, me))
             if not said:
@@ -112,6 +122,12 @@ def claim(
     if after is None or after.job_id != me.job_id:
         raise StagingOwnedError(_owned_message(layout, after or earlier or me, me))
     return earlier
+
+
+def _stale(beat: float, seen_at: float, now: float) -> bool:
+    """A heartbeat is stale when its own time is :data:`STALE_AFTER_SECONDS` old, or when it has not
+    moved for that long as this job watched it (the owner's clock may be behind or ahead of ours)."""
+    return now - beat >= STALE_AFTER_SECONDS or now - seen_at >= STALE_AFTER_SECONDS
 
 
 def confirm(layout: OutputLayout, me: Owner) -> None:
@@ -162,7 +178,7 @@ class Heartbeat:
         while not self._stopped.wait(HEARTBEAT_SECONDS):
             try:
                 current = read_owner(self._layout)
-                if current is None or current.job_id != self._me.job_id:
+                if current is not None and current.job_id != self._me.job_id:
                     return  # taken over: confirm() says so before any commit
                 _write(self._layout, replace(self._me, heartbeat_at=self._now()))
             except OSError:

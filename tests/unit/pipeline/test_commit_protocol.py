@@ -54,7 +54,7 @@ class Try:
     spec: BatchInferenceSpec
     binding: RunBinding
     code: int
-    input_changes: int  # the input's changes before it read it
+    input_state: tuple  # the input files as it read them (:meth:`CommitProtocol._input_state`)
     rows: list[tuple[str, str]]  # (source, id) of every input row it read, in order
     todo: list[tuple[str, str]]  # those it has still to stage
     writer: PartWriter
@@ -85,8 +85,7 @@ class CommitProtocol(RuleBasedStateMachine):
         self.alive: dict[str, bool] = {}  # Ray's job table: job id -> still running
         self.tries: dict[str, Try] = {}
         self.jobs = 0
-        self.input_changes = 0
-        self.committed_input_changes = -1
+        self.committed_input_state: tuple | None = None
         # version -> the rows its try read and the code it made them with
         self.committed: dict[str, tuple[list[tuple[str, str]], int]] = {}
         self._write_file("a.jsonl", ["a", "b", "c", "d", "e"])
@@ -102,7 +101,12 @@ class CommitProtocol(RuleBasedStateMachine):
         self.mtime += 10  # time passes between writes, as between tries
         os.utime(path, (self.mtime, self.mtime))
         self.files[name] = list(row_ids)
-        self.input_changes += 1
+
+    def _input_state(self) -> tuple:
+        """The input files as they are: each one's name, rows and modification time (a file added,
+        then deleted, leaves the input as it was)."""
+        return tuple((name, tuple(self.files[name]), (self.input / name).stat().st_mtime_ns)
+                     for name in sorted(self.files))  # fmt: skip
 
     def _rows(self) -> list[tuple[str, str]]:
         return [(f"{name}:{line}", row_id) for name in sorted(self.files)
@@ -123,7 +127,6 @@ class CommitProtocol(RuleBasedStateMachine):
             name = data.draw(st.sampled_from(names))
             (self.input / name).unlink()
             del self.files[name]
-            self.input_changes += 1
         else:
             name = data.draw(
                 st.sampled_from([n for n in names if self.files[n]] if op != "insert" else names)
@@ -197,7 +200,7 @@ class CommitProtocol(RuleBasedStateMachine):
         if len(todo) < len(rows):
             event("a try resumed staged rows")
         self.tries[job_id] = Try(
-            job_id, owner, spec, binding, self.code, self.input_changes, rows, todo, writer
+            job_id, owner, spec, binding, self.code, self._input_state(), rows, todo, writer
         )
 
     def _live(self) -> list[str]:
@@ -244,10 +247,10 @@ class CommitProtocol(RuleBasedStateMachine):
         try:
             check_input_unchanged(job.binding, digest_now, str(self.input))
         except InputChangedError:
-            assert self.input_changes != job.input_changes, "refused an input that did not change"
+            assert self._input_state() != job.input_state, "refused an input that did not change"
             event("an input changed under a try: nothing committed")
             return  # the job fails, committing nothing; the next try discards its rows
-        assert self.input_changes == job.input_changes, "an input changed under the job went unnoticed"
+        assert self._input_state() == job.input_state, "an input changed under the job went unnoticed"
         if run.held:
             commit.hold(self.layout, {**manifest, "status": HELD_STATUS})
             event("a run held")
@@ -256,7 +259,7 @@ class CommitProtocol(RuleBasedStateMachine):
         commit.publish(self.layout, {**manifest, "status": "complete"}, keep_versions=False)
         ownership.release(self.layout, job.owner)
         self.committed[run.version] = (job.rows, job.code)
-        self.committed_input_changes = job.input_changes
+        self.committed_input_state = job.input_state
         event("a version committed")
 
     # -- what must hold after every step --------------------------------------------------------
@@ -283,7 +286,7 @@ class CommitProtocol(RuleBasedStateMachine):
         assert all(row["id"] == by_source[row["source"]] for row in outputs + errors)
         # nothing made by another code
         assert all(row["generated_text"] == f"code{code}:{row['id']}" for row in outputs)
-        if self.input_changes == self.committed_input_changes:  # the input as it is now
+        if self._input_state() == self.committed_input_state:  # the input as it is now
             assert sorted(rows) == sorted(self._rows())
 
 

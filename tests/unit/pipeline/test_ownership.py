@@ -61,14 +61,38 @@ def test_a_job_takes_over_from_an_owner_that_ended_or_ends_while_it_waits(layout
     assert ownership.read_owner(layout).job_id == "job-2"
 
 
-def test_an_owner_ray_cannot_answer_for_is_gone_once_its_heartbeat_is_stale(layout: OutputLayout) -> None:
+def test_an_owner_ray_cannot_answer_for_is_live_while_its_heartbeat_moves(layout: OutputLayout) -> None:
     clock = Clock()
     _claim(layout, _owner("job-1"), {}, clock)
-    with pytest.raises(StagingOwnedError):
-        _claim(layout, _owner("job-2"), {}, clock)  # its heartbeat is fresh
+    clock.on_sleep = lambda: ownership._write(layout, _owner("job-1", clock.now))  # it beats
 
-    clock.now += ownership.STALE_AFTER_SECONDS
+    with pytest.raises(StagingOwnedError):
+        _claim(layout, _owner("job-2"), {}, clock)
+
+
+@pytest.mark.parametrize("skew", [0.0, 10_000.0])  # the owner's clock as ours, or far ahead of it
+def test_an_owner_ray_cannot_answer_for_is_gone_once_its_heartbeat_stops(
+    layout: OutputLayout, skew: float
+) -> None:
+    clock = Clock()
+    ownership._write(layout, _owner("job-1", clock.now + skew))
+
     assert _claim(layout, _owner("job-2"), {}, clock).job_id == "job-1"
+    assert clock.now - 1_000 >= ownership.STALE_AFTER_SECONDS  # after watching it not move that long
+    assert ownership.read_owner(layout).job_id == "job-2"
+
+
+def test_a_store_that_does_not_answer_is_not_taken_for_no_owner(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _claim(layout, _owner("job-1"), {}, Clock())
+
+    def unavailable(uri: str) -> str:
+        raise OSError("503 Slow Down")
+
+    monkeypatch.setattr(ownership.storage, "read_text", unavailable)
+    with pytest.raises(OSError):
+        _claim(layout, _owner("job-2"), {}, Clock())
 
 
 def test_of_two_claims_at_one_moment_the_last_one_written_wins(layout: OutputLayout) -> None:
