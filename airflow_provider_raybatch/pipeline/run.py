@@ -124,9 +124,9 @@ def _input_digest(spec: BatchInferenceSpec) -> str:
 def _prepared_rows_kept_for_retries(
     spec: BatchInferenceSpec, layout: storage.OutputLayout, digest: str
 ) -> PreparedRows:
-    """The rows an earlier try of this run prepared and kept in its staging, when the input is the
-    same (``digest``, :func:`_input_digest`); else every input row prepared now, and kept there for a
-    later try (:mod:`.prepared_cache`)."""
+    """The rows an earlier try of this run prepared and kept in its staging, when they were made from
+    the same input, code and model (``digest``: the run's :class:`.binding.RunBinding` digest); else
+    every input row prepared now, and kept there for a later try (:mod:`.prepared_cache`)."""
     clock = time.perf_counter()
     kept = prepared_cache.read(layout.staging_uri, digest)
     if kept is not None:
