@@ -27,7 +27,7 @@ from airflow_provider_raybatch.operators import job_results, job_shipping
 from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
 from airflow_provider_raybatch.operators.spec_params import spec_from_params
-from airflow_provider_raybatch.operators.task_tries import task_try_of, try_number_of
+from airflow_provider_raybatch.operators.task_tries import submission_order, task_try_of, try_number_of
 from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
 from airflow_provider_raybatch.triggers import poll_pace
 from airflow_provider_raybatch.triggers.ray import (
@@ -479,7 +479,7 @@ class RayLLMBatchOperator(BaseOperator):
                     ours[info.job_id] = info
                 else:
                     self.log.warning("Recorded Ray job %s is not this run's job; leaving it alone.", recorded)
-        return max(ours.values(), key=try_number_of, default=None)
+        return max(ours.values(), key=submission_order, default=None)
 
     def _submit(self, hook: RayHook, spec: BatchInferenceSpec, task_try: TaskTry, secret: bytes) -> str:
         """Check the layout, ship the code and spec, and submit under this try's first free submission

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.hooks.ray import JobInfo
-from airflow_provider_raybatch.utils.job_ids import TaskTry
+from airflow_provider_raybatch.utils.job_ids import ATTEMPT_KEY, TRY_NUMBER_KEY, TaskTry
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -26,5 +26,16 @@ def task_try_of(context: Context) -> TaskTry:
 
 def try_number_of(job: JobInfo) -> int:
     """The Airflow try number a job was submitted by (its metadata), or 0 when it names none."""
-    value = job.metadata.get("airflow_try_number", "")
+    value = job.metadata.get(TRY_NUMBER_KEY, "")
     return int(value) if value.isdigit() else 0
+
+
+def submission_order(job: JobInfo) -> tuple[int, int, int]:
+    """Sorts a run's jobs oldest to newest: by when Ray accepted them, then by try and attempt.
+
+    The try number alone misorders a scheduled run deleted and created again (same ``run_after``):
+    the new run's try 1 is submitted as a later attempt after the old run's try 2, and the newest
+    job, the one a retry must attach to, is that attempt.
+    """
+    attempt = job.metadata.get(ATTEMPT_KEY, "")
+    return (job.start_time_ms or 0, try_number_of(job), int(attempt) if attempt.isdigit() else 1)

@@ -17,8 +17,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 SUBMISSION_ID_PREFIX = "raybatch"
 _MAX_PART_LENGTH = 40
 _RUN_KEYS = ("airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index", "airflow_run_after")
-_TRY_KEY = "airflow_try_number"
-_ATTEMPT_KEY = "raybatch_submission_attempt"
+TRY_NUMBER_KEY = "airflow_try_number"
+ATTEMPT_KEY = "raybatch_submission_attempt"
 #: The most submissions one try makes under ids of its own (see :attr:`TaskTry.attempt`).
 MAX_SUBMISSION_ATTEMPTS = 20
 #: Hex digits of the HMAC in a submission id (64 bits: not guessable, still readable).
@@ -86,7 +86,7 @@ class TaskTry:
         mine = self.metadata()
         if not all(metadata.get(key) == mine[key] for key in _RUN_KEYS):
             return False
-        try_number, attempt = metadata.get(_TRY_KEY, ""), metadata.get(_ATTEMPT_KEY, "1")
+        try_number, attempt = metadata.get(TRY_NUMBER_KEY, ""), metadata.get(ATTEMPT_KEY, "1")
         if not (_small_count(try_number) and _small_count(attempt)):
             return False
         expected = replace(self, try_number=int(try_number), attempt=int(attempt)).submission_id(secret)
@@ -100,8 +100,8 @@ class TaskTry:
             "airflow_task_id": self.task_id,
             "airflow_map_index": str(self.map_index),
             "airflow_run_after": self.run_after,
-            _TRY_KEY: str(self.try_number),
-            _ATTEMPT_KEY: str(self.attempt),
+            TRY_NUMBER_KEY: str(self.try_number),
+            ATTEMPT_KEY: str(self.attempt),
         }
 
 

@@ -44,6 +44,9 @@ UNREACHABLE_RETRY_SECONDS = 1.0
 #: How long batches that waited for the first replica's build wait for the others' (the issue's replica
 #: start skew target is 5 s), at most: see :meth:`_PoolClient._next_built_replica`.
 BUILD_SKEW_GRACE_SECONDS = 5.0
+#: How often one row may find its job's lease lapsed on a replica and be sent again before the stage
+#: fails: a driver whose renewals keep missing is not a passing stall.
+MAX_LEASE_LAPSES_PER_ROW = 3
 
 
 class PoolReplicaLost(RuntimeError):
@@ -145,6 +148,7 @@ class _PoolClient(StatefulStageUDF):
 
     async def _generate(self, row: dict[str, Any], index: int) -> dict[str, Any]:  # Any: row values.
         unreachable: tuple[Any, float] | None = None  # Any: the Ray actor id unreachable, and since when
+        lapses = 0
         while True:
             handle = await self._replica(index)
             try:
@@ -156,6 +160,19 @@ class _PoolClient(StatefulStageUDF):
                         self._attached.discard(handle._actor_id)  # not attached: the next try attaches
                         raise
                 return await handle.generate.remote(row, self._job_id)
+            except ray.exceptions.TaskCancelledError as err:
+                # The replica cancelled this job's requests: the job's lease lapsed there (its driver's
+                # renewals did not arrive within LEASE_SECONDS, as under a stalled driver). The job is
+                # alive (this actor is its own), so attach again, which renews the lease, and send the
+                # row again.
+                lapses += 1
+                if lapses > MAX_LEASE_LAPSES_PER_ROW:
+                    raise PoolReplicaLost(
+                        f"Engine pool replica {self._pool.names[index]} cancelled a row "
+                        f"{lapses} times because this job's lease on it lapsed: the job's driver is not "
+                        "renewing its leases (an overloaded or stalled driver node)."
+                    ) from err
+                self._attached.discard(handle._actor_id)
             except ray.exceptions.ActorUnavailableError as err:
                 # Unreachable for a moment (a loaded node, a dropped connection), not dead: Ray says
                 # ActorDiedError once it knows a replica is gone. Counting a live one as dead would

@@ -1056,6 +1056,30 @@ def test_a_newer_unrecorded_job_wins_over_the_recorded_one(ray_conn: str, cluste
     assert info.value.trigger.serialize()[1]["job_id"] == unrecorded
 
 
+def test_a_recreated_scheduled_runs_live_attempt_wins_over_the_old_runs_later_try(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    """A scheduled run deleted and created again keeps its ``run_after``, so the old run's jobs are
+    this run's too. The old run got to try 2; the new run's try 1 found that id taken and submitted
+    attempt 2, which is running. The new run's try 2 must attach to that job (the newest), not take
+    the old try 2's failure for the newest and submit a second live job beside it.
+    """
+    ti = retry_ti(2)
+    old_first = cluster.add_try(ti, 1, "FAILED")
+    old_second = cluster.add_try(ti, 2, "FAILED")
+    new_first = replace(task_try_of(ti, 1), attempt=2)
+    metadata = {**new_first.metadata(), FINGERPRINT_KEY: FINGERPRINT}
+    cluster.add_job(new_first.submission_id(KEY), "RUNNING", metadata)
+    for job, started_ms in zip(cluster.jobs, (1_000, 2_000, 3_000), strict=True):
+        job["start_time"] = started_ms
+
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti})
+
+    assert cluster.submitted() == [], f"submitted beside the live job (old jobs {old_first}, {old_second})"
+    assert info.value.trigger.serialize()[1]["job_id"] == new_first.submission_id(KEY)
+
+
 def test_execute_defers_with_the_execution_timeout(ray_conn: str, cluster: FakeCluster) -> None:
     ti = FakeTI()
     submission_id = task_try_of(ti).submission_id(KEY)

@@ -257,6 +257,8 @@ class BuildFailed(ray.exceptions.RayActorError):  # as Ray says a replica's cons
                 "gpu_memory_utilization (vLLM's EngineCore, building the engine).")
 
 def fault(kind):  # a death, or Ray's "unavailable": a replica unreachable for a moment (a loaded node)
+    if kind == "lease lapsed":  # the replica cancelled the job's rows: its lease was not renewed in time
+        return ray.exceptions.TaskCancelledError()
     if "unreachable" in str(kind):
         return ray.exceptions.ActorUnavailableError("connection reset", None)
     if kind == "build":
@@ -338,7 +340,9 @@ print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": too_many_repor
                   "unreachable": asyncio.run(run(["unreachable"] * 8)),
                   "unreachable_on_attach": asyncio.run(run(["attach unreachable"] * 2)),
                   "unreachable_past_grace": asyncio.run(unreachable_for(0.8)),
-                  "three_rows_past_grace": asyncio.run(unreachable_for(0.8, rows=3))}))
+                  "three_rows_past_grace": asyncio.run(unreachable_for(0.8, rows=3)),
+                  "lease_lapsed": asyncio.run(run(["lease lapsed"] * 2)),
+                  "lease_keeps_lapsing": asyncio.run(run(["lease lapsed"] * 20))}))
 """
 
 
@@ -433,6 +437,21 @@ lease._replace_unhealthy()
 named = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)}
 print(json.dumps({"warm": lease._warm, "replaced": lease._replaced, "alive": sorted(named & set(modes))}))
 """
+
+
+def test_rows_cancelled_by_a_lapsed_lease_are_sent_again_after_attaching_again() -> None:
+    """A replica cancels a job's rows when the job's lease lapses there (a driver that stalled past
+    LEASE_SECONDS); the job is alive, so its rows must not fail the stage."""
+    report = run_in_ray_env(_STAGE)
+    lapsed = report["lease_lapsed"]
+    # Two rows came back cancelled: the stage attached again (renewing the lease; once per cancelled
+    # row at most) and each row was answered once, by the same replica, none replaced.
+    assert lapsed["made"] == 1 and 2 <= lapsed["attached"][0] <= 3, lapsed
+    assert lapsed["rows"] == ["actor-0 a:0", "actor-0 a:1", "actor-0 a:2"]
+    # A lease that keeps lapsing is not a passing stall: the stage fails, saying why.
+    keeps = report["lease_keeps_lapsing"]
+    assert "cancelled a row 4 times because this job's lease on it lapsed" in keeps["error"], keeps
+    assert keeps["made"] == 1
 
 
 def test_the_health_check_kills_a_sick_replica_but_not_one_ray_cannot_reach_for_now() -> None:
