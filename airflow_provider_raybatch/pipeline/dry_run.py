@@ -186,6 +186,10 @@ def _measured_rate(output_uri: str) -> MeasuredRate | None:
     estimate scaled from it would be many times too long (a 3,000-row run: 47 rows/s end to end,
     256 while generating). Where the manifest has its ``timings``, the rate is the rows the engine
     generated over the seconds it generated them, and the start-up is counted once, apart.
+
+    The rows are the measured try's own (:func:`_rows_generated`): a try that resumed 900 of 1,000
+    rows from an earlier try's staging generated 100 in its ``generating_s``, and its ``rows_out``
+    over that would make a backfill look ten times as fast as it is.
     """
     uri = storage.join(output_uri, MANIFEST_FILE_NAME)
     try:
@@ -193,17 +197,32 @@ def _measured_rate(output_uri: str) -> MeasuredRate | None:
             return None
         manifest = json.loads(storage.read_text(uri))
         timings = manifest.get("timings") or {}
+        resumed = int(manifest.get("rows_resumed") or 0)
         held = manifest.get("held_try")
-        if not timings.get("generating_s") and isinstance(held, dict):  # committed a held try's rows:
-            timings = held.get("timings") or {}  # that try generated them (trial 57)
-        generated, generating = int(manifest.get("rows_out") or 0), float(timings.get("generating_s") or 0)
+        if not timings.get("generating_s") and isinstance(held, dict):
+            # It committed a held try's rows and started no engine: that try generated them.
+            timings = held.get("timings") or {}
+            resumed = 0  # this try's resumed rows are the held ones; what that try resumed is unrecorded
+        generating = float(timings.get("generating_s") or 0)
+        generated = _rows_generated(timings, int(manifest.get("rows_out") or 0) - resumed)
         if generated > 0 and generating > 0:
             startup = float(timings.get("engine_start_to_first_row_s") or 0)
             return MeasuredRate(generated / generating, startup, "last run, while generating")
-        rows, seconds = int(manifest.get("rows_in") or 0), float(manifest.get("wall_seconds") or 0)
+        rows = int(manifest.get("rows_in") or 0) - int(manifest.get("rows_resumed") or 0)
+        seconds = float(manifest.get("wall_seconds") or 0)
     except (OSError, ValueError, TypeError):
         return None
     return MeasuredRate(rows / seconds, 0.0, "last run") if rows > 0 and seconds > 0 else None
+
+
+def _rows_generated(timings: dict[str, Any], rows_out_not_resumed: int) -> int:  # Any: JSON values.
+    """The rows the measured try's engines generated: its ``timings.rows_generated``; for a manifest
+    from before that count, its rows out less the rows it resumed (short by the resumed error rows,
+    so the rate errs slow, never fast)."""
+    counted = timings.get("rows_generated")
+    if isinstance(counted, int) and not isinstance(counted, bool):
+        return counted
+    return max(rows_out_not_resumed, 0)
 
 
 def run_dry(

@@ -203,7 +203,9 @@ def run_timings(
     warm pool's answer). A replica built beside the reads (a warm pool's cold replica) started before
     this phase: its own ``engine_build_s`` and the pool's ``engine_ready_s`` (counted from the job's
     lease, taken while it reads) can be longer than it. ``generating_s``: from there to the engines'
-    last staged row. ``commit_s``: engines done to the version written. Between them, so that one after
+    last staged row, in which they staged ``rows_generated`` rows (this try's engine parts: none an
+    earlier try staged; a batch retried whole counts each time it went through an engine).
+    ``commit_s``: engines done to the version written. Between them, so that one after
     the other they account for ``job_wall_s`` (helper-54's trial found 10.6 s of 46.2 nowhere):
     ``before_engine_stage_s``, rows ready to the engine stage's start (the bad rows staged, the
     processor's build awaited), and ``engine_stage_end_s``, the last row staged to the stage's end. The
@@ -243,6 +245,7 @@ def run_timings(
         "engine_import_s": _slowest(phases, "import_s"),
         "engine_build_s": _slowest(phases, "engine_build_s") or _built_for_this_job(pool),
         "generating_s": _seconds(first, last),
+        "rows_generated": sum(len(sidecar.get("sources") or ()) for sidecar in engine_parts),
         "engine_stage_end_s": _seconds(last, clock.engine_done),
         "engine_stage_s": engine_s,
         "commit_s": _seconds(clock.engine_done or clock.rows_ready, clock.committed),

@@ -34,3 +34,37 @@ def test_without_timings_the_rate_is_rows_over_wall_time(tmp_path: Path) -> None
         2.0, 0.0, "last run"
     )
     assert dry_run._measured_rate(str(tmp_path / "nothing-committed")) is None
+
+
+def test_the_rate_counts_only_the_rows_the_measured_try_generated(tmp_path: Path) -> None:
+    """A retry that resumed 900 of 1,000 rows generated 100 in its 10 s: 10 rows/s, not 100."""
+    timings = {"generating_s": 10.0, "engine_start_to_first_row_s": 30.0, "rows_generated": 100}
+    rate = dry_run._measured_rate(
+        _commit(tmp_path, rows_in=1000, rows_out=1000, rows_resumed=900, wall_seconds=50.0, timings=timings)
+    )
+    assert rate == dry_run.MeasuredRate(10.0, 30.0, "last run, while generating")
+
+
+def test_without_rows_generated_the_resumed_rows_are_left_out(tmp_path: Path) -> None:
+    """A manifest from before ``timings.rows_generated``: its rows out less those it resumed."""
+    timings = {"generating_s": 10.0, "engine_start_to_first_row_s": 30.0}
+    rate = dry_run._measured_rate(
+        _commit(tmp_path, rows_in=1000, rows_out=1000, rows_resumed=900, wall_seconds=50.0, timings=timings)
+    )
+    assert rate == dry_run.MeasuredRate(10.0, 30.0, "last run, while generating")
+    # without timings at all: the rows it did over its wall time
+    assert dry_run._measured_rate(
+        _commit(tmp_path, rows_in=1000, rows_out=1000, rows_resumed=900, wall_seconds=50.0)
+    ) == dry_run.MeasuredRate(2.0, 0.0, "last run")
+
+
+def test_a_held_try_that_resumed_rows_counts_only_those_it_generated(tmp_path: Path) -> None:
+    """The committing try generated nothing; the held try resumed 60 of the 100 rows and generated 40."""
+    held_try = {"job_id": "j0", "timings": {"generating_s": 20.0, "engine_start_to_first_row_s": 40.0,
+                                            "rows_generated": 40}}  # fmt: skip
+    rate = dry_run._measured_rate(
+        _commit(
+            tmp_path, rows_resumed=100, wall_seconds=11.0, timings={"generating_s": None}, held_try=held_try
+        )
+    )
+    assert rate == dry_run.MeasuredRate(2.0, 40.0, "last run, while generating")

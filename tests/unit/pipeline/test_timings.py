@@ -60,6 +60,7 @@ def test_a_run_with_an_engine() -> None:
         "engine_import_s": None,  # no replica stamped its clock (a warm pool's, an older job's)
         "engine_build_s": None,
         "generating_s": 54.0,
+        "rows_generated": 0,  # these parts list no sources
         "engine_stage_end_s": 1.0,
         "engine_stage_s": 87.0,
         "commit_s": 1.5,
@@ -234,3 +235,16 @@ def test_any_sidecar_gives_phases_or_none_and_never_raises(parts: list[dict[str,
     for phase in phases:
         assert isinstance(phase["replica"], str)
         assert all(value is None or value >= 0 for key, value in phase.items() if key.endswith("_s"))
+
+
+def test_rows_generated_are_those_this_tries_engines_staged() -> None:
+    """``rows_generated``: the rows of the parts this try's engines staged (none resumed), in its
+    ``generating_s``: what a dry run scales its estimate by (pipeline/dry_run.py)."""
+    clock = RunClock(started=0.0, rows_ready=1.0, engine_started=2.0, engine_done=30.0)
+    engine_parts = [
+        {"sources": ["a:1", "a:2"], "written_at": "1970-01-01T00:00:10+00:00", "first_row_in_engine_at": 5.0},
+        {"sources": ["a:3"], "written_at": "1970-01-01T00:00:25+00:00", "first_row_in_engine_at": 5.0},
+    ]
+    timings = run_timings(clock, engine_parts, replicas=1, gpus_per_replica=1.0)
+    assert (timings["rows_generated"], timings["generating_s"]) == (3, 20.0)
+    assert run_timings(RunClock(started=0.0), [], replicas=1, gpus_per_replica=1.0)["rows_generated"] == 0
