@@ -141,9 +141,9 @@ class RayLLMBatchOperator(BaseOperator):
         for GPUs: every row is read, validated and deduped, every prompt rendered with the model's chat
         template and tokenized, on CPUs. Writes ``manifest.json`` and ``report.html`` under
         ``output_uri/_dry_runs/<run_key>/`` (rows, rows that would fail by reason, duplicate ids, prompt
-        tokens with a histogram, an estimate of engine time) and returns that folder; commits nothing,
-        emits no output Asset event. Fails, like a real run, when the rows that would fail are over
-        ``max_failed_fraction`` / ``max_failed_rows``.
+        tokens with a histogram, an estimate of engine time and GPU-seconds) and returns that folder;
+        commits nothing, emits no output Asset event. Fails, like a real run, when the rows that would
+        fail are over ``max_failed_fraction`` / ``max_failed_rows``.
     :param dry_run_rows_per_second: The throughput a dry run estimates engine time with; unset: the
         rows per second of the last run committed at ``output_uri``, if any.
     :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
@@ -595,13 +595,17 @@ class RayLLMBatchOperator(BaseOperator):
         """Log what the dry run found and return its folder; fail when the real run would fail its
         thresholds."""
         estimate = manifest.get("estimated_gpu_seconds")
+        # An older job's manifest has no engine seconds: its estimated_gpu_seconds was the engine's time.
+        engine_seconds = manifest.get("estimated_engine_seconds", estimate)
+        newer = estimate is not None and "estimated_engine_seconds" in manifest
+        gpu_seconds = f" ({estimate:,} GPU-seconds)" if newer else ""
         self.log.info(
             "Dry run (Ray job %s): %d rows in; %d would reach the engine with %d prompt tokens (longest %d); "
             "%d would fail (%s); %s. Report: %s",
             job_id, manifest["rows_in"], manifest["rows_out"], manifest["prompt_tokens"],
             manifest["prompt_tokens_longest"], manifest["rows_failed"],
             manifest["errors_by_reason"] or "none",
-            f"~{estimate:,} s of engine time at {manifest['rows_per_second']:.4g} rows/s "
+            f"~{engine_seconds:,} s of engine time{gpu_seconds} at {manifest['rows_per_second']:.4g} rows/s "
             f"({manifest['rows_per_second_from']})" if estimate is not None
             else "no GPU time estimate (set dry_run_rows_per_second, or run once for real)",
             manifest["dry_run_uri"],

@@ -11,9 +11,10 @@ touches the committed versions, ``manifest.json`` at ``output_uri`` or an earlie
 
 What it predicts: rows that would fail before the engine (bad rows, duplicate ids, a conversation the
 chat template rejects, a prompt longer than ``max_model_len``), prompt tokens, the most output tokens
-``max_tokens`` allows, and GPU time at a throughput the author states (``dry_run_rows_per_second``)
-or, failing that, the one the last committed run at ``output_uri`` measured. Image rows' image tokens
-are not counted (the model's processor expands them in the engine).
+``max_tokens`` allows, and engine and GPU time (:func:`engine_estimate`) at a throughput the author
+states (``dry_run_rows_per_second``) or, failing that, the one the last committed run at
+``output_uri`` measured. Image rows' image tokens are not counted (the model's processor expands
+them in the engine).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from airflow_provider_raybatch.manifest import (
 from airflow_provider_raybatch.pipeline import row_steps, storage
 from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.layout import LayoutPlan, plan_layout
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -225,6 +227,27 @@ def _rows_generated(timings: dict[str, Any], rows_out_not_resumed: int) -> int: 
     return max(rows_out_not_resumed, 0)
 
 
+def engine_estimate(
+    rows: int, rate: float | None, startup_seconds: float, plan: LayoutPlan
+) -> dict[str, Any]:
+    """The manifest's ``estimated_engine_seconds`` and ``estimated_gpu_seconds`` for ``rows`` at ``rate``.
+
+    Engine seconds: the start-up once, then the rows at ``rate`` (the rows per second of all replicas
+    together, as a run measures them). GPU-seconds: every replica holds its GPUs for all of them, so
+    replicas x GPUs per replica x those seconds, as a run's ``timings.gpu_seconds_held`` counts what it
+    held (reporting/timings.py); 0 for a CPU engine. The engine seconds alone would be a quarter of the
+    GPU time of a 4-replica layout.
+    """
+    if not rate:
+        return {"estimated_engine_seconds": None, "estimated_gpu_seconds": None}
+    seconds = startup_seconds + rows / rate
+    gpus = plan.max_replicas * plan.gpus_per_replica
+    return {
+        "estimated_engine_seconds": math.ceil(seconds),
+        "estimated_gpu_seconds": math.ceil(gpus * seconds),
+    }
+
+
 def run_dry(
     spec: BatchInferenceSpec,
     prepared: Dataset,
@@ -281,7 +304,7 @@ def run_dry(
         else (measured.source if measured else None),
         # the engine's start-up as the last run measured it, counted once (0: stated rate, or not measured)
         "estimated_startup_seconds": round(startup, 1),
-        "estimated_gpu_seconds": math.ceil(startup + total.rows / rate) if rate else None,
+        **engine_estimate(total.rows, rate, startup, plan_layout(spec)),
         "started_at": started_at.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
         "run_key": spec.run_key,
@@ -321,7 +344,7 @@ def render_report(manifest: dict[str, Any]) -> str:  # Any: JSON values.
     counts = [(key, manifest[key]) for key in (
         "model", "input_uri", "rows_in", "rows_out", "rows_failed", "rows_duplicate", "prompt_tokens",
         "prompt_tokens_longest", "output_tokens_at_most", "rows_per_second", "rows_per_second_from",
-        "estimated_startup_seconds", "estimated_gpu_seconds",
+        "estimated_startup_seconds", "estimated_engine_seconds", "estimated_gpu_seconds",
     )]  # fmt: skip
     return (
         "<!doctype html><meta charset='utf-8'><title>Dry run</title>"

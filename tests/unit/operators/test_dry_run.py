@@ -54,6 +54,20 @@ def test_a_dry_run_returns_its_folder_and_announces_no_output(
     assert "~2 s of engine time at 50 rows/s (dry_run_rows_per_second)" in text
 
 
+def test_a_dry_run_logs_its_engine_time_and_the_gpu_seconds_of_all_replicas(
+    ray_conn: str, ray_api: respx.MockRouter
+) -> None:
+    manifest = dry_manifest(
+        1000, 0, rows_per_second=10.0, estimated_engine_seconds=150, estimated_gpu_seconds=600
+    )
+    text = _logged(lambda: complete(ray_conn, ray_api, manifest, dry_run=True))
+    assert "~150 s of engine time (600 GPU-seconds) at 10 rows/s (dry_run_rows_per_second)" in text
+    no_rate = dry_manifest(10, 0, rows_per_second=None, rows_per_second_from=None,
+                           estimated_engine_seconds=None, estimated_gpu_seconds=None)  # fmt: skip
+    text = _logged(lambda: complete(ray_conn, ray_api, no_rate, dry_run=True))
+    assert "no GPU time estimate (set dry_run_rows_per_second, or run once for real)" in text
+
+
 def test_a_dry_run_without_a_throughput_says_how_to_get_an_estimate(
     ray_conn: str, ray_api: respx.MockRouter
 ) -> None:

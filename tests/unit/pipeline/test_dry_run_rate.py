@@ -1,4 +1,5 @@
-"""pipeline/dry_run.py: the rate a dry run scales a backfill's estimate by, from the last committed run."""
+"""pipeline/dry_run.py: the rate a dry run scales a backfill's estimate by, from the last committed run,
+and the engine and GPU time it estimates at that rate."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 from pathlib import Path
 
 from airflow_provider_raybatch.pipeline import dry_run
+from airflow_provider_raybatch.pipeline.reporting.timings import RunClock, run_timings
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.layout import plan_layout
 
 
 def _commit(folder: Path, **manifest: object) -> str:
@@ -68,3 +72,32 @@ def test_a_held_try_that_resumed_rows_counts_only_those_it_generated(tmp_path: P
         )
     )
     assert rate == dry_run.MeasuredRate(2.0, 40.0, "last run, while generating")
+
+
+def _spec(**params: object) -> BatchInferenceSpec:
+    return BatchInferenceSpec.build(
+        model="m", input_uri="/in.jsonl", output_uri="/out", run_key="k", user_template="{text}", **params
+    )
+
+
+def test_gpu_seconds_count_every_gpu_of_every_replica_as_gpu_seconds_held_does() -> None:
+    """4 replicas of 1 GPU for 50 s of start-up and 1,000 rows at 10 rows/s: 150 s, 600 GPU-seconds."""
+    four = plan_layout(_spec(concurrency=4))
+    assert dry_run.engine_estimate(1000, 10.0, 50.0, four) == {
+        "estimated_engine_seconds": 150,
+        "estimated_gpu_seconds": 600,
+    }
+    # the same count as a run's timings: replicas x GPUs per replica x the engine stage's seconds
+    clock = RunClock(started=0.0, engine_started=0.0, engine_done=150.0)
+    held = run_timings(clock, [], four.max_replicas, four.gpus_per_replica)["gpu_seconds_held"]
+    assert held == dry_run.engine_estimate(1000, 10.0, 50.0, four)["estimated_gpu_seconds"]
+    quarter = plan_layout(_spec(concurrency=(1, 4), replica_resources={"CPU": 1, "GPU": 0.25}))
+    assert dry_run.engine_estimate(1000, 10.0, 50.0, quarter)["estimated_gpu_seconds"] == 150
+    tensor_parallel = plan_layout(_spec(concurrency=2, engine_kwargs={"tensor_parallel_size": 2}))
+    assert dry_run.engine_estimate(1000, 10.0, 50.0, tensor_parallel)["estimated_gpu_seconds"] == 600
+    cpu_engine = plan_layout(_spec(concurrency=4, replica_resources={"CPU": 4}))
+    assert dry_run.engine_estimate(1000, 10.0, 50.0, cpu_engine)["estimated_gpu_seconds"] == 0
+    assert dry_run.engine_estimate(1000, None, 50.0, four) == {
+        "estimated_engine_seconds": None,
+        "estimated_gpu_seconds": None,
+    }
