@@ -83,18 +83,21 @@ def failed_rows_verdict(
     """None when the run's failed rows are within the thresholds, else why not, in one message.
 
     Failed rows are the error rows less the duplicate ids (``rows_duplicate``: their id has an
-    answer). The run fails when their share of ``rows_in`` is over ``max_failed_fraction``, when
-    their number is over ``max_failed_rows`` (unless None), and always when rows came in and none
-    came out. An empty input (``rows_in == 0``) passes. The message gives the counts, the most
-    common reasons and where the committed outputs and errors are, e.g. ``2,400 of 3,000 rows
-    failed (80.0%, duplicate ids not counted), over max_failed_fraction=0.1. Most common reasons:
-    'missing id' 1,200; ...``.
+    answer), and the share is of the distinct rows, ``rows_in`` less the same duplicates: a repeated
+    id is neither a failure nor a row of its own, so a run whose 100 rows are 50 repeats and whose
+    other 50 had 15 failures failed 15 of 50 (30%), not 15 of 100. The run fails when that share is
+    over ``max_failed_fraction``, when the failed rows are more than ``max_failed_rows`` (unless
+    None), and always when rows came in and none came out. An empty input (``rows_in == 0``)
+    passes. The message gives the counts (of distinct rows), the most common reasons and where the
+    committed outputs and errors are, e.g. ``2,400 of 3,000 rows failed (80.0%, duplicate ids not
+    counted), over max_failed_fraction=0.1. Most common reasons: 'missing id' 1,200; ...``.
     """
     rows_in, rows_out = int(manifest.get("rows_in") or 0), int(manifest.get("rows_out") or 0)
     if rows_in <= 0:
         return None
     failed = failed_rows(manifest)
-    share = failed / rows_in  # compared as a quotient: 29 of 100 is exactly at 0.29, not over it
+    distinct = max(rows_in - int(manifest.get("rows_duplicate") or 0), 1)  # the first of each id counts
+    share = failed / distinct  # compared as a quotient: 29 of 100 is exactly at 0.29, not over it
     over = []
     if share > max_failed_fraction:
         over.append(f"max_failed_fraction={max_failed_fraction:g}")
@@ -102,7 +105,7 @@ def failed_rows_verdict(
         over.append(f"max_failed_rows={max_failed_rows:,}")
     if not over and rows_out > 0:
         return None
-    message = f"{failed:,} of {rows_in:,} rows failed ({share:.1%}, duplicate ids not counted)"
+    message = f"{failed:,} of {distinct:,} rows failed ({share:.1%}, duplicate ids not counted)"
     if over:
         message += ", over " + " and ".join(over)
     if rows_out == 0:

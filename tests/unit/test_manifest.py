@@ -83,7 +83,8 @@ def test_verdict_names_only_the_three_most_common_reasons_and_never_duplicate_id
     verdict = failed_rows_verdict(manifest, 0.1, None)
 
     assert verdict is not None
-    assert verdict.startswith("30 of 100 rows failed (30.0%, duplicate ids not counted)")
+    # 30 of the 70 distinct rows (a repeated id is neither a failure nor a row of its own)
+    assert verdict.startswith("30 of 70 rows failed (42.9%, duplicate ids not counted)")
     # Ties in name order; duplicate ids are not failed rows, so not a reason either.
     assert "Most common reasons: 'empty prompt' 10; 'missing id' 10; 'bad image' 7." in verdict
     assert "duplicate" not in verdict.split("Most common reasons")[1]
@@ -132,12 +133,14 @@ def test_verdict_names_both_thresholds_when_both_are_passed() -> None:
 
 
 def test_duplicate_ids_are_not_failed_rows() -> None:
-    """900 error rows, 850 of them duplicate ids whose id has an answer: 50 of 1,000 failed (5%)."""
+    """900 error rows, 850 of them duplicate ids whose id has an answer: 50 of the 150 distinct rows
+    failed (33.3%; counted as failures, the duplicates would make it 90%)."""
     manifest = run_manifest(1000, 900, duplicates=850, missing_id=50)
 
     assert failed_rows(manifest) == 50
-    assert failed_rows_verdict(manifest, 0.1, None) is None
-    assert failed_rows_verdict(manifest, 0.1, 49) is not None
+    assert failed_rows_verdict(manifest, 0.34, None) is None
+    assert failed_rows_verdict(manifest, 0.33, None) is not None
+    assert failed_rows_verdict(manifest, 0.34, 49) is not None
 
 
 @pytest.mark.parametrize(("fraction", "rows"), [(1.0, None), (1.0, 1_000_000), (0.5, None)])
@@ -148,6 +151,25 @@ def test_a_run_whose_every_row_failed_always_fails(fraction: float, rows: int | 
     assert verdict.startswith("40 of 40 rows failed (100.0%, duplicate ids not counted)")
     assert "; no row has an output, which fails a run whatever the thresholds." in verdict
     assert "Most common reasons: 'inference failed' 40." in verdict
+
+
+@pytest.mark.parametrize(
+    ("duplicates", "fraction", "passes"),
+    [
+        (0, 0.2, False),  # 15 of 50 rows, none repeated: 30%
+        (50, 0.2, False),  # 15 of 100 rows, 50 of them a repeated id: still 15 of 50 distinct, 30%
+        (50, 0.3, True),  # at the threshold
+    ],
+)
+def test_the_failed_fraction_is_of_distinct_rows(duplicates: int, fraction: float, passes: bool) -> None:
+    """Failed rows less duplicate ids over rows in less duplicate ids: a repeated id is neither."""
+    manifest = run_manifest(50 + duplicates, 15 + duplicates, duplicates=duplicates, empty_prompt=15)
+
+    verdict = failed_rows_verdict(manifest, fraction, None)
+
+    assert (verdict is None) is passes
+    if verdict is not None:
+        assert verdict.startswith("15 of 50 rows failed (30.0%, duplicate ids not counted)")
 
 
 def test_an_empty_input_passes() -> None:

@@ -947,6 +947,26 @@ def _held_rerun(
     return rerun, run
 
 
+def test_the_failed_fraction_is_of_distinct_rows_so_duplicates_do_not_dilute_it(tmp_path: Path) -> None:
+    """100 rows, 50 of them a repeated id: 15 of the 50 distinct rows failed, 30% (not 15 of 100)."""
+    layout = OutputLayout(str(tmp_path / "out"), RUN_KEY)
+    spec = spec_of(run_key=RUN_KEY, max_failed_fraction=0.2)
+    commit.open_staging(layout, spec)
+    sources = [str(n) for n in range(100)]
+    stage_part(layout, "part-a", sources, failed=sources[35:],
+               reasons={"duplicate id": 50, "empty prompt": 15})  # fmt: skip
+
+    run = commit.write_version(layout, spec, rows_in=100)
+
+    assert run.held
+    assert run.failed_rows_message is not None
+    assert run.failed_rows_message.startswith(
+        "15 of 50 rows failed (30.0%, duplicate ids not counted), over max_failed_fraction=0.2."
+    )
+    looser = commit.write_version(layout, spec_of(run_key=RUN_KEY, max_failed_fraction=0.3), rows_in=100)
+    assert not looser.held  # exactly at the threshold passes, as 15 of 50 is 0.3
+
+
 def _held_files(layout: OutputLayout) -> bool:
     return storage.exists(commit.held_manifest_uri(layout))
 
