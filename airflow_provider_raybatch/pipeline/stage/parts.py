@@ -11,7 +11,9 @@ commit moves nothing; ``<staging>`` is ``_staging/<run_key>``.
 
 The sidecar lists the sources of the output rows first, then those of the error rows, each in file
 order (``sources_in_file_order``), so that commit can take single rows out of a part
-(:func:`.commit._drop_repeated_rows`). It also carries what the run report needs, kept small: when the
+(:func:`.commit._drop_repeated_rows`), and the output rows' labels in the same order where any row
+has one (``labels``), so that a row staged again still counts in ``generated_text_counts`` as the
+label it is, and free text never does. It also carries what the run report needs, kept small: when the
 part was written and power-of-two histograms of its output rows' token counts (see :mod:`.report`).
 
 A part without a sidecar (the job died while writing it) does not count and is removed on resume,
@@ -42,8 +44,9 @@ from airflow_provider_raybatch.pipeline.stage.commit import (
 )
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 
-#: A staged row from before rows said their label (a part read back to be staged again): its text counts.
-_NO_LABEL = object()
+#: Sidecar key: each output row's label (the choice its answer was held to; None for free text), in
+#: file order, so that a row commit stages again still counts as the label it is, or not at all.
+LABELS_KEY = "labels"
 #: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`).
 COLUMNS_KEY = "columns"
 
@@ -152,14 +155,11 @@ class PartWriter:
             "errors_by_reason": dict(Counter(reason_kind(self.reason_of(record)) for record in errors)),
         }
         if self.count_labels:  # the answers of rows constrained to labels (a choice), not free text
-            labels = [row.get("label", _NO_LABEL) for row in rows if row["ok"]]
-            answers = [
-                str(r.get("generated_text")) if label is _NO_LABEL else label
-                for label, r in zip(labels, outputs, strict=True)
-            ]
-            sidecar["generated_text_counts"] = dict(
-                Counter(answer for answer in answers if answer is not None)
-            )
+            # The label, not the written row: a postprocess may rename or drop generated_text.
+            labels = [row.get("label") for row in rows if row["ok"]]
+            sidecar["generated_text_counts"] = dict(Counter(label for label in labels if label is not None))
+            if any(label is not None for label in labels):  # else all free text: nothing to keep
+                sidecar[LABELS_KEY] = labels
         for folder, records in (("outputs", outputs), ("errors", errors)):
             if records:
                 name = f"{part}.{self.extension}"
@@ -180,7 +180,8 @@ class PartWriter:
         return StagedPart(part, sidecar)
 
     def read_part(self, part: StagedPart) -> list[dict[str, Any]]:  # Any: row values.
-        """A part's rows as :meth:`write_part` took them; its sidecar must list them in file order."""
+        """A part's rows as :meth:`write_part` took them (each output row with its ``label``); its
+        sidecar must list them in file order."""
         if not part.sidecar.get(SOURCES_IN_FILE_ORDER):
             raise ValueError(f"staged part {part.name} does not list its rows in file order.")
         records: dict[str, list[dict[str, Any]]] = {"outputs": [], "errors": []}  # Any: row values.
@@ -191,12 +192,16 @@ class PartWriter:
         if len(ok) != len(part.sidecar["sources"]):
             raise ValueError(f"staged part {part.name}: {len(ok)} rows in its files, "
                              f"{len(part.sidecar['sources'])} in its sidecar.")  # fmt: skip
-        return [
+        labels = part.sidecar.get(LABELS_KEY) or [None] * len(records["outputs"])
+        rows = [
             {"source": source, "ok": flag, "record": json.dumps(record, ensure_ascii=False)}
             for source, flag, record in zip(
                 part.sidecar["sources"], ok, records["outputs"] + records["errors"], strict=True
             )
         ]
+        for row, label in zip(rows, labels, strict=False):  # the output rows come first
+            row["label"] = label
+        return rows
 
     def conform_parts(self, parts: list[StagedPart]) -> dict[str, list[str]]:
         """Give every Parquet part of an output one schema (:func:`.part_schema.unify`); returns the

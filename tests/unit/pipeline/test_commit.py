@@ -413,6 +413,36 @@ def test_a_commit_that_died_after_staging_again_drops_the_leftover(layout: Outpu
     assert sorted(sources) == ["a:1", "a:2", "b:1", "b:2"]
 
 
+def _answer(source: str, label: str | None, record: dict[str, Any]) -> dict[str, Any]:  # Any: row values
+    """A staged row as row_steps stages an engine's answer: ``label`` is the choice it was held to."""
+    return {"source": source, "ok": True, "record": json.dumps(record), "tokens": [1, 1], "label": label}
+
+
+@pytest.mark.parametrize("output_format", ["jsonl", "parquet"])
+def test_rows_staged_again_keep_their_labels_so_the_counts_hold_only_labels(
+    layout: OutputLayout, output_format: str
+) -> None:
+    """A batch retried after its replica died repeats a row of another part, so commit stages one of
+    the two parts again without it. Whichever it is, its rows keep what made them labels: free text
+    (a row with no choice) stays out of generated_text_counts, and a row held to a choice counts its
+    label, though a postprocess wrote it under another column."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    writer = PartWriter(layout.staging_uri, output_format, count_labels=True,
+                        data_uri=commit.staged_data_uri(layout))  # fmt: skip
+    writer.create_folders()
+    free = {"id": "2", "generated_text": "Once upon a time"}
+    writer.write_part([_answer("a:1", "yes", {"id": "1", "answer": "yes"}), _answer("a:2", None, free)])
+    writer.write_part([_answer("a:2", None, free),  # the retried batch's copy
+                       _answer("a:3", None, {"id": "3", "generated_text": "A free answer"}),
+                       _answer("a:4", "no", {"id": "4", "answer": "no"})])  # fmt: skip
+
+    run = commit.write_version(layout, spec, rows_in=4, rewriter=writer)
+
+    assert (run.rows_out, run.rows_failed) == (4, 0)
+    assert run.generated_text_counts == {"no": 1, "yes": 1}
+
+
 def test_read_part_refuses_a_part_whose_files_and_sidecar_disagree(layout: OutputLayout) -> None:
     writer = PartWriter(layout.staging_uri, "jsonl", count_labels=False)
     writer.create_folders()
