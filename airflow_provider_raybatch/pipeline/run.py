@@ -586,5 +586,8 @@ def _run_owned(
             held_because, rows_in=rows_in, rows_failed=failed_rows(manifest), job_id=job_id
         )
     commit.publish(layout, manifest, keep_versions=spec.keep_versions)
+    if (current := commit.current_version(layout)) != committed.version:  # another run published after it
+        log.warning("Version %s was replaced at once by version %s, which another run of %s published at "
+                    "the same moment.", committed.version, current, spec.output_uri)  # fmt: skip
     print(manifest_log_line(manifest), flush=True)
     return manifest

@@ -7,6 +7,8 @@ Layout under ``output_uri``::
     versions/<version>/errors/    the rows that failed, with the reason
     _staging/<run_key>/           parts streamed out while a run is in progress (see parts.py),
                                   resumed by a retry; spec.json says which spec staged them
+    _published/<version>.json     each version that has been current, until it is superseded and
+                                  removed (stage/commit.py collect_superseded)
 
 Readers follow ``manifest.json`` to ``outputs_uri``: they see the previous complete version or the
 new complete version, never a partial one. Replacing ``manifest.json`` is atomic (a rename on local
@@ -59,6 +61,11 @@ class OutputLayout:
 
     def version_uri(self, version: str) -> str:
         return join(self.output_uri, "versions", version)
+
+    @property
+    def published_uri(self) -> str:
+        """The folder that lists the versions which have been current (stage/commit.py)."""
+        return join(self.output_uri, "_published")
 
     def new_version(self) -> str:
         """A version name that sorts by when its staging opened (the run started) and never repeats."""

@@ -14,9 +14,10 @@ Commit keeps the first staged copy of each row (a retried batch stages its rows 
 every input row is accounted for and writes the run report (``report.html``, see
 :mod:`~airflow_provider_raybatch.pipeline.reporting.report`) into the version folder; it moves no data
 file, so it costs a read of each sidecar (in parallel) and a listing, however many rows. Then it
-replaces ``manifest.json`` and only then deletes the previous version (unless ``keep_versions``) and
-the sidecars. A run whose failed rows fail it (``max_failed_fraction``, ``max_failed_rows``) is held
-instead: ``manifest.json`` and the version it names stay, and so does the staging, for a retry.
+replaces ``manifest.json`` and only then deletes the sidecars and the versions it supersedes (unless
+``keep_versions``; :func:`publish`, :func:`collect_superseded`). A run whose failed rows fail it
+(``max_failed_fraction``, ``max_failed_rows``) is held instead: ``manifest.json`` and the version it
+names stay, and so does the staging, for a retry.
 """
 
 from __future__ import annotations
@@ -85,9 +86,14 @@ def staged_data_uri(layout: OutputLayout) -> str:
 
 def current_version(layout: OutputLayout) -> str | None:
     """The version ``manifest.json`` names now, or None before the first commit."""
+    return (_current_manifest(layout) or {}).get("version")
+
+
+def _current_manifest(layout: OutputLayout) -> dict[str, Any] | None:  # Any: JSON values.
     if not storage.exists(layout.manifest_uri):
         return None
-    return json.loads(storage.read_text(layout.manifest_uri)).get("version")
+    manifest: dict[str, Any] = json.loads(storage.read_text(layout.manifest_uri))  # Any: JSON values
+    return manifest
 
 
 def _sidecars(
@@ -501,14 +507,70 @@ def held_try(held: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values
 
 
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.
-    """Make the version visible (manifest last), then clean up staging and the previous version.
+    """Make the version visible (manifest last), then clean up staging and the versions it supersedes.
 
     The manifest gets ``replaced_version``: the version it replaces (deleted unless ``keep_versions``),
-    or None, so the task can say so (a trial's re-run replaced a good version without a word).
+    or None, so the task can say so (a re-run that replaced a good version without a word).
+
+    Two runs of one output (a manual and a scheduled run of a date) may publish at the same moment:
+    both read the same previous version, and the manifest written last wins. Deleting only the version
+    each read as previous left the other's behind for good, and its task handed that version on while
+    the manifest named another. So each publish lists its own version under ``_published/`` once its
+    manifest names it, and then removes every listed version that is no longer current
+    (:func:`collect_superseded`): whichever publish finishes last removes the other's, and the task of
+    the run whose version went fails, naming the commit that replaced it (operators/job_results.py).
+
+    With ``keep_versions`` the version this publish replaces is taken off the list (kept for good) and
+    nothing is collected; a version that a concurrent publish replaced without seeing it is removed by
+    the next publish that does not keep versions.
     """
-    previous = current_version(layout)
-    manifest["replaced_version"] = previous if previous != manifest.get("version") else None
+    previous = _current_manifest(layout) or {}
+    version = manifest["version"]
+    replaced = previous.get("version") if previous.get("version") != version else None
+    manifest["replaced_version"] = replaced
     storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
+    _list_published(layout, version, layout.run_key)  # after the manifest: see collect_superseded
+    if replaced and keep_versions:
+        storage.delete_file(_published_entry(layout, replaced))
+    elif replaced and not storage.exists(_published_entry(layout, replaced)):  # published before the list
+        _list_published(layout, replaced, previous.get("run_key"))
     storage.delete_tree(layout.staging_uri)
-    if previous and previous != manifest["version"] and not keep_versions:
-        storage.delete_tree(layout.version_uri(previous))
+    if not keep_versions:
+        collect_superseded(layout)
+
+
+def _published_entry(layout: OutputLayout, version: str) -> str:
+    return storage.join(layout.published_uri, f"{version}.json")
+
+
+def _list_published(layout: OutputLayout, version: str, run_key: str | None) -> None:
+    entry = {"version": version, "run_key": run_key}
+    storage.write_text(_published_entry(layout, version), json.dumps(entry, sort_keys=True))
+
+
+def collect_superseded(layout: OutputLayout) -> None:
+    """Delete each version listed under ``_published/`` that is no longer current.
+
+    Safe beside any other publish or collection of the output: a version is listed only once a
+    manifest has named it, and the current version is read after the listing, so a listed version
+    that is not current then has been replaced for good. Left alone: the current version, and one a
+    run's staging still names (its commit died after writing the manifest; a retry resumes that
+    staging and publishes the version again). Each version's entry goes after its folder, so a
+    collection that dies half way is finished by the next.
+    """
+    listed = [path for path in storage.list_files(layout.published_uri) if path.endswith(".json")]
+    current = current_version(layout)
+    for path in listed:
+        version = posixpath.basename(path).removesuffix(".json")
+        if version == current:
+            continue
+        uri = path if "://" not in layout.output_uri else _uri_of(layout, path)
+        try:
+            run_key = json.loads(storage.read_text(uri)).get("run_key")
+            staged = _pointer(OutputLayout(layout.output_uri, run_key)) if run_key else None
+        except OSError:  # its entry or that staging deleted meanwhile: by a collection or commit beside
+            continue
+        if (staged or {}).get(STAGED_VERSION_KEY) == version:
+            continue
+        storage.delete_tree(layout.version_uri(version))
+        storage.delete_file(uri)

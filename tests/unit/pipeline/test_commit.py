@@ -12,6 +12,7 @@ import logging
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from tests.unit.pipeline.interleave import interleave
 
 RUN_KEY = "classify-m-1-0123456789abcdef"
 
@@ -877,6 +879,89 @@ def test_publish_of_the_same_version_again_keeps_it(layout: OutputLayout) -> Non
         "again": True,
         "replaced_version": None,
     }
+
+
+def _alternately() -> Callable[[list[str]], str]:
+    """Each in turn, one storage call at a time: both runs read the manifest before either writes one."""
+    chosen: list[str] = []
+
+    def choose(waiting: list[str]) -> str:
+        chosen.append(next((name for name in waiting if not chosen or name != chosen[-1]), waiting[0]))
+        return chosen[-1]
+
+    return choose
+
+
+@pytest.mark.parametrize("keep_versions", [False, True])
+def test_two_runs_of_a_date_publishing_at_once_leave_one_current_version(
+    tmp_path: Path, keep_versions: bool
+) -> None:
+    """A scheduled and a manual run of one date publish at the same moment, storage call by storage
+    call in turn: both read the same previous version, and the manifest written last wins. The other
+    run's version is deleted as the previous one is (its task then fails, naming the commit that
+    replaced it), not left behind for good; with keep_versions, every version stays."""
+    scheduled, manual = (OutputLayout(str(tmp_path / "out"), key) for key in ("scheduled-1", "manual-1"))
+    _, first = _commit_good_date(tmp_path)
+    manifests = {}
+    for layout in (scheduled, manual):
+        spec = spec_of(run_key=layout.run_key)
+        commit.open_staging(layout, spec)
+        stage_part(layout, "part-a", ["1", "2"])
+        run = commit.write_version(layout, spec, rows_in=2)
+        manifests[layout.run_key] = {"version": run.version, "outputs_uri": run.outputs_uri}
+
+    publishes = {
+        layout.run_key: (
+            lambda layout=layout: commit.publish(layout, manifests[layout.run_key], keep_versions)
+        )
+        for layout in (scheduled, manual)
+    }
+    interleave(publishes, choose=_alternately())
+
+    current = commit.current_version(scheduled)
+    published = {manifest["version"] for manifest in manifests.values()}
+    assert current in published
+    left = {path.name for path in Path(tmp_path / "out" / "versions").iterdir()}
+    assert left == ({first.version, *published} if keep_versions else {current})
+    assert not storage.exists(scheduled.staging_uri) and not storage.exists(manual.staging_uri)
+    # Each of the two saw the first version as the one it replaced.
+    assert {manifest["replaced_version"] for manifest in manifests.values()} == {first.version}
+
+
+def test_a_replaced_version_whose_staging_a_retry_resumes_is_kept_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's job died after its manifest was written, before it deleted its staging; another run then
+    published. The collection leaves the first run's version alone while its staging names it: its
+    retry resumes every row from there and publishes the version again, whole."""
+    died, other = (OutputLayout(str(tmp_path / "out"), key) for key in ("scheduled-1", "manual-1"))
+    spec = spec_of(run_key=died.run_key)
+    commit.open_staging(died, spec)
+    stage_part(died, "part-a", ["1", "2"])
+    first = commit.write_version(died, spec, rows_in=2)
+    delete_tree = storage.delete_tree
+
+    def dies_at_the_staging(uri: str) -> None:
+        if uri == died.staging_uri:
+            raise OSError("the job's node was lost")
+        delete_tree(uri)
+
+    monkeypatch.setattr(storage, "delete_tree", dies_at_the_staging)
+    with pytest.raises(OSError, match="node was lost"):
+        commit.publish(died, {"version": first.version}, keep_versions=False)
+    monkeypatch.setattr(storage, "delete_tree", delete_tree)
+    stage_part(other, "part-b", ["1", "2"])
+    replacing = commit.write_version(other, spec_of(run_key=other.run_key), rows_in=2)
+    commit.publish(other, {"version": replacing.version}, keep_versions=False)
+
+    assert Path(died.version_uri(first.version)).exists()  # its staging still writes into it
+    resumed = commit.open_staging(died, spec)  # the retry
+    assert resumed == {"1", "2"}
+    again = commit.write_version(died, spec, rows_in=2)
+    commit.publish(died, {"version": again.version}, keep_versions=False)
+    assert again.version == first.version == commit.current_version(died)
+    assert files_under(again.outputs_uri) == ["part-a.jsonl"]
+    assert {path.name for path in Path(tmp_path / "out" / "versions").iterdir()} == {first.version}
 
 
 def test_publish_over_a_manifest_of_the_old_layout(layout: OutputLayout) -> None:

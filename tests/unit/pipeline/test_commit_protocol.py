@@ -1,5 +1,6 @@
 """The commit protocol as a state machine: random sequences of tries, kills, inputs rewritten in place,
-runs re-created while their job runs, code and threshold changes (hypothesis' RuleBasedStateMachine).
+runs re-created while their job runs, code and threshold changes, and a second run of the date (a
+manual run beside the scheduled one) publishing at the same moment (hypothesis' RuleBasedStateMachine).
 
 Each try is what ``run._run_owned`` does, through the pipeline's own staging calls
 (``ownership.claim``, ``commit.take_held``, ``commit.open_staging_parts``, ``PartWriter.write_part``,
@@ -12,7 +13,12 @@ tries. After every step:
   counts say;
 - a version committed holds each row of the input exactly once (an output or an error), as the input
   is when it commits (a try whose input changed under it commits nothing), and nothing from another
-  input or another code.
+  input or another code;
+- no version is left behind: each version folder is the current one or one a run's staging still
+  writes into (a try in progress, killed or held); whatever two publishes at once did.
+
+Two publishes at once run in threads, one storage call at a time, in an order hypothesis draws
+(tests/unit/pipeline/interleave.py).
 """
 
 from __future__ import annotations
@@ -40,8 +46,11 @@ from airflow_provider_raybatch.pipeline.stage.binding import (
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from tests.unit.pipeline.interleave import interleave
 
 RUN_KEY = "daily-2026-11-20"
+#: A second run of the same date (triggered by hand): its own run key, the same output.
+MANUAL_RUN_KEY = "daily-manual-2026-11-20"
 ids = st.text("abcdefgh", min_size=1, max_size=3)
 
 
@@ -50,6 +59,7 @@ class Try:
     """A job of the run: what it read, what it made its rows with, what it has staged."""
 
     job_id: str
+    layout: OutputLayout
     owner: ownership.Owner
     spec: BatchInferenceSpec
     binding: RunBinding
@@ -153,9 +163,9 @@ class CommitProtocol(RuleBasedStateMachine):
 
     # -- tries ----------------------------------------------------------------------------------
 
-    def _spec(self) -> BatchInferenceSpec:
+    def _spec(self, run_key: str = RUN_KEY) -> BatchInferenceSpec:
         return BatchInferenceSpec.build(
-            model="m", input_uri=str(self.input), output_uri=self.layout.output_uri, run_key=RUN_KEY,
+            model="m", input_uri=str(self.input), output_uri=self.layout.output_uri, run_key=run_key,
             input_format="jsonl", user_template="{id}", id_column="id",
             max_failed_fraction=self.max_failed_fraction,
         )  # fmt: skip
@@ -167,41 +177,46 @@ class CommitProtocol(RuleBasedStateMachine):
     @rule()
     def start_try(self) -> None:
         """A new job of the run: a retry, a clear, or a re-created run's try while another job lives."""
+        self._start(self.layout)
+
+    def _start(self, layout: OutputLayout) -> Try | None:
+        """A job of the run ``layout`` names, as run._run_owned starts; None where it ends at once."""
         self.jobs += 1
         job_id = f"job-{self.jobs}"
         self.alive[job_id] = True
-        spec = self._spec()
+        spec = self._spec(layout.run_key)
         digest = prepared_cache.input_digest(str(self.input), ["jsonl"])
         binding = RunBinding(spec=spec.fingerprint(), input=digest, code=str(self.code), model="m")
-        owner = ownership.Owner(job_id, {"run_id": "manual__1"}, self.clock.now)
+        owner = ownership.Owner(job_id, {"run_id": layout.run_key}, self.clock.now)
         try:
             ownership.claim(
-                self.layout, owner, self._job_alive, now=lambda: self.clock.now, sleep=self.clock.sleep
+                layout, owner, self._job_alive, now=lambda: self.clock.now, sleep=self.clock.sleep
             )
         except ownership.StagingOwnedError:
-            assert any(self.alive.get(t) for t in self.tries), "refused though no other job lives"
+            live = [t for t, job in self.tries.items() if job.layout == layout and self.alive.get(t)]
+            assert live, "refused though no other job lives"
             event("a second live job of the run refused")
             self.alive[job_id] = False  # fails before writing anything
-            return
-        held = commit.take_held(self.layout, spec, binding)
+            return None
+        held = commit.take_held(layout, spec, binding)
         if held is not None and not held.passes:
             event("a held run held again, generating nothing")
             self.alive[job_id] = False
-            return
+            return None
         if held is not None:
             event("a held run's rows taken by looser thresholds")
-        done = {source for part in commit.open_staging_parts(self.layout, spec, binding)
+        done = {source for part in commit.open_staging_parts(layout, spec, binding)
                 for source in part.sidecar["sources"]}  # fmt: skip
-        writer = PartWriter(self.layout.staging_uri, "jsonl", count_labels=True,
-                            data_uri=commit.staged_data_uri(self.layout))  # fmt: skip
+        writer = PartWriter(layout.staging_uri, "jsonl", count_labels=True,
+                            data_uri=commit.staged_data_uri(layout))  # fmt: skip
         writer.create_folders()
         rows = self._rows()
         todo = [row for row in rows if row[0] not in done]
         if len(todo) < len(rows):
             event("a try resumed staged rows")
-        self.tries[job_id] = Try(
-            job_id, owner, spec, binding, self.code, self._input_state(), rows, todo, writer
-        )
+        job = Try(job_id, layout, owner, spec, binding, self.code, self._input_state(), rows, todo, writer)
+        self.tries[job_id] = job
+        return job
 
     def _live(self) -> list[str]:
         return sorted(job_id for job_id in self.tries if self.alive.get(job_id))
@@ -234,32 +249,71 @@ class CommitProtocol(RuleBasedStateMachine):
     def finish(self, data: st.DataObject) -> None:
         """A live try stages what is left and commits (or holds) its run."""
         job = self.tries[data.draw(st.sampled_from(self._live()))]
+        manifest = self._write_version(job)
+        if manifest is not None:
+            commit.publish(job.layout, manifest, keep_versions=False)
+            self._published(job, manifest)
+
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data())
+    def finish_beside_a_manual_run_of_the_date(self, data: st.DataObject) -> None:
+        """A live try and a manual run of the same date (its own run key, the same output) finish at the
+        same moment: their publishes run side by side, storage call by storage call, in any order."""
+        job = self.tries[data.draw(st.sampled_from(self._live()))]
+        manual = self._start(OutputLayout(self.layout.output_uri, MANUAL_RUN_KEY))
+        jobs = [one for one in (job, manual) if one is not None]
+        ready = [(one, manifest) for one in jobs if (manifest := self._write_version(one)) is not None]
+        interleave(
+            {one.job_id: (lambda one=one, manifest=manifest: commit.publish(one.layout, manifest, False))
+             for one, manifest in ready},
+            choose=lambda waiting: data.draw(st.sampled_from(waiting)),
+        )  # fmt: skip
+        for one, manifest in ready:
+            self._published(one, manifest)
+        if len(ready) == 2:
+            event("two runs of the date published at the same moment")
+        now = commit.current_version(self.layout)
+        assert now in {manifest["version"] for _, manifest in ready} or not ready
+        for _, manifest in ready:
+            # The one not current is gone: its task fails naming the commit that replaced it
+            # (operators/job_results.check_not_superseded), never hands on a version no longer current.
+            assert (
+                manifest["version"] == now or not Path(self.layout.version_uri(manifest["version"])).exists()
+            )
+
+    def _write_version(self, job: Try) -> dict[str, object] | None:
+        """The try stages what is left and writes its version; the manifest to publish, or None where
+        the try commits nothing (its input changed under it) or holds its rows."""
         if job.todo:
             job.writer.write_part([self._result(source, row_id, job.code) for source, row_id in job.todo])
             job.todo = []
-        run = commit.write_version(self.layout, job.spec, len(job.rows), rewriter=job.writer)
+        run = commit.write_version(job.layout, job.spec, len(job.rows), rewriter=job.writer)
         self.alive[job.job_id] = False
         manifest = {"version": run.version, "rows_in": len(job.rows), "rows_out": run.rows_out,
                     "rows_failed": run.rows_failed, "errors_by_reason": run.errors_by_reason,
                     "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri, "id_column": "id",
-                    "spec_fingerprint": job.binding.spec, "binding": job.binding.as_dict()}  # fmt: skip
+                    "spec_fingerprint": job.binding.spec, "binding": job.binding.as_dict(),
+                    "run_key": job.layout.run_key}  # fmt: skip
         digest_now = prepared_cache.input_digest(str(self.input), ["jsonl"])
         try:
             check_input_unchanged(job.binding, digest_now, str(self.input))
         except InputChangedError:
             assert self._input_state() != job.input_state, "refused an input that did not change"
             event("an input changed under a try: nothing committed")
-            return  # the job fails, committing nothing; the next try discards its rows
+            return None  # the job fails, committing nothing; the next try discards its rows
         assert self._input_state() == job.input_state, "an input changed under the job went unnoticed"
         if run.held:
-            commit.hold(self.layout, {**manifest, "status": HELD_STATUS})
+            commit.hold(job.layout, {**manifest, "status": HELD_STATUS})
             event("a run held")
-            return
-        ownership.confirm(self.layout, job.owner)
-        commit.publish(self.layout, {**manifest, "status": "complete"}, keep_versions=False)
-        ownership.release(self.layout, job.owner)
-        self.committed[run.version] = (job.rows, job.code)
-        self.committed_input_state = job.input_state
+            return None
+        ownership.confirm(job.layout, job.owner)
+        return {**manifest, "status": "complete"}
+
+    def _published(self, job: Try, manifest: dict[str, object]) -> None:
+        ownership.release(job.layout, job.owner)
+        self.committed[str(manifest["version"])] = (job.rows, job.code)
+        if manifest["version"] == commit.current_version(self.layout):
+            self.committed_input_state = job.input_state
         event("a version committed")
 
     # -- what must hold after every step --------------------------------------------------------
@@ -288,6 +342,16 @@ class CommitProtocol(RuleBasedStateMachine):
         assert all(row["generated_text"] == f"code{code}:{row['id']}" for row in outputs)
         if self._input_state() == self.committed_input_state:  # the input as it is now
             assert sorted(rows) == sorted(self._rows())
+
+    @invariant()
+    def no_version_is_left_behind(self) -> None:
+        """Each version folder is the current one, or one a run's staging writes into (in progress,
+        killed or held: a retry takes or discards it); a replaced version is deleted."""
+        versions = Path(self.layout.output_uri, "versions")
+        folders = {path.name for path in versions.iterdir()} if versions.exists() else set()
+        staged = {json.loads(path.read_text())[commit.STAGED_VERSION_KEY]
+                  for path in Path(self.layout.output_uri, "_staging").glob("*/spec.json")}  # fmt: skip
+        assert folders <= {commit.current_version(self.layout), *staged}
 
 
 TestCommitProtocol = CommitProtocol.TestCase
