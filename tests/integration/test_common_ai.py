@@ -235,8 +235,9 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
     dag_file = _retry_dags(tmp_path)
     env, day, hook = _env(airflow_env, ray_cluster), "2026-11-22", _hook(ray_cluster)
     # The job is stopped while its driver runs, waiting for a held engine slot. Stopped at once, while
-    # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine (CI, 2026-11-27).
-    hold_replica_slots(hook, seconds=40)
+    # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine (CI, 2026-11-27). The
+    # hold ends with the stop: try 2's job then takes the slot at once.
+    holder = hold_replica_slots(hook, seconds=300)
     conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
     process = _popen_dags_test(env, dag_file, "common_ai_retry_after_cancel", day, conf)
     try:
@@ -248,8 +249,13 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
             time.sleep(1)
         (first,) = jobs
         assert hook.stop_job(first.job_id)
+        while not hook.get_job_status(first.job_id).is_terminal:  # stopped, not yet given the slot
+            assert time.monotonic() < deadline, "the stopped job did not end"
+            time.sleep(1)
+        hook.stop_job(holder)
         log, _ = process.communicate(timeout=840)
     finally:
+        hook.stop_job(holder)
         if process.poll() is None:
             process.kill()
     (tmp_path / "dags_test.log").write_text(log)
