@@ -36,7 +36,10 @@ stop_shared_cluster() {
 }
 stop_shared_cluster  # one an interrupted run left
 rm -rf "$SHARED" && mkdir -p "$SHARED"
-trap stop_shared_cluster EXIT
+# The machine's CPU counters every 5 s, for the account's "CPU busy" of each phase and test file.
+( while :; do echo "$(date +%s.%N) $(head -n 1 /proc/stat)"; sleep 5; done ) > "$REPORT/cpu.log" 2> /dev/null &
+CPU_SAMPLER=$!
+trap 'kill "$CPU_SAMPLER" 2> /dev/null; stop_shared_cluster' EXIT
 export RAYBATCH_TEST_SHARED_DIR=$SHARED
 started=$(date +%s.%N)
 scripts/setup_envs.sh
@@ -65,24 +68,61 @@ fi
 phase "lint beside the wheel" "$started"
 if [ "$RAYBATCH_TEST_INSTALL" = wheel ]; then cd build/test-root; fi
 export RAYBATCH_TEST_INSTALL
-# A whole run ends with the version matrix: its virtualenvs are made meanwhile, in the background.
+# A whole run ends with the version matrix: its virtualenvs are made meanwhile, in the background
+# (build/matrix-prepare.rc holds the exit status once they are).
 MATRIX=0
 if [ $# = 0 ] && [ "${RAYBATCH_TEST_MATRIX:-1}" != 0 ]; then
   MATRIX=1
   mkdir -p "$ROOT/build"
-  "$ROOT/scripts/test_matrix.sh" --prepare > "$ROOT/build/matrix-prepare.log" 2>&1 &
-  PREPARE_PID=$!
+  rm -f "$ROOT/build/matrix-prepare.rc"
+  ( "$ROOT/scripts/test_matrix.sh" --prepare > "$ROOT/build/matrix-prepare.log" 2>&1
+    echo $? > "$ROOT/build/matrix-prepare.rc" ) &
 fi
 # Two passes (tests/conftest.py's RAYBATCH_TEST_PART): the unit tests in two pytest-xdist workers
-# (RAYBATCH_TEST_WORKERS), then the tests on the real parts (a Ray head, Airflow, an S3 server). A pass
+# (RAYBATCH_TEST_WORKERS), and the tests on the real parts (a Ray head, Airflow, an S3 server). A pass
 # that selects no test (pytest's exit 5) is not a failure, unless neither pass ran one.
+# A whole run (no arguments; RAYBATCH_TEST_BESIDE=0 turns it off) runs the unit tests, then the
+# matrix's unit tests, beside the tests on the real parts, at the lowest CPU priority (nice 19):
+# those tests wait much of their time (on Airflow's scheduler, a trigger's poll, a job's driver), and
+# the unit tests take the cores they leave idle, not the ones they use. Their output is kept in
+# build/test-report/{unit,matrix-unit}.log and printed after the tests on the real parts.
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=25)
+BESIDE=0
+if [ $# = 0 ] && [ "${RAYBATCH_TEST_BESIDE:-1}" != 0 ]; then BESIDE=1; fi
+unit_pass() {  # the unit tests; their exit status
+  local started rc=0
+  started=$(date +%s.%N)
+  RAYBATCH_TEST_PART=unit "${PYTEST[@]}" --junitxml="$ROOT/build/junit-unit.xml" -n "${RAYBATCH_TEST_WORKERS:-2}" "$@" || rc=$?
+  phase "unit tests$([ "$BESIDE" = 1 ] && echo ' (beside the real parts)')" "$started"
+  return $rc
+}
+matrix_unit_pass() {  # the version matrix's unit tests, once its virtualenvs are made; their exit status
+  local started rc=0
+  started=$(date +%s.%N)
+  while [ ! -f "$ROOT/build/matrix-prepare.rc" ]; do sleep 2; done
+  phase "matrix: waiting for its virtualenvs" "$started"
+  if [ "$(cat "$ROOT/build/matrix-prepare.rc")" != 0 ]; then
+    # Shown, and tried again by the matrix itself (the venvs are stamped when whole).
+    echo "test.sh: making the matrix's virtualenvs failed:"; tail -n 20 "$ROOT/build/matrix-prepare.log"
+  fi
+  started=$(date +%s.%N)
+  "$ROOT/scripts/test_matrix.sh" --part unit || rc=$?
+  phase "version matrix: unit tests$([ "$BESIDE" = 1 ] && echo ' (beside the real parts)')" "$started"
+  return $rc
+}
 set +e
-# Every test's time is kept in build/junit-<pass>.xml (--durations prints only the slowest).
-started=$(date +%s.%N)
-RAYBATCH_TEST_PART=unit "${PYTEST[@]}" --junitxml="$ROOT/build/junit-unit.xml" -n "${RAYBATCH_TEST_WORKERS:-2}" "$@"; unit=$?
-phase "unit tests" "$started"
-if [ "$unit" = 2 ] || [ "$unit" = 3 ] || [ "$unit" = 4 ]; then exit "$unit"; fi  # interrupted, internal or usage error
+unit=0 matrix_unit=0
+if [ "$BESIDE" = 1 ]; then
+  ( renice -n 19 -p "$BASHPID" > /dev/null  # this subshell and all it starts
+    unit_pass > "$REPORT/unit.log" 2>&1; echo $? > "$REPORT/unit.rc"
+    if [ "$MATRIX" = 1 ]; then
+      matrix_unit_pass > "$REPORT/matrix-unit.log" 2>&1; echo $? > "$REPORT/matrix-unit.rc"
+    fi ) &
+  BESIDE_PID=$!
+else
+  unit_pass "$@"; unit=$?
+  if [ "$unit" = 2 ] || [ "$unit" = 3 ] || [ "$unit" = 4 ]; then exit "$unit"; fi  # interrupted, internal or usage error
+fi
 # The tests on the real parts in one process, or in RAYBATCH_REAL_PARTS_WORKERS pytest-xdist workers,
 # each with its own Ray head and S3 server and taking whole test files (a file's own servers use fixed
 # ports). One process by default: on a 2-core machine two workers saved 7% of the pass and made it flaky
@@ -92,17 +132,27 @@ REAL_DIST=(); if [ "$REAL_WORKERS" != 0 ]; then REAL_DIST=(-n "$REAL_WORKERS" --
 started=$(date +%s.%N)
 RAYBATCH_TEST_PART=real_parts "${PYTEST[@]}" --junitxml="$ROOT/build/junit-real-parts.xml" "${REAL_DIST[@]}" "$@"; real=$?
 phase "tests on the real parts" "$started"
-# The oldest Airflow and Ray we claim, one side at a time (scripts/test_matrix.sh), after a whole run
-# (no pytest arguments) unless RAYBATCH_TEST_MATRIX=0.
+if [ "$BESIDE" = 1 ]; then
+  started=$(date +%s.%N)
+  wait "$BESIDE_PID"
+  phase "waiting for the unit tests beside" "$started"
+  echo "=== The unit tests, run beside the tests on the real parts"; cat "$REPORT/unit.log"
+  unit=$(cat "$REPORT/unit.rc" 2> /dev/null || echo 1)
+  if [ "$MATRIX" = 1 ]; then
+    echo "=== The version matrix's unit tests, run beside"; cat "$REPORT/matrix-unit.log"
+    matrix_unit=$(cat "$REPORT/matrix-unit.rc" 2> /dev/null || echo 1)
+  fi
+elif [ "$MATRIX" = 1 ]; then
+  matrix_unit_pass; matrix_unit=$?
+fi
+# The version matrix's tests on the real parts: a DAG on the oldest Airflow, on the run's Ray head
+# and the engines the main pass left warm (scripts/test_matrix.sh).
 matrix=0
 if [ "$MATRIX" = 1 ]; then
   started=$(date +%s.%N)
-  # A failed preparation is shown and tried again by the matrix itself (the venvs are stamped when whole).
-  wait "$PREPARE_PID" || { echo "test.sh: making the matrix's virtualenvs failed:"; tail -n 20 "$ROOT/build/matrix-prepare.log"; }
-  phase "matrix: waiting for its virtualenvs" "$started"
-  started=$(date +%s.%N)
-  "$ROOT/scripts/test_matrix.sh"; matrix=$?
-  phase "version matrix" "$started"
+  "$ROOT/scripts/test_matrix.sh" --part real_parts; matrix=$?
+  phase "version matrix: tests on the real parts" "$started"
+  if [ "$matrix_unit" != 0 ]; then matrix=$matrix_unit; fi
 fi
 WHOLE=(); if [ $# = 0 ] && [ "$MATRIX" = 1 ]; then WHOLE=(--whole); fi
 "$VENV/bin/python" "$ROOT/scripts/test_report.py" "$REPORT" "${WHOLE[@]}"; budget=$?
