@@ -212,13 +212,18 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert predicted["output_tokens_at_most"] == GOOD_ROWS * 24
     # The last run's rate while generating, and its start-up once (not its rows over its wall time,
     # which is mostly start-up on a short run).
+    # The rate is of the rows the run's engines generated: the good rows and the over-long ticket,
+    # which the engine failed (the rows a try resumes are not: tests/unit/pipeline/test_dry_run_rate.py).
     timings = manifest["timings"]
+    assert timings["rows_generated"] == GOOD_ROWS + 1, timings
+    rate = timings["rows_generated"] / timings["generating_s"]
     assert predicted["rows_per_second_from"] == "last run, while generating"
-    assert predicted["rows_per_second"] == round(GOOD_ROWS / timings["generating_s"], 3)
+    assert predicted["rows_per_second"] == round(rate, 3)
     assert predicted["estimated_startup_seconds"] == round(timings["engine_start_to_first_row_s"], 1)
-    assert predicted["estimated_gpu_seconds"] == math.ceil(
-        timings["engine_start_to_first_row_s"] + GOOD_ROWS / (GOOD_ROWS / timings["generating_s"])
+    assert predicted["estimated_engine_seconds"] == math.ceil(
+        timings["engine_start_to_first_row_s"] + GOOD_ROWS / rate
     )
+    assert predicted["estimated_gpu_seconds"] == 0  # the CPU engine holds no GPU
     assert "Dry run" in Path(output_uri, "_dry_runs", "dirty", "report.html").read_text()
 
     # An engine setting misspelled: the job fails at its start, naming it, before any replica starts

@@ -4,13 +4,15 @@ row is lost or doubled, and the pool scales to zero. Two concurrent jobs sharing
 replicas (one per node) is tests/integration/test_multinode.py.
 
 The test process has no Ray (the Airflow side stays light): it looks at the pool through small Ray
-jobs of its own (:func:`_pool`, :func:`_kill_replica`).
+jobs of its own (:func:`_pool`), and kills a replica by its process id (:func:`_replica_pid`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -18,14 +20,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook, _Request
 from tests.conftest import engine_plan, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
 # Pools of its own: the subject is a pool's start (its first job cold), replacement and scale to zero.
 pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(1200)]
 
-NAMESPACE = "raybatch_engine_pool"  # pipeline/generate/engine_pool.py (not imported: it is cluster code)
 
 _POOL_SCRIPT = """
 import json, ray
@@ -63,10 +64,14 @@ def _pool(fingerprint: str) -> list[dict]:
     return [replica for replica in replicas if replica["name"].rsplit("-", 1)[0].endswith(fingerprint)]
 
 
-def _kill_replica(name: str) -> None:
-    _on_cluster(
-        f"import ray; ray.init(); ray.kill(ray.get_actor({name!r}, namespace={NAMESPACE!r}), no_restart=True)"
-    )
+def _replica_pid(name: str) -> int:
+    """The process of the live pool replica ``name``, from Ray's state API: killed with a signal, it
+    dies at once (``max_restarts=0``: the stage replaces it). A Ray job of our own that called
+    ``ray.kill`` took seconds to start, and a warm job had staged all its rows by then (CI, a16fc3f)."""
+    payload = RayHook()._send(_Request("GET", "/api/v0/actors?detail=true&limit=10000")).json()
+    actors = payload["data"]["result"]["result"]
+    [actor] = [a for a in actors if a.get("name") == name and a.get("state") == "ALIVE"]
+    return int(actor["pid"])
 
 
 def _tickets(path: Path, count: int, prefix: str) -> list[str]:
@@ -153,6 +158,7 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
     # test_engine_pool.py, setting by setting. A cold job here showed it once more until 2026-11-28.)
 
     # A replica killed while a job's rows are in it: replaced, and every row committed exactly once.
+    pid = _replica_pid(replica["name"])
     third, third_ids = _run(tiny_model, tmp_path, "third", 600, keep_warm=3,
                             sampling_params={"temperature": 0, "max_tokens": 48})  # fmt: skip
     out = tmp_path / "third" / "out"  # the replicas stage parts into the version folder as rows finish
@@ -160,7 +166,7 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
     while not list(out.rglob("*.parquet")) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert list(out.rglob("*.parquet")), "the third job staged nothing"
-    _kill_replica(replica["name"])
+    os.kill(pid, signal.SIGKILL)
     assert not RayHook().get_job_status(third).is_terminal, "the replica was killed after the job ended"
     manifest = _committed(tmp_path, "third", third, third_ids)
     assert manifest["engine_pool"]["warm_replicas"] == 1
