@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up both virtualenvs (idempotent), run the code checks (scripts/lint.sh: ruff check, ruff format,
 # mypy; under a minute on a fresh clone, seconds after, beside the wheel's build; any finding stops
-# here), then every test: unit tests, then the integration tests on a local Ray head with vLLM's CPU
-# engine and real Airflow.
+# here), then every test: the unit tests, and the integration tests on a local Ray head with vLLM's
+# CPU engine and real Airflow (in a whole run side by side, the unit tests at nice 19; else one after
+# the other).
 # Extra arguments go to pytest. SKIP_LINT=1 skips the checks, for a quick local run of a few tests;
 # CI never sets it.
 # RAYBATCH_TEST_INSTALL=wheel (the default, and CI's) tests what users install: scripts/test_wheel.sh
@@ -12,8 +13,8 @@
 # Paths among the arguments replace pyproject's testpaths (tests/): `scripts/test.sh tests/unit`.
 # A run without arguments then tests the oldest Airflow and Ray releases we claim
 # (scripts/test_matrix.sh); RAYBATCH_TEST_MATRIX=0 leaves that out.
-# Every run ends with its account (scripts/test_report.py): each phase's and each test file's time,
-# the cold vLLM engine starts, `airflow standalone` starts and `airflow dags test` runs, printed as a
+# Every run ends with its account (scripts/test_report.py): each phase's and each test file's time
+# and CPU use, the cold vLLM engine starts, `airflow standalone` starts and `airflow dags test` runs, printed as a
 # table and kept in build/test-report/report.json. A whole run (no arguments) over tests/budget.toml
 # fails.
 set -euo pipefail
@@ -89,6 +90,7 @@ fi
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=25)
 BESIDE=0
 if [ $# = 0 ] && [ "${RAYBATCH_TEST_BESIDE:-1}" != 0 ]; then BESIDE=1; fi
+# Every test's time is kept in build/junit-<pass>.xml (--durations prints only the slowest).
 unit_pass() {  # the unit tests; their exit status
   local started rc=0
   started=$(date +%s.%N)
