@@ -52,13 +52,18 @@ def two_nodes(ray_connection) -> list:
     return nodes
 
 
+def _slot_usage(hook: RayHook) -> list[float] | None:
+    """The cluster's replica slots as Ray's autoscaler reports them: [used, total], or None."""
+    status = hook._send(_Request("GET", "/api/cluster_status")).json(dict)
+    return status["data"]["clusterStatus"]["loadMetricsReport"]["usage"].get("replicaSlot")
+
+
 def _wait_for_free_slots(hook: RayHook, total: int, timeout: float = 180) -> None:
     """Wait until no task or actor holds a replica slot: one per node only if both are free. (A slot
     still held by an earlier test's job once left this file's second replica unplaced, CI 2026-11-27.)"""
     deadline = time.monotonic() + timeout
     while True:
-        status = hook._send(_Request("GET", "/api/cluster_status")).json(dict)
-        usage = status["data"]["clusterStatus"]["loadMetricsReport"]["usage"].get("replicaSlot")
+        usage = _slot_usage(hook)
         if usage == [0.0, float(total)]:
             return
         assert time.monotonic() < deadline, f"replica slots (used, total) still {usage} after {timeout} s"
@@ -81,9 +86,7 @@ def _most_slots_held_while_running(hook: RayHook, job_id: str) -> float:
     actor's address, CI at c8bd8ca.)"""
     most = 0.0
     while not hook.get_job_status(job_id).is_terminal:
-        status = hook._send(_Request("GET", "/api/cluster_status")).json(dict)
-        used, _ = status["data"]["clusterStatus"]["loadMetricsReport"]["usage"].get("replicaSlot", [0.0, 0.0])
-        most = max(most, used)
+        most = max(most, (_slot_usage(hook) or [0.0])[0])
         time.sleep(1)
     return most
 
