@@ -34,6 +34,7 @@ from tests.conftest import (
     submit_pipeline,
     wait_for_job,
 )
+from tests.unit.pipeline.ray_env import last_printed_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -70,7 +71,7 @@ def _run_driver(cluster: LocalRayCluster, code: str, *args: str) -> Any:  # Any:
         [str(RAY_PYTHON), "-c", code, address, *args], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return last_printed_json(result.stdout)
 
 
 def cluster_store(cluster: LocalRayCluster, wait_for_copy: bool = False) -> dict[str, Any]:  # Any: JSON.

@@ -36,4 +36,16 @@ def run_in_ray_env(code: str) -> Any:  # Any: the JSON the snippet printed last.
     if builds := (result.stdout + result.stderr).count(ENGINE_BUILT):
         note("engine_builds", count=builds)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return last_printed_json(result.stdout)
+
+
+def last_printed_json(stdout: str) -> Any:  # Any: whatever JSON the snippet printed.
+    """The last line of ``stdout`` that is JSON. Ray forwards its own lines to a driver's stdout (the raylet's
+    warning that many workers started comes at any moment, after the snippet's result too), so the last line
+    is not always the snippet's."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    raise AssertionError(f"the snippet printed no JSON line; its output ends: {stdout[-2000:]!r}")
