@@ -4,8 +4,9 @@ the running job, is test_airflow_ui's worker-kill test, under Airflow's own sche
 
 What must hold: every id exactly once in the committed output, no row lost, and a resumed run
 redoes at most one batch of the rows the engine had finished (the replica stages them every half
-batch), whatever was in flight. A replica killed alone is restarted
-within the job, and commit keeps one copy of each row its retried batches staged again.
+batch), whatever was in flight. A replica killed alone is restarted within the job (in the last
+try of the stopped-then-crashed run), and commit keeps one copy of each row its retried batches staged
+again.
 """
 
 from __future__ import annotations
@@ -121,17 +122,31 @@ def _submit_traced(
     )
 
 
+def _line(source: str) -> int:
+    """The input line (1-based) a staged row's source names (``<file>:<line>``)."""
+    return int(source.rsplit(":", 1)[1])
+
+
 def _wait_until_staged(
-    hook: RayHook, job_id: str, output_uri: str, run_key: str, rows: int, mid_batch: bool = False
+    hook: RayHook,
+    job_id: str,
+    output_uri: str,
+    run_key: str,
+    rows: int,
+    mid_batch: bool = False,
+    staged_before: frozenset[str] = frozenset(),
 ) -> None:
     """Until the running job has staged ``rows`` rows (the kill point); with ``mid_batch``, also until a
     batch in flight has some of its rows staged and not all.
 
     Killed then, that batch is retried whole and its staged rows come again. Killed on rows alone,
     CI at b6bb8d6 landed between two waves of batches (rows 1-64 all staged, none of 65-128 finished):
-    no batch was retried with a staged row. The input's rows reach the engine in file order, a batch
-    of ``BATCH`` lines at a time.
+    no batch was retried with a staged row. The rows left to do (none of ``staged_before``, what earlier
+    tries staged) reach the engine in file order, a batch of ``BATCH`` of them at a time.
     """
+    done_before = {_line(source) for source in staged_before}
+    left = [line for line in range(1, ROWS + 1) if line not in done_before]
+    batch_of_line = {line: position // BATCH for position, line in enumerate(left)}
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         status = hook.get_job_status(job_id)
@@ -140,7 +155,8 @@ def _wait_until_staged(
         )
         staged = _staged_sources(output_uri, run_key)
         if status == JobStatus.RUNNING and len(staged) >= rows:
-            by_batch = Counter((int(source.rsplit(":", 1)[1]) - 1) // BATCH for source in staged)
+            this_try = {_line(source) for source in staged} - done_before
+            by_batch = Counter(batch_of_line[line] for line in this_try)
             if not mid_batch or any(0 < count < BATCH for count in by_batch.values()):
                 return
         time.sleep(0.05 if mid_batch else 0.2)
@@ -162,8 +178,9 @@ def _crash(hook: RayHook, job_id: str, traces: set[Path]) -> None:
 
 #: Both ways of dying, in one run key: the first try stopped (what ``on_kill`` sends) after its first
 #: part, its retry crashed (every process SIGKILLed) half way through what was left, the third try
-#: completes. (Two tests, each a killed try and its rerun, until 2026-11-28: one cold engine more. A
-#: stop before any part was dropped earlier: its rerun had nothing to resume, every first run's path.)
+#: completes though its engine replica alone is SIGKILLed part way. (Two tests, each a killed try and
+#: its rerun, until 2026-11-28, and the replica's kill a test and a cold engine of its own until
+#: 2026-12-02. A stop before any part was dropped earlier: its rerun had nothing to resume.)
 KILLS = (("stop", "stopped after the first part"), ("crash", "crashed half way through the rest"))
 
 
@@ -206,57 +223,43 @@ def test_a_stopped_then_crashed_run_resumes_each_time_exactly_once(
         traces_before |= traces
         job = submit_pipeline(operator, run_key, f"fault-{uuid.uuid4().hex[:8]}")
 
+    # The third try's engine replica alone is SIGKILLed (an OOM kill, say) while a batch it holds is
+    # partly staged: Ray Data restarts it and retries the batches it held, whole.
+    _wait_until_staged(
+        hook, job, output_uri, run_key, len(staged_before) + BATCH, mid_batch=True,
+        staged_before=frozenset(staged_before),
+    )  # fmt: skip
+    [dead] = set(trace.glob("*.txt")) - traces_before
+    os.kill(int(dead.name.split("-", 1)[0]), signal.SIGKILL)
+
     assert wait_for_job(job) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job, 60)
     manifest = _assert_exactly_once(output_uri, ids)
-    finished_last = _finished(trace, set(trace.glob("*.txt")) - traces_before)
     assert manifest["rows_resumed"] == len(staged_before)
     # The first try kept its prepared rows before its engine was fed (pipeline/read/prepared_cache.py),
     # so once a part was staged the reruns read them back instead of the input...
     assert manifest["prepared_rows_reused"] is True
     # ...and say so in the job's log, which the task's log shows (pipeline/__main__.py)
-    assert f"Took the {ROWS} rows an earlier try read and prepared" in hook.get_job_logs(job)
-    # The last try generates exactly the rows not staged, each once.
-    assert len(finished_last) == len(set(finished_last)) == ROWS - len(staged_before)
-    assert not set(finished_last) & staged_before
+    log = hook.get_job_logs(job)
+    assert f"Took the {ROWS} rows an earlier try read and prepared" in log
+    restarted = set(trace.glob("*.txt")) - traces_before - {dead}
+    assert restarted, "no replica took over from the killed one"
+    # The last try generates the rows no earlier try staged, and none of those: the rows its killed
+    # replica had finished come again (its batches retried whole), and commit keeps one copy of each.
+    finished_last = _finished(trace, {dead} | restarted)
+    assert not set(finished_last) & staged_before and len(set(finished_last) | staged_before) == ROWS
+    restaged, dropped = log.count("rows: staged the other"), log.count("were staged before")
+    assert restaged + dropped > 0, "the retried batches repeated no staged row: commit's dedupe never ran"
     # Rows the crashed try's engine had finished but the crash lost before they were staged: at most
     # one batch (the replica's buffer of half a batch, and the half batch being written).
     recomputed = finished_before & set(finished_last)
     assert recomputed == finished_before - staged_before
     assert len(recomputed) <= BATCH, sorted(recomputed)
-    with capsys.disabled():
-        print(f"\n[fault] recomputed after the crash {len(recomputed)} (bound {BATCH}), duplicates 0, lost 0")
-
-
-def test_a_replica_killed_mid_run_is_restarted_and_every_row_lands_once(
-    ray_connection, tiny_model, tmp_path, capsys
-) -> None:
-    """SIGKILL the engine replica only (an OOM kill, say): Ray Data restarts it and retries the
-    batches it held, whole. Their rows the dead replica had staged are staged again, mixed with
-    other rows; commit keeps one copy of each, and the job still succeeds on its own."""
-    hook, run_key = RayHook(), "replica-kill"
-    ids, output_uri, trace, _, job = _submit_traced(tiny_model, tmp_path, run_key)
-    _wait_until_staged(hook, job, output_uri, run_key, ROWS // 4, mid_batch=True)
-    [dead] = trace.glob("*.txt")
-    os.kill(int(dead.name.split("-", 1)[0]), signal.SIGKILL)
-    staged_at_kill = len(_staged_sources(output_uri, run_key))
-
-    assert wait_for_job(job) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job, 60)
-    manifest = _assert_exactly_once(output_uri, ids)
-    assert manifest["rows_resumed"] == 0
-    assert manifest["prepared_rows_reused"] is False  # one job: nothing kept by an earlier try
-    restarted = set(trace.glob("*.txt")) - {dead}
-    assert restarted, "no replica took over"
-    # Ray Data retried the batches the dead replica held, whole: rows it had finished come again.
     finished_twice = set(_finished(trace, {dead})) & set(_finished(trace, restarted))
-    log = hook.get_job_logs(job)
-    restaged, dropped = log.count("rows: staged the other"), log.count("were staged before")
-    assert restaged + dropped > 0, "the retried batches repeated no staged row: commit's dedupe never ran"
     with capsys.disabled():
         print(
-            f"\n[fault] replica killed: rows staged at the kill {staged_at_kill}, finished again by the "
-            f"restarted replica {len(finished_twice)}, parts staged again without repeats "
-            f"{restaged}, dropped as repeats {dropped}"
-            f", duplicates 0, lost 0"
+            f"\n[fault] recomputed after the crash {len(recomputed)} (bound {BATCH}); replica killed in "
+            f"try 3: finished again by the restarted replica {len(finished_twice)}, parts staged again "
+            f"without repeats {restaged}, dropped as repeats {dropped}; duplicates 0, lost 0"
         )
 
 
@@ -268,7 +271,7 @@ def test_a_replica_that_keeps_dying_fails_the_job_with_a_clear_message(
     crash-looping on an H100, bench/RESULTS.md 7f). Every replica is SIGKILLed as soon as it has
     finished rows: with ``RAYBATCH_ENGINE_MAX_RESTARTS=0`` the job fails at the first death, saying
     why, and commits nothing; what the replica staged is kept for a retry. (The bound at 0 needs one
-    engine, not two: that a dead replica is restarted below the bound is the test above's subject.)"""
+    engine, not two: that a dead replica is restarted below the bound is the test above's last try.)"""
     hook, run_key = RayHook(), "replica-crash-loop"
     _write_tickets(tmp_path / "in" / "tickets.jsonl")
     output_uri, trace = str(tmp_path / "out"), tmp_path / "finished"
