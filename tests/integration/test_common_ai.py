@@ -46,16 +46,12 @@ def _env(airflow_env, ray_cluster, extra: dict | None = None):
     return airflow_env.with_env(AIRFLOW_CONN_RAY_DEFAULT=json.dumps(conn))
 
 
-#: vLLM's whitespace-free JSON: a random-weight model otherwise pads JSON with whitespace up to
-#: max_tokens (docs/openai-batch-api.md), and common.ai reports every answer as invalid_output.
-COMPACT_JSON = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
-
-
 def _conf(model: Path, root: Path) -> dict:
     return {
         "model": str(model),
         "result_root": str(root),
-        "engine_kwargs": {**CPU_ENGINE_KWARGS, **COMPACT_JSON},
+        # Compact JSON (CPU_ENGINE_KWARGS has it): else common.ai reports every answer as invalid_output.
+        "engine_kwargs": CPU_ENGINE_KWARGS,
         "replica_resources": CPU_REPLICA,
     }
 

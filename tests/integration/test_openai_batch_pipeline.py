@@ -116,11 +116,9 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
         "plain-0": request("plain-0", CHAT, {"messages": [{"role": "user", "content": "again"}]}),
         None: '{"custom_id": "broken", "body": {',  # malformed: no custom_id can be read
     }
-    # Compact JSON: a random model in a grammar that allows whitespace pads with it until max_tokens.
-    compact_json = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
-    # On the session's warm engines of this shape (test_common_ai's decorator test shares them).
+    # On the session's warm engines (CPU_ENGINE_KWARGS: compact JSON, which this test's grammar needs).
     manifest, outputs, errors = run_batch(
-        tiny_model, tmp_path, CHAT, good + list(bad.values()), **warm_conf(), **compact_json
+        tiny_model, tmp_path, CHAT, good + list(bad.values()), **warm_conf()
     )
 
     assert_counts_add_up(manifest, outputs, errors, len(good) + len(bad))
