@@ -358,8 +358,8 @@ def _staging_owner() -> ownership.Owner:
 
 def _hold_again(spec: BatchInferenceSpec, held: dict[str, Any]) -> None:  # Any: JSON values
     """Fail as the earlier try did, on the rows it held, generating nothing (:func:`commit.take_held`):
-    its manifest again, as this job's, then :class:`RayBatchRowsFailedError`."""
-    manifest = {**held, "job_id": _ray_submission_id()}
+    its manifest again, as this job's (:func:`commit.held_again`), then :class:`RayBatchRowsFailedError`."""
+    manifest = commit.held_again(held, _ray_submission_id())
     print(manifest_log_line(manifest), flush=True)
     verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows) or ""
     raise RayBatchRowsFailedError(

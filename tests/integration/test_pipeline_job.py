@@ -278,5 +278,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
         held["version"],
         again,
     )
+    # What generating the rows took is the held try's, not this job's: it started no engine.
+    assert held_again["timings"] is None and held_again["held_try"]["job_id"] == held["job_id"]
     assert len(pq.read_table(held["errors_uri"])) == rows_in  # still kept
     assert Path(output_uri, "manifest.json").read_bytes() == committed

@@ -506,6 +506,14 @@ def held_try(held: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values
     return {key: held.get(key) for key in ("job_id", "version", "timings", "engine_pool")}
 
 
+def held_again(held: Mapping[str, Any], job_id: str) -> dict[str, Any]:  # Any: JSON values
+    """The manifest of a try held again on the rows an earlier try held (:func:`take_held`): the held
+    try's, as ``job_id``'s, with what generating the rows took under ``held_try``. This job started no
+    engine: the held try's timings as its own read as a second run paid for."""
+    own = {key: value for key, value in held.items() if key not in ("timings", "engine_pool")}
+    return {**own, "job_id": job_id, "timings": None, "engine_pool": None, "held_try": held_try(held)}
+
+
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.
     """Make the version visible (manifest last), then clean up staging and the versions it supersedes.
 

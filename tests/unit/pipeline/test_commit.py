@@ -1161,6 +1161,30 @@ def test_a_held_run_retried_as_it_was_is_held_again_without_generating(tmp_path:
     assert json.loads(storage.read_text(good.manifest_uri))["version"] == first.version
 
 
+def test_a_try_held_again_names_the_held_try_s_cost_as_that_try_s_not_its_own(tmp_path: Path) -> None:
+    """The try held again generated nothing: the rows' timings and pool are the held try's, under
+    ``held_try``; its own are none (else a retry reads as a second run paid for)."""
+    rerun, _ = _held_rerun(tmp_path)
+    retry = spec_of(run_key=rerun.run_key)
+    taken = commit.take_held(rerun, retry, _binding(retry))
+    assert taken is not None
+    held = {**taken.manifest, "timings": {"generating_s": 41.5}, "engine_pool": {"replicas": 2}}
+
+    again = commit.held_again(held, "raybatch-try-3")
+
+    assert (again["job_id"], again["timings"], again["engine_pool"]) == ("raybatch-try-3", None, None)
+    assert again["held_try"] == {
+        "job_id": held["job_id"], "version": held["version"], "timings": {"generating_s": 41.5},
+        "engine_pool": {"replicas": 2},
+    }  # fmt: skip
+    assert (again["status"], again["version"], again["rows_in"]) == (
+        held["status"],
+        held["version"],
+        held["rows_in"],
+    )
+    assert held["timings"] == {"generating_s": 41.5}  # the held manifest is left as it was
+
+
 @pytest.mark.parametrize(
     ("params", "digest", "changed"),
     [
