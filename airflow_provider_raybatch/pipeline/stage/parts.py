@@ -13,7 +13,8 @@ The sidecar lists the sources of the output rows first, then those of the error 
 order (``sources_in_file_order``), so that commit can take single rows out of a part
 (:func:`.commit._drop_repeated_rows`), and the output rows' labels in the same order where any row
 has one (``labels``), so that a row staged again still counts in ``generated_text_counts`` as the
-label it is, and free text never does. It also carries what the run report needs, kept small: when the
+label it is, and free text never does; and their engine token counts (``tokens``), which a postprocess
+may have left out of the rows. It also carries what the run report needs, kept small: when the
 part was written and power-of-two histograms of its output rows' token counts (see :mod:`.report`).
 
 A part without a sidecar (the job died while writing it) does not count and is removed on resume,
@@ -47,6 +48,9 @@ from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
 #: Sidecar key: each output row's label (the choice its answer was held to; None for free text), in
 #: file order, so that a row commit stages again still counts as the label it is, or not at all.
 LABELS_KEY = "labels"
+#: Sidecar key: each output row's engine token counts ``[in, out]``, in file order, where the engine
+#: gave them: a postprocess may drop the token columns, so a row commit stages again keeps its counts.
+TOKENS_KEY = "tokens"
 #: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`).
 COLUMNS_KEY = "columns"
 
@@ -144,6 +148,7 @@ class PartWriter:
             for row, record in zip((row for row in rows if row["ok"]), outputs, strict=True)
         ]
         in_file_order = [row for row in rows if row["ok"]] + [row for row in rows if not row["ok"]]
+        engine_counted = any(row.get("tokens") for row in rows if row["ok"])
         sidecar: dict[str, Any] = {  # Any: JSON values.
             "sources": [row["source"] for row in in_file_order],
             SOURCES_IN_FILE_ORDER: True,
@@ -154,6 +159,8 @@ class PartWriter:
             "tokens_out": sum(pair[1] for pair in tokens),
             "errors_by_reason": dict(Counter(reason_kind(self.reason_of(record)) for record in errors)),
         }
+        if engine_counted:
+            sidecar[TOKENS_KEY] = [list(pair) for pair in tokens]
         if self.count_labels:  # the answers of rows constrained to labels (a choice), not free text
             # The label, not the written row: a postprocess may rename or drop generated_text.
             labels = [row.get("label") for row in rows if row["ok"]]
@@ -180,8 +187,8 @@ class PartWriter:
         return StagedPart(part, sidecar)
 
     def read_part(self, part: StagedPart) -> list[dict[str, Any]]:  # Any: row values.
-        """A part's rows as :meth:`write_part` took them (each output row with its ``label``); its
-        sidecar must list them in file order."""
+        """A part's rows as :meth:`write_part` took them (each output row with its ``label``, and its
+        engine ``tokens`` where the sidecar has them); its sidecar must list them in file order."""
         if not part.sidecar.get(SOURCES_IN_FILE_ORDER):
             raise ValueError(f"staged part {part.name} does not list its rows in file order.")
         records: dict[str, list[dict[str, Any]]] = {"outputs": [], "errors": []}  # Any: row values.
@@ -193,14 +200,17 @@ class PartWriter:
             raise ValueError(f"staged part {part.name}: {len(ok)} rows in its files, "
                              f"{len(part.sidecar['sources'])} in its sidecar.")  # fmt: skip
         labels = part.sidecar.get(LABELS_KEY) or [None] * len(records["outputs"])
+        tokens = part.sidecar.get(TOKENS_KEY) or [None] * len(records["outputs"])
         rows = [
             {"source": source, "ok": flag, "record": json.dumps(record, ensure_ascii=False)}
             for source, flag, record in zip(
                 part.sidecar["sources"], ok, records["outputs"] + records["errors"], strict=True
             )
         ]
-        for row, label in zip(rows, labels, strict=False):  # the output rows come first
+        for row, label, counts in zip(rows, labels, tokens, strict=False):  # the output rows come first
             row["label"] = label
+            if counts is not None:
+                row["tokens"] = counts
         return rows
 
     def conform_parts(self, parts: list[StagedPart]) -> dict[str, list[str]]:

@@ -445,6 +445,27 @@ def test_rows_staged_again_keep_their_labels_so_the_counts_hold_only_labels(
     assert run.generated_text_counts == {"no": 1, "yes": 1}
 
 
+@pytest.mark.parametrize("output_format", ["jsonl", "parquet"])
+def test_rows_staged_again_keep_the_engine_s_token_counts(layout: OutputLayout, output_format: str) -> None:
+    """A postprocess that drops the token columns leaves the engine's counts in the sidecar only: a
+    part commit stages again without a repeated row keeps them for the rows it keeps."""
+    spec = spec_of(run_key=RUN_KEY)
+    commit.open_staging(layout, spec)
+    writer = PartWriter(layout.staging_uri, output_format, count_labels=False,
+                        data_uri=commit.staged_data_uri(layout))  # fmt: skip
+    writer.create_folders()
+
+    def answer(source: str, tokens: list[int]) -> dict[str, Any]:  # Any: row values
+        return {"source": source, "ok": True, "record": json.dumps({"id": source}), "tokens": tokens}
+
+    writer.write_part([answer("a:1", [3, 5]), answer("a:2", [4, 6])])
+    writer.write_part([answer("a:2", [4, 6]), answer("a:3", [7, 11]), answer("a:4", [2, 13])])
+
+    run = commit.write_version(layout, spec, rows_in=4, rewriter=writer)
+
+    assert (run.rows_out, run.tokens_in, run.tokens_out) == (4, 3 + 4 + 7 + 2, 5 + 6 + 11 + 13)
+
+
 def test_read_part_refuses_a_part_whose_files_and_sidecar_disagree(layout: OutputLayout) -> None:
     writer = PartWriter(layout.staging_uri, "jsonl", count_labels=False)
     writer.create_folders()
