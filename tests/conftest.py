@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.run_record import RunRecord, note
+
+# No time limit per generated example: in a whole run the unit tests run reniced beside the tests on
+# the real parts, where an example's time says nothing about the code (a 200 ms deadline failed a
+# property test there, never alone). Speed is measured by bench/, never by a test.
+settings.register_profile("raybatch", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("raybatch")
 
 #: The session's two `airflow standalone` deployments (``shared_airflow``, ``second_airflow``).
 pytest_plugins = ["tests.integration.deployments"]
