@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 SUBMISSION_ID_PREFIX = "raybatch"
@@ -23,6 +24,14 @@ ATTEMPT_KEY = "raybatch_submission_attempt"
 MAX_SUBMISSION_ATTEMPTS = 20
 #: Hex digits of the HMAC in a submission id (64 bits: not guessable, still readable).
 _MAC_DIGITS = 16
+#: Every id :meth:`TaskTry.submission_id` makes has this shape (ASCII, under 200 characters): the three
+#: cleaned names, the map index, try and attempt, the HMAC.
+_SUBMISSION_ID = re.compile(
+    rf"{SUBMISSION_ID_PREFIX}-[A-Za-z0-9_.-]{{0,{3 * _MAX_PART_LENGTH + 2}}}"
+    rf"-m(?:-?[0-9]{{1,10}}|None)-t[0-9]{{1,6}}(?:-a[0-9]{{1,6}})?-[0-9a-f]{{{_MAC_DIGITS}}}",
+    re.ASCII,
+)
+_MAP_INDEX = re.compile(r"-?[0-9]{1,10}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ class TaskTry:
         readable = _clean(self.task_id)[:24].lstrip(".")
         return f"{readable}-m{self.map_index}-{hashlib.sha256(exact.encode()).hexdigest()[:16]}"
 
-    def owns(self, job_id: str, metadata: dict[str, str], secret: bytes) -> bool:
+    def owns(self, job_id: str, metadata: Mapping[str, str], secret: bytes) -> bool:
         """Whether a Ray job is one of this logical run's (any try), as only this deployment could say.
 
         Its metadata must name this run, and its submission id must be the one this deployment
@@ -86,11 +95,7 @@ class TaskTry:
         mine = self.metadata()
         if not all(metadata.get(key) == mine[key] for key in _RUN_KEYS):
             return False
-        try_number, attempt = metadata.get(TRY_NUMBER_KEY, ""), metadata.get(ATTEMPT_KEY, "1")
-        if not (_small_count(try_number) and _small_count(attempt)):
-            return False
-        expected = replace(self, try_number=int(try_number), attempt=int(attempt)).submission_id(secret)
-        return hmac.compare_digest(job_id.encode(), expected.encode())
+        return issued_by(job_id, metadata, secret)
 
     def metadata(self) -> dict[str, str]:
         """Ray job metadata (string values only) that lets our jobs be found by listing."""
@@ -103,6 +108,42 @@ class TaskTry:
             TRY_NUMBER_KEY: str(self.try_number),
             ATTEMPT_KEY: str(self.attempt),
         }
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, str]) -> TaskTry | None:
+        """The try a job's metadata names, read back as :meth:`metadata` wrote it; None when it names none."""
+        if not all(isinstance(metadata.get(key), str) for key in _RUN_KEYS):
+            return None
+        map_index = metadata["airflow_map_index"]
+        try_number, attempt = metadata.get(TRY_NUMBER_KEY, ""), metadata.get(ATTEMPT_KEY, "1")
+        if not ((map_index == "None" or _MAP_INDEX.fullmatch(map_index))
+                and _small_count(try_number) and _small_count(attempt)):  # fmt: skip
+            return None
+        return cls(metadata["airflow_dag_id"], metadata["airflow_run_id"], metadata["airflow_task_id"],
+                   None if map_index == "None" else int(map_index), int(try_number),
+                   metadata["airflow_run_after"], int(attempt))  # fmt: skip
+
+
+def is_submission_id(text: str) -> bool:
+    """Whether ``text`` has the shape of an id :meth:`TaskTry.submission_id` makes.
+
+    A cheap first look, before the cluster is asked about it: a NUL byte, a path, an overlong or
+    non-ASCII string never leaves the process. It proves nothing: :func:`issued_by` does.
+    """
+    return isinstance(text, str) and _SUBMISSION_ID.fullmatch(text) is not None
+
+
+def issued_by(job_id: str, metadata: Mapping[str, str], secret: bytes) -> bool:
+    """Whether ``job_id`` is the submission id that ``secret``'s deployment gives the try ``metadata`` names.
+
+    Metadata proves nothing on its own (any cluster user can copy it); the id's HMAC over its exact
+    values cannot be made without the secret. So a job passes only under the one id this deployment
+    issued for what its metadata says: another deployment's job, or any made-up id, fails.
+    """
+    task_try = TaskTry.from_metadata(metadata)
+    if task_try is None or not (isinstance(job_id, str) and job_id.isascii()):
+        return False
+    return hmac.compare_digest(job_id.encode(), task_try.submission_id(secret).encode())
 
 
 def _small_count(text: str) -> bool:

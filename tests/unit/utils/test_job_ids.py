@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
-from airflow_provider_raybatch.utils.job_ids import SUBMISSION_ID_PREFIX, TaskTry
+from airflow_provider_raybatch.utils.job_ids import SUBMISSION_ID_PREFIX, TaskTry, is_submission_id, issued_by
 
 TRY = TaskTry(
     dag_id="daily_company_industry",
@@ -84,6 +84,7 @@ def test_submission_id_uses_only_safe_characters(task_try: TaskTry) -> None:
 
     assert SAFE.fullmatch(submission_id), submission_id
     assert len(submission_id) <= 200
+    assert is_submission_id(submission_id)
 
 
 def test_metadata_values_are_strings() -> None:
@@ -242,6 +243,7 @@ def test_every_id_airflow_accepts_gives_a_valid_run_key_and_submission_id(
     assert not run_key.startswith(".")
     submission_id = task_try.submission_id(KEY)
     assert SAFE.fullmatch(submission_id) and len(submission_id) <= 200, submission_id
+    assert is_submission_id(submission_id), submission_id
     old = _run_key_before_the_fix(task_try)
     try:
         spec_with(old)
@@ -364,3 +366,59 @@ def test_every_run_owns_its_own_jobs_and_no_other_deployments(
 
     assert first_try.owns(*job_of(task_try), KEY)
     assert not first_try.owns(*job_of(task_try, OTHER_KEY), KEY)
+    assert TaskTry.from_metadata(task_try.metadata()) == task_try
+    assert issued_by(*job_of(task_try), KEY) and not issued_by(*job_of(task_try, OTHER_KEY), KEY)
+
+
+# -- is_submission_id, issued_by: a job id of this deployment's, whatever its run ------------------
+
+
+@pytest.mark.parametrize(
+    "task_try",
+    [
+        TRY,
+        replace(TRY, map_index=None),
+        replace(TRY, attempt=20),
+        replace(TRY, map_index=7, try_number=999_999),
+    ],
+)
+def test_every_kind_of_id_we_make_has_our_shape_and_reads_back(task_try: TaskTry) -> None:
+    assert is_submission_id(task_try.submission_id(KEY))
+    assert TaskTry.from_metadata(task_try.metadata()) == task_try
+    assert issued_by(*job_of(task_try), KEY)
+
+
+OURS = TRY.submission_id(KEY)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "", "my-own-job", OURS.upper(), OURS[:-1], OURS + "0", OURS + "\n", OURS + "\x00", "../" + OURS,
+        "raybatch-" + "a" * 5000 + OURS[-20:], OURS.replace("classify", "clässify"),
+        OURS.replace("-t1-", "-t\u0661-"),
+    ],
+)  # fmt: skip
+def test_what_we_never_make_has_not_our_shape(text: str) -> None:
+    assert not is_submission_id(text)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"airflow_map_index": "x"}, {"airflow_map_index": "+1"}, {"airflow_map_index": "1" * 11},
+        {"airflow_try_number": "-1"}, {"raybatch_submission_attempt": ""},
+    ],
+)  # fmt: skip
+def test_metadata_we_never_write_names_no_try(change: dict) -> None:
+    assert TaskTry.from_metadata({**TRY.metadata(), **change}) is None
+    assert not issued_by(TRY.submission_id(KEY), {**TRY.metadata(), **change}, KEY)
+
+
+def test_issued_by_holds_for_any_run_of_ours_and_no_one_elses() -> None:
+    """Unlike :meth:`TaskTry.owns`, whatever run the metadata names: the triggerer has no task to compare."""
+    other_run = replace(TRY, task_id="summarize", try_number=3)
+
+    assert issued_by(*job_of(other_run), KEY) and not TRY.owns(*job_of(other_run), KEY)
+    assert not issued_by(other_run.submission_id(KEY), TRY.metadata(), KEY)  # metadata of another try
+    assert not issued_by(*job_of(other_run, OTHER_KEY), KEY)
