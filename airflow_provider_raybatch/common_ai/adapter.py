@@ -11,6 +11,10 @@ outputs, committed with ``manifest.json`` last. So nothing here translates promp
 
 The batch id is the Ray job's submission id; its metadata carries the output folder, the request
 count and common.ai's idempotency key and input fingerprint (for :meth:`find_orphaned_batch`).
+common.ai reads the id back from a state file under ``result_path`` named by a hash without a
+secret, which another deployment of the same DAG (or anyone who can write there) may have written:
+every call on a batch id acts only on one this deployment issued (:meth:`_own_job`), and any other
+reads as not found, so common.ai submits its own.
 common.ai builds adapters from the connection's host and password only (its dispatch), so the
 trigger's adapter sees no port field and no extras: in the worker, :meth:`RayBatchAdapter.submit`
 checks that the full ``ray`` connection says nothing those two fields do not, and fails naming
@@ -32,7 +36,7 @@ from airflow.sdk import BaseHook, Connection
 
 from airflow_provider_raybatch.common_ai import settings as job
 from airflow_provider_raybatch.common_ai.files import iter_result_lines, write_lines
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError
+from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError, RayJobNotFoundError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayConnectionSettings, RayHook
 from airflow_provider_raybatch.operators import job_shipping
 from airflow_provider_raybatch.operators.task_tries import task_try_of
@@ -40,7 +44,12 @@ from airflow_provider_raybatch.triggers.ray import ProgressRelay
 from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key
 from airflow_provider_raybatch.utils.events import without_log_tail
-from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
+from airflow_provider_raybatch.utils.job_ids import (
+    MAX_SUBMISSION_ATTEMPTS,
+    TaskTry,
+    is_submission_id,
+    issued_by,
+)
 
 if TYPE_CHECKING:
     from airflow.providers.common.ai.batch.base import BatchRequest
@@ -60,6 +69,8 @@ COUNT_META = "common_ai_request_count"
 CLOCK_SKEW_SLACK_MS = 300_000
 #: Progress lines from the driver log go to the task log at most this often.
 PROGRESS_INTERVAL_SECONDS = 60.0
+#: A refused batch id is quoted in logs and errors up to this many characters.
+_SHOWN_ID_LENGTH = 120
 
 
 class RayBatchAdapter(OpenAIBatchAdapter):
@@ -218,7 +229,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
 
     def get_batch(self, batch_id: str) -> BatchState:
         """The job's status in common.ai's words; progress lines go to the task log, once a minute."""
-        info = self._hook.get_job_info(batch_id)
+        info = self._own_job(batch_id)
         relay = self._progress.setdefault(batch_id, ProgressRelay(batch_id, PROGRESS_INTERVAL_SECONDS, log))
         relay.relay(self._hook, info.status)
         committed = info.status in (JobStatus.FAILED, JobStatus.STOPPED) and self._committed(info) is not None
@@ -238,16 +249,53 @@ class RayBatchAdapter(OpenAIBatchAdapter):
 
     def cancel_batch(self, batch_id: str) -> None:
         """Stop the Ray job; rows it had staged are resumed by the next job of the same task instance."""
+        self._own_job(batch_id)
         self._hook.stop_job(batch_id)
 
     # -- results --------------------------------------------------------------------------------------
 
     def iter_results(self, batch_id: str) -> Iterator[RawResultItem]:
         """The committed output and error lines of this job; none if it committed nothing (stopped)."""
-        manifest = self._committed(self._hook.get_job_info(batch_id))
+        manifest = self._committed(self._own_job(batch_id))
         if manifest is None:
             return iter(())
         return self._parsed(batch_id, iter_result_lines(manifest["outputs_uri"], manifest["errors_uri"]))
+
+    def _own_job(self, batch_id: str) -> JobInfo:
+        """The Ray job ``batch_id`` names, once its id proves it this deployment's; else Ray's 404.
+
+        The id must have our shape (checked before the cluster is asked) and be the one this
+        deployment's key signs for the try its job's metadata names (:func:`issued_by`). In a task,
+        the job must also be of that task instance (any try), as the operator's are; the triggerer
+        has no task, and polls the id its task checked. A refused id is never stopped nor read:
+        common.ai takes the 404 for a batch the provider no longer knows, and submits its own.
+
+        :raises RayJobNotFoundError: (``status_code`` 404) no such job, or not this deployment's.
+        """
+        if not is_submission_id(batch_id):
+            problem = "not a raybatch submission id"
+        else:
+            info = self._hook.get_job_info(batch_id)  # Ray's own 404 passes through as it is
+            secret = deployment_key()
+            if not issued_by(batch_id, info.metadata, secret):
+                problem = "its HMAC is not this deployment's: another deployment's job, or a forged id"
+            elif (task_try := _task_try()) is not None and not task_try.owns(batch_id, info.metadata, secret):
+                problem = (
+                    f"a job of another task instance than this one ({task_try.dag_id}.{task_try.task_id}, "
+                    f"run {task_try.run_id!r}, map index {task_try.map_index})"
+                )
+            else:
+                return info
+        shown = repr(batch_id[:_SHOWN_ID_LENGTH]) + ("..." if len(batch_id) > _SHOWN_ID_LENGTH else "")
+        log.warning(
+            "Batch id %s is not this deployment's (%s): it reads as not found; the job is not stopped and "
+            "its results are not read.", shown, problem,
+        )  # fmt: skip
+        raise RayJobNotFoundError(
+            f"No Ray job of this deployment has the id {shown}: {problem}. common.ai submits a batch of its "
+            "own; the job under that id, if any, is left alone.",
+            status_code=404,
+        )
 
     def _parsed(self, batch_id: str, lines: Iterator[tuple[str, str]]) -> Iterator[RawResultItem]:
         for where, line in lines:
@@ -349,6 +397,15 @@ def _settings(api_key: str | None, base_url: str | None) -> RayConnectionSetting
     return RayConnectionSettings.from_connection(
         Connection(conn_id="raybatch_common_ai", conn_type="ray", host=base_url, password=api_key)
     )
+
+
+def _task_try() -> TaskTry | None:
+    """The running task's try in a worker; None in the triggerer, which runs no task."""
+    try:
+        context = _context()
+    except RuntimeError:  # get_current_context: "no context was found"
+        return None
+    return task_try_of(context)
 
 
 def _context() -> Context:

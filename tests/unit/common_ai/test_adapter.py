@@ -29,10 +29,17 @@ from airflow_provider_raybatch.common_ai import adapter as adapter_module  # noq
 from airflow_provider_raybatch.common_ai.adapter import RayBatchAdapter, batch_status  # noqa: E402
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError  # noqa: E402
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus  # noqa: E402
+from airflow_provider_raybatch.utils.deployment_secret import signing_key  # noqa: E402
+from airflow_provider_raybatch.utils.job_ids import TaskTry  # noqa: E402
+from tests.unit.conftest import TEST_DEPLOYMENT_SECRET  # noqa: E402
 
 TOKEN = "ray-t0ken-never-logged"
 HOST = "http://ray.test:8265"
 KEY = "0123456789abcdef"
+#: The try the ``context`` fixture runs, and the id this deployment gives its job (ids of other
+#: deployments, forged or malformed ones: tests/security/test_common_ai_batch_ids.py).
+TRY = TaskTry("reviews", "manual__1", "classify", -1, 1)
+JOB = TRY.submission_id(signing_key(TEST_DEPLOYMENT_SECRET))
 
 
 class FakeRay:
@@ -283,10 +290,11 @@ def _commit(output: Path, job_id: str, outputs: list[dict], errors: list[dict]) 
     (output / "manifest.json").write_text(json.dumps(manifest))  # fmt: skip
 
 
-def _job(fake: FakeRay, status: JobStatus, output: Path, count: int = 3, job_id: str = "job-1") -> str:
-    fake.jobs[job_id] = JobInfo(job_id, status, message="m", metadata={
+def _job(fake: FakeRay, status: JobStatus, output: Path, count: int = 3) -> str:
+    """This deployment's job of :data:`TRY`, as the adapter submits it, writing to ``output``."""
+    fake.jobs[JOB] = JobInfo(JOB, status, message="m", metadata={**TRY.metadata(),
         "raybatch_output_uri": str(output), "common_ai_request_count": str(count)})  # fmt: skip
-    return job_id
+    return JOB
 
 
 def _ok(index: int, text: str) -> dict:
@@ -307,7 +315,7 @@ def test_results_are_the_committed_lines_parsed_as_openai_output(
     error = {"id": "b", "custom_id": f"{KEY}-2", "response": None,
              "error": {"code": "unsupported_parameter",
                        "message": "unsupported parameter: reasoning_effort"}}  # fmt: skip
-    _commit(output, "job-1", [_ok(0, "fine"), _ok(1, '"positive"')], [error])
+    _commit(output, JOB, [_ok(0, "fine"), _ok(1, '"positive"')], [error])
     job_id = _job(fake, JobStatus.SUCCEEDED, output)
     assert adapter.get_batch(job_id).status == "completed"
     items = list(adapter.iter_results(job_id))
@@ -339,22 +347,25 @@ def test_another_jobs_manifest_is_not_taken_for_this_ones(
     assert list(adapter.iter_results(job_id)) == []
 
 
-def test_a_job_that_is_not_ours_is_refused_naming_why(adapter: RayBatchAdapter, fake: FakeRay) -> None:
-    fake.jobs["x"] = JobInfo("x", JobStatus.SUCCEEDED)
+def test_a_job_of_ours_the_adapter_did_not_submit_is_refused_naming_why(
+    adapter: RayBatchAdapter, fake: FakeRay
+) -> None:
+    """One of RayLLMBatchOperator's jobs, say: this deployment's, but with no output folder of ours."""
+    fake.jobs[JOB] = JobInfo(JOB, JobStatus.SUCCEEDED, metadata=TRY.metadata())
     with pytest.raises(BatchSpecError, match="was not submitted by the raybatch common.ai adapter"):
-        adapter.iter_results("x")
+        adapter.iter_results(JOB)
 
 
 def test_an_unparsable_line_is_skipped_not_the_batch(
     adapter: RayBatchAdapter, fake: FakeRay, tmp_path: Path
 ) -> None:
-    _commit(tmp_path / "out", "job-1", [_ok(0, "a"), {"no": "custom id"}], [])
+    _commit(tmp_path / "out", JOB, [_ok(0, "a"), {"no": "custom id"}], [])
     assert [i.index for i in adapter.iter_results(_job(fake, JobStatus.SUCCEEDED, tmp_path / "out"))] == [0]
 
 
-def test_cancel_stops_the_ray_job(adapter: RayBatchAdapter, fake: FakeRay) -> None:
-    adapter.cancel_batch("job-9")
-    assert fake.stopped == ["job-9"]
+def test_cancel_stops_the_ray_job(adapter: RayBatchAdapter, fake: FakeRay, tmp_path: Path) -> None:
+    adapter.cancel_batch(_job(fake, JobStatus.RUNNING, tmp_path / "out"))
+    assert fake.stopped == [JOB]
 
 
 def test_progress_lines_go_to_the_task_log(
@@ -367,7 +378,7 @@ def test_progress_lines_go_to_the_task_log(
         PROGRESS_LOG_MARKER + json.dumps({"rows_done": 2, "rows_total": 3, "elapsed_seconds": 4.0}) + "\n"
     )
     adapter.get_batch(_job(fake, JobStatus.RUNNING, tmp_path / "out"))
-    assert "Ray job job-1: 2 / 3 rows (66.7%)" in caplog.text
+    assert f"Ray job {JOB}: 2 / 3 rows (66.7%)" in caplog.text
 
 
 # -- orphans ---------------------------------------------------------------------------------------
@@ -399,5 +410,5 @@ def test_a_job_the_cluster_forgot_is_a_404_so_common_ai_submits_again(adapter: R
             raise RayJobNotFoundError("Ray job not found (GET /api/jobs/x -> 404)", status_code=404)
 
     with pytest.raises(RayJobNotFoundError) as err:
-        RayBatchAdapter(api_key=TOKEN, base_url=HOST, client=Forgetful()).get_batch("x")
+        RayBatchAdapter(api_key=TOKEN, base_url=HOST, client=Forgetful()).get_batch(JOB)
     assert LLMBatchOperator._is_not_found_error(err.value)
