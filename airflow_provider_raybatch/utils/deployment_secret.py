@@ -5,7 +5,8 @@ the same names; anyone who can submit to the cluster can copy a job's metadata. 
 this deployment's workers share and nobody else has tells our jobs apart. In order of preference:
 
 1. ``[raybatch] job_identity_secret`` (``AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET``): set it, the same
-   on every worker, where Airflow's own secrets below are not shared or are rotated;
+   on every worker (and triggerer: common.ai's trigger checks the ids it polls), where Airflow's own
+   secrets below are not shared or are rotated;
 2. ``[core] fernet_key``, which Airflow generates in a new ``airflow.cfg`` and deployments share;
 3. ``[api_auth] jwt_secret``, likewise.
 
