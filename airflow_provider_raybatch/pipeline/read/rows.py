@@ -27,6 +27,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.read import arrow_types
 from airflow_provider_raybatch.pipeline.read.jsonl import BYTE_ORDER_MARK, split_lines
 from airflow_provider_raybatch.specs import InputFormat
 
@@ -232,8 +233,13 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
     try:
         import pyarrow.parquet as pq
 
+        # Before pyarrow opens the file: a type off the allowlist may run the file's code (arrow_types).
+        arrow_types.checked_parquet_schema(data)
         # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name.
         table = pq.ParquetFile(io.BytesIO(data)).read()
+    except arrow_types.RefusedArrowTypeError as err:
+        yield _unreadable(name, "parquet", str(err))
+        return
     except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
         yield _unreadable(name, "parquet", f"{type(err).__name__}: {err}")
         return
@@ -423,7 +429,8 @@ def parse_file(
     id_column: str | None = None,
 ) -> Iterator[Record]:
     """Records of one file, one per row, in order; a file that cannot be read at all becomes one
-    error record ``<name>:0``, and a bad row one error record, never an exception.
+    error record ``<name>:0``, and a bad row one error record, never an exception. A Parquet file
+    with a column of a type off :mod:`.arrow_types`' allowlist cannot be read: no value of it is.
 
     :param binary_columns: columns whose bytes (Parquet binary, also inside a struct such as an image's
         ``{"bytes": ..., "path": ...}``) are kept exactly, as ``BYTES_DATA_URL_PREFIX`` data URLs;

@@ -1,0 +1,152 @@
+"""The Arrow types a file the job reads may hold, checked before any of its values is read.
+
+Why: turning a cell into Python runs the code of the cell's type when that type is an extension type
+registered in the process. Importing ``ray.data``, as every Ray Data worker does, registers Ray's
+``ray.data.arrow_pickled_object``, whose cells are pickles: ``to_pylist`` unpickled them, so a Parquet
+file that anyone could write ran its own code with the worker's rights. Some types run code even
+earlier, when a schema naming them is read: pyarrow's ``arrow.py_extension_type`` (pyarrow < 21, loaded
+where Ray's ``RAY_DATA_AUTOLOAD_PYEXTENSIONTYPE=1`` is set) unpickles the type itself. Hence:
+
+* An allowlist of Arrow's built-in types, whose values are plain data, and the nested types built of
+  them, rather than a list of known bad types: an extension type is refused whatever its name, and
+  whether this process registered it or not (pyarrow reads an unregistered one as its storage type,
+  with its name left in the field's metadata).
+* A Parquet file's types are read from its footer with every extension name hidden from pyarrow
+  (:func:`checked_parquet_schema`), so the check itself runs no registered type's code. Only a file
+  that passes is opened by pyarrow's reader.
+
+Ray's own ``read_parquet`` refuses Ray's pickled type only, and not where
+``RAY_DATA_AUTOLOAD_PICKLE_OBJECT_SCALAR=1`` is set; this check depends on neither.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+#: The field metadata key that makes a field an extension type (Arrow's IPC format).
+EXTENSION_NAME_KEY = b"ARROW:extension:name"
+#: What the key becomes while a file's own schema is checked. As long as the key, so the serialized
+#: schema stays valid; pyarrow knows no such key, so it resolves no extension type and runs no code.
+_HIDDEN_EXTENSION_NAME_KEY = b"ARROW:extension:NAME"
+#: Where Arrow keeps a Parquet file's Arrow schema: a footer key whose value is the base64 of the
+#: schema in Arrow's IPC format; and what it becomes while the footer is opened for the check.
+_ARROW_SCHEMA_KEY = b"ARROW:schema"
+_HIDDEN_ARROW_SCHEMA_KEY = b"ARROW:SCHEMA"
+
+#: The allowed types in words, for error messages.
+ALLOWED_TYPES = (
+    "null, bool, integers, floats, decimals, strings, binaries, dates, times, timestamps and durations, "
+    "and lists, structs, maps and dictionaries of them"
+)
+#: ``pyarrow.types`` predicates of the allowed types that hold no other type: each cell is plain data.
+_PLAIN = (
+    "is_null", "is_boolean", "is_integer", "is_floating", "is_decimal",
+    "is_string", "is_large_string", "is_string_view",
+    "is_binary", "is_large_binary", "is_fixed_size_binary", "is_binary_view",
+    "is_date", "is_time", "is_timestamp", "is_duration",
+)  # fmt: skip
+#: Predicates of the allowed types that hold others (each checked in turn). Not unions, run-end
+#: encoded arrays or intervals: no input needs them, and Parquet stores none of them.
+_NESTED = ("is_list", "is_large_list", "is_fixed_size_list", "is_list_view", "is_large_list_view",
+           "is_struct", "is_map")  # fmt: skip
+#: How much of a name or a type's text a reason quotes: both come from the file.
+_QUOTED_CHARS = 200
+
+
+class RefusedArrowTypeError(ValueError):
+    """A file holds an Arrow type off the allowlist; the message names the column and the type."""
+
+
+def check_schema(schema: Any) -> None:  # Any: pyarrow.Schema.
+    """Raise :class:`RefusedArrowTypeError` naming the first column that is, or holds, a type not
+    allowed (:data:`ALLOWED_TYPES`)."""
+    for field in schema:
+        refused = _refused_type(field)
+        if refused is not None:
+            raise RefusedArrowTypeError(
+                f"column {_quoted(field.name)!r} has Arrow type {_quoted(refused)}, which a file the job "
+                f"reads may not use (allowed: {ALLOWED_TYPES})"
+            )
+
+
+def _refused_type(field: Any) -> str | None:  # Any: pyarrow.Field.
+    """The text of the first type in ``field`` (itself, or one it holds) that is not allowed, or None."""
+    import pyarrow as pa
+
+    metadata = field.metadata or {}
+    for key in (EXTENSION_NAME_KEY, _HIDDEN_EXTENSION_NAME_KEY):
+        if key in metadata:  # an extension type unregistered here, or hidden by checked_parquet_schema
+            return f"extension<{metadata[key].decode('utf-8', 'replace')}>"
+    data_type = field.type
+    if isinstance(data_type, pa.BaseExtensionType):
+        return f"extension<{data_type.extension_name}>"
+    if pa.types.is_dictionary(data_type):  # integer indices into values of the value type
+        return _refused_type(pa.field("value", data_type.value_type))
+    if any(getattr(pa.types, name)(data_type) for name in _NESTED):
+        children = (_refused_type(data_type.field(index)) for index in range(data_type.num_fields))
+        return next((refused for refused in children if refused is not None), None)
+    if any(getattr(pa.types, name)(data_type) for name in _PLAIN):
+        return None
+    return str(data_type)
+
+
+def _quoted(text: str) -> str:
+    return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "..."
+
+
+def checked_parquet_schema(file: bytes | Any) -> Any:  # Any: a pyarrow file in; pyarrow.Schema out.
+    """The Arrow schema pyarrow reads a Parquet file with, once every type in it is allowed.
+
+    Reads the footer only, and runs no registered extension type's code: the Arrow schema stored in
+    the footer is checked with its extension names hidden, and only when it names none is it resolved.
+
+    :param file: the file's bytes, or a pyarrow random-access file (only its footer is read).
+    :raises RefusedArrowTypeError: a column is, or holds, a type that is not allowed.
+    :raises ValueError: the file has no Parquet footer that can be read (pyarrow's errors too).
+    """
+    import pyarrow as pa
+    import pyarrow.ipc
+    import pyarrow.parquet as pq
+
+    footer, tail = _footer(pa.BufferReader(file) if isinstance(file, bytes) else file)
+    # Opening a reader resolves the stored Arrow schema, so the first one opens the footer with the key
+    # renamed (the same length: the Thrift stays valid); it sees Parquet's own types only.
+    hidden_footer = footer.replace(_ARROW_SCHEMA_KEY, _HIDDEN_ARROW_SCHEMA_KEY)
+    # Keys are bytes as written, so this counts every one. pyarrow reads the first of two; the dict of
+    # the footer's metadata keeps the last, which then would be the one checked.
+    if hidden_footer.count(_HIDDEN_ARROW_SCHEMA_KEY) > 1:
+        raise RefusedArrowTypeError("its footer holds more than one Arrow schema")
+    parquet_only = pq.ParquetFile(pa.BufferReader(_MAGIC + hidden_footer + tail))
+    stored = (parquet_only.metadata.metadata or {}).get(_HIDDEN_ARROW_SCHEMA_KEY)
+    if stored is not None:
+        try:  # strict: a lenient decoder could read other bytes than Arrow's does
+            serialized = base64.b64decode(stored, validate=True)
+        except ValueError as err:
+            raise ValueError(f"its Arrow schema is not valid base64: {err}") from err
+        hidden = serialized.replace(EXTENSION_NAME_KEY, _HIDDEN_EXTENSION_NAME_KEY)
+        check_schema(pyarrow.ipc.read_schema(pa.py_buffer(hidden)))
+    # The stored schema names no extension type: the schema the reader will use, resolved in full.
+    schema = pq.ParquetFile(pa.BufferReader(_MAGIC + footer + tail)).schema_arrow
+    check_schema(schema)
+    return schema
+
+
+#: A Parquet file ends with its footer's length (4 bytes, little-endian) and this magic.
+_MAGIC = b"PAR1"
+
+
+def _footer(file: Any) -> tuple[bytes, bytes]:  # Any: pyarrow.NativeFile.
+    """A Parquet file's footer (its Thrift metadata) and the 8 bytes after it, read from its end."""
+    size = file.size()
+    if size < len(_MAGIC) + 8:
+        raise ValueError(f"{size} bytes is too short for a Parquet file")
+    file.seek(size - 8)
+    tail = file.read(8)
+    if tail[4:] != _MAGIC:  # also an encrypted footer ("PARE"), which the job cannot read
+        raise ValueError("the file does not end with Parquet's footer")
+    length = int.from_bytes(tail[:4], "little")
+    if length > size - len(_MAGIC) - 8:
+        raise ValueError(f"its footer claims {length} bytes, more than the file holds")
+    file.seek(size - 8 - length)
+    return bytes(file.read(length)), tail
