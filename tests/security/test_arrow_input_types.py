@@ -3,9 +3,10 @@
 Importing ``ray.data`` registers Ray's pickled-object extension type (``ray.data.arrow_pickled_object``):
 each cell of such a column is a pickle, and converting it to Python (``to_pylist``, ``as_py``) unpickles
 it. Ray's own ``read_parquet`` refuses the type (unless ``RAY_DATA_AUTOLOAD_PICKLE_OBJECT_SCALAR=1``);
-our reader of input files did not, so a Parquet input file ran its payload with the Ray worker's
-rights. An input file's Arrow types are now checked against an allowlist first: a file with another
-type is that file's one error row, naming the column and its type.
+our readers did not, so a Parquet input file or a planted staged part ran its payload with the Ray
+worker's rights. Their Arrow types are now checked against an allowlist first: an input file with
+another type is that file's one error row, and a staged part fails the commit, naming the column and
+its type.
 """
 
 from __future__ import annotations
@@ -100,6 +101,47 @@ def test_a_pickled_object_column_in_an_input_file_runs_no_code_and_is_that_files
         ("plain.parquet:1", None, {"id": 1, "text": "a"}),
         ("plain.parquet:2", None, {"id": 2, "text": "b"}),
     ]
+
+
+# A staged part is a file in the output's staging folder: whoever can write there can plant one (and its
+# sidecar). Commit reads parts back to drop repeated rows and to give all parts one schema.
+_READ_STAGED_PARTS = """
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.stage.parts import COLUMNS_KEY, PartWriter
+staging = os.environ["STAGING"]
+writer = PartWriter(staging, "parquet", count_labels=False)
+writer.create_folders()
+out = {}
+def attempt(key, call):
+    try:
+        call()
+        out[key] = {"ran": ran(), "raised": None}
+    except ValueError as err:
+        out[key] = {"ran": ran(), "raised": str(err)}
+good = writer.write_part([{"source": "in.jsonl:1", "ok": True, "record": json.dumps({"id": 1, "x": "a"})}])
+planted = writer.write_part([{"source": "in.jsonl:2", "ok": True, "record": json.dumps({"id": 2, "x": 5})}])
+planted_file = storage.join(staging, "outputs", planted.sidecar["files"]["outputs"])
+storage.write_bytes(planted_file, FILES["top.parquet"])
+attempt("read_part", lambda: writer.read_part(planted))
+# x is text in one part and int64 in the other: the output's x becomes JSON text, read from every part.
+attempt("conform_parts", lambda: writer.conform_parts([good, planted]))
+attempt("read_good_part", lambda: writer.read_part(good))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_planted_staged_part_with_a_pickled_object_column_runs_no_code_and_fails_the_commit(
+    tmp_path: Path,
+) -> None:
+    out, marker = _run_with_pickled_files(tmp_path, _READ_STAGED_PARTS)
+
+    for step in ("read_part", "conform_parts"):
+        assert not out[step]["ran"], f"{step} unpickled a planted part's cell: the file's code ran"
+        assert (out[step]["raised"] or "").startswith("staged part outputs/part-"), out[step]["raised"]
+        assert "column 'x' has Arrow type extension<ray.data.arrow_pickled_object>" in out[step]["raised"]
+    assert out["read_good_part"] == {"ran": False, "raised": None}
+    assert not marker.exists()
 
 
 # -- the check itself resolves no extension type ---------------------------------------------------

@@ -28,6 +28,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.read import arrow_types
+
 #: Field metadata key (and value) of a column written as JSON text.
 ENCODING_KEY = b"raybatch.encoding"
 JSON_ENCODING = b"json"
@@ -274,11 +276,33 @@ def encode_parquet(table: Any) -> bytes:  # Any: pyarrow.Table.
     return buffer.getvalue()
 
 
-def decode_parquet(data: bytes) -> list[dict[str, Any]]:  # Any: JSON values.
-    """A part's rows as they were staged: JSON text columns read back as the values they hold."""
+def read_parquet_schema(data: bytes, name: str) -> Any:  # Any: pyarrow.Schema.
+    """A staged part's Arrow schema, once every type in it is allowed (:mod:`..read.arrow_types`):
+    whoever can write the output's staging folder could plant a part whose values run code when read.
+
+    :param name: the part's file, as the error names it.
+    :raises ValueError: a column is, or holds, a type off the allowlist; the message names it.
+    """
+    try:
+        return arrow_types.checked_parquet_schema(data)
+    except arrow_types.RefusedArrowTypeError as err:
+        raise arrow_types.RefusedArrowTypeError(f"staged part {name}: {err}") from err
+
+
+def read_parquet(data: bytes, name: str) -> Any:  # Any: pyarrow.Table.
+    """A staged part's table, its types checked first (:func:`read_parquet_schema`)."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(io.BytesIO(data))
+    read_parquet_schema(data, name)
+    return pq.read_table(io.BytesIO(data))
+
+
+def decode_parquet(data: bytes, name: str = "part") -> list[dict[str, Any]]:  # Any: JSON values.
+    """A part's rows as they were staged: JSON text columns read back as the values they hold.
+
+    :param name: the part's file, as an error names it.
+    """
+    table = read_parquet(data, name)
     json_columns = [field.name for field in table.schema if is_json_field(field)]
     rows = table.to_pylist()
     for row in rows:

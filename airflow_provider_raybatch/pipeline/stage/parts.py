@@ -26,7 +26,6 @@ all write through :class:`PartWriter`.
 
 from __future__ import annotations
 
-import io
 import json
 import uuid
 from collections import Counter
@@ -86,10 +85,10 @@ def _escape_line_breaks(line: str) -> str:
     return line
 
 
-def _decode(data: bytes, output_format: OutputFormat) -> list[dict[str, Any]]:  # Any: row values.
+def _decode(data: bytes, output_format: OutputFormat, part_file: str) -> list[dict[str, Any]]:  # Any: rows.
     if output_format == "jsonl":
         return [json.loads(line) for line in data.decode().split("\n") if line]
-    return part_schema.decode_parquet(data)
+    return part_schema.decode_parquet(data, part_file)
 
 
 class PartWriter:
@@ -194,7 +193,7 @@ class PartWriter:
         records: dict[str, list[dict[str, Any]]] = {"outputs": [], "errors": []}  # Any: row values.
         for folder, name in part.sidecar["files"].items():
             data = storage.read_bytes(storage.join(self.data_uri, folder, name))
-            records[folder] = _decode(data, self.output_format)
+            records[folder] = _decode(data, self.output_format, f"{folder}/{name}")
         ok = [True] * len(records["outputs"]) + [False] * len(records["errors"])
         if len(ok) != len(part.sidecar["sources"]):
             raise ValueError(f"staged part {part.name}: {len(ok)} rows in its files, "
@@ -226,8 +225,9 @@ class PartWriter:
             for part in typed:
                 if part.sidecar[COLUMNS_KEY][folder] == target:  # also its column order
                     continue
-                uri = storage.join(self.data_uri, folder, part.sidecar["files"][folder])
-                table = _read_table(storage.read_bytes(uri))
+                part_file = f"{folder}/{part.sidecar['files'][folder]}"
+                uri = storage.join(self.data_uri, part_file)
+                table = part_schema.read_parquet(storage.read_bytes(uri), part_file)
                 storage.write_bytes(
                     uri, part_schema.encode_parquet(part_schema.conform(table, target, arrow_types))
                 )
@@ -236,8 +236,6 @@ class PartWriter:
 
     def _arrow_types(self, folder: str, parts: list[StagedPart], target: dict[str, str]) -> dict[str, Any]:
         """The Arrow type of each concrete target column, read from the footer of a part that has it."""
-        import pyarrow.parquet as pq
-
         wanted = {name for name, kind in target.items() if kind not in (part_schema.JSON_TYPE, "null")}
         found: dict[str, Any] = {}  # Any: pyarrow types
         for part in parts:
@@ -248,13 +246,8 @@ class PartWriter:
             }
             if not missing:
                 continue
-            uri = storage.join(self.data_uri, folder, part.sidecar["files"][folder])
-            schema = pq.read_schema(io.BytesIO(storage.read_bytes(uri)))
+            part_file = f"{folder}/{part.sidecar['files'][folder]}"
+            data = storage.read_bytes(storage.join(self.data_uri, part_file))
+            schema = part_schema.read_parquet_schema(data, part_file)
             found.update({name: schema.field(name).type for name in missing})
         return found
-
-
-def _read_table(data: bytes) -> Any:  # Any: pyarrow.Table.
-    import pyarrow.parquet as pq
-
-    return pq.read_table(io.BytesIO(data))
