@@ -4,9 +4,10 @@ Importing ``ray.data`` registers Ray's pickled-object extension type (``ray.data
 each cell of such a column is a pickle, and converting it to Python (``to_pylist``, ``as_py``) unpickles
 it. Ray's own ``read_parquet`` refuses the type (unless ``RAY_DATA_AUTOLOAD_PICKLE_OBJECT_SCALAR=1``);
 our readers did not, so a Parquet input file or a planted staged part ran its payload with the Ray
-worker's rights. Their Arrow types are now checked against an allowlist first: an input file with
-another type is that file's one error row, and a staged part fails the commit, naming the column and
-its type.
+worker's rights, and so did a planted file of a try's prepared rows where Ray's check is off. Every
+file the job reads that someone else could write now has its Arrow types checked against an allowlist
+first: an input file with another type is that file's one error row, a prepared cache is read again
+from the input, and a staged part fails the commit, naming the column and its type.
 """
 
 from __future__ import annotations
@@ -141,6 +142,46 @@ def test_a_planted_staged_part_with_a_pickled_object_column_runs_no_code_and_fai
         assert (out[step]["raised"] or "").startswith("staged part outputs/part-"), out[step]["raised"]
         assert "column 'x' has Arrow type extension<ray.data.arrow_pickled_object>" in out[step]["raised"]
     assert out["read_good_part"] == {"ran": False, "raised": None}
+    assert not marker.exists()
+
+
+# A try's prepared rows are Parquet files in the output's staging folder, read back by a retry.
+# RAY_DATA_AUTOLOAD_PICKLE_OBJECT_SCALAR=1 (a cluster that lets other jobs read pickled data) turns
+# off Ray's own check in read_parquet: ours must not depend on it.
+_READ_PREPARED_CACHE = """
+os.environ["RAY_DATA_AUTOLOAD_PICKLE_OBJECT_SCALAR"] = "1"
+import logging, ray
+from airflow_provider_raybatch.pipeline.read import prepared_cache
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.getLogger("airflow_provider_raybatch.pipeline").addHandler(Keep())
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
+ray.data.DataContext.get_current().enable_progress_bars = False
+staging = os.environ["STAGING"]
+os.makedirs(f"{staging}/prepared")
+with open(f"{staging}/prepared/part-0.parquet", "wb") as file:
+    file.write(FILES["top.parquet"])
+record = {"format": 1, "input_digest": "d1", "rows_in": 1, "errors": 0, "repeated_ids": 0}
+with open(f"{staging}/prepared.json", "w") as file:
+    json.dump(record, file)
+kept = prepared_cache.read(staging, "d1")
+if kept is not None:
+    kept.rows.take_all()  # the job goes on to read the rows
+print(json.dumps({"kept": kept is not None, "ran": ran(), "warnings": warnings}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_planted_prepared_cache_with_a_pickled_object_column_runs_no_code_and_is_not_used(
+    tmp_path: Path,
+) -> None:
+    out, marker = _run_with_pickled_files(tmp_path, _READ_PREPARED_CACHE)
+
+    assert (out["kept"], out["ran"]) == (False, False)
+    [warning] = out["warnings"]
+    assert "part-0.parquet: column 'x' has Arrow type extension<ray.data.arrow_pickled_object>" in warning
     assert not marker.exists()
 
 

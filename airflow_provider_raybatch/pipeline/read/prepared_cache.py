@@ -18,7 +18,9 @@ A cache is used only when it is certainly this input's:
   fixed behind the same name, means the input is read and prepared again;
 - a try that died while writing leaves no ``prepared.json`` (it is written last, and removed before a
   write starts): such a cache is ignored and written again;
-- the row count in ``prepared.json`` must be the Parquet's own.
+- the row count in ``prepared.json`` must be the Parquet's own;
+- every Parquet file's Arrow types are on :mod:`.arrow_types`' allowlist: the staging is writable by
+  whoever can write the output, and a planted file's values must not run code when read.
 
 The cache goes with the staging when the run commits (:func:`..stage.commit.publish`). It is an
 optimisation only: failing to write or read it is logged and the job goes on from the input.
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from airflow_provider_raybatch.pipeline import job_settings, storage
+from airflow_provider_raybatch.pipeline.read import arrow_types
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -99,9 +102,10 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
     folder = storage.join(staging_uri, CACHE_FOLDER)
     filesystem, path = storage.filesystem(folder)
     try:
+        files = _checked_files(filesystem, path)
         # Read here, whole: a file that cannot be read falls back to the input now, not later in the
         # engine's dataset, where it would fail every retry the same way.
-        rows = ray.data.read_parquet(path, filesystem=filesystem).materialize()
+        rows = ray.data.read_parquet(files, filesystem=filesystem, file_extensions=None).materialize()
         cached_rows = rows.count()
     except Exception as err:  # noqa: BLE001 - a cache that cannot be read is read again from the input
         log.warning("Ignoring the prepared rows an earlier try kept at %s: %s", folder, err)
@@ -111,6 +115,25 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
                     folder, cached_rows, CACHE_RECORD, counts["rows_in"])  # fmt: skip
         return None
     return PreparedRows(rows, counts["rows_in"], counts["errors"], counts["repeated_ids"], reused=True)
+
+
+def _checked_files(filesystem: Any, path: str) -> list[str]:  # Any: pyarrow.fs.FileSystem.
+    """Every file of the cache folder, once each one's Arrow types are allowed (:mod:`.arrow_types`).
+
+    The folder is in the output's staging, which whoever can write the output can write too: a planted
+    file could hold a type whose values run code when read. Ray reads exactly the files checked.
+    """
+    from pyarrow import fs
+
+    infos = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
+    files = sorted(info.path for info in infos if info.type == fs.FileType.File)
+    for file in files:
+        with filesystem.open_input_file(file) as stream:  # its footer only
+            try:
+                arrow_types.checked_parquet_schema(stream)
+            except arrow_types.RefusedArrowTypeError as err:
+                raise arrow_types.RefusedArrowTypeError(f"{file}: {err}") from err
+    return files
 
 
 def _counts(record: Any, digest: str) -> dict[str, int] | None:  # Any: parsed JSON.
