@@ -22,6 +22,7 @@ Ray's own ``read_parquet`` refuses Ray's pickled type only, and not where
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Any
 
 #: The field metadata key that makes a field an extension type (Arrow's IPC format).
@@ -127,9 +128,30 @@ def checked_parquet_schema(file: bytes | Any) -> Any:  # Any: a pyarrow file in;
         hidden = serialized.replace(EXTENSION_NAME_KEY, _HIDDEN_EXTENSION_NAME_KEY)
         check_schema(pyarrow.ipc.read_schema(pa.py_buffer(hidden)))
     # The stored schema names no extension type: the schema the reader will use, resolved in full.
-    schema = pq.ParquetFile(pa.BufferReader(_MAGIC + footer + tail)).schema_arrow
+    schema = open_parquet(pa.BufferReader(_MAGIC + footer + tail)).schema_arrow
     check_schema(schema)
     return schema
+
+
+def open_parquet(source: Any) -> Any:  # Any: what pyarrow.parquet.ParquetFile takes, and the file.
+    """A Parquet reader that reads Parquet's own UUID and JSON columns (Spark's, DuckDB's) as their
+    storage types, fixed-size binary and string: pyarrow 18+ makes them the extension types
+    ``arrow.uuid`` and ``arrow.json`` by default, which the allowlist refuses like any extension type."""
+    import pyarrow.parquet as pq
+
+    if _reader_takes_extension_switch():
+        return pq.ParquetFile(source, arrow_extensions_enabled=False)
+    return pq.ParquetFile(source)
+
+
+@functools.cache
+def _reader_takes_extension_switch() -> bool:
+    """Whether this pyarrow's Parquet reader can leave Parquet's UUID and JSON types unresolved."""
+    import inspect
+
+    import pyarrow.parquet as pq
+
+    return "arrow_extensions_enabled" in inspect.signature(pq.ParquetFile).parameters
 
 
 #: A Parquet file ends with its footer's length (4 bytes, little-endian) and this magic.

@@ -231,12 +231,10 @@ def _table_rows(table: Any) -> list[dict[str, Any]]:  # Any: pyarrow.Table and c
 
 def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) -> Iterator[Record]:
     try:
-        import pyarrow.parquet as pq
-
         # Before pyarrow opens the file: a type off the allowlist may run the file's code (arrow_types).
         arrow_types.checked_parquet_schema(data)
         # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name.
-        table = pq.ParquetFile(io.BytesIO(data)).read()
+        table = arrow_types.open_parquet(io.BytesIO(data)).read()
     except arrow_types.RefusedArrowTypeError as err:
         yield _unreadable(name, "parquet", str(err))
         return

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline.read import arrow_types
+from airflow_provider_raybatch.pipeline.read import arrow_types, rows
 from airflow_provider_raybatch.pipeline.read.arrow_types import RefusedArrowTypeError
 
 
@@ -103,6 +104,19 @@ def test_the_schema_of_a_plain_file_is_the_one_pyarrow_reads_it_with() -> None:
 def test_a_parquet_file_with_an_extension_column_is_refused() -> None:
     with pytest.raises(RefusedArrowTypeError, match="column 'u' has Arrow type extension<arrow.uuid>"):
         arrow_types.checked_parquet_schema(_parquet(pa.table({"id": [1], "u": _uuids()})))
+
+
+def test_parquets_own_uuid_and_json_columns_written_without_an_arrow_schema_are_read_as_data() -> None:
+    """Spark and DuckDB write UUID and JSON as Parquet's own logical types, with no Arrow schema: they
+    are read as their storage types (16 bytes, text), not refused as pyarrow's extension types."""
+    json_text = pa.ExtensionArray.from_storage(pa.json_(), pa.array(['{"k": 1}']))
+    data = _parquet(pa.table({"id": ["a"], "u": _uuids(), "j": json_text}), store_schema=False)
+
+    schema = arrow_types.checked_parquet_schema(data)
+
+    assert (schema.field("u").type, schema.field("j").type) == (pa.binary(16), pa.string())
+    [record] = rows.parse_file("duckdb.parquet", data, "parquet")
+    assert record["error"] is None and json.loads(record["row"] or "")["j"] == '{"k": 1}'
 
 
 def test_a_footer_with_a_second_arrow_schema_is_refused() -> None:
