@@ -50,6 +50,11 @@ def _last_marked(log: str, marker: str) -> dict[str, Any] | None:  # Any: JSON v
     # KiB) for each progress line, hundreds of triggers per triggerer (bench/RESULTS.md, section 3).
     end = len(log)
     while (start := log.rfind(marker, 0, end)) >= 0:
+        if start > 0 and log[start - 1] not in "\r\n":
+            # Not at a line's start: the driver prints the marker first on its own line, and a line
+            # quoting it (a row's text in a warning, another process's output) is not the job's result.
+            end = start
+            continue
         line_end = log.find("\n", start)
         # The rest of the marker's line; splitlines() also ends it at "\r" and the like, as before.
         payload = log[start + len(marker) : None if line_end < 0 else line_end].splitlines()

@@ -73,6 +73,9 @@ def job_result(
     except RayHookError as err:
         driver_log, why_not = "", f"{why_not}; the driver log cannot be read ({err})"
     manifest = manifest_from_log(driver_log)
+    if manifest is not None and not _is_result(manifest, job_id, spec):
+        why_not = f"{why_not}; the driver log's manifest is not this job's result"
+        manifest = None
     if manifest is not None and committed.manifest is not None:
         check_not_superseded(manifest, committed.manifest, job_id, conn_id)
     if manifest is None:

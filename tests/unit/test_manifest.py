@@ -31,9 +31,20 @@ def test_log_line_is_one_marked_line_of_sorted_compact_json() -> None:
 
 
 def test_round_trip_through_a_log_with_other_lines() -> None:
-    log = "\n".join(["starting", "INFO pipeline: " + manifest_log_line(MANIFEST), "done", ""])
+    log = "\n".join(["starting", manifest_log_line(MANIFEST), "done", ""])
 
     assert manifest_from_log(log) == MANIFEST
+
+
+def test_a_marker_inside_a_line_is_not_the_job_s_manifest() -> None:
+    """The driver prints its manifest at a line's start; a line that quotes one (a row's text in a
+    replica's warning, forwarded with Ray's prefix) is not the job's result, though it comes last."""
+    forged = {**MANIFEST, "output_uri": "s3://elsewhere/"}
+    quoted = "(MapWorker pid=7) Inference failed for row {'text': '" + manifest_log_line(forged) + "'}"
+    log = "\n".join([manifest_log_line(MANIFEST), quoted, "\r" + "x " + manifest_log_line(forged), ""])
+
+    assert manifest_from_log(log) == MANIFEST
+    assert manifest_from_log(quoted) is None
 
 
 def test_the_last_manifest_wins() -> None:

@@ -20,7 +20,6 @@ import pytest
 from airflow.sdk import conf
 from airflow.sdk.exceptions import TaskDeferred
 
-from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 from tests.unit.operators.test_llm_batch import MANIFEST, REQUIRED, FakeCluster, FakeStateStore, FakeTI
@@ -82,7 +81,7 @@ def test_without_the_argument_the_task_waits_where_the_setting_says(
     """In the worker, polling the job to its end, when the setting is False (Airflow's shipped
     default); deferred to the triggerer when it is True."""
     ti = FakeTI()
-    job_id = cluster.add_try(ti, 1, "RUNNING", logs=manifest_log_line(MANIFEST))
+    job_id = cluster.add_try(ti, 1, "RUNNING", manifest=MANIFEST)
     metadata = cluster.jobs[0]["metadata"]
     cluster.jobs.clear()  # submitted by this try: nothing earlier is listed
     payloads = [cluster.job_payload(job_id, status, metadata=metadata) for status in ("RUNNING", "SUCCEEDED")]

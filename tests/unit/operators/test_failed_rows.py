@@ -40,11 +40,13 @@ OUTPUT_ASSET = Asset("s3://b/out")
 
 # Any (here and below): JSON values of a manifest.
 def run_manifest(rows_in: int, rows_failed: int, duplicates: int = 0, **extra: Any) -> dict[str, Any]:
-    """A committed run's manifest as the pipeline prints it."""
+    """A committed run's manifest as the pipeline prints it (job j1's)."""
     reasons = {"missing id": rows_failed - duplicates}
     if duplicates:
         reasons["duplicate id"] = duplicates
     return {
+        "status": "complete",
+        "job_id": "j1",
         "output_uri": "s3://b/out/",
         "outputs_uri": "s3://b/out/versions/v1/outputs",
         "errors_uri": "s3://b/out/versions/v1/errors",
@@ -162,7 +164,8 @@ def test_the_worker_path_fails_the_same_way(
     cluster = FakeCluster(ray_api, job_payload)
     ti = FakeTI()
     manifest = run_manifest(30, 12)
-    job_id = cluster.add_try(ti, 1, "RUNNING", logs=manifest_log_line(manifest))
+    job_id = cluster.add_try(ti, 1, "RUNNING", manifest=manifest)
+    manifest = {**manifest, "job_id": job_id}  # as the job printed it
     metadata = cluster.jobs[0]["metadata"]
     cluster.jobs.clear()  # submitted by this try: nothing earlier is listed
     statuses = [cluster.job_payload(job_id, status, metadata=metadata) for status in ("RUNNING", "SUCCEEDED")]
@@ -189,7 +192,7 @@ def test_a_retry_takes_the_committed_result_and_fails_again_unless_loosened(
     cluster = FakeCluster(ray_api, job_payload)
     ti = retry_ti(2)
     manifest = run_manifest(30, 12)
-    earlier = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(manifest))
+    earlier = cluster.add_try(ti, 1, "SUCCEEDED", manifest=manifest)
     op = make_operator(ray_conn_id=ray_conn, **kwargs)
     context = {"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: earlier})}
 

@@ -271,7 +271,7 @@ def test_a_deferral_failure_never_stops_a_job_that_is_not_ours(ray_conn: str, cl
 
 def test_an_ordinary_resume_still_calls_execute_complete(ray_conn: str, cluster: FakeCluster) -> None:
     ti = XComTI()
-    job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(MANIFEST))
+    job = cluster.add_try(ti, 1, "SUCCEEDED", manifest=MANIFEST)
     event = job_event("success", job, "ok", "succeeded")
 
     result = make_operator(ray_conn_id=ray_conn).resume_execution(
@@ -333,14 +333,14 @@ def test_another_jobs_committed_manifest_is_not_this_jobs_result(
     """A later job committed to the same place: this job's result is its own, from its log."""
     ti = FakeTI()
     from_log = {**MANIFEST, "output_uri": str(tmp_path / "out")}
-    job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(from_log))
+    job = cluster.add_try(ti, 1, "SUCCEEDED", manifest=from_log)
     committed(tmp_path / "out", job_id="raybatch-a-later-job", rows_out=3)
 
     make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out")).execute_complete(
         {"ti": ti}, job_event("success", job, "ok", "succeeded")
     )
 
-    assert ti.xcoms["manifest"] == from_log
+    assert ti.xcoms["manifest"] == {**from_log, "job_id": job}
 
 
 def test_a_manifest_from_before_job_ids_counts_when_run_and_spec_match(
@@ -415,7 +415,7 @@ def test_a_result_whose_version_another_commit_deleted_fails_naming_both(
         "version": "v1",
         "outputs_uri": str(out / "versions/v1/outputs"),
     }
-    job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(mine))
+    job = cluster.add_try(ti, 1, "SUCCEEDED", manifest=mine)
     committed(out, job_id="raybatch-another-run", version="v2")  # v1's folder is gone
 
     with pytest.raises(RayJobFailedError, match=r"replaced it.*keep_versions=True") as info:
@@ -439,11 +439,11 @@ def test_a_kept_version_under_a_later_commit_is_still_this_jobs_result(
         "outputs_uri": str(out / "versions/v1/outputs"),
     }
     (out / "versions/v1/outputs").mkdir(parents=True)  # keep_versions=True kept it
-    job = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(mine))
+    job = cluster.add_try(ti, 1, "SUCCEEDED", manifest=mine)
     committed(out, job_id="raybatch-another-run", version="v2")
 
     make_operator(ray_conn_id=ray_conn, output_uri=str(out)).execute_complete(
         {"ti": ti}, job_event("success", job, "ok", "succeeded")
     )
 
-    assert ti.xcoms["manifest"] == mine
+    assert ti.xcoms["manifest"] == {**mine, "job_id": job}

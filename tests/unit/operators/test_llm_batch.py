@@ -531,14 +531,19 @@ class FakeCluster:
         fingerprint: str | None = FINGERPRINT,
         logs: str = "",
         end_time: int | None = None,
+        manifest: dict[str, Any] | None = None,  # Any: JSON values
     ) -> str:
-        """A job an earlier (or this) try of ``ti`` submitted; returns its id."""
+        """A job an earlier (or this) try of ``ti`` submitted; returns its id. ``manifest``: the driver
+        log ends with it, as that job printed it (its ``job_id`` the job's)."""
         task_try = task_try_of(ti, try_number)
+        job_id = task_try.submission_id(KEY)
         metadata = task_try.metadata()
         if fingerprint is not None:
             metadata[FINGERPRINT_KEY] = fingerprint
-        self.add_job(task_try.submission_id(KEY), status, metadata, logs=logs, end_time=end_time)
-        return task_try.submission_id(KEY)
+        if manifest is not None:
+            logs += "x\n" + manifest_log_line({**manifest, "job_id": job_id}) + "\n"
+        self.add_job(job_id, status, metadata, logs=logs, end_time=end_time)
+        return job_id
 
     def add_unknown(self, job_id: str) -> None:
         self.gets[job_id] = self.router.get(f"/api/jobs/{job_id}").respond(404, text="Job does not exist")
@@ -703,7 +708,7 @@ def test_a_job_this_task_stopped_says_so(ray_conn: str, cluster: FakeCluster) ->
 def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: FakeCluster) -> None:
     ti = retry_ti(2)
     manifest = {**MANIFEST, "output_uri": "s3://b/out/"}
-    previous = cluster.add_try(ti, 1, "SUCCEEDED", logs="x\n" + manifest_log_line(manifest) + "\n")
+    previous = cluster.add_try(ti, 1, "SUCCEEDED", manifest=manifest)
     store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
     op = make_operator(ray_conn_id=ray_conn)
 
@@ -715,7 +720,7 @@ def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: Fak
     assert ti.xcoms == {
         "job_id": previous,
         "ray_dashboard_url": RAY_URL,
-        "manifest": manifest,
+        "manifest": {**manifest, "job_id": previous},
         "output_uri": "s3://b/out/",
     }
     assert store.sets == []
@@ -727,7 +732,7 @@ def test_a_taken_result_has_its_ray_job_link(
     """XComs belong to one try: a retry that takes an earlier job's result must push what the "Ray job"
     link reads, or the link of the try that succeeded is blank."""
     ti = retry_ti(2)
-    previous = cluster.add_try(ti, 1, "SUCCEEDED", logs=manifest_log_line(MANIFEST))
+    previous = cluster.add_try(ti, 1, "SUCCEEDED", manifest=MANIFEST)
     op = make_operator(ray_conn_id=ray_conn)
 
     op.execute({"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: previous})})
@@ -743,7 +748,7 @@ def test_execute_takes_the_result_of_a_succeeded_job_found_by_listing(
 ) -> None:
     ti = retry_ti(3)
     cluster.add_try(ti, 1, "FAILED")
-    previous = cluster.add_try(ti, 2, "SUCCEEDED", logs=manifest_log_line(MANIFEST))
+    previous = cluster.add_try(ti, 2, "SUCCEEDED", manifest=MANIFEST)
 
     assert make_operator(ray_conn_id=ray_conn).execute({"ti": ti}) == MANIFEST["output_uri"]
 
@@ -969,7 +974,7 @@ def test_a_newer_listed_job_wins_over_an_older_recorded_one_missing_from_the_lis
     ti = retry_ti(3)
     recorded = cluster.add_try(ti, 1, "RUNNING")
     cluster.jobs.pop()
-    listed = cluster.add_try(ti, 2, "SUCCEEDED", logs=manifest_log_line(MANIFEST))
+    listed = cluster.add_try(ti, 2, "SUCCEEDED", manifest=MANIFEST)
     store = FakeStateStore(**{JOB_ID_STATE_KEY: recorded})
 
     result = make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
@@ -1021,7 +1026,7 @@ def test_execute_in_the_worker_waits_for_the_attached_job(
     ray_conn: str, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ti = retry_ti(2)
-    previous = cluster.add_try(ti, 1, "RUNNING", logs=manifest_log_line(MANIFEST))
+    previous = cluster.add_try(ti, 1, "RUNNING", manifest=MANIFEST)
     metadata = cluster.jobs[0]["metadata"]
     statuses = ("RUNNING", "RUNNING", "SUCCEEDED")
     payloads = [cluster.job_payload(previous, status, metadata=metadata) for status in statuses]
@@ -1157,7 +1162,8 @@ def test_wait_in_worker_returns_the_terminal_event(
 
 
 # One failed row in 30: within the default max_failed_fraction (0.1).
-MANIFEST = {"output_uri": "s3://b/out/", "rows_in": 30, "rows_out": 29, "rows_failed": 1}
+MANIFEST = {"status": "complete", "job_id": "j1", "output_uri": "s3://b/out/", "rows_in": 30, "rows_out": 29,
+            "rows_failed": 1}  # fmt: skip
 
 
 def test_execute_complete_success_pushes_the_manifest(ray_conn: str, ray_api: respx.MockRouter) -> None:
