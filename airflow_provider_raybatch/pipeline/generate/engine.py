@@ -274,7 +274,8 @@ def engine_core_errors() -> Iterator[Callable[[], str | None]]:
     the task never shows (trial 55: a refused setting failed the task with vLLM's wrapper only). The
     EngineCores write into a folder of this build's own (``mkdtemp``: private, a name nobody can guess,
     so no other user can plant a link for them to write through), gone when the build ends: an
-    EngineCore that dies later finds none and writes nothing. Yields a function that returns the
+    EngineCore that dies later, holding the deleted folder open (:func:`_open_error_folder`), writes
+    nothing, whatever was made at its name since. Yields a function that returns the
     first error written, in one line, or None (none written, or vLLM spawned its EngineCore itself).
     """
     global _build_error_folder
@@ -315,13 +316,41 @@ def _run_with_environ(
     os.environ.clear()
     os.environ.update(environ)
     engine_lifetime.end_with_replica()
+    error_folder = _open_error_folder(error_path)
     try:
         return target(*args, **kwargs)
     except Exception as err:  # vLLM logs it and raises again: the parent hears only that it died
-        if error_path is not None:
+        if error_folder is not None and error_path is not None:
             with contextlib.suppress(Exception):  # never instead of vLLM's own error
-                Path(error_path).write_text(error_line(err), encoding="utf-8")
+                _write_error(error_folder, os.path.basename(error_path), error_line(err))
         raise
+    finally:
+        if error_folder is not None:
+            os.close(error_folder)
+
+
+def _open_error_folder(error_path: str | None) -> int | None:
+    """The build's error folder, held open by descriptor from the EngineCore's start.
+
+    The folder is removed when the build ends, but a warm EngineCore lives for hours and may die any
+    time: writing by its path then would write into whatever another local user made at that name
+    since (a folder of their own, a link to any file the Ray user can write). Through the descriptor,
+    a write after the build finds the folder deleted and writes nothing."""
+    if error_path is None:
+        return None
+    try:
+        return os.open(os.path.dirname(error_path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # the build already ended: nothing to report to
+        return None
+
+
+def _write_error(folder: int, name: str, text: str) -> None:
+    """Write ``text`` as a new file ``name`` in the folder open as ``folder``: never through a link,
+    never over a file that is there."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    descriptor = os.open(name, flags, 0o600, dir_fd=folder)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 class _ForkServerProcess(mp_context.ForkServerProcess):
