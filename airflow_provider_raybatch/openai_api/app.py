@@ -13,7 +13,9 @@ data anyway) sees and acts on all. Another user's object answers 404, as a missi
 token must come in the ``Authorization`` header: the API server's session cookie is not taken here,
 so a page on another site cannot make a signed-in browser upload, create or cancel (CSRF).
 Request bodies are bounded (``[raybatch] openai_max_upload_bytes``, ``openai_max_body_bytes``) before
-they are parsed, and ``metadata`` by OpenAI's limits.
+they are parsed, and ``metadata`` by OpenAI's limits. Each user's files and open batches are limited
+too, and the limits hold when requests come at once, from any number of API server processes
+(:mod:`.quota`).
 
 The dependencies are imported at module level: FastAPI resolves the routes' (string) annotations in
 this module's globals.
@@ -41,8 +43,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_provider_raybatch.openai_api import settings as openai_settings
 from airflow_provider_raybatch.openai_api.body_limit import BodySizeLimit
 from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
+from airflow_provider_raybatch.openai_api.quota import RESERVATION_TTL_SECONDS, Usage, has_room, stays_within
 from airflow_provider_raybatch.openai_api.status import TERMINAL_STATUSES, RunState, batch_status
 from airflow_provider_raybatch.openai_api.store import (
+    BATCH_ID,
     NotFoundError,
     OpenAIStore,
     TooLargeError,
@@ -138,6 +142,24 @@ def _stop_run(session: Any, dag_id: str, run_id: str) -> None:  # Any: a SQLAlch
     dag = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
     if dag is not None:
         set_dag_run_state_to_failed(dag=dag, run_id=run_id, commit=True, session=session)
+
+
+def _chunks(file: UploadFile) -> Iterator[bytes]:
+    while chunk := file.file.read(_CHUNK):
+        yield chunk
+
+
+def _holds_a_slot(record: dict[str, Any], run: RunState, now: float) -> bool:  # Any: JSON values.
+    """Whether a batch counts against its owner's open batches: it is open, or its run is not in sight.
+
+    A run another request starts is seen once that request's transaction commits, after it has
+    answered (and where a transaction reads one snapshot, MySQL's or SQLite's, only by a later one);
+    until then the batch's status reads "failed". So a batch without a run counts for as long as a
+    reservation would; past that it is one whose request died before starting its run: failed.
+    """
+    if run.run_state is None:
+        return now - record["created_at"] < RESERVATION_TTL_SECONDS
+    return record["expires_at"] > now and batch_status(record, run, now)[0] not in TERMINAL_STATUSES
 
 
 def _require_bearer_token(request: Request) -> None:
@@ -237,6 +259,29 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
 
     # -- files ----------------------------------------------------------------------------------
 
+    def too_many_files() -> HTTPException:
+        return _openai_error(
+            429,
+            f"You have {config.max_files_per_user} files, the most one user may keep: delete some first.",
+            "file", "too_many_files",
+        )  # fmt: skip
+
+    def store_upload(file: UploadFile, owner: str, owner_name: str) -> dict[str, Any]:  # Any: JSON.
+        """The upload, kept only within its owner's quota (quota.py): a refused one leaves nothing."""
+        limit = config.max_files_per_user
+        file_id = new_id("file")
+        with store.reserved(owner, file_id) as mine:
+            if not has_room(store.file_usage(owner), mine, limit):
+                raise too_many_files()
+            record = store.add_file(
+                _chunks(file), (file.filename or "upload.jsonl")[:255], "batch", owner=owner,
+                owner_name=owner_name, max_bytes=config.max_upload_bytes, file_id=file_id,
+            )  # fmt: skip
+            if not stays_within(lambda: store.file_usage(owner), mine, limit):
+                store.delete_file(file_id)
+                raise too_many_files()
+        return record
+
     @app.post("/v1/files", dependencies=can_write)
     async def upload_file(request: Request, user: GetUserDep) -> dict[str, Any]:
         """The multipart body is read here, after the token and permission checks (a declared File()
@@ -250,23 +295,8 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
                 raise _openai_error(
                     400, f"purpose {str(purpose)[:40]!r}: this API takes 'batch' files only.", "purpose"
                 )
-            if store.count_files(user.get_id()) >= config.max_files_per_user:
-                raise _openai_error(
-                    429,
-                    f"You have {config.max_files_per_user} files, the most one user may keep: "
-                    "delete some first.",
-                    "file", "too_many_files",
-                )  # fmt: skip
-
-            def chunks() -> Iterator[bytes]:
-                while chunk := file.file.read(_CHUNK):
-                    yield chunk
-
             try:
-                record = await run_in_threadpool(
-                    store.add_file, chunks(), (file.filename or "upload.jsonl")[:255], purpose,
-                    owner=user.get_id(), owner_name=user.get_name(), max_bytes=config.max_upload_bytes,
-                )  # fmt: skip
+                record = await run_in_threadpool(store_upload, file, user.get_id(), user.get_name())
             except TooLargeError as err:
                 raise _openai_error(
                     413, f"{err} Split it into smaller files.", "file", "file_too_large"
@@ -331,11 +361,47 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             done["failed"] += int(sidecar.get("rows_failed", 0))
         return done
 
-    @app.post("/v1/batches", dependencies=can_write)
-    def create_batch(body: CreateBatchRequest, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
+    def too_many_batches(count: int) -> HTTPException:
+        return _openai_error(
+            429, f"You have {count} batches open, the most one user may: wait for some to finish.",
+            code="too_many_open_batches",
+        )  # fmt: skip
+
+    def batch_usage(owner: str, session: Any, creating: str) -> Usage:  # Any: a SQLAlchemy session.
+        """``owner``'s batches for their open-batch quota (quota.py). ``creating`` is the request's own
+        batch: it has no run yet, so its run is not looked up (nor is it counted: it is the one asking)."""
+        reservations = store.reservations(owner, BATCH_ID)  # first: see OpenAIStore.reservations
+        records = store.batches(owner)
+        now = time.time()
+        counted = [
+            record["id"] for record in records
+            if record["id"] != creating
+            and _holds_a_slot(record, _run_state(session, dag_id, record["id"]), now)
+        ]  # fmt: skip
+        existing = frozenset(record["id"] for record in records)
+        return Usage(counted=frozenset(counted), existing=existing, reservations=reservations)
+
+    def start_run(record: dict[str, Any], session: Any, user: Any) -> None:  # Any: JSON, a session, a user.
+        """The batch's DAG run (its run id is the batch id); a 503 if it cannot start, keeping nothing."""
         from airflow.api.common.trigger_dag import trigger_dag
         from airflow.utils.types import DagRunTriggeredByType
 
+        try:
+            # No conf: the run's task reads this record (its id is the run id) for its paths.
+            trigger_dag(
+                dag_id, run_id=record["id"], conf={}, triggered_by=DagRunTriggeredByType.REST_API,
+                triggering_user_name=user.get_name(), session=session,
+            )  # fmt: skip
+        except Exception as err:  # DagNotFound, a DAG that refuses manual runs: log it, keep nothing
+            store.delete_batch(record["id"])
+            log.exception("Could not start a run of the batch DAG %r for %s.", dag_id, record["id"])
+            raise _openai_error(
+                503,
+                f"Could not start the batch DAG {dag_id!r} ({type(err).__name__}); see the API server's log.",
+            ) from err
+
+    @app.post("/v1/batches", dependencies=can_write)
+    def create_batch(body: CreateBatchRequest, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
         if body.endpoint not in ENDPOINTS:
             raise _openai_error(
                 400, f"endpoint {body.endpoint[:60]!r}: supported are {list(ENDPOINTS)}.", "endpoint"
@@ -350,49 +416,31 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             )
         _check_metadata(body.metadata, config)
         input_file = owned(store.file, "file", body.input_file_id, user)
-        now = time.time()
-        open_batches = [
-            record for record in store.batches(user.get_id())
-            if record["expires_at"] > now
-            and batch_status(record, _run_state(session, dag_id, record["id"]), now=now)[0]
-            not in TERMINAL_STATUSES
-        ]  # fmt: skip
-        if len(open_batches) >= config.max_open_batches_per_user:
-            raise _openai_error(
-                429,
-                f"You have {len(open_batches)} batches open, the most one user may: "
-                "wait for some to finish.",
-                code="too_many_open_batches",
-            )  # fmt: skip
-        if input_file["purpose"] != "batch":
-            raise _openai_error(
-                400,
-                f"file {body.input_file_id!r} has purpose {input_file['purpose']!r}, not 'batch'.",
-                "input_file_id",
-            )
-        total = count_requests(store.file_content(body.input_file_id))
+        owner, limit = user.get_id(), config.max_open_batches_per_user
         batch_id = new_id("batch")
-        created_at = int(time.time())
-        record = {
-            "id": batch_id, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
-            "completion_window": body.completion_window, "created_at": created_at,
-            "expires_at": created_at + window, "metadata": body.metadata, "request_total": total,
-            "output_uri": store.output_uri(batch_id), "owner": user.get_id(), "owner_name": user.get_name(),
-        }  # fmt: skip
-        store.save_batch(record)
-        try:
-            # No conf: the run's task reads this record (its id is the run id) for its paths.
-            trigger_dag(
-                dag_id, run_id=batch_id, conf={}, triggered_by=DagRunTriggeredByType.REST_API,
-                triggering_user_name=user.get_name(), session=session,
-            )  # fmt: skip
-        except Exception as err:  # DagNotFound, a DAG that refuses manual runs: log it, keep nothing
-            store.delete_batch(batch_id)
-            log.exception("Could not start a run of the batch DAG %r for %s.", dag_id, batch_id)
-            raise _openai_error(
-                503,
-                f"Could not start the batch DAG {dag_id!r} ({type(err).__name__}); see the API server's log.",
-            ) from err
+        with store.reserved(owner, batch_id) as mine:
+            usage = batch_usage(owner, session, batch_id)
+            if not has_room(usage, mine, limit):
+                raise too_many_batches(usage.in_use(mine))
+            if input_file["purpose"] != "batch":
+                raise _openai_error(
+                    400,
+                    f"file {body.input_file_id!r} has purpose {input_file['purpose']!r}, not 'batch'.",
+                    "input_file_id",
+                )
+            total = count_requests(store.file_content(body.input_file_id))
+            created_at = int(time.time())
+            record = {
+                "id": batch_id, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
+                "completion_window": body.completion_window, "created_at": created_at,
+                "expires_at": created_at + window, "metadata": body.metadata, "request_total": total,
+                "output_uri": store.output_uri(batch_id), "owner": owner, "owner_name": user.get_name(),
+            }  # fmt: skip
+            store.save_batch(record)
+            if not stays_within(lambda: batch_usage(owner, session, batch_id), mine, limit):
+                store.delete_batch(batch_id)  # before its run starts: a refused batch runs nothing
+                raise too_many_batches(limit)
+            start_run(record, session, user)
         return batch_object(record, session)
 
     @app.get("/v1/batches/{batch_id}", dependencies=can_read)

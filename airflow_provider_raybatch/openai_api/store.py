@@ -8,6 +8,9 @@ Layout under the configured root (``[raybatch] openai_files_uri``)::
     batches/<batch id>/output/      the batch's run output (manifest.json, versions/...)
     owners/<owner key>/<id>         an empty marker per file and batch of one owner, so that a user's
                                     listing reads their own records only (not everyone's)
+    owners/<owner key>/reserved/<ns>-<id>
+                                    an empty marker per request that is creating a file or batch of that
+                                    owner: what makes their quotas hold under concurrent requests (quota.py)
 
 The Ray job reads an uploaded file and writes the output folder itself, so the root must be reachable
 from the cluster too: a local folder for a single-machine setup, ``s3://...`` otherwise. Paths are
@@ -31,9 +34,12 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.sdk import ObjectStoragePath
+
+from airflow_provider_raybatch.openai_api.quota import Reservation, Usage
 
 #: The shapes of the ids this store issues; anything else is no file or batch of ours.
 FILE_ID = re.compile(r"file-[0-9a-f]{32}")
@@ -158,13 +164,14 @@ class OpenAIStore:
 
     def add_file(
         self, chunks: Iterator[bytes], filename: str, purpose: str, *, owner: str | None = None,
-        owner_name: str | None = None, max_bytes: int | None = None,
+        owner_name: str | None = None, max_bytes: int | None = None, file_id: str | None = None,
     ) -> dict[str, Any]:  # Any: JSON.  # fmt: skip
         """Store an upload's bytes, then its file object (so a listed file always has its bytes).
 
+        ``file_id``: the id its quota reservation was made for; a new one when None.
         Raises TooLargeError past ``max_bytes``, having removed what was written.
         """
-        file_id = new_id("file")
+        file_id = new_id("file") if file_id is None else _checked(FILE_ID, file_id)
         data = self.upload_path(file_id)
         data.parent.mkdir(parents=True, exist_ok=True)
         size = 0
@@ -195,6 +202,49 @@ class OpenAIStore:
     def count_files(self, owner: str) -> int:
         """How many uploads ``owner`` has (their quota's measure)."""
         return len(self._owned_ids(owner, FILE_ID))
+
+    def file_usage(self, owner: str) -> Usage:
+        """``owner``'s uploads and the reservations of uploads under way, for their quota (quota.py)."""
+        reservations = self.reservations(owner, FILE_ID)  # first: see reservations()
+        uploads = frozenset(self._owned_ids(owner, FILE_ID))
+        return Usage(counted=uploads, existing=uploads, reservations=reservations)
+
+    # -- quota reservations (quota.py) --------------------------------------------------------------
+
+    def _reserved_folder(self, owner: str) -> ObjectStoragePath:
+        return self.root / "owners" / owner_key(owner) / "reserved"
+
+    @contextmanager
+    def reserved(self, owner: str, object_id: str) -> Iterator[Reservation]:
+        """A reservation of one unit of ``owner``'s quota for ``object_id``, written on entering and
+        removed on leaving, whether the object was kept or not (once kept, its owner marker counts it)."""
+        folder = self._reserved_folder(owner)
+        folder.mkdir(parents=True, exist_ok=True)
+        # The time is read right before the write: the shorter that gap, the rarer the ranking's gap
+        # that the quota's verification closes (quota.py, step 4).
+        reservation = Reservation(time.time_ns(), object_id)
+        (folder / reservation.name).write_bytes(b"")
+        try:
+            yield reservation
+        finally:
+            (folder / reservation.name).unlink(missing_ok=True)
+
+    def reservations(self, owner: str, pattern: re.Pattern[str]) -> frozenset[Reservation]:
+        """``owner``'s live reservations of objects of ``pattern``; an expired one (its request died) is
+        removed. Read before the objects they are for: a request that writes its object and releases
+        its reservation between the two listings is then seen in one of them, never in neither."""
+        now_ns = time.time_ns()
+        folder = self._reserved_folder(owner)
+        live = set()
+        for name in _names(folder):
+            reservation = Reservation.parse(name)
+            if reservation is None or not pattern.fullmatch(reservation.object_id):
+                continue
+            if reservation.expired(now_ns):
+                (folder / name).unlink(missing_ok=True)
+            else:
+                live.add(reservation)
+        return frozenset(live)
 
     def file(self, file_id: str) -> dict[str, Any]:  # Any: JSON values.
         """An upload's file object, or a batch's output or error file derived from its manifest."""
