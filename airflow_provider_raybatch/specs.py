@@ -296,7 +296,9 @@ class BatchInferenceSpec(BaseModel):
     model_cache_dir: str = Field(
         default="/tmp/raybatch/models",
         description="Folder on each node that keeps a fetched s3:// model between runs (used when the "
-        "job ships its own S3 settings; see pipeline/generate/models.py).",
+        "job ships its own S3 settings; see pipeline/generate/model_cache.py). It must be the Ray "
+        "user's and writable by nobody else (made 0700 when missing), and so must every folder below it; "
+        "the folders above it must be the Ray user's or root's.",
     )
     compile_cache_dir: str | None = Field(
         default=None,

@@ -115,7 +115,10 @@ class RayLLMBatchOperator(BaseOperator):
         job's entrypoint, environment, metadata or any node's disk (pipeline/credentials.py). Unset (the
         default and the better choice where possible): the cluster's own credentials, e.g. an IAM role.
         An assumed role's short-lived credentials must outlast the job.
-    :param model_cache_dir: Where each node keeps an ``s3://`` model it fetched (with ``aws_conn_id``).
+    :param model_cache_dir: Where each node keeps an ``s3://`` model it fetched (with ``aws_conn_id``):
+        a folder only the Ray user can write (made 0700 when missing; another user's, a link or one
+        others can write fails the job). Copies are private to the Ray user and checked against the
+        bucket's listing (ETags) before each run; see docs/security.md.
     :param compile_cache_dir: Where each GPU node keeps vLLM's compiled graphs and Triton's kernels
         between runs, e.g. a persistent volume: a daily run then skips torch.compile and the kernel
         builds (tens of seconds per replica). Unset: the nodes' defaults (``~/.cache/vllm``,

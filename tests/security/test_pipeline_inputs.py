@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_raybatch.pipeline import row_steps, storage
-from airflow_provider_raybatch.pipeline.generate import models
+from airflow_provider_raybatch.pipeline.generate import model_cache, models
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.read import rows
 from airflow_provider_raybatch.pipeline.read.jsonl import count_requests
@@ -293,7 +293,7 @@ def test_fetch_model_still_fetches_a_plain_model(s3_model: Any, tmp_path: Path) 
     assert models.fetch_model(f"s3://{bucket}/{prefix}", str(tmp_path / "m")) == 3
 
     assert {p.relative_to(tmp_path / "m").as_posix() for p in (tmp_path / "m").rglob("*") if p.is_file()} == {
-        *files, models._COMPLETE_MARKER,
+        *files, model_cache.COMPLETE_MARKER,
     }  # fmt: skip
 
 

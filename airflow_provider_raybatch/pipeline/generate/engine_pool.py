@@ -15,7 +15,10 @@ LLM's ``ServeDeploymentProcessorConfig``, and named detached actors):
   ``get_if_exists`` makes concurrent jobs find or create the same replica without a lock of ours, a
   dead replica's name is freed by Ray and taken by its replacement, and Ray's scheduler places them.
 * **Shared only between identical settings.** The fingerprint (:func:`pool_fingerprint`) covers the
-  engine's constructor keywords (model, engine_kwargs, task type, pending-request bound, LoRA path),
+  engine's constructor keywords (model, engine_kwargs, task type, pending-request bound, LoRA path;
+  the path of an ``s3://`` model the job fetched names its S3 endpoint, its URI and its objects'
+  ETags (:mod:`.model_cache`), so deployments whose endpoints differ under one URI, or a model
+  changed in its bucket, never share replicas),
   the replica's resources and accelerator type, the compile cache folder, and the runtime env the
   replica runs in (our code's package, which is content-addressed, so a new provider version gets
   new engines; the env vars; pip). The author's own modules and the job's spec package are left out

@@ -4,81 +4,136 @@ engine's node, which suits an autoscaling GPU group).
 
 With S3 settings shipped with the job (pipeline/credentials.py: a custom endpoint, keys from an
 Airflow connection), Ray Data LLM cannot use them (it reads each node's environment), so the model
-is fetched here first, onto every node alive at the start, into ``cache_dir``; each node keeps one
-copy per source URI, so a daily run fetches only once. Nodes that join later lack it: with an
-autoscaling GPU group, give the cluster an IAM role instead.
+is fetched here first, onto every node alive at the start, into ``cache_dir``: one private copy per
+endpoint, URI and version of the objects (:mod:`.model_cache`), checked against the bucket's listing
+before each run, so a daily run fetches only when the model changed. Nodes that join later lack it:
+with an autoscaling GPU group, give the cluster an IAM role instead.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import logging
 import os
 import posixpath
+import re
 import shutil
+import tempfile
 import uuid
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline.generate import model_cache
+from airflow_provider_raybatch.pipeline.generate.model_cache import ModelCacheError, ModelObject
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
-_COMPLETE_MARKER = ".raybatch-complete"
+#: A copy's folder name in a source's folder (model_cache.objects_digest).
+_COPY_NAME = re.compile(r"[0-9a-f]{16}")
+#: How often a fetch tries to put its copy in place of a stale one that concurrent fetches keep replacing.
+_PLACE_ATTEMPTS = 3
+
+__all__ = ["ModelCacheError", "fetch_model", "local_model_dir", "resolve_model_source"]
 
 
 def local_model_dir(model_uri: str, cache_dir: str) -> str:
-    """Where a node keeps its copy of an s3:// model (the same path on every node)."""
-    digest = hashlib.sha256(model_uri.rstrip("/").encode()).hexdigest()[:16]
+    """The folder that holds a node's copies of an s3:// model as this process reaches it (the same path
+    on every node): named by the URI and the S3 endpoint and region (storage.s3_options)."""
+    key = model_cache.source_key(model_uri, storage.s3_options())[:16]
     return posixpath.join(
-        posixpath.expanduser(cache_dir), f"{posixpath.basename(model_uri.rstrip('/'))}-{digest}"
+        posixpath.expanduser(cache_dir), f"{posixpath.basename(model_uri.rstrip('/'))}-{key}"
     )
 
 
-def fetch_model(model_uri: str, target: str) -> int:
-    """Copy every file under ``model_uri`` into ``target`` unless a complete copy is there; returns the
-    number of files copied.
+def fetch_model(
+    model_uri: str, target: str, objects: list[ModelObject] | None = None, cache_dir: str | None = None
+) -> int:
+    """Make ``target`` a complete copy of the objects under ``model_uri`` as they are now; returns the
+    number of files copied (0: the copy there was current).
 
-    The copy is made in a sibling folder and renamed into place, so a crash never leaves a half model.
+    :param objects: the listing the caller named ``target`` after; the fetch fails if the bucket no
+        longer holds exactly these.
+    :param cache_dir: the cache's root: it and every folder below it down to ``target`` must be private
+        to the Ray user (:func:`.model_cache.make_private_folders`); unset: ``target``'s parent.
+
+    A copy is made in a fresh private sibling folder and renamed into place, so a crash never leaves a
+    half model and a stale or forged copy is never served.
     """
-    if os.path.exists(posixpath.join(target, _COMPLETE_MARKER)):
-        return 0
-    files = storage.list_files(model_uri)
-    if not files:
+    listed = model_cache.list_model_objects(model_uri)  # every key is checked before anything is made
+    if not listed:
         raise FileNotFoundError(f"model={model_uri!r}: no files under that prefix.")
-    filesystem, prefix = storage.filesystem(model_uri)
-    partial = f"{target}.partial-{uuid.uuid4().hex[:8]}"
-    # Every key is checked before anything is written: S3 keys are plain strings, so one named
-    # "m/../../.bashrc" or "m//etc/x" would otherwise be written outside the model's folder.
-    relative_paths = [_relative_model_path(model_uri, prefix, path) for path in files]
+    if objects is not None and listed != objects:
+        raise ModelCacheError(
+            f"model={model_uri!r}: its objects changed since the job's driver listed them; run the task "
+            "again once the upload is complete."
+        )
+    parent = posixpath.dirname(posixpath.abspath(target))
+    model_cache.make_private_folders(cache_dir or parent, parent)
+    if os.path.lexists(target):
+        model_cache.check_private(target)
+        if model_cache.copy_matches(target, listed):
+            return 0
+    partial = tempfile.mkdtemp(prefix=f".{posixpath.basename(target)}.partial-", dir=parent)  # 0700
     try:
-        for path, relative in zip(files, relative_paths, strict=True):
-            local = _inside(partial, relative, model_uri)
-            os.makedirs(posixpath.dirname(local), exist_ok=True)
-            with filesystem.open_input_stream(path) as source, open(local, "wb") as sink:
-                shutil.copyfileobj(source, sink, length=8 << 20)
-        open(posixpath.join(partial, _COMPLETE_MARKER), "w").close()
-        os.rename(partial, target)
-    except OSError:
-        if not os.path.exists(posixpath.join(target, _COMPLETE_MARKER)):
-            raise
-        # else another fetch finished first (the rename found its folder): keep its copy
+        _copy_objects(model_uri, listed, partial)
+        if model_cache.list_model_objects(model_uri) != listed:
+            raise ModelCacheError(
+                f"model={model_uri!r}: its objects changed while they were fetched; run the task again "
+                "once the upload is complete."
+            )
+        model_cache.write_marker(partial, model_uri, listed)
+        _place(partial, target, listed)
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-copied stays in the cache
-    return len(files)
+    return len(listed)
 
 
-def _relative_model_path(model_uri: str, prefix: str, path: str) -> str:
-    """A listed file's path below the model's prefix; raises ValueError naming the key unless it is a
-    plain relative path: not empty, not absolute, no ``.``, ``..`` or empty step, no NUL byte."""
-    base = prefix.rstrip("/") + "/"
-    relative = path[len(base) :] if path.startswith(base) else ""
-    steps = relative.split("/")
-    if not relative or "\0" in relative or any(step in ("", ".", "..") for step in steps):
-        raise ValueError(
-            f"model={model_uri!r}: refusing to fetch the model: the object {path!r} under it is not a "
-            "plain relative path (an empty, '.' or '..' step, an absolute path, or a NUL byte), so it "
-            "could be written outside the model's folder. Remove or rename that object in the bucket."
-        )
-    return relative
+def _copy_objects(model_uri: str, objects: list[ModelObject], folder: str) -> None:
+    """Each object into ``folder`` (private and ours: made by mkdtemp): folders 0700, files 0600."""
+    filesystem, prefix = storage.filesystem(model_uri)
+    for item in objects:
+        local = _inside(folder, item.key, model_uri)
+        _make_folders(folder, posixpath.dirname(item.key))
+        with (
+            filesystem.open_input_stream(f"{prefix.rstrip('/')}/{item.key}") as source,
+            model_cache.open_new_private_file(local) as sink,
+        ):
+            shutil.copyfileobj(source, sink, length=8 << 20)
+            size = sink.tell()
+        if size != item.size:
+            raise ModelCacheError(
+                f"model={model_uri!r}: {item.key!r} held {size} bytes, not the {item.size} listed: it "
+                "changed while it was fetched; run the task again once the upload is complete."
+            )
+
+
+def _make_folders(folder: str, relative: str) -> None:
+    path = folder
+    for step in filter(None, relative.split("/")):
+        path = posixpath.join(path, step)
+        if not posixpath.isdir(path):
+            os.mkdir(path, 0o700)
+
+
+def _place(partial: str, target: str, objects: list[ModelObject]) -> None:
+    """Rename the complete copy ``partial`` to ``target``; a current copy already there (a concurrent
+    fetch's) is kept, any other is moved aside and deleted."""
+    for _ in range(_PLACE_ATTEMPTS):
+        try:
+            os.rename(partial, target)
+            return
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        model_cache.check_private(target)
+        if model_cache.copy_matches(target, objects):
+            return  # another fetch finished first: keep its copy
+        stale = f"{target}.stale-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(target, stale)
+        except FileNotFoundError:
+            continue  # another fetch moved it aside first
+        shutil.rmtree(stale, ignore_errors=True)
+    raise ModelCacheError(f"Could not put the fetched model in place at {target!r}: it kept changing.")
 
 
 def _inside(folder: str, relative: str, model_uri: str) -> str:
@@ -88,6 +143,17 @@ def _inside(folder: str, relative: str, model_uri: str) -> str:
     if os.path.commonpath([root, os.path.realpath(local)]) != root:
         raise ValueError(f"model={model_uri!r}: the file {relative!r} would be written outside {folder!r}.")
     return local
+
+
+def _fetch_on_node(model_uri: str, target: str, objects: list[ModelObject], cache_dir: str) -> int:
+    """One node's fetch (:func:`fetch_model`), then its other copies of the source go: they are of
+    objects the bucket no longer holds."""
+    copied = fetch_model(model_uri, target, objects, cache_dir)
+    source_folder, name = posixpath.split(target)
+    for other in os.listdir(source_folder):
+        if other != name and _COPY_NAME.fullmatch(other):
+            shutil.rmtree(posixpath.join(source_folder, other), ignore_errors=True)
+    return copied
 
 
 def resolve_model_source(model: str, cache_dir: str) -> str:
@@ -100,13 +166,18 @@ def resolve_model_source(model: str, cache_dir: str) -> str:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    target = local_model_dir(model, cache_dir)
-    fetch = ray.remote(num_cpus=0)(fetch_model)
+    # Listed once here, so that every node fetches the same objects into the same folder.
+    objects = model_cache.list_model_objects(model)
+    if not objects:
+        raise FileNotFoundError(f"model={model!r}: no files under that prefix.")
+    cache_dir = posixpath.expanduser(cache_dir)
+    target = posixpath.join(local_model_dir(model, cache_dir), model_cache.objects_digest(objects))
+    fetch = ray.remote(num_cpus=0)(_fetch_on_node)
     nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
     copied: list[Any] = ray.get(  # Any: counts from each node.
         [
             fetch.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-                model, target
+                model, target, objects, cache_dir
             )
             for node in nodes
         ]

@@ -8,16 +8,19 @@ need Ray are left to the integration tests, and the ones here must not import it
 
 from __future__ import annotations
 
+import json
 import posixpath
+import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_raybatch.pipeline import credentials, storage
-from airflow_provider_raybatch.pipeline.generate import models
+from airflow_provider_raybatch.pipeline.generate import model_cache, models
 from airflow_provider_raybatch.pipeline.generate.models import (
     fetch_model,
     local_model_dir,
@@ -51,7 +54,18 @@ def source(tmp_path: Path) -> Path:
 
 
 def files_under(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    """The model's files in a copy, without its completion marker."""
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != model_cache.COMPLETE_MARKER
+    }
+
+
+def marked_keys(folder: Path) -> list[str]:
+    """The keys a copy's completion marker records."""
+    marker = json.loads((folder / model_cache.COMPLETE_MARKER).read_text())
+    return [item["key"] for item in marker["objects"]]
 
 
 @pytest.fixture
@@ -117,14 +131,15 @@ def test_fetch_model_copies_every_file_with_its_layout(source: Path, tmp_path: P
     copied = fetch_model(str(source), str(target))
 
     assert copied == len(MODEL_FILES)
-    assert files_under(target) == {**MODEL_FILES, models._COMPLETE_MARKER: b""}
+    assert files_under(target) == MODEL_FILES
+    assert marked_keys(target) == sorted(MODEL_FILES)
 
 
 def test_fetch_model_from_a_uri_with_a_trailing_slash(source: Path, tmp_path: Path) -> None:
     target = tmp_path / "cache" / "m"
 
     assert fetch_model(f"{source}/", str(target)) == len(MODEL_FILES)
-    assert files_under(target) == {**MODEL_FILES, models._COMPLETE_MARKER: b""}
+    assert files_under(target) == MODEL_FILES
 
 
 def test_fetch_model_writes_the_completion_marker(source: Path, tmp_path: Path) -> None:
@@ -132,19 +147,33 @@ def test_fetch_model_writes_the_completion_marker(source: Path, tmp_path: Path) 
 
     fetch_model(str(source), str(target))
 
-    assert (target / models._COMPLETE_MARKER).is_file()
+    marker = json.loads((target / model_cache.COMPLETE_MARKER).read_text())
+    assert marker["source"] == str(source)
+    assert [(item["key"], item["size"]) for item in marker["objects"]] == [
+        (name, len(MODEL_FILES[name])) for name in sorted(MODEL_FILES)
+    ]
+    assert all(item["etag"] for item in marker["objects"])
 
 
 def test_fetch_model_twice_copies_once(source: Path, tmp_path: Path) -> None:
     target = tmp_path / "cache" / "m"
     fetch_model(str(source), str(target))
-    (source / "config.json").write_bytes(b'{"changed": true}')
-    (source / "new-file.bin").write_bytes(b"new")
 
     assert fetch_model(str(source), str(target)) == 0
 
-    assert (target / "config.json").read_bytes() == MODEL_FILES["config.json"]
-    assert not (target / "new-file.bin").exists()
+    assert files_under(target) == MODEL_FILES
+
+
+def test_fetch_model_of_a_changed_source_copies_again(source: Path, tmp_path: Path) -> None:
+    target = tmp_path / "cache" / "m"
+    fetch_model(str(source), str(target))
+    (source / "config.json").write_bytes(b'{"changed": true}')
+    (source / "new-file.bin").write_bytes(b"new")
+
+    assert fetch_model(str(source), str(target)) == len(MODEL_FILES) + 1
+
+    assert files_under(target) == {**MODEL_FILES, "config.json": b'{"changed": true}', "new-file.bin": b"new"}
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m"]  # the old copy is gone
 
 
 def test_fetch_model_leaves_no_partial_folder(source: Path, tmp_path: Path) -> None:
@@ -283,9 +312,8 @@ def test_fetch_model_that_lost_a_race_keeps_the_winners_copy(
     real_rename = models.os.rename
 
     def other_fetch_wins(partial: str, destination: str) -> None:
-        Path(destination).mkdir(parents=True)
-        (Path(destination) / "config.json").write_bytes(b"the winner's copy")
-        (Path(destination) / models._COMPLETE_MARKER).write_bytes(b"")
+        shutil.copytree(partial, destination)  # a complete copy of the same objects
+        Path(destination, "the-winners").touch()
         real_rename(partial, destination)  # fails: the target is a non-empty folder now
 
     monkeypatch.setattr(models.os, "rename", other_fetch_wins)
@@ -293,7 +321,20 @@ def test_fetch_model_that_lost_a_race_keeps_the_winners_copy(
     assert fetch_model(str(source), str(target)) == len(MODEL_FILES)
 
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m"]
-    assert (target / "config.json").read_bytes() == b"the winner's copy"
+    assert (target / "the-winners").exists()
+
+
+def test_fetch_model_over_an_incomplete_copy_replaces_it(source: Path, tmp_path: Path) -> None:
+    """A copy there whose marker does not record what the source holds now is replaced, not served."""
+    target = tmp_path / "cache" / "m"
+    target.mkdir(parents=True, mode=0o700)
+    (target / "config.json").write_bytes(b"an older copy's")
+    (target / model_cache.COMPLETE_MARKER).write_bytes(b"")
+
+    assert fetch_model(str(source), str(target)) == len(MODEL_FILES)
+
+    assert files_under(target) == MODEL_FILES
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m"]
 
 
 def test_fetch_model_that_fails_midway_leaves_no_partial_folder(
@@ -309,3 +350,29 @@ def test_fetch_model_that_fails_midway_leaves_no_partial_folder(
         fetch_model(str(source), str(cache / "m"))
 
     assert not cache.exists() or sorted(p.name for p in cache.iterdir()) == []
+
+
+def test_nodes_on_one_host_fetching_at_once_leave_one_copy(source: Path, tmp_path: Path) -> None:
+    """A local cluster's nodes share a disk: their fetches of one model run at once into one folder."""
+    cache = tmp_path / "cache"
+    target = cache / "m"
+    copied: list[int] = []
+    errors: list[BaseException] = []
+
+    def node() -> None:
+        try:
+            copied.append(fetch_model(str(source), str(target), cache_dir=str(cache)))
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=node) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert len(copied) == 4 and set(copied) <= {0, len(MODEL_FILES)}
+    assert sorted(p.name for p in cache.iterdir()) == ["m"]
+    assert files_under(target) == MODEL_FILES
+    assert fetch_model(str(source), str(target)) == 0

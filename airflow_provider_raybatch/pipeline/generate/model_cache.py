@@ -1,0 +1,283 @@
+"""The model cache on a node: folders only the Ray user can write, and copies checked against the bucket.
+
+Layout under ``model_cache_dir`` (the root)::
+
+    <name>-<source key>/      one source: the S3 endpoint and region the job reaches, and the URI
+        <objects digest>/     one copy: the objects as listed (key, size, ETag), each fetched
+            .raybatch-complete    what was fetched (:class:`Marker`), written last
+
+Why this shape. vLLM loads whatever the folder holds, code included with ``trust_remote_code``, and a
+fetched model's weights are the bucket's (private credentials). So:
+
+* Every folder from the root down is the Ray user's and nobody else can write it (a link, another
+  owner, or group or other write permission is refused, naming the path); the folders above the root
+  are the Ray user's or root's, and others may write one only where the sticky bit keeps them from
+  renaming what is not theirs (``/tmp``). Folders are made 0700 and files 0600, so another local user
+  can neither plant a model where the job looks nor read the weights.
+* The source key covers the endpoint, not the URI alone: two deployments whose S3 servers differ
+  under one ``s3://`` URI never share a copy. It holds no credential.
+* A copy is used only after the objects are listed again (one cheap request, no download) and
+  match its marker, and its files have the listed sizes; a listing that fails serves nothing.
+* The copy's folder is named by the listing's digest, so a changed model is a new path: the warm pool's
+  fingerprint, which covers the model's path, changes with it (engine_pool.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import posixpath
+import stat
+from dataclasses import asdict, dataclass
+from typing import Any, TypedDict
+from urllib.parse import urlsplit
+
+from airflow_provider_raybatch.pipeline import storage
+
+COMPLETE_MARKER = ".raybatch-complete"
+#: Write bits of a folder's group and others.
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+class ModelCacheError(RuntimeError):
+    """A cache folder another local user could have written, or a model that cannot be checked now."""
+
+
+@dataclass(frozen=True)
+class ModelObject:
+    """One object of a model as listed: its key below the model's prefix, its size and its ETag (for a
+    source that is no S3 bucket, its modification time stands for the ETag)."""
+
+    key: str
+    size: int
+    etag: str
+
+
+class MarkedObject(TypedDict):
+    key: str
+    size: int
+    etag: str
+
+
+class Marker(TypedDict):
+    """The completion marker: the source and the objects a copy was fetched from."""
+
+    source: str
+    objects: list[MarkedObject]
+
+
+# -- the source's key ---------------------------------------------------------------------------
+
+
+def source_key(model_uri: str, options: storage.S3Options) -> str:
+    """A digest of the model's URI and the S3 endpoint and region it is fetched from (no credential)."""
+    endpoint = _endpoint_in_effect(options)
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        endpoint = f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
+    source = {"endpoint": endpoint or "aws", "region": options.region or "", "uri": model_uri.rstrip("/")}
+    return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()
+
+
+def _endpoint_in_effect(options: storage.S3Options) -> str | None:
+    """The endpoint the fetch reaches: the job's setting, else the node's environment, as pyarrow and
+    boto3 read it."""
+    return options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+# -- listing ------------------------------------------------------------------------------------
+
+
+def list_model_objects(model_uri: str) -> list[ModelObject]:
+    """The model's objects now, sorted by key (one listing, nothing downloaded).
+
+    :raises ValueError: for a key that is no plain relative path below the model's prefix.
+    :raises ModelCacheError: when the bucket cannot be listed (nothing may be served unchecked then).
+    """
+    if model_uri.startswith("s3://"):
+        return _list_s3(model_uri, storage.s3_options())
+    paths = storage.list_files(model_uri)
+    filesystem, prefix = storage.filesystem(model_uri)
+    relative = [relative_model_path(model_uri, prefix, path) for path in paths]
+    objects = []
+    for key, info in zip(relative, filesystem.get_file_info(paths) if paths else [], strict=True):
+        if not info.is_file:
+            raise FileNotFoundError(f"model={model_uri!r}: {info.path!r} is gone since it was listed.")
+        objects.append(ModelObject(key, info.size, f"mtime_ns:{info.mtime_ns}"))
+    return sorted(objects, key=lambda item: item.key)
+
+
+def _list_s3(model_uri: str, options: storage.S3Options) -> list[ModelObject]:
+    # pyarrow's listing drops the ETag, so boto3 lists (the cluster extra installs it), with the settings
+    # and the path-style addressing pyarrow's fetch uses.
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, _, prefix = model_uri.removeprefix("s3://").partition("/")
+    base = prefix.strip("/")
+    objects = []
+    try:
+        pages = (
+            _s3_client(options)
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=bucket, Prefix=f"{base}/" if base else "")
+        )
+        for page in pages:
+            for item in page.get("Contents", []):
+                if item["Key"].endswith("/"):  # a folder marker, not a file (pyarrow skips it too)
+                    continue
+                key = relative_model_path(model_uri, f"{bucket}/{base}", f"{bucket}/{item['Key']}")
+                objects.append(ModelObject(key, int(item["Size"]), str(item.get("ETag", ""))))
+    except (BotoCoreError, ClientError) as err:
+        raise ModelCacheError(
+            f"model={model_uri!r}: could not list its objects at {_endpoint_in_effect(options) or 'AWS'} "
+            f"({type(err).__name__}: {str(err)[:300]}), so no cached copy can be checked against them and "
+            "none is used. Check aws_conn_id's endpoint and keys, and that they may list the prefix."
+        ) from err
+    return sorted(objects, key=lambda item: item.key)
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(options: storage.S3Options) -> Any:  # Any: a boto3 S3 client
+    """One client per settings (boto3's are thread-safe): making one takes ~0.3 s of CPU."""
+    import boto3
+    from botocore.config import Config
+
+    kwargs: dict[str, Any] = {"region_name": options.region}  # Any: boto3 client arguments
+    if options.access_key:
+        kwargs.update(aws_access_key_id=options.access_key, aws_secret_access_key=options.secret_key,
+                      aws_session_token=options.session_token)  # fmt: skip
+    if options.endpoint_url:
+        endpoint = options.endpoint_url
+        kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"https://{endpoint}"
+    if _endpoint_in_effect(options):  # S3-compatible servers: path-style, as pyarrow addresses them
+        kwargs["config"] = Config(s3={"addressing_style": "path"})
+    return boto3.session.Session().client("s3", **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def relative_model_path(model_uri: str, prefix: str, path: str) -> str:
+    """A listed file's path below the model's prefix; raises ValueError naming the key unless it is a
+    plain relative path: not empty, not absolute, no ``.``, ``..`` or empty step, no NUL byte."""
+    base = prefix.rstrip("/") + "/"
+    relative = path[len(base) :] if path.startswith(base) else ""
+    steps = relative.split("/")
+    if not relative or "\0" in relative or any(step in ("", ".", "..") for step in steps):
+        raise ValueError(
+            f"model={model_uri!r}: refusing to fetch the model: the object {path!r} under it is not a "
+            "plain relative path (an empty, '.' or '..' step, an absolute path, or a NUL byte), so it "
+            "could be written outside the model's folder. Remove or rename that object in the bucket."
+        )
+    return relative
+
+
+def objects_digest(objects: list[ModelObject]) -> str:
+    """The name of a copy's folder: a digest of the keys, sizes and ETags."""
+    listing = [[item.key, item.size, item.etag] for item in objects]
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+
+
+# -- the marker ---------------------------------------------------------------------------------
+
+
+def write_marker(folder: str, model_uri: str, objects: list[ModelObject]) -> None:
+    listed = [MarkedObject(key=item.key, size=item.size, etag=item.etag) for item in objects]
+    marker: Marker = {"source": model_uri, "objects": listed}
+    with open_new_private_file(posixpath.join(folder, COMPLETE_MARKER)) as sink:
+        sink.write(json.dumps(marker, indent=1).encode())
+
+
+def copy_matches(folder: str, objects: list[ModelObject]) -> bool:
+    """Whether ``folder`` holds a complete copy of ``objects``: its marker records exactly them, and
+    each is a plain file (no link) of the listed size there."""
+    try:
+        with open(posixpath.join(folder, COMPLETE_MARKER), "rb") as source:
+            marker = json.loads(source.read(1 << 24))
+        if marker.get("objects") != [asdict(item) for item in objects]:
+            return False
+        for item in objects:
+            info = os.lstat(posixpath.join(folder, item.key))
+            if not stat.S_ISREG(info.st_mode) or info.st_size != item.size:
+                return False
+    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
+        return False
+    return True
+
+
+# -- private folders ----------------------------------------------------------------------------
+
+
+def open_new_private_file(path: str) -> Any:  # Any: a binary file object
+    """A new file, 0600, never through a link nor over an existing file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    return os.fdopen(os.open(path, flags, 0o600), "wb")
+
+
+def make_private_folders(root: str, folder: str) -> None:
+    """Make ``root`` and each folder from it down to ``folder`` where missing (0700), and check them.
+
+    :raises ModelCacheError: naming the first folder another local user could have made or could write.
+    """
+    root = posixpath.abspath(root)
+    folder = posixpath.abspath(folder)
+    if folder != root and not folder.startswith(root.rstrip("/") + "/"):
+        raise ValueError(f"{folder!r} is not under the model cache {root!r}.")
+    _check_above(posixpath.dirname(root))
+    steps = [step for step in folder[len(root) :].split("/") if step]
+    path = root
+    for step in [None, *steps]:
+        path = path if step is None else posixpath.join(path, step)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        check_private(path)
+
+
+def check_private(path: str) -> None:
+    """Refuse a folder of the cache that is a link, not ours, or writable by its group or others."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        _refuse(path, "is a symbolic link")
+    if not stat.S_ISDIR(info.st_mode):
+        _refuse(path, "is not a folder")
+    if info.st_uid != os.geteuid():
+        _refuse(path, f"is owned by uid {info.st_uid}")
+    if info.st_mode & _OTHERS_WRITE:
+        _refuse(path, f"is writable by its group or others (mode {oct(stat.S_IMODE(info.st_mode))})")
+
+
+def _check_above(path: str) -> None:
+    """The folders above the cache, as named and as the links resolve: each is ours or root's, and one
+    others may write has the sticky bit (they cannot rename what is not theirs in it). Missing ones are
+    made 0700."""
+    for chain in (_prefixes(path), _prefixes(os.path.realpath(path))):
+        for prefix in chain:
+            try:
+                info = os.lstat(prefix)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):  # made meanwhile by a concurrent fetch
+                    os.mkdir(prefix, 0o700)
+                info = os.lstat(prefix)
+            owners = (os.geteuid(), 0)
+            if info.st_uid not in owners:
+                _refuse(prefix, f"(above the cache) is owned by uid {info.st_uid}")
+            if stat.S_ISLNK(info.st_mode):
+                continue  # the link's owner is checked; its target is in the resolved chain
+            if info.st_mode & _OTHERS_WRITE and not info.st_mode & stat.S_ISVTX:
+                _refuse(prefix, "(above the cache) is writable by its group or others without the sticky "
+                        f"bit (mode {oct(stat.S_IMODE(info.st_mode))})")  # fmt: skip
+
+
+def _prefixes(path: str) -> list[str]:
+    """``/``, ``/a``, ``/a/b`` ... of an absolute path."""
+    steps = [step for step in posixpath.abspath(path).split("/") if step]
+    return ["/"] + ["/" + "/".join(steps[: index + 1]) for index in range(len(steps))]
+
+
+def _refuse(path: str, problem: str) -> None:
+    raise ModelCacheError(
+        f"The model cache folder {path!r} {problem}, so another local user could have put a model "
+        "there or could change one, and vLLM would load it. Set model_cache_dir to a folder that only "
+        f"the Ray user (uid {os.geteuid()}) owns and can write (a missing one is made, 0700), or fix "
+        "this one (chown it to the Ray user; chmod go-w)."
+    )
