@@ -506,7 +506,7 @@ def held_try(held: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values
     return {key: held.get(key) for key in ("job_id", "version", "timings", "engine_pool")}
 
 
-def held_again(held: Mapping[str, Any], job_id: str) -> dict[str, Any]:  # Any: JSON values
+def held_again(held: Mapping[str, Any], job_id: str | None) -> dict[str, Any]:  # Any: JSON values
     """The manifest of a try held again on the rows an earlier try held (:func:`take_held`): the held
     try's, as ``job_id``'s, with what generating the rows took under ``held_try``. This job started no
     engine: the held try's timings as its own read as a second run paid for."""
