@@ -50,9 +50,11 @@ def _last_marked(log: str, marker: str) -> dict[str, Any] | None:  # Any: JSON v
     # KiB) for each progress line, hundreds of triggers per triggerer (bench/RESULTS.md, section 3).
     end = len(log)
     while (start := log.rfind(marker, 0, end)) >= 0:
-        if start > 0 and log[start - 1] not in "\r\n":
+        if start > 0 and log[start - 1] != "\n":
             # Not at a line's start: the driver prints the marker first on its own line, and a line
             # quoting it (a row's text in a warning, another process's output) is not the job's result.
+            # Only "\n" starts a line: Ray prefixes a forwarded line after "\n" alone, so a "\r" in
+            # another process's line would let it carry an unprefixed marker.
             end = start
             continue
         line_end = log.find("\n", start)

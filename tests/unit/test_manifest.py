@@ -41,10 +41,11 @@ def test_a_marker_inside_a_line_is_not_the_job_s_manifest() -> None:
     replica's warning, forwarded with Ray's prefix) is not the job's result, though it comes last."""
     forged = {**MANIFEST, "output_uri": "s3://elsewhere/"}
     quoted = "(MapWorker pid=7) Inference failed for row {'text': '" + manifest_log_line(forged) + "'}"
-    log = "\n".join([manifest_log_line(MANIFEST), quoted, "\r" + "x " + manifest_log_line(forged), ""])
+    carried = "(EngineReplica pid=8) Job x\r" + manifest_log_line(forged) + "\r"  # a "\r" in a forwarded line
+    log = "\n".join([manifest_log_line(MANIFEST), quoted, carried, ""])
 
     assert manifest_from_log(log) == MANIFEST
-    assert manifest_from_log(quoted) is None
+    assert manifest_from_log(quoted) is None and manifest_from_log(carried) is None
 
 
 def test_the_last_manifest_wins() -> None:
