@@ -314,7 +314,12 @@ class RayBatchAdapter(OpenAIBatchAdapter):
                 f"{OUTPUT_META!r} in its metadata); common.ai's recorded batch id points elsewhere."
             )
         manifest = read_committed_manifest(output_uri).manifest
-        if manifest is None or not is_result_of(manifest, info.job_id, "", ""):
+        if manifest is None or manifest.get("job_id") != info.job_id:
+            # Its own job id, never the run-key fallback of a manifest without one: the folder is under
+            # result_path, which common.ai names with no secret, and anyone who can write there could
+            # plant a manifest naming no job.
+            return None
+        if not is_result_of(manifest, info.job_id, "", "") or not _results_inside(manifest, output_uri):
             return None
         return manifest
 
@@ -396,6 +401,17 @@ def _settings(api_key: str | None, base_url: str | None) -> RayConnectionSetting
         )
     return RayConnectionSettings.from_connection(
         Connection(conn_id="raybatch_common_ai", conn_type="ray", host=base_url, password=api_key)
+    )
+
+
+def _results_inside(manifest: dict[str, Any], output_uri: str) -> bool:  # Any: JSON values.
+    """Whether the manifest's outputs and errors are in the job's own output folder: the results are
+    read from where the manifest says, and a planted one could point anywhere the worker can read."""
+    folder = output_uri.rstrip("/") + "/"
+    uris = (manifest.get("outputs_uri"), manifest.get("errors_uri"))
+    return all(
+        isinstance(uri, str) and uri.startswith(folder) and ".." not in uri[len(folder) :].split("/")
+        for uri in uris
     )
 
 

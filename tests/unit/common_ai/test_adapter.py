@@ -412,3 +412,33 @@ def test_a_job_the_cluster_forgot_is_a_404_so_common_ai_submits_again(adapter: R
     with pytest.raises(RayJobNotFoundError) as err:
         RayBatchAdapter(api_key=TOKEN, base_url=HOST, client=Forgetful()).get_batch(JOB)
     assert LLMBatchOperator._is_not_found_error(err.value)
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        {"job_id": None},  # no job id: the run-key fallback, with an empty run key and fingerprint
+        {"job_id": JOB, "outputs_uri": "ELSEWHERE/outputs"},  # this job's id, results read elsewhere
+        {"job_id": JOB, "errors_uri": "OUT/versions/../../elsewhere"},
+    ],
+)
+def test_a_manifest_planted_in_the_result_folder_lands_nothing(
+    adapter: RayBatchAdapter, fake: FakeRay, tmp_path: Path, planted: dict
+) -> None:
+    """The job's output folder is under result_path, which common.ai names with no secret: a manifest
+    written there by someone else, naming no job or results outside the folder, is not this job's."""
+    output, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    _commit(elsewhere, JOB, [_ok(0, "planted answer")], [])
+    _commit(output, JOB, [], [])
+    manifest = json.loads((output / "manifest.json").read_text())
+    for key, value in planted.items():
+        if isinstance(value, str):
+            value = value.replace("ELSEWHERE", str(elsewhere / "versions" / "v1")).replace("OUT", str(output))
+        manifest[key] = value
+    if manifest["job_id"] is None:
+        del manifest["job_id"]
+        manifest.update(run_key="", spec_fingerprint="", outputs_uri=str(elsewhere / "versions/v1/outputs"))
+    (output / "manifest.json").write_text(json.dumps(manifest))
+    job_id = _job(fake, JobStatus.SUCCEEDED, output)
+
+    assert list(adapter.iter_results(job_id)) == []
