@@ -8,9 +8,11 @@ large batch never sits in memory as one string.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 def _path(uri: str) -> Path | Any:  # Any: Airflow's ObjectStoragePath.
@@ -22,14 +24,33 @@ def _path(uri: str) -> Path | Any:  # Any: Airflow's ObjectStoragePath.
 
 
 def write_lines(uri: str, lines: Iterable[dict[str, Any]]) -> int:  # Any: JSON values.
-    """Write one JSON object per line (replacing the file); returns the number of lines."""
+    """Write one JSON object per line (replacing the file); returns the number of lines.
+
+    A local file is written beside its name and renamed onto it: the folder is under common.ai's
+    ``result_path``, named with no secret, and whoever can write there could have put a link at the
+    name, which opening it for writing would follow to any file the worker can write."""
     path = _path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
+    if isinstance(path, Path):
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                count = _write(file, lines)
+            os.chmod(temporary, 0o644)  # the job reads it, perhaps as another user on a local cluster
+            os.replace(temporary, path)  # replaces a link at the name, never writes through it
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return count
     with path.open("w", encoding="utf-8") as file:
-        for line in lines:
-            file.write(json.dumps(line, ensure_ascii=False) + "\n")
-            count += 1
+        return _write(file, lines)
+
+
+def _write(file: IO[str], lines: Iterable[dict[str, Any]]) -> int:  # Any: JSON values.
+    count = 0
+    for line in lines:
+        file.write(json.dumps(line, ensure_ascii=False) + "\n")
+        count += 1
     return count
 
 
