@@ -282,7 +282,9 @@ _LEAVES: list[tuple[pa.DataType, st.SearchStrategy[Any]]] = [  # Any: the values
     (pa.decimal128(10, 3), st.decimals(min_value=-(10**6), max_value=10**6, places=3)),
     (pa.string(), st.text(max_size=8)),
     (pa.large_string(), st.text(max_size=8)),
-    (pa.string_view(), st.text(max_size=8)),
+    # No string_view: pyarrow cannot slice one inside a nested column, so it fails writing the file
+    # ("Slicing not implemented for StringView"), before our reader. The allowlist check of it is in
+    # tests/unit/pipeline/test_arrow_types.py.
     (pa.binary(), st.binary(max_size=8)),
     (pa.large_binary(), st.binary(max_size=8)),
     (pa.binary(3), st.binary(min_size=3, max_size=3)),

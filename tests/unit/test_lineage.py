@@ -21,6 +21,7 @@ from tests.unit.operators.test_llm_batch import FakeTI, make_operator
 
 MANIFEST = {
     "status": "complete",
+    "job_id": "j1",
     "version": "20261121T000000-ab12",
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
     "input_uri": "/data/customers/2026-11-21/customers.csv",
