@@ -57,6 +57,17 @@ def get_provider_info() -> dict:
                         "example": None,
                         "default": "",
                     },
+                    "engine_pool_scope": {
+                        "description": "Which warm engine pools (keep_warm_seconds) this deployment's jobs "
+                        "share: jobs use a warm replica only when their scopes match. Deployments that "
+                        "trust each other on one Ray cluster may set the same value (1-64 letters, digits, "
+                        "'_', '.', '-') to share warm engines. Empty: a value derived from "
+                        "job_identity_secret, so each deployment has pools of its own.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "analytics-team",
+                        "default": "",
+                    },
                     "openai_files_uri": {
                         "description": "Where uploaded files, batch records and batch outputs are kept: a "
                         "folder or s3://bucket/prefix that the Ray cluster can read and write too. "

@@ -33,6 +33,14 @@ from tests.run_record import RunRecord, note
 settings.register_profile("raybatch", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("raybatch")
 
+#: Every Airflow home of the session, and the jobs tests submit through an operator, share one engine
+#: pool scope (``[raybatch] engine_pool_scope``), so their warm engines serve each other as one
+#: deployment's do. Each home has a secret of its own (test_two_deployments needs two), and the scope
+#: derived from it would split every pool per home, a cold engine start each. The derived default is
+#: tested in tests/unit/utils/test_deployment_secret.py.
+POOL_SCOPE = "raybatch-tests"
+os.environ.setdefault("AIRFLOW__RAYBATCH__ENGINE_POOL_SCOPE", POOL_SCOPE)
+
 #: The session's two `airflow standalone` deployments (``shared_airflow``, ``second_airflow``).
 pytest_plugins = ["tests.integration.deployments"]
 

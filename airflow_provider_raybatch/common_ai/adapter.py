@@ -42,7 +42,7 @@ from airflow_provider_raybatch.operators import job_shipping
 from airflow_provider_raybatch.operators.task_tries import task_try_of
 from airflow_provider_raybatch.triggers.ray import ProgressRelay
 from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
-from airflow_provider_raybatch.utils.deployment_secret import deployment_key
+from airflow_provider_raybatch.utils.deployment_secret import deployment_key, engine_pool_scope
 from airflow_provider_raybatch.utils.events import without_log_tail
 from airflow_provider_raybatch.utils.job_ids import (
     MAX_SUBMISSION_ATTEMPTS,
@@ -184,7 +184,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         )  # fmt: skip
         write_lines(spec.input_uri, lines)
         job_shipping.check_layout(self._hook, spec, settings.check_layout, log)
-        runtime_env = job_shipping.upload_runtime_env(self._hook, spec, None, {})
+        runtime_env = job_shipping.upload_runtime_env(self._hook, spec, None, {}, engine_pool_scope())
         metadata = {
             KEY_META: idempotency_key,
             FINGERPRINT_META: input_fingerprint[:16],

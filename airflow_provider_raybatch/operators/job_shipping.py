@@ -118,6 +118,7 @@ def upload_runtime_env(
     spec: BatchInferenceSpec,
     aws_conn_id: str | None,
     extra_runtime_env: dict[str, Any],  # Any: Ray runtime_env values.
+    pool_scope: str,
 ) -> dict[str, Any]:  # Any: Ray runtime_env values.
     """Upload the code and the job package (the spec) for ``py_modules``, and the S3 settings for none.
 
@@ -126,6 +127,10 @@ def upload_runtime_env(
     It goes last, so as little time as possible passes between its upload and the job's start.
 
     :param extra_runtime_env: the operator's own ``runtime_env``; not modified.
+    :param pool_scope: the deployment's engine pool scope
+        (:func:`~airflow_provider_raybatch.utils.deployment_secret.engine_pool_scope`), set as the job's
+        :data:`~airflow_provider_raybatch.pipeline.job_settings.POOL_SCOPE_ENV` over any value the DAG
+        gave: a warm pool is shared only within its scope.
     :raises BatchSpecError: for a job setting in its ``env_vars`` that the job would refuse as it
         starts (:func:`.job_settings.check_env_vars`): nothing is uploaded or submitted.
     """
@@ -142,6 +147,7 @@ def upload_runtime_env(
         hook.upload_package(settings)
     runtime_env = dict(extra_runtime_env)
     runtime_env["py_modules"] = [*uploaded, *runtime_env.get("py_modules", [])]
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), job_settings.POOL_SCOPE_ENV: pool_scope}
     return runtime_env
 
 

@@ -38,7 +38,7 @@ from airflow_provider_raybatch.triggers.ray import (
     event_for_job,
     settle_deadline,
 )
-from airflow_provider_raybatch.utils.deployment_secret import deployment_key
+from airflow_provider_raybatch.utils.deployment_secret import deployment_key, engine_pool_scope
 from airflow_provider_raybatch.utils.events import job_event, job_failed_error, validate_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 
@@ -337,7 +337,9 @@ class RayLLMBatchOperator(BaseOperator):
 
     def _runtime_env(self, hook: RayHook, spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: runtime_env.
         """Upload the code, the job package and the S3 settings (:func:`job_shipping.upload_runtime_env`)."""
-        return job_shipping.upload_runtime_env(hook, spec, self.aws_conn_id, self.runtime_env)
+        return job_shipping.upload_runtime_env(
+            hook, spec, self.aws_conn_id, self.runtime_env, engine_pool_scope()
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -25,6 +25,12 @@ MAXIMA: dict[str, int] = {
 }
 
 
+#: Not a number and not the DAG author's: the operator writes it into every job's runtime env (the
+#: Airflow deployment's ``[raybatch] engine_pool_scope``). Being an env var of the job that no engine
+#: setting excludes, it is in every warm pool's fingerprint: jobs of two scopes never share a replica.
+POOL_SCOPE_ENV = "RAYBATCH_ENGINE_POOL_SCOPE"
+
+
 def whole_number(name: str, default: int, maximum: int) -> int:
     """The job environment's ``name``, a whole number from 0 to ``maximum``; ``default`` if unset or blank.
 

@@ -16,12 +16,17 @@ The value is never used, printed or stored as it is: only a key derived from it 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import re
 
 from airflow_provider_raybatch.exceptions import RayBatchConfigError
 
 #: (section, option) where the secret is looked for, in order.
 SECRET_OPTIONS = (("raybatch", "job_identity_secret"), ("core", "fernet_key"), ("api_auth", "jwt_secret"))
 _DERIVATION_LABEL = b"airflow-provider-raybatch job identity v1\x00"
+_POOL_SCOPE_LABEL = b"airflow-provider-raybatch engine pool scope v1"
+#: A configured ``[raybatch] engine_pool_scope``: it goes into Ray actor names and runtime envs.
+POOL_SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def signing_key(secret: str) -> bytes:
@@ -46,3 +51,26 @@ def deployment_key() -> bytes:
         "same on every worker. Without it a job could not be told apart from another deployment's "
         "job of the same DAG and run on a shared Ray cluster."
     )
+
+
+def engine_pool_scope() -> str:
+    """The warm engine pools this deployment's jobs may share: ``[raybatch] engine_pool_scope``, else a
+    value derived from :func:`deployment_key` (so each deployment has pools of its own).
+
+    Jobs share a replica only when their scopes match (the scope is part of the pool's fingerprint):
+    dev's jobs never send prompts to prod's replicas, nor end them to make room while prod waits for
+    them. Deployments that trust each other set the same scope to share warm engines.
+
+    :raises RayBatchConfigError: a configured scope that is not 1-64 letters, digits, ``_.-``.
+    """
+    from airflow.configuration import conf
+
+    configured = (conf.get("raybatch", "engine_pool_scope", fallback="") or "").strip()
+    if configured:
+        if not POOL_SCOPE_PATTERN.match(configured):
+            raise RayBatchConfigError(
+                f"[raybatch] engine_pool_scope={configured[:80]!r}: "
+                "give 1 to 64 letters, digits, '_', '.' or '-'"
+            )
+        return configured
+    return hmac.new(deployment_key(), _POOL_SCOPE_LABEL, hashlib.sha256).hexdigest()[:16]

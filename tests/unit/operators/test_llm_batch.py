@@ -32,9 +32,10 @@ from airflow_provider_raybatch.operators.llm_batch import (
     PIPELINE_MODULE,
     RayLLMBatchOperator,
 )
+from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
-from airflow_provider_raybatch.utils.deployment_secret import signing_key
+from airflow_provider_raybatch.utils.deployment_secret import engine_pool_scope, signing_key
 from airflow_provider_raybatch.utils.events import job_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 from airflow_provider_raybatch.utils.packaging import (
@@ -401,7 +402,11 @@ def test_runtime_env_uploads_modules_and_keeps_the_users(
 ) -> None:
     probes = ray_api.get(url__regex=r"/api/packages/gcs/_ray_pkg_[0-9a-f]+\.zip$").respond(404)
     uploads = ray_api.put(url__regex=r"/api/packages/gcs/_ray_pkg_[0-9a-f]+\.zip$").respond(200)
-    user_env = {"env_vars": {"HF_HOME": "/models"}, "py_modules": ["s3://b/extra.zip"]}
+    # The DAG's own scope is replaced: a job cannot put itself into another deployment's warm pools.
+    user_env = {
+        "env_vars": {"HF_HOME": "/models", POOL_SCOPE_ENV: "prod"},
+        "py_modules": ["s3://b/extra.zip"],
+    }
     op = make_operator(preprocess="raybatch_unit_fns.pre", runtime_env=user_env)
     spec = op.build_spec()
 
@@ -411,10 +416,11 @@ def test_runtime_env_uploads_modules_and_keeps_the_users(
     user_uri = build_py_module_package(user_code / "raybatch_unit_fns.py").uri
     job_uri = build_job_package(spec.model_dump_json()).uri
     assert runtime_env == {
-        "env_vars": {"HF_HOME": "/models"},
+        "env_vars": {"HF_HOME": "/models", POOL_SCOPE_ENV: engine_pool_scope()},
         "py_modules": [provider_uri, user_uri, job_uri, "s3://b/extra.zip"],
     }
-    assert op.runtime_env == {"env_vars": {"HF_HOME": "/models"}, "py_modules": ["s3://b/extra.zip"]}
+    assert engine_pool_scope() != "prod"
+    assert op.runtime_env == user_env  # the operator's own field is not modified
     assert probes.call_count == 3
     assert uploads.call_count == 3
     assert spec_in_package(uploads.calls.last.request.content) == spec

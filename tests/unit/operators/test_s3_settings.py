@@ -23,12 +23,17 @@ import airflow_provider_raybatch
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 from airflow_provider_raybatch.pipeline.credentials import UPLOAD_PREFIX
+from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
 from airflow_provider_raybatch.utils.packaging import (
     JOB_MODULE,
     S3_SETTINGS_URI_FILE,
     build_provider_package,
 )
+from tests.conftest import POOL_SCOPE
 from tests.unit.operators.test_llm_batch import FakeTI
+
+#: The one env var every job gets: its deployment's engine pool scope (tests/conftest.py sets it).
+SCOPE_ONLY = {POOL_SCOPE_ENV: POOL_SCOPE}
 
 AWS_CONN_ID = "aws_test"
 ACCESS_KEY = "AKIAUNITTEST000001"
@@ -183,7 +188,7 @@ def test_runtime_env_uploads_the_settings_for_no_field_and_names_them_in_the_job
     assert settings_uri_in(job.request.content) == uri_of(settings)
     assert SECRET_KEY not in json.dumps(runtime_env)
     assert ACCESS_KEY not in json.dumps(runtime_env)
-    assert "env_vars" not in runtime_env
+    assert runtime_env["env_vars"] == SCOPE_ONLY  # no key travels as an env var
 
 
 def test_runtime_env_without_a_connection_ships_only_the_code_and_the_spec(
@@ -239,7 +244,7 @@ def test_runtime_env_keeps_the_users_entries_after_its_own(
 
     runtime_env = op._runtime_env(hook, op.build_spec())
 
-    assert runtime_env["env_vars"] == {"HF_HOME": "/models"}
+    assert runtime_env["env_vars"] == {"HF_HOME": "/models", **SCOPE_ONLY}
     assert len(runtime_env["py_modules"]) == 3
     assert runtime_env["py_modules"][2] == "s3://bucket/extra.zip"
     assert op.runtime_env == user_env
@@ -269,7 +274,7 @@ def test_execute_never_sends_the_keys_outside_their_own_upload(
     for secret in (SECRET_KEY, ACCESS_KEY, json.dumps(SECRET_KEY)[1:-1]):
         assert secret not in body_text
     assert SECRET_KEY not in body["entrypoint"]
-    assert "env_vars" not in body["runtime_env"]
+    assert body["runtime_env"]["env_vars"] == SCOPE_ONLY
     # The settings reach the job only through their own upload, named in the job package alone.
     credential_uploads = [call for call in uploads.calls if credentials_in(call.request.content) is not None]
     assert len(credential_uploads) == 1
