@@ -30,7 +30,7 @@ from airflow_provider_raybatch.manifest import (
 )
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import engine, engine_args, models, ray_internals
-from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease
+from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease, RoomKeeper
 from airflow_provider_raybatch.pipeline.generate.processor import (
     build_llm_processor,
     engine_libraries_held_back,
@@ -216,12 +216,24 @@ def _job_runtime_env() -> dict[str, Any]:  # Any: Ray runtime_env values.
 
 def _engine_ready(
     spec: BatchInferenceSpec, model_source: str, parts: PartWriter, fill: frozenset[str] = frozenset()
-) -> tuple[Any, PoolLease | None]:  # Any: ray.data.llm.Processor.
-    """The processor, and on a warm pool the job's lease on it: a cold replica starts building its
-    engine now, while the job still reads its input (:mod:`.engine_pool`)."""
+) -> tuple[Any, PoolLease | RoomKeeper]:  # Any: ray.data.llm.Processor.
+    """The processor, and what holds its engines' place: on a warm pool the job's lease on it (a cold
+    replica starts building its engine now, while the job still reads its input), else a keeper that
+    ends idle pool replicas while the job's own replicas wait for their resources (:mod:`.engine_pool`)."""
     processor = _processor(spec, model_source, parts, fill)
     pool = engine.pool_of(processor)
-    return processor, (PoolLease(pool).start() if pool is not None else None)
+    if pool is not None:
+        return processor, PoolLease(pool).start()
+    return processor, RoomKeeper(engine.own_replica_needs(processor)).start()
+
+
+def _built_unused(building: Future[tuple[Any, PoolLease | RoomKeeper]]) -> bool:
+    """Whether the engine was built beside the reads though no row needed it (all resumed or bad)."""
+    return building.done() and building.exception() is None
+
+
+def _lease_or_room(place: PoolLease | RoomKeeper) -> tuple[PoolLease | None, RoomKeeper | None]:
+    return (place, None) if isinstance(place, PoolLease) else (None, place)
 
 
 class EngineStageFailed(RuntimeError):
@@ -274,7 +286,7 @@ def _our_engine_error(text: str) -> str | None:
 
 def _build_while_reading(
     spec: BatchInferenceSpec, model_source: str, parts: PartWriter
-) -> Future[tuple[Any, PoolLease | None]] | None:  # Any: ray.data.llm.Processor.
+) -> Future[tuple[Any, PoolLease | RoomKeeper]] | None:  # Any: ray.data.llm.Processor.
     """Start building the processor in a thread, beside the reads; None for an OpenAI batch.
 
     The build needs no rows (Ray Data LLM's stages, its telemetry actor: ~5 s on a fresh cluster), so
@@ -463,6 +475,7 @@ def _run_owned(
     accepted = prepared.filter(lambda row: row["error"] is None) if rejected_rows else prepared
     progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
     lease: PoolLease | None = None  # the job's hold on a warm pool, if it runs on one
+    room: RoomKeeper | None = None  # else, what makes room for its own engines
     staged_now: list[commit.StagedPart] = []  # this try's parts, as the sink and the replicas report them
     engine_parts: list[commit.StagedPart] = []  # those the engine replicas reported
     try:
@@ -478,9 +491,10 @@ def _run_owned(
             accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
             parts.create_folders()  # the replicas write into them
             if building is not None:
-                processor, lease = building.result()
+                processor, place = building.result()
             else:
-                processor, lease = _engine_ready(spec, model_source, parts, _fields_to_fill(accepted, spec))
+                processor, place = _engine_ready(spec, model_source, parts, _fields_to_fill(accepted, spec))
+            lease, room = _lease_or_room(place)
             marks.mark("engine_started")
             try:
                 reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
@@ -491,10 +505,12 @@ def _run_owned(
             staged_now += engine_parts
     finally:
         progress.stop()
-        if lease is None and building is not None and building.done() and building.exception() is None:
-            lease = building.result()[1]  # started beside the reads, though no row needed the engine
+        if lease is None and room is None and building is not None and _built_unused(building):
+            lease, room = _lease_or_room(building.result()[1])
         if lease is not None:
             lease.stop()  # the pool's keep-warm window starts once no job holds it
+        if room is not None:
+            room.stop()
     versions = _versions()
     layout_plan = plan_layout(spec)
     # The start of the job: read from Ray here, at the end, where a miss costs a line of the report only.

@@ -231,6 +231,19 @@ def use_engine_pool(
     return pool
 
 
+def own_replica_needs(processor: Any) -> dict[str, float]:  # Any: ray.data.llm.Processor
+    """What one of the job's own engine replicas reserves (its engine stage's resources), as
+    ``ray.available_resources()`` names them; {} where the stage places them itself (tensor or
+    pipeline parallel engines, through placement groups)."""
+    from airflow_provider_raybatch.pipeline.generate.engine_pool import RESOURCE_KWARGS, replica_needs
+
+    for stage in getattr(processor, "stages", {}).values():
+        if type(stage).__name__ == _ENGINE_STAGE and "ray_remote_args_fn" not in stage.map_batches_kwargs:
+            kwargs = stage.map_batches_kwargs
+            return replica_needs({key: kwargs[key] for key in RESOURCE_KWARGS if kwargs.get(key)})
+    return {}
+
+
 def pool_of(processor: Any) -> Any:  # Any: ray.data.llm.Processor; an EnginePool or None
     """The warm pool the processor's engine stage runs on (:func:`use_engine_pool`); None: its own engines."""
     for stage in getattr(processor, "stages", {}).values():

@@ -219,7 +219,8 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
     deadline = time.monotonic() + within_seconds
     ended: list[str] = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
-        if _fits(needs, ray.available_resources()) or time.monotonic() >= deadline:
+        available = ray.available_resources()
+        if _fits(needs, available) or time.monotonic() >= deadline:
             break
         name = entry.get("name", "")
         if entry.get("namespace") != NAMESPACE or not name.startswith(NAME_PREFIX):
@@ -231,7 +232,9 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
         except ValueError:
             continue  # gone already
         answer_within = max(0.5, min(RETIRE_ANSWER_SECONDS, deadline - time.monotonic()))
-        ref = handle.retire_if_idle.remote()
+        # Only a replica that holds some of each resource the job lacks ends (one holding CPUs only
+        # does not help a job that waits for a GPU or a custom resource).
+        ref = handle.retire_if_idle.remote(_short_of(needs, available))
         try:
             retired = ray.get(ref, timeout=answer_within)
         except Exception:  # noqa: BLE001 - busy building, or unreachable: not ours to end
@@ -248,7 +251,12 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
 
 
 def _fits(needs: dict[str, float], available: dict[str, float]) -> bool:
-    return all(available.get(name, 0.0) >= amount for name, amount in needs.items() if amount)
+    return not _short_of(needs, available)
+
+
+def _short_of(needs: dict[str, float], available: dict[str, float]) -> list[str]:
+    """The resources of ``needs`` that ``available`` has too little of."""
+    return sorted(name for name, amount in needs.items() if amount and available.get(name, 0.0) < amount)
 
 
 def replica_needs(actor_options: dict[str, Any]) -> dict[str, float]:
@@ -460,6 +468,48 @@ class PoolLease:
             replica.attach.remote(self.job_id, self.pool.keep_warm_seconds)
 
 
+class RoomKeeper:
+    """For a job on engines of its own: while Ray cannot place an actor of its replicas' shape, end idle
+    replicas of warm pools (:func:`make_room`). A pool's own jobs do this in their lease
+    (:meth:`PoolLease._keep`); without this, a pool kept warm for a day would hold its GPUs against
+    every job that does not use it, and Ray Data would wait for them forever.
+    """
+
+    def __init__(self, needs: dict[str, float]) -> None:
+        self.needs = needs
+        self.ended: list[str] = []
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="raybatch-make-room", daemon=True)
+
+    def start(self) -> RoomKeeper:
+        if self.needs:  # an engine reserving nothing waits for nothing a pool holds
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _keep(self) -> None:
+        """A round every :data:`LEASE_RENEW_SECONDS` once :data:`MAKE_ROOM_AFTER_SECONDS` have passed;
+        never raises (a failed round is logged, the next one tries again)."""
+        while not self._stop.wait(LEASE_RENEW_SECONDS):
+            try:
+                self.round()
+            except Exception:  # noqa: BLE001 - see the docstring
+                log.warning("Making room for this job's engines failed this round.", exc_info=True)
+
+    def round(self) -> None:
+        """End idle pool replicas if an actor of this job's replica shape waits for resources now. Where
+        Ray cannot say, nothing: this job's replicas may all be placed, and idle pools are not ended for
+        nothing (a pool's lease, which knows whether its replicas are up, makes room then)."""
+        waited = time.monotonic() - self._started
+        if waited > MAKE_ROOM_AFTER_SECONDS and _actor_waits_for(self.needs, when_unknown=False):
+            self.ended += make_room(self.needs, None, LEASE_RENEW_SECONDS)
+
+
 def _is_up(replica: Any, wait_seconds: float = UP_ANSWER_SECONDS) -> bool:  # Any: a Ray actor handle
     """Whether the replica's constructor has returned (its engine is built), asked through Ray's own
     ``__ray_ready__``, which an actor answers once created; a dead one counts as up (its next call
@@ -471,10 +521,10 @@ def _is_up(replica: Any, wait_seconds: float = UP_ANSWER_SECONDS) -> bool:  # An
     return bool(ready)
 
 
-def _actor_waits_for(needs: dict[str, float]) -> bool:
+def _actor_waits_for(needs: dict[str, float], when_unknown: bool = True) -> bool:
     """Whether Ray's scheduler has an actor asking for at least ``needs`` that it cannot place now (the
-    resource demands the autoscaler reads from the GCS); True if Ray cannot say, so that making room
-    stays the lease's way out of a full cluster."""
+    resource demands the autoscaler reads from the GCS); ``when_unknown`` if Ray cannot say (True for
+    a lease, so that making room stays its way out of a full cluster)."""
     import ray
 
     try:
@@ -483,7 +533,7 @@ def _actor_waits_for(needs: dict[str, float]) -> bool:
         status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=2)
         demands = status.resource_demands.ray_task_actor_demand
     except Exception:  # noqa: BLE001 - another Ray layout, or the GCS did not answer
-        return True
+        return when_unknown
     for demand in demands:
         for request in demand.bundles_by_count:
             if request.count and all(request.bundle.get(name, 0.0) >= amount

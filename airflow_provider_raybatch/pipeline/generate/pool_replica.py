@@ -38,6 +38,18 @@ LEASE_SECONDS = 30.0
 LEASE_RENEW_SECONDS = 5.0
 #: How often the replica looks at its leases and its keep-warm window.
 _TICK_SECONDS = 1.0
+#: One job's rows in a replica's engine at once, at most, in running batches of the engine (vLLM's
+#: ``max_num_seqs``): the engine always has the job's next rows waiting, and a second job's rows wait
+#: beside the first's instead of behind all of them (vLLM serves its queue first come, first served),
+#: whatever ``batch_size x max_concurrent_batches`` a job asks for. Two jobs then get about half each.
+JOB_SHARE_IN_RUNNING_BATCHES = 2
+#: vLLM's ``max_num_seqs`` where neither the engine nor its settings say.
+_DEFAULT_MAX_NUM_SEQS = 256
+#: Ray Data LLM's logger of a row whose inference failed (its index and vLLM's error). A replica serves
+#: many jobs, and Ray sends an actor's log lines to the driver log of the job that created it: one
+#: DAG's task log would show another's rows' failures. The row's error output carries the reason to
+#: its own job instead; the engine's fatal errors (ERROR) are still logged.
+ROW_FAILURE_LOGGER = "ray.llm._internal.batch.stages.vllm_engine_stage"
 
 
 class EngineReplica:
@@ -60,6 +72,7 @@ class EngineReplica:
     ) -> None:
         # Before the imports (vLLM's among them): the build time is all the replica's own start-up.
         started = time.monotonic()
+        logging.getLogger(ROW_FAILURE_LOGGER).setLevel(logging.ERROR)
         self._engine_started_at = time.time()  # wall clock: replicas of one pool compare their start-ups
         from airflow_provider_raybatch.pipeline.generate.engine import CHAT_TEMPLATE_KWARG
         from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
@@ -89,6 +102,8 @@ class EngineReplica:
         self._jobs_served: list[str] = []
         self._rows_done = 0
         self._rows_by_job: dict[str, int] = {}  # job id -> rows answered for it, until it releases
+        self._job_share = JOB_SHARE_IN_RUNNING_BATCHES * _max_num_seqs(self._engine, engine_kwargs)
+        self._shares: dict[str, asyncio.Semaphore] = {}  # job id -> its rows' places in the engine
         self._watch: asyncio.Task[None] | None = None
         self._retiring = False
         # Ray runs an async actor's __init__ on the actor's event loop: the watch starts with the
@@ -129,11 +144,13 @@ class EngineReplica:
             failed = self._render(row)
             if failed is not None:
                 return failed
-            output = await self._engine._generate_with_error_handling(row, _BATCH)
+            async with self._shares.setdefault(job_id, asyncio.Semaphore(self._job_share)):
+                output = await self._engine._generate_with_error_handling(row, _BATCH)
         finally:
             self._in_flight[job_id].discard(task)
-            if not self._in_flight[job_id]:
+            if not self._in_flight[job_id]:  # none of its rows waits for a place either
                 del self._in_flight[job_id]
+                self._shares.pop(job_id, None)
             self._last_active = time.monotonic()
         self._rows_done += 1
         self._rows_by_job[job_id] = self._rows_by_job.get(job_id, 0) + 1
@@ -164,21 +181,32 @@ class EngineReplica:
         await self._engine.llm.engine.check_health()
         return self._state()
 
-    async def retire_if_idle(self) -> bool:
+    async def retire_if_idle(self, short: list[str] | None = None) -> bool:
         """End the replica now if no job holds it and nothing is in flight; True if it ends.
 
         A replica built moments ago that no job has attached to yet is not idle: its creator's attach
         is on its way (a make-room call queued while it built may run first).
+
+        :param short: the resources the asking job lacks: a replica that does not hold some of each
+            stays (its end would not let that job's replica be placed). None: it ends if idle.
         """
         if self._retiring:
             return True
         fresh = not self._jobs_served and time.monotonic() - self._last_active < LEASE_SECONDS
         if self._leases or self._in_flight or fresh:
             return False
+        if short is not None and not all(self._holds().get(name, 0.0) > 0 for name in short):
+            return False
         self._retire("another job needs its resources")
         return True
 
     # The replica's own lifetime ------------------------------------------------------------------
+
+    def _holds(self) -> dict[str, float]:
+        """The resources Ray reserved for this replica (CPU, GPU, custom ones, accelerator type)."""
+        import ray
+
+        return dict(ray.get_runtime_context().get_assigned_resources())
 
     async def _refuse_if_retiring(self) -> None:
         """A retiring replica takes no new work: the call waits for the actor's end (a moment away),
@@ -253,3 +281,12 @@ def _portable(output: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
     if embeddings is not None and hasattr(embeddings, "tolist"):
         output["embeddings"] = embeddings.tolist()
     return output
+
+
+def _max_num_seqs(engine: Any, engine_kwargs: dict[str, Any]) -> int:  # Any: Ray Data LLM's UDF; its keywords
+    """The built engine's running-batch bound (vLLM's scheduler config), else the settings', else vLLM's
+    usual default."""
+    with contextlib.suppress(AttributeError, TypeError):
+        return int(engine.llm.engine.vllm_config.scheduler_config.max_num_seqs)
+    configured = (engine_kwargs.get("engine_kwargs") or {}).get("max_num_seqs")
+    return int(configured) if isinstance(configured, int) and configured > 0 else _DEFAULT_MAX_NUM_SEQS

@@ -27,6 +27,7 @@ REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
         "vLLMEngineWrapper": ("_prepare_llm_request", "_generate_async", "generate_async"),
         "vLLMOutputData": ("from_vllm_engine_output",),
         "_convert_logprob_dict": (),
+        "logger": ("name",),  # pool_replica.ROW_FAILURE_LOGGER: quietened in a shared replica
     },
     f"{_STAGES}.chat_template_stage": {"ChatTemplateStage": (), "ChatTemplateUDF": ("udf",)},
     f"{_STAGES}.tokenize_stage": {"TokenizeUDF": ()},

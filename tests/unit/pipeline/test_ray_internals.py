@@ -79,8 +79,10 @@ from airflow_provider_raybatch.pipeline.generate.processor import engine_librari
 with engine_libraries_held_back():
     missing = ray_internals.missing_internals()
     ray_internals.check_ray_internals(ray.__version__)
+    from ray.llm._internal.batch.stages import vllm_engine_stage
 print(json.dumps({"missing": missing, "version": ray.__version__,
-                  "vllm_loaded": "vllm" in sys.modules and sys.modules["vllm"] is not None}))
+                  "vllm_loaded": "vllm" in sys.modules and sys.modules["vllm"] is not None,
+                  "row_failure_logger": vllm_engine_stage.logger.name}))
 """
 
 
@@ -89,3 +91,7 @@ def test_the_cluster_s_ray_has_every_internal_and_the_check_loads_no_vllm() -> N
     out = run_in_ray_env(_ON_RAY)
     assert out["missing"] == [], f"Ray {out['version']}: {out['missing']}"
     assert out["vllm_loaded"] is False  # the driver stays light (pipeline/generate/processor.py)
+    # The logger a pool replica quietens (a shared replica's row failures reach another job's log).
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import ROW_FAILURE_LOGGER
+
+    assert out["row_failure_logger"] == ROW_FAILURE_LOGGER
