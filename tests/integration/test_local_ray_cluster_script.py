@@ -62,7 +62,13 @@ def _answers(port: int) -> bool:
 
 
 def _port_free(port: int) -> bool:
+    """No process listens on ``port``.
+
+    SO_REUSEADDR, as a server sets it: a killed agent's accepted connections linger in TIME_WAIT on
+    its port for a minute, and a plain bind fails on them though nothing listens there any more.
+    """
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("0.0.0.0", port))
         except OSError:
@@ -71,8 +77,10 @@ def _port_free(port: int) -> bool:
 
 
 def _agents() -> str:
-    """The Ray agents still running (their titles), for a failure's message."""
-    return subprocess.run(["pgrep", "-fa", "ray::.*Agent"], capture_output=True, text=True).stdout
+    """The Ray agents still running (their titles) and the ports they listen on, for a failure's message."""
+    titles = subprocess.run(["pgrep", "-fa", "ray::.*Agent"], capture_output=True, text=True).stdout
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    return f"{titles}\nlistening:\n{listening}"
 
 
 # A driver, as our pipeline's is: ray.init() with no address, then the GCS it reached.
