@@ -37,7 +37,7 @@ settings.load_profile("raybatch")
 #: pool scope (``[raybatch] engine_pool_scope``), so their warm engines serve each other as one
 #: deployment's do. Each home has a secret of its own (test_two_deployments needs two), and the scope
 #: derived from it would split every pool per home, a cold engine start each. The derived default is
-#: tested in tests/unit/utils/test_deployment_secret.py.
+#: tested in tests/security/test_shared_cluster_pools.py.
 POOL_SCOPE = "raybatch-tests"
 os.environ.setdefault("AIRFLOW__RAYBATCH__ENGINE_POOL_SCOPE", POOL_SCOPE)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_raybatch.exceptions import RayBatchConfigError
-from airflow_provider_raybatch.utils.deployment_secret import deployment_key, engine_pool_scope, signing_key
+from airflow_provider_raybatch.utils.deployment_secret import deployment_key, signing_key
 
 OPTIONS = {
     "raybatch": "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET",
@@ -51,37 +51,3 @@ def test_the_secret_itself_never_signs() -> None:
     key = signing_key("s3cret")
     assert b"s3cret" not in key and len(key) == 32
     assert signing_key("s3cret") != signing_key("s3cret ")
-
-
-SCOPE = "AIRFLOW__RAYBATCH__ENGINE_POOL_SCOPE"
-
-
-def test_each_deployment_has_an_engine_pool_scope_of_its_own(only, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SCOPE, "")
-    only(raybatch="prod-secret")
-    prod = engine_pool_scope()
-    only(raybatch="dev-secret")
-    dev = engine_pool_scope()
-    assert prod != dev and len(prod) == len(dev) == 16
-    assert "secret" not in prod  # derived: nothing of the secret shows in the jobs' runtime env
-    only(raybatch="prod-secret")
-    assert engine_pool_scope() == prod  # stable: a deployment's jobs find its warm pools again
-
-
-def test_deployments_that_trust_each_other_share_a_configured_scope(
-    only, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    only(raybatch="prod-secret")
-    monkeypatch.setenv(SCOPE, " analytics-team ")
-    assert engine_pool_scope() == "analytics-team"
-    only(raybatch="dev-secret")
-    assert engine_pool_scope() == "analytics-team"
-
-
-@pytest.mark.parametrize("hostile", ["../x", "a b", "x" * 65, "team\nRAYBATCH_X=1", "é"])
-def test_a_configured_scope_outside_the_pattern_is_refused(
-    hostile: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(SCOPE, hostile)
-    with pytest.raises(RayBatchConfigError, match=r"\[raybatch\] engine_pool_scope="):
-        engine_pool_scope()
