@@ -31,9 +31,15 @@ LLM's ``ServeDeploymentProcessorConfig``, and named detached actors):
   replicas cannot be placed ends idle replicas of *other* pools at once (:func:`make_room`), so an
   idle pool never holds a cluster's GPUs against a waiting job; one that holds a live lease is never
   touched.
-* **Fair sharing.** Each job's stage keeps at most ``batch_size x max_concurrent_batches`` rows in
-  flight per replica, and vLLM schedules first come first served: two jobs on one pool each get
-  about half of it. Each job rotates its batches over the replicas.
+* **Fair sharing.** A replica lets each job have at most two of its engine's running batches in the
+  engine at once (:data:`.pool_replica.JOB_SHARE_IN_RUNNING_BATCHES`), whatever the job's
+  ``batch_size x max_concurrent_batches``, and vLLM schedules first come first served: two jobs on
+  one pool each get about half of it. Each job rotates its batches over the replicas.
+* **Scoped by deployment.** Every job's runtime env carries its Airflow deployment's pool scope
+  (``RAYBATCH_ENGINE_POOL_SCOPE``), which is in the fingerprint: deployments never share replicas
+  unless configured to. A job's stage refuses an actor of its replica's name that answers with
+  another fingerprint (made outside this code) before any row goes to it; the lease's report skips
+  such answers. Not a guard against code run on the cluster (docs/security.md).
 * **Crashed or wedged.** A replica that dies (a fatal engine error ends it, as in Ray Data LLM) is
   replaced by the next stage that calls it, at most ``RAYBATCH_ENGINE_MAX_RESTARTS`` times per stage
   actor; a replica whose engine fails vLLM's health check when a job attaches is killed and replaced,
@@ -219,9 +225,9 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
     deadline = time.monotonic() + within_seconds
     ended: list[str] = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
-        available = ray.available_resources()
-        if _fits(needs, available) or time.monotonic() >= deadline:
-            break
+        lacking = _lacking_by_node(needs, _node_resources())
+        if any(not short for short in lacking.values()) or time.monotonic() >= deadline:
+            break  # a node has room now (or time is up)
         name = entry.get("name", "")
         if entry.get("namespace") != NAMESPACE or not name.startswith(NAME_PREFIX):
             continue
@@ -232,16 +238,7 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
         except ValueError:
             continue  # gone already
         answer_within = max(0.5, min(RETIRE_ANSWER_SECONDS, deadline - time.monotonic()))
-        # Only a replica that holds some of each resource the job lacks ends (one holding CPUs only
-        # does not help a job that waits for a GPU or a custom resource).
-        ref = handle.retire_if_idle.remote(_short_of(needs, available))
-        try:
-            retired = ray.get(ref, timeout=answer_within)
-        except Exception:  # noqa: BLE001 - busy building, or unreachable: not ours to end
-            with contextlib.suppress(Exception):  # a call left queued would end it once built
-                ray.cancel(ref)
-            continue
-        if retired:
+        if _asked_to_retire(handle, lacking, answer_within):
             ended.append(name)
             # Its resources show as free only once it is gone: then see whether the job fits.
             _wait_until_gone(name, timeout=max(0.0, deadline - time.monotonic()))
@@ -250,8 +247,61 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
     return ended
 
 
-def _fits(needs: dict[str, float], available: dict[str, float]) -> bool:
-    return not _short_of(needs, available)
+def _asked_to_retire(
+    handle: Any, lacking: dict[str, list[str]], within: float
+) -> bool:  # Any: an actor handle
+    """Whether the idle replica ended when asked. Only one holding some of each resource its node lacks
+    for the job ends: one holding CPUs does not go for a job that waits for a GPU, nor one on an H100
+    node for a job that needs an A100 (:meth:`.pool_replica.EngineReplica.retire_if_idle`)."""
+    import ray
+
+    ref = handle.retire_if_idle.remote(lacking)
+    try:
+        return bool(ray.get(ref, timeout=within))
+    except TypeError:  # a replica of an earlier provider version takes no argument: ask it as it knows
+        ref = handle.retire_if_idle.remote()
+        with contextlib.suppress(Exception):
+            return bool(ray.get(ref, timeout=within))
+    except Exception:  # noqa: BLE001 - busy building, or unreachable: not ours to end
+        pass
+    with contextlib.suppress(Exception):  # a call left queued would end it once built
+        ray.cancel(ref)
+    return False
+
+
+#: The node key of :func:`_lacking_by_node` where Ray gave no per-node figures: the cluster's totals.
+ANY_NODE = "*"
+
+
+def _node_resources() -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Each alive node's resources, node id (hex) -> (total, free), from the GCS's view the autoscaler
+    reads; where Ray cannot say, the cluster's totals as one node (:data:`ANY_NODE`)."""
+    import ray
+
+    nodes: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=2)
+        for node in [*status.active_nodes, *status.idle_nodes]:
+            if node.node_id and node.resource_usage is not None:
+                usage = node.resource_usage.usage
+                total = {use.resource_name: use.total for use in usage}
+                nodes[node.node_id] = (total, {use.resource_name: use.total - use.used for use in usage})
+    except Exception:  # noqa: BLE001 - another Ray layout, or the GCS did not answer
+        nodes = {}
+    return nodes or {ANY_NODE: (ray.cluster_resources(), ray.available_resources())}
+
+
+def _lacking_by_node(
+    needs: dict[str, float], nodes: dict[str, tuple[dict[str, float], dict[str, float]]]
+) -> dict[str, list[str]]:
+    """For each node that could host a replica needing ``needs`` (its totals cover them), the resources
+    it lacks now; a node with an empty list has room. A replica is placed on one node: the cluster's
+    sum says nothing (half a GPU free on each of two nodes is no room for one GPU)."""
+    return {
+        node: _short_of(needs, free) for node, (total, free) in nodes.items() if not _short_of(needs, total)
+    }
 
 
 def _short_of(needs: dict[str, float], available: dict[str, float]) -> list[str]:
@@ -441,6 +491,10 @@ class PoolLease:
         timings = []
         for name, state in zip(self.pool.names, self._replica_states, strict=False):
             index = int(name.rpartition("-")[2])  # the replica's own index in its pool
+            if state is not _BUILDING and (
+                state is None or state.get("fingerprint") != self.pool.fingerprint
+            ):
+                state = None  # dead, or an actor of the name serving another engine: no report of it
             if state is None or state is _BUILDING:
                 building = state is _BUILDING  # then it took none of the job's rows (pooled_stage)
                 rows = 0 if building else self._rows_by_replica.get(name)

@@ -181,32 +181,34 @@ class EngineReplica:
         await self._engine.llm.engine.check_health()
         return self._state()
 
-    async def retire_if_idle(self, short: list[str] | None = None) -> bool:
+    async def retire_if_idle(self, lacking: dict[str, list[str]] | None = None) -> bool:
         """End the replica now if no job holds it and nothing is in flight; True if it ends.
 
         A replica built moments ago that no job has attached to yet is not idle: its creator's attach
         is on its way (a make-room call queued while it built may run first).
 
-        :param short: the resources the asking job lacks: a replica that does not hold some of each
-            stays (its end would not let that job's replica be placed). None: it ends if idle.
+        :param lacking: node id -> the resources the asking job's replica lacks there, for the nodes
+            that could host it (``"*"``: any node). A replica on another node, or holding none of one
+            of them, stays: its end would not let that replica be placed. None: it ends if idle.
         """
         if self._retiring:
             return True
         fresh = not self._jobs_served and time.monotonic() - self._last_active < LEASE_SECONDS
         if self._leases or self._in_flight or fresh:
             return False
-        if short is not None and not all(self._holds().get(name, 0.0) > 0 for name in short):
+        if lacking is not None and not would_make_room(lacking, *self._place()):
             return False
         self._retire("another job needs its resources")
         return True
 
     # The replica's own lifetime ------------------------------------------------------------------
 
-    def _holds(self) -> dict[str, float]:
-        """The resources Ray reserved for this replica (CPU, GPU, custom ones, accelerator type)."""
+    def _place(self) -> tuple[str, dict[str, float]]:
+        """This replica's node id, and the resources Ray reserved for it."""
         import ray
 
-        return dict(ray.get_runtime_context().get_assigned_resources())
+        context = ray.get_runtime_context()
+        return context.get_node_id(), dict(context.get_assigned_resources())
 
     async def _refuse_if_retiring(self) -> None:
         """A retiring replica takes no new work: the call waits for the actor's end (a moment away),
@@ -290,3 +292,10 @@ def _max_num_seqs(engine: Any, engine_kwargs: dict[str, Any]) -> int:  # Any: Ra
         return int(engine.llm.engine.vllm_config.scheduler_config.max_num_seqs)
     configured = (engine_kwargs.get("engine_kwargs") or {}).get("max_num_seqs")
     return int(configured) if isinstance(configured, int) and configured > 0 else _DEFAULT_MAX_NUM_SEQS
+
+
+def would_make_room(lacking: dict[str, list[str]], node_id: str, held: dict[str, float]) -> bool:
+    """Whether a replica on ``node_id`` holding ``held`` would, once ended, free some of each resource
+    its node lacks for a waiting replica (``lacking``: see :meth:`EngineReplica.retire_if_idle`)."""
+    short = lacking.get(node_id, lacking.get("*"))
+    return short is not None and all(held.get(name, 0.0) > 0 for name in short)

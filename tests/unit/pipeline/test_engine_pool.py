@@ -14,7 +14,7 @@ import pytest
 from airflow_provider_raybatch.pipeline.generate.engine_pool import (
     JOB_SIDE_SETTINGS,
     EnginePool,
-    _fits,
+    _short_of,
     plan_pool,
     replica_needs,
 )
@@ -121,8 +121,10 @@ def test_what_a_replica_needs_and_whether_it_fits() -> None:
         {"num_gpus": 1, "num_cpus": 2, "resources": {"engine_slot": 1}, "accelerator_type": "H100"}
     )
     assert needs == {"GPU": 1.0, "CPU": 2.0, "engine_slot": 1, "accelerator_type:H100": 0.001}
-    assert _fits(needs, {"GPU": 1.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0})
-    assert not _fits(needs, {"GPU": 0.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0})
+    assert _short_of(needs, {"GPU": 1.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0}) == []
+    assert _short_of(needs, {"GPU": 0.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0}) == [
+        "GPU"
+    ]
 
 
 _REPLICA = """
@@ -203,18 +205,19 @@ async def orphaned():
 
 report.update(asyncio.run(orphaned()))
 
-# make_room asks an idle replica to end only if it holds a resource the waiting job lacks.
-async def asked_for(short):
+# make_room asks an idle replica to end only if it holds some of each resource its node lacks.
+async def asked_for(lacking):
     spare = object.__new__(EngineReplica)
     spare.__dict__.update(_retiring=False, _jobs_served=["earlier"], _last_active=0.0, _leases={},
                           _in_flight={})
-    spare._holds = lambda: {"CPU": 1.0}
+    spare._place = lambda: ("node-a", {"CPU": 1.0})
     spare._retire = lambda why: setattr(spare, "_retiring", True)
-    return await spare.retire_if_idle(short)
+    return await spare.retire_if_idle(lacking)
 
-report.update({"short_of_a_slot": asyncio.run(asked_for(["replica_slot"])),
-               "short_of_cpus_and_a_slot": asyncio.run(asked_for(["CPU", "replica_slot"])),
-               "short_of_cpus": asyncio.run(asked_for(["CPU"])),
+report.update({"short_of_a_slot": asyncio.run(asked_for({"node-a": ["replica_slot"]})),
+               "short_of_cpus_and_a_slot": asyncio.run(asked_for({"node-a": ["CPU", "replica_slot"]})),
+               "short_of_cpus": asyncio.run(asked_for({"node-a": ["CPU"]})),
+               "short_of_cpus_elsewhere": asyncio.run(asked_for({"node-b": ["CPU"]})),
                "short_of_anything": asyncio.run(asked_for(None))})
 print(json.dumps(report))
 """
@@ -241,8 +244,10 @@ def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_aft
     # An idle replica holding CPUs only stays for a job that waits for a replica slot (CPUs or not):
     # its end would not let that job's replica be placed (held test jobs wait so beside the session's
     # warm pools).
-    asked = ("short_of_a_slot", "short_of_cpus_and_a_slot", "short_of_cpus", "short_of_anything")
-    assert [report[key] for key in asked] == [False, False, True, True]
+    # One on another node than those that could host the waiting replica stays too.
+    asked = ("short_of_a_slot", "short_of_cpus_and_a_slot", "short_of_cpus", "short_of_cpus_elsewhere",
+             "short_of_anything")  # fmt: skip
+    assert [report[key] for key in asked] == [False, False, True, False, True]
     assert (report["after"]["leases"], report["after"]["in_flight"], report["after"]["jobs_served"]) == (
         0,
         0,
@@ -624,26 +629,29 @@ import json, os, socket, threading, time
 import ray
 from airflow_provider_raybatch.pipeline.generate import engine_pool
 from airflow_provider_raybatch.pipeline.generate.engine_pool import NAMESPACE, EnginePool, PoolLease
+from airflow_provider_raybatch.pipeline.generate.pool_replica import would_make_room
 
 engine_pool.MAKE_ROOM_AFTER_SECONDS = 0.5
 
 @ray.remote
 class FakeReplica:  # EngineReplica's protocol, with an engine that takes build_seconds to build
-    def __init__(self, build_seconds):
+    def __init__(self, build_seconds, fingerprint):
+        self.fingerprint = fingerprint
         self.started = time.time()
         time.sleep(build_seconds)
         self.ready = time.time()
         self.leases = set()
     def attach(self, job_id, keep_warm):
         self.leases.add(job_id)
-        return {"engine_started_at": self.started, "engine_ready_at": self.ready,
-                "engine_build_seconds": round(self.ready - self.started, 3)}
+        return {"fingerprint": self.fingerprint, "engine_started_at": self.started,
+                "engine_ready_at": self.ready, "engine_build_seconds": round(self.ready - self.started, 3)}
     def release(self, job_id):
         self.leases.discard(job_id)
         return {"rows": 7}
-    def retire_if_idle(self, short=None):  # as EngineReplica's: only if it holds what the job lacks
-        held = ray.get_runtime_context().get_assigned_resources()
-        if self.leases or (short is not None and not all(held.get(name, 0) > 0 for name in short)):
+    def retire_if_idle(self, lacking=None):  # as EngineReplica's: only if its end makes room
+        context = ray.get_runtime_context()
+        where = (context.get_node_id(), context.get_assigned_resources())
+        if self.leases or (lacking is not None and not would_make_room(lacking, *where)):
             return False
         threading.Timer(0.2, os._exit, (0,)).start()  # as the replica: ends a moment after answering
         return True
@@ -652,7 +660,7 @@ class Pool(EnginePool):
     def replica(self, index):
         return FakeReplica.options(name=self.names[index], namespace=NAMESPACE, lifetime="detached",
                                    get_if_exists=True, **self.actor_options
-                                   ).remote(self.engine_kwargs["build"][index])
+                                   ).remote(self.engine_kwargs["build"][index], self.fingerprint)
 
 def pool(fingerprint, replicas, build):  # build: seconds, or each replica's
     builds = build if isinstance(build, list) else [build] * replicas
@@ -749,3 +757,38 @@ def test_the_needs_of_a_jobs_own_replica_come_from_its_engine_stage() -> None:
         "GPU": 1.0, "accelerator_type:H100": 0.001,
     }  # fmt: skip
     assert own_replica_needs(Processor({"ray_remote_args_fn": object(), "num_gpus": 0})) == {}
+
+
+def test_room_is_made_on_a_node_that_could_host_the_replica_never_by_the_clusters_sum() -> None:
+    """An A100 job waits while idle replicas hold the A100 node's GPU and an H100 node's: ending the
+    H100 one would make the cluster's sum fit and free nothing the job can use."""
+    from airflow_provider_raybatch.pipeline.generate.engine_pool import _lacking_by_node
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import would_make_room
+
+    needs = {"GPU": 1.0, "accelerator_type:A100": 0.001}
+    nodes = {
+        "a100": ({"GPU": 1.0, "CPU": 8.0, "accelerator_type:A100": 1.0}, {"GPU": 0.0, "CPU": 7.0,
+                 "accelerator_type:A100": 1.0}),
+        "h100": ({"GPU": 1.0, "CPU": 8.0, "accelerator_type:H100": 1.0}, {"GPU": 0.0, "CPU": 7.0,
+                 "accelerator_type:H100": 1.0}),
+        "half": ({"GPU": 1.0, "accelerator_type:A100": 1.0}, {"GPU": 0.5, "accelerator_type:A100": 1.0}),
+    }  # fmt: skip
+    lacking = _lacking_by_node(needs, nodes)
+    assert lacking == {"a100": ["GPU"], "half": ["GPU"]}  # the H100 node can never host it
+    assert would_make_room(lacking, "a100", {"GPU": 1.0, "CPU": 1.0})
+    assert would_make_room(lacking, "half", {"GPU": 0.5})  # half a GPU more there is a whole one
+    assert not would_make_room(lacking, "h100", {"GPU": 1.0})
+    assert not would_make_room(lacking, "a100", {"CPU": 1.0})
+    assert (
+        _lacking_by_node(
+            needs,
+            {
+                **nodes,
+                "free": (
+                    {"GPU": 1.0, "accelerator_type:A100": 1.0},
+                    {"GPU": 1.0, "accelerator_type:A100": 1.0},
+                ),
+            },
+        )["free"]
+        == []
+    )
