@@ -506,6 +506,39 @@ def hold_replica_slots(hook, seconds: float) -> str:
     return job_id
 
 
+_HOLD_CPUS = """
+import ray, time
+ray.init()
+free = int(ray.available_resources().get("CPU", 0))
+@ray.remote(num_cpus=1)
+def hold():
+    time.sleep({seconds})
+refs = [hold.remote() for _ in range(free)]
+while ray.available_resources().get("CPU", 0) >= 1:  # until every task holds its CPU
+    time.sleep(0.2)
+print("ALL CPUS HELD", flush=True)
+ray.get(refs)
+"""
+
+
+def hold_free_cpus(hook, seconds: float) -> str:
+    """Hold every CPU of the cluster that is free now for ``seconds`` (a Ray job of one-CPU tasks);
+    return the holding job's id once all are held. A job on a warm pool then runs, its driver started
+    (it takes no CPU) and its replicas warm, while its read tasks wait for a CPU: it stays RUNNING
+    until the hold ends or is stopped, however fast the machine, with no engine of its own."""
+    import shlex
+    import time
+    import uuid
+
+    script = _HOLD_CPUS.format(seconds=seconds)
+    job_id = hook.submit_job(f"python -c {shlex.quote(script)}", submission_id=f"hold-{uuid.uuid4().hex[:8]}")
+    deadline = time.monotonic() + 120
+    while "ALL CPUS HELD" not in (logs := hook.get_job_logs(job_id)):
+        assert time.monotonic() < deadline, logs[-2000:]
+        time.sleep(1)
+    return job_id
+
+
 @contextmanager
 def replica_slots_held(hook) -> Iterator[None]:
     """Every REPLICA_SLOT held while the block runs: a job whose replicas need one stays RUNNING, its

@@ -23,8 +23,7 @@ from tests.conftest import (
     AIRFLOW_BIN,
     CPU_ENGINE_KWARGS,
     CPU_REPLICA,
-    REPLICA_SLOT,
-    hold_replica_slots,
+    hold_free_cpus,
     warm_conf,
 )
 from tests.run_record import note
@@ -54,6 +53,12 @@ def _conf(model: Path, root: Path) -> dict:
         "engine_kwargs": CPU_ENGINE_KWARGS,
         "replica_resources": CPU_REPLICA,
     }
+
+
+def _warm_env(airflow_env, ray_cluster):
+    """:func:`_env` with the session's warm engines as the connection's job defaults: the retry tests'
+    subject is common.ai's retries and our adapter, not an engine's start."""
+    return _env(airflow_env, ray_cluster, {"llm_batch": warm_conf()})
 
 
 def _hook(ray_cluster):
@@ -88,7 +93,7 @@ def _rendered_fields(home: Path, dag_id: str) -> str:
 
 def test_llm_batch_decorator_runs_as_our_ray_job(airflow_env, ray_cluster, tiny_model, tmp_path) -> None:
     # On the session's warm engines (the connection's job defaults): this test's subject is the adapter.
-    env, day = _env(airflow_env, ray_cluster, {"llm_batch": warm_conf()}), "2026-11-20"
+    env, day = _warm_env(airflow_env, ray_cluster), "2026-11-20"
     result = env.dags_test(DECORATOR_DAG, day, _conf(tiny_model, tmp_path))
     log = result.stdout + result.stderr
     (tmp_path / "dags_test.log").write_text(log)
@@ -193,26 +198,22 @@ def _labels(manifest: dict) -> set:
     return {row["output"] for row in rows}
 
 
-#: Holds every engine slot of the cluster for a while (a Ray job of its own): a batch that needs one
-#: stays running, its engine waiting, however fast the machine.
 def _driver_started(hook, job_id: str) -> bool:
     """Whether the job's driver is running and has logged (a stop then reaches it, not a pending job)."""
     return hook.get_job_status(job_id) == "RUNNING" and bool(hook.get_job_logs(job_id).strip())
 
 
-@pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
 def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     airflow_env, ray_cluster, tiny_model, tmp_path
 ) -> None:
     dag_file = _retry_dags(tmp_path)
-    env, day, hook = _env(airflow_env, ray_cluster), "2026-11-21", _hook(ray_cluster)
-    # The batch's engine needs a slot, held for 40 s: its job is still running when try 1's trigger
-    # first looks (30 s after it deferred, common.ai's least poll interval) and gives up (timeout=20),
-    # its engine not yet built. A job of 4 rows on an idle machine was done by then (CI, 2026-11-27),
-    # and no try re-attached. (60 s until 2026-11-28: 20 s more of each of these two tests.)
-    hold_replica_slots(hook, seconds=40)
-    conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
-    process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, conf)
+    env, day, hook = _warm_env(airflow_env, ray_cluster), "2026-11-21", _hook(ray_cluster)
+    # The cluster's free CPUs, held for 40 s: the batch's job runs on the session's warm engines, its
+    # read waiting for a CPU, and is still running when try 1's trigger first looks (30 s after it
+    # deferred, common.ai's least poll interval) and gives up (timeout=20). A job of 4 rows on an idle
+    # machine was done by then (CI, 2026-11-27), and no try re-attached.
+    hold_free_cpus(hook, seconds=40)
+    process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, _conf(tiny_model, tmp_path))
     log, _ = process.communicate(timeout=840)
     (tmp_path / "dags_test.log").write_text(log)
     assert "state=success" in log, log[-6000:]
@@ -224,17 +225,16 @@ def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     assert _labels(manifest) <= {"positive", "negative", "neutral"}
 
 
-@pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
 def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new_job(
     airflow_env, ray_cluster, tiny_model, tmp_path
 ) -> None:
     dag_file = _retry_dags(tmp_path)
-    env, day, hook = _env(airflow_env, ray_cluster), "2026-11-22", _hook(ray_cluster)
-    # The job is stopped while its driver runs, waiting for a held engine slot. Stopped at once, while
+    env, day, hook = _warm_env(airflow_env, ray_cluster), "2026-11-22", _hook(ray_cluster)
+    # The job is stopped while its driver runs, its read waiting for a held CPU. Stopped at once, while
     # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine (CI, 2026-11-27). The
-    # hold ends with the stop: try 2's job then takes the slot at once.
-    holder = hold_replica_slots(hook, seconds=300)
-    conf = {**_conf(tiny_model, tmp_path), "replica_resources": {**CPU_REPLICA, REPLICA_SLOT: 1}}
+    # hold ends with the stop: try 2's job then runs at once, on the same warm engines.
+    holder = hold_free_cpus(hook, seconds=300)
+    conf = _conf(tiny_model, tmp_path)
     process = _popen_dags_test(env, dag_file, "common_ai_retry_after_cancel", day, conf)
     try:
         deadline = time.monotonic() + 300
