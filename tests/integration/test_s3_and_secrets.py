@@ -21,7 +21,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, S3Server
+from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, POOL_SCOPE, ROOT, S3Server
 from tests.security.test_job_credentials import cluster_store, files_holding
 
 # Cold engines of their own: a model fetched from S3 (and its keys kept off disk meanwhile), and one
@@ -173,7 +174,7 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
     # The job's code and spec are the only packages its nodes unpacked; the settings were in none.
     runtime_env = json.loads(views[f"Ray dashboard GET /api/jobs/{job_id}"])["runtime_env"]
     assert len([uri for uri in runtime_env["py_modules"] if uri.startswith("gcs://")]) == 2, runtime_env
-    assert "env_vars" not in runtime_env
+    assert runtime_env["env_vars"] == {POOL_SCOPE_ENV: POOL_SCOPE}  # the pool scope alone: no key
 
     # -- the cluster: the key was never in a file of the session folder, and has left the store ----
     store = cluster_store(ray_connection)

@@ -537,7 +537,8 @@ class RoomKeeper:
         self._thread = threading.Thread(target=self._keep, name="raybatch-make-room", daemon=True)
 
     def start(self) -> RoomKeeper:
-        if self.needs:  # an engine reserving nothing waits for nothing a pool holds
+        # An engine reserving nothing waits for nothing a pool holds; a build outside a job has no pool.
+        if self.needs and ray_is_up():
             self._thread.start()
         return self
 

@@ -46,7 +46,7 @@ print(json.dumps({
     "loaded": sorted(m for m, mod in sys.modules.items() if mod and m.split(".")[0] in ENGINE_LIBRARIES),
     "left_in_sys_modules": sorted(m for m in ENGINE_LIBRARIES if m in sys.modules),
     "udfs": {name: f"{stage.fn.__module__}.{stage.fn.__name__}" for name, stage in built.stages.items()},
-    "lease": lease,
+    "lease": type(lease).__name__, "room_needs": getattr(lease, "needs", None),
     "warm_udf": f"{warm_stage.fn.__module__}.{warm_stage.fn.__name__}",
     "warm_stages": list(warm.stages),
     "pool_chat_template": sorted(pool.engine_kwargs.get("raybatch_chat_template") or {}),
@@ -84,7 +84,8 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
         "vLLMEngineStage": f"{ours}.generate.engine_actor.RaybatchvLLMEngineStageUDF",
     }
     assert report["architectures"] == ["LlamaForCausalLM"]  # Ray's telemetry still gets it
-    assert report["lease"] is None  # its own engines: no pool to hold
+    # Its own engines: no pool to hold; what makes room for them knows what one replica needs.
+    assert report["lease"] == "RoomKeeper" and report["room_needs"] == {"CPU": 1.0}
     assert report["warm_udf"] == f"{ours}.generate.pooled_stage.RaybatchPooledEngineStageUDF"
     # The warm replica renders the chat template and its engine tokenizes: the job starts neither stage.
     assert report["warm_stages"] == ["vLLMEngineStage"]
