@@ -25,7 +25,8 @@ from airflow_provider_raybatch.exceptions import RayBatchConfigError
 SECRET_OPTIONS = (("raybatch", "job_identity_secret"), ("core", "fernet_key"), ("api_auth", "jwt_secret"))
 _DERIVATION_LABEL = b"airflow-provider-raybatch job identity v1\x00"
 _POOL_SCOPE_LABEL = b"airflow-provider-raybatch engine pool scope v1"
-#: A configured ``[raybatch] engine_pool_scope``: it goes into Ray actor names and runtime envs.
+#: A configured ``[raybatch] engine_pool_scope``: it goes into every job's runtime env (and so into the
+#: warm pools' fingerprints, which name their replicas).
 POOL_SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import job_settings
-from airflow_provider_raybatch.pipeline.generate.pool_replica import LEASE_RENEW_SECONDS
+from airflow_provider_raybatch.pipeline.generate.pool_replica import ANY_NODE, LEASE_RENEW_SECONDS
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
@@ -213,7 +213,8 @@ def plan_pool(
 
 
 def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seconds: float) -> list[str]:
-    """End idle replicas of other pools until the cluster has ``needs`` free; the names ended.
+    """End idle replicas of other pools until a node that could host a replica needing ``needs`` has
+    them free (:func:`_lacking_by_node`); the names ended.
 
     A replica that holds a lease or has rows in flight says no; one still building its engine does not
     answer in time and is left alone. It gives up after about ``within_seconds`` (the lease's thread
@@ -225,14 +226,16 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
     deadline = time.monotonic() + within_seconds
     ended: list[str] = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
-        lacking = _lacking_by_node(needs, _node_resources())
-        if any(not short for short in lacking.values()) or time.monotonic() >= deadline:
-            break  # a node has room now (or time is up)
         name = entry.get("name", "")
         if entry.get("namespace") != NAMESPACE or not name.startswith(NAME_PREFIX):
             continue
         if keep_fingerprint is not None and name.startswith(f"{NAME_PREFIX}{keep_fingerprint}-"):
             continue
+        if time.monotonic() >= deadline:
+            break
+        lacking = _lacking_by_node(needs, _node_resources())
+        if not lacking or any(not short for short in lacking.values()):
+            break  # no node could ever host it (ending replicas frees nothing), or one has room now
         try:
             handle = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
@@ -248,29 +251,26 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
 
 
 def _asked_to_retire(
-    handle: Any, lacking: dict[str, list[str]], within: float
-) -> bool:  # Any: an actor handle
+    handle: Any,  # Any: a Ray actor handle
+    lacking: dict[str, list[str]],
+    within: float,
+) -> bool:
     """Whether the idle replica ended when asked. Only one holding some of each resource its node lacks
     for the job ends: one holding CPUs does not go for a job that waits for a GPU, nor one on an H100
     node for a job that needs an A100 (:meth:`.pool_replica.EngineReplica.retire_if_idle`)."""
     import ray
 
-    ref = handle.retire_if_idle.remote(lacking)
+    try:
+        ref = handle.retire_if_idle.remote(lacking)
+    except TypeError:  # Ray checks the call against the creator's signature: a replica of an earlier
+        # provider version takes no argument, and ends if idle, holding what the job lacks or not
+        ref = handle.retire_if_idle.remote()
     try:
         return bool(ray.get(ref, timeout=within))
-    except TypeError:  # a replica of an earlier provider version takes no argument: ask it as it knows
-        ref = handle.retire_if_idle.remote()
-        with contextlib.suppress(Exception):
-            return bool(ray.get(ref, timeout=within))
     except Exception:  # noqa: BLE001 - busy building, or unreachable: not ours to end
-        pass
-    with contextlib.suppress(Exception):  # a call left queued would end it once built
-        ray.cancel(ref)
+        with contextlib.suppress(Exception):  # a call left queued would end it once built
+            ray.cancel(ref)
     return False
-
-
-#: The node key of :func:`_lacking_by_node` where Ray gave no per-node figures: the cluster's totals.
-ANY_NODE = "*"
 
 
 def _node_resources() -> dict[str, tuple[dict[str, float], dict[str, float]]]:

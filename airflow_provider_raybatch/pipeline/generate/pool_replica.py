@@ -39,10 +39,14 @@ LEASE_RENEW_SECONDS = 5.0
 #: How often the replica looks at its leases and its keep-warm window.
 _TICK_SECONDS = 1.0
 #: One job's rows in a replica's engine at once, at most, in running batches of the engine (vLLM's
-#: ``max_num_seqs``): the engine always has the job's next rows waiting, and a second job's rows wait
-#: beside the first's instead of behind all of them (vLLM serves its queue first come, first served),
-#: whatever ``batch_size x max_concurrent_batches`` a job asks for. Two jobs then get about half each.
+#: ``max_num_seqs``), whatever ``batch_size x max_concurrent_batches`` it asks for. The engine always
+#: has the job's next rows waiting (Ray Data LLM's wrapper lets ~1.1 batches in and queues the rest first
+#: come, first served), and a second job's rows wait behind about one batch of the first's, not behind
+#: its whole backlog; then the two take turns in that queue, about half each.
 JOB_SHARE_IN_RUNNING_BATCHES = 2
+#: The node key of a make-room call's ``lacking`` where Ray gave no per-node figures: the cluster's
+#: totals stand for one node (:func:`.engine_pool.make_room`).
+ANY_NODE = "*"
 #: vLLM's ``max_num_seqs`` where neither the engine nor its settings say.
 _DEFAULT_MAX_NUM_SEQS = 256
 #: Ray Data LLM's logger of a row whose inference failed (its index and vLLM's error). A replica serves
@@ -188,7 +192,7 @@ class EngineReplica:
         is on its way (a make-room call queued while it built may run first).
 
         :param lacking: node id -> the resources the asking job's replica lacks there, for the nodes
-            that could host it (``"*"``: any node). A replica on another node, or holding none of one
+            that could host it (:data:`ANY_NODE`: any). A replica on another node, or holding none of one
             of them, stays: its end would not let that replica be placed. None: it ends if idle.
         """
         if self._retiring:
@@ -297,5 +301,5 @@ def _max_num_seqs(engine: Any, engine_kwargs: dict[str, Any]) -> int:  # Any: Ra
 def would_make_room(lacking: dict[str, list[str]], node_id: str, held: dict[str, float]) -> bool:
     """Whether a replica on ``node_id`` holding ``held`` would, once ended, free some of each resource
     its node lacks for a waiting replica (``lacking``: see :meth:`EngineReplica.retire_if_idle`)."""
-    short = lacking.get(node_id, lacking.get("*"))
+    short = lacking.get(node_id, lacking.get(ANY_NODE))
     return short is not None and all(held.get(name, 0.0) > 0 for name in short)

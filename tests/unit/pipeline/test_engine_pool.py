@@ -380,8 +380,17 @@ print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": too_many_repor
 """
 
 
-def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_budget() -> None:
-    report = run_in_ray_env(_STAGE)
+@pytest.fixture(scope="module")
+def stage_report() -> dict:
+    """The stage snippet's report, run once for the tests that read it (a Ray import each time, which a
+    loaded machine takes half a minute over)."""
+    return run_in_ray_env(_STAGE)
+
+
+def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_budget(
+    stage_report: dict,
+) -> None:
+    report = stage_report
     one = report["one_death"]
     # One row found the replica dead: a new one took its name and answered it; every row once.
     assert one["made"] == 2 and sum(text.startswith("actor-1 ") for text in one["rows"]) >= 1
@@ -424,10 +433,10 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     assert on_attach["made"] == 2 and on_attach["rows"] == ["actor-1 a:0", "actor-1 a:1", "actor-1 a:2"]
 
 
-def test_an_actor_of_the_replicas_name_serving_another_engine_gets_no_row() -> None:
+def test_an_actor_of_the_replicas_name_serving_another_engine_gets_no_row(stage_report: dict) -> None:
     """The replica's name carries the pool's fingerprint; an actor of that name answering with another
     (made outside this provider) fails the stage before any row goes to it, and is left running."""
-    foreign = run_in_ray_env(_STAGE)["foreign"]
+    foreign = stage_report["foreign"]
     assert foreign["generated"] == 0 and foreign["made"] == 1, foreign
     assert foreign["error"] == (
         "Engine pool replica raybatch-engine-f-0 serves another engine (fingerprint '0123456789abcdef', "
@@ -436,9 +445,9 @@ def test_an_actor_of_the_replicas_name_serving_another_engine_gets_no_row() -> N
     )
 
 
-def test_a_replica_unreachable_for_a_moment_is_tried_again_not_replaced() -> None:
+def test_a_replica_unreachable_for_a_moment_is_tried_again_not_replaced(stage_report: dict) -> None:
     """CI's failure at dacedb2: a live replica Ray called unavailable on a loaded machine was replaced."""
-    report = run_in_ray_env(_STAGE)
+    report = stage_report
     # Eight "unavailable" answers among three rows: the same replica answered each row once, no new one.
     unreachable = report["unreachable"]
     assert unreachable["made"] == 1 and unreachable["rows"] == ["actor-0 a:0", "actor-0 a:1", "actor-0 a:2"]
@@ -486,10 +495,10 @@ print(json.dumps({"warm": lease._warm, "replaced": lease._replaced, "alive": sor
 """
 
 
-def test_rows_cancelled_by_a_lapsed_lease_are_sent_again_after_attaching_again() -> None:
+def test_rows_cancelled_by_a_lapsed_lease_are_sent_again_after_attaching_again(stage_report: dict) -> None:
     """A replica cancels a job's rows when the job's lease lapses there (a driver that stalled past
     LEASE_SECONDS); the job is alive, so its rows must not fail the stage."""
-    report = run_in_ray_env(_STAGE)
+    report = stage_report
     lapsed = report["lease_lapsed"]
     # Two rows came back cancelled: the stage attached again (renewing the lease; once per cancelled
     # row at most) and each row was answered once, by the same replica, none replaced.
