@@ -614,3 +614,22 @@ def s3_server() -> Iterator[S3Server]:
         yield S3Server(f"http://127.0.0.1:{S3_PORT}", S3_ACCESS_KEY, S3_SECRET_KEY)
     finally:
         server.stop()
+
+
+#: Where Airflow finds each secret that may sign this deployment's jobs (utils/deployment_secret.py).
+SECRET_OPTIONS = {
+    "raybatch": "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET",
+    "fernet": "AIRFLOW__CORE__FERNET_KEY",
+    "jwt": "AIRFLOW__API_AUTH__JWT_SECRET",
+}
+
+
+@pytest.fixture
+def only_secrets(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Set exactly these secrets (:data:`SECRET_OPTIONS`' short names) in the environment, others empty."""
+
+    def set_only(**values: str) -> None:
+        for name, variable in SECRET_OPTIONS.items():
+            monkeypatch.setenv(variable, values.get(name, ""))
+
+    return set_only

@@ -3,7 +3,7 @@
 idle pools that never hold resources against a job that does not use them.
 
 Tested beside the code they need: an actor of a replica's name serving another engine gets no row,
-and an idle replica ends only for a job it can help (tests/unit/pipeline/test_engine_pool.py); a DAG
+and an idle replica ends only_secrets for a job it can help (tests/unit/pipeline/test_engine_pool.py); a DAG
 cannot set its own scope (tests/unit/operators/test_llm_batch.py).
 """
 
@@ -14,41 +14,29 @@ import pytest
 from airflow_provider_raybatch.exceptions import RayBatchConfigError
 from airflow_provider_raybatch.utils.deployment_secret import engine_pool_scope
 
-OPTIONS = {"raybatch": "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET", "fernet": "AIRFLOW__CORE__FERNET_KEY"}
-
-
-@pytest.fixture
-def only(monkeypatch: pytest.MonkeyPatch):
-    """Set exactly these secrets (by short name) in the environment, the others empty."""
-
-    def set_only(**values: str) -> None:
-        for name, variable in OPTIONS.items():
-            monkeypatch.setenv(variable, values.get(name, ""))
-
-    return set_only
-
-
 SCOPE = "AIRFLOW__RAYBATCH__ENGINE_POOL_SCOPE"
 
 
-def test_each_deployment_has_an_engine_pool_scope_of_its_own(only, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_deployment_has_an_engine_pool_scope_of_its_own(
+    only_secrets, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(SCOPE, "")
-    only(raybatch="prod-secret")
+    only_secrets(raybatch="prod-secret")
     prod = engine_pool_scope()
-    only(raybatch="dev-secret")
+    only_secrets(raybatch="dev-secret")
     dev = engine_pool_scope()
     assert prod != dev and len(prod) == len(dev) == 16
-    only(raybatch="prod-secret")
+    only_secrets(raybatch="prod-secret")
     assert engine_pool_scope() == prod  # stable: a deployment's jobs find its warm pools again
 
 
 def test_deployments_that_trust_each_other_share_a_configured_scope(
-    only, monkeypatch: pytest.MonkeyPatch
+    only_secrets, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    only(raybatch="prod-secret")
+    only_secrets(raybatch="prod-secret")
     monkeypatch.setenv(SCOPE, " analytics-team ")
     assert engine_pool_scope() == "analytics-team"
-    only(raybatch="dev-secret")
+    only_secrets(raybatch="dev-secret")
     assert engine_pool_scope() == "analytics-team"
 
 
@@ -62,7 +50,7 @@ def test_a_configured_scope_outside_the_pattern_is_refused(
 
 
 def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> None:
-    """A job that sends far more rows than the replica's share (2 running batches of vLLM) keeps only
+    """A job that sends far more rows than the replica's share (2 running batches of vLLM) keeps only_secrets
     its share in the engine: a second job's rows go in beside them, not behind all of them."""
     import asyncio
 

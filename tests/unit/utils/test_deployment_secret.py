@@ -8,41 +8,24 @@ import pytest
 from airflow_provider_raybatch.exceptions import RayBatchConfigError
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key, signing_key
 
-OPTIONS = {
-    "raybatch": "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET",
-    "fernet": "AIRFLOW__CORE__FERNET_KEY",
-    "jwt": "AIRFLOW__API_AUTH__JWT_SECRET",
-}
 
-
-@pytest.fixture
-def only(monkeypatch: pytest.MonkeyPatch):
-    """Set exactly these options (by short name) in the environment, the others empty."""
-
-    def set_only(**values: str) -> None:
-        for name, variable in OPTIONS.items():
-            monkeypatch.setenv(variable, values.get(name, ""))
-
-    return set_only
-
-
-def test_the_raybatch_option_wins(only) -> None:
-    only(raybatch="ours", fernet="fernet", jwt="jwt")
+def test_the_raybatch_option_wins(only_secrets) -> None:
+    only_secrets(raybatch="ours", fernet="fernet", jwt="jwt")
     assert deployment_key() == signing_key("ours")
 
 
-def test_airflow_fernet_key_is_the_default(only) -> None:
-    only(fernet="fernet", jwt="jwt")
+def test_airflow_fernet_key_is_the_default(only_secrets) -> None:
+    only_secrets(fernet="fernet", jwt="jwt")
     assert deployment_key() == signing_key("fernet")
 
 
-def test_the_jwt_secret_when_there_is_no_fernet_key(only) -> None:
-    only(jwt="jwt")
+def test_the_jwt_secret_when_there_is_no_fernet_key(only_secrets) -> None:
+    only_secrets(jwt="jwt")
     assert deployment_key() == signing_key("jwt")
 
 
-def test_no_secret_fails_naming_the_option_to_set(only) -> None:
-    only(raybatch="   ")  # blank is unset
+def test_no_secret_fails_naming_the_option_to_set(only_secrets) -> None:
+    only_secrets(raybatch="   ")  # blank is unset
     with pytest.raises(RayBatchConfigError, match=r"\[raybatch\] job_identity_secret"):
         deployment_key()
 
