@@ -26,7 +26,7 @@ from airflow_provider_raybatch.manifest import describe_engine_pool, describe_ti
 from airflow_provider_raybatch.operators import job_results, job_shipping
 from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
-from airflow_provider_raybatch.operators.spec_params import spec_from_params
+from airflow_provider_raybatch.operators.spec_params import rendered_flag, spec_from_params
 from airflow_provider_raybatch.operators.task_tries import submission_order, task_try_of, try_number_of
 from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
 from airflow_provider_raybatch.triggers import poll_pace
@@ -152,7 +152,9 @@ class RayLLMBatchOperator(BaseOperator):
         rows per second of the last run committed at ``output_uri``, if any.
     :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
         parameters takes that job's result instead of paying for the same rows again (default).
-        Set False to always run again, e.g. after the input was corrected in place.
+        Set False to always run again, e.g. after the input was corrected in place. Templated:
+        ``"{{ params.reuse_earlier_result }}"`` lets a run's conf (a backfill's ``--dag-run-conf``)
+        turn it off; the rendered text is ``True`` / ``False`` (also ``true``, ``1``, ``yes``, ...).
     :param deferrable: Wait for the job in the triggerer, which frees the worker slot for the hours
         a batch can take, rather than polling in the worker. Default: Airflow's
         ``[operators] default_deferrable`` setting, as for every deferrable operator; Airflow ships it
@@ -196,6 +198,7 @@ class RayLLMBatchOperator(BaseOperator):
         "max_failed_rows",
         "keep_warm_seconds",
         "aws_conn_id",
+        "reuse_earlier_result",
     )
     operator_extra_links = (RayJobLink(), BatchOutputLink(), RunReportLink())
     template_fields_renderers = {"sampling_params": "json", "engine_kwargs": "json", "user_template": "jinja"}
@@ -235,7 +238,7 @@ class RayLLMBatchOperator(BaseOperator):
         keep_versions: bool = False,
         dry_run: bool = False,
         dry_run_rows_per_second: float | None = None,
-        reuse_earlier_result: bool = True,
+        reuse_earlier_result: bool | str = True,
         ray_conn_id: str = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
         model_cache_dir: str = "/tmp/raybatch/models",
@@ -347,6 +350,7 @@ class RayLLMBatchOperator(BaseOperator):
         deadline = self._deadline()
         task_try = task_try_of(context)
         spec = self.build_spec(run_key=task_try.run_key())
+        reuse_earlier_result = rendered_flag("reuse_earlier_result", self.reuse_earlier_result)
         self.log.info(
             "Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri
         )
@@ -366,7 +370,7 @@ class RayLLMBatchOperator(BaseOperator):
                 self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
             previous = None
         if (previous is not None and previous.status in (JobStatus.STOPPED, JobStatus.FAILED)
-                and self.reuse_earlier_result
+                and reuse_earlier_result
                 and self._committed_result_of(previous.job_id, spec) is not None):  # fmt: skip
             # Stopped or failed after it committed (a stop landing just after the commit): its
             # result is whole and committed; paying for the rows again would be the loss.
@@ -377,7 +381,7 @@ class RayLLMBatchOperator(BaseOperator):
             return self.execute_complete(
                 context, job_event("success", previous.job_id, "committed", "succeeded")
             )
-        if previous is not None and previous.status == JobStatus.SUCCEEDED and self.reuse_earlier_result:
+        if previous is not None and previous.status == JobStatus.SUCCEEDED and reuse_earlier_result:
             self.log.info("Ray job %s of an earlier try succeeded; taking its result (nothing runs again: "
                           "the numbers below are that job's).", previous.job_id)  # fmt: skip
             self.job_id = previous.job_id

@@ -1,4 +1,4 @@
-"""Turn the operator's rendered parameters into the job spec.
+"""Turn the operator's rendered parameters into the job spec, and its templated flags into bools.
 
 Airflow renders templated fields to text, so a dict, list, tuple or number given as
 ``"{{ params.engine_kwargs | tojson }}"`` arrives as a string. This module reads such text back
@@ -53,3 +53,16 @@ def spec_from_params(params: dict[str, Any], run_key: str) -> BatchInferenceSpec
     if isinstance(params.get("concurrency"), list):
         params["concurrency"] = tuple(params["concurrency"])
     return BatchInferenceSpec.build(**params)
+
+
+def rendered_flag(name: str, value: bool | str) -> bool:
+    """A templated yes/no parameter's value: a bool as given, or the text a template rendered it to
+    (``"{{ params.reuse }}"`` renders a bool as ``True`` or ``False``)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise BatchSpecError(f"{name}={value!r} is neither true nor false (True/False, true/false, 1/0, yes/no).")

@@ -296,7 +296,7 @@ def test_batch_parameters_are_templated_and_match_the_spec() -> None:
 
     # Every templated field is a spec field, but for the connection ids (templated, as in the Amazon
     # provider).
-    assert set(RayLLMBatchOperator.template_fields) - {"aws_conn_id"} <= spec_fields
+    assert set(RayLLMBatchOperator.template_fields) - {"aws_conn_id", "reuse_earlier_result"} <= spec_fields
     assert {"model", "input_uri", "output_uri", "user_template", "sampling_params"} <= set(
         RayLLMBatchOperator.template_fields
     )
@@ -730,6 +730,33 @@ def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: Fak
         "output_uri": "s3://b/out/",
     }
     assert store.sets == []
+
+
+@pytest.mark.parametrize("rendered", ["False", "false", " 0 "])
+def test_a_rendered_false_reuse_earlier_result_runs_again(
+    ray_conn: str, cluster: FakeCluster, rendered: str
+) -> None:
+    """``reuse_earlier_result="{{ params.reuse }}"`` with the run's conf saying False (a backfill that
+    picks up late data): the succeeded job's result is not taken, a new job runs."""
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "SUCCEEDED", manifest=MANIFEST)
+    op = make_operator(ray_conn_id=ray_conn, reuse_earlier_result=rendered)
+
+    with pytest.raises(TaskDeferred):
+        op.execute({"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: previous})})
+
+    [body] = cluster.submitted()
+    assert body["submission_id"] != previous
+
+
+def test_a_rendered_reuse_earlier_result_that_is_not_a_flag_names_it(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    op = make_operator(ray_conn_id=ray_conn, reuse_earlier_result="sometimes")
+
+    with pytest.raises(BatchSpecError, match=r"reuse_earlier_result='sometimes' is neither true nor false"):
+        op.execute({"ti": retry_ti(2), "task_state_store": FakeStateStore()})
+    assert not cluster.submit.called
 
 
 def test_a_taken_result_has_its_ray_job_link(
