@@ -15,7 +15,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from airflow.sdk import Param, XComArg, dag, task
+from airflow.sdk import CronDataIntervalTimetable, Param, XComArg, dag, task
 
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 
@@ -28,7 +28,12 @@ INDUSTRIES = [
 
 
 @dag(
-    schedule="@daily",
+    # Each run reads the day in its data interval (``data_interval_start``): the run that starts at
+    # midnight covers the day that just ended. (Airflow 3's plain "@daily" is a cron
+    # trigger whose interval is the run's own instant: ``{{ ds }}`` would be the day just
+    # starting.) A backfill's dates are the days read; a manual run (the UI's trigger, or
+    # ``airflow dags test <dag> 2026-11-21``) reads the day before its date (2026-11-20).
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=4,
@@ -63,8 +68,8 @@ def daily_company_industry() -> None:
     classify = RayLLMBatchOperator(
         task_id="classify_industry",
         model="{{ params.model }}",
-        input_uri="{{ params.data_root }}/customers/{{ ds }}/customers.csv",
-        output_uri="{{ params.data_root }}/company_industry/{{ ds }}",
+        input_uri="{{ params.data_root }}/customers/{{ data_interval_start | ds }}/customers.csv",
+        output_uri="{{ params.data_root }}/company_industry/{{ data_interval_start | ds }}",
         system_prompt="You classify companies by industry. Answer with the label only.",
         user_template="What industry is this company in: {Company}",
         sampling_params={"temperature": 0, "max_tokens": 16, "structured_outputs": {"choice": INDUSTRIES}},

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag
+from airflow.sdk import CronDataIntervalTimetable, Param, dag
 
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 
 
 @dag(
-    schedule="@daily",
+    # Each run reads the day in its data interval (``data_interval_start``): the run that starts at
+    # midnight covers the day that just ended. (Airflow 3's plain "@daily" is a cron
+    # trigger whose interval is the run's own instant: ``{{ ds }}`` would be the day just
+    # starting.) A backfill's dates are the days read; a manual run (the UI's trigger, or
+    # ``airflow dags test <dag> 2026-11-21``) reads the day before its date (2026-11-20).
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=4,
@@ -55,7 +60,8 @@ from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
             0.1,
             type="number",
             description="Fail the task when more than this share of the images failed (corrupt, missing, "
-            "too small); the captions and the errors are committed either way.",
+            "too small); such a run commits nothing and its rows are held for a retry with a looser "
+            "fraction.",
         ),
     },
 )
@@ -63,9 +69,9 @@ def daily_image_captions() -> None:
     RayLLMBatchOperator(
         task_id="caption_images",
         model="{{ params.model }}",
-        input_uri="{{ params.data_root }}/images/{{ ds }}/",
+        input_uri="{{ params.data_root }}/images/{{ data_interval_start | ds }}/",
         input_format="parquet",
-        output_uri="{{ params.data_root }}/image_captions/{{ ds }}",
+        output_uri="{{ params.data_root }}/image_captions/{{ data_interval_start | ds }}",
         system_prompt="You write short, factual image captions.",
         user_template="Describe this image in one sentence.",
         image_column="image",

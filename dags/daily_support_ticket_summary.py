@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Asset, Param, dag
+from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag
 
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 
@@ -24,7 +24,12 @@ SUPPORT_TICKET_SUMMARIES = Asset(
 
 
 @dag(
-    schedule="@daily",
+    # Each run reads the day in its data interval (``data_interval_start``): the run that starts at
+    # midnight covers the day that just ended. (Airflow 3's plain "@daily" is a cron
+    # trigger whose interval is the run's own instant: ``{{ ds }}`` would be the day just
+    # starting.) A backfill's dates are the days read; a manual run (the UI's trigger, or
+    # ``airflow dags test <dag> 2026-11-21``) reads the day before its date (2026-11-20).
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=4,
@@ -55,9 +60,9 @@ def daily_support_ticket_summary() -> None:
     RayLLMBatchOperator(
         task_id="summarise_tickets",
         model="{{ params.model }}",
-        input_uri="{{ params.data_root }}/tickets/{{ ds }}/",
+        input_uri="{{ params.data_root }}/tickets/{{ data_interval_start | ds }}/",
         input_format="jsonl",
-        output_uri="{{ params.data_root }}/ticket_summaries/{{ ds }}",
+        output_uri="{{ params.data_root }}/ticket_summaries/{{ data_interval_start | ds }}",
         system_prompt="You summarise customer support tickets in one short sentence.",
         user_template="Subject: {subject}\n\n{body}\n\nSummary:",
         sampling_params={"temperature": 0, "max_tokens": 48},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded default, end to end on one machine:
 #   set up both virtualenvs, make a tiny random-weight model, write a day's customers CSV,
-#   start a local Ray head (token auth on), and run the daily DAG for that day with
+#   start a local Ray head (token auth on), and run the daily DAG over that day with
 #   `airflow dags test` through the deferrable path. Ends by printing the output location and rows.
 #   Then the day before runs too, on the engine the first day left warm (keep_warm_seconds,
 #   docs/warm-engines.md): its engine start to first row is seconds, not the first day's build.
@@ -40,7 +40,9 @@ CONF=$(cat <<JSON
 JSON
 )
 DAG_START=$(date +%s)
-.venvs/airflow/bin/airflow dags test daily_company_industry "$DAY" --conf "$CONF" 2>&1 | tee "$STATE/dags_test.log" \
+# The DAG reads the day in its data interval: the run of $DAY + 1 reads $DAY, as the scheduled run at
+# midnight reads the day that just ended (dags/daily_company_industry.py).
+.venvs/airflow/bin/airflow dags test daily_company_industry "$(date -u -d "$DAY + 1 day" +%F)" --conf "$CONF" 2>&1 | tee "$STATE/dags_test.log" \
   | grep -E "Submitted Ray job|Pausing task as DEFERRED|done: [0-9]+ rows in|classified|\] industry |DagRun Finished|ERROR" || true
 DAG_END=$(date +%s)
 grep -q "DagRun Finished.*state=success" "$STATE/dags_test.log" || { echo "DAG run failed; see $STATE/dags_test.log" >&2; exit 1; }
@@ -64,7 +66,7 @@ PY
 # The day before, on the engine the first day left warm.
 PREV=$(date -u -d "$DAY - 1 day" +%F)
 .venvs/ray/bin/python scripts/make_sample_customers.py "$STATE/data/customers/$PREV/customers.csv" --date "$PREV" --rows 250
-.venvs/airflow/bin/airflow dags test daily_company_industry "$PREV" --conf "$CONF" > "$STATE/dags_test_prev.log" 2>&1
+.venvs/airflow/bin/airflow dags test daily_company_industry "$DAY" --conf "$CONF" > "$STATE/dags_test_prev.log" 2>&1
 grep -q "DagRun Finished.*state=success" "$STATE/dags_test_prev.log" || { echo "DAG run of $PREV failed; see $STATE/dags_test_prev.log" >&2; exit 1; }
 .venvs/ray/bin/python - "$STATE/data/company_industry" "$DAY" "$PREV" <<'PY'
 import json, sys

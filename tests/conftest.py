@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -354,6 +355,13 @@ CPU_REPLICA = {"CPU": 1}
 HELD_REPLICA = {**CPU_REPLICA, REPLICA_SLOT: 1}
 
 
+def run_date(day: str) -> str:
+    """The logical date of a manual run of an example daily DAG that reads ``day``'s partition. They
+    read their data interval's start, and a manual run's interval is the day before its date, as the
+    scheduled run at midnight reads the day that just ended (dags/daily_company_industry.py)."""
+    return (date.fromisoformat(day) + timedelta(days=1)).isoformat()
+
+
 @dataclass(frozen=True)
 class AirflowEnv:
     env: dict[str, str]
@@ -396,9 +404,15 @@ def warm_conf() -> dict[str, float]:
     return {"keep_warm_seconds": TEST_KEEP_WARM_SECONDS} if TEST_KEEP_WARM_SECONDS > 0 else {}
 
 
+#: In an Airflow home: {dag_id: {param: default}}, which the home's cluster policy sets on those DAGs,
+#: as a deployment sets its own defaults (what a scheduled run, which has no conf, runs with).
+PARAM_DEFAULTS_FILE = "param_defaults.json"
+
+
 def install_warm_engine_policy(home: Path) -> None:
     """Give an Airflow home a cluster policy: batch tasks that leave ``keep_warm_seconds`` unset run on
-    a warm engine pool for :data:`TEST_KEEP_WARM_SECONDS`, as a deployment that backfills would set.
+    a warm engine pool for :data:`TEST_KEEP_WARM_SECONDS`, as a deployment that backfills would set;
+    DAGs named in the home's :data:`PARAM_DEFAULTS_FILE` get those Param defaults.
 
     Why: most Airflow-driven tests are about Airflow, the row path or the API, not about an engine's
     start, and each cold job spent ~40 s of a 2-core CI machine starting vLLM (two processes importing
@@ -411,14 +425,22 @@ def install_warm_engine_policy(home: Path) -> None:
     """
     config = home / "config"
     config.mkdir(parents=True, exist_ok=True)
-    if TEST_KEEP_WARM_SECONDS <= 0:
-        (config / "airflow_local_settings.py").unlink(missing_ok=True)
-        return
-    (config / "airflow_local_settings.py").write_text(
-        '"""The tests\' cluster policy (tests/conftest.py install_warm_engine_policy)."""\n\n\n'
+    warm = (
         "def task_policy(task):\n"
         '    if getattr(task, "keep_warm_seconds", "") is None:  # our batch operators, argument unset\n'
-        f"        task.keep_warm_seconds = {TEST_KEEP_WARM_SECONDS!r}\n"
+        f"        task.keep_warm_seconds = {TEST_KEEP_WARM_SECONDS!r}\n\n\n"
+    )
+    (config / "airflow_local_settings.py").write_text(
+        '"""The tests\' cluster policy (tests/conftest.py install_warm_engine_policy)."""\n\n'
+        "import json\n"
+        "from pathlib import Path\n\n\n"
+        f"{warm if TEST_KEEP_WARM_SECONDS > 0 else ''}"
+        "def dag_policy(dag):\n"
+        "    # A scheduled run has no conf: this home's Param defaults, where it names some.\n"
+        f'    defaults = Path(__file__).parent.parent / "{PARAM_DEFAULTS_FILE}"\n'
+        "    if defaults.exists():\n"
+        "        for name, value in json.loads(defaults.read_text()).get(dag.dag_id, {}).items():\n"
+        "            dag.params[name] = value\n"
     )
 
 

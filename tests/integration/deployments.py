@@ -20,13 +20,22 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
 from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, LocalRayCluster, S3Server
+from tests.conftest import (
+    CPU_ENGINE_KWARGS,
+    CPU_REPLICA,
+    PARAM_DEFAULTS_FILE,
+    ROOT,
+    LocalRayCluster,
+    S3Server,
+    warm_conf,
+)
 from tests.integration.standalone import Airflow, airflow_standalone
 
 SHARED_PORT = 8299
@@ -67,6 +76,30 @@ CLOSED_RAY = json.dumps(
 )
 
 
+#: Tickets a day for the ticket DAG's scheduled runs on the shared deployment (test_airflow_ui).
+SCHEDULED_TICKETS = 30
+
+
+def scheduled_data_root(airflow: Airflow) -> Path:
+    """Where the shared deployment's scheduled ticket runs read and write (its Param default)."""
+    return airflow.home / "data"
+
+
+def _write_scheduled_days(data_root: Path) -> None:
+    """Tickets for the days around now, each ticket id starting with its day, so a test sees which day
+    a scheduled run read (and a session that passes midnight still finds its day's tickets)."""
+    today = datetime.now(UTC).date()
+    for offset in (-1, 0, 1):
+        day = (today + timedelta(days=offset)).isoformat()
+        path = data_root / "tickets" / day / "tickets.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tickets = [
+            {"ticket_id": f"{day}/T-{i:03d}", "subject": f"Order {i} late", "body": f"Order {i} is late."}
+            for i in range(SCHEDULED_TICKETS)
+        ]
+        path.write_text("".join(json.dumps(ticket) + "\n" for ticket in tickets))
+
+
 def user_token(airflow: Airflow, user: str) -> str:
     """A JWT for ``user`` from the simple auth manager's ``/auth/token``, as a client logs in."""
     users = SHARED_USERS if airflow.url.endswith(f":{SHARED_PORT}") else SECOND_USERS
@@ -100,6 +133,13 @@ def shared_airflow(
     dags.mkdir()
     for path in [*ROOT.joinpath("dags").glob("*.py"), *Path(__file__).with_name("dags").glob("*.py")]:
         shutil.copy(path, dags)
+    # The ticket DAG's scheduled runs (no conf) run on the tiny model and the session's warm engines.
+    (home / PARAM_DEFAULTS_FILE).write_text(json.dumps({
+        TICKETS_DAG_ID: {"model": str(tiny_model), "data_root": str(home / "data"),
+                         "engine_kwargs": CPU_ENGINE_KWARGS, "replica_resources": CPU_REPLICA,
+                         **warm_conf()},
+    }))  # fmt: skip
+    _write_scheduled_days(home / "data")
     extra_env = {
         **_auth_env(home, SHARED_USERS),
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),

@@ -1,7 +1,8 @@
 """Real Airflow (`airflow standalone`: API server, scheduler, dag processor, triggerer) with the
 provider, driven through the REST API and headless Chromium.
 
-- The ticket-summary DAG runs on the scheduler, waits in the triggerer, and the task page shows the
+- The ticket-summary DAG runs on its schedule (the scheduler's own run, no date or conf given) and
+  reads the day before the run, waits in the triggerer, and the task page shows the
   progress lines in its log and the "Ray job" link pointing at the job; the Asset event makes the
   scheduler run the downstream digest DAG. Screenshots are saved under the test's folder (and in
   $RAYBATCH_SCREENSHOTS when set).
@@ -20,6 +21,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import date, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
@@ -34,9 +36,10 @@ from tests.conftest import (
     CPU_REPLICA,
     HELD_REPLICA,
     replica_slots_held,
+    run_date,
     warm_conf,
 )
-from tests.integration.deployments import user_token
+from tests.integration.deployments import SCHEDULED_TICKETS, scheduled_data_root, user_token
 from tests.integration.standalone import Airflow
 from tests.integration.test_ticket_summary_dag import TICKETS, _write_tickets
 
@@ -134,19 +137,35 @@ def _held_conf(tiny_model: Path, data_root: Path) -> dict:
     return {**_conf(tiny_model, data_root), "replica_resources": HELD_REPLICA, "keep_warm_seconds": None}
 
 
-def test_task_page_shows_progress_and_the_ray_job_link(
-    airflow: Airflow, ray_cluster, tiny_model, tmp_path
+def test_a_scheduled_run_reads_the_day_before_and_its_task_page_shows_progress_and_the_ray_job_link(
+    airflow: Airflow, ray_cluster, tmp_path
 ) -> None:
-    day = "2026-11-14"
-    _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
+    """The example DAG on its schedule, with no date or conf given (the deployment's Param defaults:
+    tests/integration/deployments.py): the scheduler's run reads the day that ended when it started
+    (on Airflow 3 a plain "@daily" reads the day just starting), then the UI checks below."""
     airflow.api("PATCH", f"/dags/{DIGEST_DAG_ID}", json={"is_paused": False})
-    run_id = airflow.trigger(DAG_ID, day, _conf(tiny_model, tmp_path))
+    airflow.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    run = airflow.wait(
+        "the scheduler's run of the ticket DAG",
+        lambda: next(
+            (r for r in airflow.api("GET", f"/dags/{DAG_ID}/dagRuns").json()["dag_runs"]
+             if r["run_type"] == "scheduled"),
+            None,
+        ),
+    )  # fmt: skip
+    run_id, day = run["dag_run_id"], run["data_interval_start"][:10]
+    assert date.fromisoformat(day) == date.fromisoformat(run["run_after"][:10]) - timedelta(days=1), run
+    data_root = scheduled_data_root(airflow)
     task_page = f"{airflow.url}/dags/{DAG_ID}/runs/{quote(run_id)}/tasks/{TASK_ID}"
     shots: list[Path] = []
 
+    # Or past it: another test's unpausing may have made this run earlier in the session.
     airflow.wait(
         "the task to defer",
-        lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None,
+        lambda: (
+            airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] in ("deferred", "success", "failed")
+            or None
+        ),
     )
     shots.append(tmp_path / "1-task-deferred.png")
     _chromium(airflow, task_page, shots[-1], dom=False)
@@ -166,20 +185,28 @@ def test_task_page_shows_progress_and_the_ray_job_link(
 
     # The API the UI reads: the log has the relayed progress lines, the links point at the job.
     events = airflow.task_log(DAG_ID, run_id, TASK_ID, ti["try_number"]).splitlines()
-    progress = [event for event in events if f"Ray job {job_id}: " in event and f"/ {TICKETS} rows" in event]
+    progress = [
+        event for event in events if f"Ray job {job_id}: " in event and f"/ {SCHEDULED_TICKETS} rows" in event
+    ]
     assert progress, events[-40:]
     links = airflow.api(
         "GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}/links"
     ).json()["extra_links"]
     assert links["Ray job"] == f"{ray_cluster.address}/#/jobs/{job_id}"
-    assert links["Batch output"] == f"file://{tmp_path}/ticket_summaries/{day}"
+    assert links["Batch output"] == f"file://{data_root}/ticket_summaries/{day}"
+    # It read its day's tickets, every one, and no other day's.
+    manifest = json.loads((data_root / "ticket_summaries" / day / "manifest.json").read_text())
+    assert manifest["input_uri"] == f"{data_root}/tickets/{day}/"
+    ids = [json.loads(line)["ticket_id"] for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
+           for line in file.read_text().splitlines()]  # fmt: skip
+    assert sorted(ids) == [f"{day}/T-{i:03d}" for i in range(SCHEDULED_TICKETS)]
     assert str(links["Run report"]).endswith("/report.html")
 
     # The page itself, in a real browser: the task page opens on its log, with the progress lines.
     # (The extra links are checked above through the API the page reads them from.)
     shots.append(tmp_path / "2-task-done-log.png")
     page = _chromium(airflow, task_page, shots[-1])
-    assert f"Ray job {job_id}: " in page and f"/ {TICKETS} rows" in page, page[-3000:]
+    assert f"Ray job {job_id}: " in page and f"/ {SCHEDULED_TICKETS} rows" in page, page[-3000:]
 
     # The Asset event made the scheduler run the digest DAG.
     digest = airflow.wait(
@@ -208,7 +235,7 @@ def _deferred_run(
     """
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl", tickets)
-    run_id = airflow.trigger(DAG_ID, day, conf)
+    run_id = airflow.trigger(DAG_ID, run_date(day), conf)
     airflow.wait(
         "the task to defer",
         lambda: True if airflow.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred" else None,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, warm_conf
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, ROOT, run_date, warm_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -45,7 +45,7 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     transport = {"type": "file", "log_file_path": str(lineage_file), "append": True}
 
     result = airflow_env.with_env(AIRFLOW__OPENLINEAGE__TRANSPORT=json.dumps(transport)).dags_test(
-        DAG_ID, day, _conf(tiny_model, tmp_path)
+        DAG_ID, run_date(day), _conf(tiny_model, tmp_path)
     )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
@@ -57,7 +57,7 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
         -4000:
     ]
 
-    xcoms = airflow_env.xcoms(DAG_ID, day)
+    xcoms = airflow_env.xcoms(DAG_ID, run_date(day))
     output_uri = str(tmp_path / "company_industry" / day)
     assert xcoms[("classify_industry", "return_value")] == output_uri
     assert xcoms[("classify_industry", "output_uri")] == output_uri
@@ -105,7 +105,8 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     # good version stays current and whole (helper-51's trial: it was replaced by a version of 0 rows).
     csv = tmp_path / "customers" / day / "customers.csv"
     csv.write_text(csv.read_text().replace("Customer Id", "Customer ID", 1))
-    rerun = airflow_env.dags_test(DAG_ID, f"{day}T06:00:00+00:00", _conf(tiny_model, tmp_path), timeout=300)
+    later = f"{run_date(day)}T06:00:00+00:00"
+    rerun = airflow_env.dags_test(DAG_ID, later, _conf(tiny_model, tmp_path), timeout=300)
     rerun_log = rerun.stdout + rerun.stderr
     assert "state=failed" in rerun_log, rerun_log[-4000:]
     assert "RayBatchRowsFailedError" in rerun_log, rerun_log[-4000:]
@@ -121,7 +122,7 @@ def test_a_date_without_its_input_fails_the_task_naming_it(airflow_env, tiny_mod
     """A backfill date whose file never arrived: the job fails at its start, before any engine, and the
     task's error names the input (it was Ray Data's FileNotFoundError traceback: helper-45's trial)."""
     day = "2026-11-16"  # no customers.csv written for it
-    result = airflow_env.dags_test(DAG_ID, day, _conf(tiny_model, tmp_path), timeout=300)
+    result = airflow_env.dags_test(DAG_ID, run_date(day), _conf(tiny_model, tmp_path), timeout=300)
     log = result.stdout + result.stderr
     assert "state=failed" in log, log[-4000:]
     missing = tmp_path / "customers" / day / "customers.csv"

@@ -23,7 +23,14 @@ from PIL import Image
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job, warm_conf
+from tests.conftest import (
+    CPU_ENGINE_KWARGS,
+    CPU_REPLICA,
+    run_date,
+    submit_pipeline,
+    wait_for_job,
+    warm_conf,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -197,11 +204,11 @@ def test_daily_image_captions_dag(airflow_env, tiny_vlm, tmp_path) -> None:
         "max_failed_fraction": 0.5,  # 9 of 21 images are bad on purpose
     }
 
-    result = airflow_env.dags_test(dag_id, day, conf)
+    result = airflow_env.dags_test(dag_id, run_date(day), conf)
     log = result.stdout + result.stderr
     assert result.returncode == 0 and "state=success" in log, log[-4000:]
 
-    manifest = airflow_env.xcoms(dag_id, day)[("caption_images", "manifest")]
+    manifest = airflow_env.xcoms(dag_id, run_date(day))[("caption_images", "manifest")]
     rows_in = GOOD_IMAGES + len(expected_errors)
     assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (
         rows_in,

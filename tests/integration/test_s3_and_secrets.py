@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, POOL_SCOPE, ROOT, S3Server
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, POOL_SCOPE, ROOT, S3Server, run_date
 from tests.security.test_job_credentials import cluster_store, files_holding
 
 # Cold engines of their own: a model fetched from S3 (and its keys kept off disk meanwhile), and one
@@ -122,13 +122,13 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
     }
     session = (ray_connection.temp_dir / "session_latest").resolve()  # the fixture's cluster's session
     with _DiskWatch(session, s3_server.secret_key) as watch:
-        result = env.dags_test(DAG_ID, day, conf)
+        result = env.dags_test(DAG_ID, run_date(day), conf)
     task_log = result.stdout + result.stderr
     assert result.returncode == 0, task_log[-4000:]
     assert "state=success" in task_log, task_log[-4000:]
 
     # -- the run: read from S3, model fetched from S3, committed on S3 --------------------------
-    xcoms = env.xcoms(DAG_ID, day)
+    xcoms = env.xcoms(DAG_ID, run_date(day))
     manifest = xcoms[("classify_industry", "manifest")]
     output_uri = f"s3://raybatch-data/company_industry/{day}"
     assert xcoms[("classify_industry", "return_value")] == output_uri

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, warm_conf
+from tests.conftest import AIRFLOW_BIN, CPU_ENGINE_KWARGS, CPU_REPLICA, run_date, warm_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -45,12 +45,12 @@ def test_summaries_progress_links_and_asset_event(airflow_env, ray_cluster, tiny
     conf = {"model": str(tiny_model), "data_root": str(tmp_path), "engine_kwargs": CPU_ENGINE_KWARGS,
             "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
 
-    result = airflow_env.dags_test(DAG_ID, day, conf)
+    result = airflow_env.dags_test(DAG_ID, run_date(day), conf)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     assert "state=success" in log, log[-4000:]
 
-    xcoms = airflow_env.xcoms(DAG_ID, day)
+    xcoms = airflow_env.xcoms(DAG_ID, run_date(day))
     manifest = xcoms[("summarise_tickets", "manifest")]
     job_id = str(xcoms[("summarise_tickets", "job_id")])
     assert (manifest["rows_in"], manifest["rows_out"] + manifest["rows_failed"]) == (TICKETS, TICKETS)

@@ -20,7 +20,14 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, HELD_REPLICA, replica_slots_held, warm_conf
+from tests.conftest import (
+    CPU_ENGINE_KWARGS,
+    CPU_REPLICA,
+    HELD_REPLICA,
+    replica_slots_held,
+    run_date,
+    warm_conf,
+)
 from tests.integration.standalone import Airflow
 from tests.integration.test_ticket_summary_dag import _write_tickets
 
@@ -62,7 +69,7 @@ def _held_conf(tiny_model: Path, data_root: Path) -> dict:
 def _trigger(airflow: Airflow, conf: dict) -> str:
     """Create the day's run under RUN_ID (both deployments name it alike), unpaused."""
     airflow.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
-    body = {"dag_run_id": RUN_ID, "logical_date": f"{DAY}T00:00:00Z", "conf": conf}
+    body = {"dag_run_id": RUN_ID, "logical_date": f"{run_date(DAY)}T00:00:00Z", "conf": conf}
     return airflow.api("POST", f"/dags/{DAG_ID}/dagRuns", json=body).json()["dag_run_id"]
 
 
