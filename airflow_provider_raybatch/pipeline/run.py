@@ -418,14 +418,14 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     # One live job writes a run's staging: fails here, before writing, beside another (ownership.py).
     owner = _staging_owner()
-    ownership.claim(layout, owner, ownership.ray_job_alive)
+    ownership.claim(layout, owner, ownership.ray_job_alive, job_run=ownership.ray_job_run)
     heartbeat = ownership.Heartbeat(layout, owner).start()
     try:
-        manifest = _run_owned(spec, layout, owner, model_source, started_at, clock, marks)
+        return _run_owned(spec, layout, owner, model_source, started_at, clock, marks)
     finally:
         heartbeat.stop()
-    ownership.release(layout, owner)  # committed: after the heartbeat's last write
-    return manifest
+        # Committed, held or failed: no job writes this staging now (a next try claims it afresh).
+        ownership.release(layout, owner)
 
 
 def _run_owned(

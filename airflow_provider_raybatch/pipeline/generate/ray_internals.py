@@ -4,7 +4,8 @@ Our engine stage subclasses Ray's ``vLLMEngineStageUDF`` and calls into its engi
 (:mod:`.engine_actor`), our chat-template stage subclasses ``ChatTemplateUDF``
 (:mod:`..prompt.chat_template`), the dry run tokenizes with ``TokenizeUDF``, the driver swaps stage
 UDFs by the stages' class names and fields (:func:`.engine.use_our_engine_stage`) and patches
-``download_model_files`` while it builds (:mod:`.processor`). None of that is Ray's public API, so a
+``download_model_files`` while it builds (:mod:`.processor`), and a staging's owner check reads Ray's
+job table (:mod:`..stage.ownership`). None of that is Ray's public API, so a
 Ray release may rename or reshape it. Checked before a single row is read, such a change fails the
 job at once, naming the Ray version and what changed, instead of in a replica minutes later, or
 worse, by our engine stage being skipped without a word.
@@ -33,6 +34,10 @@ REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
     f"{_STAGES}.tokenize_stage": {"TokenizeUDF": ()},
     f"{_STAGES}.base": {"StatefulStage": ("fn", "fn_constructor_kwargs", "map_batches_kwargs")},
     "ray.llm._internal.common.utils.download_utils": {"download_model_files": ()},
+    # The job table whether a staging's owner still runs is read from (stage/ownership.py).
+    "ray.dashboard.modules.job.common": {"JobInfoStorageClient": ("JOB_DATA_KEY",)},
+    "ray._private.ray_constants": {"KV_NAMESPACE_JOB": ()},
+    "ray.experimental.internal_kv": {"_internal_kv_get": ()},
 }
 
 

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
@@ -45,6 +46,12 @@ _ENDED = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
 
 #: Whether a Ray job (by its submission id) still runs: True, False, or None when Ray cannot say.
 JobAlive = Callable[[str], "bool | None"]
+#: The Airflow run a Ray job (by its submission id) belongs to, as Ray's job table has it; None when
+#: Ray holds no record of the job.
+JobRun = Callable[[str], "dict[str, str] | None"]
+#: The keys of :attr:`Owner.run` that name the run (a try, or its ``run_after``, may differ between
+#: two jobs of one run's staging: that is the case an owner exists for).
+_RUN_IDENTITY = ("dag_id", "task_id", "run_id", "map_index")
 
 
 class StagingOwnedError(RuntimeError):
@@ -89,15 +96,25 @@ def claim(
     job_alive: JobAlive,
     now: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    job_run: JobRun = lambda job_id: None,
 ) -> Owner | None:
     """Make this job the staging's owner; return the gone owner it took over from, if any.
+
+    A record naming a job that Ray says belongs to another run is no owner (a record planted by
+    someone who can write the store, naming another tenant's long job, would otherwise keep every
+    try of this run waiting, then failing).
 
     :raises StagingOwnedError: another job owns it and is not provably gone, or claimed it at the
         same moment and won.
     """
     current = read_owner(layout)
     earlier = current if current is not None and current.job_id != me.job_id else None
-    if earlier is not None:
+    if earlier is not None and not _of_this_run(job_run(earlier.job_id), me.run):
+        log.warning(
+            "Staging of %s names Ray job %s as its owner, but that job belongs to another run: not this "
+            "staging's owner; this job takes it over.", layout.run_key, earlier.job_id,
+        )  # fmt: skip
+    elif earlier is not None:
         deadline, said = now() + OWNER_END_WAIT_SECONDS, False
         beat, beat_seen_at = earlier.heartbeat_at, now()
         while (alive := job_alive(earlier.job_id)) or (
@@ -124,6 +141,14 @@ def claim(
     return earlier
 
 
+def _of_this_run(job_run: dict[str, str] | None, mine: dict[str, str]) -> bool:
+    """Whether a job Ray records as submitted for ``job_run`` is a job of this run. Unknown (no record
+    in Ray, or this job was not submitted for an Airflow run) counts as this run's: the record stands."""
+    if job_run is None or not all(key in mine for key in _RUN_IDENTITY):
+        return True
+    return all(job_run.get(key) == mine[key] for key in _RUN_IDENTITY)
+
+
 def _stale(beat: float, seen_at: float, now: float) -> bool:
     """A heartbeat is stale when its own time is :data:`STALE_AFTER_SECONDS` old, or when it has not
     moved for that long as this job watched it (the owner's clock may be behind or ahead of ours)."""
@@ -142,10 +167,16 @@ def confirm(layout: OutputLayout, me: Owner) -> None:
 
 
 def release(layout: OutputLayout, me: Owner) -> None:
-    """Give the staging up once committed: delete the record if it is still this job's."""
-    current = read_owner(layout)
-    if current is not None and current.job_id == me.job_id:
-        storage.delete_file(owner_uri(layout))
+    """Give the staging up as the job ends (committed, held or failed): delete the record if it is
+    still this job's. A store that does not answer leaves it, with a warning: the next try finds its
+    job ended and takes it over, so this never fails a job nor hides why it failed."""
+    try:
+        current = read_owner(layout)
+        if current is not None and current.job_id == me.job_id:
+            storage.delete_file(owner_uri(layout))
+    except OSError:
+        log.warning("Could not remove the staging's owner record %s; a next try takes it over.",
+                    owner_uri(layout), exc_info=True)  # fmt: skip
 
 
 def _owned_message(layout: OutputLayout, owner: Owner, me: Owner) -> str:
@@ -185,14 +216,37 @@ class Heartbeat:
                 log.warning("Could not renew the staging's heartbeat; trying again.", exc_info=True)
 
 
-def ray_job_alive(job_id: str) -> bool | None:
-    """Whether the Ray job with this submission id still runs, from the job table Ray's job manager
-    keeps in its GCS key-value store; None when it holds no record of it (not a submitted job, say)."""
+def _ray_job_info(job_id: str) -> dict[str, Any] | None:  # Any: Ray's JSON job record
+    """The record Ray's job manager keeps of a submitted job in its GCS key-value store, or None when
+    it holds none (not a submitted job, say) or cannot be read. The key and namespace are Ray's own
+    (checked at the job's start: generate/ray_internals.py)."""
+    from ray._private.ray_constants import KV_NAMESPACE_JOB
+    from ray.dashboard.modules.job.common import JobInfoStorageClient
     from ray.experimental import internal_kv
 
     try:
-        raw = internal_kv._internal_kv_get(f"_ray_internal_job_info_{job_id}", namespace=b"job")
-        status = json.loads(raw)["status"] if raw else None
+        key = JobInfoStorageClient.JOB_DATA_KEY.format(job_id=job_id)
+        raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE_JOB)
+        return json.loads(raw) if raw else None
     except Exception:  # noqa: BLE001 - Ray's record unreadable: it cannot say
         return None
+
+
+def ray_job_alive(job_id: str) -> bool | None:
+    """Whether the Ray job with this submission id still runs; None when Ray cannot say."""
+    status = (_ray_job_info(job_id) or {}).get("status")
     return None if status is None else status not in _ENDED
+
+
+def ray_job_run(job_id: str) -> dict[str, str] | None:
+    """The Airflow run a Ray job was submitted for, from its metadata in Ray's job table (keys as in
+    :attr:`Owner.run`); None when Ray holds no record of the job."""
+    info = _ray_job_info(job_id)
+    if info is None:
+        return None
+    metadata = info.get("metadata") or {}
+    return {
+        key.removeprefix("airflow_"): str(value)
+        for key, value in metadata.items()
+        if key.startswith("airflow_")
+    }

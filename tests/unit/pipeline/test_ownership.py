@@ -33,8 +33,12 @@ def layout(tmp_path: Path) -> OutputLayout:
     return OutputLayout(str(tmp_path / "out"), "daily-2026-11-20")
 
 
+#: The Airflow run the owners below belong to, as a job's metadata names it.
+RUN = {"dag_id": "daily", "task_id": "classify", "run_id": "manual__2026-11-20", "map_index": "-1"}
+
+
 def _owner(job_id: str, at: float = 1_000.0) -> Owner:
-    return Owner(job_id, {"run_id": "manual__2026-11-20", "run_after": "2026-11-20T00:00:00"}, at)
+    return Owner(job_id, {**RUN, "run_after": "2026-11-20T00:00:00"}, at)
 
 
 def _claim(layout: OutputLayout, me: Owner, alive: dict[str, bool | None], clock: Clock) -> Owner | None:
@@ -117,6 +121,49 @@ def test_a_job_taken_over_commits_nothing_and_an_owner_releases_what_is_its(layo
     assert ownership.read_owner(layout).job_id == "job-2"
     ownership.release(layout, _owner("job-2"))
     assert ownership.read_owner(layout) is None
+
+
+def test_a_record_naming_a_live_job_of_another_run_is_no_owner(layout: OutputLayout) -> None:
+    """A record planted by someone who can write the store, naming another tenant's long job (with
+    this run's identity copied into it): Ray's job table says whose the job is, and no try waits."""
+    clock = Clock()
+    ownership._write(layout, _owner("their-long-job"))
+    jobs_runs = {"their-long-job": {**RUN, "dag_id": "someone_elses", "try_number": "1"}}
+
+    taken_from = ownership.claim(
+        layout, _owner("job-2"), {"their-long-job": True}.get, clock.time, clock.sleep, jobs_runs.get
+    )
+
+    assert taken_from.job_id == "their-long-job"
+    assert ownership.read_owner(layout).job_id == "job-2"
+    assert clock.now < 1_000 + ownership.OWNER_POLL_SECONDS + ownership.SETTLE_SECONDS + 1  # no wait
+
+
+def test_a_live_job_of_this_run_another_try_or_run_after_stays_the_owner(layout: OutputLayout) -> None:
+    clock = Clock()
+    ownership._write(layout, _owner("job-1"))
+    jobs_runs = {"job-1": {**RUN, "run_after": "2026-11-19T00:00:00", "try_number": "3"}}
+
+    with pytest.raises(StagingOwnedError, match="being written by Ray job job-1"):
+        ownership.claim(layout, _owner("job-2"), {"job-1": True}.get, clock.time, clock.sleep, jobs_runs.get)
+
+
+def test_a_release_after_a_failure_leaves_no_owner_and_a_store_error_there_is_only_a_warning(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    me = _owner("job-1")
+    _claim(layout, me, {}, Clock())
+    ownership.release(layout, me)
+    assert ownership.read_owner(layout) is None
+
+    _claim(layout, me, {}, Clock())
+
+    def store_down(uri: str) -> bool:
+        raise OSError("the store did not answer")
+
+    monkeypatch.setattr(ownership.storage, "exists", store_down)
+    ownership.release(layout, me)  # does not raise over the job's own failure
+    assert "Could not remove the staging's owner record" in caplog.text
 
 
 def test_an_unreadable_record_is_no_owner(layout: OutputLayout) -> None:
