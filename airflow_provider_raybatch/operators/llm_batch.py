@@ -28,7 +28,11 @@ from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
 from airflow_provider_raybatch.operators.spec_params import rendered_flag, spec_from_params
 from airflow_provider_raybatch.operators.task_tries import submission_order, task_try_of, try_number_of
-from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION, BatchInferenceSpec
+from airflow_provider_raybatch.specs import (
+    DEFAULT_MAX_FAILED_FRACTION,
+    DEFAULT_MODEL_CACHE_DIR,
+    BatchInferenceSpec,
+)
 from airflow_provider_raybatch.triggers import poll_pace
 from airflow_provider_raybatch.triggers.ray import (
     DEFAULT_PROGRESS_INTERVAL_SECONDS,
@@ -241,7 +245,7 @@ class RayLLMBatchOperator(BaseOperator):
         reuse_earlier_result: bool | str = True,
         ray_conn_id: str = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
-        model_cache_dir: str = "/tmp/raybatch/models",
+        model_cache_dir: str = DEFAULT_MODEL_CACHE_DIR,
         compile_cache_dir: str | None = None,
         keep_warm_seconds: float | None = None,
         output_asset: Asset | str | None = None,

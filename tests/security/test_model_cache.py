@@ -1,7 +1,7 @@
 """The model cache (pipeline/generate/models.py) serves only what the bucket holds now, and keeps it private.
 
 A job that ships its own S3 settings (``aws_conn_id``) fetches an ``s3://`` model onto every node,
-into ``model_cache_dir`` (default ``/tmp/raybatch/models``), and vLLM loads it from there, code
+into ``model_cache_dir`` (default ``~/.cache/raybatch/models``), and vLLM loads it from there, code
 included with ``trust_remote_code``. So:
 
 * a folder another local user made at the cache's or the model's path first (world- or
@@ -35,6 +35,7 @@ import pytest
 from airflow_provider_raybatch.pipeline import credentials, storage
 from airflow_provider_raybatch.pipeline.generate import model_cache, models
 from airflow_provider_raybatch.pipeline.generate.engine_pool import pool_fingerprint
+from airflow_provider_raybatch.specs import DEFAULT_MODEL_CACHE_DIR
 
 BUCKET = "raybatch-model-cache"
 MODEL_FILES = {
@@ -339,3 +340,19 @@ def test_a_fetched_model_is_private(model: BucketModel, tmp_path: Path) -> None:
     }
     assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {str(p): oct(0o600) for p in files}
     assert {p.stat().st_uid for p in [*folders, *files]} == {os.geteuid()}
+
+
+def test_the_default_cache_is_in_the_ray_users_home_and_private(
+    model: BucketModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not under /tmp: a local user who made /tmp/raybatch first would own it, and the owner check
+    would then refuse every job's cache there."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("HOME", str(home))
+
+    local = Path(models.resolve_model_source(model.uri, DEFAULT_MODEL_CACHE_DIR))
+
+    cache = home / ".cache" / "raybatch" / "models"
+    assert local.is_relative_to(cache) and files_under(local) == MODEL_FILES
+    assert oct(stat.S_IMODE(cache.stat().st_mode)) == oct(0o700)
