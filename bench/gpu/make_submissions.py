@@ -26,6 +26,11 @@ Jobs:
   scale-200k-8b          the same on 200,000 rows with the Llama-3.1-8B shape (--shape 8b --tokenizer bpe)
   scale-2m-small-resume  issue 19 item 5: scale-2m-small's spec into its own output folder, plus a
                          ``rerun`` body (try 2: same run key, a new submission id) for after the kill
+  rpg-100k-x1..x4, rpg-200k-x1..x4
+                         issue 48: the scale-200k-8b shape (100,000 or 200,000 rows) with 1 to 4 engine
+                         replicas on ONE GPU, vLLM's periodic stats lines on (raw: a:rpg-*-x1)
+  rt-2000-x1, rt-2000-x2 issue 48: the random-words workload, 2,000 requests, 1 and 2 replicas on one GPU,
+                         stats lines on
   images-100k            issue 19 item 6: 100,000 generated images (bench/gpu/make_images.py, run_gpu.sh's
                          "images" stage) captioned by the tiny VLM (scripts/make_tiny_vlm.py), four
                          replicas on the one GPU, as the image-captions example DAG asks
@@ -156,11 +161,17 @@ def submission(
     concurrency: int = 1,
     keep_warm_seconds: float | None = None,
     env_vars: dict[str, str] | None = None,
+    replicas_per_gpu: int = 1,
+    log_stats: bool = False,
 ) -> dict[str, Any]:  # Any: JSON values.
     """A job of the random-words workload (sections 5 and 6 of bench/RESULTS.md).
 
     :param keep_warm_seconds: run on the warm engine pool (the backfill of issue 20, section 9).
     :param env_vars: the job's ``runtime_env`` env vars (e.g. ``RAYBATCH_WARM_WORKERS``).
+    :param replicas_per_gpu: ``concurrency`` replicas sharing ONE GPU (a fraction of it each, a KV cache
+        of a fixed size each, as scale_submission's), instead of a GPU each (issue 48's curve).
+    :param log_stats: vLLM's periodic stats lines on (``disable_log_stats=False``): running / waiting
+        requests, throughput, KV cache usage, prefix-cache hit rate (issue 48; raw vLLM reads it too).
     """
     kwargs = workload.operator_kwargs(
         MODEL,
@@ -172,11 +183,25 @@ def submission(
         None,
     )
     kwargs["concurrency"] = concurrency  # an int: the operator's default pool (a fixed pool of n replicas)
+    if log_stats:
+        kwargs["engine_kwargs"]["disable_log_stats"] = False
+    if replicas_per_gpu > 1:
+        kwargs["concurrency"] = replicas_per_gpu
+        kwargs["replica_resources"] = {"GPU": 1 / replicas_per_gpu, "CPU": 1}
+        # 256 sequences x (128 + 128) tokens x 128 KiB a token (the 8B shape) = 8 GiB: 12 GiB each.
+        kwargs["engine_kwargs"].update(
+            gpu_memory_utilization=round(0.8 / replicas_per_gpu, 3), kv_cache_memory_bytes=12 * 2**30
+        )
     if keep_warm_seconds is not None:
         kwargs["keep_warm_seconds"] = keep_warm_seconds
     if env_vars:
         kwargs["runtime_env"] = {"env_vars": env_vars}
-    extra = {"requests": n, "prompt_tokens": PROMPT_TOKENS, "vocab_words": VOCAB_WORDS}
+    extra = {
+        "requests": n,
+        "prompt_tokens": PROMPT_TOKENS,
+        "vocab_words": VOCAB_WORDS,
+        "replicas_per_gpu": replicas_per_gpu,
+    }
     return _job(name, kwargs, extra)
 
 
@@ -188,8 +213,12 @@ def scale_submission(
     replicas_per_gpu: int = 1,
     input_uri: str | None = None,
     dry_run: bool = False,
+    log_stats: bool = False,
 ) -> dict[str, Any]:  # Any: JSON values.
     """A job of the issue-19 scale workload: the example DAG's operator on the customers CSV.
+
+    :param log_stats: vLLM's periodic stats lines on (``disable_log_stats=False``; the replica's default
+        is off, as ``LLM()``'s: pipeline/generate/engine.py); raw vLLM on the same spec gets them too.
 
     :param replicas_per_gpu: engine replicas sharing the one GPU (a fraction of it each, a KV cache of
         a fixed size each so that their start-ups do not size it from each other's memory): for a small
@@ -212,6 +241,8 @@ def scale_submission(
         "keep_columns": ["Company", "Country"],
         "batch_size": SCALE_BATCH_SIZE,
     }
+    if log_stats:
+        kwargs["engine_kwargs"]["disable_log_stats"] = False
     if dry_run:  # issue 19 item 2: the pre-engine path on 20M rows, on the device machine's CPUs
         kwargs.update(dry_run=True, dry_run_rows_per_second=1000.0, max_failed_fraction=1.0)
     if replicas_per_gpu > 1:
@@ -326,6 +357,27 @@ JOBS = {
     "scale-2m-small-resume": lambda: scale_submission(
         "scale-2m-small-resume", 2_000_000, SMALL_MODEL, rerun=True, replicas_per_gpu=4
     ),
+    # Issue 48: replicas per GPU on the seeds' shape (the 8B shape, the customers CSV, the `choice`), 1 to
+    # 4 on ONE GPU, vLLM's stats lines on; raw vLLM runs the x1 spec (a:rpg-200k-x1). run_gpu.sh "rpg".
+    **{
+        f"rpg-{rows // 1000}k-x{replicas}": functools.partial(
+            scale_submission,
+            f"rpg-{rows // 1000}k-x{replicas}",
+            rows,
+            BIG_MODEL,
+            replicas_per_gpu=replicas,
+            log_stats=True,
+        )
+        for rows in (100_000, 200_000)
+        for replicas in (1, 2, 3, 4)
+    },
+    # The same on the random-token bench (2,000 x 128 in / 128 out), 1 and 2 replicas on the one GPU.
+    **{
+        f"rt-2000-x{replicas}": functools.partial(
+            submission, f"rt-2000-x{replicas}", 2000, 1, replicas_per_gpu=replicas, log_stats=True
+        )
+        for replicas in (1, 2)
+    },
     "images-100k": lambda: image_submission("images-100k", IMAGES),
     # The same without compiled or CUDA graphs: images-100k's EngineCores crashed in the vision tower
     # on vLLM 0.25.1 (RESULTS 7f).

@@ -9,6 +9,11 @@
 #               random-words prompt files
 #   data        the scale jobs' input: the seeds' customers CSV shape, 2,000,000 and 200,000 rows, each in
 #               ONE file (scripts/make_sample_customers.write_customer_files: 1% repeated ids, 0.5% none)
+#   data:N      only the N-row customers CSV (one file), e.g. data:100000 for the rpg-100k-* jobs
+#   rpg         issue 48's replicas-per-GPU table (bench/gpu/rpg_summary.py): a:rpg-*-x1 vs b:rpg-*-x1..x4
+#               (and a:rt-2000-x1 vs b:rt-2000-x1, x2), with vLLM's stats lines and the GPU's use beside
+#               each (every a: and b: stage samples the GPU with bench/gpu/gpumon.py into gpu-a/b-NAME.json;
+#               a b: stage keeps the replicas' stats lines from the worker logs: logs/vllmstats-b-NAME.txt)
 #   data20m     the dry-20m job's input: 20,000,000 rows in 20 files of 1,000,000 (issue 19 item 2)
 #   images      the images-100k job's input (bench/gpu/make_images.py) and the tiny VLM (issue 19 item 6)
 #   vlmsmoke    scripts/try_tiny_vlm.py on the GPU, eager and compiled (the tiny VLM without Ray)
@@ -45,6 +50,9 @@ left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
        RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site \
        VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=disabled
+# vLLM's stats lines (only where a job turns them on: disable_log_stats=False) every 5 s, not 10: the
+# rpg jobs generate for 30-130 s. Exported before "ray start", so the replicas inherit it too.
+export VLLM_LOG_STATS_INTERVAL=${VLLM_LOG_STATS_INTERVAL:-5}
 export PATH=/tmp/site/bin:$PATH  # ray; the job entrypoint `python` is the image venv's
 K=${KEEP:-/tmp/keep}; L=$K/logs; mkdir -p $K $L /tmp/bin; SPY=0
 RUNNER=${RUNNER:-0}  # 1: the detached runner of "bg" (never packs results: the calls do)
@@ -146,6 +154,8 @@ print("prompts written")
 PY
     echo "install done at $(( $(date +%s) - T0 ))s";;
   data)     write_customers 2000000 2000000; write_customers 200000 200000;;  # ONE file each, as the seeds have
+  data:*)   write_customers "${s#data:}" "${s#data:}";;
+  rpg)      python3 "$HERE/rpg_summary.py" $K 2>&1 | tail -60;;
   vlmsmoke) # the tiny VLM straight through LLM.generate (no Ray): eager, then with vLLM's graphs
     for eager in 1 0; do RAYBATCH_TRY_EAGER=$eager timeout 300 python3 scripts/try_tiny_vlm.py /tmp/tiny_vlm > "$L/vlmsmoke-eager$eager.log" 2>&1
       echo "vlmsmoke eager=$eager rc=$?"; grep -E "Error|error:|tokens|caption|same" "$L/vlmsmoke-eager$eager.log" | cut -c1-300 | tail -6; done;;
@@ -172,8 +182,10 @@ PY
     python3 -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['spec']))" "$job" > /tmp/spec-$n.json
     rm -rf /tmp/gpu_out/raw-$n; t=$(date +%s.%N)
     python3 "$HERE/procmon.py" $K/a-$n-rss.json & pm=$!
+    python3 "$HERE/gpumon.py" $K/gpu-a-$n.json & gm=$!
     timeout $(stagelimit) python3 "$REPO/bench/raw_vllm.py" /tmp/spec-$n.json /tmp/gpu_out/raw-$n > "$L/a-$n.log" 2>&1; rc=$?
-    kill -TERM $pm; wait $pm
+    kill -TERM $pm $gm; wait $pm $gm
+    cp "/tmp/gpu_out/raw-$n/raw_result.json" "$K/a-$n-raw.json" 2>/dev/null
     python3 - "$t" "$(date +%s.%N)" "/tmp/gpu_out/raw-$n/raw_result.json" "$K/a-$n.json" "$K/a-$n-rss.json" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
@@ -199,8 +211,13 @@ PY
           timeout 5 /tmp/site/bin/py-spy dump --pid $p 2>&1 | head -45; done; sleep 1; done ) > "$L/spy-$name.txt" 2>&1 &
       spy=$!
     fi
+    python3 "$HERE/gpumon.py" $K/gpu-b-$name.json & gm=$!
     timeout $(stagelimit) python3 "$HERE/ours_job.py" "$HERE/jobs/$name.json" "$K/b-$name.json" $mode > "$L/b-$name.out" 2>&1; rc=$?
+    kill -TERM $gm; wait $gm
     [ $SPY = 1 ] && { kill $spy 2>/dev/null; SPY=0; }
+    # vLLM's stats lines of the replicas (jobs with disable_log_stats=False), whole: the job log may dedupe them
+    grep -H "Avg prompt throughput" /tmp/ray/session_latest/logs/worker-*.out /tmp/ray/session_latest/logs/worker-*.err \
+      > "$L/vllmstats-b-$name.txt" 2>/dev/null
     echo "--- b:$name rc=$rc ($(( $(date +%s) - T0 ))s elapsed)"; grep -E "RESULT|PHASES|RSS|SPILLED|submitted|Error|Traceback|job " "$L/b-$name.out" | cut -c1-1500 | tail -8
     [ $rc = 0 ] || tail -40 "$L/b-$name.out"
     # The committed manifest, whole (the job log's copy may be cut): the pool's and the timings' blocks.
