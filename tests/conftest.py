@@ -440,7 +440,9 @@ def install_warm_engine_policy(home: Path) -> None:
         f'    defaults = Path(__file__).parent.parent / "{PARAM_DEFAULTS_FILE}"\n'
         "    if defaults.exists():\n"
         "        for name, value in json.loads(defaults.read_text()).get(dag.dag_id, {}).items():\n"
-        "            dag.params[name] = value\n"
+        "            # A task keeps its own copy of the DAG's params, which a run's context holds.\n"
+        "            for params in [dag.params, *(task.params for task in dag.tasks)]:\n"
+        "                params[name] = value\n"
     )
 
 
