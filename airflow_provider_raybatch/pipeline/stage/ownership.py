@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -78,12 +79,13 @@ def read_owner(layout: OutputLayout) -> Owner | None:
     uri = owner_uri(layout)
     if not storage.exists(uri):
         return None
-    text = storage.read_text(uri)
     try:
-        data = json.loads(text)
-        return Owner(str(data["job_id"]), dict(data.get("run") or {}), float(data["heartbeat_at"]))
-    except (ValueError, KeyError, TypeError):
+        data = json.loads(storage.read_text(uri))  # not UTF-8 or not JSON: ValueError
+        owner = Owner(str(data["job_id"]), dict(data.get("run") or {}), float(data["heartbeat_at"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
+    # A heartbeat that is not a finite time (NaN never equals itself) would never be seen to stop.
+    return owner if math.isfinite(owner.heartbeat_at) else None
 
 
 def _write(layout: OutputLayout, owner: Owner) -> None:
@@ -142,11 +144,13 @@ def claim(
 
 
 def _of_this_run(job_run: dict[str, str] | None, mine: dict[str, str]) -> bool:
-    """Whether a job Ray records as submitted for ``job_run`` is a job of this run. Unknown (no record
-    in Ray, or this job was not submitted for an Airflow run) counts as this run's: the record stands."""
-    if job_run is None or not all(key in mine for key in _RUN_IDENTITY):
+    """Whether a job Ray records as submitted for ``job_run`` is a job of this run. Only a job whose
+    metadata and this job's both name a whole run, and name another one, is another run's; anything
+    unknown (no record in Ray, metadata without a run) counts as this run's: the record stands."""
+    named = [run for run in (job_run, mine) if run is not None and all(key in run for key in _RUN_IDENTITY)]
+    if len(named) < 2:
         return True
-    return all(job_run.get(key) == mine[key] for key in _RUN_IDENTITY)
+    return all(named[0][key] == named[1][key] for key in _RUN_IDENTITY)
 
 
 def _stale(beat: float, seen_at: float, now: float) -> bool:

@@ -148,6 +148,39 @@ def test_a_live_job_of_this_run_another_try_or_run_after_stays_the_owner(layout:
         ownership.claim(layout, _owner("job-2"), {"job-1": True}.get, clock.time, clock.sleep, jobs_runs.get)
 
 
+def test_a_live_job_whose_metadata_names_no_run_stays_the_owner(layout: OutputLayout) -> None:
+    """Only metadata naming another whole run makes a job another run's (a job submitted without
+    Airflow's metadata may be this run's writer)."""
+    clock = Clock()
+    ownership._write(layout, _owner("job-1"))
+
+    with pytest.raises(StagingOwnedError, match="being written by Ray job job-1"):
+        ownership.claim(
+            layout, _owner("job-2"), {"job-1": True}.get, clock.time, clock.sleep, {"job-1": {}}.get
+        )
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b'{"job_id": "x", "run": {}, "heartbeat_at": NaN}',
+        b'{"job_id": "x", "heartbeat_at": Infinity}',
+        b"\xff\xfe{",
+    ],
+    ids=["nan-heartbeat", "infinite-heartbeat", "not-utf8"],
+)
+def test_a_record_no_heartbeat_could_age_or_no_reader_could_decode_is_no_owner(
+    layout: OutputLayout, record: bytes
+) -> None:
+    path = Path(ownership.owner_uri(layout))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(record)
+
+    assert ownership.read_owner(layout) is None
+    assert _claim(layout, _owner("job-2"), {"x": None}, Clock()) is None  # no wait
+    assert ownership.read_owner(layout).job_id == "job-2"
+
+
 def test_a_release_after_a_failure_leaves_no_owner_and_a_store_error_there_is_only_a_warning(
     layout: OutputLayout, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
