@@ -157,8 +157,8 @@ class RayLLMBatchOperator(BaseOperator):
     :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
         parameters takes that job's result instead of paying for the same rows again (default).
         Set False to always run again, e.g. after the input was corrected in place. Templated:
-        ``"{{ params.reuse_earlier_result }}"`` lets a run's conf (a backfill's ``--dag-run-conf``)
-        turn it off; the rendered text is ``True`` / ``False`` (also ``true``, ``1``, ``yes``, ...).
+        ``"{{ params.reuse_earlier_result }}"`` lets a run's conf turn it off; the rendered text is
+        ``True`` / ``False`` (also ``true``, ``1``, ``yes``, ...); unset or empty is the default.
     :param deferrable: Wait for the job in the triggerer, which frees the worker slot for the hours
         a batch can take, rather than polling in the worker. Default: Airflow's
         ``[operators] default_deferrable`` setting, as for every deferrable operator; Airflow ships it
@@ -242,7 +242,7 @@ class RayLLMBatchOperator(BaseOperator):
         keep_versions: bool = False,
         dry_run: bool = False,
         dry_run_rows_per_second: float | None = None,
-        reuse_earlier_result: bool | str = True,
+        reuse_earlier_result: bool | str | None = True,
         ray_conn_id: str = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
         model_cache_dir: str = DEFAULT_MODEL_CACHE_DIR,
@@ -354,7 +354,7 @@ class RayLLMBatchOperator(BaseOperator):
         deadline = self._deadline()
         task_try = task_try_of(context)
         spec = self.build_spec(run_key=task_try.run_key())
-        reuse_earlier_result = rendered_flag("reuse_earlier_result", self.reuse_earlier_result)
+        reuse_earlier_result = rendered_flag("reuse_earlier_result", self.reuse_earlier_result, default=True)
         self.log.info(
             "Batch spec %s validated: %s -> %s.", spec.fingerprint(), spec.input_uri, spec.output_uri
         )

@@ -55,12 +55,15 @@ def spec_from_params(params: dict[str, Any], run_key: str) -> BatchInferenceSpec
     return BatchInferenceSpec.build(**params)
 
 
-def rendered_flag(name: str, value: bool | str) -> bool:
+def rendered_flag(name: str, value: bool | str | None, default: bool) -> bool:
     """A templated yes/no parameter's value: a bool as given, or the text a template rendered it to
-    (``"{{ params.reuse }}"`` renders a bool as ``True`` or ``False``)."""
+    (``"{{ params.reuse }}"`` renders a bool as ``True`` or ``False``); unset (None, or an unset Param
+    rendered as empty, ``None`` or ``null``) is ``default``, as for the spec's parameters."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
+    text = "" if value is None else str(value).strip().lower()
+    if text in ("", "none", "null"):
+        return default
     if text in ("true", "1", "yes"):
         return True
     if text in ("false", "0", "no"):

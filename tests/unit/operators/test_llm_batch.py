@@ -749,6 +749,19 @@ def test_a_rendered_false_reuse_earlier_result_runs_again(
     assert body["submission_id"] != previous
 
 
+@pytest.mark.parametrize("rendered", ["", "None", None])
+def test_an_unset_reuse_earlier_result_takes_the_earlier_result(
+    ray_conn: str, cluster: FakeCluster, rendered: str | None
+) -> None:
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "SUCCEEDED", manifest=MANIFEST)
+    op = make_operator(ray_conn_id=ray_conn, reuse_earlier_result=rendered)
+
+    op.execute({"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: previous})})
+
+    assert not cluster.submit.called and op.job_id == previous
+
+
 def test_a_rendered_reuse_earlier_result_that_is_not_a_flag_names_it(
     ray_conn: str, cluster: FakeCluster
 ) -> None:
