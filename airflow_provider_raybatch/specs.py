@@ -49,7 +49,7 @@ KEEP_WARM_SECONDS_LIMIT = 86_400
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 #: Column added when the input has no id column: ``<file name>:<row number>``.
 DERIVED_ID_COLUMN = "row_id"
-#: Where each node keeps fetched s3:// models: the Ray user's own home (expanded on the node), not a
+#: Where each node keeps fetched s3:// models: the Ray user's own home (expanded by the job's driver), not a
 #: shared folder like /tmp, where another local user who made ``/tmp/raybatch`` first would own it
 #: and the owner check would refuse every job's cache.
 DEFAULT_MODEL_CACHE_DIR = "~/.cache/raybatch/models"
@@ -301,7 +301,7 @@ class BatchInferenceSpec(BaseModel):
         default=DEFAULT_MODEL_CACHE_DIR,
         description="Folder on each node that keeps a fetched s3:// model between runs (used when the "
         "job ships its own S3 settings; see pipeline/generate/model_cache.py); ~ is the Ray user's home "
-        "on the node. It must be the Ray "
+        "as the job's driver sees it, which must be the same path on every node. It must be the Ray "
         "user's and writable by nobody else (made 0700 when missing), and so must every folder below it; "
         "the folders above it must be the Ray user's or root's.",
     )

@@ -356,3 +356,10 @@ def test_the_default_cache_is_in_the_ray_users_home_and_private(
     cache = home / ".cache" / "raybatch" / "models"
     assert local.is_relative_to(cache) and files_under(local) == MODEL_FILES
     assert oct(stat.S_IMODE(cache.stat().st_mode)) == oct(0o700)
+
+
+def test_a_cache_dir_that_is_not_absolute_after_expanding_home_is_refused(model: BucketModel) -> None:
+    """Where HOME is unset (an arbitrary uid in a container) ``~`` stays as it is: each process would
+    resolve the cache against its own working folder."""
+    with pytest.raises(model_cache.ModelCacheError, match="model_cache_dir='relative/models'"):
+        models.resolve_model_source(model.uri, "relative/models")

@@ -171,6 +171,11 @@ def resolve_model_source(model: str, cache_dir: str) -> str:
     if not objects:
         raise FileNotFoundError(f"model={model!r}: no files under that prefix.")
     cache_dir = posixpath.expanduser(cache_dir)
+    if not posixpath.isabs(cache_dir):  # "~" stays as it is where HOME is unset (an arbitrary uid)
+        raise model_cache.ModelCacheError(
+            f"model_cache_dir={cache_dir!r} (HOME={posixpath.expanduser('~')!r} for the Ray user): set "
+            "model_cache_dir to an absolute folder the Ray user owns."
+        )
     target = posixpath.join(local_model_dir(model, cache_dir), model_cache.objects_digest(objects))
     fetch = ray.remote(num_cpus=0)(_fetch_on_node)
     nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
