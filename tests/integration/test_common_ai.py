@@ -144,25 +144,34 @@ from airflow.providers.common.ai.operators.llm_batch import LLMBatchOperator
 from airflow.sdk import dag
 
 REVIEWS = ["Great value.", "Arrived broken.", "It is fine.", "Would not buy again."]
+
+
+class QuickPollLLMBatchOperator(LLMBatchOperator):
+    # common.ai holds poll_interval at 30 s or more, a hosted batch API's pace. These DAGs poll every
+    # 2 s, so each wait is seconds, not half a minute: the retries, re-attach and cancel under test
+    # do not depend on the interval.
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.poll_interval = 2
 RAYBATCH = {"engine_kwargs": "{{ params.engine_kwargs | tojson }}",
             "replica_resources": "{{ params.replica_resources | tojson }}"}
 
 
 def classify(**kwargs):
-    return LLMBatchOperator(
+    return QuickPollLLMBatchOperator(
         task_id="classify", requests=[f"Review: {r}" for r in REVIEWS],
         result_path="{{ params.result_root }}/{{ dag.dag_id }}/{{ run_id }}", llm_conn_id="ray_default",
         model_id="raybatch:{{ params.model }}", system_prompt="Classify the sentiment.",
         output_type=Literal["positive", "negative", "neutral"], max_tokens=64,
-        request_params={"temperature": 0, "raybatch": RAYBATCH}, poll_interval=30,
+        request_params={"temperature": 0, "raybatch": RAYBATCH},
         retry_delay=timedelta(seconds=1), **{"deferrable": True, **kwargs},
     )
 
 
 @dag(schedule=None)
 def common_ai_retry_reattach():
-    # Each try waits at most 20 s and leaves the batch running: the next try re-attaches to it.
-    classify(timeout=20, cancel_on_timeout=False, retries=8)
+    # Each try waits at most 5 s and leaves the batch running: the next try re-attaches to it.
+    classify(timeout=5, cancel_on_timeout=False, retries=8)
 
 
 @dag(schedule=None)
@@ -178,11 +187,18 @@ common_ai_retry_after_cancel()
 
 def _popen_dags_test(env, dags: Path, dag_id: str, day: str, conf: dict) -> subprocess.Popen:
     """``airflow dags test`` of a test DAG in its own DAGs folder (``-f`` takes only files under the
-    configured one)."""
+    configured one), its output written as it runs to ``dags_test.log`` beside the folder."""
     command = [str(AIRFLOW_BIN), "dags", "test", dag_id, day, "--conf", json.dumps(conf)]
     note("dags_test", dag_id=dag_id)
-    return subprocess.Popen(command, env={**env.env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    with (dags.parent / "dags_test.log").open("w") as log:
+        return subprocess.Popen(command, env={**env.env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)},
+                                stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _log_of(process: subprocess.Popen, dags: Path, timeout: float = 840) -> str:
+    """The whole output of a :func:`_popen_dags_test` once it has ended."""
+    process.wait(timeout=timeout)
+    return (dags.parent / "dags_test.log").read_text()
 
 
 def _retry_dags(tmp_path: Path) -> Path:
@@ -208,17 +224,26 @@ def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
 ) -> None:
     dag_file = _retry_dags(tmp_path)
     env, day, hook = _warm_env(airflow_env, ray_cluster), "2026-11-21", _hook(ray_cluster)
-    # The cluster's free CPUs, held for 40 s: the batch's job runs on the session's warm engines, its
-    # read waiting for a CPU, and is still running when try 1's trigger first looks (30 s after it
-    # deferred, common.ai's least poll interval) and gives up (timeout=20). A job of 4 rows on an idle
-    # machine was done by then (CI, 2026-11-27), and no try re-attached.
-    hold_free_cpus(hook, seconds=40)
+    # The cluster's free CPUs are held until try 1 has given up (timeout=5): the batch's job runs on
+    # the session's warm engines, its read waiting for a CPU, so it is still running when try 1's
+    # trigger times out, however fast the machine. (A job of 4 rows on an idle machine was done before
+    # a 20 s timeout, CI 2026-11-27, and no try re-attached.)
+    holder = hold_free_cpus(hook, seconds=600)
     process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, _conf(tiny_model, tmp_path))
-    log, _ = process.communicate(timeout=840)
-    (tmp_path / "dags_test.log").write_text(log)
+    try:
+        timed_out = "did not reach a terminal status within timeout=5s"
+        deadline = time.monotonic() + 600
+        while timed_out not in (tmp_path / "dags_test.log").read_text():
+            assert time.monotonic() < deadline and process.poll() is None, "try 1 did not time out"
+            time.sleep(0.5)
+        hook.stop_job(holder)
+        log = _log_of(process, dag_file)
+    finally:
+        hook.stop_job(holder)
+        if process.poll() is None:
+            process.kill()
     assert "state=success" in log, log[-6000:]
     (job,) = _jobs_of(hook, "common_ai_retry_reattach")  # one job, whatever the number of tries
-    assert "did not reach a terminal status within timeout=20s" in log, log[-6000:]
     assert f"Re-attaching to batch {job.job_id}" in log
     manifest = _xcoms(airflow_env.home, "common_ai_retry_reattach")[("classify", "return_value")]
     assert manifest["batch_id"] == job.job_id and "-t1-" in job.job_id  # submitted by try 1
@@ -249,12 +274,11 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
             assert time.monotonic() < deadline, "the stopped job did not end"
             time.sleep(1)
         hook.stop_job(holder)
-        log, _ = process.communicate(timeout=840)
+        log = _log_of(process, dag_file)
     finally:
         hook.stop_job(holder)
         if process.poll() is None:
             process.kill()
-    (tmp_path / "dags_test.log").write_text(log)
     assert f"Batch '{first.job_id}' was cancelled before 4 of 4 requests completed" in log, log[-6000:]
     assert "state=success" in log, log[-6000:]
     # The cancel cleared common.ai's state: try 2 submitted a job of its own, which ran the batch.
