@@ -181,6 +181,25 @@ def _session_order(item: pytest.Item) -> int:
     return 2 if {"shared_airflow", "second_airflow"} & set(getattr(item, "fixturenames", ())) else 1
 
 
+#: A file scripts/test.sh names (``RAYBATCH_TEST_COLD_DONE_FILE``), written when the first test after
+#: the ``cold_engine`` ones starts, or when the session ends: the unit tests it runs beside start then.
+COLD_DONE_FILE_ENV = "RAYBATCH_TEST_COLD_DONE_FILE"
+
+
+def _say_cold_engine_tests_done() -> None:
+    if (done := os.environ.get(COLD_DONE_FILE_ENV)) and not os.path.exists(done):
+        Path(done).touch()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _session_order(item) > 0:
+        _say_cold_engine_tests_done()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _say_cold_engine_tests_done()
+
+
 @dataclass(frozen=True)
 class LocalRayCluster:
     address: str
