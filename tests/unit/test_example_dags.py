@@ -5,6 +5,7 @@ of them on the real scheduler."""
 
 from __future__ import annotations
 
+import ast
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,12 +82,32 @@ def test_a_daily_example_reads_the_day_before_its_run(
     assert output_uri == f"s3://bucket/root/{outputs}/2026-11-20"
 
 
-def test_the_readme_dag_parses_and_reads_the_day_before(tmp_path: Path) -> None:
-    """The README's first DAG, as a user pastes it into a DAGs folder."""
+def _readme_dag() -> str:
+    """The README's first ```python block that defines a DAG, as a user copies it."""
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    source = next(block for block in blocks if "@dag(" in block)
-    (tmp_path / "readme_dag.py").write_text(source)
+    return next(block for block in blocks if "@dag(" in block)
+
+
+def _without_module_docstring(source: str) -> str:
+    docstring = ast.parse(source).body[0]
+    assert isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant), "no docstring"
+    return "".join(source.splitlines(keepends=True)[docstring.end_lineno :]).lstrip("\n")
+
+
+def test_the_readme_dag_is_the_example_file() -> None:
+    """The README shows dags/daily_company_industry.py without its module docstring, so the DAG a
+    user copies is the one these tests parse and the integration tests run: the two cannot drift."""
+    example = (ROOT / "dags" / "daily_company_industry.py").read_text()
+    assert _readme_dag() == _without_module_docstring(example), (
+        "README.md's DAG differs from dags/daily_company_industry.py (less its docstring): paste the file "
+        "into the README's first ```python block again."
+    )
+
+
+def test_the_readme_dag_parses_and_reads_the_day_before(tmp_path: Path) -> None:
+    """The README's first DAG, as a user pastes it into a DAGs folder."""
+    (tmp_path / "readme_dag.py").write_text(_readme_dag())
     bag = _parsed(tmp_path)
     assert [dag_id for dag_id, dag in bag.dags.items() if Path(dag.fileloc).parent == tmp_path] == [
         "daily_company_industry"
@@ -95,6 +116,6 @@ def test_the_readme_dag_parses_and_reads_the_day_before(tmp_path: Path) -> None:
     interval = _scheduler_timetable(dag).infer_manual_data_interval(
         run_after=datetime(2026, 11, 21, tzinfo=UTC)
     )
-    task = dag.get_task("classify_industry")
-    task.render_template_fields({"params": {}, "data_interval_start": interval.start})
-    assert task.input_uri == "s3://my-bucket/customers/2026-11-20/customers.csv"
+    input_uri, output_uri = _paths_read(dag, "classify_industry", interval.start)
+    assert input_uri == "s3://bucket/root/customers/2026-11-20/customers.csv"
+    assert output_uri == "s3://bucket/root/company_industry/2026-11-20"
