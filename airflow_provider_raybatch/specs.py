@@ -8,10 +8,12 @@ Airflow, the Airflow side has no Ray).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import ipaddress
 import json
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
@@ -26,6 +28,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
 
@@ -570,7 +573,18 @@ class BatchInferenceSpec(BaseModel):
         try:
             return cls(**params)
         except ValidationError as err:
-            raise BatchSpecError(_describe(err)) from None  # it says it all: no pydantic traceback first
+            raise BatchSpecError(_describe(err.errors())) from None  # no pydantic traceback first
+
+    @classmethod
+    def check_fields(cls, params: dict[str, Any]) -> None:  # Any: the operator's literal values.
+        """Raise :class:`BatchSpecError` for the mistakes of ``params``' own fields, each checked alone:
+        the other fields, and the checks across fields, wait for the values a run renders."""
+        try:
+            cls(**params)
+        except ValidationError as err:
+            own = [problem for problem in err.errors() if problem["loc"] and problem["loc"][0] in params]
+            if own:
+                raise BatchSpecError(_describe(own)) from None
 
     @classmethod
     def from_json(cls, payload: str) -> BatchInferenceSpec:
@@ -578,7 +592,7 @@ class BatchInferenceSpec(BaseModel):
         try:
             return cls.model_validate_json(payload)
         except ValidationError as err:
-            raise BatchSpecError(_describe(err)) from None  # it says it all: no pydantic traceback first
+            raise BatchSpecError(_describe(err.errors())) from None  # no pydantic traceback first
 
     @property
     def resolved_input_format(self) -> InputFormat:
@@ -631,7 +645,7 @@ def check_sampling_params(
         )
     unknown = sorted(set(value) - VLLM_SAMPLING_PARAMS)
     if unknown:
-        raise ValueError(f"{name} has unknown keys {unknown}; allowed: {sorted(VLLM_SAMPLING_PARAMS)}.")
+        raise ValueError(unknown_keys_message(name, unknown, VLLM_SAMPLING_PARAMS))
     max_tokens = value.get("max_tokens")
     if max_tokens is not None and (
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
@@ -670,8 +684,9 @@ def _check_structured_outputs(structured: Any, name: str = "sampling_params") ->
     unknown = sorted(set(structured) - STRUCTURED_OUTPUT_KINDS - STRUCTURED_OUTPUT_OPTIONS)
     if unknown:
         raise ValueError(
-            f"{name}['structured_outputs'] has unknown keys {unknown}; "
-            f"use one of {sorted(STRUCTURED_OUTPUT_KINDS)}."
+            unknown_keys_message(
+                f"{name}['structured_outputs']", unknown, STRUCTURED_OUTPUT_KINDS | STRUCTURED_OUTPUT_OPTIONS
+            )
         )
     kinds = sorted(set(structured) & STRUCTURED_OUTPUT_KINDS)
     if len(kinds) != 1:
@@ -778,17 +793,51 @@ def _check_json_serializable(name: str, value: Any) -> None:  # Any: checked her
         raise ValueError(f"{name} must be JSON-serializable to ship to the cluster: {err}.") from err
 
 
-def _describe(err: ValidationError) -> str:
-    """One readable line per problem, each naming the parameter."""
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to a misspelled ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_keys_message(name: str, unknown: list[str], known: Iterable[str]) -> str:
+    """The error for keys of ``name`` that are not in ``known``: each with its likely spelling; the
+    allowed keys listed only where no key is a likely misspelling of one."""
+    named = ", ".join(f"{key!r}{did_you_mean(key, known)}" for key in unknown)
+    plural = "s" if len(unknown) > 1 else ""
+    if any(did_you_mean(key, known) for key in unknown):
+        return f"{name} has unknown key{plural} {named}."
+    return f"{name} has unknown key{plural} {named}; allowed: {sorted(known)}."
+
+
+#: Pydantic's error types, in the words of an expected value (a union's members are listed together).
+_EXPECTED = {
+    "int_type": "an int", "int_parsing": "an int", "int_from_float": "an int",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string", "dict_type": "a dict",
+    "list_type": "a list", "tuple_type": "a (min, max) tuple",
+}  # fmt: skip
+
+
+def _describe(problems: Iterable[ErrorDetails]) -> str:
+    """One readable line per parameter, each naming it: no pydantic type names, and a check of the
+    whole spec (a model validator) names its fields without repeating the spec."""
+    by_field: dict[str, list[ErrorDetails]] = {}
+    for problem in problems:
+        by_field.setdefault(str(problem["loc"][0]) if problem["loc"] else "", []).append(problem)
     lines = []
-    for problem in err.errors():
-        location = ".".join(str(part) for part in problem["loc"]) or "spec"
-        message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden":
-            message = "unknown parameter; check its spelling"
-        shown = repr(problem.get("input"))
-        if len(shown) > 120:
-            shown = shown[:117] + "..."
-        prefix = f"{location}: " if location not in message else ""
-        lines.append(f"{prefix}{message}" + ("" if location in message else f" (got {shown})"))
-    return "Invalid batch job spec: " + "; ".join(lines)
+    for field, problems in by_field.items():
+        first = problems[0]
+        if first["type"] == "extra_forbidden":
+            lines.append(f"{field}: unknown parameter{did_you_mean(field, BatchInferenceSpec.model_fields)}")
+            continue
+        if not field:  # a check across fields: its message names them
+            lines.extend(problem["msg"].removeprefix("Value error, ") for problem in problems)
+            continue
+        shown = _shorten(repr(first.get("input")), 120)
+        if len(problems) > 1 or first["type"] in _EXPECTED:  # a type check, or each member of a union
+            expected = " or ".join(dict.fromkeys(_EXPECTED.get(p["type"], p["msg"]) for p in problems))
+            lines.append(f"{field}={shown} must be {expected}")
+            continue
+        message = first["msg"].removeprefix("Value error, ")
+        lines.append(message if field in message else f"{field}: {message} (got {shown})")
+    return "Invalid batch job spec: " + "; ".join(line.rstrip(".") for line in lines) + "."

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +24,14 @@ from airflow_provider_raybatch.links import (
     RunReportLink,
 )
 from airflow_provider_raybatch.manifest import describe_engine_pool, describe_timings
-from airflow_provider_raybatch.operators import job_results, job_shipping
+from airflow_provider_raybatch.operators import arguments, job_results, job_shipping
 from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
-from airflow_provider_raybatch.operators.spec_params import rendered_flag, spec_from_params
+from airflow_provider_raybatch.operators.spec_params import (
+    check_literal_params,
+    rendered_flag,
+    spec_from_params,
+)
 from airflow_provider_raybatch.operators.task_tries import submission_order, task_try_of, try_number_of
 from airflow_provider_raybatch.specs import (
     DEFAULT_MAX_FAILED_FRACTION,
@@ -52,6 +57,8 @@ if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
+#: The operator's parameters that are the job spec's fields (all but the run key, which a run gives).
+SPEC_PARAMETERS = tuple(name for name in BatchInferenceSpec.model_fields if name != "run_key")
 #: Key under which the job id is kept in Airflow's task state store across tries.
 JOB_ID_STATE_KEY = "raybatch_job_id"
 #: How long a superseded job may take to stop before a new job takes over its staging folder.
@@ -258,6 +265,8 @@ class RayLLMBatchOperator(BaseOperator):
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
         **kwargs: Any,  # Any: BaseOperator's arguments.
     ) -> None:
+        arguments.refuse_unknown(type(self).__name__, kwargs, RayLLMBatchOperator.__init__)
+        mapped_validation = bool(kwargs.get("_airflow_mapped_validation_only"))
         super().__init__(**kwargs)
         self.model = model
         self.input_uri = input_uri
@@ -313,6 +322,16 @@ class RayLLMBatchOperator(BaseOperator):
         self.job_id: str | None = None
         #: The committed run's manifest, once execute_complete has read it (for lineage).
         self.manifest: dict[str, Any] | None = None  # Any: JSON values.
+        # Literal values are checked now, as the DAG is parsed: a mistake is an import error in the UI,
+        # not a task that fails when it runs. Templated ones are checked when rendered, or by validate().
+        literal = {name: getattr(self, name) for name in SPEC_PARAMETERS}
+        literal = {name: value for name, value in literal.items() if arguments.is_literal(value)}
+        if mapped_validation:
+            pass  # Airflow's check of a mapped task's arguments: the mapped values are placeholders
+        elif len(literal) == len(SPEC_PARAMETERS):
+            self.build_spec()
+        else:
+            check_literal_params(literal)
 
     @property
     def hook(self) -> RayHook:
@@ -325,8 +344,24 @@ class RayLLMBatchOperator(BaseOperator):
 
         :param run_key: the logical run's identity (:meth:`TaskTry.run_key`); retries share it.
         """
-        params = {name: getattr(self, name) for name in BatchInferenceSpec.model_fields if name != "run_key"}
-        return spec_from_params(params, run_key)
+        return spec_from_params({name: getattr(self, name) for name in SPEC_PARAMETERS}, run_key)
+
+    def validate(self, context: Mapping[str, Any] | None = None) -> BatchInferenceSpec:  # Any: values.
+        """Render this task's templated parameters as a run would, and check them all, without a run:
+        for a DAG's own test in CI. Returns the job spec; raises BatchSpecError naming the parameter,
+        or Jinja's error naming a template variable ``context`` lacks.
+
+        :param context: the template variables the parameters use, e.g.
+            ``{"data_interval_start": pendulum.datetime(2026, 11, 20), "params": {"model": "..."}}``;
+            ``params`` is laid over the task's Param defaults. Literal values were checked already,
+            when the task was built.
+        """
+        given = dict(context or {})
+        defaults = {key: self.params[key] for key in self.params} if self.params else {}
+        given["params"] = {**defaults, **given.get("params", {})}
+        rendered = copy.copy(self)  # rendering sets the copy's attributes; this task stays as written
+        rendered.render_template_fields(given)  # type: ignore[arg-type]
+        return rendered.build_spec()
 
     # -- shipping (operators/job_shipping.py) ----------------------------------------------------
 

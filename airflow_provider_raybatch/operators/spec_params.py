@@ -31,10 +31,26 @@ def spec_from_params(params: dict[str, Any], run_key: str) -> BatchInferenceSpec
     :param params: the operator's values of the spec's fields (all but ``run_key``); not modified.
     :param run_key: the logical run's identity (:meth:`TaskTry.run_key`); retries share it.
     """
-    params = {**params, "run_key": run_key}
-    if not params["output_format"]:
+    return BatchInferenceSpec.build(**_parsed({**params, "run_key": run_key}))
+
+
+def check_literal_params(params: dict[str, Any]) -> None:  # Any: parameter values.
+    """Raise BatchSpecError for the mistakes of these parameters' own values, each checked alone: what
+    a DAG can check as it is parsed while its other parameters are templated.
+
+    :param params: some of the operator's values of the spec's fields; not modified.
+    """
+    BatchInferenceSpec.check_fields(_parsed(params))
+
+
+def _parsed(params: dict[str, Any]) -> dict[str, Any]:  # Any: parameter values.
+    """``params`` with JSON text read back into values, and unset text left out (the spec's default)."""
+    params = {**params}
+    if "output_format" in params and not params["output_format"]:
         del params["output_format"]  # the spec's default: parquet, or jsonl for an OpenAI batch file
     for name in _JSON_PARAMS:
+        if name not in params:
+            continue
         value = params[name]
         if not isinstance(value, str):
             continue
@@ -52,7 +68,7 @@ def spec_from_params(params: dict[str, Any], run_key: str) -> BatchInferenceSpec
                 raise BatchSpecError(f"{name}={value!r} is text but not valid JSON: {err.msg}.") from err
     if isinstance(params.get("concurrency"), list):
         params["concurrency"] = tuple(params["concurrency"])
-    return BatchInferenceSpec.build(**params)
+    return params
 
 
 def rendered_flag(name: str, value: bool | str | None, default: bool) -> bool:

@@ -1,0 +1,167 @@
+"""A DAG author's mistakes, caught as the DAG is parsed: a misspelled argument or key names its likely
+spelling, a literal value is checked when the task is built, a templated one by ``validate()``, and no
+message shows pydantic's type names or the whole spec."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.operators import arguments
+from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+
+REQUIRED = {"task_id": "classify", "model": "m", "input_uri": "s3://b/in.jsonl", "output_uri": "s3://b/out"}
+
+
+def build(**kwargs: Any) -> RayLLMBatchOperator:  # Any: operator arguments.
+    return RayLLMBatchOperator(**{**REQUIRED, "user_template": "Industry of {Company}?", **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sampling_param": {}}, "got unknown argument 'sampling_param' (did you mean 'sampling_params'?)"),
+        ({"retrys": 2}, "got unknown argument 'retrys' (did you mean 'retries'?)"),
+        (
+            {"concurency": 2, "keep_warm": 60},
+            "got unknown arguments 'concurency' (did you mean 'concurrency'?), "
+            "'keep_warm' (did you mean 'keep_warm_seconds'?)",
+        ),
+        ({"zzzzzz": 1}, "got unknown argument 'zzzzzz'"),
+    ],
+)
+def test_a_misspelled_argument_names_its_likely_spelling_and_the_task(kwargs: dict, message: str) -> None:
+    with pytest.raises(TypeError) as info:
+        build(**kwargs)
+
+    assert str(info.value) == f"RayLLMBatchOperator (task_id: classify) {message}."
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"concurrency": "two"}, "concurrency='two' must be an int or a (min, max) tuple."),
+        ({"batch_size": "x"}, "batch_size='x' must be an int."),
+        (
+            {"sampling_params": {"max_token": 8}},
+            "sampling_params has unknown key 'max_token' (did you mean 'max_tokens'?).",
+        ),
+        (
+            {"sampling_params": {"structured_outputs": {"choise": ["a"]}}},
+            "sampling_params['structured_outputs'] has unknown key 'choise' (did you mean 'choice'?).",
+        ),
+        ({"preprocess": "my module.fn"}, "preprocess='my module.fn' is not a dotted path"),
+        (
+            {"keep_warm_seconds": 60, "engine_kwargs": {"tensor_parallel_size": 2}},
+            "keep_warm_seconds=60 with engine_kwargs {'tensor_parallel_size': 2}: a warm pool holds one-GPU "
+            "engines only",
+        ),
+    ],
+)
+def test_a_literal_mistake_fails_as_the_task_is_built(kwargs: dict, message: str) -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(**kwargs)
+
+    text = str(info.value)
+    assert message in text
+    for internal in ("constrained-int", "tuple[", "Input should be", "'model': 'm'", "(got {"):
+        assert internal not in text  # no pydantic type names, no copy of the whole spec
+
+
+def test_an_unknown_key_far_from_any_lists_the_allowed_ones() -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(sampling_params={"zzzzzz": 1})
+
+    assert "sampling_params has unknown key 'zzzzzz'; allowed: [" in str(info.value)
+    assert "'max_tokens'" in str(info.value)
+
+
+def test_beside_a_templated_parameter_the_literal_ones_are_checked_alone() -> None:
+    # input_uri is rendered at run time; the literal values are checked now, each on its own...
+    with pytest.raises(BatchSpecError, match=r"concurrency='two' must be an int"):
+        build(input_uri="s3://b/{{ data_interval_start | ds }}/in.jsonl", concurrency="two")
+    # ...and a check across parameters, one of them templated, waits for validate() or the run.
+    op = build(
+        keep_warm_seconds="{{ params.keep_warm }}",
+        engine_kwargs={"tensor_parallel_size": 2},
+        params={"keep_warm": 60},
+    )
+    with pytest.raises(BatchSpecError, match="a warm pool holds one-GPU engines only"):
+        op.validate()
+
+
+def test_validate_renders_as_a_run_would_and_leaves_the_task_as_written() -> None:
+    op = build(
+        input_uri="s3://b/{{ data_interval_start | ds }}/in.jsonl",
+        concurrency="{{ params.replicas }}",
+        params={"replicas": 2},
+    )
+
+    spec = op.validate({"data_interval_start": pendulum.datetime(2026, 11, 20, tz="UTC")})
+
+    assert (spec.input_uri, spec.concurrency) == ("s3://b/2026-11-20/in.jsonl", 2)
+    assert op.input_uri == "s3://b/{{ data_interval_start | ds }}/in.jsonl"  # the task is unchanged
+    with pytest.raises(BatchSpecError, match="concurrency='two' must be an int"):
+        op.validate({"data_interval_start": pendulum.datetime(2026, 11, 20), "params": {"replicas": "two"}})
+    with pytest.raises(Exception, match="data_interval_start"):  # Jinja names what the context lacks
+        op.validate()
+
+
+def test_a_mapped_task_parses_and_each_mapped_value_is_checked_when_it_runs(tmp_path: Path) -> None:
+    (tmp_path / "mapped.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import dag
+            from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+
+            @dag(schedule=None)
+            def mapped_batches():
+                RayLLMBatchOperator.partial(
+                    task_id="classify", model="m", output_uri="s3://b/out", user_template="{text}"
+                ).expand(input_uri=["s3://b/a.jsonl", "s3://b/b.jsonl"])
+
+            mapped_batches()
+            """
+        )
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        bag = DagBag(dag_folder=str(tmp_path), safe_mode=False)
+
+    assert bag.import_errors == {}
+    assert set(bag.dags) == {"mapped_batches"}
+
+
+JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+JSON_VALUES = st.recursive(
+    JSON_LEAVES, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=12
+)
+
+
+@given(JSON_VALUES)
+def test_plain_data_is_literal_unless_a_string_in_it_holds_a_template(value: object) -> None:
+    def strings(v: object) -> list[str]:
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, dict):
+            return [s for item in v.values() for s in strings(item)]
+        if isinstance(v, list):
+            return [s for item in v for s in strings(item)]
+        return []
+
+    templated = any("{{" in s or "{%" in s for s in strings(value))
+    assert arguments.is_literal(value) is not templated
+    assert arguments.is_literal(["x", {"k": value}]) is not templated
+
+
+def test_a_value_known_only_at_run_time_is_not_literal() -> None:
+    assert not arguments.is_literal(object())
+    assert not arguments.is_literal({"k": [object()]})
