@@ -88,7 +88,7 @@ fi
 # those tests wait much of their time (on Airflow's scheduler, a trigger's poll, a job's driver), and
 # the unit tests take the cores they leave idle. Not beside the first ones, which build cold engines
 # and keep both cores busy: there, even at nice 19, they slowed them by a quarter (fault injection's
-# resumed run, 164 s alone and 216 s beside; 2026-12-03). The unit tests start once those are done
+# resumed run took 164 s alone and 216 s beside). The unit tests start once those are done
 # (tests/conftest.py writes $COLD_DONE). Their output is kept in build/test-report/{unit,matrix-unit}.log
 # and printed after the tests on the real parts.
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -ra --durations=25)

@@ -48,7 +48,7 @@ RAY_ENV_TESTS=(tests/unit/pipeline/test_ray_internals.py tests/unit/pipeline/tes
 #: The DAG run of the Airflow cell: a day end to end on the deferrable path, through the most of
 #: Airflow's API we use in one run (the trigger's progress lines, extra links, an Asset event). One
 #: `airflow dags test`: the daily customer DAG's test runs two (its held rerun), 60 of the cell's
-#: 76 s (2026-12-03), and its other tests fail in the cluster's code or before any Airflow API of
+#: 76 s, and its other tests fail in the cluster's code or before any Airflow API of
 #: ours is reached; the main passes run them.
 AIRFLOW_DAG_TESTS=(tests/integration/test_ticket_summary_dag.py)
 PREPARE=0
