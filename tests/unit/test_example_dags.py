@@ -119,3 +119,29 @@ def test_the_readme_dag_parses_and_reads_the_day_before(tmp_path: Path) -> None:
     input_uri, output_uri = _paths_read(dag, "classify_industry", interval.start)
     assert input_uri == "s3://bucket/root/customers/2026-11-20/customers.csv"
     assert output_uri == "s3://bucket/root/company_industry/2026-11-20"
+
+
+def test_the_readmes_validate_example_checks_the_readme_dag(tmp_path: Path) -> None:
+    """The README's ``validate()`` snippet, run as written against the README's DAG: it renders the day
+    and returns the spec; a bad templated value fails it naming the parameter."""
+    import pendulum
+
+    from airflow_provider_raybatch.exceptions import BatchSpecError
+
+    (tmp_path / "readme_dag.py").write_text(_readme_dag())
+    dag = _parsed(tmp_path).dags["daily_company_industry"]
+    snippet = next(
+        block
+        for block in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+        if ".validate(" in block
+    )
+    scope = {"dag": dag, "pendulum": pendulum}
+    exec(snippet, scope)  # noqa: S102 - the README's own example
+
+    spec = scope["spec"]
+    assert spec.model == "my-model"
+    assert spec.input_uri.endswith("/customers/2026-11-20/customers.csv")
+    with pytest.raises(BatchSpecError, match="model"):
+        dag.get_task("classify_industry").validate(
+            {"data_interval_start": pendulum.datetime(2026, 11, 20, tz="UTC"), "params": {"model": ""}}
+        )
