@@ -298,7 +298,9 @@ class BatchInferenceSpec(BaseModel):
         description=f"Column that identifies a row; unset: '{DERIVED_ID_COLUMN}' = <file>:<row number>.",
     )
     keep_columns: list[ColumnName] | None = Field(
-        default=None, description="Input columns copied to the output; unset: all of them."
+        default=None,
+        description="Input columns copied to the output; unset: all of them. Also what postprocess "
+        "receives of the input: keep a column postprocess reads. An image_column cannot be kept.",
     )
     model_cache_dir: str = Field(
         default=DEFAULT_MODEL_CACHE_DIR,

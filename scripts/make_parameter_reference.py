@@ -108,9 +108,8 @@ OPERATOR_CHECKS: dict[str, str] = {
     "Ray fails it (`RAY_JOB_START_TIMEOUT_SECONDS`, 15 minutes by default).",
     "deferrable": "Not checked: a true value defers once the job is submitted or found. The default is "
     "read from Airflow's `[operators] default_deferrable` when the operator's module is imported.",
-    "poll_interval_seconds": "Deferrable: the trigger refuses a value that is not > 0 (`ValueError`) as the "
-    "task defers, after the job was submitted. In the worker: not checked; 0 fails as the wait begins and a "
-    "negative value at the first sleep, and the task then stops the job.",
+    "poll_interval_seconds": "When the task is built (DAG parse): a value that is not > 0 is refused "
+    "(`ValueError`), before any job is submitted, deferrable or not.",
     "progress_interval_seconds": "Not range-checked: 0 or less turns the lines off. A value that is not a "
     "number fails when the wait begins (the trigger converts it with `float()`, the worker compares it "
     "with 0).",

@@ -317,6 +317,9 @@ class RayLLMBatchOperator(BaseOperator):
         self.runtime_env = runtime_env or {}
         self.entrypoint_resources = entrypoint_resources
         self.deferrable = deferrable
+        if poll_interval_seconds is not None and not poll_interval_seconds > 0:
+            # Here, not only in the trigger: a deferred task builds its trigger after the job is submitted.
+            raise ValueError(f"poll_interval_seconds={poll_interval_seconds!r} must be > 0 (or None: paced).")
         self.poll_interval_seconds = poll_interval_seconds
         self.progress_interval_seconds = progress_interval_seconds
         self.job_id: str | None = None

@@ -165,3 +165,10 @@ def test_plain_data_is_literal_unless_a_string_in_it_holds_a_template(value: obj
 def test_a_value_known_only_at_run_time_is_not_literal() -> None:
     assert not arguments.is_literal(object())
     assert not arguments.is_literal({"k": [object()]})
+
+
+@pytest.mark.parametrize("interval", [0, -1.0])
+def test_a_poll_interval_that_is_not_positive_fails_before_any_job(interval: float) -> None:
+    # A deferred task builds its trigger after submitting: checked only there, the job ran on.
+    with pytest.raises(ValueError, match=rf"poll_interval_seconds={interval!r} must be > 0"):
+        build(poll_interval_seconds=interval, deferrable=True)
