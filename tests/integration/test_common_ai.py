@@ -13,6 +13,8 @@ import json
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # The common-ai extra (scripts/setup_envs.sh installs it): without it these tests fail, never skip.
@@ -195,6 +197,22 @@ def _popen_dags_test(env, dags: Path, dag_id: str, day: str, conf: dict) -> subp
                                 stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
+@contextmanager
+def _beside_a_cpu_hold(
+    hook, seconds: float, start: Callable[[], subprocess.Popen]
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The cluster's free CPUs held (:func:`hold_free_cpus`), then ``start``'s ``dags test`` process:
+    (the holding job's id, the process). Afterwards the hold ends and the process is gone."""
+    holder = hold_free_cpus(hook, seconds=seconds)
+    process = start()
+    try:
+        yield holder, process
+    finally:
+        hook.stop_job(holder)
+        if process.poll() is None:
+            process.kill()
+
+
 def _log_of(process: subprocess.Popen, dags: Path, timeout: float = 840) -> str:
     """The whole output of a :func:`_popen_dags_test` once it has ended."""
     process.wait(timeout=timeout)
@@ -226,11 +244,11 @@ def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
     env, day, hook = _warm_env(airflow_env, ray_cluster), "2026-11-21", _hook(ray_cluster)
     # The cluster's free CPUs are held until try 1 has given up (timeout=5): the batch's job runs on
     # the session's warm engines, its read waiting for a CPU, so it is still running when try 1's
-    # trigger times out, however fast the machine. (A job of 4 rows on an idle machine was done before
-    # a 20 s timeout, CI 2026-11-27, and no try re-attached.)
-    holder = hold_free_cpus(hook, seconds=600)
-    process = _popen_dags_test(env, dag_file, "common_ai_retry_reattach", day, _conf(tiny_model, tmp_path))
-    try:
+    # trigger times out, however fast the machine (unheld, a job of 4 rows can end before any timeout).
+    start = lambda: _popen_dags_test(  # noqa: E731
+        env, dag_file, "common_ai_retry_reattach", day, _conf(tiny_model, tmp_path)
+    )
+    with _beside_a_cpu_hold(hook, 600, start) as (holder, process):
         timed_out = "did not reach a terminal status within timeout=5s"
         deadline = time.monotonic() + 600
         while timed_out not in (tmp_path / "dags_test.log").read_text():
@@ -238,10 +256,6 @@ def test_a_retry_reattaches_to_the_running_job_instead_of_resubmitting(
             time.sleep(0.5)
         hook.stop_job(holder)
         log = _log_of(process, dag_file)
-    finally:
-        hook.stop_job(holder)
-        if process.poll() is None:
-            process.kill()
     assert "state=success" in log, log[-6000:]
     (job,) = _jobs_of(hook, "common_ai_retry_reattach")  # one job, whatever the number of tries
     assert f"Re-attaching to batch {job.job_id}" in log
@@ -256,12 +270,12 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
     dag_file = _retry_dags(tmp_path)
     env, day, hook = _warm_env(airflow_env, ray_cluster), "2026-11-22", _hook(ray_cluster)
     # The job is stopped while its driver runs, its read waiting for a held CPU. Stopped at once, while
-    # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine (CI, 2026-11-27). The
-    # hold ends with the stop: try 2's job then runs at once, on the same warm engines.
-    holder = hold_free_cpus(hook, seconds=300)
-    conf = _conf(tiny_model, tmp_path)
-    process = _popen_dags_test(env, dag_file, "common_ai_retry_after_cancel", day, conf)
-    try:
+    # PENDING, Ray said "stopped" yet the job ran to SUCCEEDED on a warm engine. The hold ends with
+    # the stop: try 2's job then runs at once, on the same warm engines.
+    start = lambda: _popen_dags_test(  # noqa: E731
+        env, dag_file, "common_ai_retry_after_cancel", day, _conf(tiny_model, tmp_path)
+    )
+    with _beside_a_cpu_hold(hook, 300, start) as (holder, process):
         deadline = time.monotonic() + 300
         while not (jobs := _jobs_of(hook, "common_ai_retry_after_cancel")) or not _driver_started(
             hook, jobs[0].job_id
@@ -275,10 +289,6 @@ def test_a_batch_stopped_on_the_cluster_is_cancelled_and_the_retry_submits_a_new
             time.sleep(1)
         hook.stop_job(holder)
         log = _log_of(process, dag_file)
-    finally:
-        hook.stop_job(holder)
-        if process.poll() is None:
-            process.kill()
     assert f"Batch '{first.job_id}' was cancelled before 4 of 4 requests completed" in log, log[-6000:]
     assert "state=success" in log, log[-6000:]
     # The cancel cleared common.ai's state: try 2 submitted a job of its own, which ran the batch.

@@ -17,11 +17,12 @@ the check says nothing and the engine itself refuses, as before.
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from airflow_provider_raybatch.specs import did_you_mean
 
 #: The classes whose fields are vLLM's engine arguments (Ray Data LLM builds ``AsyncEngineArgs``).
 _ARG_CLASSES = ("EngineArgs", "AsyncEngineArgs")
@@ -73,10 +74,7 @@ def check_engine_kwargs(
     unknown = sorted(key for key in engine_kwargs if key not in known and key not in TAKEN_BY_RAY_DATA_LLM)
     if not unknown:
         return
-    described = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, known, n=1)
-        described.append(f"engine_kwargs[{key!r}]" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    described = [f"engine_kwargs[{key!r}]{did_you_mean(key, known)}" for key in unknown]
     raise UnknownEngineArgumentError(
         f"{', '.join(described)}: not an engine argument of the vLLM on the Ray cluster "
         "(vllm.AsyncEngineArgs would refuse it, so no engine replica could start). No engine was started "
