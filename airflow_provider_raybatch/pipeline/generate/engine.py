@@ -68,8 +68,10 @@ _PRELOAD = ("ray", "vllm.v1.engine.core")
 _ENGINE_STAGE = "vLLMEngineStage"
 _CHAT_TEMPLATE_STAGE = "ChatTemplateStage"
 _TOKENIZE_STAGE = "TokenizeStage"
-#: A pool replica's constructor keyword: the chat-template stage's, when the replica renders prompts.
+#: A pool replica's constructor keyword: the chat-template stage's keywords, for the rows it renders.
 CHAT_TEMPLATE_KWARG = "raybatch_chat_template"
+#: The pooled stage's constructor keyword: whether the pool's replicas render this job's prompts.
+RENDER_IN_POOL_KWARG = "raybatch_render_in_pool"
 
 
 def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
@@ -183,6 +185,9 @@ def use_engine_pool(
         transformers and load the tokenizer (seconds per job on a GPU host, the bulk of a warm job's
         wait for its first row), which the warm replica already holds. False (a batch with images):
         the job keeps Ray Data LLM's stages, ours for the chat template as in :func:`use_our_engine_stage`.
+        Either way the replicas are built with the chat template's settings: a job that renders its own
+        prompts and one that does not, on the same model and engine settings, share one pool (two
+        would hold two engines of one model on the GPU).
     """
     from airflow_provider_raybatch.pipeline.generate.engine_pool import (
         RESOURCE_KWARGS,
@@ -193,13 +198,11 @@ def use_engine_pool(
     from airflow_provider_raybatch.pipeline.generate.pooled_stage import RaybatchPooledEngineStageUDF
 
     chat_template: dict[str, Any] | None = None  # Any: the chat-template stage's keywords
-    if render_prompts_in_pool:
-        for key, other in list(processor.stages.items()):
-            if type(other).__name__ == _CHAT_TEMPLATE_STAGE:
-                chat_template = dict(other.fn_constructor_kwargs)
-                del processor.stages[key]
-            elif type(other).__name__ == _TOKENIZE_STAGE:
-                del processor.stages[key]
+    for key, other in list(processor.stages.items()):
+        if type(other).__name__ == _CHAT_TEMPLATE_STAGE:
+            chat_template = dict(other.fn_constructor_kwargs)
+        if render_prompts_in_pool and type(other).__name__ in (_CHAT_TEMPLATE_STAGE, _TOKENIZE_STAGE):
+            del processor.stages[key]
     all_stages = list(getattr(processor, "stages", {}).values())
     _use_our_chat_template_stage(all_stages)
     [stage] = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
@@ -226,7 +229,12 @@ def use_engine_pool(
     stage.__dict__["fn"] = RaybatchPooledEngineStageUDF  # as in use_our_engine_stage: no validator run
     stage.fn_constructor_kwargs.clear()
     stage.fn_constructor_kwargs.update(
-        {"task_type": engine_kwargs.get("task_type"), POOL_KWARG: pool, STAGING_KWARG: staging}
+        {
+            "task_type": engine_kwargs.get("task_type"),
+            POOL_KWARG: pool,
+            STAGING_KWARG: staging,
+            RENDER_IN_POOL_KWARG: render_prompts_in_pool and chat_template is not None,
+        }
     )
     return pool
 

@@ -138,14 +138,20 @@ class EngineReplica:
         self._last_active = time.monotonic()
         return {"rows": self._rows_by_job.pop(job_id, 0)}
 
-    async def generate(self, row: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: row values.
-        """Ray Data LLM's per-row call on this engine: the row's engine output (an error row on failure)."""
+    async def generate(
+        self, row: dict[str, Any], job_id: str, render: bool = True
+    ) -> dict[str, Any]:  # Any: row values.
+        """Ray Data LLM's per-row call on this engine: the row's engine output (an error row on failure).
+
+        :param render: apply the chat template to the row's messages; False where the job's own stages
+            rendered them (a batch with images), which then still carries its messages.
+        """
         await self._refuse_if_retiring()
         task = asyncio.current_task()
         assert task is not None  # an async actor method runs in a task
         self._in_flight.setdefault(job_id, set()).add(task)
         try:
-            failed = self._render(row)
+            failed = self._render(row) if render else None
             if failed is not None:
                 return failed
             async with self._shares.setdefault(job_id, asyncio.Semaphore(self._job_share)):

@@ -84,10 +84,13 @@ class _PoolClient(StatefulStageUDF):
         data_column: str,
         expected_input_keys: list[str],
         raybatch_pool: EnginePool,
+        raybatch_render_in_pool: bool = True,
         **_: Any,  # Any: the stage's other keywords (task_type): the pool's engine has them
     ) -> None:
         super().__init__(data_column, expected_input_keys)
         self._pool = raybatch_pool
+        # False: this job's own chat-template stage rendered its rows (engine.use_engine_pool).
+        self._render_in_pool = raybatch_render_in_pool
         self._job_id = ray.get_runtime_context().get_job_id()
         self._handles: dict[int, Any] = {}  # Any: Ray actor handles, by replica index
         # Any: Ray actor ids -> this actor's attach to that replica (every row waits for it: a replica
@@ -155,7 +158,7 @@ class _PoolClient(StatefulStageUDF):
             handle = await self._replica(index)
             try:
                 await self._attach(index, handle)
-                return await handle.generate.remote(row, self._job_id)
+                return await handle.generate.remote(row, self._job_id, self._render_in_pool)
             except ray.exceptions.TaskCancelledError as err:
                 # The replica cancelled this job's requests: the job's lease lapsed there (its driver's
                 # renewals did not arrive within LEASE_SECONDS, as under a stalled driver). The job is

@@ -313,7 +313,7 @@ class Replica:
         if self.deaths and self.deaths[-1] == "foreign":  # an actor of the name, made outside our code
             return {"fingerprint": "0123456789abcdef"}
         return {"fingerprint": "f", "jobs_served": 0}  # the lease's answer (EngineReplica._state)
-    async def _generate(self, row, job_id):
+    async def _generate(self, row, job_id, render):
         self.generated += 1
         if self.deaths and self.deaths[-1] not in ("attach", "attach unreachable", "foreign"):
             raise fault(self.deaths.pop())
@@ -332,7 +332,7 @@ def client_of(deaths):  # a stage actor's client of a one-replica pool whose rep
     client = object.__new__(pooled_stage._PoolClient)
     client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=Pool(deaths), _job_id="job",
                            _handles={}, _attached={}, _built={}, _dead=set(), _next=0, _replaced=0,
-                           _max_replaced=2, _last_build_failure=None)
+                           _max_replaced=2, _last_build_failure=None, _render_in_pool=True)
     return client
 
 async def run(deaths):
@@ -532,7 +532,7 @@ class BuildingReplica:  # EngineReplica's protocol; its engine takes build_secon
         time.sleep(build_seconds)
     def attach(self, job_id, keep_warm):
         return {"fingerprint": self.fingerprint}
-    def generate(self, row, job_id):
+    def generate(self, row, job_id, render):
         return {"__idx_in_batch": row["__idx_in_batch"], "generated_text": f"replica-{self.index}"}
 
 class Pool(EnginePool):
@@ -544,7 +544,7 @@ def client_of(pool, first):
     client = object.__new__(pooled_stage._PoolClient)
     client.__dict__.update(data_column="__data", expected_input_keys=set(), _pool=pool, _job_id="job",
                            _handles={}, _attached={}, _built={}, _dead=set(), _next=first, _replaced=0,
-                           _max_replaced=2)
+                           _max_replaced=2, _render_in_pool=True)
     return client
 
 async def served(pool, first, batches, heard_from_all=False, together=False):
@@ -608,13 +608,21 @@ class Template:  # our chat-template UDF's rendering; a conversation with no use
 
 class Engine:
     IDX_IN_BATCH_COLUMN = "__idx_in_batch"
+    async def _generate_with_error_handling(self, row, batch_uuid):
+        return {"generated_text": "from " + row["prompt"], "messages_left": row.get("messages") is not None}
 
 replica = object.__new__(EngineReplica)
-replica.__dict__.update(_engine=Engine(), _chat_template=Template())
+replica.__dict__.update(_engine=Engine(), _chat_template=Template(), _retiring=False, _in_flight={},
+                        _shares={}, _job_share=4, _rows_done=0, _rows_by_job={})
 good = {"__idx_in_batch": 0, "messages": json.dumps([{"role": "user", "content": "hi"}])}
 bad = {"__idx_in_batch": 1, "messages": json.dumps([{"role": "system", "content": "only"}])}
 own = {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}
 report = {"good": [replica._render(good), good], "bad": replica._render(bad)}
+# A job that rendered its rows itself (a batch with images) sends them with their messages still on.
+by_the_job = {"__idx_in_batch": 3, "messages": json.dumps([{"role": "user", "content": "hi"}]),
+              "prompt": "job's"}
+import asyncio
+report["by_the_job"] = asyncio.run(replica.generate(by_the_job, "job", render=False))
 print(json.dumps({**report, "own": [replica._render(own), own]}))
 """
 
@@ -631,6 +639,8 @@ def test_a_replica_renders_the_chat_template_and_a_bad_conversation_is_the_rows_
         "__inference_error__": "raybatch row error: chat template failed: ValueError: no user message",
     }  # fmt: skip
     assert report["own"] == [None, {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}]
+    # Rendered by the job's own stage: the engine gets the job's prompt, not a second rendering.
+    assert report["by_the_job"] == {"generated_text": "from job's", "messages_left": True}
 
 
 _LEASE = """

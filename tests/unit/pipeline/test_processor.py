@@ -40,6 +40,10 @@ warm = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0}), MODEL
 warm_stage = warm.stages["vLLMEngineStage"]
 from airflow_provider_raybatch.pipeline.generate import engine
 pool = engine.pool_of(warm)
+# A job of the same model whose rows carry messages renders its own prompts (they may hold images).
+messages = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0, "user_template": None,
+                                                  "messages_column": "messages"}), MODEL, parts)
+messages_stage = messages.stages["vLLMEngineStage"]
 # An OpenAI batch's sampling fields come from its lines (run._fields_to_fill): built after the reads.
 openai_spec = spec.model_copy(update={"openai_endpoint": "/v1/chat/completions", "user_template": None})
 print(json.dumps({
@@ -55,6 +59,10 @@ print(json.dumps({
     "pool": {"replicas": pool.replicas,
              "resources": {k: v for k, v in pool.actor_options.items() if k != "runtime_env"},
              "model": pool.engine_kwargs["model"], "kwargs": sorted(warm_stage.fn_constructor_kwargs)},
+    "render_in_pool": warm_stage.fn_constructor_kwargs["raybatch_render_in_pool"],
+    "messages": {"stages": list(messages.stages),
+                 "render_in_pool": messages_stage.fn_constructor_kwargs["raybatch_render_in_pool"],
+                 "same_pool": engine.pool_of(messages).fingerprint == pool.fingerprint},
     "architectures": architectures,
     "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, parts) is not None,
 }))
@@ -98,7 +106,16 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
     # The job's stage holds nothing; the pool's replica holds what the engine stage would have.
     assert report["warm_stage_resources"] == {"num_cpus": 0, "num_gpus": None, "resources": None}
     assert report["pool"] == {"replicas": 1, "resources": {"num_cpus": 1}, "model": str(model_folder),
-                              "kwargs": ["raybatch_pool", "raybatch_staging", "task_type"]}  # fmt: skip
+                              "kwargs": ["raybatch_pool", "raybatch_render_in_pool", "raybatch_staging",
+                                         "task_type"]}  # fmt: skip
+    assert report["render_in_pool"] is True
+    # A job whose rows carry messages keeps its own chat-template stage and the replicas render none
+    # of its rows, on the same pool: one engine per model and settings, whatever the prompts' source.
+    assert report["messages"] == {
+        "stages": ["ChatTemplateStage", "vLLMEngineStage"],
+        "render_in_pool": False,
+        "same_pool": True,
+    }
     assert report["openai_built_while_reading"] is False
 
 
