@@ -1,5 +1,6 @@
 """The session's two `airflow standalone` deployments, each started once and shared by the tests that
-need a real scheduler (a start costs a 2-core machine 80-100 s). Each has its own home, so its own
+need a real scheduler (a start costs a 2-core machine 80-100 s); where a session's tests use both, both
+start at the first one's first request (:func:`_deployment_up`). Each has its own home, so its own
 generated fernet key that signs its job identities (no ``[raybatch] job_identity_secret``): they are
 two deployments of one Ray head, as test_two_deployments needs. Each test keeps to its own DAG ids,
 dates or users.
@@ -36,7 +37,7 @@ from tests.conftest import (
     S3Server,
     warm_conf,
 )
-from tests.integration.standalone import Airflow, airflow_standalone
+from tests.integration.standalone import Airflow, Deployment, Standalones
 
 SHARED_PORT = 8299
 SECOND_PORT = 8311
@@ -124,10 +125,47 @@ def _auth_env(home: Path, users: dict[str, tuple[str, str]]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def shared_airflow(
-    ray_cluster: LocalRayCluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Airflow]:
+def _standalones() -> Iterator[Standalones]:
+    standalones = Standalones()
+    yield standalones
+    standalones.close()
+
+
+#: Each deployment's fixture, and the fixture that sets its home up (started by neither).
+_SET_UP = {"shared_airflow": "shared_deployment", "second_airflow": "second_deployment"}
+
+
+def _session_uses(request: pytest.FixtureRequest, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
+def _deployment_up(request: pytest.FixtureRequest, fixture: str) -> Airflow:
+    """``fixture``'s deployment, up. The first request starts every deployment the session's tests use
+    (a file run alone starts its own only): the second is up by the time its tests come, its start
+    spread over the first one's tests instead of waited for (80-100 s of a 2-core machine)."""
+    standalones: Standalones = request.getfixturevalue("_standalones")
+    wanted = [name for name in _SET_UP if name == fixture or _session_uses(request, name)]
+    standalones.start(*(request.getfixturevalue(_SET_UP[name]) for name in wanted))
+    return standalones.up(request.getfixturevalue(_SET_UP[fixture]))
+
+
+@pytest.fixture(scope="session")
+def shared_airflow(request: pytest.FixtureRequest) -> Airflow:
     """The first deployment, its REST API called as ``admin``."""
+    return _deployment_up(request, "shared_airflow")
+
+
+@pytest.fixture(scope="session")
+def second_airflow(request: pytest.FixtureRequest) -> Airflow:
+    """The second deployment, its REST API called as ``ops``."""
+    return _deployment_up(request, "second_airflow")
+
+
+@pytest.fixture(scope="session")
+def shared_deployment(
+    ray_cluster: LocalRayCluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Deployment:
+    """The first deployment's home, not started."""
     home = tmp_path_factory.mktemp("airflow-shared")
     dags = home / "dags"  # the example DAGs and the tests' own
     dags.mkdir()
@@ -155,22 +193,21 @@ def shared_airflow(
         "openai_provider_batch",
         DEFAULT_DAG_ID,
     }
-    with airflow_standalone(
+    return Deployment(
         home,
         SHARED_PORT,
         ray_cluster.connection_json(),
         dag_ids,
         extra_env,
         token=lambda instance: user_token(instance, "admin"),
-    ) as instance:
-        yield instance
+    )
 
 
 @pytest.fixture(scope="session")
-def second_airflow(
+def second_deployment(
     ray_cluster: LocalRayCluster, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Airflow]:
-    """The second deployment, its REST API called as ``ops``."""
+) -> Deployment:
+    """The second deployment's home, not started."""
     home = tmp_path_factory.mktemp("airflow-second")
     dags = home / "dags"
     dags.mkdir()
@@ -193,12 +230,11 @@ def second_airflow(
         "AIRFLOW__RAYBATCH__OPENAI_MAX_OPEN_BATCHES_PER_USER": str(MAX_OPEN_BATCHES_PER_USER),
         "AIRFLOW_VAR_RAYBATCH_OPENAI_MODEL": "/nonexistent/model",
     }
-    with airflow_standalone(
+    return Deployment(
         home,
         SECOND_PORT,
         ray_cluster.connection_json(),
         {TICKETS_DAG_ID, DEFAULT_DAG_ID},
         extra_env,
         token=lambda instance: user_token(instance, "ops"),
-    ) as instance:
-        yield instance
+    )

@@ -12,8 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -130,35 +129,40 @@ class Deployment:
     token: Callable[[Airflow], str] | None = None
 
 
-@contextmanager
-def airflow_standalone(
-    home: Path, port: int, ray_connection_json: str, dag_ids: set[str], extra_env: dict[str, str],
-    token: Callable[[Airflow], str] | None = None,
-) -> Iterator[Airflow]:  # fmt: skip
-    """Start it, wait until the API answers and ``dag_ids`` are parsed, yield it, stop it."""
-    deployment = Deployment(home, port, ray_connection_json, dag_ids, extra_env, token)
-    with airflow_standalones(deployment) as [instance]:
-        yield instance
+class Standalones:
+    """Deployments started side by side, each waited for when first asked for, all stopped by
+    :meth:`close`: a start is mostly each process importing Airflow and the API server building its
+    app, so two side by side are up sooner than one after the other, and one started before its tests
+    need it is up by then."""
 
+    def __init__(self) -> None:
+        self._started: list[tuple[subprocess.Popen, IO[str]]] = []
+        self._ports: set[int] = set()  # the started ones' API ports
+        self._up: dict[int, Airflow] = {}  # by API port
 
-@contextmanager
-def airflow_standalones(*deployments: Deployment) -> Iterator[list[Airflow]]:
-    """Start every deployment at once, then wait for each: a start is mostly each process importing
-    Airflow and the API server building its app, so two side by side are up sooner than one after the
-    other. Yield them in order; stop them all."""
-    started: list[tuple[subprocess.Popen, IO[str]]] = []
-    try:
+    def start(self, *deployments: Deployment) -> None:
+        """Start those of ``deployments`` not started yet."""
         for deployment in deployments:
-            started.append(_start(deployment))
-        yield [_wait_until_up(deployment) for deployment in deployments]
-    finally:
-        for process, _ in started:
+            if deployment.port not in self._ports:
+                self._started.append(_start(deployment))
+                self._ports.add(deployment.port)
+
+    def up(self, deployment: Deployment) -> Airflow:
+        """The started ``deployment`` once its API answers and its DAGs are parsed."""
+        if deployment.port not in self._up:
+            self._up[deployment.port] = _wait_until_up(deployment)
+        return self._up[deployment.port]
+
+    def close(self) -> None:
+        for process, _ in self._started:
             os.killpg(process.pid, signal.SIGTERM)
-        for process, log in started:
+        for process, log in self._started:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
             _end_process_group(process.pid, grace_seconds=5)
             log.close()
+        self._started.clear()
+        self._ports.clear()
 
 
 def _start(deployment: Deployment) -> tuple[subprocess.Popen, IO[str]]:
