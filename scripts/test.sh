@@ -116,8 +116,18 @@ matrix_unit_pass() {  # the version matrix's unit tests, once its virtualenvs ar
   phase "version matrix: unit tests$([ "$BESIDE" = 1 ] && echo ' (beside the real parts)')" "$started"
   return $rc
 }
+# The version matrix's tests on the real parts: a DAG on the oldest Airflow, on the run's Ray head
+# and the engines the main pass keeps warm (scripts/test_matrix.sh). Beside the main pass, after the
+# matrix's unit tests: by then that pass is on its Airflow tests, which leave a core mostly idle.
+matrix_real_pass() {  # their exit status
+  local started rc=0
+  started=$(date +%s.%N)
+  "$ROOT/scripts/test_matrix.sh" --part real_parts || rc=$?
+  phase "version matrix: tests on the real parts$([ "$BESIDE" = 1 ] && echo ' (beside the real parts)')" "$started"
+  return $rc
+}
 set +e
-unit=0 matrix_unit=0
+unit=0 matrix_unit=0 matrix=0
 COLD_DONE=$REPORT/cold-engine-tests-done
 rm -f "$COLD_DONE"
 export RAYBATCH_TEST_COLD_DONE_FILE=$COLD_DONE
@@ -127,6 +137,7 @@ if [ "$BESIDE" = 1 ]; then
     unit_pass > "$REPORT/unit.log" 2>&1; echo $? > "$REPORT/unit.rc"
     if [ "$MATRIX" = 1 ]; then
       matrix_unit_pass > "$REPORT/matrix-unit.log" 2>&1; echo $? > "$REPORT/matrix-unit.rc"
+      matrix_real_pass > "$REPORT/matrix-real.log" 2>&1; echo $? > "$REPORT/matrix-real.rc"
     fi ) &
   BESIDE_PID=$!
 else
@@ -152,19 +163,14 @@ if [ "$BESIDE" = 1 ]; then
   if [ "$MATRIX" = 1 ]; then
     echo "=== The version matrix's unit tests, run beside"; cat "$REPORT/matrix-unit.log"
     matrix_unit=$(cat "$REPORT/matrix-unit.rc" 2> /dev/null || echo 1)
+    echo "=== The version matrix's tests on the real parts, run beside"; cat "$REPORT/matrix-real.log"
+    matrix=$(cat "$REPORT/matrix-real.rc" 2> /dev/null || echo 1)
   fi
 elif [ "$MATRIX" = 1 ]; then
   matrix_unit_pass; matrix_unit=$?
+  matrix_real_pass; matrix=$?
 fi
-# The version matrix's tests on the real parts: a DAG on the oldest Airflow, on the run's Ray head
-# and the engines the main pass left warm (scripts/test_matrix.sh).
-matrix=0
-if [ "$MATRIX" = 1 ]; then
-  started=$(date +%s.%N)
-  "$ROOT/scripts/test_matrix.sh" --part real_parts; matrix=$?
-  phase "version matrix: tests on the real parts" "$started"
-  if [ "$matrix_unit" != 0 ]; then matrix=$matrix_unit; fi
-fi
+if [ "$matrix_unit" != 0 ]; then matrix=$matrix_unit; fi
 WHOLE=(); if [ $# = 0 ] && [ "$MATRIX" = 1 ]; then WHOLE=(--whole); fi
 "$VENV/bin/python" "$ROOT/scripts/test_report.py" "$REPORT" "${WHOLE[@]}"; budget=$?
 set -e
