@@ -13,8 +13,10 @@ import hashlib
 import ipaddress
 import json
 import re
+import typing
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal, NamedTuple
+from types import UnionType
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 from pydantic import (
     BaseModel,
@@ -212,9 +214,10 @@ class BatchInferenceSpec(BaseModel):
     user_template: str | None = Field(
         default=None,
         description='User message for each row, e.g. \'Sector of {Company}? Answer as {"label": "..."}\'. '
-        "Airflow renders it with Jinja first ({{ ds }}); then each {Column} (optionally {Column!r} or "
-        "{Column:.2f}, as in str.format) is that row's value. Every other brace is literal text, so JSON "
-        "examples are written as they are; there is no doubled-brace escape (parse_user_template).",
+        "Airflow renders it with Jinja first ({{ data_interval_start | ds }}); then each {Column} "
+        "(optionally {Column!r} or {Column:.2f}, as in str.format) is that row's value. Every other "
+        "brace is literal text, so JSON examples are written as they are; there is no doubled-brace "
+        "escape (parse_user_template).",
     )
     image_column: ColumnName | None = Field(
         default=None,
@@ -280,7 +283,9 @@ class BatchInferenceSpec(BaseModel):
     )
     batch_size: PositiveInt = Field(default=64, description="Rows per batch sent to one engine replica.")
     concurrency: PositiveInt | tuple[PositiveInt, PositiveInt] = Field(
-        default=1, description="Engine replicas: an int, or (min, max) for an autoscaling pool."
+        default=1,
+        description="Engine replicas: an int n, n replicas all started at once; or (min, max) for an "
+        "autoscaling pool.",
     )
     max_concurrent_batches: PositiveInt | None = Field(
         default=None,
@@ -575,7 +580,7 @@ class BatchInferenceSpec(BaseModel):
         try:
             return cls(**params)
         except ValidationError as err:
-            raise BatchSpecError(_describe(err.errors())) from None  # no pydantic traceback first
+            raise BatchSpecError(_describe(err.errors(), params)) from None  # no pydantic traceback first
 
     @classmethod
     def check_fields(cls, params: dict[str, Any]) -> None:  # Any: the operator's literal values.
@@ -586,7 +591,7 @@ class BatchInferenceSpec(BaseModel):
         except ValidationError as err:
             own = [problem for problem in err.errors() if problem["loc"] and problem["loc"][0] in params]
             if own:
-                raise BatchSpecError(_describe(own)) from None
+                raise BatchSpecError(_describe(own, params)) from None
 
     @classmethod
     def from_json(cls, payload: str) -> BatchInferenceSpec:
@@ -816,16 +821,53 @@ _EXPECTED = {
     "int_type": "an int", "int_parsing": "an int", "int_from_float": "an int",
     "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
     "bool_parsing": "true or false", "string_type": "a string", "dict_type": "a dict",
-    "list_type": "a list", "tuple_type": "a (min, max) tuple",
+    "list_type": "a list",
 }  # fmt: skip
+#: Pydantic's bound checks, in words: the bound is the error's context value of that key.
+_BOUNDS = {
+    "greater_than": ("gt", "greater than"), "greater_than_equal": ("ge", "at least"),
+    "less_than": ("lt", "less than"), "less_than_equal": ("le", "at most"),
+}  # fmt: skip
+#: The parameters that take a pair, and what the pair is: a problem with the pair or inside it says so.
+_PAIRS = {"concurrency": "a (min, max) pair of ints > 0", "image_size": "a (width, height) pair of ints > 0"}
+_PAIR_PROBLEMS = ("tuple_type", "too_long", "too_short")
 
 
-def _describe(problems: Iterable[ErrorDetails]) -> str:
-    """One readable line per parameter, each naming it: no pydantic type names, and a check of the
-    whole spec (a model validator) names its fields without repeating the spec."""
+def _expected(field: str, problem: ErrorDetails) -> str | None:
+    """What ``field`` must be, in words, from one of pydantic's problems with it; None where the
+    problem's own message says more (a value check of ours)."""
+    kind, ctx, inner = problem["type"], problem.get("ctx") or {}, [str(part) for part in problem["loc"][1:]]
+    inside_a_pair = any(part.startswith("tuple[") or part.isdigit() for part in inner)
+    if field in _PAIRS and (kind in _PAIR_PROBLEMS or inside_a_pair):
+        return _PAIRS[field]
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        number = "an int " if any(part.endswith("-int") or part == "int" for part in inner) else ""
+        return f"{number}{words} {ctx[key]}"
+    return _EXPECTED.get(kind)
+
+
+def _takes_a_dict(field: str) -> bool:
+    """Whether ``field`` is a dict parameter (a problem inside it is located by the key)."""
+    spec_field = BatchInferenceSpec.model_fields.get(field)
+    annotation = spec_field.annotation if spec_field else None
+    union = typing.get_origin(annotation) in (Union, UnionType)
+    members = typing.get_args(annotation) if union else (annotation,)
+    return any(typing.get_origin(member) is dict or member is dict for member in members)
+
+
+def _describe(problems: Iterable[ErrorDetails], values: dict[str, Any] | None = None) -> str:  # Any: params
+    """One readable line per parameter, each naming it (and the key, inside a dict): no pydantic type
+    names, and a check of the whole spec (a model validator) names its fields without repeating it.
+
+    :param values: the parameters checked, to show a whole value where the problem is inside it.
+    """
     by_field: dict[str, list[ErrorDetails]] = {}
     for problem in problems:
-        by_field.setdefault(str(problem["loc"][0]) if problem["loc"] else "", []).append(problem)
+        field = str(problem["loc"][0]) if problem["loc"] else ""
+        if field and len(problem["loc"]) > 1 and _takes_a_dict(field):
+            field = f"{field}[{problem['loc'][1]!r}]"
+        by_field.setdefault(field, []).append(problem)
     lines = []
     for field, problems in by_field.items():
         first = problems[0]
@@ -835,10 +877,11 @@ def _describe(problems: Iterable[ErrorDetails]) -> str:
         if not field:  # a check across fields: its message names them
             lines.extend(problem["msg"].removeprefix("Value error, ") for problem in problems)
             continue
-        shown = _shorten(repr(first.get("input")), 120)
-        if len(problems) > 1 or first["type"] in _EXPECTED:  # a type check, or each member of a union
-            expected = " or ".join(dict.fromkeys(_EXPECTED.get(p["type"], p["msg"]) for p in problems))
-            lines.append(f"{field}={shown} must be {expected}")
+        value = values[field] if values is not None and field in values else first.get("input")
+        shown = _shorten(repr(value), 120)
+        expected = [words for problem in problems if (words := _expected(field.split("[")[0], problem))]
+        if expected and len(expected) == len(problems):  # a type or bound check, or each member of a union
+            lines.append(f"{field}={shown} must be {' or '.join(dict.fromkeys(expected))}")
             continue
         message = first["msg"].removeprefix("Value error, ")
         lines.append(message if field in message else f"{field}: {message} (got {shown})")

@@ -283,6 +283,9 @@ class RayLLMBatchOperator(BaseOperator):
         self.image_allowed_hosts = image_allowed_hosts or []
         self.image_allowed_local_path = image_allowed_local_path
         self.image_allowed_s3_prefixes = image_allowed_s3_prefixes or []
+        arguments.refuse_functions(
+            type(self).__name__, self.task_id, preprocess=preprocess, postprocess=postprocess
+        )
         self.preprocess = preprocess
         self.postprocess = postprocess
         self.sampling_params = sampling_params or {}
@@ -329,12 +332,15 @@ class RayLLMBatchOperator(BaseOperator):
         # not a task that fails when it runs. Templated ones are checked when rendered, or by validate().
         literal = {name: getattr(self, name) for name in SPEC_PARAMETERS}
         literal = {name: value for name, value in literal.items() if arguments.is_literal(value)}
-        if mapped_validation:
-            pass  # Airflow's check of a mapped task's arguments: the mapped values are placeholders
-        elif len(literal) == len(SPEC_PARAMETERS):
-            self.build_spec()
-        else:
-            check_literal_params(literal)
+        try:
+            if mapped_validation:
+                pass  # Airflow's check of a mapped task's arguments: the mapped values are placeholders
+            elif len(literal) == len(SPEC_PARAMETERS):
+                self.build_spec()
+            else:
+                check_literal_params(literal)
+        except BatchSpecError as err:  # an import error names the file: this names the task in it
+            raise BatchSpecError(f"{type(self).__name__} (task_id: {self.task_id}): {err}") from None
 
     @property
     def hook(self) -> RayHook:

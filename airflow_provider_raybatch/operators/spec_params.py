@@ -43,6 +43,17 @@ def check_literal_params(params: dict[str, Any]) -> None:  # Any: parameter valu
     BatchInferenceSpec.check_fields(_parsed(params))
 
 
+def _tojson_hint(name: str, text: str) -> str:
+    """Where ``text`` reads as Python's text of a dict or list (what ``{{ params.x }}`` renders), how
+    to render it as JSON instead."""
+    if "'" in text or re.search(r"\b(True|False|None)\b", text):
+        return (
+            f" It looks like Python's text of a value, which Jinja renders from a dict or list: render "
+            f"it as JSON with '| tojson', e.g. '{{{{ params.{name} | tojson }}}}'."
+        )
+    return ""
+
+
 def _parsed(params: dict[str, Any]) -> dict[str, Any]:  # Any: parameter values.
     """``params`` with JSON text read back into values, and unset text left out (the spec's default)."""
     params = {**params}
@@ -65,7 +76,9 @@ def _parsed(params: dict[str, Any]) -> dict[str, Any]:  # Any: parameter values.
             try:
                 params[name] = json.loads(text)
             except json.JSONDecodeError as err:
-                raise BatchSpecError(f"{name}={value!r} is text but not valid JSON: {err.msg}.") from err
+                raise BatchSpecError(
+                    f"{name}={value!r} is text but not valid JSON: {err.msg}.{_tojson_hint(name, text)}"
+                ) from err
     if isinstance(params.get("concurrency"), list):
         params["concurrency"] = tuple(params["concurrency"])
     return params

@@ -241,9 +241,9 @@ def test_the_thresholds_are_templated(name: str, text: str, expected: float | No
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"max_failed_fraction": 1.5}, "max_failed_fraction: Input should be less than or equal to 1"),
-        ({"max_failed_fraction": "-0.1"}, "max_failed_fraction: Input should be greater than or equal to 0"),
-        ({"max_failed_rows": -1}, "max_failed_rows: Input should be greater than or equal to 0"),
+        ({"max_failed_fraction": 1.5}, "max_failed_fraction=1.5 must be at most 1.0"),
+        ({"max_failed_fraction": "-0.1"}, "max_failed_fraction='-0.1' must be at least 0.0"),
+        ({"max_failed_rows": -1}, "max_failed_rows=-1 must be at least 0"),
         ({"max_failed_rows": "many"}, "max_failed_rows"),
     ],
 )

@@ -257,11 +257,24 @@ def test_invalid_json_text_names_the_parameter(name: str, text: str) -> None:
     with pytest.raises(BatchSpecError) as info:
         make_operator(**{name: text}).build_spec()
 
-    assert str(info.value).startswith(f"{name}={text!r} is text but not valid JSON")
+    # Refused as the operator is built (a literal value), naming the task in the DAG file.
+    assert str(info.value).startswith("RayLLMBatchOperator (task_id: ")
+    assert f"): {name}={text!r} is text but not valid JSON" in str(info.value)
+
+
+def test_a_dict_param_rendered_without_tojson_gets_the_tojson_hint() -> None:
+    operator = make_operator(engine_kwargs="{{ params.engine_kwargs }}")
+    operator.engine_kwargs = str({"max_model_len": 512, "enforce_eager": True})  # as Jinja renders a dict
+
+    with pytest.raises(BatchSpecError) as info:
+        operator.build_spec()
+
+    assert "is text but not valid JSON" in str(info.value)
+    assert "render it as JSON with '| tojson', e.g. '{{ params.engine_kwargs | tojson }}'" in str(info.value)
 
 
 def test_malformed_concurrency_text_names_the_parameter() -> None:
-    with pytest.raises(BatchSpecError, match=r"concurrency='\(1, 2' must be an int or a \(min, max\) tuple"):
+    with pytest.raises(BatchSpecError, match=r"concurrency='\(1, 2' must be an int or a \(min, max\) pair"):
         make_operator(concurrency="(1, 2").build_spec()
 
 
