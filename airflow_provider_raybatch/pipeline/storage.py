@@ -244,6 +244,26 @@ class InputNotFoundError(FileNotFoundError):
     the engine had started (helper-45's trial, 2026-11-28)."""
 
 
+#: What Ray Data skips in a folder it reads: names starting with these directly under the folder
+#: (``_SUCCESS``, ``.DS_Store``, a ``_temporary/`` folder), as its file listing does.
+RAY_SKIPPED_PREFIXES = (".", "_")
+
+
+def read_by_ray_data(path: str, folder: str, extensions: list[str] | None) -> bool:
+    """Whether Ray Data reads the file ``path`` when asked to read ``folder`` with ``extensions``: not
+    under a skipped name (:data:`RAY_SKIPPED_PREFIXES`), and with one of the extensions in any case
+    (``B.JSONL`` is read), as ``ray.data.datasource.file_meta_provider._expand_directory`` and
+    ``path_util._has_file_extension`` decide. The start-up check, the input's binding and the prepared
+    rows' key must see the files the read will read."""
+    relative = path[len(folder) :].lstrip("/") if path.startswith(folder) else path
+    if relative.startswith(RAY_SKIPPED_PREFIXES):
+        return False
+    if extensions is None:
+        return True
+    suffixes = tuple(ext.lower() if ext.startswith(".") else f".{ext.lower()}" for ext in extensions)
+    return path.split("?", 1)[0].lower().endswith(suffixes)
+
+
 def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:  # Any: pyarrow FileInfo.
     """pyarrow's ``FileInfo`` (path, size, modification time) of each file the job will read; raises
     :class:`InputNotFoundError` when there is none."""
@@ -258,10 +278,10 @@ def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:
             f"input_uri={input_uri!r}: no such file or folder, as the Ray cluster sees it (a local path is "
             "read on the cluster's nodes, not on the Airflow worker). No row was read or generated."
         )
-    infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
+    selector = fs.FileSelector(path, recursive=True)
     found = [
-        item for item in infos
-        if item.type == fs.FileType.File and (extensions is None or item.path.endswith(tuple(extensions)))
+        item for item in filesystem_.get_file_info(selector)
+        if item.type == fs.FileType.File and read_by_ray_data(item.path, selector.base_dir, extensions)
     ]  # fmt: skip
     if not found:
         raise InputNotFoundError(

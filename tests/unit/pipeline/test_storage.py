@@ -364,3 +364,37 @@ def test_an_input_uri_on_an_object_store_with_nothing_to_read_fails_naming_it(
         storage.InputNotFoundError, match=r"input_uri='s3://bucket/in/2026-11-21.jsonl': no such"
     ):
         storage.input_file_sizes("s3://bucket/in/2026-11-21.jsonl", None)
+
+
+_LISTINGS = """
+import json
+from pyarrow import fs
+from ray.data.datasource.file_meta_provider import _expand_directory
+from ray.data.datasource.path_util import _has_file_extension
+from airflow_provider_raybatch.pipeline import storage
+
+extensions = storage.extensions_for(FOLDER, "jsonl")
+ours = [path for path, _ in storage.input_file_sizes(FOLDER, extensions)]
+listed = _expand_directory(FOLDER, fs.LocalFileSystem())
+rays = [path for path, _ in listed if _has_file_extension(path, extensions)]
+print(json.dumps({"ours": sorted(ours), "rays": sorted(rays)}))
+"""
+
+
+def test_a_folder_lists_exactly_the_files_ray_data_reads(tmp_path: Path) -> None:
+    """The start-up check, the input's binding and the prepared rows' key list the files the read will
+    read: names starting with '.' or '_' directly under the folder skipped, extensions in any case."""
+    from tests.unit.pipeline.ray_env import run_in_ray_env
+
+    names = ["a.jsonl", "B.JSONL", "c.NdJson", "_SUCCESS", ".DS_Store", "_tmp/x.jsonl", ".hidden/y.jsonl",
+             "sub/_z.jsonl", "sub/.w.jsonl", "sub/deep/v.json", "notes.txt", "dxjsonl",
+             "e.jsonl.gz"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}\n")
+
+    listed = run_in_ray_env(f"FOLDER = {str(tmp_path)!r}\n{_LISTINGS}")
+
+    expected = ["B.JSONL", "a.jsonl", "c.NdJson", "sub/.w.jsonl", "sub/_z.jsonl", "sub/deep/v.json"]
+    assert listed["rays"] == [str(tmp_path / name) for name in expected]
+    assert listed["ours"] == listed["rays"]
