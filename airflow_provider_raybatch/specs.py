@@ -370,6 +370,11 @@ class BatchInferenceSpec(BaseModel):
         "of the last run committed at output_uri, if any.",
     )
 
+    @field_validator("input_format", "output_format", mode="before")
+    @classmethod
+    def _lower_case_format(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value  # "JSONL", as file suffixes match
+
     @field_validator("input_uri", "output_uri")
     @classmethod
     def _check_uri(cls, value: str, info: Any) -> str:  # Any: pydantic's ValidationInfo.
@@ -584,14 +589,27 @@ class BatchInferenceSpec(BaseModel):
 
     @classmethod
     def check_fields(cls, params: dict[str, Any]) -> None:  # Any: the operator's literal values.
-        """Raise :class:`BatchSpecError` for the mistakes of ``params``' own fields, each checked alone:
-        the other fields, and the checks across fields, wait for the values a run renders."""
+        """Raise :class:`BatchSpecError` for the mistakes of ``params``, the fields written as they are:
+        each field's own checks, and the checks across fields that involve only these. The other
+        fields wait for the values a run renders: a required one stands in as a placeholder, an
+        optional one as its default, and a check across fields that names one of them (or a
+        placeholder) waits too."""
+        waiting = [name for name in cls.model_fields if name not in params]
+        stand_ins = {name: value for name, value in _PLACEHOLDERS.items() if name in waiting}
+        prompt_sources = ("messages_column", "preprocess", "openai_endpoint")
+        if "user_template" in waiting and not any(params.get(name) for name in prompt_sources):
+            # A templated prompt (a daily DAG's date in it): the checks that follow the prompt's run too.
+            stand_ins["user_template"] = "{" + _PLACEHOLDER + "}"
         try:
-            cls(**params)
+            cls(**{**stand_ins, **params})
         except ValidationError as err:
             own = [problem for problem in err.errors() if problem["loc"] and problem["loc"][0] in params]
-            if own:
-                raise BatchSpecError(_describe(own, params)) from None
+            across = [
+                problem for problem in err.errors()
+                if not problem["loc"] and not _names_any(problem["msg"], [*waiting, _PLACEHOLDER])
+            ]  # fmt: skip
+            if own or across:
+                raise BatchSpecError(_describe(own + across, params)) from None
 
     @classmethod
     def from_json(cls, payload: str) -> BatchInferenceSpec:
@@ -652,7 +670,7 @@ def check_sampling_params(
         )
     unknown = sorted(set(value) - VLLM_SAMPLING_PARAMS)
     if unknown:
-        raise ValueError(unknown_keys_message(name, unknown, VLLM_SAMPLING_PARAMS))
+        raise ValueError(unknown_keys_message(name, unknown, VLLM_SAMPLING_PARAMS, RENAMED_SAMPLING_KEYS))
     max_tokens = value.get("max_tokens")
     if max_tokens is not None and (
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
@@ -806,14 +824,48 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def unknown_keys_message(name: str, unknown: list[str], known: Iterable[str]) -> str:
-    """The error for keys of ``name`` that are not in ``known``: each with its likely spelling; the
-    allowed keys listed only where no key is a likely misspelling of one."""
-    named = ", ".join(f"{key!r}{did_you_mean(key, known)}" for key in unknown)
+#: SamplingParams keys of older vLLM releases and of other libraries, and what this vLLM takes instead.
+RENAMED_SAMPLING_KEYS = {
+    "guided_decoding": "structured_outputs (vLLM's name for it now)",
+    "guided_choice": "structured_outputs={'choice': [...]}",
+    "guided_json": "structured_outputs={'json': {...}}",
+    "guided_regex": "structured_outputs={'regex': '...'}",
+    "guided_grammar": "structured_outputs={'grammar': '...'}",
+    "guided_json_object": "structured_outputs={'json_object': True}",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def unknown_keys_message(
+    name: str, unknown: list[str], known: Iterable[str], renamed: dict[str, str] | None = None
+) -> str:
+    """The error for keys of ``name`` that are not in ``known``: each with what it is called now
+    (``renamed``) or its likely spelling; the allowed keys listed only where no key has either."""
+    renamed = renamed or {}
+
+    def hint(key: str) -> str:
+        return f" (use {renamed[key]})" if key in renamed else did_you_mean(key, known)
+
+    named = ", ".join(f"{key!r}{hint(key)}" for key in unknown)
     plural = "s" if len(unknown) > 1 else ""
-    if any(did_you_mean(key, known) for key in unknown):
+    if any(hint(key) for key in unknown):
         return f"{name} has unknown key{plural} {named}."
     return f"{name} has unknown key{plural} {named}; allowed: {sorted(known)}."
+
+
+#: What stands in for a required field that is templated, while the fields written as they are are
+#: checked as the DAG is parsed (BatchInferenceSpec.check_fields).
+_PLACEHOLDER = "raybatch-placeholder"
+_PLACEHOLDERS = {
+    "model": _PLACEHOLDER,
+    "input_uri": f"s3://{_PLACEHOLDER}/in.jsonl",
+    "output_uri": f"s3://{_PLACEHOLDER}/out",
+    "run_key": _PLACEHOLDER,
+}
+
+
+def _names_any(message: str, words: Iterable[str]) -> bool:
+    return any(re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", message) for word in words)
 
 
 #: Pydantic's error types, in the words of an expected value (a union's members are listed together).
@@ -821,7 +873,7 @@ _EXPECTED = {
     "int_type": "an int", "int_parsing": "an int", "int_from_float": "an int",
     "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
     "bool_parsing": "true or false", "string_type": "a string", "dict_type": "a dict",
-    "list_type": "a list",
+    "list_type": "a list", "string_too_short": "a non-empty string",
 }  # fmt: skip
 #: Pydantic's bound checks, in words: the bound is the error's context value of that key.
 _BOUNDS = {

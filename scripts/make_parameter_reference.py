@@ -258,18 +258,18 @@ BaseOperator's own (`task_id`, `retries`, `execution_timeout`, ...).
 **When a parameter is checked.** The batch parameters are the fields of `BatchInferenceSpec`
 (`airflow_provider_raybatch/specs.py`); the operator builds that spec as the DAG is parsed. A value
 written as is (no Jinja, no XCom) is checked then, so a mistake is an import error of the DAG, not a
-failed task. When every spec parameter is written as is, the checks across parameters (e.g.
-`messages_column` and `user_template` are exclusive) run then too; when some are templated, each
-value written as is is checked alone, and the checks across parameters wait for the rendered values:
-when the task runs, before anything is submitted, or earlier, in a DAG's own test, by
-`task.validate(context)`, which renders the templates with `context` and builds the spec. A mapped
+failed task. So are the checks across parameters (e.g. `image_size` needs `image_column`) whose
+parameters are all written as is; a check that involves a templated parameter waits for the
+rendered values: when the task runs, before anything is submitted, or earlier, in a DAG's own test,
+by `task.validate(context)`, which renders the templates with `context` and builds the spec. A
+template given to a parameter that is not templated is refused as the DAG is parsed. A mapped
 task (`.partial(...).expand(...)`) is checked when each mapped task runs. The spec's `run_key` is not a
 parameter: the operator derives it from the DAG, run, task and map index. Templated dict, list and
 number parameters may render to JSON text: render a dict or list Param with `| tojson`
 (`"{{ params.engine_kwargs | tojson }}"`), as Jinja's own rendering of one is Python text, not JSON.
 A templated parameter that renders to empty text, `None` or `null` (an unset Param, or a Param whose
-value is None) takes its default, as if the argument were left out: a Param meant to set a value
-that renders empty silently runs with the default.
+value is None) takes its default, as if the argument were left out; a required one (`model`,
+`input_uri`, `output_uri`) is refused. Written as is, an empty text is refused as the value it is.
 """
 
 RAY_INTRO = """\

@@ -97,8 +97,10 @@ def openai_batch_dag(
         OpenAIBatchRunOperator(
             task_id=BATCH_TASK_ID,
             model=model,
-            input_uri="set from the batch record",
-            output_uri="set from the batch record",
+            # Placeholders, two distinct paths (checked with the rest as the DAG is parsed): each try's
+            # are set from its batch's record before its spec is built.
+            input_uri="set from the batch record: input",
+            output_uri="set from the batch record: output",
             openai_endpoint="/v1/chat/completions",
             # OpenAI's semantics: a batch whose lines failed completes, its error file holding them
             # (request_counts.failed); only a batch none of whose lines succeeded fails.

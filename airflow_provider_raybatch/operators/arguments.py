@@ -9,10 +9,13 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
+import jinja2
 from airflow.sdk import BaseOperator
 
+from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.operators.ray_data_llm_settings import RAY_DATA_LLM_SETTINGS
 from airflow_provider_raybatch.specs import VLLM_SAMPLING_PARAMS, did_you_mean
 
@@ -55,7 +58,8 @@ def refuse_functions(operator: str, task_id: str, **named: object) -> None:
     job imports it on the cluster by name, and a notebook passes the function itself."""
     for name, value in named.items():
         if callable(value):
-            function = getattr(value, "__name__", "my_function")
+            function = getattr(value, "__name__", "")
+            function = function if function.isidentifier() else "my_function"  # not "<lambda>"
             raise TypeError(
                 f"{operator} (task_id: {task_id}): {name}={value!r} is a function; pass its dotted path "
                 f"as text, e.g. {name}='my_rows.{function}', with the function in a module of its own "
@@ -63,7 +67,30 @@ def refuse_functions(operator: str, task_id: str, **named: object) -> None:
             )
 
 
-def _hint(name: str, known: set[str]) -> str:
+def refuse_templates_where_none_render(untemplated: dict[str, Any]) -> None:  # Any: argument values.
+    """Raise BatchSpecError for a Jinja template given to a parameter Airflow does not render: it
+    would reach the job as its text."""
+    for name, value in untemplated.items():
+        if isinstance(value, str) and not is_literal(value):
+            raise BatchSpecError(
+                f"{name}={value!r}: {name} is not templated, so Airflow never renders this; write the "
+                "value itself (docs/parameters.md lists the templated parameters)."
+            )
+
+
+def first_unparsable_template(fields: dict[str, Any]) -> str | None:  # Any: argument values.
+    """The name of the first of ``fields`` whose text Jinja cannot parse, or None."""
+    environment = jinja2.Environment()
+    for name, value in fields.items():
+        if isinstance(value, str):
+            try:
+                environment.parse(value)
+            except jinja2.TemplateSyntaxError:
+                return name
+    return None
+
+
+def _hint(name: str, known: AbstractSet[str]) -> str:
     """Where an unknown argument ``name`` goes: a Ray Data LLM setting's place here, a vLLM engine or
     sampling argument's parameter, else its likely spelling."""
     for setting in RAY_DATA_LLM_SETTINGS:

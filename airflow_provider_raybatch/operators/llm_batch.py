@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import jinja2
 from airflow.sdk import Asset, BaseOperator, conf
 
 from airflow_provider_raybatch.exceptions import (
@@ -322,7 +323,10 @@ class RayLLMBatchOperator(BaseOperator):
         self.deferrable = deferrable
         if poll_interval_seconds is not None and not poll_interval_seconds > 0:
             # Here, not only in the trigger: a deferred task builds its trigger after the job is submitted.
-            raise ValueError(f"poll_interval_seconds={poll_interval_seconds!r} must be > 0 (or None: paced).")
+            raise ValueError(
+                f"{type(self).__name__} (task_id: {self.task_id}): poll_interval_seconds="
+                f"{poll_interval_seconds!r} must be > 0 (or None: paced)."
+            )
         self.poll_interval_seconds = poll_interval_seconds
         self.progress_interval_seconds = progress_interval_seconds
         self.job_id: str | None = None
@@ -332,7 +336,12 @@ class RayLLMBatchOperator(BaseOperator):
         # not a task that fails when it runs. Templated ones are checked when rendered, or by validate().
         literal = {name: getattr(self, name) for name in SPEC_PARAMETERS}
         literal = {name: value for name, value in literal.items() if arguments.is_literal(value)}
+        #: The parameters written as templates (or XComs): their rendered values are text to read back.
+        self._templated_parameters = frozenset(SPEC_PARAMETERS) - set(literal)
         try:
+            arguments.refuse_templates_where_none_render(
+                {name: getattr(self, name) for name in SPEC_PARAMETERS if name not in self.template_fields}
+            )
             if mapped_validation:
                 pass  # Airflow's check of a mapped task's arguments: the mapped values are placeholders
             elif len(literal) == len(SPEC_PARAMETERS):
@@ -353,7 +362,8 @@ class RayLLMBatchOperator(BaseOperator):
 
         :param run_key: the logical run's identity (:meth:`TaskTry.run_key`); retries share it.
         """
-        return spec_from_params({name: getattr(self, name) for name in SPEC_PARAMETERS}, run_key)
+        params = {name: getattr(self, name) for name in SPEC_PARAMETERS}
+        return spec_from_params(params, run_key, self._templated_parameters)
 
     def validate(self, context: Mapping[str, Any] | None = None) -> BatchInferenceSpec:  # Any: values.
         """Render this task's templated parameters as a run would, and check them all, without a run:
@@ -369,8 +379,21 @@ class RayLLMBatchOperator(BaseOperator):
         defaults = {key: self.params[key] for key in self.params} if self.params else {}
         given["params"] = {**defaults, **given.get("params", {})}
         rendered = copy.copy(self)  # rendering sets the copy's attributes; this task stays as written
-        rendered.render_template_fields(given)  # type: ignore[arg-type]
-        return rendered.build_spec()
+        task = f"{type(self).__name__} (task_id: {self.task_id})"
+        try:
+            rendered.render_template_fields(given)  # type: ignore[arg-type]
+        except jinja2.TemplateSyntaxError as err:
+            field = arguments.first_unparsable_template(
+                {name: getattr(self, name) for name in self.template_fields}
+            )
+            raise BatchSpecError(
+                f"{task}: {field or 'a templated parameter'} is not a valid Jinja template: {err.message}. "
+                "In a user_template only {Column} is ours: a doubled brace starts Jinja's {{ ... }}."
+            ) from None
+        try:
+            return rendered.build_spec()
+        except BatchSpecError as err:
+            raise BatchSpecError(f"{task}: {err}") from None
 
     # -- shipping (operators/job_shipping.py) ----------------------------------------------------
 

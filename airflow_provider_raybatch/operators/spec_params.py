@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from typing import Any
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
@@ -22,16 +23,22 @@ _JSON_PARAMS = (
     "image_max_side", "image_allowed_hosts", "image_allowed_s3_prefixes", "max_failed_fraction",
     "max_failed_rows", "keep_warm_seconds",
 )  # fmt: skip
+#: What an unset Param renders to through a template: the parameter's default, as if left out.
+_UNSET_TEXT = ("", "null", "None")
 _TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
 
 
-def spec_from_params(params: dict[str, Any], run_key: str) -> BatchInferenceSpec:  # Any: parameter values.
+def spec_from_params(
+    params: dict[str, Any], run_key: str, templated: Collection[str] = ()
+) -> BatchInferenceSpec:  # Any: parameter values.
     """The validated job spec from the (rendered) parameters; raises BatchSpecError naming the field.
 
     :param params: the operator's values of the spec's fields (all but ``run_key``); not modified.
     :param run_key: the logical run's identity (:meth:`TaskTry.run_key`); retries share it.
+    :param templated: the parameters written as templates: one that rendered to empty text, ``None``
+        or ``null`` (an unset Param) takes its default; written so, it is refused as the value it is.
     """
-    return BatchInferenceSpec.build(**_parsed({**params, "run_key": run_key}))
+    return BatchInferenceSpec.build(**{**_parsed(params, templated), "run_key": run_key})
 
 
 def check_literal_params(params: dict[str, Any]) -> None:  # Any: parameter values.
@@ -54,11 +61,23 @@ def _tojson_hint(name: str, text: str) -> str:
     return ""
 
 
-def _parsed(params: dict[str, Any]) -> dict[str, Any]:  # Any: parameter values.
+def _parsed(params: dict[str, Any], templated: Collection[str] = ()) -> dict[str, Any]:  # Any: values.
     """``params`` with JSON text read back into values, and unset text left out (the spec's default)."""
     params = {**params}
     if "output_format" in params and not params["output_format"]:
         del params["output_format"]  # the spec's default: parquet, or jsonl for an OpenAI batch file
+    for name, value in list(params.items()):
+        if name in _JSON_PARAMS or name not in templated or not isinstance(value, str):
+            continue
+        if value.strip() not in _UNSET_TEXT:
+            continue
+        spec_field = BatchInferenceSpec.model_fields.get(name)
+        if spec_field is not None and spec_field.is_required():
+            raise BatchSpecError(
+                f"{name}={value!r}: a required parameter rendered empty (a Param left unset, or set to "
+                "None?); give it a value."
+            )
+        del params[name]  # an unset Param rendered through a template: the spec's default
     for name in _JSON_PARAMS:
         if name not in params:
             continue
@@ -66,7 +85,7 @@ def _parsed(params: dict[str, Any]) -> dict[str, Any]:  # Any: parameter values.
         if not isinstance(value, str):
             continue
         text = value.strip()
-        if text in ("", "null", "None"):
+        if text in _UNSET_TEXT:
             del params[name]  # an unset Param rendered through a template: the spec's default
         elif name in ("concurrency", "image_size") and _TUPLE_TEXT.match(text):
             params[name] = tuple(int(part) for part in re.findall(r"\d+", text))

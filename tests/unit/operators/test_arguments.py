@@ -4,6 +4,7 @@ message shows pydantic's type names or the whole spec."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,91 @@ def test_a_poll_interval_that_is_not_positive_fails_before_any_job(interval: flo
     # A deferred task builds its trigger after submitting: checked only there, the job ran on.
     with pytest.raises(ValueError, match=rf"poll_interval_seconds={interval!r} must be > 0"):
         build(poll_interval_seconds=interval, deferrable=True)
+
+
+DATED = {"input_uri": "s3://b/{{ data_interval_start | ds }}/in.jsonl", "output_uri": "s3://b/out/{{ ds }}"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"image_column": "photo", "keep_columns": ["title", "photo"]},
+            "image_column='photo' is in keep_columns",
+        ),
+        ({"sampling_params": {"n": 3}}, "sampling_params['n']=3 is not supported for rows"),
+        ({"user_template": "Summarise {0}"}, "user_template='Summarise {0}' has a positional field {0}"),
+        ({"image_size": (448, 448)}, "image_size=(448, 448) needs image_column"),
+        (
+            {"keep_warm_seconds": 60, "engine_kwargs": {"tensor_parallel_size": 2}},
+            "keep_warm_seconds=60 with engine_kwargs {'tensor_parallel_size': 2}",
+        ),
+        ({"user_template": "{{ params.prompt }}", "image_size": (448, 448)}, "needs image_column"),
+    ],
+)
+def test_checks_across_literal_parameters_run_at_parse_beside_templated_dates(
+    kwargs: dict, message: str
+) -> None:
+    """A daily DAG templates its dates into the URIs: the checks that involve only values written as
+    they are still run as the DAG is parsed."""
+    with pytest.raises(BatchSpecError, match=re.escape(message)):
+        build(**DATED, **kwargs)
+
+
+def test_a_check_across_a_templated_parameter_waits_for_its_value() -> None:
+    build(**DATED, user_template="{{ params.prompt }}", messages_column="messages")  # may render unset
+
+
+def test_a_text_param_set_to_none_takes_its_default_and_a_required_one_is_refused() -> None:
+    operator = build(
+        **DATED,
+        model="{{ params.model }}",
+        system_prompt="{{ params.system }}",
+        params={"model": None, "system": None},
+    )
+    context = {"data_interval_start": pendulum.datetime(2026, 11, 20, tz="UTC"), "ds": "2026-11-20"}
+
+    with pytest.raises(BatchSpecError) as info:
+        operator.validate(context)
+    assert str(info.value).startswith("RayLLMBatchOperator (task_id: classify): model='None': a required")
+
+    spec = operator.validate({**context, "params": {"model": "m"}})
+    assert spec.system_prompt is None  # not the text 'None'
+
+
+def test_a_template_in_a_parameter_airflow_does_not_render_is_refused() -> None:
+    with pytest.raises(
+        BatchSpecError, match=r"batch_size='\{\{ params.bs \}\}': batch_size is not templated"
+    ):
+        build(batch_size="{{ params.bs }}")
+
+
+def test_validate_names_the_field_a_doubled_brace_broke() -> None:
+    operator = build(user_template='Answer as {{"label": "x"}}: {body}')
+
+    with pytest.raises(BatchSpecError) as info:
+        operator.validate({})
+    assert str(info.value).startswith(
+        "RayLLMBatchOperator (task_id: classify): user_template is not a valid Jinja template"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"sampling_params": {"guided_decoding": {"json": {}}}},
+            "unknown key 'guided_decoding' (use structured_outputs",
+        ),
+        ({"sampling_params": {"guided_choice": ["a"]}}, "(use structured_outputs={'choice': [...]})"),
+    ],
+)
+def test_older_sampling_names_point_to_the_current_ones(kwargs: dict, message: str) -> None:
+    with pytest.raises(BatchSpecError, match=re.escape(message)):
+        build(**kwargs)
+
+
+def test_an_input_format_in_capitals_is_taken_and_a_lambda_gets_a_named_example() -> None:
+    assert build(input_format="JSONL").build_spec().input_format == "jsonl"
+    with pytest.raises(TypeError, match=re.escape("e.g. preprocess='my_rows.my_function'")):
+        build(preprocess=lambda row: row)
