@@ -16,7 +16,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -81,24 +80,18 @@ def _ours(process: psutil.Process, token_path: str) -> bool:
     return False
 
 
-def _replicas_with_a_worker(
-    token_path: str, count: int, timeout: float
-) -> list[tuple[psutil.Process, list[psutil.Process]]]:
-    """This cluster's ``count`` engine replicas once each one's vLLM worker runs, with every process
-    under each."""
+def _replica_with_a_worker(token_path: str, timeout: float) -> tuple[psutil.Process, list[psutil.Process]]:
+    """This cluster's engine replica once its vLLM worker runs, and every process under it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = []
         for process in psutil.process_iter(["cmdline"]):
             if " ".join(process.info["cmdline"] or []).startswith(_REPLICA) and _ours(process, token_path):
                 with contextlib.suppress(psutil.Error):
                     under = process.children(recursive=True)
                     if any("VLLM::Worker" in " ".join(child.cmdline()) for child in under):
-                        found.append((process, under))
-        if len(found) >= count:
-            return found[:count]
+                        return process, under
         time.sleep(0.5)
-    raise AssertionError(f"fewer than {count} engine replicas with a VLLM::Worker in {timeout} s")
+    raise AssertionError(f"no engine replica with a VLLM::Worker in {timeout} s")
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -119,36 +112,19 @@ def _still_alive(recorded: list[psutil.Process], titles: list[str], seconds: flo
     ]
 
 
-@dataclass(frozen=True)
-class Replica:
-    """A running engine replica of the job, the processes under it and their command lines."""
-
-    process: psutil.Process
-    recorded: list[psutil.Process]
-    titles: list[str]
-
-
-@dataclass(frozen=True)
-class LiveJob:
-    job_id: str
-    replicas: list[Replica]
-
-
-@pytest.fixture(scope="module")
-def job_of_two_replicas(
-    cluster_without_group_cleanup: LocalRayCluster, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LiveJob]:
-    """A job of this cluster's with two replicas, each running its vLLM worker: each test ends one of
-    them its own way (two engines built side by side in one job, not one job and engine per test).
-    Afterwards the job is stopped and what was recorded is killed."""
-    folder = tmp_path_factory.mktemp("lifetime")
+@contextlib.contextmanager
+def _engine_replica_of_a_job(
+    cluster: LocalRayCluster, model: Path, folder: Path
+) -> Iterator[tuple[str, psutil.Process, list[psutil.Process], list[str]]]:
+    """A job of this cluster's whose one replica runs its vLLM worker: (job id, replica, the processes
+    under it, their command lines). Afterwards the job is stopped and what was recorded is killed."""
     rows = [
         {"id": f"r{i}", "messages": [{"role": "user", "content": f"Count to {i}."}]} for i in range(10000)
     ]
     (folder / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     operator = RayLLMBatchOperator(
         task_id="generate",
-        model=str(tiny_model),
+        model=str(model),
         input_uri=str(folder / "in.jsonl"),
         output_uri=str(folder / "out"),
         messages_column="messages",
@@ -156,47 +132,51 @@ def job_of_two_replicas(
         sampling_params={"temperature": 0, "max_tokens": 32},
         engine_kwargs=CPU_ENGINE_KWARGS,
         replica_resources=CPU_REPLICA,
-        concurrency=(2, 2),  # a fixed pool: both replicas start at once
+        concurrency=1,
     )
-    with pytest.MonkeyPatch.context() as env:  # the module's tests call this cluster's API too
-        env.setenv("AIRFLOW_CONN_RAY_DEFAULT", cluster_without_group_cleanup.connection_json())
-        job_id = submit_pipeline(operator, "lifetime", f"lifetime-{uuid.uuid4().hex[:8]}")
-        recorded: list[psutil.Process] = []
-        try:
-            found = _replicas_with_a_worker(
-                str(cluster_without_group_cleanup.state_dir / "auth_token"), count=2, timeout=420
-            )
-            recorded = [process for _, under in found for process in under]
-            yield LiveJob(
-                job_id,
-                [Replica(replica, under, [" ".join(p.cmdline()) for p in under]) for replica, under in found],
-            )
-        finally:
-            with contextlib.suppress(Exception):
-                RayHook().stop_job(job_id)
-            for process in recorded:
-                with contextlib.suppress(psutil.Error):  # psutil checks the start time before it signals
-                    process.kill()
+    job_id = submit_pipeline(operator, "lifetime", f"lifetime-{uuid.uuid4().hex[:8]}")
+    recorded: list[psutil.Process] = []
+    try:
+        replica, recorded = _replica_with_a_worker(str(cluster.state_dir / "auth_token"), timeout=420)
+        yield job_id, replica, recorded, [" ".join(process.cmdline()) for process in recorded]
+    finally:
+        with contextlib.suppress(Exception):
+            RayHook().stop_job(job_id)
+        for process in recorded:
+            with contextlib.suppress(psutil.Error):  # psutil checks the start time before it signals
+                process.kill()
 
 
 def test_a_replica_killed_mid_job_takes_its_engine_core_worker_and_forkserver_with_it(
-    job_of_two_replicas: LiveJob,
+    cluster_without_group_cleanup: LocalRayCluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    replica = job_of_two_replicas.replicas[0]
-    replica.process.kill()
-    # SIGTERM: ~1-10 s; an EngineCore still starting: 20 s grace, then SIGKILL.
-    assert _still_alive(replica.recorded, replica.titles, 45) == []
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", cluster_without_group_cleanup.connection_json())
+    with _engine_replica_of_a_job(cluster_without_group_cleanup, tiny_model, tmp_path) as job:
+        _, replica, recorded, titles = job
+        replica.kill()
+        # SIGTERM: ~1-10 s; an EngineCore still starting: 20 s grace, then SIGKILL.
+        assert _still_alive(recorded, titles, 45) == []
 
 
-def test_an_engine_core_vllm_takes_for_dead_ends_with_its_replica(job_of_two_replicas: LiveJob) -> None:
+def test_an_engine_core_vllm_takes_for_dead_ends_with_its_replica(
+    cluster_without_group_cleanup: LocalRayCluster,
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The race seen in the wild, made certain: Ray kills the forkserver (as its exit does before the
     UDF's shutdown); vLLM then reads the EngineCore's status as dead and never signals it."""
-    replica = job_of_two_replicas.replicas[1]
-    (forkserver,) = [
-        p for p in replica.process.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())
-    ]
-    forkserver.kill()
-    time.sleep(5)  # vLLM's engine monitor reads the EngineCore's status pipe: "died", and shuts down
-    RayHook().stop_job(job_of_two_replicas.job_id)
-    wait_for_job(job_of_two_replicas.job_id, timeout=180)  # the driver gone, Ray ends the job's actors
-    assert _still_alive(replica.recorded, replica.titles, 45) == []
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", cluster_without_group_cleanup.connection_json())
+    with _engine_replica_of_a_job(cluster_without_group_cleanup, tiny_model, tmp_path) as job:
+        job_id, replica, recorded, titles = job
+        (forkserver,) = [
+            p for p in replica.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())
+        ]
+        forkserver.kill()
+        time.sleep(5)  # vLLM's engine monitor reads the EngineCore's status pipe: "died", and shuts down
+        RayHook().stop_job(job_id)
+        wait_for_job(job_id, timeout=180)  # the driver gone, Ray ends the job's actors
+        assert _still_alive(recorded, titles, 45) == []
