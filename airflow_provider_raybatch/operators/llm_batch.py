@@ -91,7 +91,7 @@ _STOPPED_BY_THIS_TASK = (
 )
 
 
-class RayLLMBatchOperator(BaseOperator):
+class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArguments):
     """Run LLM batch inference over a dataset on a Ray cluster and hand the output location on.
 
     The batch parameters (``model``, ``input_uri``, ``output_uri``, ``input_format``, ``output_format``,

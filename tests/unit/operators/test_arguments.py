@@ -305,3 +305,88 @@ def test_an_input_format_in_capitals_is_taken_and_a_lambda_gets_a_named_example(
     assert build(input_format="JSONL").build_spec().input_format == "jsonl"
     with pytest.raises(TypeError, match=re.escape("e.g. preprocess='my_rows.my_function'")):
         build(preprocess=lambda row: row)
+
+
+MISSING = "RayLLMBatchOperator (task_id: classify): missing required argument"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "left_out", "message"),
+    [
+        # Ray Data LLM's name for it: where it goes here, with the value given.
+        (
+            {"model_source": "Qwen/Qwen3-0.6B"},
+            "model",
+            f"{MISSING} 'model' (you passed model_source='Qwen/Qwen3-0.6B': in this operator it is "
+            "model='Qwen/Qwen3-0.6B').",
+        ),
+        (
+            {"modle": "m"},
+            "model",
+            f"{MISSING} 'model' (you passed modle='m': in this operator it is model='m').",
+        ),
+        (
+            {"input_url": "s3://b/in.jsonl"},
+            "input_uri",
+            f"{MISSING} 'input_uri' (you passed input_url='s3://b/in.jsonl': in this operator it is "
+            "input_uri='s3://b/in.jsonl').",
+        ),
+        # Nearer to input_asset than to input_uri, but input_uri is the one left out.
+        ({"input_path": "/d/in.jsonl"}, "input_uri", "'input_uri' (you passed input_path='/d/in.jsonl': "),
+        ({"output_dir": "/d/out"}, "output_uri", "'output_uri' (you passed output_dir='/d/out': "),
+        # Nothing given in its place: the task and the argument, no guess.
+        ({}, "model", f"{MISSING} 'model'."),
+        # A near name that is another parameter's is that one's, not the missing argument's.
+        ({"model_cache": "/m"}, "model", f"{MISSING} 'model'. Also unknown: 'model_cache' (did you mean "),
+    ],
+)
+def test_a_missing_required_argument_names_the_task_and_what_was_given_in_its_place(
+    kwargs: dict, left_out: str, message: str
+) -> None:
+    arguments_given = {**REQUIRED, "user_template": "{text}", **kwargs}
+    del arguments_given[left_out]
+
+    with pytest.raises(TypeError) as info:
+        RayLLMBatchOperator(**arguments_given)
+
+    assert message in str(info.value)
+    assert str(info.value).startswith(MISSING)
+
+
+def test_missing_and_unknown_arguments_are_named_in_one_message() -> None:
+    with pytest.raises(TypeError) as info:
+        RayLLMBatchOperator(
+            task_id="classify", model_source="m", input_uri="s3://b/in.jsonl", outptu="s3://b/out", retrys=2
+        )
+
+    assert str(info.value) == (
+        f"{MISSING}s 'model' (you passed model_source='m': in this operator it is model='m'), 'output_uri' "
+        "(you passed outptu='s3://b/out': in this operator it is output_uri='s3://b/out'). "
+        "Also unknown: 'retrys' (did you mean 'retries'?)."
+    )
+
+
+def test_a_long_value_given_in_a_missing_arguments_place_is_shortened() -> None:
+    with pytest.raises(TypeError) as info:
+        RayLLMBatchOperator(
+            task_id="classify", modle="x" * 500, input_uri="s3://b/i.jsonl", output_uri="s3://b/o"
+        )
+
+    assert "..." in str(info.value)
+    assert len(str(info.value)) < 300
+
+
+def test_a_required_argument_from_default_args_is_not_missing() -> None:
+    from airflow.sdk import DAG
+
+    with DAG("defaults", schedule=None, default_args={"model": "m"}):
+        operator = RayLLMBatchOperator(
+            task_id="classify", input_uri="s3://b/in.jsonl", output_uri="s3://b/out", user_template="{text}"
+        )
+
+    assert operator.model == "m"
+
+
+def test_other_type_errors_pass_through_unchanged() -> None:
+    with pytest.raises(TypeError, match="^Use keyword arguments when initializing operators$"):
+        RayLLMBatchOperator("classify")
