@@ -32,6 +32,7 @@ from airflow_provider_raybatch.utils.packaging import (
     build_provider_package,
     build_py_module_package,
 )
+from airflow_provider_raybatch.utils.user_functions import missing_function, split_dotted_path
 
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 #: Ray job metadata key holding the spec fingerprint the job was submitted with.
@@ -45,7 +46,7 @@ def entrypoint(spec: BatchInferenceSpec) -> str:
 
 def top_level_module_path(field: str, dotted_path: str) -> Path:
     """The folder of the top-level package (or the single file) holding a pre/postprocess function."""
-    module_name = dotted_path.partition(":")[0] if ":" in dotted_path else dotted_path.rpartition(".")[0]
+    module_name = split_dotted_path(dotted_path)[0]
     try:
         importlib.import_module(module_name)
     except ImportError as err:
@@ -55,6 +56,18 @@ def top_level_module_path(field: str, dotted_path: str) -> Path:
         ) from err
     top = sys.modules[module_name.split(".")[0]]
     return Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
+
+
+def check_user_functions(**named: object) -> None:
+    """Raise BatchSpecError for a pre/postprocess dotted path whose module, found here without
+    importing it, plainly defines no such function (:func:`.user_functions.missing_function`).
+
+    :param named: the parameters' values by name; one that is not text is left to the spec's checks.
+    """
+    for field, dotted_path in named.items():
+        problem = missing_function(dotted_path) if isinstance(dotted_path, str) else None
+        if problem is not None:
+            raise BatchSpecError(f"{field}={dotted_path!r}: {problem}")
 
 
 def user_functions(spec: BatchInferenceSpec) -> list[tuple[str, str]]:

@@ -348,6 +348,8 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 self.build_spec()
             else:
                 check_literal_params(literal)
+            if not mapped_validation:  # read from the module's source, never imported here
+                job_shipping.check_user_functions(preprocess=self.preprocess, postprocess=self.postprocess)
         except BatchSpecError as err:  # an import error names the file: this names the task in it
             raise BatchSpecError(f"{type(self).__name__} (task_id: {self.task_id}): {err}") from None
 
@@ -368,7 +370,9 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
     def validate(self, context: Mapping[str, Any] | None = None) -> BatchInferenceSpec:  # Any: values.
         """Render this task's templated parameters as a run would, and check them all, without a run:
         for a DAG's own test in CI. Returns the job spec; raises BatchSpecError naming the parameter,
-        or Jinja's error naming a template variable ``context`` lacks.
+        or Jinja's error naming a template variable ``context`` lacks. A ``preprocess`` /
+        ``postprocess`` whose module is found here must define its function (read from the module's
+        source: the module is not imported).
 
         :param context: the template variables the parameters use, e.g.
             ``{"data_interval_start": pendulum.datetime(2026, 11, 20), "params": {"model": "..."}}``;
@@ -391,9 +395,11 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 "In a user_template only {Column} is ours: a doubled brace starts Jinja's {{ ... }}."
             ) from None
         try:
-            return rendered.build_spec()
+            spec = rendered.build_spec()
+            job_shipping.check_user_functions(**dict(job_shipping.user_functions(spec)))
         except BatchSpecError as err:
             raise BatchSpecError(f"{task}: {err}") from None
+        return spec
 
     # -- shipping (operators/job_shipping.py) ----------------------------------------------------
 

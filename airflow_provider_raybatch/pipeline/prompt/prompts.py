@@ -13,15 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_provider_raybatch.specs import BatchInferenceSpec, parse_user_template
+from airflow_provider_raybatch.utils.user_functions import split_dotted_path
 
 RowFunction = Callable[[dict[str, Any]], dict[str, Any]]  # Any: user rows hold any values.
 
 
 def load_callable(dotted_path: str) -> RowFunction:
     """Import ``pkg.module:function`` or ``pkg.module.function``."""
-    module_name, sep, attribute = dotted_path.partition(":")
-    if not sep:
-        module_name, _, attribute = dotted_path.rpartition(".")
+    module_name, attribute = split_dotted_path(dotted_path)
     module = importlib.import_module(module_name)
     function = getattr(module, attribute, None)
     if not callable(function):

@@ -20,6 +20,7 @@ from pathlib import Path
 import airflow_provider_raybatch
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.user_functions import split_dotted_path
 
 #: What each field is, as a log line names a change.
 _WHAT = {
@@ -86,7 +87,7 @@ def code_digest(spec: BatchInferenceSpec) -> str:
     (``preprocess``, ``postprocess``) as this process imports them: what the job shipped."""
     roots = [Path(airflow_provider_raybatch.__file__).parent]
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
-        module = dotted_path.partition(":")[0] if ":" in dotted_path else dotted_path.rpartition(".")[0]
+        module = split_dotted_path(dotted_path)[0]
         importlib.import_module(module)
         top = sys.modules[module.split(".")[0]]
         roots.append(Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or ""))

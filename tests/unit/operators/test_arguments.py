@@ -5,7 +5,9 @@ message shows pydantic's type names or the whole spec."""
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -390,3 +392,49 @@ def test_a_required_argument_from_default_args_is_not_missing() -> None:
 def test_other_type_errors_pass_through_unchanged() -> None:
     with pytest.raises(TypeError, match="^Use keyword arguments when initializing operators$"):
         RayLLMBatchOperator("classify")
+
+
+@pytest.fixture
+def row_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A DAG author's row functions beside the DAG (on sys.path, never imported by the checks)."""
+    path = tmp_path / "raybatch_arg_rows.py"
+    path.write_text(
+        "import json\n\ndef clean_company(row):\n    return row\n\ndef tidy(row):\n    return row\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield path
+    sys.modules.pop("raybatch_arg_rows", None)
+
+
+@pytest.mark.parametrize("field", ["preprocess", "postprocess"])
+def test_a_misspelled_function_name_fails_as_the_task_is_built(row_module: Path, field: str) -> None:
+    with pytest.raises(BatchSpecError) as info:
+        build(**{field: "raybatch_arg_rows.clean_compnay"})
+
+    assert str(info.value) == (
+        f"RayLLMBatchOperator (task_id: classify): {field}='raybatch_arg_rows.clean_compnay': module "
+        f"'raybatch_arg_rows' ({row_module}) defines no 'clean_compnay' at its top level "
+        "(did you mean 'clean_company'?)."
+    )
+    assert "raybatch_arg_rows" not in sys.modules  # read, not imported
+
+
+def test_a_function_that_is_there_or_a_module_not_found_here_builds(row_module: Path) -> None:
+    build(preprocess="raybatch_arg_rows.clean_company", postprocess="raybatch_arg_rows:tidy")
+    build(preprocess="raybatch_arg_elsewhere.clean")  # maybe on the cluster's path only: shipping says
+    build(**DATED, preprocess="raybatch_arg_rows.tidy")  # beside templated parameters too
+
+
+def test_validate_checks_the_function_against_the_module_as_it_is_now(row_module: Path) -> None:
+    operator = build(**DATED, preprocess="raybatch_arg_rows.clean_company")
+    row_module.write_text("def clean_companies(row):\n    return row\n")  # renamed after the DAG was parsed
+
+    with pytest.raises(BatchSpecError) as info:
+        operator.validate(
+            {"data_interval_start": pendulum.datetime(2026, 11, 20, tz="UTC"), "ds": "2026-11-20"}
+        )
+
+    assert str(info.value).startswith(
+        "RayLLMBatchOperator (task_id: classify): preprocess='raybatch_arg_rows.clean_company': module "
+    )
+    assert "(did you mean 'clean_companies'?)" in str(info.value)

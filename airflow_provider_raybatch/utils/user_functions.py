@@ -1,0 +1,209 @@
+"""A DAG author's pre/postprocess function named by its dotted path: where its module is, and whether
+that module defines it, read from the source without running it.
+
+The job imports the function on the cluster; a misspelled name used to pass every check on the
+Airflow side and fail the job. The module may import heavy libraries (torch, a tokenizer), so it is
+never imported here: its file is found as the import system would find it, and its source is parsed.
+Only a module whose source is plainly there and plainly binds no such name is refused; a module not
+found here (it may be on the cluster's path only), one without a Python source file, or one that
+binds names at run time (``from x import *``, ``globals()``, a module ``__getattr__``) is taken on trust.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+#: Calls that bind module names no parse can see when made at the module's top level (``exec(code)``,
+#: ``setattr(module, ...)``, ``vars()[name] = ...``); inside a function they bind the function's own.
+_DYNAMIC_AT_TOP = frozenset({"vars", "locals", "exec", "eval", "setattr"})
+#: A source larger than this is not parsed (no DAG author's row functions are that long).
+_MAX_SOURCE_BYTES = 2 * 1024 * 1024
+
+
+def split_dotted_path(dotted_path: str) -> tuple[str, str]:
+    """``("pkg.module", "function")`` from ``pkg.module:function`` or ``pkg.module.function``."""
+    module_name, sep, attribute = dotted_path.partition(":")
+    if not sep:
+        module_name, _, attribute = dotted_path.rpartition(".")
+    return module_name, attribute
+
+
+def missing_function(dotted_path: str) -> str | None:
+    """Why ``dotted_path``'s module plainly lacks its function, with the likely names; None when it
+    defines it or when that cannot be told without running the module (see the module docstring)."""
+    module_name, attribute = split_dotted_path(dotted_path)
+    parts = module_name.split(".")
+    if not attribute.isidentifier() or not all(part.isidentifier() for part in parts):
+        return None  # not a dotted path: the spec's own check says so
+    specs = _module_specs(parts)
+    if specs is None:
+        return None
+    source = _source_file(specs[-1])
+    if source is None:
+        return None
+    names = _bound_names(source)
+    if names is None or attribute in names:
+        return None
+    # A parent package runs first and may set the name on its submodule (mod.fn = ..., setattr).
+    for parent in specs[:-1]:
+        if parent.origin is None:
+            continue  # a namespace package: no code of its own
+        parent_source = _source_file(parent)
+        if parent_source is None or _assigns_attribute(parent_source, attribute):
+            return None
+    where = f"module {module_name!r} ({source})"
+    submodule = _submodule(specs[-1], attribute)
+    if submodule is not None:
+        functions = _functions(submodule)
+        example = f"'{module_name}.{attribute}.{functions[0] if functions else 'my_function'}'"
+        return (
+            f"{attribute!r} is a module of {where}, not a function in it: name its function, e.g. {example}."
+        )
+    close = difflib.get_close_matches(attribute, sorted(names), n=3)
+    if close:
+        hint = f" (did you mean {' or '.join(repr(name) for name in close)}?)"
+    else:
+        functions = sorted(_functions(source))
+        hint = f" (its functions: {', '.join(functions[:8])}{', ...' if len(functions) > 8 else ''})"
+        hint = hint if functions else ""
+    return f"{where} defines no {attribute!r} at its top level{hint}."
+
+
+def _module_specs(parts: list[str]) -> list[importlib.machinery.ModuleSpec] | None:
+    """The specs of ``a``, ``a.b``, ... found without importing any of them, or None where one is not
+    found. (``importlib.util.find_spec('a.b')`` would import, so run, package ``a``.)"""
+    specs: list[importlib.machinery.ModuleSpec] = []
+    for index in range(len(parts)):
+        name = ".".join(parts[: index + 1])
+        spec: importlib.machinery.ModuleSpec | None
+        try:
+            if index == 0 or name in sys.modules:
+                spec = importlib.util.find_spec(
+                    name
+                )  # a top-level name, or one imported already: runs nothing
+            else:
+                parent = sys.modules.get(specs[-1].name)
+                locations = getattr(parent, "__path__", None) or specs[-1].submodule_search_locations
+                if locations is None:
+                    return None  # a module, not a package: the import says so
+                spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
+        except (ImportError, ValueError):  # a module in sys.modules without a spec, say
+            return None
+        if spec is None:
+            return None
+        specs.append(spec)
+    return specs
+
+
+def _source_file(spec: importlib.machinery.ModuleSpec) -> Path | None:
+    """The ``.py`` file a spec loads, or None (an extension module, byte code only, a namespace)."""
+    origin = Path(spec.origin) if spec.has_location and spec.origin else None
+    return origin if origin is not None and origin.suffix == ".py" and origin.is_file() else None
+
+
+def _submodule(spec: importlib.machinery.ModuleSpec, name: str) -> Path | None:
+    """The source file of the submodule ``name`` of package ``spec``, if it is one."""
+    if spec.submodule_search_locations is None:
+        return None
+    found = importlib.machinery.PathFinder.find_spec(
+        f"{spec.name}.{name}", list(spec.submodule_search_locations)
+    )
+    return _source_file(found) if found is not None else None
+
+
+def _parsed(path: Path) -> ast.Module | None:
+    stat = path.stat()
+    return _parsed_version(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_version(path: str, mtime_ns: int, size: int) -> ast.Module | None:
+    """One version of a source file, parsed: a DAG is parsed again and again, its modules rarely change."""
+    if size > _MAX_SOURCE_BYTES:
+        return None
+    try:
+        return ast.parse(importlib.util.decode_source(Path(path).read_bytes()), filename=path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None  # the import on the cluster reports it, in that Python's words
+
+
+def _module_scope(tree: ast.Module) -> Iterator[ast.AST]:
+    """The nodes a module runs at its top level, into if/try/with/for blocks: a function or class
+    statement itself, not its body."""
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def _is_dynamic(tree: ast.Module) -> bool:
+    """Whether the module may bind names no parse can see: a star import, ``globals()``,
+    ``sys.modules``, a module ``__getattr__``, or ``exec`` / ``setattr`` / ``vars`` at its top level."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
+            return True
+        if isinstance(node, ast.Name) and node.id == "globals":
+            return True
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "modules"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ):
+            return True  # sys.modules[__name__].fn = ...
+    return any(
+        (isinstance(node, ast.Name) and node.id in _DYNAMIC_AT_TOP)
+        or (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "__getattr__")
+        for node in _module_scope(tree)
+    )
+
+
+def _bound_names(path: Path) -> frozenset[str] | None:
+    """The names a module binds at its top level, or None when its source cannot tell."""
+    tree = _parsed(path)
+    if tree is None or _is_dynamic(tree):
+        return None
+    # A function may bind a module name when it is called (``global fn``): taken as bound.
+    names = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    for node in _module_scope(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((alias.asname or alias.name).partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+    return frozenset(names)
+
+
+def _functions(path: Path) -> list[str]:
+    """The public functions a module defines at its top level, in order."""
+    tree = _parsed(path)
+    if tree is None:
+        return []
+    defined = (node for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
+    return [node.name for node in defined if not node.name.startswith("_")]
+
+
+def _assigns_attribute(path: Path, attribute: str) -> bool:
+    """Whether a module may set ``attribute`` on another module (``mod.fn = ...``), or its source
+    cannot tell."""
+    tree = _parsed(path)
+    if tree is None or _is_dynamic(tree):
+        return True
+    return any(
+        isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr == attribute
+        for node in ast.walk(tree)
+    )
