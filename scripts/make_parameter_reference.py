@@ -58,6 +58,16 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
 )  # fmt: skip
 
+#: The checks of a pre/postprocess dotted path after the spec's (operators/job_shipping.py,
+#: utils/user_functions.py).
+_USER_FUNCTION_CHECKS = (
+    "Its function too, then and by `validate()`, read from its module's source (never imported): where the "
+    "module is found, it must define the function at its top level (a def, a class, an assignment or an "
+    "import of that name), else the error gives the likely name; a module not found there, or one that "
+    "binds names as it runs (`from x import *`, `globals()`), is left to the job. Then, when the task "
+    "submits the job: its module must import where the task runs (it is shipped with the job); the job's "
+    "driver imports the function before any row is read."
+)
 #: Checks of spec fields that come after the spec's own, read from the code that makes them.
 LATER_CHECKS: dict[str, str] = {
     "model": "Then the job's driver, before any engine starts: a local model folder must exist and hold "
@@ -65,10 +75,8 @@ LATER_CHECKS: dict[str, str] = {
     "A Hugging Face id is left to vLLM.",
     "input_uri": "Then the job's driver, before any engine starts: it must name at least one input file, "
     "none too large to read whole.",
-    "preprocess": "Then, when the task submits the job: its module must import where the task runs (it is "
-    "shipped with the job); the job's driver imports the function before any row is read.",
-    "postprocess": "Then, when the task submits the job: its module must import where the task runs (it is "
-    "shipped with the job); the job's driver imports the function before any row is read.",
+    "preprocess": _USER_FUNCTION_CHECKS,
+    "postprocess": _USER_FUNCTION_CHECKS,
     "engine_kwargs": "Then, with `check_layout`, when the task submits: the tensor x pipeline parallel "
     "replicas must fit the cluster's alive nodes. The job's driver, before any replica starts: each key "
     "must be an engine argument of the cluster's vLLM.",
