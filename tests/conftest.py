@@ -172,13 +172,15 @@ def _session_order(item: pytest.Item) -> int:
 
     0. ``cold_engine`` tests, whose subject is an engine's start, lifetime or placement: on a cluster
        no warm pool holds yet, so their jobs find every CPU and replica slot free;
-    1. the rest, on the session's warm engine pools (:data:`TEST_KEEP_WARM_SECONDS`);
-    2. the tests on the session's `airflow standalone` deployments, last: their schedulers, triggerers
+    1. a ``cold_engine`` test marked ``session_pool``: the pool it starts cold is the one the session's
+       text jobs share, left warm for them;
+    2. the rest, on the session's warm engine pools (:data:`TEST_KEEP_WARM_SECONDS`);
+    3. the tests on the session's `airflow standalone` deployments, last: their schedulers, triggerers
        and dag processors then run beside no other test.
     """
     if item.get_closest_marker("cold_engine") is not None:
-        return 0
-    return 2 if {"shared_airflow", "second_airflow"} & set(getattr(item, "fixturenames", ())) else 1
+        return 1 if item.get_closest_marker("session_pool") is not None else 0
+    return 3 if {"shared_airflow", "second_airflow"} & set(getattr(item, "fixturenames", ())) else 2
 
 
 #: A file scripts/test.sh names (``RAYBATCH_TEST_COLD_DONE_FILE``), written when the first test after
@@ -192,7 +194,7 @@ def _say_cold_engine_tests_done() -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _session_order(item) > 0:
+    if _session_order(item) > 1:
         _say_cold_engine_tests_done()
 
 
@@ -438,7 +440,8 @@ def install_warm_engine_policy(home: Path) -> None:
     it, then building): about a quarter of the tests' time. Their jobs now share the engines an earlier
     job of the same settings left warm. The cold path keeps its own tests, which submit from the test
     process (no Airflow home, no policy): test_pipeline_job, test_fault_injection, test_multinode's
-    first test, test_engine_lifetime; test_warm_pool and the backfill test set their own pools.
+    first test, test_engine_lifetime; test_warm_pool starts the session's pool these share, and the
+    backfill test sets its own keep-warm window.
     Airflow runs the policy wherever it parses a DAG (``airflow dags test``, the dag processor, each
     task's process): ``$AIRFLOW_HOME/config`` is on its ``sys.path``.
     """
@@ -580,6 +583,18 @@ def hold_free_cpus(hook, seconds: float) -> str:
         assert time.monotonic() < deadline, logs[-2000:]
         time.sleep(1)
     return job_id
+
+
+@contextmanager
+def free_cpus_held(hook) -> Iterator[None]:
+    """Every CPU free now held while the block runs (:func:`hold_free_cpus`): a job on the session's
+    warm engines stays RUNNING, its reads waiting for a CPU, until the test lets it go. It waits on
+    this event, not on how slowly it generates, and builds no engine of its own."""
+    holder = hold_free_cpus(hook, seconds=3600)
+    try:
+        yield
+    finally:
+        hook.stop_job(holder)
 
 
 @contextmanager

@@ -34,8 +34,7 @@ from tests.conftest import (
     AIRFLOW_BIN,
     CPU_ENGINE_KWARGS,
     CPU_REPLICA,
-    HELD_REPLICA,
-    replica_slots_held,
+    free_cpus_held,
     run_date,
     warm_conf,
 )
@@ -123,18 +122,9 @@ def _save(paths: list[Path]) -> None:
             shutil.copy(path, Path(target) / path.name)
 
 
-#: Tickets for a run the UI stops mid-job: 30 could finish (~1 min on 2 cores) before the stop landed.
-LONG_RUN_TICKETS = 300
-
-
 def _conf(tiny_model: Path, data_root: Path) -> dict:
     return {"model": str(tiny_model), "data_root": str(data_root), "engine_kwargs": CPU_ENGINE_KWARGS,
             "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
-
-
-def _held_conf(tiny_model: Path, data_root: Path) -> dict:
-    """A run whose job waits, RUNNING, for a replica slot the test holds (HELD_REPLICA: no warm pool)."""
-    return {**_conf(tiny_model, data_root), "replica_resources": HELD_REPLICA, "keep_warm_seconds": None}
 
 
 def test_a_scheduled_run_reads_the_day_before_and_its_task_page_shows_progress_and_the_ray_job_link(
@@ -258,10 +248,10 @@ def test_marking_a_deferred_task_failed_stops_its_ray_job(
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     hook = RayHook()
-    with replica_slots_held(hook):  # the job runs until the test stops it
+    with free_cpus_held(hook):  # the job runs until the test stops it
         run_id, path, job_id = _deferred_run(
             airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-13",
-            _held_conf(tiny_model, tmp_path), TICKETS,
+            _conf(tiny_model, tmp_path), TICKETS,
         )  # fmt: skip
         assert not hook.get_job_status(job_id).is_terminal
 
@@ -282,15 +272,19 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
     """Clear in the UI while the task waits in the triggerer: the earlier try's job is stopped, and
     the next try finishes the batch with one job of its own (never two running at once), every
     ticket exactly once."""
-    # LONG_RUN_TICKETS: the job must still run when the test clears it (the next try must finish, so
-    # it runs on the warm engines: a held job would not).
-    run_id, path, first_job = _deferred_run(
-        airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12",
-        _conf(tiny_model, tmp_path), LONG_RUN_TICKETS,
-    )  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
     hook = RayHook()
-
-    airflow.clear(DAG_ID, run_id, TASK_ID)
+    with free_cpus_held(hook):  # the first try's job runs until the clear stops it
+        run_id, path, first_job = _deferred_run(
+            airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12",
+            _conf(tiny_model, tmp_path), TICKETS,
+        )  # fmt: skip
+        airflow.clear(DAG_ID, run_id, TASK_ID)
+        airflow.wait(
+            "the clear to stop the first try's job",
+            lambda: True if hook.get_job_status(first_job).is_terminal else None,
+            timeout=120,
+        )
 
     done = airflow.wait(
         "the next try to finish",
@@ -310,8 +304,8 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
         for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
         for line in file.read_text().splitlines()
     ]
-    assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(LONG_RUN_TICKETS)]
-    assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"] == LONG_RUN_TICKETS
+    assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
+    assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"] == TICKETS
 
 
 def _xcom_or_none(airflow: Airflow, path: str) -> object:
@@ -331,8 +325,8 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
     day = "2026-11-11"
     _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
     hook = RayHook()
-    with replica_slots_held(hook):  # try 1's job runs until try 2 has attached to it
-        run_id = airflow.trigger(WORKER_KILL_DAG_ID, day, _held_conf(tiny_model, tmp_path))
+    with free_cpus_held(hook):  # try 1's job runs, on the warm engines, until try 2 has attached to it
+        run_id = airflow.trigger(WORKER_KILL_DAG_ID, day, _conf(tiny_model, tmp_path))
         path = f"/dags/{WORKER_KILL_DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{TASK_ID}"
 
         def submitted() -> object:

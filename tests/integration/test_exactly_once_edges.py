@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from tests.conftest import HELD_REPLICA, replica_slots_held, submit_pipeline, wait_for_job, warm_conf
+from tests.conftest import free_cpus_held, submit_pipeline, wait_for_job, warm_conf
 from tests.integration.test_pipeline_job import make_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -77,21 +77,21 @@ def test_an_input_rewritten_in_place_before_the_retry_commits_the_new_input_once
     assert "is not this run's (changed since: the input files)" in log, log[-3000:]
 
 
-@pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
 def test_a_second_live_job_of_a_run_waits_for_the_first_and_never_writes_beside_it(
     ray_connection, tiny_model: Path, tmp_path: Path
 ) -> None:
+    """On the session's warm engines, both jobs: the subject is the staging's owner, not the engine."""
     hook, run_key = RayHook(), "edge-two-jobs"
     _write(tmp_path / "in" / "tickets.jsonl", [f"t{i}" for i in range(12)])
-    with replica_slots_held(hook):  # the first job runs, its engine unplaced, until it is stopped
-        held = _operator(tiny_model, tmp_path, replica_resources=HELD_REPLICA)
-        first = submit_pipeline(held, run_key, f"one-{uuid.uuid4().hex[:8]}")
+    operator = _operator(tiny_model, tmp_path, **warm_conf())
+    with free_cpus_held(hook):  # the first job runs, its reads waiting for a CPU, until it is stopped
+        first = submit_pipeline(operator, run_key, f"one-{uuid.uuid4().hex[:8]}")
         owner = tmp_path / "out" / "_staging" / f"{run_key}.owner.json"
         while not owner.exists():
             assert not hook.get_job_status(first).is_terminal, hook.get_job_log_tail(first, 40)
             time.sleep(0.5)
         # The run deleted and triggered again: its new try's job, the same run key.
-        second = submit_pipeline(_operator(tiny_model, tmp_path), run_key, f"two-{uuid.uuid4().hex[:8]}")
+        second = submit_pipeline(operator, run_key, f"two-{uuid.uuid4().hex[:8]}")
         while "waiting up to" not in hook.get_job_logs(second):
             assert not hook.get_job_status(second).is_terminal, hook.get_job_log_tail(second, 40)
             time.sleep(0.5)
