@@ -1,7 +1,10 @@
 """Warm engines across jobs (``keep_warm_seconds``), as real Ray jobs on the local cluster with vLLM's
-CPU engine: a second job starts on the first one's engine, a replica killed mid-job is replaced and no
-row is lost or doubled, and the pool scales to zero. Two concurrent jobs sharing a pool of two
-replicas (one per node) is tests/integration/test_multinode.py.
+CPU engine: a second job starts on the first one's engine, and a replica killed mid-job is replaced
+and no row is lost or doubled. Two concurrent jobs sharing a pool of two replicas (one per node), and
+a pool scaled to zero after its keep-warm window, are tests/integration/test_multinode.py.
+
+The pool is the session's: the one the later tests' text jobs share (same model and engine settings),
+started cold here and left warm for them, its replacement replica the engine they run on.
 
 The test process has no Ray (the Airflow side stays light): it looks at the pool through small Ray
 jobs of its own (:func:`_pool`), and kills a replica by its process id (:func:`_replica_pid`).
@@ -21,11 +24,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook, _Request
-from tests.conftest import engine_plan, submit_pipeline, wait_for_job
+from tests.conftest import TEST_KEEP_WARM_SECONDS, engine_plan, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 
-# Pools of its own: the subject is a pool's start (its first job cold), replacement and scale to zero.
-pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(1200)]
+# The subject is a pool's start (its first job cold) and a replica's replacement: it starts the
+# session's pool, after the other cold-engine tests and before any test that shares it.
+pytestmark = [
+    pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.session_pool, pytest.mark.timeout(1200),
+]  # fmt: skip
 
 
 _POOL_SCRIPT = """
@@ -114,14 +120,7 @@ def _committed(folder: Path, name: str, job_id: str, ids: list[str]) -> dict:
     return manifest
 
 
-def _wait_for_empty_pool(fingerprint: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while (live := _pool(fingerprint)) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert not live, f"the pool still holds {live} after {timeout} s"
-
-
-def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scales_to_zero(
+def test_a_second_job_starts_warm_and_a_killed_replica_is_replaced(
     ray_connection, tiny_model, tmp_path
 ) -> None:
     first, first_ids = _run(tiny_model, tmp_path, "first", 40, keep_warm=600)
@@ -159,7 +158,7 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
 
     # A replica killed while a job's rows are in it: replaced, and every row committed exactly once.
     pid = _replica_pid(replica["name"])
-    third, third_ids = _run(tiny_model, tmp_path, "third", 600, keep_warm=3,
+    third, third_ids = _run(tiny_model, tmp_path, "third", 600, keep_warm=TEST_KEEP_WARM_SECONDS,
                             sampling_params={"temperature": 0, "max_tokens": 48})  # fmt: skip
     out = tmp_path / "third" / "out"  # the replicas stage parts into the version folder as rows finish
     deadline = time.monotonic() + 600
@@ -170,5 +169,6 @@ def test_a_second_job_starts_warm_a_killed_replica_is_replaced_and_the_pool_scal
     assert not RayHook().get_job_status(third).is_terminal, "the replica was killed after the job ended"
     manifest = _committed(tmp_path, "third", third, third_ids)
     assert manifest["engine_pool"]["warm_replicas"] == 1
-    # keep_warm_seconds=3, the last job's: the replica (the replacement) goes, and its GPUs with it.
-    _wait_for_empty_pool(cold["fingerprint"], timeout=120)
+    # The replacement stays, the session's warm engine, for the session's keep-warm window.
+    [replacement] = _pool(cold["fingerprint"])
+    assert _replica_pid(replacement["name"]) != pid

@@ -1,8 +1,8 @@
 """pipeline/generate/engine_pool.py, pool_replica.py and pooled_stage.py without a cluster: which engines
 are interchangeable, what a replica keeps of a job, leases and keep-warm, and a dead replica replaced.
 
-The end-to-end behaviour (a warm second job, two jobs on one engine, a replica killed mid-job, scale
-to zero) is tests/integration/test_warm_pool.py.
+The end-to-end behaviour (a warm second job, two jobs on one engine, a replica killed mid-job) is
+tests/integration/test_warm_pool.py; scale to zero, tests/integration/test_multinode.py.
 """
 
 from __future__ import annotations
