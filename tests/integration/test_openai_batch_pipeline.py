@@ -182,18 +182,16 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     )
 
 
-@pytest.mark.cold_engine  # the engine built with the forkserver off: a start no other test makes
 def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -> None:
-    """Also: two choices for one line, with the forkserver off (our engine-stage UDF serves n either
-    way)."""
+    """Also: two choices for one line. On the session's warm engines, which render no prompt of a
+    completions line."""
     lines = [request(f"c-{i}", COMPLETIONS, {"prompt": f"Once upon a time {i}", "max_tokens": 5,
                                              "logprobs": 1})
              for i in range(10)]  # fmt: skip
     lines.insert(3, request("c-two", COMPLETIONS, {"prompt": "Once", "max_tokens": 5, "logprobs": 1, "n": 2,
                                                    "temperature": 1.0}))  # fmt: skip
     lines.append(request("c-empty", COMPLETIONS, {"prompt": "   "}))
-    no_forkserver = {"env_vars": {"RAYBATCH_ENGINE_FORKSERVER": "0"}}
-    manifest, outputs, errors = run_batch(tiny_model, tmp_path, COMPLETIONS, lines, runtime_env=no_forkserver)
+    manifest, outputs, errors = run_batch(tiny_model, tmp_path, COMPLETIONS, lines, **warm_conf())
 
     assert_counts_add_up(manifest, outputs, errors, 12)
     assert sorted(line["custom_id"] for line in outputs) == sorted([*(f"c-{i}" for i in range(10)), "c-two"])
@@ -216,8 +214,10 @@ def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -
     assert errors[0]["error"]["code"] == "invalid_request" and "empty prompt" in errors[0]["error"]["message"]
 
 
-@pytest.mark.cold_engine  # an embedding engine: no other test shares it
+@pytest.mark.cold_engine  # an embedding engine, built with the forkserver off: no other test makes either
 def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
+    """Also: the engine started with the forkserver off (its EngineCore spawned by the replica itself;
+    our engine-stage UDF serves the stage either way, pipeline/generate/engine.py)."""
     lines = [request(f"e-{i}", EMBEDDINGS, {"input": f"document number {i}"}) for i in range(8)]
     # Three inputs in one line, in the same block as one-input lines; two of them also sent alone.
     lines.insert(
@@ -225,7 +225,8 @@ def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
         request("e-three", EMBEDDINGS, {"input": ["document number 5", "a third text", "document number 1"]}),
     )
     lines.append(request("e-ids", EMBEDDINGS, {"input": [[1, 2, 3]]}))  # token ids: still refused
-    manifest, outputs, errors = run_batch(tiny_model, tmp_path, EMBEDDINGS, lines)
+    no_forkserver = {"env_vars": {"RAYBATCH_ENGINE_FORKSERVER": "0"}}
+    manifest, outputs, errors = run_batch(tiny_model, tmp_path, EMBEDDINGS, lines, runtime_env=no_forkserver)
 
     assert_counts_add_up(manifest, outputs, errors, 10)
     vectors, usage = {}, {}
