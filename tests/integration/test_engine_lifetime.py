@@ -5,6 +5,11 @@ after the replica dies, but only while the raylet lives (``ray stop --force``, a
 clean-up). A cluster of its own, started with that clean-up off, shows what the EngineCore does by
 itself (pipeline/generate/engine_lifetime.py). The machine is shared: only this cluster's processes
 (found by its token path) are looked at, and only the ones recorded are killed.
+
+Each job lets no replica be restarted (``RAYBATCH_ENGINE_MAX_RESTARTS=0``): a restarted replica's
+engine would build beside the checks, and the first kill also shows that bound fail the job, saying
+why (Ray Data's own default restarts a replica without end: an engine that crashes on every start
+kept a job running with nothing done, bench/RESULTS.md 7f).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.pipeline.generate.engine import ENGINE_MAX_RESTARTS_ENV
 from tests.conftest import (
     CPU_ENGINE_KWARGS,
     CPU_REPLICA,
@@ -133,6 +139,7 @@ def _engine_replica_of_a_job(
         engine_kwargs=CPU_ENGINE_KWARGS,
         replica_resources=CPU_REPLICA,
         concurrency=1,
+        runtime_env={"env_vars": {ENGINE_MAX_RESTARTS_ENV: "0"}},
     )
     job_id = submit_pipeline(operator, "lifetime", f"lifetime-{uuid.uuid4().hex[:8]}")
     recorded: list[psutil.Process] = []
@@ -155,10 +162,23 @@ def test_a_replica_killed_mid_job_takes_its_engine_core_worker_and_forkserver_wi
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", cluster_without_group_cleanup.connection_json())
     with _engine_replica_of_a_job(cluster_without_group_cleanup, tiny_model, tmp_path) as job:
-        _, replica, recorded, titles = job
+        job_id, replica, recorded, titles = job
         replica.kill()
         # SIGTERM: ~1-10 s; an EngineCore still starting: 20 s grace, then SIGKILL.
         assert _still_alive(recorded, titles, 45) == []
+        # Restarted at most 0 times: the job fails at the first death, saying why, and commits nothing.
+        hook = RayHook()
+        assert wait_for_job(job_id, timeout=180) == JobStatus.FAILED, hook.get_job_log_tail(job_id, 60)
+        log = hook.get_job_logs(job_id)
+        assert "EngineStageFailed: The engine stage failed" in log, log[-3000:]
+        assert f"restarted at most 0 times ({ENGINE_MAX_RESTARTS_ENV})" in log
+        assert not (tmp_path / "out" / "manifest.json").exists()
+        staged = [
+            source
+            for part in (tmp_path / "out" / "_staging" / "lifetime" / "parts").glob("*.json")
+            for source in json.loads(part.read_text())["sources"]
+        ]
+        assert len(staged) == len(set(staged))  # kept for a retry, each row once
 
 
 def test_an_engine_core_vllm_takes_for_dead_ends_with_its_replica(
