@@ -114,8 +114,8 @@ def _too_large(module_path: Path, sizes: list[tuple[int, str]]) -> ValueError:
     )
 
 
-def _files_of(module_path: Path) -> list[tuple[str, Path]]:
-    """(name in the zip, file) pairs for a package directory or a single ``.py`` file."""
+def module_files(module_path: Path) -> list[tuple[str, Path]]:
+    """(name in the zip, file) pairs for a package directory or a single ``.py`` file: what ships."""
     if module_path.is_file():
         return [(module_path.name, module_path)]
     files: list[tuple[str, Path]] = []
@@ -143,7 +143,7 @@ def build_py_module_package(module_path: str | Path) -> RayPackage:
     module_path = Path(module_path).resolve()
     if not (module_path.is_dir() or module_path.suffix == ".py"):
         raise ValueError(f"{module_path} is neither a package directory nor a .py file.")
-    files = _files_of(module_path)
+    files = module_files(module_path)
     if not files:
         raise ValueError(f"{module_path} holds no files to ship.")
     return build_package({name: path.read_bytes() for name, path in files})

@@ -18,7 +18,9 @@ LLM's ``ServeDeploymentProcessorConfig``, and named detached actors):
   engine's constructor keywords (model, engine_kwargs, task type, pending-request bound, LoRA path;
   the path of an ``s3://`` model the job fetched names its S3 endpoint, its URI and its objects'
   ETags (:mod:`.model_cache`), so deployments whose endpoints differ under one URI, or a model
-  changed in its bucket, never share replicas),
+  changed in its bucket, never share replicas; of a model in a folder or read from S3 by the engine,
+  its files as listed now (:func:`..stage.binding.model_digest`: new weights copied over the old get
+  new engines, not the old ones still in memory)),
   the replica's resources and accelerator type, the compile cache folder, and the runtime env the
   replica runs in (our code's package, which is content-addressed, so a new provider version gets
   new engines; the env vars; pip). The author's own modules and the job's spec package are left out
@@ -65,6 +67,7 @@ from typing import Any
 
 from airflow_provider_raybatch.pipeline import job_settings
 from airflow_provider_raybatch.pipeline.generate.pool_replica import ANY_NODE, LEASE_RENEW_SECONDS
+from airflow_provider_raybatch.pipeline.stage.binding import model_digest
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
@@ -163,11 +166,18 @@ def live_replica_names() -> set[str]:
 
 
 def pool_fingerprint(
-    engine_kwargs: dict[str, Any], actor_options: dict[str, Any], compile_cache_dir: str | None
+    engine_kwargs: dict[str, Any],
+    actor_options: dict[str, Any],
+    compile_cache_dir: str | None,
+    model_files: str = "",
 ) -> str:
-    """A stable hash of everything that makes two engines interchangeable (see the module doc)."""
+    """A stable hash of everything that makes two engines interchangeable (see the module doc).
+
+    :param model_files: the model's files as listed now (:func:`..stage.binding.model_digest`).
+    """
     engine = {key: value for key, value in engine_kwargs.items() if key not in _PER_JOB_KWARGS}
-    shape = {"engine": engine, "actor": actor_options, "compile_cache_dir": compile_cache_dir}
+    shape = {"engine": engine, "actor": actor_options, "compile_cache_dir": compile_cache_dir,
+             "model_files": model_files}  # fmt: skip
     canonical = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -206,7 +216,8 @@ def plan_pool(
         if env_vars:
             runtime_env["env_vars"] = env_vars
     options["runtime_env"] = runtime_env
-    fingerprint = pool_fingerprint(engine_kwargs, options, compile_cache_dir)
+    model_files = model_digest(str(engine_kwargs.get("model", "")))
+    fingerprint = pool_fingerprint(engine_kwargs, options, compile_cache_dir, model_files)
     return EnginePool(
         fingerprint, replicas, dict(engine_kwargs), options, compile_cache_dir, keep_warm_seconds
     )

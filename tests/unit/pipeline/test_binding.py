@@ -50,6 +50,46 @@ def test_the_code_digest_follows_the_content_of_the_authors_module(tmp_path: Pat
     assert binding.code_digest(spec) != first
 
 
+def test_the_code_digest_follows_every_file_the_authors_package_ships(tmp_path: Path, monkeypatch) -> None:
+    """A prompt template beside the code is shipped with it and changes the answers as the code does;
+    byte code and a secret-named file are not shipped (utils/packaging.py), so they change nothing."""
+    package = tmp_path / "team_prompts"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "steps.py").write_text("def clean(row):\n    return row\n")
+    (package / "template.txt").write_text("Classify: {text}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = _spec(preprocess="team_prompts.steps.clean")
+    first = binding.code_digest(spec)
+
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "steps.cpython-311.pyc").write_bytes(b"\0")
+    (package / "secret_token.txt").write_text("x")
+    assert binding.code_digest(spec) == first
+    (package / "template.txt").write_text("Classify this ticket: {text}")
+    assert binding.code_digest(spec) != first
+
+
+def test_the_binding_follows_the_engines_libraries(monkeypatch) -> None:
+    """vLLM upgraded on the cluster between two tries: the rows staged by the old one are another
+    engine's answers."""
+    import importlib.metadata
+
+    versions = {"ray": "2.60.0", "vllm": "0.11.0", "transformers": "4.57.1"}
+
+    def version(name: str) -> str:
+        if name not in versions:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    before = binding.binding_of(_spec(), "input")
+    assert before.engine == "ray==2.60.0,vllm==0.11.0,transformers==4.57.1"
+    versions["vllm"] = "0.11.1"
+    after = binding.binding_of(_spec(), "input")
+    assert after.changes_from(before) == ["the engine's libraries (Ray, vLLM, transformers, torch)"]
+
+
 def test_the_model_digest_follows_its_files_and_a_hub_id_is_itself(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()

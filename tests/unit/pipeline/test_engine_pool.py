@@ -8,6 +8,7 @@ tests/integration/test_warm_pool.py; scale to zero, tests/integration/test_multi
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -114,6 +115,20 @@ def test_a_job_takes_the_pools_live_replicas_first(replicas: int, alive: list, c
 def test_a_tensor_parallel_engine_is_not_pooled() -> None:
     with pytest.raises(ValueError, match="one-actor engines"):
         plan_pool(dict(ENGINE), {"ray_remote_args_fn": object()}, 1, 60.0, None, {})
+
+
+def test_new_weights_in_the_models_folder_get_a_new_pool(tmp_path: Path) -> None:
+    """A warm replica holds the weights it loaded: once the folder's files change (a fine-tune copied
+    over the old one), a job must not be served by it."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"old weights")
+    engine = {**ENGINE, "model": str(model)}
+    before = _plan(engine).fingerprint
+
+    assert _plan(engine).fingerprint == before
+    (model / "model.safetensors").write_bytes(b"new weights, longer")
+    assert _plan(engine).fingerprint != before
 
 
 def test_what_a_replica_needs_and_whether_it_fits() -> None:
