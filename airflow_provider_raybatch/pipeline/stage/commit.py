@@ -536,12 +536,15 @@ def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool)
     version = manifest["version"]
     replaced = previous.get("version") if previous.get("version") != version else None
     manifest["replaced_version"] = replaced
+    # The version replaced is listed before the manifest that replaces it: a publish that dies between
+    # its manifest and its own listing leaves its version for the next publish to list here, and the
+    # one it replaced listed already (a manifest named it: current until then, so never collected early).
+    if replaced and not keep_versions and not storage.exists(_published_entry(layout, replaced)):
+        _list_published(layout, replaced, previous.get("run_key"))
     storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
     _list_published(layout, version, layout.run_key)  # after the manifest: see collect_superseded
     if replaced and keep_versions:
         storage.delete_file(_published_entry(layout, replaced))
-    elif replaced and not storage.exists(_published_entry(layout, replaced)):  # published before the list
-        _list_published(layout, replaced, previous.get("run_key"))
     storage.delete_tree(layout.staging_uri)
     if not keep_versions:
         collect_superseded(layout)

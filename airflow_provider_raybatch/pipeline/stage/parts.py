@@ -27,10 +27,12 @@ all write through :class:`PartWriter`.
 from __future__ import annotations
 
 import json
+import posixpath
 import uuid
 from collections import Counter
 from typing import Any
 
+from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
@@ -39,10 +41,16 @@ from airflow_provider_raybatch.pipeline.stage import part_schema
 from airflow_provider_raybatch.pipeline.stage.commit import (
     PART_FOLDERS,
     SOURCES_IN_FILE_ORDER,
+    STAGED_VERSION_KEY,
     StagedPart,
     reason_kind,
 )
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
+
+
+class StagingTakenError(RuntimeError):
+    """A writer's staging was started afresh or committed by a newer try: it writes nothing more."""
+
 
 #: Sidecar key: each output row's label (the choice its answer was held to; None for free text), in
 #: file order, so that a row commit stages again still counts as the label it is, or not at all.
@@ -136,7 +144,11 @@ class PartWriter:
             filesystem.create_dir(path, recursive=True)
 
     def write_part(self, rows: list[dict[str, Any]]) -> StagedPart:  # Any: row values.
-        """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last."""
+        """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last.
+
+        :raises StagingTakenError: the staging is no longer this writer's (:meth:`check_still_staging`).
+        """
+        self.check_still_staging()
         part = f"part-{uuid.uuid4().hex}"
         outputs = [json.loads(row["record"]) for row in rows if row["ok"]]
         errors = [json.loads(row["record"]) for row in rows if not row["ok"]]
@@ -184,6 +196,40 @@ class PartWriter:
         sidecar_uri = storage.join(self.staging_uri, "parts", f"{part}.json")
         storage.write_bytes(sidecar_uri, json.dumps(sidecar).encode())
         return StagedPart(part, sidecar)
+
+    def check_still_staging(self) -> None:
+        """Raise :class:`StagingTakenError` unless the version folder this writer writes into is still
+        the one its run's staging names, and not committed yet.
+
+        The data files go straight into the version folder (commit moves nothing), and a reader reads
+        that whole folder once ``manifest.json`` names it. A replica of a job that has ended (its node
+        cut off from Ray but not from the store) must not add a file there after a newer try started
+        the staging afresh (a version folder no one removes) or committed it (rows the manifest does
+        not count, in the result). Read before each part; a write that races a commit by milliseconds
+        is the window left.
+        """
+        if self.data_uri == self.staging_uri:  # no version folder named yet: nothing a reader reads
+            return
+        version_uri = self.data_uri.rstrip("/")
+        version = posixpath.basename(version_uri)
+        pointer_uri = storage.join(self.staging_uri, "spec.json")
+        staged = (
+            json.loads(storage.read_text(pointer_uri)).get(STAGED_VERSION_KEY)
+            if storage.exists(pointer_uri)
+            else None
+        )
+        manifest_uri = storage.join(posixpath.dirname(posixpath.dirname(version_uri)), MANIFEST_FILE_NAME)
+        committed = (
+            json.loads(storage.read_text(manifest_uri)).get("version") == version
+            if staged == version and storage.exists(manifest_uri)
+            else False
+        )
+        if staged != version or committed:
+            why = "committed" if committed else f"started afresh (it stages into {staged} now)"
+            raise StagingTakenError(
+                f"The staging {self.staging_uri} was {why}: this writer's version {version} is no longer "
+                "its to write. The job that made this writer has ended; its rows are not staged."
+            )
 
     def read_part(self, part: StagedPart) -> list[dict[str, Any]]:  # Any: row values.
         """A part's rows as :meth:`write_part` took them (each output row with its ``label``, and its

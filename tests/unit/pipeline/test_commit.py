@@ -25,7 +25,7 @@ from airflow_provider_raybatch.pipeline.read.rows import parse_file
 from airflow_provider_raybatch.pipeline.reporting import report
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
-from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter, StagingTakenError
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from tests.unit.pipeline.interleave import interleave
@@ -207,7 +207,8 @@ def test_open_staging_fresh_records_the_spec(layout: OutputLayout) -> None:
     assert commit.open_staging(layout, spec) == set()
 
     pointer = json.loads(storage.read_text(layout.staged_spec_uri))
-    binding = {"spec": spec.fingerprint(), "input": "", "code": "", "model": ""}  # the spec alone given
+    # the spec alone given
+    binding = {"spec": spec.fingerprint(), "input": "", "code": "", "model": "", "engine": ""}
     assert pointer == {"fingerprint": spec.fingerprint(), "binding": binding, "version": pointer["version"]}
     assert re.fullmatch(rf"\d{{8}}T\d{{6}}-{RUN_KEY[-12:]}-[0-9a-f]{{6}}", pointer["version"])
     assert commit.staged_data_uri(layout) == layout.version_uri(pointer["version"])  # the data goes there
@@ -886,6 +887,60 @@ def test_publish_deletes_the_previous_version_unless_kept(
     assert json.loads(storage.read_text(layout.manifest_uri)) == {"version": "v2", "replaced_version": "v1"}
     assert second.exists()
     assert first.exists() is kept
+
+
+def test_publishes_that_died_after_their_manifest_leave_nothing_behind_once_one_finishes(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tries in a row die between writing their manifest and listing their version for collection;
+    the third publish removes both replaced versions. (Listed only after each one's own manifest, the
+    first was never listed: a version folder left for good.)"""
+    listed = commit._list_published
+
+    def dies_after_its_manifest(version: str) -> Callable[..., None]:
+        def list_published(layout: OutputLayout, listed_version: str, run_key: str | None) -> None:
+            if listed_version == version:
+                raise RuntimeError("the driver died here")
+            listed(layout, listed_version, run_key)
+
+        return list_published
+
+    for version in ("v1", "v2"):
+        version_folder(layout, version)
+        monkeypatch.setattr(commit, "_list_published", dies_after_its_manifest(version))
+        with pytest.raises(RuntimeError, match="died here"):
+            commit.publish(layout, {"version": version}, keep_versions=False)
+        assert commit.current_version(layout) == version
+    monkeypatch.setattr(commit, "_list_published", listed)
+    version_folder(layout, "v3")
+
+    commit.publish(layout, {"version": "v3"}, keep_versions=False)
+
+    assert sorted(path.name for path in Path(layout.output_uri, "versions").iterdir()) == ["v3"]
+
+
+@pytest.mark.parametrize("moved_on", ["started afresh", "committed"])
+def test_a_writer_whose_staging_moved_on_writes_nothing_more(layout: OutputLayout, moved_on: str) -> None:
+    """A replica of a job that ended (cut off from Ray, not from the store) stages late: after a newer
+    try started the staging afresh, or committed its version, nothing of it lands in a version folder."""
+    spec = spec_of(run_key=layout.run_key)
+    commit.open_staging(layout, spec)
+    late = PartWriter(
+        layout.staging_uri, "jsonl", count_labels=False, data_uri=commit.staged_data_uri(layout)
+    )
+    late.create_folders()
+    late.write_part([{"source": "in.jsonl:1", "ok": True, "record": json.dumps({"id": "a"})}])  # its own
+    version = Path(late.data_uri).name
+    if moved_on == "started afresh":
+        commit.open_staging_parts(layout, spec, RunBinding(spec=spec.fingerprint(), input="rewritten"))
+    else:
+        storage.write_text(layout.manifest_uri, json.dumps({"version": version}))
+    before = sorted(str(path) for path in Path(layout.output_uri).rglob("*") if path.is_file())
+
+    with pytest.raises(StagingTakenError, match=rf"was {moved_on}.*version {version} is no longer its"):
+        late.write_part([{"source": "in.jsonl:2", "ok": True, "record": json.dumps({"id": "b"})}])
+
+    assert sorted(str(path) for path in Path(layout.output_uri).rglob("*") if path.is_file()) == before
 
 
 def test_publish_of_the_same_version_again_keeps_it(layout: OutputLayout) -> None:

@@ -18,7 +18,10 @@ tries. After every step:
   writes into (a try in progress, killed or held); whatever two publishes at once did.
 
 Two publishes at once run in threads, one storage call at a time, in an order hypothesis draws
-(tests/unit/pipeline/interleave.py).
+(tests/unit/pipeline/interleave.py). A try may die part way through its commit (after any number of
+its storage calls: in ``write_version``, ``hold`` or ``publish``), and a dead try's replica may stage
+a last part after a newer try took the run over (its job ended, the replica not yet: a node cut off
+from Ray but not from the store).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import shutil
 import tempfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +40,7 @@ from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from airflow_provider_raybatch.manifest import HELD_STATUS
+from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.read import prepared_cache
 from airflow_provider_raybatch.pipeline.stage import commit, ownership
 from airflow_provider_raybatch.pipeline.stage.binding import (
@@ -43,10 +48,10 @@ from airflow_provider_raybatch.pipeline.stage.binding import (
     RunBinding,
     check_input_unchanged,
 )
-from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter, StagingTakenError
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
-from tests.unit.pipeline.interleave import interleave
+from tests.unit.pipeline.interleave import GATED, interleave
 
 RUN_KEY = "daily-2026-11-20"
 #: A second run of the same date (triggered by hand): its own run key, the same output.
@@ -68,6 +73,10 @@ class Try:
     rows: list[tuple[str, str]]  # (source, id) of every input row it read, in order
     todo: list[tuple[str, str]]  # those it has still to stage
     writer: PartWriter
+
+
+class Crash(Exception):
+    """The try's process dies here: the storage call it was about to make never happens."""
 
 
 @dataclass
@@ -98,6 +107,9 @@ class CommitProtocol(RuleBasedStateMachine):
         self.committed_input_state: tuple | None = None
         # version -> the rows its try read and the code it made them with
         self.committed: dict[str, tuple[list[tuple[str, str]], int]] = {}
+        #: A try died in its commit, and no publish has finished since: its debris (a version its manifest
+        #: named, replaced before it was listed for collection) waits for the next publish.
+        self.died_since_publish = False
         self._write_file("a.jsonl", ["a", "b", "c", "d", "e"])
 
     def teardown(self) -> None:
@@ -281,6 +293,63 @@ class CommitProtocol(RuleBasedStateMachine):
                 manifest["version"] == now or not Path(self.layout.version_uri(manifest["version"])).exists()
             )
 
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data(), calls=st.integers(0, 40))
+    def die_part_way_through_the_commit(self, data: st.DataObject, calls: int) -> None:
+        """A live try stages what is left and commits, and dies after ``calls`` storage calls of it
+        (where it had more to make): a reader still finds a whole version, and a later try finishes."""
+        job = self.tries[data.draw(st.sampled_from(self._live()))]
+        made = 0
+
+        def counted(function: Callable[..., object]) -> Callable[..., object]:
+            def call(*args: object, **kwargs: object) -> object:
+                nonlocal made
+                if made >= calls:
+                    raise Crash
+                made += 1
+                return function(*args, **kwargs)
+
+            return call
+
+        originals = {name: getattr(storage, name) for name in GATED}
+        for name, original in originals.items():
+            setattr(storage, name, counted(original))
+        manifest, died = None, False
+        try:
+            manifest = self._write_version(job)
+            if manifest is not None:
+                commit.publish(job.layout, manifest, keep_versions=False)
+        except Crash:
+            died = True
+        finally:
+            for name, original in originals.items():
+                setattr(storage, name, original)
+        if not died:
+            if manifest is not None:
+                self._published(job, manifest)
+            return
+        self.alive[job.job_id] = False
+        self.died_since_publish = True
+        event("a try died part way through its commit")
+        if manifest is not None and commit.current_version(self.layout) == manifest["version"]:
+            self._record(job, manifest)  # its manifest was written: the version is current
+            event("a try died after its manifest was written")
+
+    @precondition(lambda self: any(not self.alive[t] and job.todo for t, job in self.tries.items()))
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def a_dead_tries_replica_stages_late(self, data: st.DataObject, count: int) -> None:
+        """A try's job has ended (Ray's job table says so, and a newer try may have taken the staging
+        over), but one of its replicas, cut off from Ray and not from the store, stages a last part."""
+        dead = sorted(t for t, job in self.tries.items() if not self.alive[t] and job.todo)
+        job = self.tries[data.draw(st.sampled_from(dead))]
+        batch, job.todo = job.todo[:count], job.todo[count:]
+        try:
+            job.writer.write_part([self._result(source, row_id, job.code) for source, row_id in batch])
+        except StagingTakenError:
+            event("a dead try's late part refused: its staging was started afresh or committed")
+        else:
+            event("a dead try's late part staged, for the next try to resume")
+
     def _write_version(self, job: Try) -> dict[str, object] | None:
         """The try stages what is left and writes its version; the manifest to publish, or None where
         the try commits nothing (its input changed under it) or holds its rows."""
@@ -310,11 +379,16 @@ class CommitProtocol(RuleBasedStateMachine):
         return {**manifest, "status": "complete"}
 
     def _published(self, job: Try, manifest: dict[str, object]) -> None:
+        self.died_since_publish = False
         ownership.release(job.layout, job.owner)
+        self._record(job, manifest)
+        event("a version committed")
+
+    def _record(self, job: Try, manifest: dict[str, object]) -> None:
+        """What a version whose manifest was written holds: the rows its try read, its code."""
         self.committed[str(manifest["version"])] = (job.rows, job.code)
         if manifest["version"] == commit.current_version(self.layout):
             self.committed_input_state = job.input_state
-        event("a version committed")
 
     # -- what must hold after every step --------------------------------------------------------
 
@@ -346,7 +420,10 @@ class CommitProtocol(RuleBasedStateMachine):
     @invariant()
     def no_version_is_left_behind(self) -> None:
         """Each version folder is the current one, or one a run's staging writes into (in progress,
-        killed or held: a retry takes or discards it); a replaced version is deleted."""
+        killed or held: a retry takes or discards it); a replaced version is deleted, by the next
+        publish where a try died in its own."""
+        if self.died_since_publish:
+            return
         versions = Path(self.layout.output_uri, "versions")
         folders = {path.name for path in versions.iterdir()} if versions.exists() else set()
         staged = {json.loads(path.read_text())[commit.STAGED_VERSION_KEY]
