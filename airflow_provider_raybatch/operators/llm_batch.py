@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from airflow_provider_raybatch.links import (
     RunReportLink,
 )
 from airflow_provider_raybatch.manifest import describe_engine_pool, describe_timings
-from airflow_provider_raybatch.operators import arguments, job_results, job_shipping
+from airflow_provider_raybatch.operators import arguments, job_results, job_shipping, partition_dates
 from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
 from airflow_provider_raybatch.operators.spec_params import (
@@ -352,6 +353,10 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 job_shipping.check_user_functions(preprocess=self.preprocess, postprocess=self.postprocess)
         except BatchSpecError as err:  # an import error names the file: this names the task in it
             raise BatchSpecError(f"{type(self).__name__} (task_id: {self.task_id}): {err}") from None
+        if self.has_dag() and (
+            reads_today := partition_dates.todays_partition_warning(self.dag.timetable, input_uri)
+        ):
+            warnings.warn(f"{type(self).__name__} (task_id: {self.task_id}): {reads_today}", stacklevel=2)
 
     @property
     def hook(self) -> RayHook:

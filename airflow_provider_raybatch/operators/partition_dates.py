@@ -1,0 +1,50 @@
+"""Which day a scheduled run's templated input reads: a warning, as the DAG is parsed, for a daily
+partition read on its own date.
+
+On Airflow 3 a cron ``schedule`` (``"@daily"``, ``"0 0 * * *"``) is a ``CronTriggerTimetable`` unless
+``[scheduler] create_cron_data_intervals`` is set: a run's logical date and its data interval are the
+instant it runs. An ``input_uri`` of ``.../{{ ds }}/`` then reads the day that starts at midnight, not
+the one that just ended, and the run finds an empty or partial folder: a green task with no rows, or
+a part of them. Nothing fails, so it is said as the DAG is parsed (docs/howto-daily-run.md).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Context values that are the run's own instant under a cron trigger.
+_RUN_DATES = re.compile(
+    r"\b(ds|ds_nodash|ts|ts_nodash|logical_date|data_interval_start|data_interval_end|run_after)\b"
+)
+_DS_FILTER = re.compile(r"\|\s*ds(_nodash)?\b")
+#: A template that moves the date (``macros.ds_add(ds, -1)``, ``.subtract(days=1)``, ``prev_ds``...).
+_SHIFTED = re.compile(r"ds_add|timedelta|subtract|\.add\(|prev_|yesterday")
+
+
+def todays_partition_warning(timetable: object, input_uri: object) -> str | None:
+    """What to say when ``input_uri`` reads a run's own date under a cron trigger timetable; None when
+    it does not, or may not (another timetable, no date in it, a date moved in the template).
+
+    :param timetable: the DAG's ``timetable``.
+    """
+    if type(timetable).__name__ != "CronTriggerTimetable" or not isinstance(input_uri, str):
+        return None
+    # ``| ds`` formats a date; it is not the ``ds`` of the context.
+    used = set(_RUN_DATES.findall(_DS_FILTER.sub("", input_uri))) if "{{" in input_uri else set()
+    if not used or _SHIFTED.search(input_uri):
+        return None
+    # A trigger given an interval has its start that long before the run: a day, the day that ended.
+    # (``interval`` on the Task SDK's class, which a DAG file builds; ``_interval`` on the scheduler's.)
+    interval = getattr(timetable, "interval", None) or getattr(timetable, "_interval", None)
+    if used <= {"data_interval_start"} and interval:
+        return None
+    schedule = getattr(timetable, "expression", None) or getattr(timetable, "summary", None) or "a cron"
+    dates = ", ".join(sorted(used))
+    return (
+        f"input_uri={input_uri!r} reads the run's own date ({dates}), and under schedule {schedule!r} "
+        "(a cron trigger on Airflow 3: a run's logical date and data interval are the moment it runs) "
+        "a run at midnight reads the day just starting, not the one that ended. To read the day that "
+        "ended, schedule with CronDataIntervalTimetable('0 0 * * *', timezone='UTC') and write "
+        "{{ data_interval_start | ds }}, or write {{ macros.ds_add(ds, -1) }} "
+        "(docs/howto-daily-run.md, 'Read the day that ended')."
+    )

@@ -1,0 +1,62 @@
+"""The warning, as a DAG is parsed, for a daily partition read on the run's own date under a cron
+trigger (operators/partition_dates.py); real DAGs with Airflow's own timetables."""
+
+from __future__ import annotations
+
+import warnings
+from datetime import datetime, timedelta
+
+import pytest
+from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable
+
+from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+
+TODAY = "s3://b/tickets/{{ ds }}/"
+
+
+def _warnings(schedule: object, input_uri: str) -> list[str]:
+    """What building a batch task of a DAG on ``schedule`` warns."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with DAG("daily", schedule=schedule, start_date=datetime(2026, 1, 1), catchup=False):
+            RayLLMBatchOperator(
+                task_id="summarise", model="m", input_uri=input_uri, output_uri="s3://b/out/{{ ds }}",
+                user_template="{text}", input_format="jsonl",
+            )  # fmt: skip
+    return [str(warning.message) for warning in caught if "reads the run's own date" in str(warning.message)]
+
+
+@pytest.mark.parametrize(
+    "schedule", ["@daily", "0 0 * * *", CronTriggerTimetable("0 0 * * *", timezone="UTC")]
+)
+def test_a_cron_trigger_reading_its_own_date_is_warned_about_naming_the_task_and_the_way_out(
+    schedule: object,
+) -> None:
+    [message] = _warnings(schedule, TODAY)
+    assert message.startswith(
+        "RayLLMBatchOperator (task_id: summarise): input_uri='s3://b/tickets/{{ ds }}/'"
+    )
+    assert "the day just starting, not the one that ended" in message
+    assert "CronDataIntervalTimetable" in message and "macros.ds_add(ds, -1)" in message
+
+
+@pytest.mark.parametrize(
+    ("schedule", "input_uri"),
+    [
+        # the examples' way: a data-interval timetable, the interval's start
+        (CronDataIntervalTimetable("0 0 * * *", timezone="UTC"), "s3://b/{{ data_interval_start | ds }}/"),
+        (CronDataIntervalTimetable("0 0 * * *", timezone="UTC"), TODAY),
+        # the date moved in the template
+        ("@daily", "s3://b/{{ macros.ds_add(ds, -1) }}/"),
+        ("@daily", "s3://b/{{ data_interval_start.subtract(days=1) | ds }}/"),
+        # a trigger whose interval is a day: its start is the day that ended
+        (CronTriggerTimetable("0 0 * * *", timezone="UTC", interval=timedelta(days=1)),
+         "s3://b/{{ data_interval_start | ds }}/"),
+        # no date in it, or no schedule
+        ("@daily", "s3://b/tickets/{{ params.day }}/"),
+        ("@daily", "s3://b/tickets/latest/"),
+        (None, TODAY),
+    ],
+)  # fmt: skip
+def test_no_warning_where_the_day_read_is_not_the_runs_own(schedule: object, input_uri: str) -> None:
+    assert _warnings(schedule, input_uri) == []
