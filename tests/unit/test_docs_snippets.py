@@ -11,8 +11,6 @@ still checked. The README's own DAG and validate() snippet are tests/unit/test_e
 from __future__ import annotations
 
 import ast
-import re
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +19,14 @@ import pytest
 from airflow.dag_processing.dagbag import DagBag
 
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from tests.unit.doc_blocks import fenced_blocks
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: What a snippet's ``...`` leaves out, where the call does not say it.
 REQUIRED = {"task_id": "snippet", "model": "m", "input_uri": "s3://b/in.jsonl", "output_uri": "s3://b/out"}
 PROMPT_SOURCES = {"user_template", "messages_column", "openai_endpoint", "preprocess"}
 
 
-def _blocks() -> list[tuple[str, str]]:
-    """(page:line, source) of every ```python block, dedented as it sits in a list item."""
-    found = []
-    for page in PAGES:
-        text = page.read_text()
-        for match in re.finditer(r"^( *)```python\n(.*?)^ *```", text, flags=re.S | re.M):
-            line = text[: match.start()].count("\n") + 1
-            found.append((f"{page.relative_to(ROOT)}:{line}", textwrap.dedent(match.group(2))))
-    return found
-
-
-BLOCKS = _blocks()
+BLOCKS = fenced_blocks("python")
 DAG_BLOCKS = [(where, source) for where, source in BLOCKS if "@dag(" in source]
 CALLS = [
     (f"{where} (call at block line {call.lineno})", call)

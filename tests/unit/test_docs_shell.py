@@ -1,0 +1,111 @@
+"""The shell a reader copies from the README and docs/: every ```bash block is bash, every `airflow`
+command in it is one Airflow's own command line takes (its subcommand and flags, parsed by Airflow's
+parser, nothing run), every JSON it passes (a connection, a run's conf) is JSON, and every file of
+this repository it names is there. Commands of other tools (docker, kubectl, pip) are checked for
+bash syntax and the repository paths they name only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import shlex
+import subprocess
+
+import pytest
+
+from tests.unit.doc_blocks import ROOT, fenced_blocks
+
+#: Folders of this repository a command may name a file in.
+REPO_FOLDERS = ("scripts", "docker", "deploy", "dags", "docs", "bench", "tests")
+
+
+def _commands(source: str) -> list[list[str]]:
+    """Each command of a block as its words: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", source)
+    commands = []
+    for line in joined.splitlines():
+        with contextlib.suppress(ValueError):  # a quote closed on a later line: not a command we check
+            words = shlex.split(line, comments=True)
+            if words:
+                commands.append(words)
+    return commands
+
+
+def _airflow_command(words: list[str]) -> list[str] | None:
+    """The ``airflow ...`` words of a command: the whole of it, or what ``docker compose exec
+    <service>`` runs; None for another tool's."""
+    if words[0] == "airflow":
+        return words
+    if "exec" in words and "airflow" in words[words.index("exec") :]:
+        return words[words.index("airflow", words.index("exec")) :]
+    return None
+
+
+BLOCKS = fenced_blocks("bash")
+AIRFLOW_COMMANDS = [
+    (where, command)
+    for where, source in BLOCKS
+    for words in _commands(source)
+    if (command := _airflow_command(words)) is not None
+]
+
+
+def test_the_docs_have_shell_to_check() -> None:
+    assert len(BLOCKS) >= 20 and len(AIRFLOW_COMMANDS) >= 6, (len(BLOCKS), len(AIRFLOW_COMMANDS))
+
+
+@pytest.mark.parametrize(("where", "source"), BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_every_bash_block_is_bash(where: str, source: str) -> None:
+    checked = subprocess.run(["bash", "-n"], input=source, capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, f"{where}: {checked.stderr}"
+
+
+@pytest.mark.parametrize(("where", "source"), BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_every_repository_file_a_block_names_is_there(where: str, source: str) -> None:
+    named = re.findall(rf"(?<![\w/.-])((?:{'|'.join(REPO_FOLDERS)})/[\w./-]*\w)", source)
+    missing = [path for path in named if not (ROOT / path).exists()]
+    assert not missing, f"{where}: {missing}"
+
+
+def _json_arguments(words: list[str]) -> list[str]:
+    """The values given as JSON: a connection in AIRFLOW_CONN_*, a --conf or --dag-run-conf."""
+    values = [word.split("=", 1)[1] for word in words if re.match(r"AIRFLOW_CONN_\w+=", word)]
+    values += [
+        after for flag, after in zip(words, words[1:], strict=False) if flag in ("--conf", "--dag-run-conf")
+    ]
+    return values
+
+
+@pytest.mark.parametrize(("where", "source"), BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_every_json_a_block_passes_is_json(where: str, source: str) -> None:
+    for words in _commands(source):
+        for value in _json_arguments(words):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as err:
+                raise AssertionError(f"{where}: {value!r} is not JSON: {err}") from err
+
+
+@pytest.fixture(scope="module")
+def airflow_parser() -> argparse.ArgumentParser:
+    from airflow.cli import cli_parser
+
+    return cli_parser.get_parser()
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    AIRFLOW_COMMANDS,
+    ids=[f"{where} {' '.join(words[:3])}" for where, words in AIRFLOW_COMMANDS],
+)
+def test_every_airflow_command_is_one_airflow_takes(where: str, words: list[str], airflow_parser) -> None:  # noqa: ANN001
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            airflow_parser.parse_args(words[1:])
+    except SystemExit as exit_:
+        assert exit_.code == 0, f"{where}: {' '.join(words)}\n{errors.getvalue()}"
