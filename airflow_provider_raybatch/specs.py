@@ -90,6 +90,38 @@ _HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_](?:[a-z0-9_-]{0,62})(?:\.[a-z0-
 ColumnName = Annotated[str, Field(min_length=1)]
 
 
+#: A user_template that is a template file's path, not a template: no space, a template's suffix.
+_TEMPLATE_FILE = re.compile(r"[\w./~-]+\.(txt|j2|jinja2?|tmpl|tpl|prompt|md)", re.IGNORECASE)
+#: Suffixes of compressed files, which nothing here decompresses (Parquet compresses inside its files).
+_COMPRESSED_SUFFIXES = (".gz", ".gzip", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".zip", ".snappy")
+
+
+def refuse_template_path(template: str) -> None:
+    """Check ``user_template``'s fields, and refuse one that is a template file's path: every row's
+    prompt would be the path (Airflow renders a file only for a field in ``template_ext``, and the
+    operator has none)."""
+    if not template_fields(template) and _TEMPLATE_FILE.fullmatch(template.strip()):
+        raise ValueError(
+            f"user_template={template!r} reads as a file's path, and the template is the text itself: "
+            "every row's prompt would be that path (Airflow renders a file only for a field with "
+            "template_ext, and this operator has none). Read the file in the DAG "
+            "(user_template=Path(__file__).with_name('prompt.txt').read_text()) or in a preprocess."
+        )
+
+
+def refuse_compressed_input(uri: str) -> None:
+    """A file named alone whose suffix is a compression's: read as jsonl or csv it would be its raw
+    bytes (every row a parse error), so it is refused with what to do."""
+    path = uri.split("?", 1)[0].rstrip("/").lower()
+    compressed = next((suffix for suffix in _COMPRESSED_SUFFIXES if path.endswith(suffix)), None)
+    if compressed is not None:
+        raise BatchSpecError(
+            f"input_uri={uri!r} names a compressed file ({compressed}): nothing is decompressed, and "
+            "read as jsonl or csv it would be its raw bytes. Decompress it first (in an upstream task), "
+            "or write Parquet, which compresses inside its files."
+        )
+
+
 def infer_input_format(uri: str) -> InputFormat:
     """The input format named by a URI's suffix, e.g. ``.csv`` -> ``csv``."""
     path = uri.split("?", 1)[0].rstrip("/")
@@ -495,7 +527,7 @@ class BatchInferenceSpec(BaseModel):
         if self.system_prompt is not None and self.user_template is None:
             raise ValueError("system_prompt is only used with user_template; put it in the messages instead.")
         if self.user_template is not None:
-            template_fields(self.user_template)
+            refuse_template_path(self.user_template)
         reserved = {*GENERATED_COLUMNS, ERROR_COLUMN}
         clashes = sorted(reserved & set(self.keep_columns or []))
         if clashes:
@@ -503,6 +535,7 @@ class BatchInferenceSpec(BaseModel):
         if self.id_column in reserved:
             raise ValueError(f"id_column={self.id_column!r} is an output column name; pick another column.")
         self._check_image_fields()
+        refuse_compressed_input(self.input_uri)
         if self.input_format is None:
             infer_input_format(self.input_uri)
         if self.input_uri.rstrip("/") == self.output_uri.rstrip("/"):

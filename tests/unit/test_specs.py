@@ -308,6 +308,26 @@ def test_infer_input_format_raises_naming_input_format(uri: str) -> None:
         infer_input_format(uri)
 
 
+@pytest.mark.parametrize("template", ["review_kit/prompt.txt", "prompts/summary.j2", "/opt/t/ticket.jinja"])
+def test_a_user_template_that_is_a_files_path_is_refused(template: str) -> None:
+    """Every prompt would be the path itself: Airflow reads no template file for this operator."""
+    with pytest.raises(BatchSpecError, match=r"reads as a file's path.*read_text\(\)"):
+        build(user_template=template)
+
+
+@pytest.mark.parametrize("template", ["Summarise.", "See notes.txt for {title}", "Classify {text}"])
+def test_a_user_template_that_mentions_a_file_is_a_template(template: str) -> None:
+    assert build(user_template=template).user_template == template
+
+
+@pytest.mark.parametrize("input_format", [None, "csv", "jsonl"])
+@pytest.mark.parametrize("uri", ["s3://b/in.csv.gz", "/data/tickets.JSONL.ZST", "s3://b/day/rows.zip"])
+def test_a_compressed_input_file_is_refused_whatever_its_format(uri: str, input_format: str | None) -> None:
+    """Read as csv or jsonl a compressed file is its raw bytes: refused with what to do, not read."""
+    with pytest.raises(BatchSpecError, match=r"names a compressed file .*Decompress it first"):
+        build(input_uri=uri, input_format=input_format)
+
+
 # -- template fields ----------------------------------------------------------------------------
 
 
