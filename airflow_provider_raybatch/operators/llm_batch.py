@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import pendulum
 from airflow.sdk import Asset, BaseOperator, conf
 
 from airflow_provider_raybatch.exceptions import (
@@ -65,6 +66,8 @@ SPEC_PARAMETERS = tuple(name for name in BatchInferenceSpec.model_fields if name
 JOB_ID_STATE_KEY = "raybatch_job_id"
 #: How long a superseded job may take to stop before a new job takes over its staging folder.
 STOP_WAIT_SECONDS = 120.0
+#: The context's datetimes a test of validate() may write as text.
+_CONTEXT_DATES = ("logical_date", "data_interval_start", "data_interval_end", "run_after")
 #: How long after Airflow's deferral deadline Airflow itself gives up on the trigger: the trigger
 #: acts at the deadline (stops the job, fires an event), so Airflow's timeout is only a backstop.
 DEFERRAL_GRACE_SECONDS = 60.0
@@ -385,6 +388,10 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
             when the task was built.
         """
         given = dict(context or {})
+        # A date written as text ("2026-11-20"), as a DAG's test would: what a run's context holds.
+        for key in _CONTEXT_DATES:
+            if isinstance(given.get(key), str):
+                given[key] = pendulum.parse(given[key])
         defaults = {key: self.params[key] for key in self.params} if self.params else {}
         given["params"] = {**defaults, **given.get("params", {})}
         rendered = copy.copy(self)  # rendering sets the copy's attributes; this task stays as written

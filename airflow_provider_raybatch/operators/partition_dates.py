@@ -39,12 +39,13 @@ def todays_partition_warning(timetable: object, input_uri: object) -> str | None
     if used <= {"data_interval_start"} and interval:
         return None
     schedule = getattr(timetable, "expression", None) or getattr(timetable, "summary", None) or "a cron"
+    timezone = str(getattr(timetable, "timezone", None) or "UTC")
     dates = ", ".join(sorted(used))
     return (
-        f"input_uri={input_uri!r} reads the run's own date ({dates}), and under schedule {schedule!r} "
-        "(a cron trigger on Airflow 3: a run's logical date and data interval are the moment it runs) "
-        "a run at midnight reads the day just starting, not the one that ended. To read the day that "
-        "ended, schedule with CronDataIntervalTimetable('0 0 * * *', timezone='UTC') and write "
-        "{{ data_interval_start | ds }}, or write {{ macros.ds_add(ds, -1) }} "
-        "(docs/howto-daily-run.md, 'Read the day that ended')."
+        f"input_uri={input_uri!r} reads the run's own date ({dates}). Under schedule {schedule!r} (a cron "
+        "trigger on Airflow 3: a run's logical date and data interval are the moment it runs) a run "
+        "reads the period just starting, not the one that ended. To read the period that ended, "
+        f"schedule with CronDataIntervalTimetable({schedule!r}, timezone={timezone!r}) and write "
+        "{{ data_interval_start | ds }}, or move the date in the template ({{ macros.ds_add(ds, -1) }} "
+        "for a day; docs/howto-daily-run.md, 'Read the day that ended')."
     )

@@ -162,6 +162,15 @@ def test_validate_renders_as_a_run_would_and_leaves_the_task_as_written() -> Non
         op.validate()
 
 
+def test_validate_takes_a_date_written_as_text() -> None:
+    """A DAG's test writes the day as text: it renders as the datetime a run's context holds."""
+    op = build(input_uri="s3://b/{{ data_interval_start | ds }}/{{ logical_date.strftime('%H') }}/in.jsonl")
+
+    spec = op.validate({"data_interval_start": "2026-11-20", "logical_date": "2026-11-21T06:00:00+00:00"})
+
+    assert spec.input_uri == "s3://b/2026-11-20/06/in.jsonl"
+
+
 def test_a_mapped_task_parses_and_each_mapped_value_is_checked_when_it_runs(tmp_path: Path) -> None:
     (tmp_path / "mapped.py").write_text(
         textwrap.dedent(

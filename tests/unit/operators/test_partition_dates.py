@@ -36,8 +36,15 @@ def test_a_cron_trigger_reading_its_own_date_is_warned_about_naming_the_task_and
     assert message.startswith(
         "RayLLMBatchOperator (task_id: summarise): input_uri='s3://b/tickets/{{ ds }}/'"
     )
-    assert "the day just starting, not the one that ended" in message
-    assert "CronDataIntervalTimetable" in message and "macros.ds_add(ds, -1)" in message
+    assert "reads the period just starting, not the one that ended" in message
+    assert "CronDataIntervalTimetable('0 0 * * *', timezone='UTC')" in message
+    assert "macros.ds_add(ds, -1)" in message
+
+
+def test_the_way_out_keeps_the_dags_own_cron() -> None:
+    """A weekly run at 06:00 is told to keep its cron in a data-interval timetable, not to run daily."""
+    [message] = _warnings("0 6 * * 1", TODAY)
+    assert "schedule with CronDataIntervalTimetable('0 6 * * 1', timezone='UTC')" in message
 
 
 @pytest.mark.parametrize(
