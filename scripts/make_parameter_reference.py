@@ -168,6 +168,18 @@ def docstring_params(doc: str) -> dict[str, str]:
     return params
 
 
+def type_text(annotation: str, templated: bool) -> str:
+    """The Type cell: the annotation in words; for a templated parameter whose annotation admits text
+    beside its own type (``list[str] | str | None``), that text is a template rendering the value,
+    not the value written as text (``keep_columns="a,b"`` is refused: it is not a list)."""
+    words = plain_type(annotation)
+    if not templated or words.startswith("str"):
+        return words
+    own = words.replace(", str or None", " or None").replace(" or str", "").replace(", str", "")
+    as_json = " (as JSON: `| tojson`)" if "list" in own or "dict" in own or "(" in own else ""
+    return f"{own}; or a template rendering one{as_json}"
+
+
 def plain_type(annotation: str) -> str:
     """An annotation in words: ``dict[str, Any] | str | None`` -> ``dict of str to any, str or None``."""
     return _plain(ast.parse(annotation, mode="eval").body)
@@ -309,7 +321,7 @@ def render() -> str:
             parameter = parameters[name]
             cells = (
                 f"`{name}`",
-                markdown(plain_type(str(parameter.annotation))),
+                markdown(type_text(str(parameter.annotation), name in templated)),
                 default_text(parameter, defaults.get(name)).replace("|", "\\|"),
                 "yes" if name in templated else "no",
                 markdown(checked_text(name, name in templated)),
