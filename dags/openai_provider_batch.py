@@ -14,12 +14,10 @@ import json
 import tempfile
 from typing import Any
 
-# Without the common-ai extra (pip install 'airflow-provider-raybatch[common-ai]') this file defines no DAG,
-# rather than an import error in every DAG run's log.
-if (
-    importlib.util.find_spec("airflow.providers.openai") is not None
-    and importlib.util.find_spec("airflow.providers.openai") is not None
-):
+# Without Airflow's OpenAI provider (the common-ai extra installs it: pip install
+# 'airflow-provider-raybatch[common-ai]') this file defines no DAG, rather than an import error in
+# every DAG run's log.
+if importlib.util.find_spec("airflow.providers.openai") is not None:
     from airflow.providers.openai.hooks.openai import OpenAIHook
     from airflow.providers.openai.operators.openai import OpenAITriggerBatchOperator
     from airflow.sdk import Param, dag, task
