@@ -52,8 +52,8 @@ class RayJobLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         # The job from the operator that ran (it sets job_id on every path that settles on a job, and
         # from the trigger's event after a deferral), not pulled: a task refused before any job was
-        # submitted logged the SDK's "[error] XCom not found ... key='job_id'" after its own error
-        # (helper-45's trial). The dashboard's address was pushed with the job's id, by this try.
+        # submitted logged the SDK's "[error] XCom not found ... key='job_id'" after its own error.
+        # The dashboard's address was pushed with the job's id, by this try.
         job_id = getattr(operator, "job_id", None)
         if not job_id:
             return ""

@@ -127,7 +127,7 @@ def failed_rows_verdict(
         common = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))[:VERDICT_REASONS]
         message += " Most common reasons: " + "; ".join(f"{kind!r} {count:,}" for kind, count in common) + "."
         if rows_out == 0 and common[0][0] == MISSING_ID_REASON and manifest.get("id_column"):
-            # Both trials of issue 20: a misspelled id_column read as a list of row errors.
+            # Else a misspelled id_column reads as a list of row errors.
             column = manifest["id_column"]
             message += f" No row has a value in id_column={column!r}: is that the input's id column?"
     written = [str(manifest[key]) for key in ("outputs_uri", "errors_uri") if manifest.get(key)]
@@ -146,8 +146,8 @@ def _held_sentence(manifest: dict[str, Any], written: list[str]) -> str:  # Any:
     if int(manifest.get("rows_out") or 0) == 0:  # no outputs to look at, and no threshold passes it
         written = [str(manifest["errors_uri"])] if manifest.get("errors_uri") else []
     if written:
-        # until the next try of this run, which takes them or deletes them (trial 55: a message
-        # pointed at a folder the retry had deleted)
+        # until the next try of this run, which takes them or deletes them (a message must not
+        # point at a folder the retry has deleted)
         sentence += f" This run's {'outputs and errors are' if len(written) > 1 else 'errors are'} kept"
         sentence += f" until its next try, for a look at {', '.join(written)}"
         sentence += f", its report at {manifest['report_uri']}." if manifest.get("report_uri") else "."
@@ -207,7 +207,7 @@ def describe_engine_pool(pool: Any) -> str | None:  # Any: the manifest's "engin
 
     Why in the task log: a date that ran cold when the one before had left a pool warm (the pool's
     fingerprint changed with the engine settings, the model or the provider's version) was only found
-    by opening the manifest (helper-51's trial).
+    by opening the manifest.
     """
     if not isinstance(pool, dict):
         return None
@@ -217,7 +217,7 @@ def describe_engine_pool(pool: Any) -> str | None:  # Any: the manifest's "engin
     line = f"engine pool {pool.get('fingerprint', '?')}: {warm:g} of {replicas:g} replicas warm"
     builds = [seconds for timing in pool.get("replica_timings") or [] if isinstance(timing, dict)
               if (seconds := _number(timing.get("engine_build_seconds"))) is not None]  # fmt: skip
-    if warm == 0:  # the build this job paid for is in engine_pool, not in its timings (two trials)
+    if warm == 0:  # the build this job paid for is in engine_pool, not in its timings
         line += f" (started cold, engine built in {max(builds):.1f} s)" if builds else " (started cold)"
     if (keep := _number(pool.get("keep_warm_seconds"))) is not None:
         line += f", kept warm {keep:g} s after the job"

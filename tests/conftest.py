@@ -358,7 +358,7 @@ def early_setup(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 #: Engine settings that fit vLLM's CPU build on a shared 2-core, 24 GiB machine. An explicit 1 GiB KV
 #: cache: left to gpu_memory_utilization, vLLM takes 6.5 GiB per engine and spends ~10 s more building
-#: it (a warm-up pass to size it, then allocating; "init engine" 11.2 s against 1.5 s, 2026-11-27).
+#: it (a warm-up pass to size it, then allocating; "init engine" 11.2 s against 1.5 s).
 #: Compact JSON: a random-weight model in a grammar that allows whitespace pads JSON with it up to
 #: max_tokens (docs/openai-batch-api.md). Every test's engines have it, so the tests that need it (the
 #: common.ai and OpenAI chat tests) share one warm pool with the others: its settings are the pool's.

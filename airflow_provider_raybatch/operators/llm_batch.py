@@ -519,7 +519,8 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
 
         :param deadline: the try's absolute deadline (:meth:`_deadline`); the trigger stops the job
             at it, and Airflow's own deferral timeout comes only :data:`DEFERRAL_GRACE_SECONDS` later.
-        :param attached_at: when this try attached to an earlier try's running job (finding 8).
+        :param attached_at: when this try attached to an earlier try's running job (a stop after it may
+            be that try's cleanup).
         """
         # Record the job id the instant it exists so it can be stopped or found even if the worker dies.
         self._push_job_link(context, hook, job_id)

@@ -110,7 +110,7 @@ def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
     if repeated_ids:
         # Not materialized: each later pass marks its batches again (vectorized, seconds at 20M rows),
         # where a materialized copy would hold every prepared row twice (20M rows on a 2-core machine
-        # filled the object store and its spill disk, 2026-11-26).
+        # filled the object store and its spill disk).
         prepared = dedupe.mark_duplicates(prepared, first_sources)
     return PreparedRows(prepared, rows_in, errors, repeated_ids)
 
@@ -257,8 +257,8 @@ def _what_a_retry_meets(ours: str | None) -> str:
             f"are in the job's log and in the Ray dashboard's actor logs. {resumes}"
         )
     if _BUILT_TWICE_ALIKE.search(ours):
-        # trial 55: "a retry resumes" after an engine that refused its settings invited a retry that
-        # fails alike; the reason was one frame further in.
+        # Not "a retry resumes": an engine that refused its settings refuses them again on a retry;
+        # the reason is one frame further in.
         return (
             "A retry with the same settings fails the same way; rows generated before it stay staged for "
             "the retry after the fix."
@@ -281,7 +281,7 @@ _BUILT_TWICE_ALIKE = re.compile(r"failed to build twice with the same error")
 def _our_engine_error(text: str) -> str | None:
     """The last of our engine errors that ``text`` quotes, without its module path; None if none."""
     found = [m.group(1) for line in text.splitlines() if (m := _OUR_ENGINE_ERROR.match(line.strip()))]
-    return found[-1][:3000] if found else None  # whole: its advice comes last (trial 57)
+    return found[-1][:3000] if found else None  # whole: its advice comes last
 
 
 def _build_while_reading(

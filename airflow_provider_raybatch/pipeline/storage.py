@@ -241,7 +241,7 @@ def input_file_sizes(input_uri: str, extensions: list[str] | None) -> list[tuple
 class InputNotFoundError(FileNotFoundError):
     """``input_uri`` names no file a job would read. Raised at the job's start, before any engine: a
     backfill date whose file never arrived failed with Ray Data's FileNotFoundError traceback, after
-    the engine had started (helper-45's trial, 2026-11-28)."""
+    the engine had started."""
 
 
 #: What Ray Data skips in a folder it reads: names starting with these directly under the folder

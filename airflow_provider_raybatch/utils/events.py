@@ -15,8 +15,8 @@ _RAY_LOG_TAIL = ", last available logs"
 
 def without_log_tail(message: str) -> str:
     """Ray's job message without the log lines it quotes, for an error that adds the driver log's end
-    itself: both made every error show twice (helper-51's trial). Only then: where the log cannot be
-    read (the driver's node gone), Ray's quote is the last copy (helper-53's review)."""
+    itself: both made every error show twice. Only then: where the log cannot be
+    read (the driver's node gone), Ray's quote is the last copy."""
     head, found, _ = message.partition(_RAY_LOG_TAIL)
     return f"{head}." if found else message
 
@@ -44,7 +44,7 @@ def validate_event(event: Any) -> dict[str, str]:  # Any: whatever the triggerer
 
 def job_failed_error(event: dict[str, str], log_tail: str) -> RayJobFailedError:
     """The exception that fails a task whose job ended badly: Ray's message, the error the driver
-    ended with (trial 57: the why was only in the log lines below, a screen down), then the log's end."""
+    ended with (else the why was only in the log lines below, a screen down), then the log's end."""
     message = event["message"]
     if log_tail:
         why, message = last_error_line(log_tail), without_log_tail(message).rstrip()

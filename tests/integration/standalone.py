@@ -34,7 +34,7 @@ class Airflow:
         """One REST call; a 5xx is tried again twice. `airflow standalone` runs on SQLite, where a write
         waits at most 5 s for a lock the scheduler holds, and then the API answers 500 (seen in CI: the
         audit-log INSERT of a POST dagRuns, before the run is created). A call may wait 120 s: on a
-        loaded 2-core machine the API server once took over 30 s to answer (CI, 2026-11-27)."""
+        loaded 2-core machine the API server once took over 30 s to answer."""
         for attempt in range(3):
             response = httpx.request(
                 method, f"{self.url}/api/v2{path}", timeout=120, headers=self.headers, **kwargs
@@ -186,7 +186,7 @@ def _start(deployment: Deployment) -> tuple[subprocess.Popen, IO[str]]:
         # A task's first call to the execution API (its "run" state, a SQLite write) waits for the
         # scheduler's and the dag processor's writes; on a loaded 2-core machine it ran past the 5 s
         # default five times and the task failed before it started, its log one "Pre Execute" line
-        # (test_two_deployments, CI 2026-11-28; Airflow's own advice for timeouts under load).
+        # (as in test_two_deployments; Airflow's own advice for timeouts under load).
         "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
         "AIRFLOW_CONN_RAY_DEFAULT": deployment.ray_connection_json,
         **deployment.extra_env,
@@ -220,7 +220,7 @@ def _wait_until_up(deployment: Deployment) -> Airflow:
 def _end_process_group(group: int, grace_seconds: float) -> None:
     """Wait for what is left of the group to end, then kill it. standalone may restart a component
     that its SIGTERM ended before it ends itself: that scheduler never got the signal, outlived the
-    test with its executor's idle workers (a local CI run, 2026-11-27: a dozen LocalExecutor processes to
+    test with its executor's idle workers (a dozen LocalExecutor processes to
     the run's end). The grace is short: the home is thrown away, and a graceful end of every
     component took 15-27 s of each test's teardown."""
     deadline = time.monotonic() + grace_seconds

@@ -102,8 +102,8 @@ def _signed_in(url: str, token: str) -> Iterator[str]:
 
 def _run_chromium(command: list[str]) -> str:
     """Its stdout; a second try after a first that ran 120 s. The UI's first page load, on a 2-core
-    machine that starts a Ray job and its engine meanwhile, once took past 120 s (CI, 2026-11-28; a
-    later load of the same page, 15 s)."""
+    machine that starts a Ray job and its engine meanwhile, once took past 120 s (a later
+    load of the same page, 15 s)."""
 
     def run() -> str:
         return subprocess.run(command, check=True, capture_output=True, text=True, timeout=120).stdout
@@ -376,8 +376,8 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
 
 #: A backfill as the UI starts one: two dates from the CLI (``airflow backfill create``), two at a
 #: time; then one from the REST API (``POST /api/v2/backfills``, what the UI's "Backfill" dialog
-#: sends), which starts on the engine the first two left warm. (Seven and two until 2026-11-28, three
-#: and one until 2026-12-02: each later date repeated the API date's warm start, ~25 s of CI each.)
+#: sends), which starts on the engine the first two left warm. (More dates than these only repeat the
+#: API date's warm start, ~25 s of CI each.)
 BACKFILL_CLI_DATES = [f"2026-10-0{day}" for day in range(1, 3)]
 BACKFILL_API_DATES = ["2026-10-04"]
 
@@ -432,7 +432,7 @@ def test_a_backfill_from_the_cli_and_the_rest_api_runs_its_dates_on_one_warm_eng
     for day in [*BACKFILL_CLI_DATES, *BACKFILL_API_DATES]:
         _write_tickets(tmp_path / "tickets" / day / "tickets.jsonl")
     # 300 s: the API's backfill starts after the CLI's last date; on a loaded CI machine that gap once
-    # passed 120 s, and its dates found the pool gone (CI, 2026-11-27).
+    # passed 120 s, and its dates found the pool gone.
     conf = {**_conf(tiny_model, tmp_path), "keep_warm_seconds": 300}
     airflow.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
     env = {
@@ -467,7 +467,7 @@ def test_a_backfill_from_the_cli_and_the_rest_api_runs_its_dates_on_one_warm_eng
             break
         except httpx.HTTPStatusError as err:
             # SQLite: the API's insert met the scheduler's write lock (503, then 500 on the half-made
-            # backfill; a loaded machine, 2026-11-29), as the CLI's can: cancel it, delete its runs, again.
+            # backfill, on a loaded machine), as the CLI's can: cancel it, delete its runs, again.
             if err.response.status_code < 500:
                 raise
             _drop_backfills(airflow, BACKFILL_API_DATES)

@@ -102,7 +102,7 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
 
     # The same date again, later that day (another run, the same output folder), after the file's id
     # column was renamed: every row fails. The run is held: the task fails saying so, and the date's
-    # good version stays current and whole (helper-51's trial: it was replaced by a version of 0 rows).
+    # good version stays current and whole (not replaced by a version of 0 rows).
     csv = tmp_path / "customers" / day / "customers.csv"
     csv.write_text(csv.read_text().replace("Customer Id", "Customer ID", 1))
     later = f"{run_date(day)}T06:00:00+00:00"
@@ -120,7 +120,7 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
 
 def test_a_date_without_its_input_fails_the_task_naming_it(airflow_env, tiny_model, tmp_path) -> None:
     """A backfill date whose file never arrived: the job fails at its start, before any engine, and the
-    task's error names the input (it was Ray Data's FileNotFoundError traceback: helper-45's trial)."""
+    task's error names the input (not Ray Data's FileNotFoundError traceback)."""
     day = "2026-11-16"  # no customers.csv written for it
     result = airflow_env.dags_test(DAG_ID, run_date(day), _conf(tiny_model, tmp_path), timeout=300)
     log = result.stdout + result.stderr

@@ -1,6 +1,6 @@
 """An engine setting that vLLM refuses only while it builds: the replica's error says vLLM's reason.
 
-trial 55 (a new user): ``engine_kwargs={"kv_cache_memory_bytes": 4096}`` failed the task after two
+Why: ``engine_kwargs={"kv_cache_memory_bytes": 4096}`` failed the task after two
 builds with vLLM's parent error only, ``Engine core initialization failed. See root cause above``; the
 reason (``No available memory for the cache blocks``) was in the EngineCore's own log, which the task
 never shows. Here the real replica UDF builds the real vLLM CPU engine on the tiny model, its EngineCore

@@ -31,7 +31,7 @@ from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait
 # Cold engines of its own: the kills hit the job's own engine replicas (a warm pool's outlive the job).
 pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(1200)]
 
-#: 200 rows of up to 96 tokens (400 of up to 160 until 2026-11-28): the kill points (the first part,
+#: 200 rows of up to 96 tokens (not 400 of up to 160): the kill points (the first part,
 #: half way, a quarter in) fall inside the job either way, and the 7 jobs took 12 of CI's 90 minutes.
 ROWS = 200
 BATCH = 8
@@ -144,7 +144,7 @@ def _wait_until_staged(
     batch in flight has some of its rows staged and not all.
 
     Killed then, that batch is retried whole and its staged rows come again. Killed on rows alone,
-    CI at b6bb8d6 landed between two waves of batches (rows 1-64 all staged, none of 65-128 finished):
+    a run once landed between two waves of batches (rows 1-64 all staged, none of 65-128 finished):
     no batch was retried with a staged row. The rows left to do (none of ``staged_before``, what earlier
     tries staged) reach the engine in file order, a batch of ``BATCH`` of them at a time.
     """
@@ -182,9 +182,8 @@ def _crash(hook: RayHook, job_id: str, traces: set[Path]) -> None:
 
 #: Both ways of dying, in one run key: the first try stopped (what ``on_kill`` sends) after its first
 #: part, its retry crashed (every process SIGKILLed) half way through what was left, the third try
-#: completes though its engine replica alone is SIGKILLed part way. (Two tests, each a killed try and
-#: its rerun, until 2026-11-28, and the replica's kill a test and a cold engine of its own until
-#: 2026-12-02. A stop before any part was dropped earlier: its rerun had nothing to resume.)
+#: completes though its engine replica alone is SIGKILLed part way. (One run key, not a test and a
+#: cold engine for each kill. No stop before any part: its rerun has nothing to resume.)
 KILLS = (("stop", "stopped after the first part"), ("crash", "crashed half way through the rest"))
 
 

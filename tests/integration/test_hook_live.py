@@ -119,7 +119,7 @@ async def test_trigger_timeout_stops_a_real_job(ray_connection) -> None:
 
 
 async def test_a_trigger_restarted_after_its_deadline_stops_the_real_job_at_once(ray_connection) -> None:
-    """Issue 18, finding 1: the deadline is absolute. A trigger the triggerer (re)starts after it,
+    """The deadline is absolute. A trigger the triggerer (re)starts after it,
     with a long poll interval, stops the job on its first look instead of waiting a new timeout."""
     hook = RayHook()
     job_id = hook.submit_job("sleep 120", submission_id=f"live-deadline-{uuid.uuid4().hex[:8]}")

@@ -140,7 +140,7 @@ def test_image_captions_with_corrupt_images(ray_connection, tiny_vlm, tmp_path) 
 
     manifest = json.loads(Path(output_uri, "manifest.json").read_text())
     assert manifest == manifest_from_log(hook.get_job_logs(job_id))
-    # This job generated nothing: what the captions cost is the held job's (trial 55), in the manifest
+    # This job generated nothing: what the captions cost is the held job's, in the manifest
     # and in the report the held job's message pointed at.
     assert manifest["timings"]["generating_s"] is None
     assert manifest["held_try"]["job_id"] == held_job and manifest["held_try"]["version"] == held["version"]

@@ -1,7 +1,7 @@
 """scripts/local_ray_cluster.sh: two clusters on one machine, and `stop` ends only its own.
 
 `ray stop --force` ends every Ray on the machine; the script's `stop` used it, and a test run's
-teardown once ended a benchmark's cluster mid-run (2026-11-26). Both clusters here also take jobs,
+teardown once ended a benchmark's cluster mid-run. Both clusters here also take jobs,
 which needs a dashboard agent port of their own, and a job's driver must reach its own cluster: Ray's
 job supervisor finds it through ``<temp dir>/ray_current_cluster``, which in a shared /tmp/ray names
 whichever cluster started last (a helper's cluster once sent every CI job to the wrong GCS).
@@ -127,12 +127,12 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
     assert second.startswith("SUCCEEDED") and f":{PORTS[1]['gcs']}" in second, second[-2000:]
 
     # A second raylet in the first cluster: `stop` once left the head's dashboard and runtime-env
-    # agents running, holding the agent port (helper-43's trial), as they rename themselves.
+    # agents running, holding the agent port, as they rename themselves.
     added = subprocess.run(
         [str(SCRIPT), "add-worker"], env={**first_env, "RAYBATCH_WORKER_CPUS": "1"}, check=True,
         timeout=180, capture_output=True, text=True,
     )  # fmt: skip
-    # It returns once the head lists the node (it returned ~5 s before: helper-44's trial).
+    # It returns once the head lists the node (it used to return ~5 s before).
     assert "(2 nodes alive)" in added.stdout and _alive_nodes(first_state, first_port) == 2, added.stdout
     agent_ports = [first_port + 44100, first_port + 44101]  # the head's and the worker's agents
     assert not any(_port_free(port) for port in agent_ports)

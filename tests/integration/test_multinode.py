@@ -60,7 +60,7 @@ def _slot_usage(hook: RayHook) -> list[float] | None:
 
 def _wait_for_free_slots(hook: RayHook, total: int, timeout: float = 180) -> None:
     """Wait until no task or actor holds a replica slot: one per node only if both are free. (A slot
-    still held by an earlier test's job once left this file's second replica unplaced, CI 2026-11-27.)"""
+    still held by an earlier test's job once left this file's second replica unplaced.)"""
     deadline = time.monotonic() + timeout
     while True:
         usage = _slot_usage(hook)
@@ -83,7 +83,7 @@ def _most_slots_held_while_running(hook: RayHook, job_id: str) -> float:
     """Until the job ends: the most replica slots held at once. Each node has one, and each replica
     takes one, so two held is one replica placed on each node. (Read from the slots, not the state
     API's actor records: their node was empty for a replica alive on the head, and Ray clears a dead
-    actor's address, CI at c8bd8ca.)"""
+    actor's address.)"""
     most = 0.0
     while not hook.get_job_status(job_id).is_terminal:
         most = max(most, (_slot_usage(hook) or [0.0])[0])

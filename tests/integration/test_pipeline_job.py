@@ -160,13 +160,13 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert timings["runtime_env_s"] > 0 and timings["driver_start_s"] > 0 and before_run < job_wall, timings
     assert manifest["wall_seconds"] + before_run <= job_wall + 1, (timings, job_wall)
     # The job's own time in the manifest, submit to commit: Ray's wall less only the manifest's write and
-    # the driver's exit (helper-45's trial: wall_seconds 51.3 s of a 65.7 s job, with nothing saying so).
+    # the driver's exit (else wall_seconds left out 14 s of a 65.7 s job, unsaid).
     assert manifest["wall_seconds"] + before_run - 1 <= timings["job_wall_s"] <= job_wall + 0.5, (
         timings,
         job_wall,
     )
     assert job_wall - timings["job_wall_s"] < 5, (timings, job_wall)
-    # One after the other, the phases make up the job's time (helper-54's trial: 10.6 s of 46.2 nowhere).
+    # One after the other, the phases make up the job's time (else 10.6 s of a 46.2 s job were in none).
     sequential = ("runtime_env_s", "driver_start_s", "read_and_prepare_s", "before_engine_stage_s",
                   "engine_start_to_first_row_s", "generating_s", "engine_stage_end_s",
                   "commit_s")  # fmt: skip
@@ -227,7 +227,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert "Dry run" in Path(output_uri, "_dry_runs", "dirty", "report.html").read_text()
 
     # An engine setting misspelled: the job fails at its start, naming it, before any replica starts
-    # (every replica used to die in its constructor and be restarted, for minutes: helper-51's trial).
+    # (every replica used to die in its constructor and be restarted, for minutes).
     typo = make_operator(
         tiny_model, str(input_path), output_uri, engine_kwargs={**CPU_ENGINE_KWARGS, "max_model_length": 512}
     )
@@ -239,7 +239,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     assert Path(output_uri, "manifest.json").read_bytes() == committed  # nothing committed
 
     # A re-run of the date with a wrong id column: every row fails. It must not replace the good version
-    # (helper-51's trial: it committed 0 rows and deleted the date's good version). It is held: the job
+    # (it would commit 0 rows and delete the date's good version). It is held: the job
     # fails with one clear line, manifest.json and the good version stay, its rows stay staged.
     wrong = make_operator(tiny_model, str(input_path), output_uri, id_column="ticket-id")
     held_job = submit_pipeline(wrong, "rerun", f"pipeline-held-{uuid.uuid4().hex[:8]}")

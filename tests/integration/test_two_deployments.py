@@ -160,7 +160,7 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     # may it go before the scheduler has taken both exits of its task's processes (the deferring one,
     # the resumed one) from its executor: the run created again has the same task instance key, and a
     # late exit of the deleted run's task took the new try's place in the executor, which the scheduler
-    # then failed as "killed externally" before its trigger ever ran (CI, 2026-11-28). A user deleting
+    # then failed as "killed externally" before its trigger ever ran. A user deleting
     # from the UI is never that quick; an API client can be (Airflow's race, not ours).
     prod.wait(
         "prod's run to end and the scheduler to take its task's two exits",

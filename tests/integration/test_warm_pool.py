@@ -73,7 +73,7 @@ def _pool(fingerprint: str) -> list[dict]:
 def _replica_pid(name: str) -> int:
     """The process of the live pool replica ``name``, from Ray's state API: killed with a signal, it
     dies at once (``max_restarts=0``: the stage replaces it). A Ray job of our own that called
-    ``ray.kill`` took seconds to start, and a warm job had staged all its rows by then (CI, a16fc3f)."""
+    ``ray.kill`` took seconds to start, and a warm job had staged all its rows by then."""
     payload = RayHook()._send(_Request("GET", "/api/v0/actors?detail=true&limit=10000")).json()
     actors = payload["data"]["result"]["result"]
     [actor] = [a for a in actors if a.get("name") == name and a.get("state") == "ALIVE"]
@@ -127,7 +127,7 @@ def test_a_second_job_starts_warm_and_a_killed_replica_is_replaced(
     cold_manifest = _committed(tmp_path, "first", first, first_ids)
     cold = cold_manifest["engine_pool"]
     assert (cold["replicas"], cold["warm_replicas"]) == (1, 0)
-    # trial 57: the build this job paid for is in its timings, and it held the replica from its lease.
+    # The build this job paid for is in its timings, and it held the replica from its lease.
     timings, [built] = cold_manifest["timings"], cold["replica_timings"]
     assert timings["engine_build_s"] == built["engine_build_seconds"] > 0, timings
     assert timings["replica_seconds_held"] >= round(timings["engine_stage_s"], 1), timings
@@ -154,7 +154,7 @@ def test_a_second_job_starts_warm_and_a_killed_replica_is_replaced(
     assert (replica["jobs_served"], replica["rows_done"]) == (2, 80)  # the same engine, not a new one
 
     # (Another engine setting is another pool, never the same engine: tests/unit/pipeline/
-    # test_engine_pool.py, setting by setting. A cold job here showed it once more until 2026-11-28.)
+    # test_engine_pool.py, setting by setting; a cold job here to show it once more costs CI a build.)
 
     # A replica killed while a job's rows are in it: replaced, and every row committed exactly once.
     pid = _replica_pid(replica["name"])

@@ -263,7 +263,7 @@ def test_an_allowed_loopback_server_is_fetched(server, resolver, connects) -> No
 
 
 def test_a_host_allowed_with_its_port_reaches_that_port_only(server, resolver, connects) -> None:
-    """Found by the new-user trial: allowing 127.0.0.1 for an image server let rows reach the Ray
+    """Allowing 127.0.0.1 for an image server let rows reach the Ray
     dashboard's port on it too, and tell open ports from closed ones by the reason."""
     port, requests = server
     for entry, host in [(f"127.0.0.1:{port}", "127.0.0.1"), (f"127.0.0.0/8:{port}", "127.0.0.1"),

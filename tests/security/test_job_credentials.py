@@ -1,4 +1,4 @@
-"""The security review's finding 6, on the local Ray cluster: S3 keys shipped with a job
+"""On the local Ray cluster: S3 keys shipped with a job
 (``aws_conn_id``) must never be on a node's disk, and must leave the cluster when the job ends.
 
 Before, they travelled as a ``py_modules`` package that every node unpacked under the Ray session

@@ -78,7 +78,7 @@ def large_schema(size: int) -> dict[str, object]:
     }
 
 
-# -- finding 8: a spec over 128 KiB -------------------------------------------------------------
+# -- a spec over 128 KiB ------------------------------------------------------------------------
 
 
 def test_a_300_kib_spec_keeps_the_entrypoint_short_and_reaches_the_cluster_whole(
@@ -170,7 +170,7 @@ def test_spec_json_of_the_package_is_the_one_parser_input() -> None:
     assert BatchInferenceSpec.from_json(files[f"{JOB_MODULE}/spec.json"].decode()) == spec
 
 
-# -- finding 9: what a preprocess module's package ships -----------------------------------------
+# -- what a preprocess module's package ships ----------------------------------------------------
 
 
 @pytest.fixture
@@ -244,7 +244,7 @@ def test_a_preprocess_package_holding_a_data_folder_fails_before_submitting(dag_
 
 
 def test_a_link_ships_only_what_would_ship_itself_and_secret_names_are_left_out(tmp_path) -> None:
-    """Found by the new-user trial: ``envcopy -> .env`` shipped the .env under the link's name, and
+    """``envcopy -> .env`` shipped the .env under the link's name, and
     ``prod.env``, ``credentials``, ``service-account.json``, ``keystore.jks``, ``putty.ppk``,
     ``secrets.toml`` and a conda environment shipped."""
     from airflow_provider_raybatch.utils.packaging import build_py_module_package

@@ -117,7 +117,7 @@ def _task_failed_saying(airflow: Airflow, run_id: str, text: str) -> None:
     )
 
 
-# -- finding 1: forged ids ----------------------------------------------------------------------
+# -- forged ids ---------------------------------------------------------------------------------
 
 
 def test_a_forged_record_id_reads_deletes_or_runs_nothing_of_another_bucket(airflow, store_s3) -> None:
@@ -148,7 +148,7 @@ def test_a_nul_byte_or_an_overlong_id_is_a_404_not_a_500(airflow) -> None:
         assert response.status_code == 404, (path, response.status_code, response.text[:200])
 
 
-# -- finding 2: paths from the run conf ------------------------------------------------------------
+# -- paths from the run conf -----------------------------------------------------------------------
 
 
 def test_the_batch_dag_refuses_a_run_conf_that_names_paths(airflow, store_s3) -> None:
@@ -173,7 +173,7 @@ def test_the_batch_dag_refuses_a_run_that_is_no_batch(airflow, store_s3) -> None
     _task_failed_saying(airflow, run_id, "no batch record has that id")
 
 
-# -- finding 3: owners ---------------------------------------------------------------------------
+# -- owners --------------------------------------------------------------------------------------
 
 
 def test_users_see_and_act_on_their_own_files_and_batches_and_admins_on_all(airflow) -> None:
@@ -219,7 +219,7 @@ def test_reading_an_expired_batch_writes_nothing(airflow, store_s3) -> None:
     assert _objects(store_s3) == before
 
 
-# -- finding 7: limits ---------------------------------------------------------------------------
+# -- limits --------------------------------------------------------------------------------------
 
 
 def test_bodies_over_the_limits_are_refused_before_they_are_stored(airflow, store_s3) -> None:
@@ -259,7 +259,7 @@ def test_bodies_over_the_limits_are_refused_before_they_are_stored(airflow, stor
         assert response.json()["error"]["param"] == "metadata"
 
 
-# -- finding 9: CSRF, docs, error text -------------------------------------------------------------
+# -- CSRF, docs, error text ------------------------------------------------------------------------
 
 
 def test_the_session_cookie_alone_changes_nothing(airflow, store_s3) -> None:
@@ -290,7 +290,7 @@ def test_the_request_count_agrees_with_the_pipeline_on_a_bare_carriage_return(ai
     assert alice.create_batch(file_id).json()["request_counts"]["total"] == 2
 
 
-# -- found by the security trial (helper) after the first round of fixes ------------------------------
+# -- runs re-created by others, early refusals, races, quotas, error shapes ---------------------------
 
 
 def test_a_run_re_created_under_a_batch_id_by_someone_else_runs_nothing(airflow) -> None:

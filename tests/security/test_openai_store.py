@@ -103,7 +103,7 @@ def test_a_manifest_naming_a_folder_outside_its_batch_serves_nothing(
 
 
 def test_foreign_files_in_the_store_folders_are_no_records(tmp_path: Path) -> None:
-    """A ``manifest.json`` or junk written into files/ or batches/ (finding 2) breaks no listing."""
+    """A ``manifest.json`` or junk written into files/ or batches/ breaks no listing."""
     store = OpenAIStore(str(tmp_path / "store"))
     good = store.add_file(iter([b"{}\n"]), "in.jsonl", "batch", owner="eve")
     batch = {"id": new_id("batch"), "created_at": 1, "owner": "eve"}

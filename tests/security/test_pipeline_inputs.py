@@ -1,4 +1,4 @@
-"""Issue 17, finding 9 (and finding 7's pipeline half): hostile input files and model buckets.
+"""Hostile input files and model buckets.
 
 * A bare ``\\r`` inside a JSONL line was one request to the API and two error rows to the pipeline
   (``bytes.splitlines``). Both now split at ``\\n`` only (pipeline/read/jsonl.py), so the API's count and
@@ -54,7 +54,7 @@ def chat_line(custom_id: str, **body: Any) -> bytes:  # Any: JSON values.
     return json.dumps(line).encode()
 
 
-# -- finding 9.1: a bare \r -------------------------------------------------------------------------
+# -- a bare \r --------------------------------------------------------------------------------------
 
 
 def test_a_bare_cr_inside_a_json_string_is_one_error_row_naming_its_line() -> None:
@@ -130,7 +130,7 @@ def test_property_the_api_count_is_the_openai_readers_rows_for_any_bytes(
     assert all(row["error"] is None or ": " in row["error"] for row in prepared)
 
 
-# -- finding 9.2: numbers past int64, NaN and infinity ----------------------------------------------
+# -- numbers past int64, NaN and infinity -----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -225,7 +225,7 @@ def test_an_int_past_int64_in_an_ordinary_column_is_kept_as_json_text(tmp_path: 
     assert sorted(json.loads(row["n"]) for row in result.outputs) == [-5, 10**20]
 
 
-# -- finding 9.3: model keys that leave the model's folder --------------------------------------------
+# -- model keys that leave the model's folder ---------------------------------------------------------
 
 
 @pytest.fixture
@@ -297,7 +297,7 @@ def test_fetch_model_still_fetches_a_plain_model(s3_model: Any, tmp_path: Path) 
     }  # fmt: skip
 
 
-# -- finding 7 (pipeline half): one huge input file ---------------------------------------------------
+# -- one huge input file ------------------------------------------------------------------------------
 
 
 def test_an_input_file_over_the_cap_fails_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:

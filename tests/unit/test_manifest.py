@@ -223,7 +223,7 @@ def test_describe_timings_says_where_the_time_and_gpus_went() -> None:
 
 
 def test_describe_timings_of_a_cpu_engine_says_no_gpu_was_held() -> None:
-    """Both trials: a CPU run's task log said '0.0 GPU-seconds held', which reads like a measuring fault."""
+    """A CPU run's task log said '0.0 GPU-seconds held', which reads like a measuring fault."""
     timings = {"generating_s": 5.0, "replicas": 1, "gpus_per_replica": 0.0, "gpu_seconds_held": 0.0,
                "replica_seconds_held": 57.25}  # fmt: skip
 
@@ -247,7 +247,7 @@ def test_describe_engine_pool_says_whether_the_run_found_its_engines_warm() -> N
     assert describe_engine_pool({**pool, "warm_replicas": 0}) == (
         "engine pool 8f26a2bb2cf787aa: 0 of 2 replicas warm (started cold), kept warm 300 s after the job"
     )
-    # The build a cold job paid for: the slowest replica's (helper-52's trial found it only in engine_pool).
+    # The build a cold job paid for: the slowest replica's (else it was only in engine_pool).
     built = [{"engine_build_seconds": 33.25}, {"engine_build_seconds": 79.7}, {"answered": False}]
     assert describe_engine_pool({**pool, "warm_replicas": 0, "replica_timings": built}) == (
         "engine pool 8f26a2bb2cf787aa: 0 of 2 replicas warm (started cold, engine built in 79.7 s), "
@@ -261,7 +261,7 @@ def test_describe_engine_pool_of_a_run_on_its_own_engines_says_nothing(pool: obj
 
 
 def test_a_run_whose_rows_all_miss_their_id_names_the_id_column() -> None:
-    """Both trials of issue 20: id_column='ticketID' (the file says ticket_id) read as 66 row errors."""
+    """id_column='ticketID' (the file says ticket_id) read as 66 row errors."""
     reasons = {"missing id": 66, "malformed JSON": 1, "not a JSON object": 1}
     manifest = {"rows_in": 68, "rows_out": 0, "rows_failed": 68, "id_column": "ticketID",
                 "errors_by_reason": reasons}  # fmt: skip

@@ -53,7 +53,7 @@ def test_no_eta_when_done_or_before_any_row() -> None:
 
 
 def test_the_eta_is_at_the_engines_rate_and_waits_for_their_first_row() -> None:
-    """helper-51's trial: 8 rows staged at once (bad rows, no engine) while the engine built, and the line
+    """8 rows staged at once (bad rows, no engine) while the engine built, and the line
     said "ETA 24m26s"; the job ended 27 s later. The ETA now waits for the engines and uses their rate."""
     building = _progress(
         rows_done=8, rows_total=69, elapsed_seconds=30, rows_generated=0, generating_seconds=None

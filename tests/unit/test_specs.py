@@ -716,7 +716,7 @@ def test_a_keep_warm_window_out_of_range_or_on_a_parallel_engine_is_refused(
     ],
 )
 def test_an_empty_column_name_is_refused_naming_the_field(field: str, overrides: dict[str, Any]) -> None:
-    """An empty name was taken for a column (helper-48's trial: ``id_column=''`` passed): no row has
+    """An empty name was taken for a column (``id_column=''`` passed): no row has
     it, so every row would have failed at run time instead of the task at once."""
     with pytest.raises(BatchSpecError, match=rf"{field}='' must be a non-empty string"):
         build(**overrides, **{field: ""})

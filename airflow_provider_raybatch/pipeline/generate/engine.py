@@ -59,8 +59,8 @@ FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
 #: How many times Ray restarts one engine replica that died before the job fails. Ray Data's own
 #: default is forever: an engine that crashes on every start, or on a batch it is handed again after
 #: each restart (vLLM's "Fatal engine error, exiting actor to trigger restart"), kept the job running
-#: with no row done and nothing said (100,000 images on an H100, 2026-11-26: 10 min, engines crash-
-#: looping). A replica lost to a node or the OOM killer now and then is still restarted.
+#: with no row done and nothing said (100,000 images on an H100: 10 min, engines crash-looping). A replica
+#: lost to a node or the OOM killer now and then is still restarted.
 ENGINE_MAX_RESTARTS = 3
 ENGINE_MAX_RESTARTS_ENV = "RAYBATCH_ENGINE_MAX_RESTARTS"
 ENGINE_MAX_RESTARTS_LIMIT = 1000
@@ -292,7 +292,7 @@ def engine_core_errors() -> Iterator[Callable[[], str | None]]:
 
     vLLM's parent only says ``Engine core initialization failed. See root cause above``: the cause
     (``ValueError: No available memory for the cache blocks``, say) is in the child's log alone, which
-    the task never shows (trial 55: a refused setting failed the task with vLLM's wrapper only). The
+    the task never shows (a refused setting failed the task with vLLM's wrapper only). The
     EngineCores write into a folder of this build's own (``mkdtemp``: private, a name nobody can guess,
     so no other user can plant a link for them to write through), gone when the build ends: an
     EngineCore that dies later, holding the deleted folder open (:func:`_open_error_folder`), writes

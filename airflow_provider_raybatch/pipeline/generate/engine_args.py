@@ -4,7 +4,7 @@ Why: a key of ``engine_kwargs`` that vLLM does not know (``max_model_length`` fo
 reached every engine replica, which died in its constructor (``AsyncEngineArgs.__init__() got an
 unexpected keyword argument``) after importing vLLM; each was started again, up to
 ``RAYBATCH_ENGINE_MAX_RESTARTS`` times, and the reason was only in the replicas' own logs. On a loaded
-2-core machine the job was still restarting replicas after 8 minutes (helper-51's trial, 2026-11-29).
+2-core machine the job was still restarting replicas after 8 minutes.
 The driver checks the keys before any replica starts, naming the key and the likeliest one meant.
 
 The names come from ``vllm/engine/arg_utils.py``'s source, the fields of ``EngineArgs`` and

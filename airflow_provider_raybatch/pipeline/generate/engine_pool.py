@@ -386,7 +386,7 @@ class PoolLease:
             with contextlib.suppress(ValueError):  # gone already: nothing to release
                 releases[name] = ray.get_actor(name, namespace=NAMESPACE).release.remote(self.job_id)
         # Only the built replicas' answers are waited for (bounded): one still building answers once
-        # built, and the job must not wait for that (helper-40's trial: ~10 s at the end of each job on
+        # built, and the job must not wait for that (~10 s at the end of each job on
         # a half-warm pool). Should this driver end first, its lease there lapses (LEASE_SECONDS).
         waited = {name: ref for name, ref in releases.items() if name in built}
         ray.wait(list(waited.values()), num_returns=len(waited), timeout=RELEASE_ANSWER_SECONDS)

@@ -63,7 +63,7 @@ def death_cause(err: BaseException) -> tuple[str, bool]:
     """Why a replica died, in one line (the last exception its traceback names), and whether it died
     building (an error in its constructor: Ray's ``actor_init_failed``).
 
-    helper-54's trial: a setting vLLM refuses only as it builds (``kv_cache_memory_bytes`` too small)
+    Why: a setting vLLM refuses only as it builds (``kv_cache_memory_bytes`` too small)
     was built four times and the task said only "died"; the reason was in the actor logs.
     """
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
@@ -117,8 +117,8 @@ class _PoolClient(StatefulStageUDF):
         """The next replica in turn whose engine is built; with none built yet, the first to be.
 
         The turn is read after the waits, not before: an actor runs several batches at once, and batches
-        that waited together must still take turns (helper-43's trial saw every batch of a small warm
-        job go to one replica, each having read the same turn before its wait).
+        that waited together must still take turns (else every batch of a small warm job went to
+        one replica, each having read the same turn before its wait).
         """
         built = {index: self._built_task(index) for index in range(self._pool.replicas)}
         if not any(task.done() for task in built.values()):

@@ -165,8 +165,8 @@ def _telemetry_report_not_awaited() -> None:
     Ray waits for its telemetry actor to record the report (``ray.get``), and on a cluster's first job
     that actor is made then: a worker process started and Ray imported, 5-8 s on the 2-core VM. A
     warm pool's replicas are asked for only once the processor is built (``run._engine_ready``), so
-    a cold replica started that much later than the reads it is meant to build beside (trial 55: 8 s
-    into a 10.5 s read). Best effort: another Ray layout keeps Ray's own.
+    a cold replica started that much later than the reads it is meant to build beside (8 s into a
+    10.5 s read). Best effort: another Ray layout keeps Ray's own.
     """
     try:
         agent: Any = importlib.import_module(_TELEMETRY).TelemetryAgent  # Any: Ray's class

@@ -67,7 +67,7 @@ class ProgressReporter:
             "tokens_out": self._tokens_out - self._tokens_out_before,
             "elapsed_seconds": round(time.monotonic() - self._started, 1),
             # The engines' rate, for the ETA: over the job's whole time, a long engine build made the
-            # first rows look slow ("ETA 24m26s" 27 s before the end, in helper-51's trial).
+            # first rows look slow ("ETA 24m26s" 27 s before the end).
             "rows_generated": self._rows_generated,
             "generating_seconds": None if since is None else round(max(time.time() - since, 0.0), 1),
         }

@@ -295,7 +295,7 @@ def _wall_seconds(summary: Mapping[str, Any]) -> Any:  # Any: a JSON number, or 
     """The job's wall time as the timing section counts it (``job_wall_s``: submitted to committed,
     runtime env and driver start included) where known, else the driver's own (``wall_seconds``).
 
-    One number for one run: helper-50's trial read 51 s at the top and 66 s in "Where the time went"."""
+    One number for one run: else a report read 51 s at the top and 66 s in "Where the time went"."""
     timings = summary.get("timings")
     job_wall = timings.get("job_wall_s") if isinstance(timings, Mapping) else None
     return job_wall if job_wall is not None else summary.get("wall_seconds")
@@ -346,8 +346,8 @@ def _run_facts(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped value
 
 
 def _held_try_section(held: Any) -> str:  # Any: the summary's "held_try" (JSON), or None.
-    """What the earlier try whose held rows this run committed spent generating them (trial 55: the
-    report of such a run, which starts no engine, showed the rows as free)."""
+    """What the earlier try whose held rows this run committed spent generating them (such a run
+    starts no engine: without this its report shows the rows as free)."""
     if not isinstance(held, Mapping):
         return ""
     job = held.get("job_id") or "an earlier try"

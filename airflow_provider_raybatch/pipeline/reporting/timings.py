@@ -206,15 +206,16 @@ def run_timings(
     last staged row, in which they staged ``rows_generated`` rows (this try's engine parts: none an
     earlier try staged; a batch retried whole counts each time it went through an engine).
     ``commit_s``: engines done to the version written. Between them, so that one after
-    the other they account for ``job_wall_s`` (helper-54's trial found 10.6 s of 46.2 nowhere):
+    the other they account for ``job_wall_s`` (else 10.6 s of a 46.2 s job were in none):
     ``before_engine_stage_s``, rows ready to the engine stage's start (the bad rows staged, the
     processor's build awaited), and ``engine_stage_end_s``, the last row staged to the stage's end. The
     engines' own start-up (``engine_build_s``, ``engine_replicas``) overlaps the phases before it.
 
     ``replica_seconds_held``: ``replicas`` x the engine stage's seconds, None without an engine; on a
     warm pool from the job's lease (``lease_started``, when it asked for its replicas, beside the reads)
-    if that was sooner (trial 57: a cold pool job held its replica through a 45 s build and counted
-    43.8 replica-seconds); and ``gpu_seconds_held``: that x ``gpus_per_replica`` (0 on a CPU engine).
+    if that was sooner (a cold pool job holds its replica through its build: counted from the stage, one
+    that waited out a 45 s build showed 43.8 replica-seconds); and ``gpu_seconds_held``: that x
+    ``gpus_per_replica`` (0 on a CPU engine).
     ``keep_warm_gpu_seconds_max``:
     on a warm pool, what its replicas may hold after the job, idle, waiting for the next one (replicas
     x GPUs x ``keep_warm_seconds``, at most: a next job ends the wait); the pool's, not counted in

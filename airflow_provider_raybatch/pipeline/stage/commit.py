@@ -501,8 +501,8 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBindin
 
 def held_try(held: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values
     """What the try that generated and held the rows a later try committed paid for them: the committed
-    manifest's ``held_try`` (that later job started no engine: its own timings show none, and a trial
-    read the run as free)."""
+    manifest's ``held_try`` (that later job started no engine: its own timings show none, and the run
+    read as free)."""
     return {key: held.get(key) for key in ("job_id", "version", "timings", "engine_pool")}
 
 

@@ -27,7 +27,7 @@ from airflow_provider_raybatch.utils.packaging import RayPackage
 from ..conftest import RAY_TOKEN, RAY_URL, RespxBridge, _BridgeResolver, nodes_payload
 from .test_ray import connection
 
-# -- finding 7: the connection's host forms ------------------------------------------------------
+# -- the connection's host forms -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -208,7 +208,7 @@ def test_an_https_prefix_is_kept_by_the_sync_client(
     assert ray_job_url(hook.dashboard_url, "j1") == "https://gateway.example.com/ray/#/jobs/j1"
 
 
-# -- finding 6: redirects and login pages --------------------------------------------------------
+# -- redirects and login pages -------------------------------------------------------------------
 
 LOGIN = "https://sso.example.com/oauth2/login"
 #: A login redirect's query carries the proxy's state (here even a token a proxy might echo): never shown.

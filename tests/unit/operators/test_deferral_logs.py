@@ -148,7 +148,7 @@ def test_a_refused_spec_logs_its_own_error_and_no_other(
     ray_conn: str, ray_api: respx.MockRouter, supervisor: FakeSupervisor, error_lines: Callable[[], list[str]]
 ) -> None:
     """A spec refused before any job is submitted fails the task with its own message only: the "Ray
-    job" link of a task with no job reads no XCom (helper-45's trial saw the SDK's "XCom not found ...
+    job" link of a task with no job reads no XCom (else the SDK logs "XCom not found ...
     key='job_id'" at ERROR right after the refusal)."""
     op = make_operator(ray_conn_id=ray_conn, engine_kwargs="{{ params.engine_kwargs }}")
     op.engine_kwargs = {"max_model_len": 0}  # as a template renders it: a literal one fails as it is built

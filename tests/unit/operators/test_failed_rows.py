@@ -286,7 +286,7 @@ def held_job(
 
 
 def test_a_held_run_fails_its_task_saying_what_stays_current(ray_conn: str, cluster: FakeCluster) -> None:
-    """helper-51's trial: every row failed (a wrong column) and the run replaced the date's good
+    """Every row failed (a wrong column) and the run replaced the date's good
     version. Now the job holds it and fails; the task says so in one error, with no log tail."""
     ti = retry_ti(1)
     job_id, manifest = held_job(cluster, ti)
@@ -334,7 +334,7 @@ def test_a_held_manifest_of_another_run_is_not_taken(
 
 
 def test_the_task_says_which_version_its_commit_replaced(ray_conn: str, ray_api: respx.MockRouter) -> None:
-    """helper-52's trial: a re-run committed a new version and deleted the good one, and the task log
+    """A re-run committed a new version and deleted the good one, and the task log
     said nothing of it."""
     with capture_logs() as events:
         complete(ray_conn, ray_api, run_manifest(30, 0, replaced_version="v0"))
@@ -346,7 +346,7 @@ def test_the_task_says_which_version_its_commit_replaced(ray_conn: str, ray_api:
 def test_a_commit_of_held_rows_says_which_job_generated_them_and_what_that_took(
     ray_conn: str, ray_api: respx.MockRouter
 ) -> None:
-    """trial 55: the job that committed a held try's rows showed no engine time and no GPU-seconds, as
+    """The job that committed a held try's rows showed no engine time and no GPU-seconds, as
     if the rows had cost nothing."""
     timings = {"generating_s": 41.5, "replicas": 1, "gpus_per_replica": 1.0, "gpu_seconds_held": 60.2}
     held_try = {"job_id": "j0", "version": "v1", "engine_pool": None, "timings": timings}

@@ -46,7 +46,7 @@ class XComTI(FakeTI):
         return self.xcoms.get(key)
 
 
-# -- (a) finding 2: a job identity only this deployment can make ------------------------------------
+# -- (a) a job identity only this deployment can make -----------------------------------------------
 
 
 @pytest.mark.parametrize("status", ["RUNNING", "SUCCEEDED", "FAILED"])
@@ -190,7 +190,7 @@ def test_no_deployment_secret_submits_nothing(
     assert not cluster.submit.called
 
 
-# -- (b) finding 1: every end of a deferred wait stops the job --------------------------------------
+# -- (b) every end of a deferred wait stops the job -------------------------------------------------
 
 
 @pytest.mark.parametrize("reason", ["api_error", "trigger_error", "timeout"])
@@ -282,7 +282,7 @@ def test_an_ordinary_resume_still_calls_execute_complete(ray_conn: str, cluster:
     assert not cluster.stops[job].called
 
 
-# -- (c) finding 4: the result is the committed manifest, the log only a fallback -------------------
+# -- (c) the result is the committed manifest, the log only a fallback ------------------------------
 
 
 def committed(output: Path, **fields: Any) -> dict[str, Any]:  # Any: JSON values.

@@ -678,7 +678,8 @@ def test_a_deliberate_stop_of_an_earlier_tries_job_fails_the_task(
 
 
 def test_attaching_to_an_earlier_tries_job_remembers_when(ray_conn: str, cluster: FakeCluster) -> None:
-    """The attach time travels through the deferral to execute_complete (finding 8's test needs it)."""
+    """The attach time travels through the deferral to execute_complete, which tells by it whether that try's
+    cleanup stopped the job."""
     ti = retry_ti(2)
     previous = cluster.add_try(ti, 1, "RUNNING")
     before = time.time()
@@ -700,13 +701,13 @@ def test_this_tries_own_stopped_job_fails_the_task(ray_conn: str, cluster: FakeC
         make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, stopped)
 
     assert not cluster.submit.called
-    # A second trial: a deployment whose job another deployment (sharing its secret) stopped was
+    # A deployment whose job another deployment (sharing its secret) stopped was
     # never told why. The error names who can stop a job from outside.
     assert "ray job stop" in str(info.value) and "job_identity_secret" in str(info.value)
 
 
 def test_a_job_this_task_stopped_says_so(ray_conn: str, cluster: FakeCluster) -> None:
-    """helper-51's trial: a task killed by Airflow (SIGTERM) stops its job in on_kill, and Airflow's
+    """A task killed by Airflow (SIGTERM) stops its job in on_kill, and Airflow's
     task runner then lets the wait go on; the job's STOPPED read "stopped from outside this task"."""
     ti = retry_ti(1)
     own = cluster.add_try(ti, 1, "RUNNING")

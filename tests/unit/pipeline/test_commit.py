@@ -1163,7 +1163,7 @@ def _held_files(layout: OutputLayout) -> bool:
 
 
 def test_a_run_whose_rows_fail_is_held_and_the_dates_good_version_stays(tmp_path: Path) -> None:
-    """helper-51's trial: a re-run with a wrong column failed every row, committed a 0-row version and
+    """A re-run with a wrong column failed every row, committed a 0-row version and
     deleted the date's good one. Held instead: the good version stays current and whole."""
     good, first = _commit_good_date(tmp_path)
 

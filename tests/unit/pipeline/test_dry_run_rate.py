@@ -24,7 +24,7 @@ def test_the_rate_is_the_engines_while_generating_with_start_up_apart(tmp_path: 
 
 
 def test_a_commit_of_held_rows_takes_the_rate_of_the_try_that_generated_them(tmp_path: Path) -> None:
-    """trial 57: the retry that committed a held try's rows ran no engine (its generating_s is None):
+    """The retry that committed a held try's rows ran no engine (its generating_s is None):
     its rows over its 11 s of wall time would make a backfill look ten times as fast as it is."""
     held_try = {"job_id": "j0", "timings": {"generating_s": 25.0, "engine_start_to_first_row_s": 40.0}}
     rate = dry_run._measured_rate(

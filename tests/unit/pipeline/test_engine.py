@@ -59,7 +59,7 @@ def _run_child(target: Callable[..., None], *args: object) -> int | None:
 
 
 def test_the_error_an_engine_core_dies_of_while_building_reaches_its_builder() -> None:
-    """trial 55: vLLM's parent says only "Engine core initialization failed. See root cause above"."""
+    """vLLM's parent says only "Engine core initialization failed. See root cause above"."""
     with engine.engine_core_errors() as error_of_this_build:
         folder = engine._build_error_folder
         assert folder is not None and oct(Path(folder).stat().st_mode & 0o777) == "0o700"

@@ -1,6 +1,6 @@
 """Tests of airflow_provider_raybatch/pipeline/generate/engine_args.py: a key of ``engine_kwargs`` vLLM
-does not take fails the job at its start, naming it (helper-51's trial: every replica died in its
-constructor and was restarted, for minutes)."""
+does not take fails the job at its start, naming it (else every replica dies in its
+constructor and is restarted, for minutes)."""
 
 from __future__ import annotations
 

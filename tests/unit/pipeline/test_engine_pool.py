@@ -413,7 +413,7 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     too_many = report["too_many"]
     assert "died; replicas were replaced 2 times already (RAYBATCH_ENGINE_MAX_RESTARTS)" in too_many["error"]
     assert "Its last error: The actor experienced an error before finishing this task." in too_many["error"]
-    # helper-54's trial: a setting vLLM refuses only as it builds was built four times, and the task
+    # A setting vLLM refuses only as it builds was built four times, and the task
     # never said why. The second build failing alike ends it, quoting the engine's own line.
     alike = report["build_fails_alike"]
     assert alike["made"] <= too_many["made"], (alike, too_many)  # never more builds than the budget's
@@ -422,7 +422,7 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
         r"EngineBuildError: ValueError: No available memory for the cache blocks \(pid 40(0[2-9]|1\d)\)\.",
         alike["error"],
     ), alike["error"]  # a later build's pid than the first's (4001): still the same error
-    # trial 55: the job's own error led with Ray's wrapper and ended "a retry resumes from them",
+    # The job's own error led with Ray's wrapper and ended "a retry resumes from them",
     # which a retry with the same settings meets again. It now leads with the refusal.
     assert report["stage_failed"].startswith(
         "The engine stage failed: PoolReplicaLost: Engine pool replica raybatch-engine-f-0 failed to "
@@ -435,7 +435,7 @@ def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_b
     assert report["stage_died"].endswith(
         "is in the Ray dashboard's actor logs. The rows already generated are staged: a retry resumes "
         "from them."
-    )  # one full stop, and the restart budget said once (helper-56's review)
+    )  # one full stop, and the restart budget said once
     # One build failed (no pool, where Ray Data starts the actor again): a setting, or a passing fault.
     once = report["stage_built_once"]
     assert once.startswith(
@@ -474,7 +474,7 @@ def test_a_replica_unreachable_for_a_moment_is_tried_again_not_replaced(stage_re
     past = report["unreachable_past_grace"]
     assert past["replaced"] == 1 and past["made"] >= 2 and past["rows"] == [f"actor-{past['made'] - 1} a:0"]
     # Three rows past the grace together: one replacement, and the new replica gets its own grace
-    # (helper-42's review: the other rows' spent windows replaced it at once, and the budget ran out).
+    # (else the other rows' spent windows replace it at once, and the budget runs out).
     three = report["three_rows_past_grace"]
     assert three["replaced"] == 1, three
     assert sorted(text.split()[1] for text in three["rows"]) == ["a:0", "a:1", "a:2"]
@@ -526,7 +526,7 @@ def test_rows_cancelled_by_a_lapsed_lease_are_sent_again_after_attaching_again(s
 
 
 def test_the_health_check_kills_a_sick_replica_but_not_one_ray_cannot_reach_for_now() -> None:
-    """helper-42's review: a replica Ray called unavailable at the lease's health check was killed,
+    """A replica Ray called unavailable at the lease's health check was killed,
     though it may be live and serving other jobs' rows."""
     report = run_in_ray_env(_HEALTH)
     assert report["warm"] == ["raybatch-engine-h-0"]  # only the one that answered counts warm
@@ -588,7 +588,7 @@ both_built = asyncio.run(served(both, 1, 4, heard_from_all=True))
 # None built yet: the batch goes to the first replica to be built (replica 1, in 1 s; replica 0 in 600 s).
 cold = Pool("cold", 2, {"build": [600, 1]}, {}, None, 0.0)
 cold_first = asyncio.run(served(cold, 0, 2))
-# A fresh stage actor's batches, all at once (helper-43's trial: a small warm job's every batch went to
+# A fresh stage actor's batches, all at once (a small warm job's every batch once went to
 # one replica). Both built: they share them. Both building, ready 0.3 s apart: they share them too.
 warm_together = asyncio.run(served(both, 0, 4, together=True))
 close = Pool("close", 2, {"build": [4, 4.3]}, {}, None, 0.0)
@@ -600,8 +600,8 @@ print(json.dumps({"half_warm": half_warm, "still_building": building, "both_buil
 
 
 def test_a_batch_goes_to_a_built_replica_never_to_one_still_building() -> None:
-    """A half-warm pool (helper-39's trial): rows sent to the replica still building waited out its build.
-    A small job (helper-43's trial): one replica took every batch that a stage actor ran at once."""
+    """A half-warm pool: rows sent to the replica still building waited out its build.
+    A small job: one replica took every batch that a stage actor ran at once."""
     report = run_in_ray_env(_ROUTING)
     assert report["still_building"] is True
     assert report["half_warm"] == [["replica-0"]] * 4  # replica 1's turns went to replica 0
@@ -763,9 +763,9 @@ def test_a_lease_reports_each_replicas_start_and_makes_room_only_for_a_replica_t
     assert "raybatch-engine-other-0" not in report["after_crowded"]
     # The third replica started only once room was made, at least MAKE_ROOM_AFTER_SECONDS (0.5 s) into the
     # lease. (Not the skew of their readiness: on a loaded machine the first two's worker processes can
-    # start as late as the third; CI, 2026-11-27, 0.06 s.)
+    # start as late as the third, 0.06 s apart.)
     assert max(entry["engine_start_s"] for entry in crowded["replica_timings"]) >= 0.5
-    # A job that ended on replica 0 while replica 1 still built (helper-40's trial: its end waited ~10 s
+    # A job that ended on replica 0 while replica 1 still built (its end used to wait ~10 s
     # for replica 1): the lease let go at once; each replica says how many of the job's rows it answered.
     assert report["building_after_stop"] is True
     half = report["half"]

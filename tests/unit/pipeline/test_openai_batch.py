@@ -502,7 +502,7 @@ def _needs_hypothesis() -> None:
 def test_any_value_in_any_body_field_is_served_or_refused(endpoint: str, field: str) -> None:
     _needs_hypothesis()
 
-    # 100 values for each of the ~40 fields (300 until 2026-11-28: two minutes of CI's unit pass); each
+    # 100 values for each of the ~40 fields (300 took two minutes of CI's unit pass); each
     # run draws new ones (no example database), so runs add up.
     @settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(value=json_values())

@@ -173,7 +173,7 @@ print(json.dumps({"built": [built_sent, built_waited], "later": [sent[len(built_
 
 
 def test_the_build_sends_rays_telemetry_without_waiting_for_its_actor_to_start(model_folder: Path) -> None:
-    """trial 55: on a cluster's first job Ray's telemetry actor starts inside the build, and a warm
+    """On a cluster's first job Ray's telemetry actor starts inside the build, and a warm
     pool's cold replica was asked for only then, 8 s into a 10.5 s read instead of at its start."""
     report = run_in_ray_env(f"MODEL = {str(model_folder)!r}\n{_TELEMETRY}")
     assert report["built"] == [["LlamaForCausalLM"], []]  # the report went to Ray, not waited for

@@ -233,7 +233,7 @@ def stats_of_run() -> ReportStats:
 
 
 def test_the_wall_time_at_the_top_is_the_jobs_as_where_the_time_went_counts_it() -> None:
-    """helper-50's trial: 'Wall time' read the driver's 51 s, the timing section the job's 66 s."""
+    """'Wall time' read the driver's 51 s, the timing section the job's 66 s."""
     timed = {**SUMMARY, "timings": {"job_wall_s": 800.0, "read_and_prepare_s": 3.0}}
 
     assert '<dd id="wall_seconds">13m 20s</dd>' in render_report(timed, stats_of_run())
@@ -495,7 +495,7 @@ def test_report_of_a_run_on_its_own_engines_has_no_pool_section(pool: object) ->
 
 
 def test_a_cpu_pool_shows_the_replica_seconds_it_may_hold_idle() -> None:
-    """helper-54's trial: on a CPU engine the line read "0.0" while a replica (3 GiB) stayed up 600 s."""
+    """On a CPU engine the line read "0.0" while a replica (3 GiB) stayed up 600 s."""
     timings = {"replicas": 1, "gpus_per_replica": 0.0, "gpu_seconds_held": 0.0, "replica_seconds_held": 20.0,
                "keep_warm_gpu_seconds_max": 0.0, "keep_warm_replica_seconds_max": 600.0}  # fmt: skip
 

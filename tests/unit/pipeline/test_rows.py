@@ -505,7 +505,7 @@ def test_a_csv_column_of_numbers_then_words_is_text_not_a_failed_file() -> None:
 
 
 def test_a_text_column_keeps_every_cell_as_written_as_ray_datas_read_csv_does() -> None:
-    """helper-43's trial: README said `N/A` becomes null, but in a column of numbers and words it stayed
+    """README said `N/A` becomes null, but in a column of numbers and words it stayed
     "n/a". Null markers are null only in a column of numbers or bools; in a text column, as in Ray Data's
     ``read_csv`` (pyarrow's ``strings_can_be_null=False``), `n/a`, `NA` and an empty cell stay text."""
     pa_csv = pytest.importorskip("pyarrow.csv")

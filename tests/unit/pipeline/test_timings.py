@@ -72,7 +72,7 @@ def test_a_run_with_an_engine() -> None:
         "keep_warm_replica_seconds_max": None,
         "engine_replicas": [],
     }
-    # One after the other the phases make up the job (helper-54's trial: 10.6 s of 46.2 were nowhere).
+    # One after the other the phases make up the job (else 10.6 s of a 46.2 s job were in none).
     assert sum(timings[phase] for phase in SEQUENTIAL_PHASES) == pytest.approx(timings["job_wall_s"])
     # On a warm pool, what its replicas may hold idle after the job, the pool's, apart from the job's.
     pooled = run_timings(clock, parts, replicas=4, gpus_per_replica=0.25, keep_warm_seconds=600)
@@ -81,7 +81,7 @@ def test_a_run_with_an_engine() -> None:
 
 
 def test_a_cold_pool_job_counts_its_replicas_build_and_holds_them_from_its_lease() -> None:
-    """trial 57: a job whose pool replica was built for it showed no engine build in its timings and
+    """A job whose pool replica was built for it showed no engine build in its timings and
     held fewer replica-seconds (43.8) than the build it waited for (45.2 s)."""
     clock = RunClock(started=T0, rows_ready=T0 + 12, engine_started=T0 + 13, engine_done=T0 + 60,
                      committed=T0 + 61, submitted=T0 - 9, driver_started=T0 - 4)  # fmt: skip
@@ -113,7 +113,7 @@ def test_a_cold_pool_job_counts_its_replicas_build_and_holds_them_from_its_lease
 
 
 def test_generating_starts_when_an_engine_takes_its_first_row() -> None:
-    """Both trials of issue 20: every row in one batch, so the first staged part came with the last and
+    """Every row in one batch, so the first staged part came with the last and
     ``generating_s`` read 0.007 s, the whole decode counted as start-up. The engines' first row taken
     (stamped by the stage on its parts) is where start-up ends."""
     clock = RunClock(started=T0, rows_ready=T0 + 2, engine_started=T0 + 3, engine_done=T0 + 60)

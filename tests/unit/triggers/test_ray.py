@@ -369,7 +369,7 @@ async def test_terminal_state_wins_over_an_expired_deadline(
     assert not stop.called
 
 
-# -- finding 1: one absolute deadline, checked before every wait ------------------------------------
+# -- one absolute deadline, checked before every wait -----------------------------------------------
 
 
 async def test_a_deadline_that_passed_while_the_triggerer_was_down_stops_the_job_at_once(
@@ -452,7 +452,7 @@ async def test_on_kill_stops_the_job(make_trigger: Any, ray_api: respx.MockRoute
 async def test_on_kill_cancelled_while_it_stops_the_job_still_stops_it(
     make_trigger: Any, ray_api: respx.MockRouter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Seen in a trial under load: Airflow cancelled on_kill again while its stop call was on the way,
+    """Under load, Airflow cancelled on_kill again while its stop call was on the way,
     swallowed the CancelledError, and the job ran on. The stop must outlive on_kill's cancellation."""
     stop = ray_api.post(STOP_PATH).respond(json={"stopped": True})
     real_stop = ray_hook_module.RayHook.a_stop_job

@@ -77,7 +77,7 @@ def test_job_failed_error_carries_job_status_and_log_tail() -> None:
 
 
 def test_the_first_line_of_a_failed_jobs_error_says_why() -> None:
-    """trial 57: a job whose engine could not be built failed the task with "Job entrypoint command
+    """A job whose engine could not be built failed the task with "Job entrypoint command
     failed with exit code 1"; the why was in the driver log's last lines below it."""
     tail = (
         "Traceback (most recent call last):\n"
@@ -110,8 +110,7 @@ RAY_MESSAGE = (
 
 
 def test_job_failed_error_quotes_the_log_once() -> None:
-    """Ray's message quotes the log's end, and the error adds it itself: every error showed twice
-    (helper-51's trial)."""
+    """Ray's message quotes the log's end, and the error adds it itself: every error showed twice."""
     event = job_event("error", "j", RAY_MESSAGE, "failed")
 
     error = str(job_failed_error(event, "ERROR 30 of 30 rows failed"))
@@ -121,7 +120,7 @@ def test_job_failed_error_quotes_the_log_once() -> None:
 
 
 def test_job_failed_error_keeps_rays_quote_when_the_log_cannot_be_read() -> None:
-    """The driver's node gone, the log unreadable: Ray's quote is the last copy (helper-53's review)."""
+    """The driver's node gone, the log unreadable: Ray's quote is the last copy."""
     assert "ERROR 30 of 30 rows failed" in str(
         job_failed_error(job_event("error", "j", RAY_MESSAGE, "failed"), "")
     )
