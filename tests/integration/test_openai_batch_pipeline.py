@@ -182,20 +182,23 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
     )
 
 
-@pytest.mark.cold_engine  # an engine of its own: one built without the chat template's settings
 def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -> None:
-    """Also: two choices for one line. (Not on the session's warm engines: a completions job's engine
-    is built without the chat template's settings, so its pool would be another, held warm for the
-    rest of the session for this one test.)"""
+    """Also: two choices for one line. On the session's warm engines, which the chat jobs built: the
+    pool is the model's and the engine's settings', and a completions job has no chat template."""
     lines = [request(f"c-{i}", COMPLETIONS, {"prompt": f"Once upon a time {i}", "max_tokens": 5,
                                              "logprobs": 1})
              for i in range(10)]  # fmt: skip
     lines.insert(3, request("c-two", COMPLETIONS, {"prompt": "Once", "max_tokens": 5, "logprobs": 1, "n": 2,
                                                    "temperature": 1.0}))  # fmt: skip
     lines.append(request("c-empty", COMPLETIONS, {"prompt": "   "}))
-    manifest, outputs, errors = run_batch(tiny_model, tmp_path, COMPLETIONS, lines)
+    manifest, outputs, errors = run_batch(tiny_model, tmp_path, COMPLETIONS, lines, **warm_conf())
 
     assert_counts_add_up(manifest, outputs, errors, 12)
+    if warm_conf():  # on the pool the chat jobs left warm (test_warm_pool's, or this file's chat test)
+        assert manifest["engine_pool"]["warm_replicas"] == 1, (
+            "a completions job built an engine of its own beside the chat jobs' warm one",
+            manifest["engine_pool"],
+        )
     assert sorted(line["custom_id"] for line in outputs) == sorted([*(f"c-{i}" for i in range(10)), "c-two"])
     for line in outputs:
         body = line["response"]["body"]

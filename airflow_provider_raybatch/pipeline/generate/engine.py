@@ -68,8 +68,6 @@ _PRELOAD = ("ray", "vllm.v1.engine.core")
 _ENGINE_STAGE = "vLLMEngineStage"
 _CHAT_TEMPLATE_STAGE = "ChatTemplateStage"
 _TOKENIZE_STAGE = "TokenizeStage"
-#: A pool replica's constructor keyword: the chat-template stage's keywords, for the rows it renders.
-CHAT_TEMPLATE_KWARG = "raybatch_chat_template"
 #: The pooled stage's constructor keyword: whether the pool's replicas render this job's prompts.
 RENDER_IN_POOL_KWARG = "raybatch_render_in_pool"
 
@@ -185,9 +183,10 @@ def use_engine_pool(
         transformers and load the tokenizer (seconds per job on a GPU host, the bulk of a warm job's
         wait for its first row), which the warm replica already holds. False (a batch with images):
         the job keeps Ray Data LLM's stages, ours for the chat template as in :func:`use_our_engine_stage`.
-        Either way the replicas are built with the chat template's settings: a job that renders its own
-        prompts and one that does not, on the same model and engine settings, share one pool (two
-        would hold two engines of one model on the GPU).
+        Either way the pool is the model's and the engine settings', not the chat template's: a job that
+        renders its own prompts, one that does not and a completions job (no chat template), on the same
+        model and engine settings, share one pool (two would hold two engines of one model on the GPU);
+        the replicas render each job's rows with that job's chat template.
     """
     from airflow_provider_raybatch.pipeline.generate.engine_pool import (
         RESOURCE_KWARGS,
@@ -210,8 +209,6 @@ def use_engine_pool(
     engine_kwargs = {
         key: value for key, value in stage.fn_constructor_kwargs.items() if not key.startswith("raybatch_")
     }
-    if chat_template is not None:
-        engine_kwargs[CHAT_TEMPLATE_KWARG] = chat_template
     pool = plan_pool(
         engine_kwargs,
         stage.map_batches_kwargs,
@@ -219,6 +216,7 @@ def use_engine_pool(
         keep_warm_seconds,
         compile_cache_dir,
         job_runtime_env,
+        chat_template,
     )
     if ray_is_up():  # in a job: take the pool's live replicas first (engine_pool.EnginePool.preferring_live)
         pool = pool.preferring_live(live_replica_names())

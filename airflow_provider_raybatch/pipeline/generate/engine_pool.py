@@ -103,6 +103,9 @@ class EnginePool:
     actor_options: dict[str, Any]  # Any: Ray actor options (resources, runtime_env)
     compile_cache_dir: str | None
     keep_warm_seconds: float
+    #: The job's chat-template stage's keywords, where the replicas render its prompts; the job's, so
+    #: outside the fingerprint (pool_replica.EngineReplica.attach).
+    chat_template: dict[str, Any] | None = None  # Any: the chat-template stage's keywords
     names: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -142,7 +145,13 @@ class EnginePool:
                 max_concurrency=10_000,  # rows of every job in flight at once; vLLM bounds its own batch
                 **self.actor_options,
             )
-            .remote(self.engine_kwargs, self.compile_cache_dir, self.fingerprint, self.keep_warm_seconds)
+            .remote(
+                self.engine_kwargs,
+                self.compile_cache_dir,
+                self.fingerprint,
+                self.keep_warm_seconds,
+                self.chat_template,
+            )
         )
 
     def existing(self) -> set[str]:
@@ -189,6 +198,7 @@ def plan_pool(
     keep_warm_seconds: float,
     compile_cache_dir: str | None,
     job_runtime_env: dict[str, Any],
+    chat_template: dict[str, Any] | None = None,
 ) -> EnginePool:
     """The pool for a job's vLLM stage, from what Ray Data LLM built for it.
 
@@ -197,6 +207,8 @@ def plan_pool(
     :param job_runtime_env: the job's runtime env: the replica keeps our code's package (the first
         ``py_modules`` entry, see ``operators.job_shipping.upload_runtime_env``) and the rest but the
         other packages.
+    :param chat_template: the job's chat-template stage's keywords (None: it has none), for the
+        replicas to render its prompts with; not part of the fingerprint.
     :raises ValueError: for an engine a pool cannot hold (tensor or pipeline parallel).
     """
     if "ray_remote_args_fn" in map_batches_kwargs:
@@ -219,8 +231,9 @@ def plan_pool(
     model_files = model_digest(str(engine_kwargs.get("model", "")))
     fingerprint = pool_fingerprint(engine_kwargs, options, compile_cache_dir, model_files)
     return EnginePool(
-        fingerprint, replicas, dict(engine_kwargs), options, compile_cache_dir, keep_warm_seconds
-    )
+        fingerprint, replicas, dict(engine_kwargs), options, compile_cache_dir, keep_warm_seconds,
+        chat_template,
+    )  # fmt: skip
 
 
 def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seconds: float) -> list[str]:

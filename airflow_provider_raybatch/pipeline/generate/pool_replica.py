@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -47,6 +48,8 @@ JOB_SHARE_IN_RUNNING_BATCHES = 2
 #: The node key of a make-room call's ``lacking`` where Ray gave no per-node figures: the cluster's
 #: totals stand for one node (:func:`.engine_pool.make_room`).
 ANY_NODE = "*"
+#: Chat templates no job renders with that a replica keeps loaded (a tokenizer each) for the next job.
+_SPARE_CHAT_TEMPLATES = 2
 #: vLLM's ``max_num_seqs`` where neither the engine nor its settings say.
 _DEFAULT_MAX_NUM_SEQS = 256
 #: Ray Data LLM's logger of a row whose inference failed (its index and vLLM's error). A replica serves
@@ -73,16 +76,14 @@ class EngineReplica:
         compile_cache_dir: str | None,
         fingerprint: str,
         keep_warm_seconds: float = 0.0,
+        chat_template: dict[str, Any] | None = None,
     ) -> None:
         # Before the imports (vLLM's among them): the build time is all the replica's own start-up.
         started = time.monotonic()
         logging.getLogger(ROW_FAILURE_LOGGER).setLevel(logging.ERROR)
         self._engine_started_at = time.time()  # wall clock: replicas of one pool compare their start-ups
-        from airflow_provider_raybatch.pipeline.generate.engine import CHAT_TEMPLATE_KWARG
         from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
 
-        engine_kwargs = dict(engine_kwargs)
-        chat_template = engine_kwargs.pop(CHAT_TEMPLATE_KWARG, None)
         self._engine = RaybatchvLLMEngineStageUDF(
             data_column="__data",
             expected_input_keys=[],
@@ -90,12 +91,13 @@ class EngineReplica:
             raybatch_compile_cache_dir=compile_cache_dir,
             **engine_kwargs,
         )
-        self._chat_template: Any = None  # Any: our chat-template UDF, when the replica renders prompts
+        # The chat template is the job's, not the engine's: jobs of one model and engine settings share
+        # the replica whatever their chat-template settings (a completions job has none), each rendering
+        # with its own. The creating job's is loaded with the engine; another job's at its first attach.
+        self._chat_templates: dict[str, Any] = {}  # Any: our chat-template UDF, by chat_template_key
+        self._job_templates: dict[str, str] = {}  # job id -> the chat_template_key its rows render with
         if chat_template is not None:
-            from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
-
-            self._chat_template = RaybatchChatTemplateUDF(data_column="__data", expected_input_keys=[],
-                                                          **chat_template)  # fmt: skip
+            self._chat_templates[chat_template_key(chat_template)] = _chat_template_udf(chat_template)
         self._fingerprint = fingerprint
         self._engine_build_seconds = round(time.monotonic() - started, 3)
         self._engine_ready_at = time.time()
@@ -117,10 +119,18 @@ class EngineReplica:
 
     # The job side ------------------------------------------------------------------------------
 
-    async def attach(self, job_id: str, keep_warm_seconds: float) -> dict[str, Any]:
-        """Hold (or renew) ``job_id``'s lease; the replica's state before this call."""
+    async def attach(
+        self, job_id: str, keep_warm_seconds: float, chat_template: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Hold (or renew) ``job_id``'s lease; the replica's state before this call.
+
+        :param chat_template: the keywords of the job's chat-template stage, where the replica renders
+            its rows' prompts (the job's stage sends them; a lease renewal does not).
+        """
         await self._refuse_if_retiring()
         state = self._state()
+        if chat_template is not None:
+            await self._hold_chat_template(job_id, chat_template)
         if job_id not in self._jobs_served:
             self._jobs_served.append(job_id)
         self._leases[job_id] = time.monotonic() + LEASE_SECONDS
@@ -134,6 +144,7 @@ class EngineReplica:
         cancelled (a finished job has none); the keep-warm window starts once nothing is in flight.
         Returns how many of the job's rows this replica answered (the manifest's per-replica share)."""
         self._leases.pop(job_id, None)
+        self._job_templates.pop(job_id, None)
         self._cancel(job_id, "released its lease")
         self._last_active = time.monotonic()
         return {"rows": self._rows_by_job.pop(job_id, 0)}
@@ -151,7 +162,7 @@ class EngineReplica:
         assert task is not None  # an async actor method runs in a task
         self._in_flight.setdefault(job_id, set()).add(task)
         try:
-            failed = self._render(row) if render else None
+            failed = self._render(row, job_id) if render else None
             if failed is not None:
                 return failed
             async with self._shares.setdefault(job_id, asyncio.Semaphore(self._job_share)):
@@ -166,10 +177,24 @@ class EngineReplica:
         self._rows_by_job[job_id] = self._rows_by_job.get(job_id, 0) + 1
         return _portable(output)
 
-    def _render(self, row: dict[str, Any]) -> dict[str, Any] | None:  # Any: row values.
-        """Apply the chat template to the row's messages, as the job's chat-template stage would have;
-        the row's error output if its conversation cannot be rendered (a row's fault, not the job's)."""
-        if self._chat_template is None or row.get("messages") is None:
+    async def _hold_chat_template(self, job_id: str, settings: dict[str, Any]) -> None:
+        """Render ``job_id``'s rows with the chat template ``settings`` describe, loaded once per
+        settings (its tokenizer loads in a thread: the other jobs' rows go on meanwhile)."""
+        key = chat_template_key(settings)
+        if key not in self._chat_templates:
+            udf = await asyncio.to_thread(_chat_template_udf, settings)
+            self._chat_templates.setdefault(key, udf)
+        self._job_templates[job_id] = key
+        in_use = set(self._job_templates.values())
+        for unused in [held for held in self._chat_templates if held not in in_use][:-_SPARE_CHAT_TEMPLATES]:
+            del self._chat_templates[unused]  # oldest first: a dict keeps the order they were loaded in
+
+    def _render(self, row: dict[str, Any], job_id: str) -> dict[str, Any] | None:  # Any: row values.
+        """Apply the job's chat template to the row's messages, as the job's chat-template stage would
+        have; the row's error output if its conversation cannot be rendered (a row's fault, not the
+        job's)."""
+        template = self._chat_templates.get(self._job_templates.get(job_id, ""))
+        if template is None or row.get("messages") is None:
             return None  # rendered already, or the row's own prompt (a preprocess that returned 'prompt')
         from airflow_provider_raybatch.pipeline.prompt.chat_template import (
             CHAT_TEMPLATE_FAILED,
@@ -178,7 +203,7 @@ class EngineReplica:
         from airflow_provider_raybatch.pipeline.row_steps import INFERENCE_ERROR, ROW_REASON_MARK
 
         try:
-            row["prompt"] = self._chat_template._render(conversation_of(row.pop("messages")))
+            row["prompt"] = template._render(conversation_of(row.pop("messages")))
         except Exception as err:  # noqa: BLE001 - this row's conversation, not the job's
             reason = f"{ROW_REASON_MARK}{CHAT_TEMPLATE_FAILED}: {type(err).__name__}: {err}"
             index = self._engine.IDX_IN_BATCH_COLUMN
@@ -248,6 +273,7 @@ class EngineReplica:
                 if ends < now:  # its driver stopped renewing: stopped or killed
                     del self._leases[job_id]
                     self._rows_by_job.pop(job_id, None)
+                    self._job_templates.pop(job_id, None)
                     self._cancel(job_id, "stopped renewing its lease")
             idle = not self._leases and not self._in_flight
             if not self._jobs_served:  # nobody attached yet: its creator's attach may still come
@@ -309,3 +335,14 @@ def would_make_room(lacking: dict[str, list[str]], node_id: str, held: dict[str,
     its node lacks for a waiting replica (``lacking``: see :meth:`EngineReplica.retire_if_idle`)."""
     short = lacking.get(node_id, lacking.get(ANY_NODE))
     return short is not None and all(held.get(name, 0.0) > 0 for name in short)
+
+
+def chat_template_key(settings: dict[str, Any]) -> str:
+    """One chat template's settings as a key: equal settings, one loaded template."""
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def _chat_template_udf(settings: dict[str, Any]) -> Any:  # Any: our chat-template UDF
+    from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
+
+    return RaybatchChatTemplateUDF(data_column="__data", expected_input_keys=[], **settings)

@@ -202,7 +202,9 @@ class _PoolClient(StatefulStageUDF):
             raise
 
     async def _attach_once(self, index: int, handle: Any) -> None:  # Any: a Ray actor handle
-        state = await handle.attach.remote(self._job_id, self._pool.keep_warm_seconds)
+        state = await handle.attach.remote(
+            self._job_id, self._pool.keep_warm_seconds, self._pool.chat_template
+        )
         self._refuse_another_engine(index, state)
 
     def _refuse_another_engine(self, index: int, state: dict[str, Any]) -> None:  # Any: JSON values

@@ -160,7 +160,7 @@ replica = object.__new__(EngineReplica)
 replica.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0, _keep_warm_seconds=0.0,
                         _engine_started_at=0.0, _engine_ready_at=1.0,
                         _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _rows_by_job={},
-                        _watch=None, _retiring=False, _chat_template=None,
+                        _watch=None, _retiring=False, _chat_templates={}, _job_templates={},
                         _last_active=0.0, _job_share=4, _shares={})
 retired = []
 replica._retire = lambda why: (retired.append(why), setattr(replica, "_retiring", True))
@@ -321,7 +321,7 @@ class Replica:
         self.__ray_ready__ = Call(self._ready)
     async def _ready(self):
         return True
-    async def _attach(self, job_id, keep_warm):
+    async def _attach(self, job_id, keep_warm, chat_template):
         if self.deaths and self.deaths[-1] in ("attach", "attach unreachable"):
             raise fault(self.deaths.pop())
         self.attached += 1
@@ -337,6 +337,7 @@ class Replica:
 
 class Pool:
     replicas, keep_warm_seconds, names, fingerprint = 1, 60.0, ("raybatch-engine-f-0",), "f"
+    chat_template = None
     def __init__(self, deaths): self.deaths = deaths
     def replica(self, index):
         made.append(Replica(index, self.deaths))
@@ -545,7 +546,7 @@ class BuildingReplica:  # EngineReplica's protocol; its engine takes build_secon
     def __init__(self, index, build_seconds, fingerprint):
         self.index, self.fingerprint = index, fingerprint
         time.sleep(build_seconds)
-    def attach(self, job_id, keep_warm):
+    def attach(self, job_id, keep_warm, chat_template=None):
         return {"fingerprint": self.fingerprint}
     def generate(self, row, job_id, render):
         return {"__idx_in_batch": row["__idx_in_batch"], "generated_text": f"replica-{self.index}"}
@@ -616,10 +617,12 @@ import json
 from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
 
 class Template:  # our chat-template UDF's rendering; a conversation with no user turn is refused
+    def __init__(self, joiner="|"):
+        self.joiner = joiner
     def _render(self, conversation):
         if not any(turn["role"] == "user" for turn in conversation):
             raise ValueError("no user message")
-        return "|".join(f"{turn['role']}:{turn['content']}" for turn in conversation)
+        return self.joiner.join(f"{turn['role']}:{turn['content']}" for turn in conversation)
 
 class Engine:
     IDX_IN_BATCH_COLUMN = "__idx_in_batch"
@@ -627,18 +630,31 @@ class Engine:
         return {"generated_text": "from " + row["prompt"], "messages_left": row.get("messages") is not None}
 
 replica = object.__new__(EngineReplica)
-replica.__dict__.update(_engine=Engine(), _chat_template=Template(), _retiring=False, _in_flight={},
-                        _shares={}, _job_share=4, _rows_done=0, _rows_by_job={})
+replica.__dict__.update(_engine=Engine(), _chat_templates={}, _job_templates={}, _retiring=False,
+                        _in_flight={}, _shares={}, _job_share=4, _rows_done=0, _rows_by_job={})
+import asyncio
+from airflow_provider_raybatch.pipeline.generate import pool_replica
+loaded = []
+pool_replica._chat_template_udf = lambda settings: loaded.append(settings) or Template(settings["joiner"])
+for job, joiner in (("job", "|"), ("other job", " / "), ("job again", "|")):
+    asyncio.run(replica._hold_chat_template(job, {"joiner": joiner, "model": "m"}))
 good = {"__idx_in_batch": 0, "messages": json.dumps([{"role": "user", "content": "hi"}])}
 bad = {"__idx_in_batch": 1, "messages": json.dumps([{"role": "system", "content": "only"}])}
 own = {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}
-report = {"good": [replica._render(good), good], "bad": replica._render(bad)}
+report = {"good": [replica._render(good, "job"), good], "bad": replica._render(bad, "job")}
+# Each job with its own chat template; a job that sent none (a completions job) renders nothing.
+two_turns = json.dumps([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+other = {"__idx_in_batch": 4, "messages": two_turns}
+unrendered = {"__idx_in_batch": 5, "messages": two_turns}
+report["other"] = [replica._render(other, "other job"), other["prompt"]]
+report["no_template"] = [replica._render(unrendered, "completions job"), "prompt" in unrendered]
+report["loaded"] = [settings["joiner"] for settings in loaded]  # once per distinct settings
 # A job that rendered its rows itself (a batch with images) sends them with their messages still on.
 by_the_job = {"__idx_in_batch": 3, "messages": json.dumps([{"role": "user", "content": "hi"}]),
               "prompt": "job's"}
 import asyncio
 report["by_the_job"] = asyncio.run(replica.generate(by_the_job, "job", render=False))
-print(json.dumps({**report, "own": [replica._render(own), own]}))
+print(json.dumps({**report, "own": [replica._render(own, "job"), own]}))
 """
 
 
@@ -656,6 +672,10 @@ def test_a_replica_renders_the_chat_template_and_a_bad_conversation_is_the_rows_
     assert report["own"] == [None, {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}]
     # Rendered by the job's own stage: the engine gets the job's prompt, not a second rendering.
     assert report["by_the_job"] == {"generated_text": "from job's", "messages_left": True}
+    # Two jobs' chat templates on one replica, each loaded once; a job with none has its rows unrendered.
+    assert report["other"] == [None, "system:be brief / user:hi"]
+    assert report["no_template"] == [None, False]
+    assert report["loaded"] == ["|", " / "]
 
 
 _LEASE = """
@@ -675,7 +695,7 @@ class FakeReplica:  # EngineReplica's protocol, with an engine that takes build_
         time.sleep(build_seconds)
         self.ready = time.time()
         self.leases = set()
-    def attach(self, job_id, keep_warm):
+    def attach(self, job_id, keep_warm, chat_template=None):
         self.leases.add(job_id)
         return {"fingerprint": self.fingerprint, "engine_started_at": self.started,
                 "engine_ready_at": self.ready, "engine_build_seconds": round(self.ready - self.started, 3)}

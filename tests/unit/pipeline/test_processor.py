@@ -44,6 +44,9 @@ pool = engine.pool_of(warm)
 messages = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0, "user_template": None,
                                                   "messages_column": "messages"}), MODEL, parts)
 messages_stage = messages.stages["vLLMEngineStage"]
+# A completions job of the same model has no chat template: the same pool still (one engine per model).
+completions = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0, "user_template": None,
+                                                     "openai_endpoint": "/v1/completions"}), MODEL, parts)
 # An OpenAI batch's sampling fields come from its lines (run._fields_to_fill): built after the reads.
 openai_spec = spec.model_copy(update={"openai_endpoint": "/v1/chat/completions", "user_template": None})
 print(json.dumps({
@@ -53,7 +56,8 @@ print(json.dumps({
     "lease": type(lease).__name__, "room_needs": getattr(lease, "needs", None),
     "warm_udf": f"{warm_stage.fn.__module__}.{warm_stage.fn.__name__}",
     "warm_stages": list(warm.stages),
-    "pool_chat_template": sorted(pool.engine_kwargs.get("raybatch_chat_template") or {}),
+    "pool_chat_template": sorted(pool.chat_template or {}),
+    "engine_kwargs": sorted(pool.engine_kwargs),
     "warm_stage_resources": {k: warm_stage.map_batches_kwargs.get(k)
                              for k in ("num_cpus", "num_gpus", "resources")},
     "pool": {"replicas": pool.replicas,
@@ -63,6 +67,9 @@ print(json.dumps({
     "messages": {"stages": list(messages.stages),
                  "render_in_pool": messages_stage.fn_constructor_kwargs["raybatch_render_in_pool"],
                  "same_pool": engine.pool_of(messages).fingerprint == pool.fingerprint},
+    "completions": {"stages": list(completions.stages),
+                    "chat_template": engine.pool_of(completions).chat_template,
+                    "same_pool": engine.pool_of(completions).fingerprint == pool.fingerprint},
     "architectures": architectures,
     "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, parts) is not None,
 }))
@@ -116,6 +123,10 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
         "render_in_pool": False,
         "same_pool": True,
     }
+    # The chat template is each job's, outside the engine's settings: a completions job (none) shares
+    # the chat jobs' engine too.
+    assert "raybatch_chat_template" not in report["engine_kwargs"]
+    assert report["completions"] == {"stages": ["vLLMEngineStage"], "chat_template": None, "same_pool": True}
     assert report["openai_built_while_reading"] is False
 
 
