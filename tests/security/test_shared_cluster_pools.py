@@ -75,7 +75,7 @@ def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> No
 
     replica = object.__new__(EngineReplica)
     replica.__dict__.update(_engine=Engine(), _in_flight={}, _rows_done=0, _rows_by_job={}, _retiring=False,
-                            _chat_template=None, _last_active=0.0, _shares={},
+                            _chat_templates={}, _job_templates={}, _last_active=0.0, _shares={},
                             _job_share=2 * Settings.max_num_seqs)  # fmt: skip
 
     async def main() -> None:
