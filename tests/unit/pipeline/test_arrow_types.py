@@ -142,6 +142,19 @@ def test_a_footer_with_an_arrow_schema_under_the_checks_own_hidden_name_is_refus
         arrow_types.checked_parquet_schema(data)
 
 
+@pytest.mark.parametrize("text", ["zzz ARROW:schema", "zzz ARROW:SCHEMA"])
+def test_a_cell_reading_like_the_schema_key_is_a_value_not_a_key(text: str) -> None:
+    # The footer holds each column's min/max statistics, which are row values: an input cell (or a
+    # generated answer in a staged part) with this text is read, not taken for a second schema.
+    data = _parquet(pa.table({"id": ["a", "b"], "text": ["aaa", text]}))
+    assert text.encode() in data  # in the footer's statistics
+
+    assert arrow_types.checked_parquet_schema(data).field("text").type == pa.string()
+    records = list(rows.parse_file("tickets.parquet", data, "parquet"))
+    assert [record["error"] for record in records] == [None, None]
+    assert json.loads(records[1]["row"] or "")["text"] == text
+
+
 def test_a_stored_arrow_schema_that_is_not_strict_base64_is_refused() -> None:
     data = _parquet(pa.table({"id": [1]}))
     stored = base64.b64encode(pa.schema([("id", pa.int64())]).serialize().to_pybytes())
