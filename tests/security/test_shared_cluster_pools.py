@@ -3,7 +3,7 @@
 idle pools that never hold resources against a job that does not use them.
 
 Tested beside the code they need: an actor of a replica's name serving another engine gets no row,
-and an idle replica ends only_secrets for a job it can help (tests/unit/pipeline/test_engine_pool.py); a DAG
+and an idle replica ends only for a job it can help (tests/unit/pipeline/test_engine_pool.py); a DAG
 cannot set its own scope (tests/unit/operators/test_llm_batch.py).
 """
 
@@ -50,7 +50,7 @@ def test_a_configured_scope_outside_the_pattern_is_refused(
 
 
 def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> None:
-    """A job that sends far more rows than the replica's share (2 running batches of vLLM) keeps only_secrets
+    """A job that sends far more rows than the replica's share (2 running batches of vLLM) keeps only
     its share in the engine: a second job's rows go in beside them, not behind all of them."""
     import asyncio
 

@@ -81,6 +81,8 @@ RESOURCE_KWARGS = ("num_cpus", "num_gpus", "resources", "accelerator_type", "mem
 #: and its engine stage's. Left out of the runtime env the pool asks for, and so of the fingerprint
 #: (Ray still merges the creating job's env vars into the replica's: one may carry them).
 JOB_SIDE_SETTINGS = frozenset(job_settings.MAXIMA)
+#: A replica index has at most this many digits (no pool has 10,000 replicas).
+_MAX_INDEX_DIGITS = 4
 #: How long a job waits for its replicas to be placed before it ends idle replicas of other pools.
 MAKE_ROOM_AFTER_SECONDS = 5.0
 #: How long the lease waits for a replica to say it is up (an actor answers at once once created).
@@ -121,7 +123,7 @@ class EnginePool:
         live = sorted(
             int(suffix)
             for name in alive
-            if name.startswith(prefix) and (suffix := name[len(prefix) :]).isdigit()
+            if name.startswith(prefix) and _is_replica_index(suffix := name[len(prefix) :])
         )
         chosen = live[: self.replicas]
         free = (index for index in itertools.count() if index not in live)
@@ -157,6 +159,13 @@ class EnginePool:
     def existing(self) -> set[str]:
         """The names of this pool's replicas that are alive now."""
         return live_replica_names() & set(self.names)
+
+
+def _is_replica_index(text: str) -> bool:
+    """Whether a name's suffix is one this code gives a replica: ASCII digits, a bounded number. Any
+    actor in the namespace may hold a name: ``'²'`` passes ``str.isdigit`` and fails ``int``, and a
+    huge index would be preferred over building replica 0."""
+    return text.isascii() and text.isdigit() and len(text) <= _MAX_INDEX_DIGITS
 
 
 def ray_is_up() -> bool:

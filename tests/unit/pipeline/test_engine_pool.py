@@ -95,6 +95,9 @@ def test_the_jobs_own_settings_stay_out_of_the_replica_and_do_not_split_the_pool
         (2, [3, 1, 5], [1, 3]),
         (3, [4], [0, 1, 4]),
         (1, ["x", "7a"], [0]),  # not replica names of this pool
+        # Names another tenant's actor may hold: not digits to int() ('²' passes str.isdigit), and an
+        # index no pool reaches, which would be taken before building replica 0.
+        (1, ["\u00b2", "\u0663", "99999999999"], [0]),
     ],
 )
 def test_a_job_takes_the_pools_live_replicas_first(replicas: int, alive: list, chosen: list[int]) -> None:
