@@ -2,6 +2,8 @@
 
 Submitted exactly as the operator submits it (its spec, entrypoint and runtime_env), without Airflow
 around it. Every kind of bad row lands in the errors with its reason; good rows finish; counts add up.
+Its model is fetched from a real S3-compatible server with the keys of an AWS connection, which are
+searched for in every file of the Ray session folder while the job runs.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 from tests.conftest import (
     CPU_ENGINE_KWARGS,
     CPU_REPLICA,
+    S3Server,
     cluster_ray_version,
     engine_plan,
     submit_pipeline,
     wait_for_job,
 )
+from tests.security.test_job_credentials import DiskWatch, cluster_store, files_holding
 
-# A cold engine of its own: the subject is a job's cold path (its timings, no warm pool).
+# A cold engine of its own: the subject is a job's cold path (its timings, no warm pool) on a model
+# fetched from S3 (a model no warm pool holds; its fetch is in the cold path's read_and_prepare_s).
 pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(900)]
 
 LABELS = ["positive", "negative", "neutral"]
@@ -74,7 +79,7 @@ def write_dirty_corpus(path: Path) -> dict[str, str]:
     }
 
 
-def make_operator(model: Path, input_uri: str, output_uri: str, **overrides) -> RayLLMBatchOperator:
+def make_operator(model: Path | str, input_uri: str, output_uri: str, **overrides) -> RayLLMBatchOperator:
     params = dict(
         task_id="classify",
         model=str(model),
@@ -92,20 +97,39 @@ def make_operator(model: Path, input_uri: str, output_uri: str, **overrides) -> 
     return RayLLMBatchOperator(**{**params, **overrides})
 
 
-def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_model, tmp_path) -> None:
+def test_dirty_input_lands_in_errors_with_exact_counts(
+    ray_connection, s3_server: S3Server, tiny_model, tmp_path, monkeypatch
+) -> None:
     input_path = tmp_path / "in" / "tickets.jsonl"
     input_path.parent.mkdir()
     expected_errors = write_dirty_corpus(input_path)
     output_uri = str(tmp_path / "out")
     compile_cache = tmp_path / "compile-cache"
-    operator = make_operator(tiny_model, str(input_path), output_uri, compile_cache_dir=str(compile_cache))
-    job_id = submit_pipeline(operator, "dirty", f"pipeline-test-{uuid.uuid4().hex[:8]}")
+    s3_server.client().create_bucket(Bucket="raybatch-cold-models")
+    model_uri = s3_server.upload_tree(tiny_model, "raybatch-cold-models", "tiny-llama")
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_MODELS_TEST", s3_server.connection_json())
+    from_s3 = {"aws_conn_id": "aws_models_test", "model_cache_dir": str(tmp_path / "models")}
+    operator = make_operator(
+        model_uri, str(input_path), output_uri, compile_cache_dir=str(compile_cache), **from_s3
+    )
     hook = RayHook()
-    assert wait_for_job(job_id) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)
+    session = (ray_connection.temp_dir / "session_latest").resolve()  # the fixture's cluster's session
+    with DiskWatch(session, s3_server.secret_key) as watch:
+        job_id = submit_pipeline(operator, "dirty", f"pipeline-test-{uuid.uuid4().hex[:8]}")
+        assert wait_for_job(job_id) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)
 
     manifest = json.loads(Path(output_uri, "manifest.json").read_text())
     log = hook.get_job_logs(job_id)
     assert manifest == manifest_from_log(log)
+    # The model came from S3 (every file fetched once, into the job's cache folder); its keys were in
+    # no file of the session folder while it ran, and have left the cluster's store since.
+    [fetched] = [line for line in log.splitlines() if f"Model {model_uri} is at " in line]
+    assert str(tmp_path / "models") in fetched and "files fetched: [0]" not in fetched, fetched
+    assert watch.searches > 0
+    assert sorted(watch.hits | set(files_holding(session, s3_server.secret_key))) == []
+    store = cluster_store(ray_connection)
+    assert (store["copies"], store["uploads"]) == ([], []), store
+    assert s3_server.secret_key not in log
     # its bad rows are filtered out before the engine's batches are cut (Ray Data may fuse the filter
     # into the operator before it)
     assert "Filter(" in engine_plan(log).split("StreamingRepartition")[0], engine_plan(log)
@@ -193,7 +217,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(ray_connection, tiny_mode
     # A dry run of the same input at the same output_uri: everything but the engine. It predicts the
     # real run's failures and counts the prompt tokens the engine counted, and commits nothing.
     committed = Path(output_uri, "manifest.json").read_bytes()
-    dry = make_operator(tiny_model, str(input_path), output_uri, dry_run=True)
+    dry = make_operator(model_uri, str(input_path), output_uri, dry_run=True, **from_s3)
     dry_job = submit_pipeline(dry, "dirty", f"pipeline-dry-{uuid.uuid4().hex[:8]}")
     assert wait_for_job(dry_job) == JobStatus.SUCCEEDED, hook.get_job_log_tail(dry_job, 80)
     predicted = json.loads(Path(output_uri, "_dry_runs", "dirty", "manifest.json").read_text())

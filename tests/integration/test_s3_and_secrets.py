@@ -1,4 +1,4 @@
-"""S3 end to end (input, output and model on a real S3-compatible server) and the leak tests.
+"""S3 end to end (input and output on a real S3-compatible server) and the leak tests.
 
 The example DAG runs through real Airflow with the Ray token in the ``ray`` connection and an S3
 secret key in an AWS connection; afterwards both are searched for everywhere they could have
@@ -16,15 +16,14 @@ import json
 import shutil
 import sqlite3
 import sys
-import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
-from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, POOL_SCOPE, ROOT, S3Server, run_date
-from tests.security.test_job_credentials import cluster_store, files_holding
+from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, POOL_SCOPE, ROOT, S3Server, run_date, warm_conf
+from tests.security.test_job_credentials import DiskWatch, cluster_store, files_holding
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -67,39 +66,13 @@ def hook_request(method: str, path: str):
     return _Request(method, path)
 
 
-class _DiskWatch:
-    """Searches every file of the Ray session folder for a secret every few seconds, in a thread,
-    while the job runs (the files of a running job come and go: one search at the end is not enough)."""
-
-    def __init__(self, session: Path, secret: str, interval_seconds: float = 3.0) -> None:
-        self.session, self.secret, self.interval_seconds = session, secret, interval_seconds
-        self.hits: set[str] = set()
-        self.searches = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self._done.wait(self.interval_seconds):
-            self.hits.update(files_holding(self.session, self.secret))
-            self.searches += 1
-
-    def __enter__(self) -> _DiskWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-
 def _airflow_db_dump(home: Path) -> str:
     with sqlite3.connect(home / "airflow.db") as db:
         return "\n".join(db.iterdump())
 
 
-# A cold engine of its own: a model fetched from S3 (and its keys kept off disk meanwhile), an engine
-# no other test shares.
-@pytest.mark.cold_engine
+# On the session's warm engines: the subject is S3 and the keys, not the model (a model fetched from S3
+# is test_pipeline_job's, whose cold engine it is).
 def test_s3_run_commits_on_s3_and_leaks_no_secret(
     airflow_env, ray_connection, s3_server: S3Server, tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -107,29 +80,28 @@ def test_s3_run_commits_on_s3_and_leaks_no_secret(
 
     day, rows = "2026-11-16", 60
     client = s3_server.client()
-    for bucket in ("raybatch-data", "raybatch-models"):
-        client.create_bucket(Bucket=bucket)
-    model_uri = s3_server.upload_tree(tiny_model, "raybatch-models", "tiny-llama")
+    client.create_bucket(Bucket="raybatch-data")
     local_csv = tmp_path / "customers.csv"
     write_customers_csv(local_csv, day, rows)
     client.upload_file(str(local_csv), "raybatch-data", f"customers/{day}/customers.csv")
 
     env = airflow_env.with_env(**{f"AIRFLOW_CONN_{AWS_CONN_ID.upper()}": s3_server.connection_json()})
     conf = {
-        "model": model_uri,
+        "model": str(tiny_model),
         "data_root": "s3://raybatch-data",
         "engine_kwargs": CPU_ENGINE_KWARGS,
         "replica_resources": CPU_REPLICA,
         "aws_conn_id": AWS_CONN_ID,
+        **warm_conf(),
     }
     session = (ray_connection.temp_dir / "session_latest").resolve()  # the fixture's cluster's session
-    with _DiskWatch(session, s3_server.secret_key) as watch:
+    with DiskWatch(session, s3_server.secret_key) as watch:
         result = env.dags_test(DAG_ID, run_date(day), conf)
     task_log = result.stdout + result.stderr
     assert result.returncode == 0, task_log[-4000:]
     assert "state=success" in task_log, task_log[-4000:]
 
-    # -- the run: read from S3, model fetched from S3, committed on S3 --------------------------
+    # -- the run: read from S3, committed on S3 --------------------------------------------------
     xcoms = env.xcoms(DAG_ID, run_date(day))
     manifest = xcoms[("classify_industry", "manifest")]
     output_uri = f"s3://raybatch-data/company_industry/{day}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,31 @@ def files_holding(root: Path, secret: str) -> list[str]:
             except OSError:
                 continue
     return hits
+
+
+class DiskWatch:
+    """Searches every file of the Ray session folder for a secret every few seconds, in a thread,
+    while the job runs (the files of a running job come and go: one search at the end is not enough)."""
+
+    def __init__(self, session: Path, secret: str, interval_seconds: float = 3.0) -> None:
+        self.session, self.secret, self.interval_seconds = session, secret, interval_seconds
+        self.hits: set[str] = set()
+        self.searches = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.interval_seconds):
+            self.hits.update(files_holding(self.session, self.secret))
+            self.searches += 1
+
+    def __enter__(self) -> DiskWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 @pytest.mark.cold_engine  # holds every replica slot: no warm pool may hold one (they run first)
