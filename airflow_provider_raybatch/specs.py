@@ -314,10 +314,11 @@ class BatchInferenceSpec(BaseModel):
         default_factory=dict, description="vLLM engine arguments, e.g. max_model_len."
     )
     batch_size: PositiveInt = Field(default=64, description="Rows per batch sent to one engine replica.")
-    concurrency: PositiveInt | tuple[PositiveInt, PositiveInt] = Field(
-        default=1,
+    concurrency: PositiveInt | tuple[PositiveInt, PositiveInt] | None = Field(
+        default=None,
         description="Engine replicas: an int n, n replicas all started at once; or (min, max) for an "
-        "autoscaling pool.",
+        "autoscaling pool. Unset: chosen as the job starts (pipeline/generate/default_layout.py): up to 3 "
+        "replicas sharing one GPU for short generations (a choice, or max_tokens <= 32), else one.",
     )
     max_concurrent_batches: PositiveInt | None = Field(
         default=None,
@@ -467,7 +468,7 @@ class BatchInferenceSpec(BaseModel):
 
     @field_validator("concurrency")
     @classmethod
-    def _check_concurrency(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+    def _check_concurrency(cls, value: int | tuple[int, int] | None) -> int | tuple[int, int] | None:
         if isinstance(value, tuple) and value[0] > value[1]:
             raise ValueError(
                 f"concurrency={value!r} is invalid: min must be <= max. "

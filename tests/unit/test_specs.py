@@ -38,7 +38,7 @@ def test_minimal_spec_builds_with_defaults() -> None:
     assert spec.user_template == "Industry of {Company}?"
     assert spec.output_format == "parquet"
     assert spec.batch_size == 64
-    assert spec.concurrency == 1
+    assert spec.concurrency is None  # chosen as the job starts (pipeline/generate/default_layout.py)
     assert spec.sampling_params == {}
     assert spec.engine_kwargs == {}
     assert spec.resolved_input_format == "jsonl"
