@@ -548,6 +548,7 @@ def _run_owned(
         engine_pool=pool_used,
         held_try=held_try,
     )
+    commit.seal(layout, committed)  # no part may land in the version after its listing
     marks.mark("committed")
     # The input as it was read, and the staging still this job's: else nothing is published or held.
     check_input_unchanged(binding, _input_digest(spec), spec.input_uri)

@@ -60,6 +60,11 @@ def reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0].strip()[:80]
 
 
+#: In a staging once its commit has the parts it commits: no part may be added to the version after it
+#: (:func:`seal`, :meth:`.parts.PartWriter.check_still_staging`).
+SEAL_FILE_NAME = "sealed.json"
+
+
 class InvariantError(RuntimeError):
     """Rows would be lost or doubled: the run refuses to commit."""
 
@@ -217,6 +222,8 @@ def open_staging_parts(
                   STAGED_VERSION_KEY: layout.new_version()}  # fmt: skip
         storage.write_text(layout.staged_spec_uri, json.dumps(staged))
         return []
+    if storage.exists(_seal_uri(layout)):  # an earlier try's commit held its rows or died: resumed now
+        storage.delete_file(_seal_uri(layout))
     data_uri = staged_data_uri(layout)
     parts = _sidecars(layout, data_uri)
     removed = _remove_orphans(layout, {part.name for part in parts}, data_uri)
@@ -290,6 +297,8 @@ class CommittedRun:
     report_uri: str | None = None
     #: Columns of each folder written as JSON text (their values are not of one Arrow type).
     json_columns: dict[str, list[str]] = field(default_factory=dict)
+    #: The parts the version is made of (:func:`seal` removes any other file from its folders).
+    part_names: frozenset[str] = frozenset()
     #: Why the run's failed rows fail its task (``manifest.failed_rows_verdict``); None when they do not.
     #: A run they fail is held (:func:`hold`), not published.
     failed_rows_message: str | None = None
@@ -347,6 +356,7 @@ def write_version(
     )
     if rewriter is not None:  # one schema for all parts of an output (see part_schema)
         run.json_columns = rewriter.conform_parts(parts)
+    run.part_names = frozenset(part.name for part in parts)
     reasons: Counter[str] = Counter()
     labels: Counter[str] = Counter()
     for part in parts:
@@ -512,6 +522,28 @@ def held_again(held: Mapping[str, Any], job_id: str | None) -> dict[str, Any]:  
     engine: the held try's timings as its own read as a second run paid for."""
     own = {key: value for key, value in held.items() if key not in ("timings", "engine_pool")}
     return {**own, "job_id": job_id, "timings": None, "engine_pool": None, "held_try": held_try(held)}
+
+
+def seal(layout: OutputLayout, run: CommittedRun) -> None:
+    """Close the staging to parts added after :func:`write_version` listed them, before the version is
+    published or held; then remove the version folder's files of any part it did not commit.
+
+    A replica of a job that has ended (cut off from Ray, not from the store) checks its staging before
+    each part (:meth:`.parts.PartWriter.check_still_staging`). One that checked before the commit's
+    listing and wrote after it would add rows to the version folder that the manifest does not count,
+    and readers read that folder whole. After the seal such a writer refuses, and removes what it wrote
+    since its last check; what it wrote before the seal is removed here. A retry reopening the staging
+    lifts the seal (:func:`open_staging_parts`).
+    """
+    storage.write_text(_seal_uri(layout), json.dumps({"version": run.version}))
+    removed = _remove_orphans(layout, set(run.part_names), staged_data_uri(layout))
+    if removed:
+        log.warning("Removed %d files that a late writer added to version %s while it was committed.",
+                    removed, run.version)  # fmt: skip
+
+
+def _seal_uri(layout: OutputLayout) -> str:
+    return storage.join(layout.staging_uri, SEAL_FILE_NAME)
 
 
 def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.

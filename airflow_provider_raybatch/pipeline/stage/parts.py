@@ -40,6 +40,7 @@ from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_EN
 from airflow_provider_raybatch.pipeline.stage import part_schema
 from airflow_provider_raybatch.pipeline.stage.commit import (
     PART_FOLDERS,
+    SEAL_FILE_NAME,
     SOURCES_IN_FILE_ORDER,
     STAGED_VERSION_KEY,
     StagedPart,
@@ -195,18 +196,27 @@ class PartWriter:
         # The sidecar last: until it exists the part's files do not count.
         sidecar_uri = storage.join(self.staging_uri, "parts", f"{part}.json")
         storage.write_bytes(sidecar_uri, json.dumps(sidecar).encode())
+        try:  # a commit that listed the parts meanwhile must not find this one's files in its version
+            self.check_still_staging()
+        except StagingTakenError:
+            for folder, name in sidecar["files"].items():
+                storage.delete_file(storage.join(self.data_uri, folder, name))
+            storage.delete_file(sidecar_uri)
+            raise
         return StagedPart(part, sidecar)
 
     def check_still_staging(self) -> None:
         """Raise :class:`StagingTakenError` unless the version folder this writer writes into is still
-        the one its run's staging names, and not committed yet.
+        the one its run's staging names, and neither sealed for its commit nor committed yet.
 
         The data files go straight into the version folder (commit moves nothing), and a reader reads
         that whole folder once ``manifest.json`` names it. A replica of a job that has ended (its node
         cut off from Ray but not from the store) must not add a file there after a newer try started
         the staging afresh (a version folder no one removes) or committed it (rows the manifest does
-        not count, in the result). Read before each part; a write that races a commit by milliseconds
-        is the window left.
+        not count, in the result). Read before each part and after it (:meth:`write_part`), against the
+        seal a commit sets once it has its parts (``commit.seal``): a part written across the commit's
+        listing is removed by the writer, or by the seal. Left: a writer that stalls between its write
+        and its second check past the manifest's write shows its part there until it resumes.
         """
         if self.data_uri == self.staging_uri:  # no version folder named yet: nothing a reader reads
             return
@@ -219,13 +229,18 @@ class PartWriter:
             else None
         )
         manifest_uri = storage.join(posixpath.dirname(posixpath.dirname(version_uri)), MANIFEST_FILE_NAME)
+        sealed = staged == version and storage.exists(storage.join(self.staging_uri, SEAL_FILE_NAME))
         committed = (
             json.loads(storage.read_text(manifest_uri)).get("version") == version
-            if staged == version and storage.exists(manifest_uri)
+            if staged == version and not sealed and storage.exists(manifest_uri)
             else False
         )
-        if staged != version or committed:
-            why = "committed" if committed else f"started afresh (it stages into {staged} now)"
+        if staged != version or sealed or committed:
+            why = (
+                "sealed for its commit" if sealed
+                else "committed" if committed
+                else f"started afresh (it stages into {staged} now)"
+            )  # fmt: skip
             raise StagingTakenError(
                 f"The staging {self.staging_uri} was {why}: this writer's version {version} is no longer "
                 "its to write. The job that made this writer has ended; its rows are not staged."

@@ -924,11 +924,7 @@ def test_a_writer_whose_staging_moved_on_writes_nothing_more(layout: OutputLayou
     """A replica of a job that ended (cut off from Ray, not from the store) stages late: after a newer
     try started the staging afresh, or committed its version, nothing of it lands in a version folder."""
     spec = spec_of(run_key=layout.run_key)
-    commit.open_staging(layout, spec)
-    late = PartWriter(
-        layout.staging_uri, "jsonl", count_labels=False, data_uri=commit.staged_data_uri(layout)
-    )
-    late.create_folders()
+    late = _staging_writer(layout, spec)
     late.write_part([{"source": "in.jsonl:1", "ok": True, "record": json.dumps({"id": "a"})}])  # its own
     version = Path(late.data_uri).name
     if moved_on == "started afresh":
@@ -941,6 +937,101 @@ def test_a_writer_whose_staging_moved_on_writes_nothing_more(layout: OutputLayou
         late.write_part([{"source": "in.jsonl:2", "ok": True, "record": json.dumps({"id": "b"})}])
 
     assert sorted(str(path) for path in Path(layout.output_uri).rglob("*") if path.is_file()) == before
+
+
+def _row(source: str, row_id: str) -> dict[str, object]:
+    return {"source": source, "ok": True, "record": json.dumps({"id": row_id})}
+
+
+def _version_files(layout: OutputLayout, version: str) -> list[str]:
+    folder = Path(layout.version_uri(version))
+    return sorted(path.name for path in folder.rglob("*") if path.is_file() and path.suffix != ".html")
+
+
+def _staging_writer(layout: OutputLayout, spec: BatchInferenceSpec) -> PartWriter:
+    """A writer of the run's staging as a replica gets it (opened first where it is not yet)."""
+    if not Path(layout.staged_spec_uri).exists():
+        commit.open_staging(layout, spec)
+    writer = PartWriter(
+        layout.staging_uri, "jsonl", count_labels=False, data_uri=commit.staged_data_uri(layout)
+    )
+    writer.create_folders()
+    return writer
+
+
+def test_a_part_written_across_the_commits_listing_never_lands_in_the_version(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead job's replica checks its staging, the live try's commit lists the parts and seals, then
+    the replica writes: its second check finds the seal, and it removes what it wrote."""
+    spec = spec_of(run_key=layout.run_key)
+    live = _staging_writer(layout, spec)
+    committed_part = live.write_part([_row("in.jsonl:1", "a")])
+    late = PartWriter(
+        layout.staging_uri, "jsonl", count_labels=False, data_uri=commit.staged_data_uri(layout)
+    )
+    checks = 0
+    original_check = PartWriter.check_still_staging
+
+    def commit_right_after_the_first_check(writer: PartWriter) -> None:
+        nonlocal checks
+        original_check(writer)  # passes: nothing is sealed yet
+        checks += 1
+        if checks == 1:  # the live try commits between the late writer's check and its write
+            run = commit.write_version(layout, spec, rows_in=1, rewriter=live)
+            commit.seal(layout, run)
+
+    monkeypatch.setattr(PartWriter, "check_still_staging", commit_right_after_the_first_check)
+    with pytest.raises(StagingTakenError, match="was sealed for its commit"):
+        late.write_part([_row("in.jsonl:2", "b")])
+    monkeypatch.setattr(PartWriter, "check_still_staging", original_check)
+
+    version = Path(late.data_uri).name
+    assert _version_files(layout, version) == [f"{committed_part.name}.jsonl"]
+    assert sorted(path.name for path in Path(layout.staging_uri, "parts").iterdir()) == [
+        f"{committed_part.name}.json"
+    ]
+    commit.publish(layout, {"version": version}, keep_versions=False)
+    outputs = Path(layout.version_uri(version), "outputs")
+    rows = [json.loads(line) for path in outputs.iterdir() for line in path.read_text().splitlines()]
+    assert rows == [{"id": "a"}]
+
+
+def test_the_seal_removes_a_part_written_between_the_listing_and_the_seal(layout: OutputLayout) -> None:
+    """A late writer that wrote its data file after the listing and died before its second check."""
+    spec = spec_of(run_key=layout.run_key)
+    live = _staging_writer(layout, spec)
+    kept = live.write_part([_row("in.jsonl:1", "a")])
+    run = commit.write_version(layout, spec, rows_in=1, rewriter=live)
+    Path(layout.version_uri(run.version), "outputs", "part-late.jsonl").write_text('{"id": "b"}\n')
+
+    commit.seal(layout, run)
+
+    assert _version_files(layout, run.version) == [f"{kept.name}.jsonl"]
+    with pytest.raises(StagingTakenError, match="was sealed for its commit"):
+        live.write_part([_row("in.jsonl:2", "b")])
+    assert _version_files(layout, run.version) == [f"{kept.name}.jsonl"]
+
+
+def test_a_retry_lifts_the_seal_of_a_commit_that_did_not_publish(layout: OutputLayout) -> None:
+    spec = spec_of(run_key=layout.run_key)
+    first = _staging_writer(layout, spec)
+    first.write_part([_row("in.jsonl:1", "a"), _row("in.jsonl:2", "b")])
+    commit.seal(layout, commit.write_version(layout, spec, rows_in=2, rewriter=first))
+    with pytest.raises(StagingTakenError, match="sealed"):
+        first.check_still_staging()
+
+    resumed = commit.open_staging(layout, spec)  # its commit died before publishing: a retry
+
+    assert resumed == {"in.jsonl:1", "in.jsonl:2"}
+    retry = PartWriter(
+        layout.staging_uri, "jsonl", count_labels=False, data_uri=commit.staged_data_uri(layout)
+    )
+    retry.check_still_staging()  # the retry's replicas may stage again
+    run = commit.write_version(layout, spec, rows_in=2, rewriter=retry)
+    commit.seal(layout, run)
+    commit.publish(layout, {"version": run.version}, keep_versions=False)
+    assert (commit.current_version(layout), run.rows_out) == (run.version, 2)
 
 
 def test_publish_of_the_same_version_again_keeps_it(layout: OutputLayout) -> None:
