@@ -134,10 +134,15 @@ class EnginePool:
         """Replica ``index``: the live one, or a new one (its engine starts building now)."""
         import ray
 
-        from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+        from airflow_provider_raybatch.pipeline.generate.pool_replica import (
+            CONTROL_CALLS,
+            CONTROL_GROUP,
+            EngineReplica,
+        )
 
         return (
-            ray.remote(EngineReplica)
+            # Control calls never wait behind rows (a class setting: .options takes no concurrency_groups).
+            ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_CALLS})(EngineReplica)
             .options(
                 name=self.names[index],
                 namespace=NAMESPACE,

@@ -30,9 +30,31 @@ import os
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
+_T = TypeVar("_T")
+
+#: The replica's concurrency group of its control calls (attach, release, health, make-room): their own
+#: slots, apart from the rows' (``max_concurrency``), so that a job with thousands of rows in flight never
+#: holds another job's attach, or its driver's lease renewals and health checks, behind its rows.
+CONTROL_GROUP = "control"
+#: Control calls a replica runs at once.
+CONTROL_CALLS = 64
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _control_call(method: _Method) -> _Method:
+    """Put ``method`` in the replica's :data:`CONTROL_GROUP` (where Ray is: the replica's logic is also
+    tested without it)."""
+    try:
+        import ray
+    except ImportError:
+        return method
+    marked: _Method = ray.method(concurrency_group=CONTROL_GROUP)(method)
+    return marked
+
 
 #: A job's lease lasts this long unless its driver renews it (every :data:`LEASE_RENEW_SECONDS`).
 LEASE_SECONDS = 30.0
@@ -69,6 +91,9 @@ class EngineReplica:
     :param keep_warm_seconds: the creating job's: how long the replica waits for a first job once built
         (that job's driver may have died while the engine built: nobody would ever attach).
     """
+
+    #: The loop the rows and the engine run on (:meth:`_on_rows_loop`); None outside a Ray actor.
+    _loop: asyncio.AbstractEventLoop | None = None
 
     def __init__(
         self,
@@ -112,13 +137,23 @@ class EngineReplica:
         self._shares: dict[str, asyncio.Semaphore] = {}  # job id -> its rows' places in the engine
         self._watch: asyncio.Task[None] | None = None
         self._retiring = False
-        # Ray runs an async actor's __init__ on the actor's event loop: the watch starts with the
-        # replica, so one whose creator died while it built (nobody ever attaches) ends too.
+        # The loop the rows and the engine run on. Ray runs an async actor's __init__ on it: the watch
+        # starts with the replica, so one whose creator died while it built (nobody ever attaches) ends.
         with contextlib.suppress(RuntimeError):  # no loop (built outside Ray): the first attach starts it
-            self._watch = asyncio.get_running_loop().create_task(self._watch_leases())
+            self._loop = asyncio.get_running_loop()
+            self._watch = self._loop.create_task(self._watch_leases())
 
     # The job side ------------------------------------------------------------------------------
 
+    async def _on_rows_loop(self, call: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``call`` on the loop the rows and the engine run on. A control call runs on its own
+        group's loop (another thread): the replica's state and vLLM's engine belong to the rows' loop."""
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop():
+            return await call
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, loop))
+
+    @_control_call
     async def attach(
         self, job_id: str, keep_warm_seconds: float, chat_template: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -127,6 +162,11 @@ class EngineReplica:
         :param chat_template: the keywords of the job's chat-template stage, where the replica renders
             its rows' prompts (the job's stage sends them; a lease renewal does not).
         """
+        return await self._on_rows_loop(self._attach(job_id, keep_warm_seconds, chat_template))
+
+    async def _attach(
+        self, job_id: str, keep_warm_seconds: float, chat_template: dict[str, Any] | None
+    ) -> dict[str, Any]:  # Any: JSON values.
         await self._refuse_if_retiring()
         state = self._state()
         if chat_template is not None:
@@ -139,10 +179,14 @@ class EngineReplica:
             self._watch = asyncio.get_running_loop().create_task(self._watch_leases())
         return state
 
+    @_control_call
     async def release(self, job_id: str) -> dict[str, int]:
         """``job_id`` is done or stopped: its lease ends now and its requests still in the engine are
         cancelled (a finished job has none); the keep-warm window starts once nothing is in flight.
         Returns how many of the job's rows this replica answered (the manifest's per-replica share)."""
+        return await self._on_rows_loop(self._release(job_id))
+
+    async def _release(self, job_id: str) -> dict[str, int]:
         self._leases.pop(job_id, None)
         self._job_templates.pop(job_id, None)
         self._cancel(job_id, "released its lease")
@@ -210,12 +254,17 @@ class EngineReplica:
             return {index: row[index], "prompt": "", "num_input_tokens": 0, INFERENCE_ERROR: reason}
         return None
 
+    @_control_call
     async def health(self) -> dict[str, Any]:
         """The replica's state, after asking vLLM whether its engine is alive (raises if it is not)."""
+        return await self._on_rows_loop(self._health())
+
+    async def _health(self) -> dict[str, Any]:  # Any: JSON values.
         await self._refuse_if_retiring()
         await self._engine.llm.engine.check_health()
         return self._state()
 
+    @_control_call
     async def retire_if_idle(self, lacking: dict[str, list[str]] | None = None) -> bool:
         """End the replica now if no job holds it and nothing is in flight; True if it ends.
 
@@ -226,6 +275,9 @@ class EngineReplica:
             that could host it (:data:`ANY_NODE`: any). A replica on another node, or holding none of one
             of them, stays: its end would not let that replica be placed. None: it ends if idle.
         """
+        return await self._on_rows_loop(self._retire_if_idle(lacking))
+
+    async def _retire_if_idle(self, lacking: dict[str, list[str]] | None) -> bool:
         if self._retiring:
             return True
         fresh = not self._jobs_served and time.monotonic() - self._last_active < LEASE_SECONDS

@@ -47,6 +47,11 @@ BUILD_SKEW_GRACE_SECONDS = 5.0
 #: How often one row may find its job's lease lapsed on a replica and be sent again before the stage
 #: fails: a driver whose renewals keep missing is not a passing stall.
 MAX_LEASE_LAPSES_PER_ROW = 3
+#: One stage actor's rows waiting on the pool's replicas at once, at most. A replica runs up to 10,000
+#: calls at once for every job together (``engine_pool``'s ``max_concurrency``): a job whose batches
+#: put more rows in flight (256-row batches x 8 per actor x several actors) would hold the other jobs'
+#: rows in Ray's queue. Twice vLLM's largest ``max_num_seqs`` default keeps a replica's engine fed.
+ROWS_IN_FLIGHT_PER_STAGE_ACTOR = 2048
 
 
 class PoolReplicaLost(RuntimeError):
@@ -78,6 +83,10 @@ def _sentence(text: str) -> str:
 
 class _PoolClient(StatefulStageUDF):
     """Ray Data LLM's stage UDF protocol, answered by the pool's replicas row by row."""
+
+    #: Places for this actor's rows waiting on the replicas (:data:`ROWS_IN_FLIGHT_PER_STAGE_ACTOR`),
+    #: made at the first row, on the actor's loop.
+    _rows_in_flight: asyncio.Semaphore | None = None
 
     def __init__(
         self,
@@ -158,7 +167,10 @@ class _PoolClient(StatefulStageUDF):
             handle = await self._replica(index)
             try:
                 await self._attach(index, handle)
-                return await handle.generate.remote(row, self._job_id, self._render_in_pool)
+                if self._rows_in_flight is None:
+                    self._rows_in_flight = asyncio.Semaphore(ROWS_IN_FLIGHT_PER_STAGE_ACTOR)
+                async with self._rows_in_flight:
+                    return await handle.generate.remote(row, self._job_id, self._render_in_pool)
             except ray.exceptions.TaskCancelledError as err:
                 # The replica cancelled this job's requests: the job's lease lapsed there (its driver's
                 # renewals did not arrive within LEASE_SECONDS, as under a stalled driver). The job is

@@ -373,6 +373,24 @@ async def unreachable_for(seconds, rows=1):  # every call fails as unavailable f
     texts = sorted(row["generated_text"] for row in out)
     return {"rows": texts, "made": len(made), "replaced": client._replaced}
 
+async def most_in_flight(rows, cap):  # the most rows one stage actor has waiting on the replicas at once
+    pooled_stage.ROWS_IN_FLIGHT_PER_STAGE_ACTOR = cap
+    inside, most = [0], [0]
+    answer = Replica._generate
+    async def slow(self, row, job_id, render):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        await asyncio.sleep(0.01)
+        inside[0] -= 1
+        return await answer(self, row, job_id, render)
+    Replica._generate = slow
+    try:
+        out = [row async for row in client_of([]).udf([{"source": f"a:{i}", "__idx_in_batch": i}
+                                                      for i in range(rows)])]
+    finally:
+        Replica._generate = answer
+    return {"rows": len(out), "most": most[0]}
+
 def stage_failed(error, name="pooled_stage.PoolReplicaLost"):  # run_batch's error for the engine dataset
     from airflow_provider_raybatch.pipeline import run as run_module
     wrapped = Exception("ray::MapWorker(MapBatches(RaybatchPooledEngineStageUDF)).submit() (pid=1)\\n"
@@ -395,7 +413,8 @@ print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": too_many_repor
                   "unreachable_past_grace": asyncio.run(unreachable_for(0.8)),
                   "three_rows_past_grace": asyncio.run(unreachable_for(0.8, rows=3)),
                   "lease_lapsed": asyncio.run(run(["lease lapsed"] * 2)),
-                  "lease_keeps_lapsing": asyncio.run(run(["lease lapsed"] * 20))}))
+                  "lease_keeps_lapsing": asyncio.run(run(["lease lapsed"] * 20)),
+                  "capped": asyncio.run(most_in_flight(rows=9, cap=2))}))
 """
 
 
@@ -404,6 +423,80 @@ def stage_report() -> dict:
     """The stage snippet's report, run once for the tests that read it (a Ray import each time, which a
     loaded machine takes half a minute over)."""
     return run_in_ray_env(_STAGE)
+
+
+_CONTROL_CALLS_BESIDE_ROWS = """
+import asyncio, json, threading, time
+import ray
+from airflow_provider_raybatch.pipeline.generate import pool_replica
+from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+class Engine:  # Ray Data LLM's UDF: no row ever finishes, so every row holds one of the rows' slots
+    async def _generate_with_error_handling(self, row, batch_uuid):
+        await asyncio.Event().wait()
+
+    class llm:
+        class engine:
+            @staticmethod
+            async def check_health():
+                return None
+
+class HeldReplica(EngineReplica):  # the replica's own methods, its engine a stand-in
+    def __init__(self):
+        self.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0,
+                             _keep_warm_seconds=60.0, _engine_started_at=0.0, _engine_ready_at=1.0,
+                             _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _rows_by_job={},
+                             _watch=None, _retiring=False, _chat_templates={}, _job_templates={},
+                             _last_active=0.0, _job_share=100, _shares={})
+        self._loop = asyncio.get_running_loop()
+        self._rows_thread = threading.get_ident()
+
+    def rows_thread(self):
+        return self._rows_thread
+
+ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+ROW_SLOTS = 4
+groups = {pool_replica.CONTROL_GROUP: pool_replica.CONTROL_CALLS}  # as engine_pool makes a replica
+replica = ray.remote(concurrency_groups=groups)(HeldReplica).options(max_concurrency=ROW_SLOTS).remote()
+ray.get(replica.attach.remote("busy", 60.0))
+rows = [replica.generate.remote({"source": f"r:{i}"}, "busy", False) for i in range(ROW_SLOTS)]
+time.sleep(1.0)  # every slot of the rows' group is held
+seconds = {}
+started = time.monotonic()
+attached = ray.get(replica.attach.remote("other", 60.0), timeout=30)
+seconds["attach"] = time.monotonic() - started
+healthy = ray.get(replica.health.remote(), timeout=30)
+seconds["health"] = time.monotonic() - started - seconds["attach"]
+released = ray.get(replica.release.remote("busy"), timeout=30)  # cancels busy's rows on the rows' loop
+cancelled = 0
+for row in rows:
+    try:
+        ray.get(row, timeout=30)
+    except ray.exceptions.TaskCancelledError:
+        cancelled += 1
+    except ray.exceptions.RayTaskError as err:
+        cancelled += "CancelledError" in str(err)
+print(json.dumps({"in_flight_when_attached": attached["in_flight"], "leases_when_healthy": healthy["leases"],
+                  "released": released, "cancelled": cancelled, "seconds": seconds}))
+"""
+
+
+def test_a_stage_actor_keeps_a_bounded_number_of_rows_waiting_on_the_replicas(stage_report: dict) -> None:
+    """A replica's row calls are shared by every job: one stage actor's batches never hold more than
+    ROWS_IN_FLIGHT_PER_STAGE_ACTOR of them (2 here), and every row still comes back."""
+    assert stage_report["capped"] == {"rows": 9, "most": 2}
+
+
+def test_a_job_with_every_row_slot_taken_leaves_the_control_calls_free() -> None:
+    """A replica whose rows hold all its slots (a job with thousands of rows in flight) still answers
+    another job's attach, a driver's health check and a release at once: they have a concurrency group of
+    their own, and run on the rows' loop, where the replica's state and engine are."""
+    report = run_in_ray_env(_CONTROL_CALLS_BESIDE_ROWS)
+    assert report["in_flight_when_attached"] == 4  # every slot was taken when the attach came
+    assert report["leases_when_healthy"] == 2
+    assert max(report["seconds"].values()) < 10, report["seconds"]
+    assert report["released"] == {"rows": 0}
+    assert report["cancelled"] == 4  # the release cancelled the busy job's rows in the rows' loop
 
 
 def test_a_dead_replica_is_replaced_and_its_rows_sent_again_within_the_restart_budget(
