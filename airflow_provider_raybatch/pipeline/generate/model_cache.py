@@ -9,11 +9,9 @@ Layout under ``model_cache_dir`` (the root)::
 Why this shape. vLLM loads whatever the folder holds, code included with ``trust_remote_code``, and a
 fetched model's weights are the bucket's (private credentials). So:
 
-* Every folder from the root down is the Ray user's and nobody else can write it (a link, another
-  owner, or group or other write permission is refused, naming the path); the folders above the root
-  are the Ray user's or root's, and others may write one only where the sticky bit keeps them from
-  renaming what is not theirs (``/tmp``). Folders are made 0700 and files 0600, so another local user
-  can neither plant a model where the job looks nor read the weights.
+* Every folder from the root down is the Ray user's and nobody else can write it, and so are the
+  folders above it (:mod:`..private_folders`). Folders are made 0700 and files 0600, so another local
+  user can neither plant a model where the job looks nor read the weights.
 * The source key covers the endpoint, not the URI alone: two deployments whose S3 servers differ
   under one ``s3://`` URI never share a copy. It holds no credential.
 * A copy is used only after the objects are listed again (one cheap request, no download) and
@@ -24,7 +22,6 @@ fetched model's weights are the bucket's (private credentials). So:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -38,12 +35,10 @@ from urllib.parse import urlsplit
 from airflow_provider_raybatch.pipeline import storage
 
 COMPLETE_MARKER = ".raybatch-complete"
-#: Write bits of a folder's group and others.
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
 class ModelCacheError(RuntimeError):
-    """A cache folder another local user could have written, or a model that cannot be checked now."""
+    """A model that cannot be checked now (its bucket cannot be listed), or changed while it was fetched."""
 
 
 @dataclass(frozen=True)
@@ -205,79 +200,10 @@ def copy_matches(folder: str, objects: list[ModelObject]) -> bool:
     return True
 
 
-# -- private folders ----------------------------------------------------------------------------
+# -- private files ------------------------------------------------------------------------------
 
 
 def open_new_private_file(path: str) -> Any:  # Any: a binary file object
     """A new file, 0600, never through a link nor over an existing file."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     return os.fdopen(os.open(path, flags, 0o600), "wb")
-
-
-def make_private_folders(root: str, folder: str) -> None:
-    """Make ``root`` and each folder from it down to ``folder`` where missing (0700), and check them.
-
-    :raises ModelCacheError: naming the first folder another local user could have made or could write.
-    """
-    root = posixpath.abspath(root)
-    folder = posixpath.abspath(folder)
-    if folder != root and not folder.startswith(root.rstrip("/") + "/"):
-        raise ValueError(f"{folder!r} is not under the model cache {root!r}.")
-    _check_above(posixpath.dirname(root))
-    steps = [step for step in folder[len(root) :].split("/") if step]
-    path = root
-    for step in [None, *steps]:
-        path = path if step is None else posixpath.join(path, step)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        check_private(path)
-
-
-def check_private(path: str) -> None:
-    """Refuse a folder of the cache that is a link, not ours, or writable by its group or others."""
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        _refuse(path, "is a symbolic link")
-    if not stat.S_ISDIR(info.st_mode):
-        _refuse(path, "is not a folder")
-    if info.st_uid != os.geteuid():
-        _refuse(path, f"is owned by uid {info.st_uid}")
-    if info.st_mode & _OTHERS_WRITE:
-        _refuse(path, f"is writable by its group or others (mode {oct(stat.S_IMODE(info.st_mode))})")
-
-
-def _check_above(path: str) -> None:
-    """The folders above the cache, as named and as the links resolve: each is ours or root's, and one
-    others may write has the sticky bit (they cannot rename what is not theirs in it). Missing ones are
-    made 0700."""
-    for chain in (_prefixes(path), _prefixes(os.path.realpath(path))):
-        for prefix in chain:
-            try:
-                info = os.lstat(prefix)
-            except FileNotFoundError:
-                with contextlib.suppress(FileExistsError):  # made meanwhile by a concurrent fetch
-                    os.mkdir(prefix, 0o700)
-                info = os.lstat(prefix)
-            owners = (os.geteuid(), 0)
-            if info.st_uid not in owners:
-                _refuse(prefix, f"(above the cache) is owned by uid {info.st_uid}")
-            if stat.S_ISLNK(info.st_mode):
-                continue  # the link's owner is checked; its target is in the resolved chain
-            if info.st_mode & _OTHERS_WRITE and not info.st_mode & stat.S_ISVTX:
-                _refuse(prefix, "(above the cache) is writable by its group or others without the sticky "
-                        f"bit (mode {oct(stat.S_IMODE(info.st_mode))})")  # fmt: skip
-
-
-def _prefixes(path: str) -> list[str]:
-    """``/``, ``/a``, ``/a/b`` ... of an absolute path."""
-    steps = [step for step in posixpath.abspath(path).split("/") if step]
-    return ["/"] + ["/" + "/".join(steps[: index + 1]) for index in range(len(steps))]
-
-
-def _refuse(path: str, problem: str) -> None:
-    raise ModelCacheError(
-        f"The model cache folder {path!r} {problem}, so another local user could have put a model "
-        "there or could change one, and vLLM would load it. Set model_cache_dir to a folder that only "
-        f"the Ray user (uid {os.geteuid()}) owns and can write (a missing one is made, 0700), or fix "
-        "this one (chown it to the Ray user; chmod go-w)."
-    )

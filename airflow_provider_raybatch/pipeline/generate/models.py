@@ -22,7 +22,7 @@ import tempfile
 import uuid
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline import private_folders, storage
 from airflow_provider_raybatch.pipeline.generate import model_cache
 from airflow_provider_raybatch.pipeline.generate.model_cache import ModelCacheError, ModelObject
 
@@ -53,7 +53,7 @@ def fetch_model(
     :param objects: the listing the caller named ``target`` after; the fetch fails if the bucket no
         longer holds exactly these.
     :param cache_dir: the cache's root: it and every folder below it down to ``target`` must be private
-        to the Ray user (:func:`.model_cache.make_private_folders`); unset: ``target``'s parent.
+        to the Ray user (:func:`.private_folders.make_private_folders`); unset: ``target``'s parent.
 
     A copy is made in a fresh private sibling folder and renamed into place, so a crash never leaves a
     half model and a stale or forged copy is never served.
@@ -67,9 +67,10 @@ def fetch_model(
             "again once the upload is complete."
         )
     parent = posixpath.dirname(posixpath.abspath(target))
-    model_cache.make_private_folders(cache_dir or parent, parent)
+    setting = f"model_cache_dir={cache_dir or parent!r}"
+    private_folders.make_private_folders(cache_dir or parent, parent, setting)
     if os.path.lexists(target):
-        model_cache.check_private(target)
+        private_folders.check_private(target, setting)
         if model_cache.copy_matches(target, listed):
             return 0
     partial = tempfile.mkdtemp(prefix=f".{posixpath.basename(target)}.partial-", dir=parent)  # 0700
@@ -81,7 +82,7 @@ def fetch_model(
                 "once the upload is complete."
             )
         model_cache.write_marker(partial, model_uri, listed)
-        _place(partial, target, listed)
+        _place(partial, target, listed, setting)
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-copied stays in the cache
     return len(listed)
@@ -114,9 +115,11 @@ def _make_folders(folder: str, relative: str) -> None:
             os.mkdir(path, 0o700)
 
 
-def _place(partial: str, target: str, objects: list[ModelObject]) -> None:
+def _place(partial: str, target: str, objects: list[ModelObject], setting: str) -> None:
     """Rename the complete copy ``partial`` to ``target``; a current copy already there (a concurrent
-    fetch's) is kept, any other is moved aside and deleted."""
+    fetch's) is kept, any other is moved aside and deleted.
+
+    :param setting: the cache's, for a refusal (:func:`.private_folders.check_private`)."""
     for _ in range(_PLACE_ATTEMPTS):
         try:
             os.rename(partial, target)
@@ -124,7 +127,7 @@ def _place(partial: str, target: str, objects: list[ModelObject]) -> None:
         except OSError as err:
             if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
-        model_cache.check_private(target)
+        private_folders.check_private(target, setting)
         if model_cache.copy_matches(target, objects):
             return  # another fetch finished first: keep its copy
         stale = f"{target}.stale-{uuid.uuid4().hex[:8]}"

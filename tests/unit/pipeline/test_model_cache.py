@@ -1,24 +1,21 @@
-"""Tests of airflow_provider_raybatch/pipeline/generate/model_cache.py: the source's key, the checks of
-the cache's folders, and what makes a copy current.
+"""Tests of airflow_provider_raybatch/pipeline/generate/model_cache.py: the source's key and what makes
+a copy current.
 
-The fetch over a real S3 server, planted folders included, is tests/security/test_model_cache.py.
+The checks of the cache's folders are tests/unit/pipeline/test_private_folders.py; the fetch over a real
+S3 server, planted folders included, is tests/security/test_model_cache.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_raybatch.pipeline.generate import model_cache
 from airflow_provider_raybatch.pipeline.generate.model_cache import (
-    ModelCacheError,
     ModelObject,
-    check_private,
     copy_matches,
-    make_private_folders,
     objects_digest,
     source_key,
     write_marker,
@@ -149,82 +146,3 @@ def test_the_marker_is_never_written_through_a_link(tmp_path: Path) -> None:
         write_marker(str(tmp_path), URI, OBJECTS)
 
     assert victim.read_text() == "the Ray user's file"
-
-
-# -- private folders ----------------------------------------------------------------------------
-
-
-def test_missing_folders_are_made_private(tmp_path: Path) -> None:
-    old = os.umask(0o002)  # a umask that would leave folders group-writable
-    try:
-        make_private_folders(str(tmp_path / "a" / "root"), str(tmp_path / "a" / "root" / "b" / "c"))
-    finally:
-        os.umask(old)
-
-    made = [
-        tmp_path / "a",
-        tmp_path / "a" / "root",
-        tmp_path / "a" / "root" / "b",
-        tmp_path / "a" / "root" / "b" / "c",
-    ]
-    assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * 4
-
-
-def test_an_existing_root_readable_by_others_is_fine(tmp_path: Path) -> None:
-    """A cache made by an older provider (0755): its copies' folders are private."""
-    root = tmp_path / "root"
-    root.mkdir(mode=0o755)
-    root.chmod(0o755)
-
-    make_private_folders(str(root), str(root / "m"))
-
-    assert oct((root / "m").stat().st_mode & 0o777) == oct(0o700)
-
-
-def test_a_folder_only_under_the_root() -> None:
-    with pytest.raises(ValueError, match="not under"):
-        make_private_folders("/cache/root", "/cache/rootless/m")
-
-
-def test_a_link_above_the_cache_into_a_folder_others_can_write_is_refused(tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
-    (tmp_path / "link").symlink_to(shared)
-
-    with pytest.raises(ModelCacheError, match="without the sticky bit") as refused:
-        make_private_folders(str(tmp_path / "link" / "root"), str(tmp_path / "link" / "root"))
-
-    assert str(shared) in str(refused.value)
-    assert not (shared / "root").exists()
-
-
-def test_a_link_above_the_cache_into_a_private_folder_is_fine(tmp_path: Path) -> None:
-    """Such as /tmp linked to /private/tmp, or a home folder on another volume."""
-    (tmp_path / "real").mkdir(mode=0o700)
-    (tmp_path / "link").symlink_to(tmp_path / "real")
-
-    make_private_folders(str(tmp_path / "link" / "root"), str(tmp_path / "link" / "root" / "m"))
-
-    assert (tmp_path / "real" / "root" / "m").is_dir()
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
-def test_a_folder_above_the_cache_of_another_user_is_refused(tmp_path: Path) -> None:
-    theirs = tmp_path / "theirs"
-    theirs.mkdir(mode=0o755)
-    os.chown(theirs, 65534, 65534)
-
-    with pytest.raises(ModelCacheError, match="above the cache.*owned by uid 65534"):
-        make_private_folders(str(theirs / "root"), str(theirs / "root"))
-
-
-def test_check_private_names_the_path_and_the_fix(tmp_path: Path) -> None:
-    (tmp_path / "f").write_text("")
-
-    with pytest.raises(ModelCacheError) as refused:
-        check_private(str(tmp_path / "f"))
-
-    message = str(refused.value)
-    assert str(tmp_path / "f") in message and "is not a folder" in message
-    assert "model_cache_dir" in message and f"uid {os.geteuid()}" in message
