@@ -25,7 +25,6 @@ import stat
 import sys
 import types
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,8 @@ from airflow_provider_raybatch.pipeline import credentials, storage
 from airflow_provider_raybatch.pipeline.generate import model_cache, models
 from airflow_provider_raybatch.pipeline.generate.engine_pool import pool_fingerprint
 from airflow_provider_raybatch.specs import DEFAULT_MODEL_CACHE_DIR
+
+pytestmark = pytest.mark.usefixtures("usual_umask")  # tests/security/conftest.py
 
 BUCKET = "raybatch-model-cache"
 MODEL_FILES = {
@@ -110,14 +111,6 @@ def one_node_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     strategies.NodeAffinitySchedulingStrategy = lambda *args, **kwargs: None  # type: ignore[attr-defined]
     for name, module in {"ray": ray, "ray.util": util, "ray.util.scheduling_strategies": strategies}.items():
         monkeypatch.setitem(sys.modules, name, module)
-
-
-@pytest.fixture(autouse=True)
-def usual_umask() -> Iterator[None]:
-    """The umask most nodes run with: what is private must be made private by the fetch itself."""
-    previous = os.umask(0o022)
-    yield
-    os.umask(previous)
 
 
 def files_under(folder: Path) -> dict[str, bytes]:
