@@ -352,7 +352,11 @@ class BatchInferenceSpec(BaseModel):
         default=None,
         description="Folder on each GPU node where the replicas keep vLLM's torch.compile cache and "
         "Triton's kernels between runs (a persistent volume makes a fresh node's first run warm); "
-        "unset: the nodes' own VLLM_CACHE_ROOT (default ~/.cache/vllm) and Triton's ~/.triton/cache.",
+        "unset: the nodes' own VLLM_CACHE_ROOT (default ~/.cache/vllm) and Triton's ~/.triton/cache. "
+        "vLLM and Triton run what it holds: it and its triton folder must be the Ray user's and writable "
+        "by nobody else (made 0700 when missing; 0700 or 0755 is fine), and the folders above it the Ray "
+        "user's or root's; otherwise the job fails naming the folder. So must Triton's default folder, "
+        "which the replica names where the node sets no TRITON_CACHE_DIR.",
     )
     keep_warm_seconds: NonNegativeFloat | None = Field(
         default=None,

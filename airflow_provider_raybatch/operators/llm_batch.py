@@ -139,6 +139,8 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         between runs, e.g. a persistent volume: a daily run then skips torch.compile and the kernel
         builds (tens of seconds per replica). Unset: the nodes' defaults (``~/.cache/vllm``,
         ``~/.triton/cache``); either way the second run on a node finds the first run's kernels.
+        vLLM runs what it holds: a folder only the Ray user can write (made 0700 when missing; another
+        user's, a link or one others can write fails the job); see docs/security.md.
     :param keep_warm_seconds: Run on a warm engine pool: use the engine replicas that an earlier job
         with the same model and engine settings left running (or start them), and keep them this many
         seconds after the last job leaves them, then free the GPUs. A backfill or several small daily

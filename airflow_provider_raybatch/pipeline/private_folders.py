@@ -1,8 +1,10 @@
 """Folders on a node that only the Ray user can write: where we keep what vLLM loads and runs.
 
-The model cache (:mod:`.generate.model_cache`) holds files vLLM loads and runs (a model's code with
-``trust_remote_code``). On a node other local users share, a folder one of them made first (or a
-link, or a folder they can write) would have the replica run their code, or hand them ours. So:
+The model cache (:mod:`.generate.model_cache`) and the compile cache
+(:func:`.generate.engine.checked_compile_cache_env`) hold files that vLLM, torch and Triton load and
+run: a model's code with ``trust_remote_code``, compiled graphs, kernels. On a node other local users
+share, a folder one of them made first (or a link, or a folder they can write) would have the replica
+run their code, or hand them ours. So:
 
 * Every folder from the root down is the Ray user's and nobody else can write it: a link, another
   owner, or group or other write permission is refused, naming the path. Missing ones are made 0700.

@@ -262,9 +262,9 @@ def _what_a_retry_meets(ours: str | None) -> str:
             f"({engine.ENGINE_MAX_RESTARTS_ENV}), and their own errors (for example an EngineCore traceback) "
             f"are in the job's log and in the Ray dashboard's actor logs. {resumes}"
         )
-    if _BUILT_TWICE_ALIKE.search(ours):
-        # Not "a retry resumes": an engine that refused its settings refuses them again on a retry;
-        # the reason is one frame further in.
+    if _BUILT_TWICE_ALIKE.search(ours) or ours.startswith("PrivateFolderError: "):
+        # Not "a retry resumes": an engine that refused its settings refuses them again on a retry, as
+        # does a replica whose compile cache folder was refused; the reason is one frame further in.
         return (
             "A retry with the same settings fails the same way; rows generated before it stay staged for "
             "the retry after the fix."
@@ -278,8 +278,11 @@ def _what_a_retry_meets(ours: str | None) -> str:
     return resumes  # a pool's replica lost past its restart budget: its message says so
 
 
-#: The lines of our own engine errors in a Ray error's text (it quotes the failed actor's traceback).
-_OUR_ENGINE_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*((?:PoolReplicaLost|EngineBuildError): .*)$")
+#: The lines of our own engine errors in a Ray error's text (it quotes the failed actor's traceback);
+#: PrivateFolderError: a replica's compile cache folder refused before its engine started.
+_OUR_ENGINE_ERROR = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*((?:PoolReplicaLost|EngineBuildError|PrivateFolderError): .*)$"
+)
 #: A warm pool's replica that failed to build twice alike: a setting, which a retry meets again.
 _BUILT_TWICE_ALIKE = re.compile(r"failed to build twice with the same error")
 

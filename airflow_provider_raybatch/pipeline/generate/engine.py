@@ -22,7 +22,8 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   run vLLM's warm-up kernels land there too; a later run loads the compiled graphs, compiles nothing,
   and looks in Triton's default folder instead: it builds those kernels again (13-19 s on an H100),
   and only the third run finds them. The replica sets the variable before its engine starts
-  (:func:`compile_cache_env`), optionally under a configurable folder (``compile_cache_dir``).
+  (:func:`compile_cache_env`), optionally under a configurable folder (``compile_cache_dir``), and
+  first checks that the folders it names are the Ray user's alone (:func:`checked_compile_cache_env`).
 * **Raw vLLM's batch sizes.** Ray Data LLM builds its engine config without a usage context, which
   gets vLLM's generic 2,048 tokens and 128 sequences per scheduler step instead of what ``LLM()``
   gets (``EngineArgs.get_batch_defaults``: 4,096 / 256 on a CPU, 16,384 / 1,024 on an H100): on the
@@ -49,7 +50,7 @@ from multiprocessing import context as mp_context
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import job_settings
+from airflow_provider_raybatch.pipeline import job_settings, private_folders
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
@@ -129,6 +130,23 @@ def compile_cache_env(cache_dir: str | None, environ: Mapping[str, str]) -> dict
     if environ.get("TRITON_CACHE_DIR"):
         return {}
     return {"TRITON_CACHE_DIR": os.path.expanduser(_TRITON_DEFAULT_CACHE)}
+
+
+def checked_compile_cache_env(cache_dir: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """:func:`compile_cache_env`, once each folder it names is made where missing (0700) and checked to
+    be the Ray user's alone (:mod:`..private_folders`); in the replica, before its engine starts.
+
+    Why: vLLM loads the compiled graphs and Triton the kernels these folders hold, and runs them in the
+    replica. A folder another local user made first (or a link, or one they can write, or under a
+    folder they can write) would have the replica run their code, or hand them ours. A node's own
+    ``VLLM_CACHE_ROOT`` and ``TRITON_CACHE_DIR`` are the node's settings and are left as they are.
+
+    :raises PrivateFolderError: naming ``compile_cache_dir``, the folder and what is wrong with it.
+    """
+    env = compile_cache_env(cache_dir, environ)
+    for folder in env.values():  # VLLM_CACHE_ROOT before the Triton folder under it
+        private_folders.make_private_folders(folder, folder, f"compile_cache_dir={cache_dir!r}")
+    return env
 
 
 def use_our_engine_stage(

@@ -79,8 +79,9 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         """:param raybatch_staging: where to stage finished rows; None in a warm pool's replica
         (:mod:`.pool_replica`), which returns its rows to the job's stage instead."""
         init_started_at = time.time()
-        # Before the engine starts: its EngineCore gets this process's environment (spawned or forked).
-        os.environ.update(engine.compile_cache_env(raybatch_compile_cache_dir, os.environ))
+        # Before the engine starts: its EngineCore gets this process's environment (spawned or forked),
+        # and nothing may be loaded from a cache folder another local user could have planted.
+        os.environ.update(engine.checked_compile_cache_env(raybatch_compile_cache_dir, os.environ))
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()

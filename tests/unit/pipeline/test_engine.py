@@ -177,6 +177,59 @@ def test_a_node_s_own_triton_folder_is_kept() -> None:
     assert engine.compile_cache_env(None, {"TRITON_CACHE_DIR": "/node/triton"}) == {}
 
 
+def test_the_compile_cache_folders_are_made_private_before_the_engine_starts(tmp_path: Path) -> None:
+    """Its hostile cases (links, other owners, folders others can write) are in
+    tests/security/test_compile_cache.py."""
+    cache = tmp_path / "volume" / "vllm-cache"
+    old = os.umask(0o002)  # a umask that would leave folders group-writable
+    try:
+        env = engine.checked_compile_cache_env(str(cache), {})
+    finally:
+        os.umask(old)
+
+    assert env == engine.compile_cache_env(str(cache), {})
+    made = [tmp_path / "volume", cache, cache / "triton"]
+    assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * 3
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o755], ids=oct)
+def test_an_existing_compile_cache_of_the_ray_user_is_used_as_it_is(tmp_path: Path, mode: int) -> None:
+    """A folder made by hand or by an earlier run (vLLM and Triton make theirs 0755 under a 022 umask),
+    such as a persistent volume's folder chowned to the Ray user: what it holds is the earlier runs'."""
+    cache = tmp_path / "vllm-cache"
+    (cache / "triton" / "k").mkdir(parents=True)
+    (cache / "triton" / "k" / "kernel.so").write_bytes(b"an earlier run's kernel")
+    for folder in (cache, cache / "triton"):
+        folder.chmod(mode)
+
+    env = engine.checked_compile_cache_env(str(cache), {})
+
+    assert env == {"VLLM_CACHE_ROOT": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+    assert (cache / "triton" / "k" / "kernel.so").read_bytes() == b"an earlier run's kernel"
+    assert oct(cache.stat().st_mode & 0o777) == oct(mode)
+
+
+def test_without_one_triton_s_default_folder_is_made_private_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    monkeypatch.setenv("HOME", str(home))
+
+    env = engine.checked_compile_cache_env(None, {})
+
+    assert env == {"TRITON_CACHE_DIR": str(home / ".triton" / "cache")}
+    made = [home / ".triton", home / ".triton" / "cache"]
+    assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * 2
+
+
+def test_a_node_s_own_cache_folders_are_left_to_the_node(tmp_path: Path) -> None:
+    """The node's TRITON_CACHE_DIR (and VLLM_CACHE_ROOT) are its administrator's settings: nothing is
+    named, made or checked for them."""
+    assert engine.checked_compile_cache_env(None, {"TRITON_CACHE_DIR": str(tmp_path / "node")}) == {}
+    assert not (tmp_path / "node").exists()
+
+
 def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none() -> None:
     """Ray Data LLM's engine config has no usage context: vLLM's generic 2,048 tokens and 128 sequences
     per step, half of what LLM() gets on this CPU (the engine then ran ~29 prompts a step, 170 waiting)."""
