@@ -13,11 +13,15 @@ Layout under ``output_uri``::
 Readers follow ``manifest.json`` to ``outputs_uri``: they see the previous complete version or the
 new complete version, never a partial one. Replacing ``manifest.json`` is atomic (a rename on local
 disk, one PUT on S3).
+
+pyarrow's S3 listing has no ETag: :func:`list_s3_objects` lists objects with boto3 instead, with the
+same settings.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 import uuid
 from dataclasses import dataclass, field
@@ -122,6 +126,53 @@ def s3_options() -> S3Options:
 
         _s3_options = S3Options(**(shipped_s3_settings() or {}))
     return _s3_options
+
+
+def s3_endpoint_in_effect(options: S3Options) -> str | None:
+    """The endpoint S3 calls reach: the job's setting, else the node's environment, as pyarrow and
+    boto3 read it."""
+    return options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+@dataclass(frozen=True)
+class S3Object:
+    """One object as S3 lists it: its path (``bucket/key``, as pyarrow names it), size and ETag."""
+
+    path: str
+    size: int
+    etag: str
+
+
+def list_s3_objects(bucket: str, prefix: str, options: S3Options) -> list[S3Object]:
+    """The objects of ``bucket`` whose keys start with ``prefix``, with the ETags pyarrow's listing
+    drops (boto3 lists them, with the settings and the path-style addressing pyarrow uses). Folder
+    markers (keys ending in ``/``) are left out, as pyarrow leaves them out.
+
+    :raises botocore.exceptions.BotoCoreError: or ``ClientError``, when the bucket cannot be listed.
+    """
+    pages = _s3_client(options).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [
+        S3Object(f"{bucket}/{item['Key']}", int(item["Size"]), str(item.get("ETag", "")))
+        for page in pages for item in page.get("Contents", []) if not item["Key"].endswith("/")
+    ]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(options: S3Options) -> Any:  # Any: a boto3 S3 client
+    """One client per settings (boto3's are thread-safe): making one takes ~0.3 s of CPU."""
+    import boto3
+    from botocore.config import Config
+
+    kwargs: dict[str, Any] = {"region_name": options.region}  # Any: boto3 client arguments
+    if options.access_key:
+        kwargs.update(aws_access_key_id=options.access_key, aws_secret_access_key=options.secret_key,
+                      aws_session_token=options.session_token)  # fmt: skip
+    if options.endpoint_url:
+        endpoint = options.endpoint_url
+        kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"https://{endpoint}"
+    if s3_endpoint_in_effect(options):  # S3-compatible servers: path-style, as pyarrow addresses them
+        kwargs["config"] = Config(s3={"addressing_style": "path"})
+    return boto3.session.Session().client("s3", **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def filesystem(uri: str) -> tuple[Any, str]:  # Any: pyarrow.fs.FileSystem.

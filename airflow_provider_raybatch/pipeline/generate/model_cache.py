@@ -22,7 +22,6 @@ fetched model's weights are the bucket's (private credentials). So:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -69,18 +68,12 @@ class Marker(TypedDict):
 
 def source_key(model_uri: str, options: storage.S3Options) -> str:
     """A digest of the model's URI and the S3 endpoint and region it is fetched from (no credential)."""
-    endpoint = _endpoint_in_effect(options)
+    endpoint = storage.s3_endpoint_in_effect(options)
     if endpoint:
         parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
         endpoint = f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
     source = {"endpoint": endpoint or "aws", "region": options.region or "", "uri": model_uri.rstrip("/")}
     return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()
-
-
-def _endpoint_in_effect(options: storage.S3Options) -> str | None:
-    """The endpoint the fetch reaches: the job's setting, else the node's environment, as pyarrow and
-    boto3 read it."""
-    return options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 # -- listing ------------------------------------------------------------------------------------
@@ -106,50 +99,25 @@ def list_model_objects(model_uri: str) -> list[ModelObject]:
 
 
 def _list_s3(model_uri: str, options: storage.S3Options) -> list[ModelObject]:
-    # pyarrow's listing drops the ETag, so boto3 lists (the cluster extra installs it), with the settings
-    # and the path-style addressing pyarrow's fetch uses.
+    # pyarrow's listing drops the ETag, so boto3 lists (the cluster extra installs it).
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, _, prefix = model_uri.removeprefix("s3://").partition("/")
     base = prefix.strip("/")
-    objects = []
     try:
-        pages = (
-            _s3_client(options)
-            .get_paginator("list_objects_v2")
-            .paginate(Bucket=bucket, Prefix=f"{base}/" if base else "")
-        )
-        for page in pages:
-            for item in page.get("Contents", []):
-                if item["Key"].endswith("/"):  # a folder marker, not a file (pyarrow skips it too)
-                    continue
-                key = relative_model_path(model_uri, f"{bucket}/{base}", f"{bucket}/{item['Key']}")
-                objects.append(ModelObject(key, int(item["Size"]), str(item.get("ETag", ""))))
+        listed = storage.list_s3_objects(bucket, f"{base}/" if base else "", options)
     except (BotoCoreError, ClientError) as err:
         raise ModelCacheError(
-            f"model={model_uri!r}: could not list its objects at {_endpoint_in_effect(options) or 'AWS'} "
-            f"({type(err).__name__}: {str(err)[:300]}), so no cached copy can be checked against them and "
-            "none is used. Check aws_conn_id's endpoint and keys, and that they may list the prefix."
+            f"model={model_uri!r}: could not list its objects at "
+            f"{storage.s3_endpoint_in_effect(options) or 'AWS'} ({type(err).__name__}: {str(err)[:300]}), "
+            "so no cached copy can be checked against them and none is used. Check aws_conn_id's "
+            "endpoint and keys, and that they may list the prefix."
         ) from err
+    objects = [
+        ModelObject(relative_model_path(model_uri, f"{bucket}/{base}", item.path), item.size, item.etag)
+        for item in listed
+    ]
     return sorted(objects, key=lambda item: item.key)
-
-
-@functools.lru_cache(maxsize=8)
-def _s3_client(options: storage.S3Options) -> Any:  # Any: a boto3 S3 client
-    """One client per settings (boto3's are thread-safe): making one takes ~0.3 s of CPU."""
-    import boto3
-    from botocore.config import Config
-
-    kwargs: dict[str, Any] = {"region_name": options.region}  # Any: boto3 client arguments
-    if options.access_key:
-        kwargs.update(aws_access_key_id=options.access_key, aws_secret_access_key=options.secret_key,
-                      aws_session_token=options.session_token)  # fmt: skip
-    if options.endpoint_url:
-        endpoint = options.endpoint_url
-        kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"https://{endpoint}"
-    if _endpoint_in_effect(options):  # S3-compatible servers: path-style, as pyarrow addresses them
-        kwargs["config"] = Config(s3={"addressing_style": "path"})
-    return boto3.session.Session().client("s3", **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def relative_model_path(model_uri: str, prefix: str, path: str) -> str:
