@@ -122,7 +122,8 @@ def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
 
 
 def _input_digest(spec: BatchInferenceSpec) -> str:
-    """What the input files are now (paths, sizes, times): tells a retry whether they changed."""
+    """What the input files are now (:func:`.read.prepared_cache.input_digest`): tells a retry whether
+    they changed."""
     extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
     return prepared_cache.input_digest(spec.input_uri, extensions)
 

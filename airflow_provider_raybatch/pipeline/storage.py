@@ -26,7 +26,7 @@ import posixpath
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
@@ -340,6 +340,64 @@ def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:
             "(input_format decides which). No row was read or generated."
         )
     return found
+
+
+class FileStamp(NamedTuple):
+    """What tells one input file's bytes from another's without reading them (:func:`input_file_stamps`)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    #: On local disk the inode and status-change time; on S3 the ETag; elsewhere empty; "gone" for a
+    #: file removed between the listing and this look at it.
+    change: str
+
+
+def input_file_stamps(input_uri: str, extensions: list[str] | None) -> list[FileStamp]:
+    """Each file the job will read (:func:`input_file_infos`), sorted by path, with what differs
+    whenever its bytes may have changed: its size, its modification time, and ``change``.
+
+    Size and modification time alone miss a file rewritten in place with as many bytes whose
+    modification time was set back (``rsync -t``, ``cp -p``, any tool that sets it) or not moved on (a
+    rewrite within the filesystem's time granularity; a second on S3). So ``change`` holds, for a local
+    file, its inode (a file replaced by a rename is a new one) and its status-change time, which the
+    kernel sets on every write, rename or ``chmod`` and no call can set back; for an S3 object, its
+    ETag. A read changes none of them. Other filesystems get path, size and modification time only.
+    Nothing is read but the listing and the files' metadata: one ``stat`` per local file, one more
+    listing request per 1,000 S3 objects.
+    """
+    from pyarrow import fs
+
+    infos = input_file_infos(input_uri, extensions)
+    filesystem_, path = filesystem(input_uri)
+    if isinstance(filesystem_, fs.LocalFileSystem):
+        changes = {info.path: _local_change(info.path) for info in infos}
+    elif input_uri.startswith("s3://"):
+        changes = _s3_etags(path, infos)
+    else:
+        changes = {info.path: "" for info in infos}
+    return sorted(
+        FileStamp(info.path, info.size, info.mtime_ns, changes.get(info.path, "gone")) for info in infos
+    )
+
+
+def _local_change(path: str) -> str:
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return "gone"
+    return f"inode:{status.st_ino} ctime_ns:{status.st_ctime_ns}"
+
+
+def _s3_etags(path: str, infos: list[Any]) -> dict[str, str]:  # Any: pyarrow FileInfo.
+    """The ETag of each listed object, by path: one listing of the input's prefix (the key itself when
+    the input is one object)."""
+    bucket, _, key = path.partition("/")
+    if len(infos) == 1 and infos[0].path == path:
+        prefix = key
+    else:
+        prefix = f"{key.strip('/')}/" if key.strip("/") else ""
+    return {item.path: f"etag:{item.etag}" for item in list_s3_objects(bucket, prefix, s3_options())}
 
 
 def write_dataset(dataset: Any, uri: str, output_format: OutputFormat) -> None:  # Any: ray Dataset.

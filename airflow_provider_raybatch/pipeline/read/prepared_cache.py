@@ -12,10 +12,11 @@ A cache is used only when it is certainly this input's:
 - the staging belongs to one spec (:func:`..stage.commit.open_staging_parts` discards another
   spec's, with everything in it);
 - ``prepared.json`` holds the digest of what the rows were prepared from (the run's
-  :class:`..stage.binding.RunBinding`: the input's listing, each file's path, size and modification
-  time; the code, preprocess included; the model, whose tokenizer and chat template prepare them)
-  and must match the run now: a file rewritten, added or removed between tries, or a preprocess
-  fixed behind the same name, means the input is read and prepared again;
+  :class:`..stage.binding.RunBinding`: the input's listing, each file's path, size, modification
+  time and what changes with its bytes (:func:`..storage.input_file_stamps`); the code, preprocess
+  included; the model, whose tokenizer and chat template prepare them) and must match the run now:
+  a file rewritten, added or removed between tries, or a preprocess fixed behind the same name,
+  means the input is read and prepared again;
 - a try that died while writing leaves no ``prepared.json`` (it is written last, and removed before a
   write starts): such a cache is ignored and written again;
 - the row count in ``prepared.json`` must be the Parquet's own;
@@ -75,11 +76,11 @@ class PreparedRows:
 
 
 def input_digest(input_uri: str, extensions: list[str] | None) -> str:
-    """A digest of the files the job reads: each one's path, size and modification time."""
-    listing = sorted(
-        (info.path, info.size, info.mtime_ns) for info in storage.input_file_infos(input_uri, extensions)
-    )
-    return hashlib.sha256(json.dumps([input_uri, listing]).encode()).hexdigest()
+    """A digest of the files the job reads that changes whenever one of them may have changed: added,
+    removed, or rewritten, in place too with as many bytes and its modification time set back
+    (:func:`..storage.input_file_stamps`). Their content is not read."""
+    stamps = storage.input_file_stamps(input_uri, extensions)
+    return hashlib.sha256(json.dumps([input_uri, stamps]).encode()).hexdigest()
 
 
 def read(staging_uri: str, digest: str) -> PreparedRows | None:

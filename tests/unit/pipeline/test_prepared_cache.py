@@ -4,11 +4,15 @@ certainly this input's, never a torn or stale cache, and read back as written on
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from airflow_provider_raybatch.pipeline import credentials, storage
 from airflow_provider_raybatch.pipeline.read import prepared_cache
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
@@ -62,6 +66,85 @@ def test_the_digest_changes_when_an_input_file_is_rewritten_added_or_removed(tmp
     assert prepared_cache.input_digest(str(folder), extensions) == rewritten
     (folder / "a.csv").write_text("id,text\n1,xy\n")  # another size
     assert prepared_cache.input_digest(str(folder), extensions) != rewritten
+
+
+def _listed(uri: str, extensions: list[str] | None) -> list[tuple[str, int, int]]:
+    """All the digest held before it held more: each file's path, size and modification time."""
+    return [(info.path, info.size, info.mtime_ns) for info in storage.input_file_infos(uri, extensions)]
+
+
+def _rewrite_keeping_size_and_mtime(path: Path, content: bytes, *, by_rename: bool) -> None:
+    """Rewrite ``path`` with ``content`` (as many bytes as it holds) and set its times back, as
+    ``rsync -t`` or ``cp -p`` do: in place (``open(..., "w")``), or as a new file renamed over it."""
+    before = os.stat(path)
+    assert len(content) == before.st_size
+    target = path.with_name(path.name + ".tmp") if by_rename else path
+    target.write_bytes(content)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    if by_rename:
+        os.replace(target, path)
+
+
+@pytest.mark.parametrize("by_rename", [False, True], ids=["in_place", "renamed_over"])
+def test_a_file_rewritten_with_as_many_bytes_and_its_mtime_set_back_changes_the_digest(
+    tmp_path: Path, by_rename: bool
+) -> None:
+    """Path, size and modification time are all as they were: the inode (a rename makes a new file) or
+    the status-change time (every write sets it, and utime cannot set it back) is not."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    path = folder / "a.jsonl"
+    path.write_bytes(b'{"id": "a"}\n{"id": "b"}\n')
+    first = prepared_cache.input_digest(str(folder), ["jsonl"])
+    listed = _listed(str(folder), ["jsonl"])
+    # Before Linux 6.13 the kernel stamps ctime from a clock that ticks once a jiffy (up to 10 ms): a
+    # rewrite within the tick of the write before it would keep its ctime.
+    time.sleep(0.02)
+    _rewrite_keeping_size_and_mtime(path, b'{"id": "b"}\n{"id": "a"}\n', by_rename=by_rename)
+    assert _listed(str(folder), ["jsonl"]) == listed
+    assert prepared_cache.input_digest(str(folder), ["jsonl"]) != first
+
+
+def test_an_unchanged_input_keeps_its_digest_when_read(tmp_path: Path) -> None:
+    """No spurious change: reading the files (their access time) changes nothing the digest holds."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.csv").write_text("id,text\n1,x\n")
+    (folder / "b.csv").write_text("id,text\n2,y\n")
+    first = prepared_cache.input_digest(str(folder), ["csv"])
+    time.sleep(0.02)  # a clock tick (see above): a change now would show
+    assert [path.read_text() for path in sorted(folder.iterdir())]
+    assert prepared_cache.input_digest(str(folder), ["csv"]) == first
+
+
+@pytest.mark.parametrize("one_object", [False, True], ids=["folder", "one_object"])
+def test_an_s3_object_rewritten_with_as_many_bytes_changes_the_digest(
+    s3_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    one_object: bool,  # Any: conftest S3Server
+) -> None:
+    """S3 gives modification times in whole seconds: a same-size rewrite within the second lists as
+    the object did. Its ETag differs."""
+    client = s3_server.client()
+    bucket = f"input-digest-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    settings = {"endpoint_url": s3_server.endpoint_url, "region": "us-east-1",
+                "access_key": s3_server.access_key, "secret_key": s3_server.secret_key}  # fmt: skip
+    monkeypatch.setattr(credentials, "_settings", settings)
+    monkeypatch.setattr(storage, "_s3_options", None)  # built again from the settings above
+    uri, extensions = (f"s3://{bucket}/in/a.csv", None) if one_object else (f"s3://{bucket}/in/", ["csv"])
+    client.put_object(Bucket=bucket, Key="in/b.csv", Body=b"id,text\n2,y\n")
+
+    for _ in range(5):  # until both writes fall in one second
+        client.put_object(Bucket=bucket, Key="in/a.csv", Body=b"id,text\n1,x\n")
+        before, first = _listed(uri, extensions), prepared_cache.input_digest(uri, extensions)
+        assert prepared_cache.input_digest(uri, extensions) == first  # nothing changed: the same digest
+        client.put_object(Bucket=bucket, Key="in/a.csv", Body=b"id,text\n1,z\n")
+        if _listed(uri, extensions) == before:
+            break
+    else:
+        pytest.fail("five rewrites in a row listed another modification time: none tests the case")
+    assert prepared_cache.input_digest(uri, extensions) != first
 
 
 @pytest.mark.parametrize(
