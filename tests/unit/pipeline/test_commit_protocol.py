@@ -7,7 +7,9 @@ Each try is what ``run._run_owned`` does, through the pipeline's own staging cal
 ``commit.write_version``, ``commit.hold`` / ``ownership.confirm`` + ``commit.publish``), with a stand-in
 for the engine (each row's output names the code that made it; every fifth id fails) and for Ray's job
 table (which jobs live). Input changes bump each file's modification time, as time passes between
-tries. After every step:
+tries, but for one rule's: a file rewritten in place with as many bytes and its modification time set
+back (``rsync -t``, ``cp -p``). The input's digest is the real one (``prepared_cache.input_digest``),
+on real files. After every step:
 
 - a reader following ``manifest.json`` finds a whole version: its files hold exactly the rows its
   counts say;
@@ -30,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,6 +164,37 @@ class CommitProtocol(RuleBasedStateMachine):
             else:
                 rows = data.draw(st.permutations(rows))
             self._write_file(name, rows)
+
+    @precondition(lambda self: any(self.files.values()))
+    @rule(data=st.data())
+    def rewrite_input_keeping_size_and_mtime(self, data: st.DataObject) -> None:
+        """Upstream rewrites a file in place with as many bytes and sets its modification time back
+        (``rsync -t``, ``cp -p``): two different rows swapped, or an id replaced by another as long.
+        Path, size and modification time are as they were; only the file's status-change time is not."""
+        name = data.draw(st.sampled_from(sorted(name for name, rows in self.files.items() if rows)))
+        rows = list(self.files[name])
+        swaps = [(i, j) for i in range(len(rows)) for j in range(i + 1, len(rows)) if rows[i] != rows[j]]
+        if swaps and data.draw(st.booleans()):
+            i, j = data.draw(st.sampled_from(swaps))
+            rows[i], rows[j] = rows[j], rows[i]
+        else:
+            line = data.draw(st.integers(0, len(rows) - 1))
+            old = rows[line]
+            rows[line] = data.draw(st.text("abcdefgh", min_size=len(old), max_size=len(old)).filter(
+                lambda new: new != old))  # fmt: skip
+        path = self.input / name
+        before = path.stat()
+        path.write_text("".join(json.dumps({"id": row_id}) + "\n" for row_id in rows))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        # Before Linux 6.13 the kernel stamps ctime from a clock that ticks once a jiffy: a rewrite in
+        # the tick of the file's last change keeps its ctime, where between two tries a tick passes.
+        while path.stat().st_ctime_ns == before.st_ctime_ns:
+            time.sleep(0.005)
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = path.stat()
+        assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+        self.files[name] = rows
+        event("an input file rewritten in place, keeping its size and modification time")
 
     # -- the run's settings ---------------------------------------------------------------------
 
