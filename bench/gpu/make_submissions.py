@@ -29,6 +29,9 @@ Jobs:
   rpg-100k-x1..x4, rpg-200k-x1..x4
                          issue 48: the scale-200k-8b shape (100,000 or 200,000 rows) with 1 to 4 engine
                          replicas on ONE GPU, vLLM's periodic stats lines on (raw: a:rpg-*-x1)
+  rpg-100k-default, rpg-200k-default
+                         the same with the operator's default layout (no concurrency, replica_resources
+                         or GPU memory settings: pipeline/generate/default_layout.py chooses; RESULTS 18c)
   rt-2000-x1, rt-2000-x2 issue 48: the random-words workload, 2,000 requests, 1 and 2 replicas on one GPU,
                          stats lines on
   images-100k            issue 19 item 6: 100,000 generated images (bench/gpu/make_images.py, run_gpu.sh's
@@ -214,8 +217,13 @@ def scale_submission(
     input_uri: str | None = None,
     dry_run: bool = False,
     log_stats: bool = False,
+    default_layout: bool = False,
 ) -> dict[str, Any]:  # Any: JSON values.
     """A job of the issue-19 scale workload: the example DAG's operator on the customers CSV.
+
+    :param default_layout: leave the engine layout to the operator's default rule
+        (pipeline/generate/default_layout.py): no ``concurrency``, no ``replica_resources``, and no GPU
+        memory setting in ``engine_kwargs`` (``replicas_per_gpu`` is then not used).
 
     :param log_stats: vLLM's periodic stats lines on (``disable_log_stats=False``; the replica's default
         is off, as ``LLM()``'s: pipeline/generate/engine.py); raw vLLM on the same spec gets them too.
@@ -245,7 +253,12 @@ def scale_submission(
         kwargs["engine_kwargs"]["disable_log_stats"] = False
     if dry_run:  # issue 19 item 2: the pre-engine path on 20M rows, on the device machine's CPUs
         kwargs.update(dry_run=True, dry_run_rows_per_second=1000.0, max_failed_fraction=1.0)
-    if replicas_per_gpu > 1:
+    if default_layout:
+        # SCALE_ENGINE_KWARGS sets gpu_memory_utilization (0.9), one of the settings that make a job's
+        # layout its own (default_layout.LAYOUT_ENGINE_KWARGS: the rule would then say "the job's
+        # settings" and not choose): dropped here, so the default rule chooses, as for a user who sets none.
+        del kwargs["engine_kwargs"]["gpu_memory_utilization"]
+    elif replicas_per_gpu > 1:
         kwargs["concurrency"] = replicas_per_gpu
         kwargs["replica_resources"] = {"GPU": 1 / replicas_per_gpu, "CPU": 1}
         kwargs["engine_kwargs"].update(
@@ -255,7 +268,7 @@ def scale_submission(
         "requests": rows,
         "workload": "customers",
         "input_rows": rows,
-        "replicas_per_gpu": replicas_per_gpu,
+        "replicas_per_gpu": "default" if default_layout else replicas_per_gpu,
     }
     return _job(name, kwargs, extra, rerun=rerun)
 
@@ -370,6 +383,19 @@ JOBS = {
         )
         for rows in (100_000, 200_000)
         for replicas in (1, 2, 3, 4)
+    },
+    # The same with the operator's default layout (no layout settings: the default rule chooses, and the
+    # manifest's `layout` says what; RESULTS 18c). Raw vLLM runs the x1 spec (a:rpg-200k-x1).
+    **{
+        f"rpg-{rows // 1000}k-default": functools.partial(
+            scale_submission,
+            f"rpg-{rows // 1000}k-default",
+            rows,
+            BIG_MODEL,
+            log_stats=True,
+            default_layout=True,
+        )
+        for rows in (100_000, 200_000)
     },
     # The same on the random-token bench (2,000 x 128 in / 128 out), 1 and 2 replicas on the one GPU.
     **{

@@ -160,9 +160,14 @@ def ours_cell(folder: Path, name: str) -> dict[str, Any] | None:  # Any: JSON.
     manifest = _load(folder / f"manifest-{name}.json") or {}
     timings = manifest.get("timings") or {}
     job = _load(Path(__file__).resolve().parent / "jobs" / f"{name}.json") or {}
+    layout = manifest.get("layout") or {}  # the engine layout made (generate/default_layout.py)
+    label = f"{job.get('replicas_per_gpu', '?')} per GPU"
+    if job.get("replicas_per_gpu") == "default":
+        label = f"default layout: {layout.get('replicas_per_gpu', '?')} per GPU"
     cell: dict[str, Any] = {  # Any: JSON.
-        "cell": f"ours, {job.get('replicas_per_gpu', '?')} per GPU ({name})",
+        "cell": f"ours, {label} ({name})",
         "replicas": job.get("replicas_per_gpu"),
+        "layout": layout or None,
         "end_to_end_s": result.get("end_to_end_s"),
         "generating_s": phase.get("first_to_last_part_s"),
         "manifest_generating_s": timings.get("generating_s"),
@@ -251,7 +256,7 @@ def main() -> None:
     report = {}
     for family in families:
         cells = [raw_cell(folder, f"{family}-x1")] + [
-            ours_cell(folder, f"{family}-x{n}") for n in (1, 2, 3, 4)
+            ours_cell(folder, f"{family}-{n}") for n in ("x1", "x2", "x3", "x4", "default")
         ]
         cells = [c for c in cells if c]
         if not cells:
@@ -269,6 +274,7 @@ def main() -> None:
                     "manifest_generating_s",
                     "rows",
                     "rows_out",
+                    "layout",
                 )
             }
             print(
