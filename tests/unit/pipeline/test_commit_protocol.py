@@ -128,9 +128,11 @@ class CommitProtocol(RuleBasedStateMachine):
         self.files[name] = list(row_ids)
 
     def _input_state(self) -> tuple:
-        """The input files as they are: each one's name, rows and modification time (a file added,
-        then deleted, leaves the input as it was)."""
-        return tuple((name, tuple(self.files[name]), (self.input / name).stat().st_mtime_ns)
+        """The input files as they are: each one's name, rows, modification and status-change times (a
+        file added, then deleted, leaves the input as it was; a file written again is another input,
+        even with the rows it had: the digest reads no content)."""
+        stats = {name: (self.input / name).stat() for name in self.files}
+        return tuple((name, tuple(self.files[name]), stats[name].st_mtime_ns, stats[name].st_ctime_ns)
                      for name in sorted(self.files))  # fmt: skip
 
     def _rows(self) -> list[tuple[str, str]]:
@@ -384,13 +386,54 @@ class CommitProtocol(RuleBasedStateMachine):
         else:
             event("a dead try's late part staged, for the next try to resume")
 
-    def _write_version(self, job: Try) -> dict[str, object] | None:
+    @precondition(
+        lambda self: (
+            bool(self._live()) and any(not self.alive[t] and job.todo for t, job in self.tries.items())
+        )
+    )
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def finish_while_a_dead_tries_replica_stages_late(self, data: st.DataObject, count: int) -> None:
+        """A live try commits while a dead try's replica (cut off from Ray, not from the store) stages a
+        last part, their storage calls in any order: before the commit lists the parts, the late part is
+        one more part (its repeats dropped); after, it never lands in the version."""
+        job = self.tries[data.draw(st.sampled_from(self._live()))]
+        dead = sorted(t for t, one in self.tries.items() if not self.alive[t] and one.todo)
+        # One that stages into the version being committed where there is one: the case that matters.
+        same_version = [t for t in dead if self.tries[t].writer.data_uri == job.writer.data_uri]
+        late_try = self.tries[data.draw(st.sampled_from(same_version or dead))]
+        batch, late_try.todo = late_try.todo[:count], late_try.todo[count:]
+        said: list[str] = []  # hypothesis records events in the test's own thread only
+
+        def stage_late() -> None:
+            rows = [self._result(source, row_id, late_try.code) for source, row_id in batch]
+            try:
+                late_try.writer.write_part(rows)
+            except StagingTakenError:
+                said.append("a late part across a commit refused")
+
+        done = interleave(
+            {"commit": lambda: self._write_version(job, said), "late": stage_late},
+            choose=lambda waiting: data.draw(st.sampled_from(waiting)),
+        )
+        for name in said:
+            event(name)
+        manifest = done["commit"]
+        if manifest is not None:
+            commit.publish(job.layout, manifest, keep_versions=False)
+            self._published(job, manifest)
+
+    def _write_version(self, job: Try, said: list[str] | None = None) -> dict[str, object] | None:
         """The try stages what is left and writes its version; the manifest to publish, or None where
-        the try commits nothing (its input changed under it) or holds its rows."""
+        the try commits nothing (its input changed under it) or holds its rows.
+
+        :param said: where to put the events, for a caller that runs this in another thread.
+        """
+        say = event if said is None else said.append
         if job.todo:
             job.writer.write_part([self._result(source, row_id, job.code) for source, row_id in job.todo])
             job.todo = []
         run = commit.write_version(job.layout, job.spec, len(job.rows), rewriter=job.writer)
+        commit.seal(job.layout, run)  # as run.py: no part lands in the version after its listing
         self.alive[job.job_id] = False
         manifest = {"version": run.version, "rows_in": len(job.rows), "rows_out": run.rows_out,
                     "rows_failed": run.rows_failed, "errors_by_reason": run.errors_by_reason,
@@ -402,12 +445,12 @@ class CommitProtocol(RuleBasedStateMachine):
             check_input_unchanged(job.binding, digest_now, str(self.input))
         except InputChangedError:
             assert self._input_state() != job.input_state, "refused an input that did not change"
-            event("an input changed under a try: nothing committed")
+            say("an input changed under a try: nothing committed")
             return None  # the job fails, committing nothing; the next try discards its rows
         assert self._input_state() == job.input_state, "an input changed under the job went unnoticed"
         if run.held:
             commit.hold(job.layout, {**manifest, "status": HELD_STATUS})
-            event("a run held")
+            say("a run held")
             return None
         ownership.confirm(job.layout, job.owner)
         return {**manifest, "status": "complete"}
