@@ -311,7 +311,9 @@ class BatchInferenceSpec(BaseModel):
         default_factory=dict, description="vLLM SamplingParams, e.g. max_tokens, structured_outputs."
     )
     engine_kwargs: dict[str, Any] = Field(  # Any: passed as they are to vLLM's engine arguments.
-        default_factory=dict, description="vLLM engine arguments, e.g. max_model_len."
+        default_factory=dict,
+        description="vLLM engine arguments, e.g. max_model_len. gpu_memory_utilization, "
+        "kv_cache_memory_bytes or num_gpu_blocks_override make the layout the job's own (see concurrency).",
     )
     batch_size: PositiveInt = Field(default=64, description="Rows per batch sent to one engine replica.")
     concurrency: PositiveInt | tuple[PositiveInt, PositiveInt] | None = Field(
@@ -329,7 +331,8 @@ class BatchInferenceSpec(BaseModel):
     replica_resources: dict[str, float] | None = Field(
         default=None,
         description="Resources one engine replica reserves, e.g. {'CPU': 1} for vLLM's CPU build; "
-        "unset: Ray Data LLM's default of one GPU per tensor x pipeline parallel rank.",
+        "unset: Ray Data LLM's default of one GPU per tensor x pipeline parallel rank, or a share of "
+        "one GPU where the default layout runs several replicas on it (see concurrency).",
     )
     id_column: ColumnName | None = Field(
         default=None,

@@ -171,6 +171,9 @@ def check_layout(hook: RayHook, spec: BatchInferenceSpec, enforce: bool, log: An
     """
     plan = plan_layout(spec)
     log.info("Planned layout: %s.", plan.describe())
+    if spec.concurrency is None and spec.replica_resources is None:
+        log.info("concurrency is unset: the job chooses how many replicas share that GPU as it starts (up to "
+                 "3 for short generations; its manifest's layout says what it chose and why).")  # fmt: skip
     if enforce:
         plan.check_fits(hook.get_cluster_resources())
 

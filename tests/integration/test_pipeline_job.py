@@ -163,7 +163,7 @@ def test_dirty_input_lands_in_errors_with_exact_counts(
     assert manifest["spec_fingerprint"] == operator.build_spec().fingerprint()
     # The CPU replica is the job's own layout: the default one (generate/default_layout.py) is not made.
     assert manifest["layout"] == {
-        "replicas_per_gpu": 1, "chosen_by": "the job's settings", "reason": "set by replica_resources",
+        "replicas_per_gpu": None, "chosen_by": "the job's settings", "reason": "set by replica_resources",
     }  # fmt: skip
     assert manifest["versions"]["vllm"] and manifest["versions"]["ray"] == cluster_ray_version()
     # Where the time went (pipeline/reporting/timings.py): every phase measured, none past the wall.

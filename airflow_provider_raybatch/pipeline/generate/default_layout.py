@@ -36,10 +36,13 @@ SHORT_GENERATION_MAX_TOKENS = 32
 #: vLLM's ``SamplingParams.max_tokens`` when the sampling leaves it unset.
 VLLM_DEFAULT_MAX_TOKENS = 16
 GIB = 2**30
-#: Each replica's KV cache when several share a GPU: fixed, so that replicas starting side by side do not
-#: size theirs from each other's free memory. 1,024 sequences of ~32 unshared tokens at 128 KiB a token
-#: (an 8B model) need ~4 GiB; 2.2 GiB were in use at most in the measured run.
-KV_CACHE_BYTES_PER_REPLICA = 4 * GIB
+#: Each replica's KV cache when several share a GPU, at least: fixed, so that replicas starting side by
+#: side do not size theirs from each other's free memory. 1,024 sequences of ~32 unshared tokens at
+#: 128 KiB a token (an 8B model) need ~4 GiB; 2.2 GiB were in use at most in the measured run.
+MIN_KV_CACHE_BYTES = 4 * GIB
+#: vLLM refuses to start an engine whose KV cache cannot hold one sequence of ``max_model_len`` tokens:
+#: each replica's holds that much and this margin (vLLM keeps a block or two of its own).
+ONE_SEQUENCE_MARGIN = 1.1
 #: Activations, CUDA graphs and the allocator's slack of one engine, beside its weights and KV cache.
 ENGINE_OVERHEAD_BYTES = 4 * GIB
 #: The share of the GPU's memory the replicas may use between them (vLLM's own default is 0.9).
@@ -50,27 +53,43 @@ CORES_PER_REPLICA = 3
 CORES_KEPT_FREE = 2
 #: Engine settings that are the job's own layout: where one is set, the job's layout is left as it is.
 LAYOUT_ENGINE_KWARGS = ("gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override")
-#: Files that hold a model's weights (what vLLM loads onto the GPU).
+#: Files that hold a model's weights (what vLLM loads onto the GPU), in the order vLLM prefers them:
+#: a folder with safetensors is loaded from those alone.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+#: Config keys of a mixture of experts, whose size the config's dense formula would not give.
+_EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts")
 
 
 @dataclass(frozen=True)
 class GpuNode:
-    """What the rule needs of the node an engine would run on."""
+    """What the rule needs of the nodes an engine may run on (the smallest of them)."""
 
     gpu_memory_bytes: int
     cpus: float
 
 
 @dataclass(frozen=True)
+class ModelSize:
+    """What the rule needs of the model: its weights, and the KV cache one token takes."""
+
+    weights_bytes: int
+    kv_bytes_per_token: int | None = None
+    #: The model's context (its config's ``max_position_embeddings``), vLLM's ``max_model_len`` default.
+    max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True)
 class LayoutChoice:
     """How many engine replicas the job runs on its GPU, who chose, and why."""
 
-    replicas_per_gpu: int
+    #: None where the job's settings chose: their replicas may each have GPUs of their own.
+    replicas_per_gpu: int | None
     chosen_by: Literal["the job's settings", "the default rule"]
     reason: str
+    #: Each replica's KV cache where several share the GPU.
+    kv_cache_bytes: int | None = None
 
-    def as_manifest(self) -> dict[str, int | str]:
+    def as_manifest(self) -> dict[str, int | str | None]:
         return {"replicas_per_gpu": self.replicas_per_gpu, "chosen_by": self.chosen_by, "reason": self.reason}
 
 
@@ -95,14 +114,25 @@ def short_generation(spec: BatchInferenceSpec) -> bool:
     return max_tokens <= SHORT_GENERATION_MAX_TOKENS
 
 
-def replicas_that_fit(gpu: GpuNode, weights_bytes: int) -> tuple[int, str]:
+def kv_cache_bytes(spec: BatchInferenceSpec, model: ModelSize) -> int | None:
+    """Each replica's KV cache: room for one sequence of the engine's ``max_model_len`` (the job's, else
+    the model's context), and never under :data:`MIN_KV_CACHE_BYTES`; None where that is not known."""
+    max_model_len = spec.engine_kwargs.get("max_model_len") or model.max_position_embeddings
+    if model.kv_bytes_per_token is None or not max_model_len:
+        return None
+    one_sequence = ONE_SEQUENCE_MARGIN * int(max_model_len) * model.kv_bytes_per_token
+    return max(MIN_KV_CACHE_BYTES, math.ceil(one_sequence / GIB) * GIB)
+
+
+def replicas_that_fit(gpu: GpuNode, weights_bytes: int, kv_bytes: int) -> tuple[int, str]:
     """How many replicas one GPU of ``gpu``'s node holds, and which limit decided it."""
-    per_replica = weights_bytes + ENGINE_OVERHEAD_BYTES + KV_CACHE_BYTES_PER_REPLICA
+    per_replica = weights_bytes + ENGINE_OVERHEAD_BYTES + kv_bytes
     by_memory = math.floor(0.9 * gpu.gpu_memory_bytes / per_replica)
     by_cores = math.floor((gpu.cpus - CORES_KEPT_FREE) / CORES_PER_REPLICA)
     limits = {
         f"GPU memory ({gpu.gpu_memory_bytes / GIB:.0f} GiB for {weights_bytes / GIB:.1f} GiB of weights "
-        f"+ {(ENGINE_OVERHEAD_BYTES + KV_CACHE_BYTES_PER_REPLICA) / GIB:.0f} GiB a replica)": by_memory,
+        f"+ {(ENGINE_OVERHEAD_BYTES + kv_bytes) / GIB:.0f} GiB a replica, {kv_bytes / GIB:.0f} GiB of it "
+        "KV cache)": by_memory,
         f"the node's {gpu.cpus:g} cores ({CORES_PER_REPLICA} a replica, {CORES_KEPT_FREE} kept free)": (
             by_cores
         ),
@@ -116,10 +146,11 @@ def decided_without_the_cluster(spec: BatchInferenceSpec) -> LayoutChoice | None
     """The layout where the job's settings alone decide it; None where the cluster's GPU must be read."""
     own = settings_that_set_the_layout(spec)
     if own:
-        replicas = spec.concurrency if isinstance(spec.concurrency, int) else None
-        return LayoutChoice(replicas or 1, "the job's settings", f"set by {', '.join(own)}")
+        return LayoutChoice(None, "the job's settings", f"set by {', '.join(own)}")
     one = "one replica on one GPU"
-    if spec.image_column is not None or spec.openai_endpoint == "/v1/embeddings":
+    if spec.openai_endpoint is not None:
+        return LayoutChoice(1, "the default rule", f"{one}: an OpenAI batch's lines set their own max_tokens")
+    if spec.image_column is not None:
         return LayoutChoice(1, "the default rule", f"{one}: not measured for this kind of job")
     if not short_generation(spec):
         return LayoutChoice(
@@ -129,20 +160,27 @@ def decided_without_the_cluster(spec: BatchInferenceSpec) -> LayoutChoice | None
     return None
 
 
-def choose(spec: BatchInferenceSpec, gpu: GpuNode | None, weights_bytes: int | None) -> LayoutChoice:
-    """The layout for ``spec`` on a cluster whose GPU node is ``gpu`` (None: no GPU), for a model of
-    ``weights_bytes`` (None: not known before its engine fetches it)."""
+def choose(spec: BatchInferenceSpec, gpu: GpuNode | None, model: ModelSize | None) -> LayoutChoice:
+    """The layout for ``spec`` where the smallest GPU node alive is ``gpu`` (None: none alive) and the
+    model is ``model`` (None: its size is not known before its engine fetches it)."""
     decided = decided_without_the_cluster(spec)
     if decided is not None:
         return decided
+    one = "one replica on one GPU"
     if gpu is None:
-        return LayoutChoice(1, "the default rule", "one replica: the cluster has no GPU")
-    if weights_bytes is None:
-        unknown = "one replica on one GPU: the model's size is not known before its engine fetches it"
-        return LayoutChoice(1, "the default rule", unknown)
-    replicas, limit = replicas_that_fit(gpu, weights_bytes)
+        return LayoutChoice(1, "the default rule", f"{one}: no GPU node was alive as the job started")
+    if model is None:
+        return LayoutChoice(
+            1, "the default rule", f"{one}: the model's size is not known before its engine fetches it"
+        )
+    kv_bytes = kv_cache_bytes(spec, model)
+    if kv_bytes is None:
+        return LayoutChoice(
+            1, "the default rule", f"{one}: the KV cache one sequence needs is not known (no config)"
+        )
+    replicas, limit = replicas_that_fit(gpu, model.weights_bytes, kv_bytes)
     why = f"{replicas} replica(s) on one GPU for short generations, limited by {limit}"
-    return LayoutChoice(replicas, "the default rule", why)
+    return LayoutChoice(replicas, "the default rule", why, kv_cache_bytes=kv_bytes)
 
 
 def applied(spec: BatchInferenceSpec, choice: LayoutChoice) -> BatchInferenceSpec:
@@ -150,13 +188,13 @@ def applied(spec: BatchInferenceSpec, choice: LayoutChoice) -> BatchInferenceSpe
     (the job's spec stays what binds its staged rows)."""
     if choice.chosen_by == "the job's settings":
         return spec
-    replicas = choice.replicas_per_gpu
-    if replicas == 1:
+    replicas = choice.replicas_per_gpu or 1
+    if replicas == 1 or choice.kv_cache_bytes is None:
         return spec.model_copy(update={"concurrency": 1})
     engine_kwargs = {
         **spec.engine_kwargs,
         "gpu_memory_utilization": round(GPU_MEMORY_SHARE / replicas, 3),
-        "kv_cache_memory_bytes": KV_CACHE_BYTES_PER_REPLICA,
+        "kv_cache_memory_bytes": choice.kv_cache_bytes,
     }
     return spec.model_copy(
         update={
@@ -170,21 +208,28 @@ def applied(spec: BatchInferenceSpec, choice: LayoutChoice) -> BatchInferenceSpe
 # -- what the rule reads of the cluster --------------------------------------------------------------
 
 
-def weights_bytes(model_source: str) -> int | None:
-    """The bytes of a local model folder's weight files; from its config where it has none (a model
-    loaded with dummy weights); None for a model not on this node (a Hugging Face id not yet fetched)."""
+def model_size(model_source: str) -> ModelSize | None:
+    """The model's size as this node has it: its weight files (those vLLM loads), else its config's
+    count (a model loaded with dummy weights); None for a model not on this node (a Hugging Face id not
+    fetched yet) or one the config cannot size (a mixture of experts)."""
     folder = model_source
     if not os.path.isdir(folder):
         folder = _hugging_face_snapshot(model_source) or ""
         if not os.path.isdir(folder):
             return None
-    total = sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(folder)
-        for name in names
-        if name.endswith(WEIGHT_SUFFIXES)
+    config = _config(os.path.join(folder, "config.json"))
+    names = os.listdir(folder)  # the folder's own files: a copy in original/ or a checkpoint's are not loaded
+    for suffix in WEIGHT_SUFFIXES:
+        weights = sum(os.path.getsize(os.path.join(folder, name)) for name in names if name.endswith(suffix))
+        if weights:
+            break
+    else:
+        weights = _dense_weights_bytes(config) or 0
+    if not weights:
+        return None
+    return ModelSize(
+        weights, _kv_bytes_per_token(config), _positive_int(config.get("max_position_embeddings"))
     )
-    return total or _weights_bytes_from_config(os.path.join(folder, "config.json"))
 
 
 def _hugging_face_snapshot(model_id: str) -> str | None:
@@ -196,21 +241,46 @@ def _hugging_face_snapshot(model_id: str) -> str | None:
         return None
 
 
-def _weights_bytes_from_config(config_path: str) -> int | None:
-    """A decoder's parameters from its ``config.json`` (embeddings, attention, MLP), 2 bytes each."""
+def _config(path: str) -> dict[str, object]:
     try:
-        with open(config_path, encoding="utf-8") as file:
+        with open(path, encoding="utf-8") as file:
             config = json.load(file)
-        hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
-        intermediate, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _dense_weights_bytes(config: dict[str, object]) -> int | None:
+    """A dense decoder's parameters from its config (embeddings, attention, MLP), 2 bytes each."""
+    hidden, layers = _positive_int(config.get("hidden_size")), _positive_int(config.get("num_hidden_layers"))
+    intermediate, vocab = (
+        _positive_int(config.get("intermediate_size")),
+        _positive_int(config.get("vocab_size")),
+    )
+    heads = _positive_int(config.get("num_attention_heads"))
+    kv_heads = _positive_int(config.get("num_key_value_heads")) or heads
+    if not (hidden and layers and intermediate and vocab and heads and kv_heads):
+        return None
+    if any(config.get(key) for key in _EXPERT_KEYS):
         return None
     head_dim = hidden // heads
     attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim
-    parameters = 2 * vocab * hidden + layers * (attention + 3 * hidden * intermediate)
-    return 2 * parameters
+    return 2 * (2 * vocab * hidden + layers * (attention + 3 * hidden * intermediate))
+
+
+def _kv_bytes_per_token(config: dict[str, object]) -> int | None:
+    """Keys and values of every layer for one token, 2 bytes each (vLLM's default KV cache type)."""
+    hidden, layers = _positive_int(config.get("hidden_size")), _positive_int(config.get("num_hidden_layers"))
+    heads = _positive_int(config.get("num_attention_heads"))
+    if not (hidden and layers and heads):
+        return None
+    kv_heads = _positive_int(config.get("num_key_value_heads")) or heads
+    head_dim = _positive_int(config.get("head_dim")) or hidden // heads
+    return 2 * layers * kv_heads * head_dim * 2
 
 
 def _gpu_memory_bytes() -> int | None:
@@ -236,14 +306,15 @@ def _gpu_memory_bytes() -> int | None:
         return None
 
 
-def _node_facts(model_source: str) -> tuple[int | None, int | None]:
-    """On a GPU node: its first GPU's memory, and the model's weights as that node has them."""
-    return _gpu_memory_bytes(), weights_bytes(model_source)
+def _node_facts(model_source: str) -> tuple[int | None, ModelSize | None]:
+    """On a GPU node: its first GPU's memory, and the model's size as that node has it."""
+    return _gpu_memory_bytes(), model_size(model_source)
 
 
-def probe(spec: BatchInferenceSpec, model_source: str) -> tuple[GpuNode | None, int | None]:
-    """The cluster's first alive GPU node (of ``spec.accelerator_type`` where set) and the model's size
-    there; (None, None) when the cluster has no GPU. A task of no CPU and no GPU reads them on that node."""
+def probe(spec: BatchInferenceSpec, model_source: str) -> tuple[GpuNode | None, ModelSize | None]:
+    """The smallest of the alive GPU nodes a replica may run on (of ``spec.accelerator_type`` where set:
+    its GPU memory, its cores) and the model's size there; no node where none is alive (a GPU group
+    that scales up from zero). A task of no CPU and no GPU reads each node."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -255,14 +326,24 @@ def probe(spec: BatchInferenceSpec, model_source: str) -> tuple[GpuNode | None, 
     ]  # fmt: skip
     if not nodes:
         return None, None
-    node = nodes[0]
-    facts = ray.remote(num_cpus=0)(_node_facts).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+    facts = ray.remote(num_cpus=0)(_node_facts)
+    read = ray.get(
+        [
+            facts.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(model_source)
+            for node in nodes
+        ],
+        timeout=120,
     )
-    memory, weights = ray.get(facts.remote(model_source), timeout=120)
-    if memory is None:
-        return None, weights
-    return GpuNode(gpu_memory_bytes=memory, cpus=float(node["Resources"].get("CPU", 0))), weights
+    memories = [memory for memory, _ in read]
+    model = next((size for _, size in read if size is not None), None)
+    if any(memory is None for memory in memories):  # a node whose GPU cannot be read: not sized
+        return None, model
+    cores = min(float(node["Resources"].get("CPU", 0)) for node in nodes)
+    return GpuNode(
+        gpu_memory_bytes=min(memory for memory in memories if memory is not None), cpus=cores
+    ), model
 
 
 def engine_layout(spec: BatchInferenceSpec, model_source: str) -> tuple[BatchInferenceSpec, LayoutChoice]:
@@ -270,6 +351,7 @@ def engine_layout(spec: BatchInferenceSpec, model_source: str) -> tuple[BatchInf
     choice = decided_without_the_cluster(spec)
     if choice is None:
         choice = choose(spec, *probe(spec, model_source))
-    log.info("Engine layout: %d replica(s) per GPU, chosen by %s: %s.", choice.replicas_per_gpu,
-             choice.chosen_by, choice.reason)  # fmt: skip
+    per_gpu = choice.replicas_per_gpu if choice.replicas_per_gpu is not None else "the job's"
+    log.info("Engine layout: %s replica(s) per GPU, chosen by %s: %s.", per_gpu, choice.chosen_by,
+             choice.reason)  # fmt: skip
     return applied(spec, choice), choice
