@@ -618,7 +618,7 @@ def _run_owned(
         raise RayBatchRowsFailedError(
             held_because, rows_in=rows_in, rows_failed=failed_rows(manifest), job_id=job_id
         )
-    commit.publish(layout, manifest, keep_versions=spec.keep_versions)
+    commit.publish(layout, manifest, keep_versions=spec.keep_versions, committed_parts=committed.part_names)
     if (current := commit.current_version(layout)) != committed.version:  # another run published after it
         log.warning("Version %s was replaced at once by version %s, which another run of %s published at "
                     "the same moment.", committed.version, current, spec.output_uri)  # fmt: skip

@@ -360,11 +360,13 @@ def input_file_stamps(input_uri: str, extensions: list[str] | None) -> list[File
     Size and modification time alone miss a file rewritten in place with as many bytes whose
     modification time was set back (``rsync -t``, ``cp -p``, any tool that sets it) or not moved on (a
     rewrite within the filesystem's time granularity; a second on S3). So ``change`` holds, for a local
-    file, its inode (a file replaced by a rename is a new one) and its status-change time, which the
-    kernel sets on every write, rename or ``chmod`` and no call can set back; for an S3 object, its
-    ETag. A read changes none of them. Other filesystems get path, size and modification time only.
-    Nothing is read but the listing and the files' metadata: one ``stat`` per local file, one more
-    listing request per 1,000 S3 objects.
+    file, its status-change time, which the kernel sets on every write, rename (a file replaced by a
+    rename too) or ``chmod`` and no call can set back; for an S3 object, its ETag. A read changes
+    neither. Not the inode: FUSE mounts (s3fs, gcsfuse, sshfs) hand out a new one per lookup, which
+    would fail a job whose input never changed. Other filesystems get path, size and modification time
+    only. Nothing is read but the listing and the files' metadata: one ``stat`` per local file; for S3,
+    one more listing request per 1,000 objects, or one HEAD for an input of one object (which needs no
+    right to list the bucket).
     """
     from pyarrow import fs
 
@@ -386,17 +388,17 @@ def _local_change(path: str) -> str:
         status = os.stat(path)
     except FileNotFoundError:
         return "gone"
-    return f"inode:{status.st_ino} ctime_ns:{status.st_ctime_ns}"
+    return f"ctime_ns:{status.st_ctime_ns}"
 
 
 def _s3_etags(path: str, infos: list[Any]) -> dict[str, str]:  # Any: pyarrow FileInfo.
-    """The ETag of each listed object, by path: one listing of the input's prefix (the key itself when
-    the input is one object)."""
+    """The ETag of each listed object, by path: one HEAD for an input of one object, else one listing
+    of the input's prefix."""
     bucket, _, key = path.partition("/")
     if len(infos) == 1 and infos[0].path == path:
-        prefix = key
-    else:
-        prefix = f"{key.strip('/')}/" if key.strip("/") else ""
+        head = _s3_client(s3_options()).head_object(Bucket=bucket, Key=key)
+        return {path: f"etag:{head.get('ETag', '')}"}
+    prefix = f"{key.strip('/')}/" if key.strip("/") else ""
     return {item.path: f"etag:{item.etag}" for item in list_s3_objects(bucket, prefix, s3_options())}
 
 

@@ -546,7 +546,12 @@ def _seal_uri(layout: OutputLayout) -> str:
     return storage.join(layout.staging_uri, SEAL_FILE_NAME)
 
 
-def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool) -> None:  # Any: JSON.
+def publish(
+    layout: OutputLayout,
+    manifest: dict[str, Any],  # Any: JSON values.
+    keep_versions: bool,
+    committed_parts: frozenset[str] | None = None,
+) -> None:
     """Make the version visible (manifest last), then clean up staging and the versions it supersedes.
 
     The manifest gets ``replaced_version``: the version it replaces (deleted unless ``keep_versions``),
@@ -563,6 +568,10 @@ def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool)
     With ``keep_versions`` the version this publish replaces is taken off the list (kept for good) and
     nothing is collected; a version that a concurrent publish replaced without seeing it is removed by
     the next publish that does not keep versions.
+
+    :param committed_parts: the parts the version is made of (:attr:`CommittedRun.part_names`): any
+        other file in its folders, a late writer's that :func:`seal` could not see yet, is removed
+        once the manifest names the version, before the staging (the writers' fence) goes.
     """
     previous = _current_manifest(layout) or {}
     version = manifest["version"]
@@ -575,6 +584,8 @@ def publish(layout: OutputLayout, manifest: dict[str, Any], keep_versions: bool)
         _list_published(layout, replaced, previous.get("run_key"))
     storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
     _list_published(layout, version, layout.run_key)  # after the manifest: see collect_superseded
+    if committed_parts is not None:  # a late writer that wrote after the seal's sweep and died since
+        _remove_orphans(layout, set(committed_parts), layout.version_uri(version))
     if replaced and keep_versions:
         storage.delete_file(_published_entry(layout, replaced))
     storage.delete_tree(layout.staging_uri)

@@ -26,6 +26,7 @@ all write through :class:`PartWriter`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import uuid
@@ -198,7 +199,7 @@ class PartWriter:
         storage.write_bytes(sidecar_uri, json.dumps(sidecar).encode())
         try:  # a commit that listed the parts meanwhile must not find this one's files in its version
             self.check_still_staging()
-        except StagingTakenError:
+        except BaseException:  # refused, or the check itself failed (a store error): the part is not staged
             for folder, name in sidecar["files"].items():
                 storage.delete_file(storage.join(self.data_uri, folder, name))
             storage.delete_file(sidecar_uri)
@@ -223,18 +224,16 @@ class PartWriter:
         version_uri = self.data_uri.rstrip("/")
         version = posixpath.basename(version_uri)
         pointer_uri = storage.join(self.staging_uri, "spec.json")
-        staged = (
-            json.loads(storage.read_text(pointer_uri)).get(STAGED_VERSION_KEY)
-            if storage.exists(pointer_uri)
-            else None
-        )
+        try:  # one read: a publish may delete the staging between an exists and a read
+            staged = json.loads(storage.read_text(pointer_uri)).get(STAGED_VERSION_KEY)
+        except FileNotFoundError:
+            staged = None
         manifest_uri = storage.join(posixpath.dirname(posixpath.dirname(version_uri)), MANIFEST_FILE_NAME)
         sealed = staged == version and storage.exists(storage.join(self.staging_uri, SEAL_FILE_NAME))
-        committed = (
-            json.loads(storage.read_text(manifest_uri)).get("version") == version
-            if staged == version and not sealed and storage.exists(manifest_uri)
-            else False
-        )
+        committed = False
+        if staged == version and not sealed:
+            with contextlib.suppress(FileNotFoundError):
+                committed = json.loads(storage.read_text(manifest_uri)).get("version") == version
         if staged != version or sealed or committed:
             why = (
                 "sealed for its commit" if sealed

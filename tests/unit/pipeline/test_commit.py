@@ -1013,6 +1013,55 @@ def test_the_seal_removes_a_part_written_between_the_listing_and_the_seal(layout
     assert _version_files(layout, run.version) == [f"{kept.name}.jsonl"]
 
 
+def test_a_part_written_after_the_seals_sweep_by_a_writer_that_died_goes_at_publish(
+    layout: OutputLayout,
+) -> None:
+    """A late writer checked before the seal, wrote after its sweep and died before its second check:
+    publish removes the part's files once its manifest names the version."""
+    spec = spec_of(run_key=layout.run_key)
+    live = _staging_writer(layout, spec)
+    kept = live.write_part([_row("in.jsonl:1", "a")])
+    run = commit.write_version(layout, spec, rows_in=1, rewriter=live)
+    commit.seal(layout, run)
+    Path(layout.version_uri(run.version), "outputs", "part-dead.jsonl").write_text('{"id": "b"}\n')
+
+    commit.publish(layout, {"version": run.version}, keep_versions=False, committed_parts=run.part_names)
+
+    assert _version_files(layout, run.version) == [f"{kept.name}.jsonl"]
+
+
+@pytest.mark.parametrize("second_check", ["staging deleted by a publish", "store error"])
+def test_a_writer_whose_second_check_fails_takes_its_part_back(
+    layout: OutputLayout, monkeypatch: pytest.MonkeyPatch, second_check: str
+) -> None:
+    """The staging goes between the writer's write and its second check (a publish deletes it), or the
+    check itself fails (the store answers 503): either way the writer removes what it wrote."""
+    spec = spec_of(run_key=layout.run_key)
+    late = _staging_writer(layout, spec)
+    version = Path(late.data_uri).name
+    before = sorted(str(path) for path in Path(layout.output_uri).rglob("*") if path.is_file())
+    read_text, reads = storage.read_text, []
+
+    def read_then_fail(uri: str) -> str:
+        reads.append(uri)
+        if len(reads) == 1:  # the first check passes
+            return read_text(uri)
+        if second_check == "store error":
+            raise OSError("503 Slow Down")
+        storage.delete_tree(layout.staging_uri)  # the live try's publish, just before the read
+        return read_text(uri)
+
+    monkeypatch.setattr(storage, "read_text", read_then_fail)
+    expected = OSError if second_check == "store error" else StagingTakenError
+    with pytest.raises(expected):
+        late.write_part([_row("in.jsonl:1", "a")])
+    monkeypatch.setattr(storage, "read_text", read_text)
+
+    assert _version_files(layout, version) == []
+    left = sorted(str(path) for path in Path(layout.output_uri).rglob("*") if path.is_file())
+    assert set(left) <= set(before)
+
+
 def test_a_retry_lifts_the_seal_of_a_commit_that_did_not_publish(layout: OutputLayout) -> None:
     spec = spec_of(run_key=layout.run_key)
     first = _staging_writer(layout, spec)

@@ -89,8 +89,8 @@ def _rewrite_keeping_size_and_mtime(path: Path, content: bytes, *, by_rename: bo
 def test_a_file_rewritten_with_as_many_bytes_and_its_mtime_set_back_changes_the_digest(
     tmp_path: Path, by_rename: bool
 ) -> None:
-    """Path, size and modification time are all as they were: the inode (a rename makes a new file) or
-    the status-change time (every write sets it, and utime cannot set it back) is not."""
+    """Path, size and modification time are all as they were: the status-change time is not (every
+    write and rename sets it, and utime cannot set it back)."""
     folder = tmp_path / "in"
     folder.mkdir()
     path = folder / "a.jsonl"
