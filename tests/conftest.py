@@ -439,9 +439,9 @@ def install_warm_engine_policy(home: Path) -> None:
     start, and each cold job spent ~40 s of a 2-core CI machine starting vLLM (two processes importing
     it, then building): about a quarter of the tests' time. Their jobs now share the engines an earlier
     job of the same settings left warm. The cold path keeps its own tests, which submit from the test
-    process (no Airflow home, no policy): test_pipeline_job, test_fault_injection, test_multinode's
-    first test, test_engine_lifetime; test_warm_pool starts the session's pool these share, and the
-    backfill test sets its own keep-warm window.
+    process (no Airflow home, no policy): test_pipeline_job, test_fault_injection, test_multinode,
+    test_engine_lifetime; test_warm_pool starts the session's pool these share, and the backfill test
+    sets its own keep-warm window.
     Airflow runs the policy wherever it parses a DAG (``airflow dags test``, the dag processor, each
     task's process): ``$AIRFLOW_HOME/config`` is on its ``sys.path``.
     """
