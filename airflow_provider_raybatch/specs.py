@@ -483,6 +483,20 @@ class BatchInferenceSpec(BaseModel):
             )
         return value
 
+    @field_validator("model_cache_dir", "compile_cache_dir")
+    @classmethod
+    def _check_cache_dir(cls, value: str | None, info: Any) -> str | None:  # Any: pydantic's ValidationInfo.
+        # The replica checks the folders as the path names them; the kernel resolves a '..' after the
+        # links before it: '/tmp/x/../cache' with x another user's link is their folder, checked as ours.
+        if value is None:
+            return value
+        if not (value.startswith(("/", "~/")) and ".." not in value.split("/")):
+            raise ValueError(
+                f"{info.field_name}={value!r} must be an absolute path (or start with '~/') with no '..' "
+                "step: vLLM runs what that folder holds, and it is checked as its path names it."
+            )
+        return value
+
     @field_validator("replica_resources")
     @classmethod
     def _check_replica_resources(cls, value: dict[str, float] | None) -> dict[str, float] | None:

@@ -101,6 +101,7 @@ def _refuse(path: str, problem: str, setting: str) -> None:
     raise PrivateFolderError(
         f"{setting}: {path!r} {problem}, so another local user could have put files there that vLLM "
         "would load and run, or could change or read what the job keeps there. Set it to a folder that "
-        f"only the Ray user (uid {os.geteuid()}) owns and can write (a missing one is made, 0700), or fix "
-        "this one (chown it to the Ray user; chmod go-w)."
+        f"only the Ray user (uid {os.geteuid()}) owns and can write (a missing one is made, 0700), or "
+        "delete this one and let the next run make it again: a chown or chmod would keep whatever another "
+        "user may have put inside."
     )

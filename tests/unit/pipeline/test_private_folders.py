@@ -92,4 +92,4 @@ def test_check_private_names_the_setting_the_path_and_the_fix(tmp_path: Path) ->
 
     message = str(refused.value)
     assert message.startswith(f"{SETTING}: {str(tmp_path / 'f')!r} is not a folder")
-    assert f"uid {os.geteuid()}" in message and "chmod go-w" in message
+    assert f"uid {os.geteuid()}" in message and "delete this one" in message
