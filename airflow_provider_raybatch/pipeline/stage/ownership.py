@@ -6,13 +6,19 @@ same run id while its job runs, a secret rotated while a try runs, Airflow 3.2 (
 ``_staging/<run_key>/`` and the commit would take rows of both. So the staging has an owner,
 ``_staging/<run_key>.owner.json`` (beside the folder, which a discard or a commit deletes): the job
 id, the run it belongs to (its Airflow run, ``run_after`` included) and a heartbeat. A job becomes
-the owner only when there is none, or the owner is provably gone: Ray says its job ended, or, when
-Ray cannot say, its heartbeat is :data:`STALE_AFTER_SECONDS` old; a live owner gets
-:data:`OWNER_END_WAIT_SECONDS` to end (a stopped try's job), then the job fails before it writes
-anything, naming the live job. Staleness is judged on the reader's clock too (a heartbeat that stops
-moving), not only on the writer's. Two jobs claiming at the same moment both write, wait
-:data:`SETTLE_SECONDS` and read back: the one whose claim is there goes on, the other fails. The owner
-checks it still is one before it commits or holds (:func:`confirm`).
+the owner only when there is none, or the owner is provably gone: Ray's job table says its job ended,
+or holds no record of it (this cluster restarted since, or it never was this cluster's job). A live
+owner gets :data:`OWNER_END_WAIT_SECONDS` to end (a stopped try's job); so does one whose job Ray
+cannot answer for (its job table unreadable), as long as it stays so; then the job fails before it
+writes anything, naming the owner.
+
+No clock takes a staging. A heartbeat's age compares the owner's node's clock with this one's, and a
+node whose clock is minutes behind would make a live owner look gone; even a heartbeat this job sees
+stop moving may be a store that refused the owner's writes for a while. So the heartbeat is a hint
+for people (the refusal says when it last moved), never a reason to take over. Two jobs claiming at
+the same moment both write, wait :data:`SETTLE_SECONDS` and read back: the one whose claim is there
+goes on, the other fails. The owner checks it still is one before it commits or holds
+(:func:`confirm`).
 """
 
 from __future__ import annotations
@@ -31,21 +37,21 @@ from airflow_provider_raybatch.pipeline.storage import OutputLayout
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
-#: How often the owner's driver renews its heartbeat.
+#: How often the owner's driver renews its heartbeat (a hint for people: no clock takes a staging).
 HEARTBEAT_SECONDS = 15.0
-#: A heartbeat this old is a job gone, when Ray cannot say whether the job lives.
-STALE_AFTER_SECONDS = 120.0
 #: How long a claim waits before it reads itself back (two claims at one moment: the last one wins).
 #: Longer than a claim's read-then-write takes (milliseconds; one GET and one PUT on S3).
 SETTLE_SECONDS = 1.0
-#: How long a claim waits for a live owner to end (a stopped try's job takes seconds to), polling:
-#: longer than a heartbeat takes to go stale, so an owner Ray cannot answer for is judged in time.
-OWNER_END_WAIT_SECONDS = STALE_AFTER_SECONDS + 2 * HEARTBEAT_SECONDS
+#: How long a claim waits for a live owner to end (a stopped try's job takes seconds to), polling; as
+#: long for Ray's job table to answer again when it cannot be read (a head restarting).
+OWNER_END_WAIT_SECONDS = 150.0
 OWNER_POLL_SECONDS = 2.0
 #: Ray job statuses of a job that can no longer write.
 _ENDED = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
 
-#: Whether a Ray job (by its submission id) still runs: True, False, or None when Ray cannot say.
+#: Whether a Ray job (by its submission id) still runs: True; False when it ended or Ray's job table
+#: holds no record of it (provably gone from this cluster); None when Ray cannot say (the table
+#: cannot be read): not gone.
 JobAlive = Callable[[str], "bool | None"]
 #: The Airflow run a Ray job (by its submission id) belongs to, as Ray's job table has it; None when
 #: Ray holds no record of the job.
@@ -119,22 +125,21 @@ def claim(
     elif earlier is not None:
         deadline, said = now() + OWNER_END_WAIT_SECONDS, False
         beat, beat_seen_at = earlier.heartbeat_at, now()
-        while (alive := job_alive(earlier.job_id)) or (
-            alive is None and not _stale(beat, beat_seen_at, now())
-        ):
+        while (alive := job_alive(earlier.job_id)) is not False:
             latest = read_owner(layout)
             if latest is not None and latest.job_id == earlier.job_id and latest.heartbeat_at != beat:
                 beat, beat_seen_at = latest.heartbeat_at, now()  # it still beats
             if now() >= deadline:
-                raise StagingOwnedError(_owned_message(layout, earlier, me))
+                raise StagingOwnedError(_owned_message(layout, earlier, me, alive, now() - beat_seen_at))
             if not said:
-                log.warning("Staging of %s is being written by Ray job %s: waiting up to %.0f s for it to "
-                            "end.", layout.run_key, earlier.job_id, OWNER_END_WAIT_SECONDS)  # fmt: skip
+                log.warning("Staging of %s is being written by Ray job %s%s: waiting up to %.0f s for it to "
+                            "end.", layout.run_key, earlier.job_id, "" if alive else
+                            " (Ray's job table cannot be read now)", OWNER_END_WAIT_SECONDS)  # fmt: skip
                 said = True
             sleep(OWNER_POLL_SECONDS)
-        log.warning("Staging of %s belonged to Ray job %s, which %s; this job takes it over.", layout.run_key,
-                    earlier.job_id, "ended" if alive is False else "has not been heard of for "
-                    f"{now() - earlier.heartbeat_at:.0f} s")  # fmt: skip
+        log.warning("Staging of %s belonged to Ray job %s, which Ray's job table says %s; this job takes it "
+                    "over.", layout.run_key, earlier.job_id, "ended or does not know (a cluster restarted "
+                    "since, or not a job of this cluster)")  # fmt: skip
     _write(layout, replace(me, heartbeat_at=now()))
     sleep(SETTLE_SECONDS)
     after = read_owner(layout)
@@ -151,12 +156,6 @@ def _of_this_run(job_run: dict[str, str] | None, mine: dict[str, str]) -> bool:
     if len(named) < 2:
         return True
     return all(named[0][key] == named[1][key] for key in _RUN_IDENTITY)
-
-
-def _stale(beat: float, seen_at: float, now: float) -> bool:
-    """A heartbeat is stale when its own time is :data:`STALE_AFTER_SECONDS` old, or when it has not
-    moved for that long as this job watched it (the owner's clock may be behind or ahead of ours)."""
-    return now - beat >= STALE_AFTER_SECONDS or now - seen_at >= STALE_AFTER_SECONDS
 
 
 def confirm(layout: OutputLayout, me: Owner) -> None:
@@ -183,11 +182,19 @@ def release(layout: OutputLayout, me: Owner) -> None:
                     owner_uri(layout), exc_info=True)  # fmt: skip
 
 
-def _owned_message(layout: OutputLayout, owner: Owner, me: Owner) -> str:
+def _owned_message(
+    layout: OutputLayout, owner: Owner, me: Owner, alive: bool | None = True, beat_unmoved_s: float = 0.0
+) -> str:
     run = ", ".join(f"{key} {value}" for key, value in sorted(owner.run.items())) or "run not recorded"
+    state = (
+        "which is still running" if alive else
+        "which Ray cannot say has ended (its job table could not be read for "
+        f"{OWNER_END_WAIT_SECONDS:.0f} s; the job's heartbeat had not moved for {beat_unmoved_s:.0f} s as "
+        "this job watched, a hint only: a heartbeat is no proof that a job ended)"
+    )  # fmt: skip
     return (
         f"Staging of {layout.run_key} at {layout.output_uri} is being written by Ray job {owner.job_id} "
-        f"({run}), which is still running: Ray job {me.job_id} stops before it writes beside it. Two jobs "
+        f"({run}), {state}: Ray job {me.job_id} stops before it writes beside it. Two jobs "
         "of one run at once: a run deleted and triggered again while its job ran, or a cleared try whose "
         "job was not stopped. Stop that job (or let it finish), then retry."
     )
@@ -220,10 +227,17 @@ class Heartbeat:
                 log.warning("Could not renew the staging's heartbeat; trying again.", exc_info=True)
 
 
+class _JobTableUnreadable(RuntimeError):
+    """Ray's job table could not be read: whether a job lives is not known."""
+
+
 def _ray_job_info(job_id: str) -> dict[str, Any] | None:  # Any: Ray's JSON job record
     """The record Ray's job manager keeps of a submitted job in its GCS key-value store, or None when
-    it holds none (not a submitted job, say) or cannot be read. The key and namespace are Ray's own
-    (checked at the job's start: generate/ray_internals.py)."""
+    it holds none (not a job of this cluster, or one from before the cluster restarted). The key and
+    namespace are Ray's own (checked at the job's start: generate/ray_internals.py).
+
+    :raises _JobTableUnreadable: the store did not answer, or the record is not JSON.
+    """
     from ray._private.ray_constants import KV_NAMESPACE_JOB
     from ray.dashboard.modules.job.common import JobInfoStorageClient
     from ray.experimental import internal_kv
@@ -232,20 +246,31 @@ def _ray_job_info(job_id: str) -> dict[str, Any] | None:  # Any: Ray's JSON job 
         key = JobInfoStorageClient.JOB_DATA_KEY.format(job_id=job_id)
         raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE_JOB)
         return json.loads(raw) if raw else None
-    except Exception:  # noqa: BLE001 - Ray's record unreadable: it cannot say
-        return None
+    except Exception as err:  # noqa: BLE001 - whatever Ray raised, it cannot say
+        raise _JobTableUnreadable(str(err)) from err
 
 
 def ray_job_alive(job_id: str) -> bool | None:
-    """Whether the Ray job with this submission id still runs; None when Ray cannot say."""
-    status = (_ray_job_info(job_id) or {}).get("status")
+    """Whether the Ray job with this submission id still runs (:data:`JobAlive`): False when it ended or
+    Ray holds no record of it; None when Ray cannot say (its job table unreadable, a record without a
+    status)."""
+    try:
+        info = _ray_job_info(job_id)
+    except _JobTableUnreadable:
+        return None
+    if info is None:
+        return False
+    status = info.get("status")
     return None if status is None else status not in _ENDED
 
 
 def ray_job_run(job_id: str) -> dict[str, str] | None:
     """The Airflow run a Ray job was submitted for, from its metadata in Ray's job table (keys as in
-    :attr:`Owner.run`); None when Ray holds no record of the job."""
-    info = _ray_job_info(job_id)
+    :attr:`Owner.run`); None when Ray holds no record of the job or cannot say."""
+    try:
+        info = _ray_job_info(job_id)
+    except _JobTableUnreadable:
+        return None
     if info is None:
         return None
     metadata = info.get("metadata") or {}

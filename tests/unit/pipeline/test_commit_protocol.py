@@ -6,10 +6,12 @@ Each try is what ``run._run_owned`` does, through the pipeline's own staging cal
 (``ownership.claim``, ``commit.take_held``, ``commit.open_staging_parts``, ``PartWriter.write_part``,
 ``commit.write_version``, ``commit.hold`` / ``ownership.confirm`` + ``commit.publish``), with a stand-in
 for the engine (each row's output names the code that made it; every fifth id fails) and for Ray's job
-table (which jobs live). Input changes bump each file's modification time, as time passes between
-tries, but for one rule's: a file rewritten in place with as many bytes and its modification time set
-back (``rsync -t``, ``cp -p``). The input's digest is the real one (``prepared_cache.input_digest``),
-on real files. After every step:
+table (which jobs live; at times it cannot be read). Each try's driver runs on a node whose clock may be
+far behind or ahead of the others', and a live owner's heartbeat goes on as time passes: a try takes a
+run's staging only from a job the table says ended, never by a heartbeat's age. Input changes bump
+each file's modification time, as time passes between tries, but for one rule's: a file rewritten in
+place with as many bytes and its modification time set back (``rsync -t``, ``cp -p``). The input's
+digest is the real one (``prepared_cache.input_digest``), on real files. After every step:
 
 - a reader following ``manifest.json`` finds a whole version: its files hold exactly the rows its
   counts say;
@@ -76,6 +78,7 @@ class Try:
     rows: list[tuple[str, str]]  # (source, id) of every input row it read, in order
     todo: list[tuple[str, str]]  # those it has still to stage
     writer: PartWriter
+    clock_offset: float = 0.0  # how far its node's clock is from the true time
 
 
 class Crash(Exception):
@@ -84,12 +87,15 @@ class Crash(Exception):
 
 @dataclass
 class Clock:
-    """Time for ownership's waits: a sleep advances it."""
+    """Time for ownership's waits: a sleep advances it, and the live owners' heartbeats go on."""
 
     now: float = 1_000_000.0
+    on_sleep: Callable[[], None] | None = None
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep()
 
 
 class CommitProtocol(RuleBasedStateMachine):
@@ -103,8 +109,10 @@ class CommitProtocol(RuleBasedStateMachine):
         self.mtime = 1_700_000_000
         self.code = 0
         self.max_failed_fraction = 0.5
-        self.clock = Clock()
+        self.clock = Clock(on_sleep=self._beat)
         self.alive: dict[str, bool] = {}  # Ray's job table: job id -> still running
+        self.job_table_readable = True  # else Ray cannot say whether any job lives
+        self.node_clock = 0.0  # the offset of the clock on the node the next try's driver runs on
         self.tries: dict[str, Try] = {}
         self.jobs = 0
         self.committed_input_state: tuple | None = None
@@ -219,7 +227,25 @@ class CommitProtocol(RuleBasedStateMachine):
         )  # fmt: skip
 
     def _job_alive(self, job_id: str) -> bool | None:
-        return self.alive.get(job_id)
+        return self.alive.get(job_id, False) if self.job_table_readable else None
+
+    def _beat(self) -> None:
+        """Each live owner's driver renews its heartbeat, on its own node's clock, as time passes."""
+        for job in self.tries.values():
+            owner = ownership.read_owner(job.layout)
+            if self.alive.get(job.job_id) and owner is not None and owner.job_id == job.job_id:
+                ownership._write(job.layout, ownership.Owner(job.job_id, job.owner.run,
+                                                             self.clock.now + job.clock_offset))  # fmt: skip
+
+    @rule(readable=st.booleans())
+    def rays_job_table(self, readable: bool) -> None:
+        """Ray's job table cannot be read for a while (a head restarting), or can again."""
+        self.job_table_readable = readable
+
+    @rule(offset=st.sampled_from([-10_000.0, -121.0, 0.0, 121.0, 10_000.0]))
+    def a_nodes_clock_is_skewed(self, offset: float) -> None:
+        """The next try's driver runs on a node whose clock is behind or ahead of the others'."""
+        self.node_clock = offset
 
     @precondition(lambda self: bool(self.files))
     @rule()
@@ -235,17 +261,20 @@ class CommitProtocol(RuleBasedStateMachine):
         spec = self._spec(layout.run_key)
         digest = prepared_cache.input_digest(str(self.input), ["jsonl"])
         binding = RunBinding(spec=spec.fingerprint(), input=digest, code=str(self.code), model="m")
-        owner = ownership.Owner(job_id, {"run_id": layout.run_key}, self.clock.now)
+        offset = self.node_clock
+        owner = ownership.Owner(job_id, {"run_id": layout.run_key}, self.clock.now + offset)
+        live = [t for t, job in self.tries.items() if job.layout == layout and self.alive.get(t)]
         try:
             ownership.claim(
-                layout, owner, self._job_alive, now=lambda: self.clock.now, sleep=self.clock.sleep
+                layout, owner, self._job_alive, now=lambda: self.clock.now + offset, sleep=self.clock.sleep
             )
         except ownership.StagingOwnedError:
-            live = [t for t, job in self.tries.items() if job.layout == layout and self.alive.get(t)]
-            assert live, "refused though no other job lives"
-            event("a second live job of the run refused")
+            assert live or not self.job_table_readable, "refused though no other job lives"
+            event("a second live job of the run refused" if live else "refused while Ray could not say")
             self.alive[job_id] = False  # fails before writing anything
             return None
+        # Only a job Ray's job table says ended (or does not know) gives its staging up: no clock does.
+        assert not live, f"took live job {live}'s staging (job table readable: {self.job_table_readable})"
         held = commit.take_held(layout, spec, binding)
         if held is not None and not held.passes:
             event("a held run held again, generating nothing")
@@ -262,7 +291,8 @@ class CommitProtocol(RuleBasedStateMachine):
         todo = [row for row in rows if row[0] not in done]
         if len(todo) < len(rows):
             event("a try resumed staged rows")
-        job = Try(job_id, layout, owner, spec, binding, self.code, self._input_state(), rows, todo, writer)
+        job = Try(job_id, layout, owner, spec, binding, self.code, self._input_state(), rows, todo, writer,
+                  offset)  # fmt: skip
         self.tries[job_id] = job
         return job
 
