@@ -89,15 +89,16 @@ def failed_rows_verdict(
 ) -> str | None:
     """None when the run's failed rows are within the thresholds, else why not, in one message.
 
-    Failed rows are the error rows less the duplicate ids (``rows_duplicate``: their id has an
-    answer), and the share is of the distinct rows, ``rows_in`` less the same duplicates: a repeated
-    id is neither a failure nor a row of its own, so a run whose 100 rows are 50 repeats and whose
-    other 50 had 15 failures failed 15 of 50 (30%), not 15 of 100. The run fails when that share is
-    over ``max_failed_fraction``, when the failed rows are more than ``max_failed_rows`` (unless
-    None), and always when rows came in and none came out. An empty input (``rows_in == 0``)
-    passes. The message gives the counts (of distinct rows), the most common reasons and where the
-    committed outputs and errors are, e.g. ``2,400 of 3,000 rows failed (80.0%, duplicate ids not
-    counted), over max_failed_fraction=0.1. Most common reasons: 'missing id' 1,200; ...``.
+    Failed rows are the error rows less the duplicate ids (``rows_duplicate``: the rows whose id another
+    row has too, less one per id, whichever of them failed and why), and the share is of the distinct
+    rows, ``rows_in`` less the same duplicates: a repeated id is neither a failure nor a row of its own,
+    and an id fails only when none of its rows has an answer, so a run whose 100 rows are 50 repeats and
+    whose other 50 had 15 failures failed 15 of 50 (30%), not 15 of 100. The run fails when that share
+    is over ``max_failed_fraction``, when the failed rows are more than ``max_failed_rows`` (unless
+    None), and always when rows came in and none came out. An empty input (``rows_in == 0``) passes. The
+    message gives the counts (of distinct rows), the most common reasons and where the committed outputs
+    and errors are, e.g. ``2,400 of 3,000 rows failed (80.0%, duplicate ids not counted), over
+    max_failed_fraction=0.1. Most common reasons: 'missing id' 1,200; ...``.
     """
     rows_in, rows_out = int(manifest.get("rows_in") or 0), int(manifest.get("rows_out") or 0)
     if rows_in <= 0:

@@ -381,11 +381,11 @@ class BatchInferenceSpec(BaseModel):
         ge=0,
         le=1,
         description="Fail the task when more than this share of the distinct rows failed: error rows less "
-        "duplicate ids over rows in less duplicate ids (a repeated id, whose first row has the answer, is "
-        "neither a failure nor a row of its own). Such a run is held, not committed: what was current "
-        "stays so, and its outputs and errors are kept for a look; the task fails with the counts and the "
-        "most common reasons. A run whose every row failed always fails. 1.0: never fail for failed rows "
-        "(except all of them).",
+        "duplicate ids over rows in less duplicate ids (an id counts once: its repeats, and its rows that "
+        "failed when another of its rows has the answer, are neither failures nor rows of their own). Such "
+        "a run is held, not committed: what was current stays so, and its outputs and errors are kept for "
+        "a look; the task fails with the counts and the most common reasons. A run whose every row failed "
+        "always fails. 1.0: never fail for failed rows (except all of them).",
     )
     max_failed_rows: NonNegativeInt | None = Field(
         default=None,

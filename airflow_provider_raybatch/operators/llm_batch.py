@@ -115,8 +115,8 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
     (the run's counts, as a dict) and ``job_id``.
 
     :param max_failed_fraction: Fail the task (``RayBatchRowsFailedError``) when more than this share of
-        the distinct rows failed: error rows less duplicate ids over rows in less duplicate ids (a
-        repeated id is neither a failure nor a row of its own). Default 0.1. Such a run commits nothing: the
+        the distinct rows failed: error rows less duplicate ids over rows in less duplicate ids (an id
+        counts once, whichever of its rows failed). Default 0.1. Such a run commits nothing: the
         output's current version stays, the run's outputs, errors and report are kept for a look, and
         the ``manifest`` XCom says where; no output Asset event is emitted. A retry with looser
         thresholds (nothing else changed) commits those rows without generating them again; any

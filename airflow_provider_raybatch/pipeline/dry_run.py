@@ -33,7 +33,6 @@ import pyarrow.compute as pc
 
 from airflow_provider_raybatch.manifest import (
     DRY_RUN_STATUS,
-    DUPLICATE_ID_REASON,
     MANIFEST_FILE_NAME,
     dry_run_uri,
 )
@@ -252,12 +251,17 @@ def run_dry(
     spec: BatchInferenceSpec,
     prepared: Dataset,
     rows_in: int,
+    rows_repeated: int,
     model_source: str,
     started_at: datetime,
     job_id: str | None,
     versions: dict[str, str] | None = None,
 ) -> dict[str, Any]:  # Any: JSON manifest.
-    """Count, render and tokenize the prepared (validated, deduped) rows; write and return the manifest."""
+    """Count, render and tokenize the prepared (validated, deduped) rows; write and return the manifest.
+
+    :param rows_repeated: the rows whose id another row has too, less one per id (the manifest's
+        ``rows_duplicate``: :func:`.read.dedupe.find_first_sources`).
+    """
     import ray
 
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -292,7 +296,7 @@ def run_dry(
         "rows_in": rows_in,
         "rows_out": total.rows,  # rows that would reach the engine with a prompt it takes
         "rows_failed": rows_failed,
-        "rows_duplicate": total.reasons.get(DUPLICATE_ID_REASON, 0),
+        "rows_duplicate": rows_repeated,
         "errors_by_reason": dict(sorted(total.reasons.items())),
         "prompt_tokens": total.tokens,
         "prompt_tokens_longest": total.longest,

@@ -256,26 +256,40 @@ def source_order(source: str) -> tuple[str, int]:
 
 def first_sources_of_duplicates(
     rows: Iterable[tuple[str, str, str | None]],
-) -> tuple[dict[str, str], int]:
+) -> tuple[dict[str, str], int, int]:
     """For each id that occurs more than once among good rows: the source of its first occurrence
-    (in file order); and the number of rows that already carry an error.
+    (in file order); the number of rows that already carry an error; and the number of rows whose id
+    another row has too, good or not, less one per id (``rows_in`` less the distinct rows: what
+    ``rows_duplicate`` counts, so a repeated id is never a failure of its own, whichever of its rows
+    failed and why).
+
+    A row in error whose id is its own source (no id column, a missing id, a line that is no row) has
+    no id of its own: it is a distinct row, never matched with a row whose id reads the same.
 
     :param rows: each prepared row's ``(id, source, error)``.
     """
     first: dict[str, str] = {}
     repeated: set[str] = set()
-    errors = 0
+    failed_ids: set[str] = set()  # ids of rows in error that no good row had when they were read
+    errors = repeats = 0
     for row_id_, source, error in rows:
         if error is not None:
             errors += 1
+            if row_id_ != source:
+                if row_id_ in first or row_id_ in failed_ids:
+                    repeats += 1
+                else:
+                    failed_ids.add(row_id_)
             continue
         if row_id_ in first:
+            repeats += 1
             repeated.add(row_id_)
             if source_order(source) < source_order(first[row_id_]):
                 first[row_id_] = source
         else:
+            repeats += row_id_ in failed_ids
             first[row_id_] = source
-    return {row_id_: first[row_id_] for row_id_ in repeated}, errors
+    return {row_id_: first[row_id_] for row_id_ in repeated}, errors, repeats
 
 
 def engine_request(

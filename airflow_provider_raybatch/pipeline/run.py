@@ -111,14 +111,14 @@ def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
     """Every input row read and prepared (materialized) and, where its id repeats, marked a duplicate."""
     prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
-    first_sources, errors = dedupe.find_first_sources(prepared, rows_in)
+    first_sources, errors, rows_repeated = dedupe.find_first_sources(prepared, rows_in)
     repeated_ids = first_sources.num_rows
     if repeated_ids:
         # Not materialized: each later pass marks its batches again (vectorized, seconds at 20M rows),
         # where a materialized copy would hold every prepared row twice (20M rows on a 2-core machine
         # filled the object store and its spill disk).
         prepared = dedupe.mark_duplicates(prepared, first_sources)
-    return PreparedRows(prepared, rows_in, errors, repeated_ids)
+    return PreparedRows(prepared, rows_in, errors, repeated_ids, rows_repeated)
 
 
 def _input_digest(spec: BatchInferenceSpec) -> str:
@@ -421,7 +421,7 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     if spec.dry_run:  # everything but the engine; commits nothing (pipeline/dry_run.py)
         dry = _prepared_rows(spec)
-        manifest = dry_run.run_dry(spec, dry.rows, dry.rows_in, model_source, started_at,
+        manifest = dry_run.run_dry(spec, dry.rows, dry.rows_in, dry.rows_repeated, model_source, started_at,
                                    _ray_submission_id(), _versions())  # fmt: skip
         print(manifest_log_line(manifest), flush=True)
         return manifest
@@ -551,6 +551,7 @@ def _run_owned(
         timings=timings(),  # for the report: every phase but the commit itself
         engine_pool=pool_used,
         held_try=held_try,
+        rows_duplicate=kept.rows_repeated,  # each id counted once, whichever of its rows failed
     )
     commit.seal(layout, committed)  # no part may land in the version after its listing
     marks.mark("committed")
@@ -569,7 +570,7 @@ def _run_owned(
         "rows_in": rows_in,
         "rows_out": committed.rows_out,
         "rows_failed": committed.rows_failed,
-        "rows_duplicate": committed.errors_by_reason.get("duplicate id", 0),
+        "rows_duplicate": committed.rows_duplicate,
         "rows_resumed": len(done_sources),
         # whether this try took its prepared rows from an earlier try's staging (prepared_cache.py)
         "prepared_rows_reused": kept.reused,

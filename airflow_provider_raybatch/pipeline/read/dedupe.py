@@ -11,7 +11,8 @@ is deserialized per row:
   ``groupby().aggregate()`` is the fallback under a sort shuffle; on Ray 2.57 it aggregates every id
   in Python: 92 s for 1M ids on 2 cores, against 9.4 s partitioned.) Either way the result is the
   first source of each repeated id, in file order, and the workers mark the later copies with one
-  broadcast table of those ids.
+  broadcast table of those ids. The same pass counts the rows whose id another row has too, rows in
+  error included (``rows_duplicate``: the failed-rows thresholds count each id once).
 - **Rows staged by an earlier try.** Their sources go to the object store once, as one Arrow array,
   and each worker filters whole batches against it (``pyarrow.compute.is_in``), instead of fetching
   and unpickling the whole set once per row.
@@ -39,6 +40,9 @@ DRIVER_SCAN_MAX_ROWS_ENV = "RAYBATCH_DRIVER_SCAN_MAX_ROWS"
 DRIVER_SCAN_MAX_ROWS_LIMIT = 10_000_000
 #: Columns of the table of repeated ids: the id and the source of its first row in file order.
 FIRST_SOURCES_SCHEMA = pa.schema([("id", pa.string()), ("first_source", pa.string())])
+#: What a partition's grouping gives: its repeated ids, then one row (no id) with the rows of it whose
+#: id another row has too (:func:`_repeated_ids`).
+_GROUPED_SCHEMA = FIRST_SOURCES_SCHEMA.append(pa.field("rows_repeated", pa.int64()))
 #: Ids per hash partition when the cluster finds duplicates (~60 MB of keys), and the most partitions.
 ROWS_PER_PARTITION = 250_000
 MAX_PARTITIONS = 2_000
@@ -48,8 +52,9 @@ _ORDER_SEPARATOR = "\x00"  # never in a file path, so the order keys sort by fil
 
 def find_first_sources(
     prepared: Dataset, rows_in: int, driver_scan_max_rows: int | None = None
-) -> tuple[pa.Table, int]:
-    """The repeated ids among good rows with the first source of each, and the rows already in error.
+) -> tuple[pa.Table, int, int]:
+    """The repeated ids among good rows with the first source of each, the rows already in error, and
+    the rows whose id another row has too, less one per id (:func:`.row_steps.first_sources_of_duplicates`).
 
     :param prepared: the materialized prepared rows (``id``, ``source``, ``error`` columns).
     :param rows_in: how many they are (chooses the driver scan or the cluster's shuffle).
@@ -60,8 +65,8 @@ def find_first_sources(
     if driver_scan_max_rows is None:
         driver_scan_max_rows = configured_driver_scan_max_rows()
     if rows_in <= driver_scan_max_rows:
-        first_sources, errors = _scan_in_driver(prepared)
-        return first_sources_table(first_sources), errors
+        first_sources, errors, repeats = _scan_in_driver(prepared)
+        return first_sources_table(first_sources), errors, repeats
     return _group_on_cluster(prepared)
 
 
@@ -78,7 +83,7 @@ def first_sources_table(first_sources: dict[str, str]) -> pa.Table:
     return pa.table(columns, schema=FIRST_SOURCES_SCHEMA)
 
 
-def _scan_in_driver(prepared: Dataset) -> tuple[dict[str, str], int]:
+def _scan_in_driver(prepared: Dataset) -> tuple[dict[str, str], int, int]:
     columns = prepared.select_columns(["id", "source", "error"])
     batches = columns.iter_batches(batch_format="pyarrow", batch_size=65536)
     names = ("id", "source", "error")
@@ -89,23 +94,26 @@ def _scan_in_driver(prepared: Dataset) -> tuple[dict[str, str], int]:
     )
 
 
-def _group_on_cluster(prepared: Dataset) -> tuple[pa.Table, int]:
-    keys = prepared.map_batches(_order_keys_of_good_rows, batch_format="pyarrow").materialize()
-    good = keys.count()
-    errors = prepared.count() - good
+def _group_on_cluster(prepared: Dataset) -> tuple[pa.Table, int, int]:
+    keys = prepared.map_batches(_order_keys, batch_format="pyarrow").materialize()
+    errors = prepared.count() - int(keys.sum("good") or 0)
     if _hash_shuffle_is_on():
         # Rows of one id land in one block (the hash shuffle never splits its output blocks), and
         # pyarrow groups each block in C++: no step runs per id in Python, on any Ray version.
-        by_id = keys.repartition(num_blocks=shuffle_partitions(good), keys=["id"])
+        by_id = keys.repartition(num_blocks=shuffle_partitions(keys.count()), keys=["id"])
         repeated = by_id.map_batches(repeated_ids_in_partition, batch_format="pyarrow", batch_size=None)
     else:  # a sort-based shuffle, which a job may choose, cannot partition by key: Ray Data's groupby
-        from ray.data.aggregate import Count, Min
+        from ray.data.aggregate import Count, Min, Sum
 
-        grouped = keys.groupby("id").aggregate(Count(alias_name="copies"), Min("order", alias_name="first"))
+        grouped = keys.groupby("id").aggregate(
+            Count(alias_name="copies"), Sum("good", alias_name="good"), Min("order", alias_name="first")
+        )
         repeated = grouped.map_batches(_repeated_ids, batch_format="pyarrow")
     tables = list(repeated.iter_batches(batch_format="pyarrow", batch_size=None))  # the repeated ids only
-    table = pa.concat_tables(tables) if tables else FIRST_SOURCES_SCHEMA.empty_table()
-    return table.cast(FIRST_SOURCES_SCHEMA), errors
+    table = pa.concat_tables([_GROUPED_SCHEMA.empty_table(), *(t.cast(_GROUPED_SCHEMA) for t in tables)])
+    repeats = int(pc.sum(table.filter(pc.is_null(table["id"]))["rows_repeated"]).as_py() or 0)
+    first_sources = table.filter(pc.is_valid(table["id"])).select(FIRST_SOURCES_SCHEMA.names)
+    return first_sources.cast(FIRST_SOURCES_SCHEMA), errors, repeats
 
 
 def shuffle_partitions(rows: int) -> int:
@@ -130,26 +138,46 @@ def is_hash_shuffle(strategy: Any) -> bool:  # Any: a ShuffleStrategy, or the st
 
 
 def repeated_ids_in_partition(partition: pa.Table) -> pa.Table:
-    """The repeated ids of one hash partition (all the copies of an id are in it), with their first source."""
-    grouped = partition.group_by("id").aggregate([("id", "count"), ("order", "min")])
-    named = {"id": grouped["id"], "copies": grouped["id_count"], "first": grouped["order_min"]}
+    """The repeated ids of one hash partition (all the copies of an id are in it), with their first
+    source, and the count of its rows whose id another row has too (:func:`_repeated_ids`)."""
+    grouped = partition.group_by("id").aggregate([("id", "count"), ("good", "sum"), ("order", "min")])
+    named = {"id": grouped["id"], "copies": grouped["id_count"], "good": grouped["good_sum"],
+             "first": grouped["order_min"]}  # fmt: skip
     return _repeated_ids(pa.table(named))
 
 
-def _order_keys_of_good_rows(batch: pa.Table) -> pa.Table:
-    """Good rows' ids with a key that sorts like :func:`.row_steps.source_order` and ends in the source."""
-    good = batch.filter(pc.is_null(batch["error"]))
-    parts = pc.extract_regex(good["source"], _SOURCE)
+def _order_keys(batch: pa.Table) -> pa.Table:
+    """Each row's id, whether it is good, and for a good row a key that sorts like
+    :func:`.row_steps.source_order` and ends in the source. A row in error whose id is its own source
+    has no id of its own (:func:`.row_steps.first_sources_of_duplicates`): it is left out."""
+    source = pc.cast(batch["source"], pa.string())
+    row_id = pc.cast(batch["id"], pa.string())
+    good = pc.is_null(batch["error"])
+    rows = batch.filter(pc.or_(good, pc.not_equal(row_id, source)))
+    good, source = pc.is_null(rows["error"]), pc.cast(rows["source"], pa.string())
+    parts = pc.extract_regex(source, _SOURCE)
     name = pc.fill_null(pc.struct_field(parts, "name"), "")
     line = pc.fill_null(pc.utf8_lpad(pc.struct_field(parts, "line"), 20, "0"), "0" * 20)
-    order = pc.binary_join_element_wise(name, line, pc.cast(good["source"], pa.string()), _ORDER_SEPARATOR)
-    return pa.table({"id": pc.cast(good["id"], pa.string()), "order": order})
+    order = pc.binary_join_element_wise(name, line, source, _ORDER_SEPARATOR)
+    return pa.table({
+        "id": pc.cast(rows["id"], pa.string()),
+        "order": pc.if_else(good, order, pa.scalar(None, pa.string())),  # a row in error is no first
+        "good": pc.cast(good, pa.int64()),
+    })  # fmt: skip
 
 
 def _repeated_ids(batch: pa.Table) -> pa.Table:
-    repeated = batch.filter(pc.greater(batch["copies"], 1))
+    """From ids grouped with their ``copies`` (every row), ``good`` copies and ``first`` good row's order
+    key: each id with more than one good row and the source of its first, then one row with no id
+    holding how many rows repeat an id (each id's copies less one)."""
+    repeated = batch.filter(pc.greater(batch["good"], 1))
     first = pc.list_element(pc.split_pattern(repeated["first"], _ORDER_SEPARATOR, max_splits=2), 2)
-    return pa.table({"id": repeated["id"], "first_source": first}, schema=FIRST_SOURCES_SCHEMA)
+    repeats = int(pc.sum(pc.subtract(batch["copies"], 1)).as_py() or 0) if batch.num_rows else 0
+    ids = pa.table({"id": repeated["id"], "first_source": first,
+                    "rows_repeated": pa.array([0] * repeated.num_rows, pa.int64())})  # fmt: skip
+    count = pa.table({"id": [None], "first_source": [None], "rows_repeated": [repeats]},
+                     schema=_GROUPED_SCHEMA)  # fmt: skip
+    return pa.concat_tables([ids.cast(_GROUPED_SCHEMA), count])
 
 
 def mark_duplicates(prepared: Dataset, first_sources: pa.Table) -> Dataset:

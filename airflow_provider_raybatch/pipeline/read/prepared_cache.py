@@ -53,7 +53,7 @@ KEEP_MIN_ROWS_ENV = "RAYBATCH_KEEP_PREPARED_MIN_ROWS"
 CACHE_FOLDER = "prepared"
 CACHE_RECORD = "prepared.json"
 _RECORD_FORMAT = 1
-_COUNT_KEYS = ("rows_in", "errors", "repeated_ids")
+_COUNT_KEYS = ("rows_in", "errors", "repeated_ids", "rows_repeated")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class PreparedRows:
     :param rows_in: how many rows the input had.
     :param errors: how many rows were in error before the duplicate scan.
     :param repeated_ids: how many ids appear more than once among good rows.
+    :param rows_repeated: how many rows have an id another row has too, good or not, less one per id
+        (``rows_in`` less the distinct rows: the manifest's ``rows_duplicate``).
     :param reused: whether these rows were read from an earlier try's cache instead of the input.
     """
 
@@ -72,6 +74,7 @@ class PreparedRows:
     rows_in: int
     errors: int
     repeated_ids: int
+    rows_repeated: int
     reused: bool = False
 
 
@@ -115,7 +118,14 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
         log.warning("Ignoring the prepared rows an earlier try kept at %s: %d rows, %s says %d.",
                     folder, cached_rows, CACHE_RECORD, counts["rows_in"])  # fmt: skip
         return None
-    return PreparedRows(rows, counts["rows_in"], counts["errors"], counts["repeated_ids"], reused=True)
+    return PreparedRows(
+        rows,
+        counts["rows_in"],
+        counts["errors"],
+        counts["repeated_ids"],
+        counts["rows_repeated"],
+        reused=True,
+    )
 
 
 def _checked_files(filesystem: Any, path: str) -> list[str]:  # Any: pyarrow.fs.FileSystem.
@@ -178,6 +188,7 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:
             "rows_in": prepared.rows_in,
             "errors": prepared.errors,
             "repeated_ids": prepared.repeated_ids,
+            "rows_repeated": prepared.rows_repeated,
         }
         storage.write_text(record_uri, json.dumps(record))
     except Exception as err:  # noqa: BLE001 - only a retry's speed depends on it

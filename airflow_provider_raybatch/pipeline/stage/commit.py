@@ -289,6 +289,9 @@ class CommittedRun:
     errors_uri: str
     rows_out: int = 0
     rows_failed: int = 0
+    #: Error rows whose id another row has too, less one per id: neither failures nor rows of their own
+    #: for the failed-rows thresholds (``manifest.failed_rows_verdict``).
+    rows_duplicate: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
     errors_by_reason: dict[str, int] = field(default_factory=dict)
@@ -321,6 +324,7 @@ def write_version(
     timings: Mapping[str, Any] | None = None,  # Any: JSON values
     engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
     held_try: Mapping[str, Any] | None = None,  # Any: JSON values
+    rows_duplicate: int | None = None,
 ) -> CommittedRun:
     """Make the staged parts a version (invisible until :func:`publish`) and write its run report there.
 
@@ -340,6 +344,10 @@ def write_version(
         shown in the report.
     :param held_try: the earlier try whose held rows this run commits (:func:`held_try`): what
         generating them took, shown in the report.
+    :param rows_duplicate: the input's rows whose id another row has too, good or not, less one per id
+        (``rows_in`` less the distinct rows, counted as the rows were read:
+        :func:`..read.dedupe.find_first_sources`); unset: the ``duplicate id`` errors, which leave out
+        the failed rows of an id that another row has.
     """
     data_uri = staged_data_uri(layout)
     if data_uri == layout.staging_uri:
@@ -373,8 +381,9 @@ def write_version(
             "nothing committed."
         )
     run.errors_by_reason = dict(sorted(reasons.items()))
+    run.rows_duplicate = reasons.get(DUPLICATE_ID_REASON, 0) if rows_duplicate is None else rows_duplicate
     counts = {"rows_in": rows_in, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
-              "rows_duplicate": reasons.get(DUPLICATE_ID_REASON, 0), "errors_by_reason": run.errors_by_reason,
+              "rows_duplicate": run.rows_duplicate, "errors_by_reason": run.errors_by_reason,
               "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri,
               "id_column": spec.id_column}  # fmt: skip
     if failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows) is not None:
@@ -433,7 +442,7 @@ def _render_report(
             "rows_in": rows_in,
             "rows_out": run.rows_out,
             "rows_failed": run.rows_failed,
-            "rows_duplicate": run.errors_by_reason.get(DUPLICATE_ID_REASON, 0),
+            "rows_duplicate": run.rows_duplicate,
             "rows_resumed": rows_resumed,
             "tokens_in": run.tokens_in,
             "tokens_out": run.tokens_out,

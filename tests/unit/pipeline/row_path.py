@@ -112,7 +112,8 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
         )
     prepared = _through_arrow([row_steps.prepare_row(record, spec) for record in records])
     rows_in = len(prepared)
-    first, _ = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in prepared)
+    triples = ((r["id"], r["source"], r["error"]) for r in prepared)
+    first, _, rows_repeated = row_steps.first_sources_of_duplicates(triples)
     prepared = dedupe.mark_duplicates_in_batch(
         pa.Table.from_pylist(prepared), dedupe.first_sources_table(first)
     ).to_pylist()
@@ -145,12 +146,13 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     for start in range(0, len(finished), _STAGE_ROWS):
         row_steps.stage_engine_rows(finished[start : start + _STAGE_ROWS], spec, parts)
 
-    committed = commit.write_version(layout, spec, rows_in, rewriter=parts)
+    committed = commit.write_version(layout, spec, rows_in, rewriter=parts, rows_duplicate=rows_repeated)
     manifest = {
         "version": committed.version,
         "rows_in": rows_in,
         "rows_out": committed.rows_out,
         "rows_failed": committed.rows_failed,
+        "rows_duplicate": committed.rows_duplicate,
         "tokens_in": committed.tokens_in,
         "tokens_out": committed.tokens_out,
         "errors_by_reason": committed.errors_by_reason,

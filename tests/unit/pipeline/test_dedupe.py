@@ -21,7 +21,7 @@ PREPARED_SCHEMA = pa.schema([(name, pa.string()) for name in ("id", "source", "e
 
 def _reference_marks(rows: list[dict]) -> list[str | None]:
     """The row-by-row rule the pipeline had before: each later copy of a good row's id is an error."""
-    first, _ = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
+    first, _, _ = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
     marked = []
     for row in rows:
         source = first.get(row["id"])
@@ -30,20 +30,42 @@ def _reference_marks(rows: list[dict]) -> list[str | None]:
     return marked
 
 
+def _reference_rows_repeated(rows: list[dict]) -> int:
+    """``rows_in`` less the distinct rows: rows of one id count once, good or failed; a row in error
+    whose id is its own source (it has none) is a row apart, whatever id another row has."""
+    keys = [("row", r["source"]) if r["error"] is not None and r["id"] == r["source"] else ("id", r["id"])
+            for r in rows]  # fmt: skip
+    return len(keys) - len(set(keys))
+
+
 def _grouped_in_arrow(table: pa.Table) -> pa.Table:
-    """What Ray Data's groupby().aggregate(Count, Min) computes, done by pyarrow on one table."""
-    keys = dedupe._order_keys_of_good_rows(table)
-    grouped = keys.group_by("id").aggregate([("id", "count"), ("order", "min")])
-    grouped = grouped.rename_columns({"id_count": "copies", "order_min": "first", "id": "id"})
+    """What Ray Data's groupby().aggregate(Count, Sum, Min) computes, done by pyarrow on one table."""
+    keys = dedupe._order_keys(table)
+    grouped = keys.group_by("id").aggregate([("id", "count"), ("good", "sum"), ("order", "min")])
+    grouped = grouped.rename_columns(
+        {"id_count": "copies", "good_sum": "good", "order_min": "first", "id": "id"}
+    )
     return dedupe._repeated_ids(grouped)
 
 
+def _split(grouped: pa.Table) -> tuple[pa.Table, int]:
+    """A grouping's repeated ids (its first sources) and its count of rows that repeat an id."""
+    ids = grouped.filter(pa.compute.is_valid(grouped["id"])).select(["id", "first_source"])
+    return ids, sum(grouped.filter(pa.compute.is_null(grouped["id"]))["rows_repeated"].to_pylist())
+
+
 if st is not None:
-    _ids = st.sampled_from(["a", "b", "c", "d'quote", "é", "10", "1"])
+    # "x.csv:1": an id that reads as another row's source (an id-less row's is its source)
+    _ids = st.sampled_from(["a", "b", "c", "d'quote", "é", "10", "1", "x.csv:1"])
+    _errors = st.one_of(st.none(), st.just("malformed JSON: line 3"), st.just("missing id"))
     _row = st.tuples(_ids, st.sampled_from(["x.csv", "dir/y.jsonl", "z:odd.jsonl"]), st.integers(1, 2000),
-                     st.one_of(st.none(), st.just("malformed JSON: line 3")))  # fmt: skip
+                     _errors)  # fmt: skip
+    # A "missing id" row (and a line that is no row) is named by its source, as prepare_row names it.
     _rows = st.lists(_row, max_size=60, unique_by=lambda r: (r[1], r[2])).map(
-        lambda rows: [{"id": i, "source": f"{f}:{n}", "error": e, "row": "{}"} for i, f, n, e in rows]
+        lambda rows: [
+            {"id": f"{f}:{n}" if e == "missing id" else i, "source": f"{f}:{n}", "error": e, "row": "{}"}
+            for i, f, n, e in rows
+        ]  # fmt: skip
     )
 else:
     _rows = None
@@ -66,12 +88,18 @@ if st is not None:
         """Any split into batches, either way of finding the first sources: the same errors, row by row."""
         expected = _reference_marks(rows)
         table = pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA)
-        first, errors = row_steps.first_sources_of_duplicates(
+        first, errors, repeats = row_steps.first_sources_of_duplicates(
             (r["id"], r["source"], r["error"]) for r in rows
         )
         assert errors == sum(r["error"] is not None for r in rows)
-        partitioned = dedupe.repeated_ids_in_partition(dedupe._order_keys_of_good_rows(table))
-        for first_sources in (dedupe.first_sources_table(first), _grouped_in_arrow(table), partitioned):
+        assert repeats == _reference_rows_repeated(rows)
+        partitioned = dedupe.repeated_ids_in_partition(dedupe._order_keys(table))
+        for grouped in (_grouped_in_arrow(table), partitioned):
+            assert _split(grouped)[1] == repeats
+        for first_sources in (
+            dedupe.first_sources_table(first),
+            *(_split(g)[0] for g in (_grouped_in_arrow(table), partitioned)),
+        ):
             assert dict(zip(*first_sources.to_pydict().values(), strict=True)) == first
             marked = []
             for start in range(0, max(len(rows), 1), batch_rows):
@@ -149,17 +177,17 @@ sort_shuffle = ray.data.context.ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
 for name, limit in (("driver", 10**9), ("cluster", 0), ("cluster_sort_shuffle", 0)):
     if name == "cluster_sort_shuffle":  # a job that chose a sort shuffle takes Ray Data's groupby
         ray.data.DataContext.get_current().shuffle_strategy = sort_shuffle
-    first, errors = dedupe.find_first_sources(prepared, len(rows), driver_scan_max_rows=limit)
+    first, errors, repeats = dedupe.find_first_sources(prepared, len(rows), driver_scan_max_rows=limit)
     marked = dedupe.mark_duplicates(prepared, first)
     staged = [r["source"] for r in rows[:2000]]
     todo = dedupe.drop_staged(marked, staged)
-    results[name] = {"first": dict(zip(*first.to_pydict().values())), "errors": errors,
+    results[name] = {"first": dict(zip(*first.to_pydict().values())), "errors": errors, "repeats": repeats,
                      "marked": sorted((r["source"], r["error"]) for r in marked.take_all()),
                      "todo": sorted(r["source"] for r in todo.take_all())}
 triples = ((r["id"], r["source"], r["error"]) for r in rows)
-reference, ref_errors = row_steps.first_sources_of_duplicates(triples)
-print(json.dumps({"results": results, "reference": reference, "ref_errors": ref_errors,
-                  "sources": sorted(r["source"] for r in rows), "staged": staged}))
+reference, ref_errors, ref_repeats = row_steps.first_sources_of_duplicates(triples)
+print(json.dumps({"results": results, "reference": reference, "ref_errors": ref_errors, "staged": staged,
+                  "ref_repeats": ref_repeats, "sources": sorted(r["source"] for r in rows)}))
 """
 
 
@@ -174,6 +202,7 @@ def test_the_driver_scan_and_the_cluster_shuffle_find_the_same_duplicates_on_ray
     for result in (driver, cluster, out["results"]["cluster_sort_shuffle"]):
         assert result["first"] == out["reference"]
         assert result["errors"] == out["ref_errors"]
+        assert result["repeats"] == out["ref_repeats"] > 1500  # ids of failed rows repeat too
         assert result["todo"] == sorted(set(out["sources"]) - set(out["staged"]))
     assert driver["marked"] == cluster["marked"] == out["results"]["cluster_sort_shuffle"]["marked"]
     reasons = [error for _, error in driver["marked"] if error and error.startswith("duplicate id")]

@@ -17,11 +17,23 @@ from airflow_provider_raybatch.pipeline.read import prepared_cache
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 DIGEST = "a" * 64
-GOOD = {"format": 1, "input_digest": DIGEST, "rows_in": 10, "errors": 2, "repeated_ids": 1}
+GOOD = {
+    "format": 1,
+    "input_digest": DIGEST,
+    "rows_in": 10,
+    "errors": 2,
+    "repeated_ids": 1,
+    "rows_repeated": 3,
+}
 
 
 def test_a_complete_record_for_this_input_gives_its_counts() -> None:
-    assert prepared_cache._counts(GOOD, DIGEST) == {"rows_in": 10, "errors": 2, "repeated_ids": 1}
+    assert prepared_cache._counts(GOOD, DIGEST) == {
+        "rows_in": 10,
+        "errors": 2,
+        "repeated_ids": 1,
+        "rows_repeated": 3,
+    }
 
 
 @pytest.mark.parametrize(
@@ -30,6 +42,7 @@ def test_a_complete_record_for_this_input_gives_its_counts() -> None:
         {**GOOD, "input_digest": "b" * 64},  # another input
         {**GOOD, "format": 2},  # a later layout
         {key: value for key, value in GOOD.items() if key != "errors"},
+        {key: value for key, value in GOOD.items() if key != "rows_repeated"},  # an older provider's
         {**GOOD, "rows_in": -1},
         {**GOOD, "rows_in": True},  # JSON true is not a count
         {**GOOD, "rows_in": 10.0},
@@ -205,13 +218,14 @@ def read(digest):
     if kept is None:
         return None
     return {"rows": sorted(kept.rows.take_all(), key=lambda r: r["source"]), "rows_in": kept.rows_in,
-            "errors": kept.errors, "repeated_ids": kept.repeated_ids, "reused": kept.reused}
+            "errors": kept.errors, "repeated_ids": kept.repeated_ids, "rows_repeated": kept.rows_repeated,
+            "reused": kept.reused}
 out["before_any_write"] = read("d1")
 # A try that died while writing left Parquet files and no record; a stale file of another input too.
 os.makedirs(f"{staging}/prepared")
 pq.write_table(pa.Table.from_pylist([row(999)]), f"{staging}/prepared/stale.parquet")
 out["torn"] = read("d1")
-prepared_cache.write(staging, PreparedRows(dataset, len(written), 20, 3), "d1")
+prepared_cache.write(staging, PreparedRows(dataset, len(written), 20, 3, 5), "d1")
 out["kept"] = read("d1")
 out["other_input"] = read("d2")
 record = json.load(open(f"{staging}/prepared.json"))
@@ -219,7 +233,7 @@ json.dump({**record, "rows_in": 71}, open(f"{staging}/prepared.json", "w"))
 out["count_mismatch"] = read("d1")
 open(f"{staging}/prepared.json", "w").write("{not json")
 out["unreadable"] = read("d1")
-prepared_cache.write(staging, PreparedRows(dataset.limit(0).materialize(), 0, 0, 0), "d3")
+prepared_cache.write(staging, PreparedRows(dataset.limit(0).materialize(), 0, 0, 0, 0), "d3")
 out["empty"] = read("d3")
 out["written"] = sorted(written, key=lambda r: r["source"])
 print(json.dumps(out))
@@ -235,7 +249,8 @@ def test_kept_rows_are_read_back_as_written_and_never_from_a_torn_or_stale_cache
     assert out["torn"] is None, "Parquet files without prepared.json were taken"
     kept = out["kept"]
     assert kept["rows"] == out["written"]  # the stale file is gone; every value, nulls included
-    assert (kept["rows_in"], kept["errors"], kept["repeated_ids"], kept["reused"]) == (70, 20, 3, True)
+    counts = (kept["rows_in"], kept["errors"], kept["repeated_ids"], kept["rows_repeated"], kept["reused"])
+    assert counts == (70, 20, 3, 5, True)
     assert out["other_input"] is None
     assert out["count_mismatch"] is None
     assert out["unreadable"] is None

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_raybatch.manifest import failed_rows
 from airflow_provider_raybatch.pipeline import row_steps
 from airflow_provider_raybatch.pipeline.read import rows as rows_module
 from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -340,6 +341,29 @@ def test_a_run_over_its_failed_share_is_committed_with_the_reason(tmp_path: Path
     assert "'empty prompt' 2" in result.manifest["failed_rows_message"]
 
 
+@pytest.mark.parametrize("fraction", [0.2, 0.19])
+def test_failed_rows_and_the_share_count_each_id_once_whichever_of_its_rows_failed(
+    tmp_path: Path, fraction: float
+) -> None:
+    """Ten ids. Two fail before the engine (an empty prompt) in each of their three rows; a third has a
+    bad row and then a good one, which runs. Two of ten ids failed: 20%, not 6 of 14 rows (43%), nor
+    the bad row of the id that has its answer."""
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="id", max_failed_fraction=fraction)
+    rows = [{"id": "a", "q": ""}, {"id": "b", "q": ""}] * 3 + [{"id": "k", "q": ""}, {"id": "k", "q": "k"}]
+    rows += [{"id": row_id, "q": row_id} for row_id in "cdefghi"]
+    result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
+
+    assert_invariants(result)
+    manifest = result.manifest
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (15, 8, 7)
+    assert manifest["rows_duplicate"] == 5  # a and b twice each, k once: rows_in less the 10 ids
+    assert failed_rows(manifest) == 2
+    if fraction == 0.2:
+        assert manifest["failed_rows_message"] is None
+    else:
+        assert "2 of 10 rows failed (20.0%, duplicate ids not counted)" in manifest["failed_rows_message"]
+
+
 def test_a_run_within_its_failed_share_passes(tmp_path: Path) -> None:
     spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", max_failed_fraction=0.5)
     result = run_rows({"x.jsonl": jsonl({"q": "a"}, {"q": ""})}, spec, tmp_path)
@@ -419,6 +443,14 @@ def test_generated_rows_keep_the_invariants(tmp_path_factory, rows, junk, output
     assert len(listed) == len(raw)
     good_ids = [row["Id"] for row in result.outputs]
     assert len(good_ids) == len(set(good_ids))  # a repeated id is one output, then duplicate errors
+    # The thresholds count ids: an id fails when none of its rows has an output; a row with no id of its
+    # own (an error named by its position) is one id on its own.
+    failed = {
+        ("row", row["source"]) if row["id"] == row["source"] else ("id", row["id"]) for row in result.errors
+    }
+    answered = {("id", row_id) for row_id in good_ids}
+    assert failed_rows(result.manifest) == len(failed - answered)
+    assert result.manifest["rows_in"] - result.manifest["rows_duplicate"] == len(failed | answered)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
