@@ -28,6 +28,9 @@ DRY_RUN_STATUS = "dry_run"
 #: The ``status`` of a run that failed its failed-row check: written, but not made current (it is
 #: printed in the driver log and kept in its staging; ``current_version`` names what stays current).
 HELD_STATUS = "held"
+#: The key of the manifest a job prints when it took the version an earlier try of its run committed
+#: (``reuse_earlier_result``, pipeline/stage/reuse.py): that try's job id, version and costs.
+REUSED_RESULT_KEY = "reused_result"
 
 
 def dry_run_uri(output_uri: str, run_key: str) -> str:

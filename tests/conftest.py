@@ -497,14 +497,20 @@ def airflow_env(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathF
     return AirflowEnv(env=env, home=home)
 
 
-def submit_pipeline(operator, run_key: str, submission_id: str) -> str:
-    """Submit the operator's pipeline job exactly as the operator would (spec, entrypoint, runtime_env)."""
+def submit_pipeline(
+    operator, run_key: str, submission_id: str, metadata: dict[str, str] | None = None
+) -> str:
+    """Submit the operator's pipeline job exactly as the operator would (spec, entrypoint, runtime_env),
+    with ``metadata`` for the job (e.g. that it may take its run's committed version)."""
     from airflow_provider_raybatch.hooks.ray import RayHook
 
     hook = RayHook()
     spec = operator.build_spec(run_key=run_key)
     return hook.submit_job(
-        operator.entrypoint(spec), submission_id=submission_id, runtime_env=operator._runtime_env(hook, spec)
+        operator.entrypoint(spec),
+        submission_id=submission_id,
+        runtime_env=operator._runtime_env(hook, spec),
+        metadata=metadata,
     )
 
 

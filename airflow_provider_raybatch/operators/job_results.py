@@ -16,6 +16,7 @@ from airflow_provider_raybatch.manifest import (
     DRY_RUN_STATUS,
     HELD_STATUS,
     MANIFEST_FILE_NAME,
+    REUSED_RESULT_KEY,
     dry_run_uri,
     failed_rows,
     failed_rows_verdict,
@@ -83,6 +84,13 @@ def job_result(
                    "driver log holds no run manifest (it printed none, or the log is gone).")  # fmt: skip
         tail = "\n".join(driver_log.rstrip("\n").splitlines()[-40:])
         raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
+    if isinstance(
+        reused := manifest.get(REUSED_RESULT_KEY), dict
+    ):  # the committed manifest names the other job
+        log.info("Ray job %s took version %s, which Ray job %s committed for this run from the same input "
+                 "files, code and model: nothing was generated again (the numbers below are that job's).",
+                 job_id, reused.get("version"), reused.get("job_id") or "unknown")  # fmt: skip
+        return manifest
     log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
     return manifest
 

@@ -24,7 +24,7 @@ from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.pipeline import job_settings
 from airflow_provider_raybatch.pipeline.credentials import settings_upload
 from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, TaskTry
+from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, REUSE_COMMITTED_KEY, TaskTry
 from airflow_provider_raybatch.utils.layout import plan_layout
 from airflow_provider_raybatch.utils.packaging import (
     RayPackage,
@@ -187,6 +187,7 @@ def submit(
     runtime_env: dict[str, Any],  # Any: Ray runtime_env values.
     entrypoint_resources: dict[str, float] | None,
     log: Any,  # Any: a logger.
+    reuse_committed: bool = False,
 ) -> str:
     """Submit under this try's first free submission id (see :attr:`TaskTry.attempt`).
 
@@ -195,6 +196,8 @@ def submit(
     job with other parameters. The next attempt's id is as much ours, and as verifiable.
 
     :param command: the job's entrypoint (:func:`entrypoint`).
+    :param reuse_committed: the job may take the version an earlier try of its run committed, when made
+        from what it would make its rows from (``reuse_earlier_result``; :data:`REUSE_COMMITTED_KEY`).
     """
     taken: list[str] = []
     for attempt in range(1, MAX_SUBMISSION_ATTEMPTS + 1):
@@ -204,7 +207,11 @@ def submit(
                 command,
                 submission_id=this.submission_id(secret),
                 runtime_env=runtime_env,
-                metadata={**this.metadata(), FINGERPRINT_KEY: spec.fingerprint()},
+                metadata={
+                    **this.metadata(),
+                    FINGERPRINT_KEY: spec.fingerprint(),
+                    REUSE_COMMITTED_KEY: "true" if reuse_committed else "false",
+                },
                 entrypoint_resources=entrypoint_resources,
             )
         except RayJobAlreadyExistsError:

@@ -18,7 +18,7 @@ from airflow_provider_raybatch.exceptions import (
     RayHookError,
     RayJobNotFoundError,
 )
-from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
+from airflow_provider_raybatch.hooks.ray import JobInfo, RayHook
 from airflow_provider_raybatch.links import (
     DASHBOARD_URL_XCOM_KEY,
     JOB_ID_XCOM_KEY,
@@ -51,7 +51,7 @@ from airflow_provider_raybatch.triggers.ray import (
     settle_deadline,
 )
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key, engine_pool_scope
-from airflow_provider_raybatch.utils.events import job_event, job_failed_error, validate_event
+from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
 from airflow_provider_raybatch.utils.job_ids import TaskTry
 
 if TYPE_CHECKING:
@@ -168,9 +168,11 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         fail are over ``max_failed_fraction`` / ``max_failed_rows``.
     :param dry_run_rows_per_second: The throughput a dry run estimates engine time with; unset: the
         rows per second of the last run committed at ``output_uri``, if any.
-    :param reuse_earlier_result: A retry or clear whose earlier try's job succeeded with the same
-        parameters takes that job's result instead of paying for the same rows again (default).
-        Set False to always run again, e.g. after the input was corrected in place. Templated:
+    :param reuse_earlier_result: A retry or clear of a run that committed with the same parameters
+        takes that version instead of paying for the same rows again (default): its job checks on the
+        cluster that the input files, the code, the model and the engine are as they made it, and
+        generates nothing (else it generates again, its log saying what changed). So too when Ray no
+        longer knows the earlier job (a restarted cluster). Set False to always run again. Templated:
         ``"{{ params.reuse_earlier_result }}"`` lets a run's conf turn it off; the rendered text is
         ``True`` / ``False`` (also ``true``, ``1``, ``yes``, ...); unset or empty is the default.
     :param deferrable: Wait for the job in the triggerer, which frees the worker slot for the hours
@@ -460,24 +462,13 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 )  # fmt: skip
                 self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
             previous = None
-        if (previous is not None and previous.status in (JobStatus.STOPPED, JobStatus.FAILED)
-                and reuse_earlier_result
-                and self._committed_result_of(previous.job_id, spec) is not None):  # fmt: skip
-            # Stopped or failed after it committed (a stop landing just after the commit): its
-            # result is whole and committed; paying for the rows again would be the loss.
-            self.log.warning("Ray job %s of an earlier try ended %s after it committed its result; taking "
-                             "that result.", previous.job_id, previous.status.value)  # fmt: skip
-            self.job_id = previous.job_id
-            self._push_job_link(context, hook, previous.job_id)
-            return self.execute_complete(
-                context, job_event("success", previous.job_id, "committed", "succeeded")
-            )
-        if previous is not None and previous.status == JobStatus.SUCCEEDED and reuse_earlier_result:
-            self.log.info("Ray job %s of an earlier try succeeded; taking its result (nothing runs again: "
-                          "the numbers below are that job's).", previous.job_id)  # fmt: skip
-            self.job_id = previous.job_id
-            self._push_job_link(context, hook, previous.job_id)  # this try's "Ray job" link names it too
-            return self.execute_complete(context, event_for_job(previous))
+        if previous is not None and previous.status.is_terminal and reuse_earlier_result:
+            # Its committed version (if it committed: a succeeded job, or one stopped just after its
+            # commit) is taken by the new job, on the cluster, only if the input files, the code, the
+            # model and the engine are as they made it (pipeline/stage/reuse.py); else it generates.
+            self.log.info("Ray job %s of an earlier try ended %s; the new job takes the version this run "
+                          "committed if nothing it was made from has changed, else generates again.",
+                          previous.job_id, previous.status.value)  # fmt: skip
         attached_at = None
         if previous is not None and not previous.status.is_terminal:
             self.log.info("Ray job %s of an earlier try is %s; attaching to it.", previous.job_id,
@@ -485,7 +476,9 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
             self.job_id = previous.job_id
             attached_at = time.time()
         else:
-            # A failed or stopped earlier job left its finished rows in staging: the new job resumes.
+            # A failed or stopped earlier job left its finished rows in staging: the new job resumes. With
+            # no earlier job found (a Ray cluster restarted since) it too takes a version this run
+            # committed from the same input, code and model.
             self.job_id = self._submit_and_record(hook, spec, task_try, secret, context)
         return self._wait(context, hook, self.job_id, deadline, attached_at)
 
@@ -590,7 +583,10 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         runtime_env = self._runtime_env(hook, spec)
         command = self.entrypoint(spec)
         resources = self.entrypoint_resources
-        return job_shipping.submit(hook, spec, task_try, secret, command, runtime_env, resources, self.log)
+        reuse = rendered_flag("reuse_earlier_result", self.reuse_earlier_result, default=True)
+        return job_shipping.submit(
+            hook, spec, task_try, secret, command, runtime_env, resources, self.log, reuse_committed=reuse
+        )
 
     def _wait_in_worker(self, hook: RayHook, job_id: str) -> dict[str, str]:
         progress = ProgressRelay(job_id, self.progress_interval_seconds, self.log)
@@ -745,12 +741,6 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         if job_id == getattr(self, "_stop_requested_for", None):
             return _STOPPED_BY_THIS_TASK
         return _STOPPED_FROM_OUTSIDE
-
-    def _committed_result_of(
-        self, job_id: str, spec: BatchInferenceSpec
-    ) -> dict[str, Any] | None:  # Any: JSON.
-        """The manifest committed at ``output_uri`` if it is ``job_id``'s result, else None."""
-        return job_results.committed_result_of(job_id, spec, job_results.storage_conn_id(self.aws_conn_id))
 
     def _cleanup_hook(self) -> RayHook:
         """A hook for cleaning up after a failure: a short retry window, the task is failing anyway."""

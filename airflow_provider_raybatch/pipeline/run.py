@@ -51,11 +51,12 @@ from airflow_provider_raybatch.pipeline.reporting.timings import (
     process_started_at,
     run_timings,
 )
-from airflow_provider_raybatch.pipeline.stage import commit, ownership
+from airflow_provider_raybatch.pipeline.stage import commit, ownership, reuse
 from airflow_provider_raybatch.pipeline.stage.binding import binding_of, check_input_unchanged
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
 from airflow_provider_raybatch.utils.layout import plan_layout
 
 if TYPE_CHECKING:
@@ -453,6 +454,15 @@ def _run_owned(
     engine_spec, layout_choice = default_layout.engine_layout(spec, model_source)
     digest = _input_digest(spec)
     binding = binding_of(spec, digest)  # what staged, held and kept rows must have been made from
+    if _job_metadata().get(REUSE_COMMITTED_KEY) == "true":  # reuse_earlier_result (stage/reuse.py)
+        earlier = reuse.committed_result(layout, spec, binding)
+        if earlier is not None:
+            log.info("Taking version %s, which Ray job %s committed for %s from the same parameters, input "
+                     "files, code, model and engine: generating nothing.", earlier.get("version"),
+                     earlier.get("job_id") or "unknown", spec.run_key)  # fmt: skip
+            manifest = reuse.taken(earlier, _ray_submission_id())
+            print(manifest_log_line(manifest), flush=True)
+            return manifest
     # An earlier try held for its failed rows: taken by a try of the same run (held again, or committed
     # when the thresholds now pass them), else discarded.
     held = commit.take_held(layout, spec, binding)
@@ -588,6 +598,8 @@ def _run_owned(
         "layout": layout_choice.as_manifest(),
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
+        # what the rows were made from: a later try takes this version only if it would make them alike
+        "binding": binding.as_dict(),
         "job_id": _ray_submission_id(),
         "versions": versions,
         "report_uri": committed.report_uri,
@@ -611,8 +623,7 @@ def _run_owned(
     held_because = committed.failed_rows_message
     if held_because is not None:  # the run fails on its rows: what was current stays so (commit.hold)
         current = commit.current_version(layout)
-        manifest.update(status=HELD_STATUS, current_version=current, input_digest=digest,
-                        binding=binding.as_dict())  # fmt: skip
+        manifest.update(status=HELD_STATUS, current_version=current, input_digest=digest)
         commit.hold(layout, manifest)
         print(manifest_log_line(manifest), flush=True)
         job_id = _ray_submission_id() or ""

@@ -20,6 +20,10 @@ _MAX_PART_LENGTH = 40
 _RUN_KEYS = ("airflow_dag_id", "airflow_run_id", "airflow_task_id", "airflow_map_index", "airflow_run_after")
 TRY_NUMBER_KEY = "airflow_try_number"
 ATTEMPT_KEY = "raybatch_submission_attempt"
+#: Ray job metadata key: "true" when the job may take the version an earlier try of its run committed
+#: from the same parameters, input, code and model (``reuse_earlier_result``: pipeline/stage/reuse.py).
+#: Set by the operator only: a job submitted otherwise (common.ai's) always generates.
+REUSE_COMMITTED_KEY = "raybatch_reuse_committed"
 #: The most submissions one try makes under ids of its own (see :attr:`TaskTry.attempt`).
 MAX_SUBMISSION_ATTEMPTS = 20
 #: Hex digits of the HMAC in a submission id (64 bits: not guessable, still readable).

@@ -4,12 +4,15 @@ ownership.py; the protocol's random sequences are tests/unit/pipeline/test_commi
 - an input rewritten in place between a stopped try and its retry: the retry discards what the stopped
   try staged and commits every id of the new input once (a mix before: an id twice, one lost);
 - two live jobs of one run (a run deleted and triggered again while its job runs): the second waits
-  for the first to end and takes its staging over; it never writes beside it.
+  for the first to end and takes its staging over; it never writes beside it;
+- a retry that may take its run's committed version (``reuse_earlier_result``) takes it while nothing
+  it was made from changed, and generates again once an input file was rewritten in place.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY, manifest_from_log
+from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
 from tests.conftest import free_cpus_held, submit_pipeline, wait_for_job, warm_conf
 from tests.integration.test_pipeline_job import make_operator
 
@@ -103,3 +108,40 @@ def test_a_second_live_job_of_a_run_waits_for_the_first_and_never_writes_beside_
     assert _committed_ids(tmp_path / "out") == sorted(f"t{i}" for i in range(12))
     assert f"belonged to Ray job {first}, which ended; this job takes it over" in hook.get_job_logs(second)
     assert not owner.exists()  # released at the commit
+
+
+def test_a_retry_takes_the_committed_version_only_while_nothing_it_was_made_from_changed(
+    ray_connection, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Three jobs of one run on the session's warm engines, each allowed to take the committed version.
+    The second finds nothing changed: it generates nothing and hands on the first's version (as after a
+    Ray cluster restart, whose job table no longer knows the first: the version says what made it).
+    The third finds an input file rewritten in place with its size and modification time kept: it
+    generates again, the new input's ids each once."""
+    hook, run_key, take = RayHook(), "edge-reuse", {REUSE_COMMITTED_KEY: "true"}
+    source = tmp_path / "in" / "tickets.jsonl"
+    _write(source, [f"c{i}" for i in range(1, 9)])
+    operator = _operator(tiny_model, tmp_path, **warm_conf())
+    first = submit_pipeline(operator, run_key, f"edge-{uuid.uuid4().hex[:8]}", take)
+    assert wait_for_job(first) == JobStatus.SUCCEEDED, hook.get_job_log_tail(first, 60)
+    committed = json.loads((tmp_path / "out" / "manifest.json").read_text())
+
+    second = submit_pipeline(operator, run_key, f"edge-{uuid.uuid4().hex[:8]}", take)
+    assert wait_for_job(second) == JobStatus.SUCCEEDED, hook.get_job_log_tail(second, 60)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == committed  # nothing written
+    taken = manifest_from_log(hook.get_job_logs(second))
+    assert (taken["job_id"], taken["version"]) == (second, committed["version"])
+    assert taken[REUSED_RESULT_KEY]["job_id"] == first and taken["timings"] is None
+
+    # Upstream rewrites the file in place: two rows swapped, as many bytes, its modification time set back.
+    before = source.stat()
+    _write(source, ["c2", "c1", *(f"c{i}" for i in range(3, 9))])
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    third = submit_pipeline(operator, run_key, f"edge-{uuid.uuid4().hex[:8]}", take)
+    assert wait_for_job(third) == JobStatus.SUCCEEDED, hook.get_job_log_tail(third, 60)
+    log = hook.get_job_logs(third)
+    assert f"Not taking version {committed['version']}, which Ray job {first} committed" in log, log[-3000:]
+    assert "changed since: the input files" in log
+    now = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert now["job_id"] == third and now["version"] != committed["version"]
+    assert _committed_ids(tmp_path / "out") == sorted(f"c{i}" for i in range(1, 9))

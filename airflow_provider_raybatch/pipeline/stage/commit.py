@@ -91,10 +91,10 @@ def staged_data_uri(layout: OutputLayout) -> str:
 
 def current_version(layout: OutputLayout) -> str | None:
     """The version ``manifest.json`` names now, or None before the first commit."""
-    return (_current_manifest(layout) or {}).get("version")
+    return (current_manifest(layout) or {}).get("version")
 
 
-def _current_manifest(layout: OutputLayout) -> dict[str, Any] | None:  # Any: JSON values.
+def current_manifest(layout: OutputLayout) -> dict[str, Any] | None:  # Any: JSON values.
     if not storage.exists(layout.manifest_uri):
         return None
     manifest: dict[str, Any] = json.loads(storage.read_text(layout.manifest_uri))  # Any: JSON values
@@ -582,7 +582,7 @@ def publish(
         other file in its folders, a late writer's that :func:`seal` could not see yet, is removed
         once the manifest names the version, before the staging (the writers' fence) goes.
     """
-    previous = _current_manifest(layout) or {}
+    previous = current_manifest(layout) or {}
     version = manifest["version"]
     replaced = previous.get("version") if previous.get("version") != version else None
     manifest["replaced_version"] = replaced

@@ -32,6 +32,7 @@ from tests.unit.operators.test_llm_batch import (
     FakeTI,
     make_operator,
     retry_ti,
+    taken_manifest,
     task_try_of,
 )
 
@@ -187,23 +188,29 @@ def test_the_worker_path_fails_the_same_way(
 def test_a_retry_takes_the_committed_result_and_fails_again_unless_loosened(
     ray_conn: str, ray_api: respx.MockRouter, job_payload: Any, kwargs: dict[str, Any], passes: bool
 ) -> None:
-    """The thresholds are not part of the spec fingerprint: try 2 takes try 1's committed result (no
-    rows paid twice) and fails with the same message, or passes once the thresholds were loosened."""
+    """The thresholds are not part of the spec fingerprint: try 2's job takes try 1's committed version
+    (no rows paid twice) and the task fails with the same message, or passes once the thresholds were
+    loosened: they are judged by Airflow, with the thresholds as they are now."""
     cluster = FakeCluster(ray_api, job_payload)
     ti = retry_ti(2)
     manifest = run_manifest(30, 12)
     earlier = cluster.add_try(ti, 1, "SUCCEEDED", manifest=manifest)
     op = make_operator(ray_conn_id=ray_conn, **kwargs)
     context = {"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: earlier})}
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    [body] = cluster.submitted()
+    taken = taken_manifest(manifest, body["submission_id"], earlier)
+    cluster.add_job(body["submission_id"], "SUCCEEDED", body["metadata"], logs=manifest_log_line(taken))
+    done = job_event("success", body["submission_id"], "ok", "succeeded")
 
     if passes:
-        assert op.execute(context) == "s3://b/out/"
+        assert op.execute_complete(context, done) == "s3://b/out/"
     else:
         with pytest.raises(RayBatchRowsFailedError) as info:
-            op.execute(context)
+            op.execute_complete(context, done)
         assert str(info.value) == failed_rows_verdict(manifest, DEFAULT_MAX_FAILED_FRACTION, None)
-    assert not cluster.submit.called
-    assert ti.xcoms["job_id"] == earlier
+    assert ti.xcoms["job_id"] == body["submission_id"]
 
 
 # -- the parameters --------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, JOB_ID_STATE_KEY
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
 from airflow_provider_raybatch.utils.events import job_event
+from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
 from tests.unit.operators.test_llm_batch import (
     FINGERPRINT,
     KEY,
@@ -298,19 +299,19 @@ def committed(output: Path, **fields: Any) -> dict[str, Any]:  # Any: JSON value
 def test_a_succeeded_job_whose_driver_log_is_gone_gives_its_committed_result(
     ray_conn: str, cluster: FakeCluster, tmp_path: Path, log_answer: dict | None
 ) -> None:
-    """A head restart (GCS fault tolerance) or a driver node scaled away loses the driver log: a retry
-    takes the committed result instead of failing every try with "printed no run manifest"."""
-    ti = retry_ti(2)
+    """A head restart (GCS fault tolerance) or a driver node scaled away loses the driver log: the
+    job's result is its committed manifest, not a failure with "printed no run manifest"."""
+    ti = FakeTI()
     op = make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out"))
     job = cluster.add_try(ti, 1, "SUCCEEDED", fingerprint=op.build_spec().fingerprint())
     if log_answer is None:  # the logs call itself fails
         cluster.router.get(f"/api/jobs/{job}/logs").respond(500, text="log file not found")
     manifest = committed(tmp_path / "out", job_id=job)
 
-    assert op.execute({"ti": ti, "task_state_store": FakeStateStore()}) == str(tmp_path / "out")
+    done = job_event("success", job, "ok", "succeeded")
+    assert op.execute_complete({"ti": ti}, done) == str(tmp_path / "out")
 
     assert ti.xcoms["manifest"] == manifest
-    assert not cluster.submit.called
 
 
 def test_the_committed_manifest_wins_over_the_log(
@@ -370,20 +371,22 @@ def test_an_old_manifest_of_another_spec_is_not_taken(
 
 
 @pytest.mark.parametrize("status", ["STOPPED", "FAILED"])
-def test_a_job_that_ended_badly_after_it_committed_gives_its_result(
+def test_a_retry_after_a_job_that_ended_badly_after_it_committed_may_take_its_version(
     ray_conn: str, cluster: FakeCluster, tmp_path: Path, status: str
 ) -> None:
-    """Trial finding: `ray job stop` landed 120 ms after the job committed; the retry ran all 400
-    rows again. The committed manifest names the job: its result is whole, take it."""
+    """`ray job stop` landing 120 ms after the job committed: the retry's job is told it may take the
+    committed version (pipeline/stage/reuse.py takes it when made from the same input, code and model),
+    rather than generating all rows again."""
     ti = retry_ti(2)
     op = make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out"))
     job = cluster.add_try(ti, 1, status, fingerprint=op.build_spec().fingerprint())
-    manifest = committed(tmp_path / "out", job_id=job)
+    committed(tmp_path / "out", job_id=job)
 
-    assert op.execute({"ti": ti, "task_state_store": FakeStateStore()}) == str(tmp_path / "out")
+    with pytest.raises(TaskDeferred):
+        op.execute({"ti": ti, "task_state_store": FakeStateStore()})
 
-    assert ti.xcoms["manifest"] == manifest and ti.xcoms["job_id"] == job
-    assert not cluster.submit.called
+    [body] = cluster.submitted()
+    assert body["submission_id"] != job and body["metadata"][REUSE_COMMITTED_KEY] == "true"
 
 
 @pytest.mark.parametrize(("status", "reason"), [("cancelled", "stopped"), ("error", "failed")])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shlex
@@ -17,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 import respx
+import structlog
 from airflow.sdk.exceptions import TaskDeferred
 
 import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.links import RayJobLink
-from airflow_provider_raybatch.manifest import manifest_log_line
+from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY, manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
 from airflow_provider_raybatch.operators.llm_batch import (
     CLEANUP_RACE_SECONDS,
@@ -37,7 +38,7 @@ from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
 from airflow_provider_raybatch.utils.deployment_secret import engine_pool_scope, signing_key
 from airflow_provider_raybatch.utils.events import job_event
-from airflow_provider_raybatch.utils.job_ids import TaskTry
+from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY, TaskTry
 from airflow_provider_raybatch.utils.packaging import (
     JOB_MODULE,
     SPEC_FILE,
@@ -476,7 +477,9 @@ def test_submit_sends_the_spec_metadata_and_resources(hook: RayHook, ray_api: re
     body = json.loads(submit.calls.last.request.content)
     assert body["submission_id"] == submission_id
     assert body["entrypoint"] == op.entrypoint(spec)
-    assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint()}
+    assert body["metadata"] == {
+        **task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint(), REUSE_COMMITTED_KEY: "true"
+    }  # fmt: skip
     assert body["entrypoint_resources"] == {"head": 1}
     assert body["runtime_env"]["py_modules"] == [
         build_provider_package(PROVIDER_DIR).uri,
@@ -596,7 +599,13 @@ def test_execute_submits_when_there_is_no_previous_job(ray_conn: str, cluster: F
 
     [body] = cluster.submitted()
     assert body["submission_id"] == task_try.submission_id(KEY)
-    assert body["metadata"] == {**task_try.metadata(), FINGERPRINT_KEY: FINGERPRINT}
+    # No earlier job found (a Ray cluster restarted since, say): the job may still take a version this
+    # run committed, when made from the same input, code and model (pipeline/stage/reuse.py).
+    assert body["metadata"] == {
+        **task_try.metadata(),
+        FINGERPRINT_KEY: FINGERPRINT,
+        REUSE_COMMITTED_KEY: "true",
+    }
     [spec] = cluster.shipped_specs()
     assert body["entrypoint"].endswith(f"--spec-fingerprint {FINGERPRINT}")
     assert spec.run_key == task_try.run_key()
@@ -725,25 +734,62 @@ def test_a_job_this_task_stopped_says_so(ray_conn: str, cluster: FakeCluster) ->
     assert "from outside" not in str(info.value)
 
 
-def test_execute_takes_the_result_of_a_succeeded_job(ray_conn: str, cluster: FakeCluster) -> None:
+def taken_manifest(
+    manifest: dict[str, Any], by: str, committed_by: str
+) -> dict[str, Any]:  # Any: JSON values
+    """The manifest a job prints when it took the version ``committed_by`` committed (stage/reuse.py)."""
+    reused = {
+        "job_id": committed_by,
+        "version": "v1",
+        "finished_at": None,
+        "timings": None,
+        "engine_pool": None,
+    }
+    return {**manifest, "version": "v1", "job_id": by, "timings": None, "engine_pool": None,
+            REUSED_RESULT_KEY: reused}  # fmt: skip
+
+
+@contextlib.contextmanager
+def logged_lines() -> Iterator[list[str]]:
+    """The operator's log lines while the block runs (Airflow's task logger is structlog's)."""
+    lines: list[str] = []
+    with structlog.testing.capture_logs() as events:
+        yield lines
+    lines += [str(e["event"]) % tuple(e.get("positional_args", ())) for e in events]
+
+
+def test_a_retry_after_a_succeeded_job_takes_its_version_through_a_job_that_checks_its_binding(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    """Airflow cannot see the input files or the model as the cluster reads them: a job of this try
+    decides on the cluster whether the committed version was made from what it would make its rows from,
+    takes it (generating nothing) or generates again."""
     ti = retry_ti(2)
     manifest = {**MANIFEST, "output_uri": "s3://b/out/"}
     previous = cluster.add_try(ti, 1, "SUCCEEDED", manifest=manifest)
     store = FakeStateStore(**{JOB_ID_STATE_KEY: previous})
     op = make_operator(ray_conn_id=ray_conn)
 
-    result = op.execute({"ti": ti, "task_state_store": store})  # no TaskDeferred: nothing to wait for
+    with logged_lines() as log, pytest.raises(TaskDeferred) as info:
+        op.execute({"ti": ti, "task_state_store": store})
+
+    [body] = cluster.submitted()
+    new = task_try_of(ti).submission_id(KEY)
+    assert body["submission_id"] == new != previous
+    assert body["metadata"][REUSE_COMMITTED_KEY] == "true"
+    assert info.value.trigger.serialize()[1]["job_id"] == new
+    assert any(
+        "the new job takes the version this run committed if nothing it was made from" in line for line in log
+    )
+
+    taken = taken_manifest(manifest, new, previous)
+    cluster.add_job(new, "SUCCEEDED", body["metadata"], logs="x\n" + manifest_log_line(taken) + "\n")
+    with logged_lines() as log:
+        result = op.execute_complete({"ti": ti}, job_event("success", new, "ok", "succeeded"))
 
     assert result == "s3://b/out/"
-    assert not cluster.submit.called
-    assert op.job_id == previous
-    assert ti.xcoms == {
-        "job_id": previous,
-        "ray_dashboard_url": RAY_URL,
-        "manifest": {**manifest, "job_id": previous},
-        "output_uri": "s3://b/out/",
-    }
-    assert store.sets == []
+    assert ti.xcoms["job_id"] == new and ti.xcoms["manifest"] == taken
+    assert f"Ray job {new} took version v1, which Ray job {previous} committed" in " ".join(log)
 
 
 @pytest.mark.parametrize("rendered", ["False", "false", " 0 "])
@@ -761,19 +807,22 @@ def test_a_rendered_false_reuse_earlier_result_runs_again(
 
     [body] = cluster.submitted()
     assert body["submission_id"] != previous
+    assert body["metadata"][REUSE_COMMITTED_KEY] == "false"  # the job generates, whatever was committed
 
 
 @pytest.mark.parametrize("rendered", ["", "None", None])
-def test_an_unset_reuse_earlier_result_takes_the_earlier_result(
+def test_an_unset_reuse_earlier_result_lets_the_job_take_the_earlier_result(
     ray_conn: str, cluster: FakeCluster, rendered: str | None
 ) -> None:
     ti = retry_ti(2)
     previous = cluster.add_try(ti, 1, "SUCCEEDED", manifest=MANIFEST)
     op = make_operator(ray_conn_id=ray_conn, reuse_earlier_result=rendered)
 
-    op.execute({"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: previous})})
+    with pytest.raises(TaskDeferred):
+        op.execute({"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: previous})})
 
-    assert not cluster.submit.called and op.job_id == previous
+    [body] = cluster.submitted()
+    assert body["metadata"][REUSE_COMMITTED_KEY] == "true"
 
 
 def test_a_rendered_reuse_earlier_result_that_is_not_a_flag_names_it(
@@ -786,34 +835,19 @@ def test_a_rendered_reuse_earlier_result_that_is_not_a_flag_names_it(
     assert not cluster.submit.called
 
 
-def test_a_taken_result_has_its_ray_job_link(
-    ray_conn: str, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """XComs belong to one try: a retry that takes an earlier job's result must push what the "Ray job"
-    link reads, or the link of the try that succeeded is blank."""
-    ti = retry_ti(2)
-    previous = cluster.add_try(ti, 1, "SUCCEEDED", manifest=MANIFEST)
-    op = make_operator(ray_conn_id=ray_conn)
-
-    op.execute({"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: previous})})
-
-    monkeypatch.setattr(
-        "airflow.sdk.execution_time.xcom.XCom.get_value", lambda *, ti_key, key: ti.xcoms.get(key)
-    )
-    assert RayJobLink().get_link(op, ti_key=ti) == f"{RAY_URL}/#/jobs/{previous}"
-
-
-def test_execute_takes_the_result_of_a_succeeded_job_found_by_listing(
+def test_a_succeeded_job_found_by_listing_is_the_one_whose_version_the_new_job_may_take(
     ray_conn: str, cluster: FakeCluster
 ) -> None:
     ti = retry_ti(3)
     cluster.add_try(ti, 1, "FAILED")
     previous = cluster.add_try(ti, 2, "SUCCEEDED", manifest=MANIFEST)
 
-    assert make_operator(ray_conn_id=ray_conn).execute({"ti": ti}) == MANIFEST["output_uri"]
+    with logged_lines() as log, pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti})
 
-    assert not cluster.submit.called
-    assert ti.xcoms["job_id"] == previous
+    [body] = cluster.submitted()
+    assert body["metadata"][REUSE_COMMITTED_KEY] == "true"
+    assert f"Ray job {previous} of an earlier try ended SUCCEEDED" in " ".join(log)
 
 
 @pytest.mark.parametrize("status", ["FAILED", "STOPPED"])
@@ -1037,12 +1071,13 @@ def test_a_newer_listed_job_wins_over_an_older_recorded_one_missing_from_the_lis
     listed = cluster.add_try(ti, 2, "SUCCEEDED", manifest=MANIFEST)
     store = FakeStateStore(**{JOB_ID_STATE_KEY: recorded})
 
-    result = make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
+    with pytest.raises(TaskDeferred) as info:
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": store})
 
-    assert result == MANIFEST["output_uri"]
-
-    assert ti.xcoms["job_id"] == listed
-    assert not cluster.submit.called
+    # Not attached to the recorded try-1 job: try 2's succeeded, and this try's job may take its version.
+    [body] = cluster.submitted()
+    assert info.value.trigger.serialize()[1]["job_id"] == body["submission_id"] not in (recorded, listed)
+    assert body["metadata"][REUSE_COMMITTED_KEY] == "true"
 
 
 def test_listing_takes_the_newest_try_by_number(ray_conn: str, cluster: FakeCluster) -> None:

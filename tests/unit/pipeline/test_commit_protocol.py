@@ -47,7 +47,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from airflow_provider_raybatch.manifest import HELD_STATUS
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.read import prepared_cache
-from airflow_provider_raybatch.pipeline.stage import commit, ownership
+from airflow_provider_raybatch.pipeline.stage import commit, ownership, reuse
 from airflow_provider_raybatch.pipeline.stage.binding import (
     InputChangedError,
     RunBinding,
@@ -248,12 +248,14 @@ class CommitProtocol(RuleBasedStateMachine):
         self.node_clock = offset
 
     @precondition(lambda self: bool(self.files))
-    @rule()
-    def start_try(self) -> None:
-        """A new job of the run: a retry, a clear, or a re-created run's try while another job lives."""
-        self._start(self.layout)
+    @rule(take_committed=st.booleans())
+    def start_try(self, take_committed: bool) -> None:
+        """A new job of the run: a retry, a clear, or a re-created run's try while another job lives;
+        with ``reuse_earlier_result`` (``take_committed``), whether or not Ray's job table still knows
+        the earlier jobs."""
+        self._start(self.layout, take_committed)
 
-    def _start(self, layout: OutputLayout) -> Try | None:
+    def _start(self, layout: OutputLayout, take_committed: bool = False) -> Try | None:
         """A job of the run ``layout`` names, as run._run_owned starts; None where it ends at once."""
         self.jobs += 1
         job_id = f"job-{self.jobs}"
@@ -275,6 +277,17 @@ class CommitProtocol(RuleBasedStateMachine):
             return None
         # Only a job Ray's job table says ended (or does not know) gives its staging up: no clock does.
         assert not live, f"took live job {live}'s staging (job table readable: {self.job_table_readable})"
+        earlier = reuse.committed_result(layout, spec, binding) if take_committed else None
+        if earlier is not None:
+            # Taken only when it holds the input as it is now, made by the code as it is now.
+            version = str(earlier["version"])
+            assert version == commit.current_version(self.layout), "took a version that is not current"
+            assert self.committed[version][1] == self.code, "took a version made by another code"
+            assert self._input_state() == self.committed_input_state, "took a version of another input"
+            event("a retry took the committed version, generating nothing")
+            ownership.release(layout, owner)
+            self.alive[job_id] = False
+            return None
         held = commit.take_held(layout, spec, binding)
         if held is not None and not held.passes:
             event("a held run held again, generating nothing")
