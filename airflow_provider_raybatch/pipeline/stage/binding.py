@@ -135,13 +135,15 @@ def engine_libraries() -> str:
 
 
 def model_digest(model: str) -> str:
-    """The model's files as listed now (each one's path, size and modification time), for a model in
-    a folder or on S3; a hub id as it is (its files are the hub's to version)."""
+    """The model's files as they are now, for a model in a folder or on S3, stamped as the input files
+    are (:func:`..storage.input_file_stamps`: each one's path, size and modification time, and its
+    status-change time on local disk or its ETag on S3), so weights rewritten in place with as many
+    bytes and the modification time set back (``rsync -t``, ``cp -p``) bind a new model; a hub id as it
+    is (its files are the hub's to version)."""
     if "://" not in model and not Path(model).is_dir():
         return model
     try:
-        infos = storage.input_file_infos(model, None)
+        stamps = storage.input_file_stamps(model, None)
     except OSError:  # gone since the job resolved it: the build says so
         return model
-    listing = sorted((info.path, info.size, info.mtime_ns) for info in infos)
-    return hashlib.sha256(json.dumps([model, listing]).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps([model, [list(stamp) for stamp in stamps]]).encode()).hexdigest()[:32]

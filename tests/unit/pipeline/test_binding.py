@@ -5,13 +5,17 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_provider_raybatch.pipeline.stage import binding
 from airflow_provider_raybatch.pipeline.stage.binding import InputChangedError, RunBinding
 from airflow_provider_raybatch.specs import BatchInferenceSpec
+from tests.unit.pipeline.test_prepared_cache import _listed, _rewrite_keeping_size_and_mtime, use_s3_server
 
 
 def _spec(**params: str) -> BatchInferenceSpec:
@@ -101,6 +105,50 @@ def test_the_model_digest_follows_its_files_and_a_hub_id_is_itself(tmp_path: Pat
     os.utime(model / "config.json", (2_000_000_000, 2_000_000_000))
     assert binding.model_digest(str(model)) != first
     assert binding.model_digest("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+@pytest.mark.parametrize("by_rename", [False, True], ids=["in_place", "renamed_over"])
+def test_model_weights_rewritten_keeping_size_and_mtime_are_another_model(
+    tmp_path: Path, by_rename: bool
+) -> None:
+    """New weights copied over the old with ``cp -p`` or ``rsync -t``: path, size and modification time
+    are as they were; the status-change time is not. Staged rows and a warm pool are another model's."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"weights-1")
+    first, listed = binding.model_digest(str(model)), _listed(str(model), None)
+    time.sleep(0.02)  # a ctime tick (tests/unit/pipeline/test_prepared_cache.py says why)
+    assert binding.model_digest(str(model)) == first  # read again, unchanged: the same model
+
+    _rewrite_keeping_size_and_mtime(weights, b"weights-2", by_rename=by_rename)
+    assert _listed(str(model), None) == listed
+    assert binding.model_digest(str(model)) != first
+
+
+def test_a_model_on_s3_rewritten_with_as_many_bytes_is_another_model(
+    s3_server: Any,  # Any: conftest S3Server
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """S3 lists modification times in whole seconds: weights rewritten with as many bytes within the
+    second list as they did. Their ETag differs."""
+    client = s3_server.client()
+    bucket = f"model-digest-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    use_s3_server(s3_server, monkeypatch)
+    model = f"s3://{bucket}/models/tiny/"
+    client.put_object(Bucket=bucket, Key="models/tiny/config.json", Body=b"{}")
+    for _ in range(5):  # until both writes fall in one second
+        client.put_object(Bucket=bucket, Key="models/tiny/model.safetensors", Body=b"weights-1")
+        before, first = _listed(model, None), binding.model_digest(model)
+        assert binding.model_digest(model) == first
+        client.put_object(Bucket=bucket, Key="models/tiny/model.safetensors", Body=b"weights-2")
+        if _listed(model, None) == before:
+            break
+    else:
+        pytest.fail("five rewrites in a row listed another modification time: none tests the case")
+    assert binding.model_digest(model) != first
 
 
 def test_an_input_changed_while_the_job_ran_commits_nothing() -> None:

@@ -86,6 +86,14 @@ def _listed(uri: str, extensions: list[str] | None) -> list[tuple[str, int, int]
     return [(info.path, info.size, info.mtime_ns) for info in storage.input_file_infos(uri, extensions)]
 
 
+def use_s3_server(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # Any: conftest S3Server
+    """The job's S3 settings point at the test's S3 server (as the job's credentials would)."""
+    settings = {"endpoint_url": s3_server.endpoint_url, "region": "us-east-1",
+                "access_key": s3_server.access_key, "secret_key": s3_server.secret_key}  # fmt: skip
+    monkeypatch.setattr(credentials, "_settings", settings)
+    monkeypatch.setattr(storage, "_s3_options", None)  # built again from the settings above
+
+
 def _rewrite_keeping_size_and_mtime(path: Path, content: bytes, *, by_rename: bool) -> None:
     """Rewrite ``path`` with ``content`` (as many bytes as it holds) and set its times back, as
     ``rsync -t`` or ``cp -p`` do: in place (``open(..., "w")``), or as a new file renamed over it."""
@@ -141,10 +149,7 @@ def test_an_s3_object_rewritten_with_as_many_bytes_changes_the_digest(
     client = s3_server.client()
     bucket = f"input-digest-{uuid.uuid4().hex[:8]}"
     client.create_bucket(Bucket=bucket)
-    settings = {"endpoint_url": s3_server.endpoint_url, "region": "us-east-1",
-                "access_key": s3_server.access_key, "secret_key": s3_server.secret_key}  # fmt: skip
-    monkeypatch.setattr(credentials, "_settings", settings)
-    monkeypatch.setattr(storage, "_s3_options", None)  # built again from the settings above
+    use_s3_server(s3_server, monkeypatch)
     uri, extensions = (f"s3://{bucket}/in/a.csv", None) if one_object else (f"s3://{bucket}/in/", ["csv"])
     client.put_object(Bucket=bucket, Key="in/b.csv", Body=b"id,text\n2,y\n")
 
