@@ -9,6 +9,8 @@ provider, driven through the REST API and headless Chromium.
 - A task marked failed in the UI (the REST call the UI makes) while deferred stops its Ray job.
 - A task whose process is killed while it waits on its job (a worker dying) is retried by the
   scheduler, and the retry attaches to that job: one Ray job for the run, every ticket once.
+- A run deleted while its job runs and triggered again under its run id: the new run's job writes
+  the version, every ticket once.
 """
 
 from __future__ import annotations
@@ -286,26 +288,75 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
             timeout=120,
         )
 
-    done = airflow.wait(
-        "the next try to finish",
-        lambda: ti
-        if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
-        else None,
-        timeout=900,
-    )  # fmt: skip
+    done = _finished(airflow, run_id, "the next try to finish")
     assert done["state"] == "success" and done["try_number"] == 2
     assert hook.get_job_status(first_job) == JobStatus.STOPPED
     jobs = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
     assert sorted(job.status.value for job in jobs) == ["STOPPED", "SUCCEEDED"]
     manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
     manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
-    outputs = [
-        json.loads(line)
-        for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
-        for line in file.read_text().splitlines()
-    ]
-    assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
+    assert _ticket_ids(manifest["outputs_uri"]) == [f"T-{i:03d}" for i in range(TICKETS)]
     assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"] == TICKETS
+
+
+def test_a_run_deleted_and_triggered_again_under_its_run_id_commits_each_ticket_once(
+    airflow: Airflow, ray_cluster, tiny_model, tmp_path, monkeypatch
+) -> None:
+    """Delete a run in the UI while its job runs and trigger it again under the same run id (starting
+    a manual run over). Airflow deletes no running run (409): the UI marks it failed first, which
+    stops its job (the trigger's on_kill), the stop landing while the new run starts. The new run's
+    try shares the old one's run key, so its staging, but neither adopts nor takes the old run's job
+    (not this run's, by its ``run_after``): one job writes the version, every ticket once."""
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", ray_cluster.connection_json())
+    hook = RayHook()
+    day = "2026-11-10"
+    conf = _conf(tiny_model, tmp_path)
+    with free_cpus_held(hook):  # the old run's job runs until the new run's has been submitted
+        run_id, path, old_job = _deferred_run(
+            airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, day, conf, TICKETS
+        )
+        run_path = f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}"
+        airflow.api("PATCH", run_path, json={"state": "failed"})
+        airflow.api("DELETE", run_path)
+        body = {"dag_run_id": run_id, "logical_date": f"{run_date(day)}T00:00:00Z", "conf": conf}
+        airflow.api("POST", f"/dags/{DAG_ID}/dagRuns", json=body)
+
+        def submitted() -> object:
+            job = _xcom_or_none(airflow, f"{path}/xcomEntries/job_id")  # the old run's went with it
+            return None if job in (None, old_job) else job
+
+        new_job = airflow.wait("the new run to submit a job of its own", submitted, every=1)
+
+    done = _finished(airflow, run_id, "the new run's task to finish")
+    assert (done["state"], done["try_number"]) == ("success", 1), airflow.why(DAG_ID, run_id, TASK_ID, 1)
+    assert hook.get_job_status(old_job) == JobStatus.STOPPED
+    jobs = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
+    assert sorted(job.status.value for job in jobs) == ["STOPPED", "SUCCEEDED"]  # one job each, no third
+    manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
+    manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
+    committed = json.loads(Path(tmp_path, "ticket_summaries", day, "manifest.json").read_text())
+    # The version the date shows is the new run's job's, never the deleted run's job's.
+    assert (committed["job_id"], committed["version"]) == (new_job, manifest["version"]), committed
+    assert _ticket_ids(committed["outputs_uri"]) == [f"T-{i:03d}" for i in range(TICKETS)]
+    assert committed["rows_in"] == committed["rows_out"] + committed["rows_failed"] == TICKETS
+
+
+def _finished(airflow: Airflow, run_id: str, what: str) -> dict:
+    """The ticket task of ``run_id`` once it succeeded or failed."""
+    return airflow.wait(
+        what,
+        lambda: ti
+        if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
+        else None,
+        timeout=900,
+    )  # fmt: skip
+
+
+def _ticket_ids(outputs_uri: str) -> list[str]:
+    """The ticket ids of a version's outputs, sorted."""
+    rows = [json.loads(line) for file in sorted(Path(outputs_uri).glob("*.jsonl"))
+            for line in file.read_text().splitlines()]  # fmt: skip
+    return sorted(row["ticket_id"] for row in rows)
 
 
 def _xcom_or_none(airflow: Airflow, path: str) -> object:
@@ -366,12 +417,7 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
     assert any(job_id in event and "attaching to it" in event for event in events), events
     manifest = airflow.api("GET", f"{path}/xcomEntries/manifest").json()["value"]
     manifest = json.loads(manifest) if isinstance(manifest, str) else manifest
-    outputs = [
-        json.loads(line)
-        for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
-        for line in file.read_text().splitlines()
-    ]
-    assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
+    assert _ticket_ids(manifest["outputs_uri"]) == [f"T-{i:03d}" for i in range(TICKETS)]
 
 
 #: A backfill as the UI starts one: two dates from the CLI (``airflow backfill create``), two at a
@@ -414,12 +460,7 @@ def _drop_backfills(airflow: Airflow, dates: list[str]) -> None:
 
 def _date_manifest(tmp_path: Path, day: str) -> dict:
     manifest = json.loads((tmp_path / "ticket_summaries" / day / "manifest.json").read_text())
-    outputs = [
-        json.loads(line)
-        for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
-        for line in file.read_text().splitlines()
-    ]
-    assert sorted(row["ticket_id"] for row in outputs) == [f"T-{i:03d}" for i in range(TICKETS)]
+    assert _ticket_ids(manifest["outputs_uri"]) == [f"T-{i:03d}" for i in range(TICKETS)]
     return manifest
 
 
