@@ -106,7 +106,7 @@ def test_a_second_live_job_of_a_run_waits_for_the_first_and_never_writes_beside_
     assert wait_for_job(second) == JobStatus.SUCCEEDED, hook.get_job_log_tail(second, 60)
 
     assert _committed_ids(tmp_path / "out") == sorted(f"t{i}" for i in range(12))
-    assert f"belonged to Ray job {first}, which ended; this job takes it over" in hook.get_job_logs(second)
+    assert f"belonged to Ray job {first}, which ended (Ray's job table says so" in hook.get_job_logs(second)
     assert not owner.exists()  # released at the commit
 
 

@@ -137,9 +137,9 @@ def claim(
                             " (Ray's job table cannot be read now)", OWNER_END_WAIT_SECONDS)  # fmt: skip
                 said = True
             sleep(OWNER_POLL_SECONDS)
-        log.warning("Staging of %s belonged to Ray job %s, which Ray's job table says %s; this job takes it "
-                    "over.", layout.run_key, earlier.job_id, "ended or does not know (a cluster restarted "
-                    "since, or not a job of this cluster)")  # fmt: skip
+        log.warning("Staging of %s belonged to Ray job %s, which ended (Ray's job table says so, or knows it "
+                    "no more: a cluster restarted since); this job takes it over.", layout.run_key,
+                    earlier.job_id)  # fmt: skip
     _write(layout, replace(me, heartbeat_at=now()))
     sleep(SETTLE_SECONDS)
     after = read_owner(layout)
