@@ -455,7 +455,7 @@ def _run_owned(
     digest = _input_digest(spec)
     binding = binding_of(spec, digest)  # what staged, held and kept rows must have been made from
     if _job_metadata().get(REUSE_COMMITTED_KEY) == "true":  # reuse_earlier_result (stage/reuse.py)
-        earlier = reuse.committed_result(layout, spec, binding)
+        earlier = reuse.committed_result(layout, spec, binding, reuse.airflow_run(owner.run))
         if earlier is not None:
             log.info("Taking version %s, which Ray job %s committed for %s from the same parameters, input "
                      "files, code, model and engine: generating nothing.", earlier.get("version"),
@@ -598,8 +598,10 @@ def _run_owned(
         "layout": layout_choice.as_manifest(),
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
-        # what the rows were made from: a later try takes this version only if it would make them alike
+        # what the rows were made from, and for which Airflow run: a later try of that run takes this
+        # version only if it would make them alike (stage/reuse.py)
         "binding": binding.as_dict(),
+        reuse.AIRFLOW_RUN_KEY: reuse.airflow_run(owner.run),
         "job_id": _ray_submission_id(),
         "versions": versions,
         "report_uri": committed.report_uri,

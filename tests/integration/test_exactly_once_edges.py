@@ -22,7 +22,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY, manifest_from_log
-from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
+from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY, TaskTry
 from tests.conftest import free_cpus_held, submit_pipeline, wait_for_job, warm_conf
 from tests.integration.test_pipeline_job import make_operator
 
@@ -113,12 +113,16 @@ def test_a_second_live_job_of_a_run_waits_for_the_first_and_never_writes_beside_
 def test_a_retry_takes_the_committed_version_only_while_nothing_it_was_made_from_changed(
     ray_connection, tiny_model: Path, tmp_path: Path
 ) -> None:
-    """Three jobs of one run on the session's warm engines, each allowed to take the committed version.
+    """Jobs of one run on the session's warm engines, each allowed to take the committed version.
     The second finds nothing changed: it generates nothing and hands on the first's version (as after a
     Ray cluster restart, whose job table no longer knows the first: the version says what made it).
     The third finds an input file rewritten in place with its size and modification time kept: it
-    generates again, the new input's ids each once."""
-    hook, run_key, take = RayHook(), "edge-reuse", {REUSE_COMMITTED_KEY: "true"}
+    generates again, the new input's ids each once. A fourth, of the run deleted and triggered again
+    under its run id, generates again too."""
+    hook, run_key = RayHook(), "edge-reuse"
+    # Each job a try of one Airflow run (its metadata), allowed to take the run's committed version.
+    run = TaskTry("edges", "manual__2026-11-21", "classify", -1, 1, "2026-11-21T08:00:00+00:00")
+    take = {**run.metadata(), REUSE_COMMITTED_KEY: "true"}
     source = tmp_path / "in" / "tickets.jsonl"
     _write(source, [f"c{i}" for i in range(1, 9)])
     operator = _operator(tiny_model, tmp_path, **warm_conf())
@@ -145,3 +149,10 @@ def test_a_retry_takes_the_committed_version_only_while_nothing_it_was_made_from
     now = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert now["job_id"] == third and now["version"] != committed["version"]
     assert _committed_ids(tmp_path / "out") == sorted(f"c{i}" for i in range(1, 9))
+
+    # The run deleted and triggered again under its run id (another run_after): a new run, which
+    # asked to be run again; it generates, though nothing else changed.
+    again = {**take, "airflow_run_after": "2026-11-21T09:00:00+00:00"}
+    fourth = submit_pipeline(operator, run_key, f"edge-{uuid.uuid4().hex[:8]}", again)
+    assert wait_for_job(fourth) == JobStatus.SUCCEEDED, hook.get_job_log_tail(fourth, 60)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["job_id"] == fourth

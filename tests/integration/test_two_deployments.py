@@ -181,8 +181,9 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     again = _xcom(prod, run_id, "manifest")
     assert again["job_id"] == again_job and again["version"] != manifest["version"]
 
-    # (c) The driver log of the succeeded job is lost (a head restart, its node scaled away): a
-    # clear takes the committed result from manifest.json, with no new job.
+    # (c) The driver log of the succeeded job is lost (a head restart, its node scaled away): a clear
+    # takes the committed version, through a job of its own that checks on the cluster that nothing it
+    # was made from changed, generates nothing, and prints the result in its own log.
     logs = list(ray_cluster.temp_dir.glob(f"session_*/logs/job-driver-{again_job}.*"))
     assert logs, "the driver log of the job was not where Ray keeps it"
     for path in logs:
@@ -195,8 +196,11 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
         every=1,
     )
     _finished(prod, run_id, expected_try=2, timeout=300)
-    assert _xcom(prod, run_id, "manifest") == again
+    taken = _xcom(prod, run_id, "manifest")
+    assert (taken["version"], taken["reused_result"]["job_id"]) == (again["version"], again_job)
+    assert (taken["rows_out"], taken["outputs_uri"]) == (again["rows_out"], again["outputs_uri"])
     jobs = {
         job.job_id: job.status for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id
     }
-    assert jobs == {dev_job: JobStatus.STOPPED, prod_job: JobStatus.SUCCEEDED, again_job: JobStatus.SUCCEEDED}
+    assert jobs == {dev_job: JobStatus.STOPPED, prod_job: JobStatus.SUCCEEDED, again_job: JobStatus.SUCCEEDED,
+                    taken["job_id"]: JobStatus.SUCCEEDED}  # fmt: skip

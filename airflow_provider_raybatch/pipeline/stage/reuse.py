@@ -1,8 +1,12 @@
 """Whether a try may take the version an earlier try of its run committed, instead of generating again.
 
 A retry or clear of a run whose earlier try committed (``reuse_earlier_result``, the default) would
-otherwise pay for every row again. The version is taken only when it is this run's (its ``run_key``)
-and its rows were made from what this try would make them from: the same parameters (the spec's
+otherwise pay for every row again. The version is taken only when it is this run's: its ``run_key``,
+and the Airflow run its job was submitted for (:data:`AIRFLOW_RUN_KEY`), ``run_after`` included, as
+the operator attaches only to a job of this run. A manual run deleted and triggered again under the
+same run id shares the run key, so the staging (one job writes it at a time), but is a new run that
+asked to be run again; a scheduled run created again keeps its ``run_after`` and is the same run.
+And its rows must have been made from what this try would make them from: the same parameters (the spec's
 fingerprint) and the same :class:`.binding.RunBinding` (the input files, the code, the provider's
 version, the model's files, the engine's libraries), as a staging and a held run must match. The
 fingerprint alone misses a file rewritten in place, a preprocess fixed under the same name, new
@@ -20,6 +24,7 @@ version still says which job made it and from what.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY
@@ -33,21 +38,38 @@ log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 #: The committed manifest's key naming what its rows were made from (:meth:`.binding.RunBinding.as_dict`).
 BINDING_KEY = commit.BINDING_KEY
+#: The committed manifest's key naming the Airflow run its job was submitted for (:func:`airflow_run`).
+AIRFLOW_RUN_KEY = "airflow_run"
+#: What names an Airflow run, as a job's metadata gives it (without ``airflow_``; the try left out).
+_RUN_NAMES = ("dag_id", "task_id", "run_id", "map_index", "run_after")
+
+
+def airflow_run(job_run: Mapping[str, str]) -> dict[str, str] | None:
+    """The Airflow run a job was submitted for (from its metadata, keys without ``airflow_``: the
+    staging owner's :attr:`.ownership.Owner.run`), or None when its metadata names no whole run."""
+    if not all(isinstance(job_run.get(key), str) for key in _RUN_NAMES):
+        return None
+    return {key: job_run[key] for key in _RUN_NAMES}
 
 
 def committed_result(
-    layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBinding
+    layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBinding, run: dict[str, str] | None
 ) -> dict[str, Any] | None:  # Any: JSON values
     """The manifest of this run's committed version when this try may take it, else None; a version of
-    this run and parameters that is not taken gets one log line saying what changed since."""
+    this run and parameters that is not taken gets one log line saying what changed since.
+
+    :param run: the Airflow run this job was submitted for (:func:`airflow_run`); None takes nothing.
+    """
     try:
         manifest = commit.current_manifest(layout)
     except ValueError:  # not JSON, not UTF-8: no version this try could take
         return None
     if not isinstance(manifest, dict) or manifest.get("status") != "complete":
         return None
-    if manifest.get("run_key") != spec.run_key:
-        return None  # no version of this run is current (another run of the date published since)
+    if run is None or manifest.get("run_key") != spec.run_key or manifest.get(AIRFLOW_RUN_KEY) != run:
+        # No version of this run is current: another run of the date published since, or the run
+        # was deleted and triggered again (another run_after).
+        return None
     if manifest.get("spec_fingerprint") != spec.fingerprint():
         return None  # another spec's: the operator stops at other parameters, and says so
     version = manifest.get("version")

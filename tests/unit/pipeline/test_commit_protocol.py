@@ -118,6 +118,10 @@ class CommitProtocol(RuleBasedStateMachine):
         self.committed_input_state: tuple | None = None
         # version -> the rows its try read and the code it made them with
         self.committed: dict[str, tuple[list[tuple[str, str]], int]] = {}
+        #: The Airflow run each version's job was submitted for, its run_after changing when the run is
+        #: deleted and triggered again under its run id (the run key stays).
+        self.committed_runs: dict[str, dict[str, str]] = {}
+        self.run_after = 0
         #: A try died in its commit, and no publish has finished since: its debris (a version its manifest
         #: named, replaced before it was listed for collection) waits for the next publish.
         self.died_since_publish = False
@@ -209,6 +213,12 @@ class CommitProtocol(RuleBasedStateMachine):
     # -- the run's settings ---------------------------------------------------------------------
 
     @rule()
+    def delete_and_trigger_the_run_again(self) -> None:
+        """The run is deleted and triggered again under its run id: a new run_after, the same run key
+        (its staging); a live job of the deleted run goes on until it ends."""
+        self.run_after += 1
+
+    @rule()
     def change_code(self) -> None:
         """A preprocess fixed under the same dotted path: the shipped code's digest changes."""
         self.code += 1
@@ -264,7 +274,9 @@ class CommitProtocol(RuleBasedStateMachine):
         digest = prepared_cache.input_digest(str(self.input), ["jsonl"])
         binding = RunBinding(spec=spec.fingerprint(), input=digest, code=str(self.code), model="m")
         offset = self.node_clock
-        owner = ownership.Owner(job_id, {"run_id": layout.run_key}, self.clock.now + offset)
+        run = {"dag_id": "daily", "task_id": "classify", "run_id": layout.run_key, "map_index": "-1",
+               "run_after": str(self.run_after), "try_number": str(self.jobs)}  # fmt: skip
+        owner = ownership.Owner(job_id, run, self.clock.now + offset)
         live = [t for t, job in self.tries.items() if job.layout == layout and self.alive.get(t)]
         try:
             ownership.claim(
@@ -277,11 +289,13 @@ class CommitProtocol(RuleBasedStateMachine):
             return None
         # Only a job Ray's job table says ended (or does not know) gives its staging up: no clock does.
         assert not live, f"took live job {live}'s staging (job table readable: {self.job_table_readable})"
-        earlier = reuse.committed_result(layout, spec, binding) if take_committed else None
+        this_run = reuse.airflow_run(run)
+        earlier = reuse.committed_result(layout, spec, binding, this_run) if take_committed else None
         if earlier is not None:
-            # Taken only when it holds the input as it is now, made by the code as it is now.
+            # Taken only when it holds the input as it is now, made by the code as it is now, for this run.
             version = str(earlier["version"])
             assert version == commit.current_version(self.layout), "took a version that is not current"
+            assert self.committed_runs[version] == this_run, "took the version of a run deleted since"
             assert self.committed[version][1] == self.code, "took a version made by another code"
             assert self._input_state() == self.committed_input_state, "took a version of another input"
             event("a retry took the committed version, generating nothing")
@@ -482,7 +496,8 @@ class CommitProtocol(RuleBasedStateMachine):
                     "rows_failed": run.rows_failed, "errors_by_reason": run.errors_by_reason,
                     "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri, "id_column": "id",
                     "spec_fingerprint": job.binding.spec, "binding": job.binding.as_dict(),
-                    "run_key": job.layout.run_key}  # fmt: skip
+                    "run_key": job.layout.run_key,
+                    reuse.AIRFLOW_RUN_KEY: reuse.airflow_run(job.owner.run)}  # fmt: skip
         digest_now = prepared_cache.input_digest(str(self.input), ["jsonl"])
         try:
             check_input_unchanged(job.binding, digest_now, str(self.input))
@@ -507,6 +522,7 @@ class CommitProtocol(RuleBasedStateMachine):
     def _record(self, job: Try, manifest: dict[str, object]) -> None:
         """What a version whose manifest was written holds: the rows its try read, its code."""
         self.committed[str(manifest["version"])] = (job.rows, job.code)
+        self.committed_runs[str(manifest["version"])] = reuse.airflow_run(job.owner.run) or {}
         if manifest["version"] == commit.current_version(self.layout):
             self.committed_input_state = job.input_state
 

@@ -17,6 +17,9 @@ from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 RUN_KEY = "daily-2026-11-20"
+#: The Airflow run the jobs below were submitted for (their metadata, without ``airflow_``).
+RUN = {"dag_id": "daily", "task_id": "classify", "run_id": "manual__2026-11-21", "map_index": "-1",
+       "run_after": "2026-11-21T08:00:00+00:00"}  # fmt: skip
 
 
 def _spec(tmp_path: Path, **params: object) -> BatchInferenceSpec:
@@ -33,7 +36,8 @@ def _commit(layout: OutputLayout, spec: BatchInferenceSpec, **overrides: object)
     manifest = {"status": "complete", "version": "v1", "run_key": layout.run_key, "job_id": "job-1",
                 "spec_fingerprint": spec.fingerprint(), "binding": _binding(spec).as_dict(), "rows_in": 3,
                 "rows_out": 3, "rows_failed": 0, "timings": {"job_wall_s": 60.0}, "engine_pool": None,
-                "replaced_version": "v0", "output_uri": layout.output_uri, **overrides}  # fmt: skip
+                "replaced_version": "v0", "output_uri": layout.output_uri, "airflow_run": RUN,
+                **overrides}  # fmt: skip
     Path(layout.version_uri("v1")).mkdir(parents=True)
     Path(layout.manifest_uri).write_text(json.dumps(manifest))
     return manifest
@@ -54,7 +58,7 @@ def test_a_version_made_from_the_same_is_taken_as_this_jobs_result(
 ) -> None:
     committed = _commit(layout, spec)
 
-    earlier = reuse.committed_result(layout, spec, _binding(spec))
+    earlier = reuse.committed_result(layout, spec, _binding(spec), RUN)
     assert earlier == committed
     taken = reuse.taken(earlier, "job-2")
     assert (taken["job_id"], taken["version"], taken["rows_out"]) == ("job-2", "v1", 3)
@@ -83,7 +87,7 @@ def test_a_version_made_from_anything_else_is_not_taken_and_the_log_says_what_ch
     now = dataclasses.replace(_binding(spec), **{field: "changed"})
 
     with caplog.at_level(logging.WARNING, logger="airflow_provider_raybatch.pipeline"):
-        assert reuse.committed_result(layout, spec, now) is None
+        assert reuse.committed_result(layout, spec, now, RUN) is None
 
     [line] = [record.getMessage() for record in caplog.records]
     assert line.startswith(
@@ -99,17 +103,30 @@ def test_a_version_made_from_anything_else_is_not_taken_and_the_log_says_what_ch
         {"binding": {"spec": 1, "input": ["i1"]}},  # a hostile or broken record
         {"binding": "i1"},
         {"run_key": "daily-manual-2026-11-20"},  # another run of the date published since
+        # the run deleted and triggered again under its run id: the same run key, another run_after
+        {"airflow_run": {**RUN, "run_after": "2026-11-21T07:00:00+00:00"}},
+        {"airflow_run": None},  # committed by a job Airflow did not submit
         {"spec_fingerprint": "0123456789abcdef"},  # other parameters
         {"status": "held"},
         {"status": None},
     ],
-    ids=["not-recorded", "malformed", "not-a-dict", "another-run", "other-parameters", "held", "no-status"],
+    ids=[
+        "not-recorded",
+        "malformed",
+        "not-a-dict",
+        "another-run",
+        "run-created-again",
+        "no-airflow-run",
+        "other-parameters",
+        "held",
+        "no-status",
+    ],  # fmt: skip
 )
 def test_a_version_of_another_run_or_parameters_or_an_unreadable_binding_is_not_taken(
     spec: BatchInferenceSpec, layout: OutputLayout, overrides: dict[str, object]
 ) -> None:
     _commit(layout, spec, **overrides)
-    assert reuse.committed_result(layout, spec, _binding(spec)) is None
+    assert reuse.committed_result(layout, spec, _binding(spec), RUN) is None
 
 
 @pytest.mark.parametrize(
@@ -120,7 +137,7 @@ def test_a_manifest_no_version_can_be_read_from_is_nothing_to_take(
 ) -> None:
     Path(layout.manifest_uri).parent.mkdir(parents=True)
     Path(layout.manifest_uri).write_bytes(manifest)
-    assert reuse.committed_result(layout, spec, _binding(spec)) is None
+    assert reuse.committed_result(layout, spec, _binding(spec), RUN) is None
 
 
 def test_nothing_is_taken_once_a_later_try_staged_or_held_rows(
@@ -133,11 +150,22 @@ def test_nothing_is_taken_once_a_later_try_staged_or_held_rows(
     staging.mkdir(parents=True)
     # The committing try's own staging, left by a job stopped between its publish and its cleanup.
     Path(layout.staged_spec_uri).write_text(json.dumps({commit.STAGED_VERSION_KEY: "v1"}))
-    assert reuse.committed_result(layout, spec, _binding(spec)) is not None
+    assert reuse.committed_result(layout, spec, _binding(spec), RUN) is not None
 
     Path(layout.staged_spec_uri).write_text(json.dumps({commit.STAGED_VERSION_KEY: "v2"}))
-    assert reuse.committed_result(layout, spec, _binding(spec)) is None
+    assert reuse.committed_result(layout, spec, _binding(spec), RUN) is None
 
     Path(layout.staged_spec_uri).unlink()
     Path(commit.held_manifest_uri(layout)).write_text(json.dumps({"status": "held"}))
-    assert reuse.committed_result(layout, spec, _binding(spec)) is None
+    assert reuse.committed_result(layout, spec, _binding(spec), RUN) is None
+
+
+def test_a_job_whose_metadata_names_no_whole_run_takes_nothing(
+    spec: BatchInferenceSpec, layout: OutputLayout
+) -> None:
+    _commit(layout, spec)
+    partial = {key: value for key, value in RUN.items() if key != "run_after"}
+
+    assert reuse.airflow_run({**RUN, "try_number": "2"}) == RUN  # the try is no part of the run
+    assert reuse.airflow_run(partial) is None
+    assert reuse.committed_result(layout, spec, _binding(spec), reuse.airflow_run(partial)) is None
