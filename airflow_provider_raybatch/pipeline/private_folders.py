@@ -1,7 +1,7 @@
 """Folders on a node that only the Ray user can write: where we keep what vLLM loads and runs.
 
 The model cache (:mod:`.generate.model_cache`) and the compile cache
-(:func:`.generate.engine.checked_compile_cache_env`) hold files that vLLM, torch and Triton load and
+(:mod:`.generate.engine_caches`) hold files that vLLM, torch and Triton load and
 run: a model's code with ``trust_remote_code``, compiled graphs, kernels. On a node other local users
 share, a folder one of them made first (or a link, or a folder they can write) would have the replica
 run their code, or hand them ours. So:
@@ -35,8 +35,8 @@ def make_private_folders(root: str, folder: str, setting: str) -> None:
     """Make ``root`` and each folder from it down to ``folder`` where missing (0700), and check them and
     the folders above ``root``.
 
-    :param setting: the spec's setting that names the folder, as the refusal quotes it first:
-        ``"compile_cache_dir='/mnt/vllm-cache'"``.
+    :param setting: what the folder is and where its path came from, as the refusal quotes it first:
+        ``"model_cache_dir='/mnt/models'"``, ``"the Triton cache (TRITON_CACHE_DIR, set in ...)"``.
     :raises PrivateFolderError: naming the first folder another local user could have made or could write.
     """
     root = posixpath.abspath(root)

@@ -21,9 +21,9 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   folder when it compiles and the variable is unset (``triton_heuristics.py``), so on a node's first
   run vLLM's warm-up kernels land there too; a later run loads the compiled graphs, compiles nothing,
   and looks in Triton's default folder instead: it builds those kernels again (13-19 s on an H100),
-  and only the third run finds them. The replica sets the variable before its engine starts
-  (:func:`compile_cache_env`), optionally under a configurable folder (``compile_cache_dir``), and
-  first checks that the folders it names are the Ray user's alone (:func:`checked_compile_cache_env`).
+  and only the third run finds them. The replica sets the variable before its engine starts,
+  optionally under a configurable folder (``compile_cache_dir``), beside vLLM's and Inductor's, once
+  it checked that each is the Ray user's alone (:mod:`.engine_caches`).
 * **Raw vLLM's batch sizes.** Ray Data LLM builds its engine config without a usage context, which
   gets vLLM's generic 2,048 tokens and 128 sequences per scheduler step instead of what ``LLM()``
   gets (``EngineArgs.get_batch_defaults``: 4,096 / 256 on a CPU, 16,384 / 1,024 on an H100): on the
@@ -45,12 +45,12 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from multiprocessing import context as mp_context
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raybatch.pipeline import job_settings, private_folders
+from airflow_provider_raybatch.pipeline import job_settings
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
@@ -113,40 +113,6 @@ def forkserver_enabled() -> bool:
 STAGING_KWARG = "raybatch_staging"
 #: Our UDF's constructor keyword: the spec's ``compile_cache_dir``.
 COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
-#: Triton's own default (``triton/runtime/cache.py``), made explicit so Inductor does not move it.
-_TRITON_DEFAULT_CACHE = os.path.join("~", ".triton", "cache")
-
-
-def compile_cache_env(cache_dir: str | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables a replica sets before its engine starts, so that each run finds the kernels and
-    compiled graphs of the runs before it on that node.
-
-    :param cache_dir: the spec's ``compile_cache_dir``: vLLM's cache root and Triton's folder under it.
-        None: the node's own settings, plus an explicit ``TRITON_CACHE_DIR`` where the node has none.
-    """
-    if cache_dir:
-        root = os.path.expanduser(cache_dir)
-        return {"VLLM_CACHE_ROOT": root, "TRITON_CACHE_DIR": os.path.join(root, "triton")}
-    if environ.get("TRITON_CACHE_DIR"):
-        return {}
-    return {"TRITON_CACHE_DIR": os.path.expanduser(_TRITON_DEFAULT_CACHE)}
-
-
-def checked_compile_cache_env(cache_dir: str | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """:func:`compile_cache_env`, once each folder it names is made where missing (0700) and checked to
-    be the Ray user's alone (:mod:`..private_folders`); in the replica, before its engine starts.
-
-    Why: vLLM loads the compiled graphs and Triton the kernels these folders hold, and runs them in the
-    replica. A folder another local user made first (or a link, or one they can write, or under a
-    folder they can write) would have the replica run their code, or hand them ours. A node's own
-    ``VLLM_CACHE_ROOT`` and ``TRITON_CACHE_DIR`` are the node's settings and are left as they are.
-
-    :raises PrivateFolderError: naming ``compile_cache_dir``, the folder and what is wrong with it.
-    """
-    env = compile_cache_env(cache_dir, environ)
-    for folder in env.values():  # VLLM_CACHE_ROOT before the Triton folder under it
-        private_folders.make_private_folders(folder, folder, f"compile_cache_dir={cache_dir!r}")
-    return env
 
 
 def use_our_engine_stage(
@@ -157,7 +123,7 @@ def use_our_engine_stage(
 
     :param staging: the keywords of :class:`.parts.PartWriter` plus ``spec``: the replica then
         stages the rows it finishes as they finish (:mod:`.replica_staging`).
-    :param compile_cache_dir: where the replica keeps compiled graphs and kernels (:func:`compile_cache_env`).
+    :param compile_cache_dir: where the replica keeps compiled graphs and kernels (:mod:`.engine_caches`).
     """
     all_stages = list(getattr(processor, "stages", {}).values())
     _use_our_chat_template_stage(all_stages)

@@ -27,7 +27,7 @@ from typing import Any  # noqa: E402
 
 import ray  # noqa: E402
 
-from airflow_provider_raybatch.pipeline.generate import engine  # noqa: E402
+from airflow_provider_raybatch.pipeline.generate import engine, engine_caches  # noqa: E402
 from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows  # noqa: E402
 from airflow_provider_raybatch.pipeline.openai import openai_batch  # noqa: E402
 from airflow_provider_raybatch.pipeline.reporting.timings import replica_clock  # noqa: E402
@@ -68,6 +68,9 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
 
     #: The Ray Data LLM UDF this one takes the place of (engine.use_our_engine_stage).
     RAY_UDF = vLLMEngineStageUDF
+    #: The folders its engine loads compiled code from, checked before the engine was built; a warm
+    #: pool's replica checks them again at each attach (:mod:`.pool_replica`).
+    cache_folders: tuple[engine_caches.CacheFolder, ...] = ()
 
     def __init__(
         self,
@@ -81,7 +84,8 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         init_started_at = time.time()
         # Before the engine starts: its EngineCore gets this process's environment (spawned or forked),
         # and nothing may be loaded from a cache folder another local user could have planted.
-        os.environ.update(engine.checked_compile_cache_env(raybatch_compile_cache_dir, os.environ))
+        self.cache_folders = engine_caches.checked_cache_folders(raybatch_compile_cache_dir, os.environ)
+        os.environ.update(engine_caches.environment(self.cache_folders))
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()

@@ -78,7 +78,7 @@ def build_llm_processor(
     :param postprocess: the engine's row -> the pipeline's row.
     :param staging: where the replicas stage the rows they finish (``engine.use_our_engine_stage``).
     :param compile_cache_dir: where the replicas keep compiled graphs and kernels
-        (``engine.compile_cache_env``).
+        (``engine_caches``).
     """
     with engine_libraries_held_back():
         _answer_the_telemetry_probe_locally()
