@@ -353,13 +353,14 @@ class BatchInferenceSpec(BaseModel):
     )
     compile_cache_dir: str | None = Field(
         default=None,
-        description="Folder on each GPU node where the replicas keep vLLM's torch.compile cache and "
-        "Triton's kernels between runs (a persistent volume makes a fresh node's first run warm); "
-        "unset: the nodes' own VLLM_CACHE_ROOT (default ~/.cache/vllm) and Triton's ~/.triton/cache. "
-        "vLLM and Triton run what it holds: it and its triton folder must be the Ray user's and writable "
-        "by nobody else (made 0700 when missing; 0700 or 0755 is fine), and the folders above it the Ray "
-        "user's or root's; otherwise the job fails naming the folder. So must Triton's default folder, "
-        "which the replica names where the node sets no TRITON_CACHE_DIR.",
+        description="Folder on each GPU node where the replicas keep vLLM's torch.compile cache, "
+        "Triton's kernels and torch Inductor's code between runs (a persistent volume makes a fresh "
+        "node's first run warm); unset: the nodes' own VLLM_CACHE_ROOT (default ~/.cache/vllm) and "
+        "TRITON_CACHE_DIR (default ~/.triton/cache), Inductor's under vLLM's. vLLM, Triton and torch run "
+        "what it holds: it and its triton and inductor folders must be the Ray user's and writable by "
+        "nobody else (made 0700 when missing; 0700 or 0755 is fine), and the folders above it the Ray "
+        "user's or root's; otherwise the job fails naming the folder. So must the nodes' folders where "
+        "it is unset. engine_kwargs' compilation_config cannot set a cache_dir of its own.",
     )
     keep_warm_seconds: NonNegativeFloat | None = Field(
         default=None,
@@ -470,6 +471,15 @@ class BatchInferenceSpec(BaseModel):
                 raise ValueError(f"engine_kwargs['{key}']={value[key]!r} must be an int >= 1.")
         if "model" in value:
             raise ValueError("engine_kwargs['model'] is not allowed; pass the model as model=....")
+        compilation = value.get("compilation_config")
+        if isinstance(compilation, dict) and compilation.get("cache_dir"):
+            # vLLM loads and runs the compiled graphs it finds there; the replica checks only the cache
+            # folders it names itself (pipeline/generate/engine_caches.py).
+            raise ValueError(
+                f"engine_kwargs['compilation_config']['cache_dir']={compilation['cache_dir']!r} is not "
+                "allowed: vLLM runs the compiled code it finds there, and only compile_cache_dir is checked "
+                "to be a folder of the Ray user's alone. Set compile_cache_dir instead."
+            )
         _check_json_serializable("engine_kwargs", value)
         return value
 

@@ -274,6 +274,23 @@ def test_inductor_s_tmp_default_is_never_used_even_once_torch_filled_it_in(tmp_p
 # engine_kwargs -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("value", ["/tmp/planted", "~/graphs", "relative", "/srv/cache/../x"])
+def test_a_compile_cache_folder_set_through_engine_kwargs_is_refused_at_parse(value: str) -> None:
+    """vLLM's ``compilation_config.cache_dir`` would have it load compiled graphs from a folder the
+    replica never checked."""
+    from pydantic import ValidationError
+
+    from airflow_provider_raybatch.specs import BatchInferenceSpec
+
+    with pytest.raises(ValidationError, match=r"engine_kwargs\['compilation_config'\]\['cache_dir'\]=.* is "
+                       r"not allowed.*Set compile_cache_dir instead"):  # fmt: skip
+        BatchInferenceSpec(model="m", input_uri="/in.jsonl", output_uri="/out", user_template="{x}",
+                           engine_kwargs={"compilation_config": {"mode": 3, "cache_dir": value}})  # fmt: skip
+    spec = BatchInferenceSpec(model="m", input_uri="/in.jsonl", output_uri="/out", user_template="{x}",
+                              engine_kwargs={"compilation_config": {"mode": 3, "cache_dir": ""}})  # fmt: skip
+    assert spec.engine_kwargs["compilation_config"] == {"mode": 3, "cache_dir": ""}  # vLLM's default: fine
+
+
 @pytest.mark.parametrize("field", ["compile_cache_dir", "model_cache_dir"])
 @pytest.mark.parametrize("value", ["/tmp/x/../vcache", "relative-cache", "~other/cache", "/ok/..", "../up"])
 def test_a_cache_path_that_is_checked_as_one_folder_and_used_as_another_is_refused_at_parse(
