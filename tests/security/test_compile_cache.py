@@ -440,3 +440,77 @@ def test_the_replica_refuses_a_planted_cache_before_its_engine_starts_and_the_jo
             for name, job in jobs.items()} == dict.fromkeys(refusals, True), jobs  # fmt: skip
     assert all(report[name]["built"] == [] for name in refusals)  # refused before the engine build
     assert all("A retry with the same settings fails the same way" in job for job in jobs.values())
+
+
+# A warm pool's replica: a folder replaced under it ------------------------------------------------
+
+_WARM_REPLICA = """
+import json, os, shutil, time
+import ray
+from airflow_provider_raybatch.pipeline import run
+from airflow_provider_raybatch.pipeline.generate import engine, pool_replica
+from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+class Replica(EngineReplica):  # the replica's own code; only Ray Data LLM's engine build is stubbed
+    def __init__(self, cache_dir):
+        from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
+
+        def build(udf, *args, **kwargs):
+            udf.llm = type("Engine", (), {})()
+        vLLMEngineStageUDF.__init__ = build
+        os.environ[engine.FORKSERVER_ENV] = "0"
+        super().__init__({"model": "never-loaded"}, cache_dir, "f", keep_warm_seconds=60.0)
+
+ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+groups = {pool_replica.CONTROL_GROUP: pool_replica.CONTROL_CALLS}  # as engine_pool makes a replica
+replica = ray.remote(concurrency_groups=groups)(Replica).options(max_concurrency=8).remote(CACHE)
+report = {"first": ray.get(replica.attach.remote("job-a", 60.0), timeout=120)["jobs_served"]}
+# A tmp cleaner deletes the folder under the live replica: the next look makes it again, the Ray user's.
+shutil.rmtree(CACHE)
+report["renewed"] = ray.get(replica.attach.remote("job-a", 60.0), timeout=30)["jobs_served"]
+report["remade_mode"] = oct(os.stat(CACHE).st_mode & 0o777) if os.path.exists(CACHE) else None
+# Deleted again, and this time another local user makes it first, a kernel of theirs inside.
+shutil.rmtree(CACHE, ignore_errors=True)
+os.makedirs(os.path.join(CACHE, "triton", "k"))
+with open(os.path.join(CACHE, "triton", "k", "kernel.so"), "wb") as kernel:
+    kernel.write(b"theirs")
+for folder, _, files in os.walk(CACHE):
+    os.chmod(folder, 0o755)
+    os.chown(folder, 65534, 65534)
+try:
+    ray.get(replica.attach.remote("job-b", 60.0), timeout=30)
+    report["second"] = "attached"
+except ray.exceptions.RayTaskError as err:
+    report["second"] = type(err.cause).__name__
+    report["job"] = str(run.EngineStageFailed(err))
+deadline = time.monotonic() + 30
+report["ended"] = False
+while time.monotonic() < deadline and not report["ended"]:
+    try:
+        ray.get(replica.__ray_ready__.remote(), timeout=5)
+        time.sleep(0.2)
+    except ray.exceptions.RayActorError:
+        report["ended"] = True
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="making a folder another user's needs root")
+def test_a_cache_folder_remade_by_another_user_under_a_warm_replica_ends_it_at_the_next_attach(
+    tmp_path: Path,
+) -> None:
+    """A warm replica lives for hours: a folder of its cache deleted under it (a tmp cleaner) and made
+    again by another local user is refused at the next attach, whose job fails saying so, and the
+    replica ends (a fresh one would be refused alike). Deleted and not re-made, it is made again,
+    private, and the replica goes on."""
+    cache = tmp_path / "tmp" / "vllm-cache"
+    cache.parent.mkdir()
+    cache.parent.chmod(0o1777)
+
+    report = run_in_ray_env(f"CACHE = {str(cache)!r}\n{_WARM_REPLICA}")
+
+    assert report["second"] == "PrivateFolderError", report
+    assert (report["first"], report["renewed"], report["remade_mode"]) == (0, 1, oct(0o700))
+    why = f"{vllm_root(cache)}: {str(cache)!r} is owned by uid {NOBODY}"
+    assert report["job"].startswith(f"The engine stage failed: PrivateFolderError: {why}"), report["job"]
+    assert report["ended"] is True

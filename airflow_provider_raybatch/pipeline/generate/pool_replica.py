@@ -33,6 +33,9 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from airflow_provider_raybatch.pipeline.generate import engine_caches
+from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
+
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 _T = TypeVar("_T")
 
@@ -94,6 +97,8 @@ class EngineReplica:
 
     #: The loop the rows and the engine run on (:meth:`_on_rows_loop`); None outside a Ray actor.
     _loop: asyncio.AbstractEventLoop | None = None
+    #: The folders its engine loads compiled code from (:mod:`.engine_caches`), checked again at each attach.
+    _cache_folders: tuple[engine_caches.CacheFolder, ...] = ()
 
     def __init__(
         self,
@@ -116,6 +121,7 @@ class EngineReplica:
             raybatch_compile_cache_dir=compile_cache_dir,
             **engine_kwargs,
         )
+        self._cache_folders = self._engine.cache_folders
         # The chat template is the job's, not the engine's: jobs of one model and engine settings share
         # the replica whatever their chat-template settings (a completions job has none), each rendering
         # with its own. The creating job's is loaded with the engine; another job's at its first attach.
@@ -168,6 +174,7 @@ class EngineReplica:
         self, job_id: str, keep_warm_seconds: float, chat_template: dict[str, Any] | None
     ) -> dict[str, Any]:  # Any: JSON values.
         await self._refuse_if_retiring()
+        self._check_cache_folders()
         state = self._state()
         if chat_template is not None:
             await self._hold_chat_template(job_id, chat_template)
@@ -178,6 +185,26 @@ class EngineReplica:
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_leases())
         return state
+
+    def _check_cache_folders(self) -> None:
+        """Check the engine's cache folders again, as before it was built; a refused one ends the replica.
+
+        A replica lives for hours, and its engine loads from these folders whenever it compiles a shape
+        it has not seen: a folder that a tmp cleaner deleted under it and another local user made
+        again would serve that user's code. Each attach (a job's first, and its driver's renewals every
+        few seconds) looks again. A refused folder ends the replica rather than having a fresh one
+        built: a fresh one would check the same folder and be refused too, so the engine build would be
+        for nothing, while the job learns why at once (the attach raises). The end is abrupt, not
+        the engine's orderly shutdown: rows still in the engine must reach their jobs as a dead
+        replica (sent again elsewhere), not as rows failed by an engine shutting down.
+
+        :raises PrivateFolderError: naming the cache, the folder and what is wrong with it.
+        """
+        try:
+            engine_caches.check(self._cache_folders)
+        except PrivateFolderError as err:
+            self._retire(f"a cache folder of its engine was refused at a later look: {err}", orderly=False)
+            raise
 
     @_control_call
     async def release(self, job_id: str) -> dict[str, int]:
@@ -343,8 +370,13 @@ class EngineReplica:
         for task in tasks:
             task.cancel()  # vLLM aborts a request whose caller is cancelled
 
-    def _retire(self, why: str) -> None:
-        """Shut the engine down and end this actor (its name is then free for a new replica)."""
+    def _retire(self, why: str, orderly: bool = True) -> None:
+        """Shut the engine down and end this actor (its name is then free for a new replica).
+
+        :param orderly: shut the engine down first; False: end the actor as it is (its EngineCore ends
+            with it, :mod:`.engine_lifetime`), and its rows in flight come back to their jobs as a
+            dead replica's.
+        """
         import ray
 
         if self._retiring:
@@ -354,8 +386,9 @@ class EngineReplica:
         # (calls that wait for the end in _refuse_if_retiring must not wait forever).
         threading.Timer(10.0, os._exit, (0,)).start()
         log.warning("Engine pool replica %s retires: %s.", self._fingerprint, why)
-        with contextlib.suppress(Exception):  # best effort: the actor's end kills what is left
-            self._engine.llm.shutdown()
+        if orderly:
+            with contextlib.suppress(Exception):  # best effort: the actor's end kills what is left
+                self._engine.llm.shutdown()
         me = ray.get_runtime_context().current_actor
         # A moment later: a retire_if_idle call still gets its answer.
         threading.Timer(0.2, lambda: ray.kill(me, no_restart=True)).start()
