@@ -33,6 +33,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.utils.json_schema import schema_problem
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
 OutputFormat = Literal["parquet", "jsonl"]
@@ -308,7 +309,11 @@ class BatchInferenceSpec(BaseModel):
         default=None, description="Dotted path of a row -> row function applied to each output row."
     )
     sampling_params: dict[str, Any] = Field(  # Any: vLLM SamplingParams values are of many types.
-        default_factory=dict, description="vLLM SamplingParams, e.g. max_tokens, structured_outputs."
+        default_factory=dict,
+        description="vLLM SamplingParams, e.g. max_tokens, structured_outputs={'json': a JSON schema}. "
+        "Unknown keys are refused with the likely one; a JSON schema's misspelled keyword "
+        "('requried'), non-JSON type ('str') or required name one letter off a property is refused "
+        "too, since JSON Schema would ignore it and the output not be held to it.",
     )
     engine_kwargs: dict[str, Any] = Field(  # Any: passed as they are to vLLM's engine arguments.
         default_factory=dict,
@@ -775,7 +780,10 @@ def _check_structured_outputs(structured: Any, name: str = "sampling_params") ->
     if unknown:
         raise ValueError(
             unknown_keys_message(
-                f"{name}['structured_outputs']", unknown, STRUCTURED_OUTPUT_KINDS | STRUCTURED_OUTPUT_OPTIONS
+                f"{name}['structured_outputs']",
+                unknown,
+                STRUCTURED_OUTPUT_KINDS | STRUCTURED_OUTPUT_OPTIONS,
+                RENAMED_STRUCTURED_OUTPUT_KEYS,
             )
         )
     kinds = sorted(set(structured) & STRUCTURED_OUTPUT_KINDS)
@@ -784,6 +792,8 @@ def _check_structured_outputs(structured: Any, name: str = "sampling_params") ->
             f"{name}['structured_outputs'] must set exactly one of {sorted(STRUCTURED_OUTPUT_KINDS)}, "
             f"got {kinds}."
         )
+    if "json" in structured:
+        _check_json_schema(structured["json"], f"{name}['structured_outputs']['json']")
     if "choice" in structured:
         choice = structured["choice"]
         if (
@@ -795,6 +805,13 @@ def _check_structured_outputs(structured: Any, name: str = "sampling_params") ->
                 f"{name}['structured_outputs']['choice']={choice!r} must be a non-empty list of "
                 "non-empty strings."
             )
+
+
+def _check_json_schema(schema: Any, where: str) -> None:  # Any: user input.
+    """A ``json`` structured output is a JSON schema without misspellings (utils/json_schema.py)."""
+    problem = schema_problem(schema, where)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def parse_allowed_host_entry(
@@ -898,6 +915,17 @@ RENAMED_SAMPLING_KEYS = {
     "guided_grammar": "structured_outputs={'grammar': '...'}",
     "guided_json_object": "structured_outputs={'json_object': True}",
     "max_new_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "stop_sequences": "stop",
+    "json_schema": "structured_outputs={'json': <the JSON schema>}",
+    "response_format": "structured_outputs={'json': <the JSON schema>} or {'json_object': True}; "
+    "OpenAI's request body takes response_format in an OpenAI batch file (openai_endpoint)",
+}
+#: Keys of structured_outputs as other APIs name them (OpenAI's response_format), and vLLM's instead.
+RENAMED_STRUCTURED_OUTPUT_KEYS = {
+    "json_schema": "'json': the JSON schema itself, e.g. {'json': {'type': 'object', ...}}",
+    "schema": "'json': the JSON schema itself, e.g. {'json': {'type': 'object', ...}}",
+    "type": "one key naming the kind, e.g. {'json': <schema>}, {'choice': [...]} or {'regex': '...'}",
 }
 
 

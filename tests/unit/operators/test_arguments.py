@@ -305,6 +305,26 @@ def test_validate_names_the_field_a_doubled_brace_broke() -> None:
             "unknown key 'guided_decoding' (use structured_outputs",
         ),
         ({"sampling_params": {"guided_choice": ["a"]}}, "(use structured_outputs={'choice': [...]})"),
+        # Other APIs' names, where difflib would suggest a wrong key ('min_tokens') or none.
+        ({"sampling_params": {"max_completion_tokens": 8}}, "'max_completion_tokens' (use max_tokens)"),
+        ({"sampling_params": {"stop_sequences": ["\n"]}}, "'stop_sequences' (use stop)"),
+        (
+            {"sampling_params": {"json_schema": {"type": "object"}}},
+            "'json_schema' (use structured_outputs={'json': <the JSON schema>})",
+        ),
+        (
+            {"sampling_params": {"response_format": {"type": "json_object"}}},
+            "'response_format' (use structured_outputs={'json': <the JSON schema>} or {'json_object': True}",
+        ),
+        (
+            {"sampling_params": {"structured_outputs": {"json_schema": {"type": "object"}}}},
+            "sampling_params['structured_outputs'] has unknown key 'json_schema' (use 'json': the JSON "
+            "schema itself",
+        ),
+        (
+            {"sampling_params": {"structured_outputs": {"type": "json", "json": {}}}},
+            "unknown key 'type' (use one key naming the kind, e.g. {'json': <schema>}",
+        ),
     ],
 )
 def test_older_sampling_names_point_to_the_current_ones(kwargs: dict, message: str) -> None:
