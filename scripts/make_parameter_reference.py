@@ -93,9 +93,9 @@ LATER_CHECKS: dict[str, str] = {
 
 #: When the operator-only arguments are checked, and by what, read from the code that uses them.
 OPERATOR_CHECKS: dict[str, str] = {
-    "reuse_earlier_result": "When the task runs, before it looks for an earlier try's job: `True`/`False`, "
-    "or text `true`/`false`, `1`/`0`, `yes`/`no`; unset or empty is the default; anything else fails the "
-    "task. Not at DAG parse, not by `task.validate(context)`.",
+    "reuse_earlier_result": "Written as is: at DAG parse. Templated: by `task.validate(context)`, and "
+    "when the task runs, before it looks for an earlier try's job. `True`/`False`, or text "
+    "`true`/`false`, `1`/`0`, `yes`/`no`; unset or empty is the default; anything else is refused.",
     "ray_conn_id": "When the task first calls the cluster, before it submits (it lists the cluster's jobs "
     "for an earlier try's): the connection must exist and its settings must parse. The triggerer reads it "
     "again when deferred. Not at DAG parse.",

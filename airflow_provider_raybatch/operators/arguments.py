@@ -25,8 +25,9 @@ from airflow_provider_raybatch.operators.ray_data_llm_settings import RAY_DATA_L
 from airflow_provider_raybatch.specs import VLLM_SAMPLING_PARAMS, did_you_mean
 
 #: vLLM engine arguments a notebook passes where this operator takes them in ``engine_kwargs`` (the
-#: common ones: the job's driver checks every key of engine_kwargs against the cluster's vLLM).
-_ENGINE_ARGUMENTS = frozenset({
+#: common ones: the job's driver checks every key of engine_kwargs against the cluster's vLLM); a key
+#: of engine_kwargs one letter off one of them is warned of (likely_mistakes.py).
+ENGINE_ARGUMENTS = frozenset({
     "block_size", "cpu_offload_gb", "distributed_executor_backend", "dtype", "enable_chunked_prefill",
     "enable_lora", "enable_prefix_caching", "enforce_eager", "gpu_memory_utilization",
     "kv_cache_dtype", "kv_cache_memory_bytes", "limit_mm_per_prompt", "max_lora_rank", "max_loras",
@@ -203,13 +204,13 @@ def _hint(name: str, known: AbstractSet[str]) -> str:
         if name in setting.name.split(", "):
             here = setting.ours.rstrip(".")
             return f" (a Ray Data LLM setting, of {setting.where}; here: {here})".replace("`", "")
-    if name in _ENGINE_ARGUMENTS:
+    if name in ENGINE_ARGUMENTS:
         return f" (a vLLM engine argument: pass it in engine_kwargs={{{name!r}: ...}})"
     if name in VLLM_SAMPLING_PARAMS:
         return f" (a vLLM sampling parameter: pass it in sampling_params={{{name!r}: ...}})"
-    close = difflib.get_close_matches(name, sorted(known | _ENGINE_ARGUMENTS | VLLM_SAMPLING_PARAMS), n=1)
+    close = difflib.get_close_matches(name, sorted(known | ENGINE_ARGUMENTS | VLLM_SAMPLING_PARAMS), n=1)
     if close and close[0] not in known:
-        where = "engine_kwargs" if close[0] in _ENGINE_ARGUMENTS else "sampling_params"
+        where = "engine_kwargs" if close[0] in ENGINE_ARGUMENTS else "sampling_params"
         return f" (did you mean {where}={{{close[0]!r}: ...}}?)"
     return did_you_mean(name, known)
 

@@ -27,14 +27,17 @@ from airflow_provider_raybatch.links import (
     RunReportLink,
 )
 from airflow_provider_raybatch.manifest import describe_engine_pool, describe_timings
-from airflow_provider_raybatch.operators import arguments, job_results, job_shipping, partition_dates
+from airflow_provider_raybatch.operators import (
+    arguments,
+    job_results,
+    job_shipping,
+    partition_dates,
+    written_values,
+)
 from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
-from airflow_provider_raybatch.operators.spec_params import (
-    check_literal_params,
-    rendered_flag,
-    spec_from_params,
-)
+from airflow_provider_raybatch.operators.spec_params import SPEC_PARAMETERS as SPEC_PARAMETERS  # re-exported
+from airflow_provider_raybatch.operators.spec_params import rendered_flag, spec_from_params
 from airflow_provider_raybatch.operators.task_tries import submission_order, task_try_of, try_number_of
 from airflow_provider_raybatch.specs import (
     DEFAULT_MAX_FAILED_FRACTION,
@@ -60,8 +63,6 @@ if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
-#: The operator's parameters that are the job spec's fields (all but the run key, which a run gives).
-SPEC_PARAMETERS = tuple(name for name in BatchInferenceSpec.model_fields if name != "run_key")
 #: Key under which the job id is kept in Airflow's task state store across tries.
 JOB_ID_STATE_KEY = "raybatch_job_id"
 #: How long a superseded job may take to stop before a new job takes over its staging folder.
@@ -340,30 +341,28 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         self.job_id: str | None = None
         #: The committed run's manifest, once execute_complete has read it (for lineage).
         self.manifest: dict[str, Any] | None = None  # Any: JSON values.
-        # Literal values are checked now, as the DAG is parsed: a mistake is an import error in the UI,
-        # not a task that fails when it runs. Templated ones are checked when rendered, or by validate().
-        literal = {name: getattr(self, name) for name in SPEC_PARAMETERS}
-        literal = {name: value for name, value in literal.items() if arguments.is_literal(value)}
+        # Values written as is are checked now, as the DAG is parsed: a mistake is an import error in
+        # the UI, not a task that fails when it runs. Templated ones are checked when rendered, or by
+        # validate(). Airflow's check of a mapped task's arguments passes placeholders: nothing to check.
+        task = f"{type(self).__name__} (task_id: {self.task_id})"
+        values = {name: getattr(self, name) for name in SPEC_PARAMETERS}
         #: The parameters written as templates (or XComs): their rendered values are text to read back.
-        self._templated_parameters = frozenset(SPEC_PARAMETERS) - set(literal)
-        try:
-            arguments.refuse_templates_where_none_render(
-                {name: getattr(self, name) for name in SPEC_PARAMETERS if name not in self.template_fields}
+        self._templated_parameters = frozenset(
+            name for name, value in values.items() if not arguments.is_literal(value)
+        )
+        if not mapped_validation:
+            written_values.check_as_written(
+                task,
+                {**values, "reuse_earlier_result": reuse_earlier_result},
+                template_fields=self.template_fields,
+                complete=True,
             )
-            if mapped_validation:
-                pass  # Airflow's check of a mapped task's arguments: the mapped values are placeholders
-            elif len(literal) == len(SPEC_PARAMETERS):
-                self.build_spec()
-            else:
-                check_literal_params(literal)
-            if not mapped_validation:  # read from the module's source, never imported here
-                job_shipping.check_user_functions(preprocess=self.preprocess, postprocess=self.postprocess)
-        except BatchSpecError as err:  # an import error names the file: this names the task in it
-            raise BatchSpecError(f"{type(self).__name__} (task_id: {self.task_id}): {err}") from None
+            extra = {"runtime_env": runtime_env, "entrypoint_resources": entrypoint_resources}
+            written_values.warn_of_likely_mistakes(task, {**values, **extra}, stacklevel=2)
         if self.has_dag() and (
             reads_today := partition_dates.todays_partition_warning(self.dag.timetable, input_uri)
         ):
-            warnings.warn(f"{type(self).__name__} (task_id: {self.task_id}): {reads_today}", stacklevel=2)
+            warnings.warn(f"{task}: {reads_today}", stacklevel=2)
 
     @property
     def hook(self) -> RayHook:
@@ -384,7 +383,8 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         for a DAG's own test in CI. Returns the job spec; raises BatchSpecError naming the parameter,
         or Jinja's error naming a template variable ``context`` lacks. A ``preprocess`` /
         ``postprocess`` whose module is found here must define its function (read from the module's
-        source: the module is not imported).
+        source: the module is not imported), and a rendered ``reuse_earlier_result`` must be a yes or
+        no. Likely mistakes in the rendered values (a misspelled engine argument, ...) are warnings.
 
         :param context: the template variables the parameters use, e.g.
             ``{"data_interval_start": pendulum.datetime(2026, 11, 20), "params": {"model": "..."}}``;
@@ -413,8 +413,14 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         try:
             spec = rendered.build_spec()
             job_shipping.check_user_functions(**dict(job_shipping.user_functions(spec)))
+            rendered_flag("reuse_earlier_result", rendered.reuse_earlier_result, default=True)
         except BatchSpecError as err:
             raise BatchSpecError(f"{task}: {err}") from None
+        if self._templated_parameters:  # what was written as is was warned of as the DAG was parsed
+            rendered_values = {name: getattr(spec, name) for name in self._templated_parameters}
+            written_values.warn_of_likely_mistakes(
+                task, {**rendered_values, "preprocess": spec.preprocess}, stacklevel=2
+            )
         return spec
 
     # -- shipping (operators/job_shipping.py) ----------------------------------------------------

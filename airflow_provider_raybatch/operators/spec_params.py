@@ -17,6 +17,8 @@ from typing import Any
 from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
+#: The operator's parameters that are the job spec's fields (all but the run key, which a run gives).
+SPEC_PARAMETERS = tuple(name for name in BatchInferenceSpec.model_fields if name != "run_key")
 # Spec fields that take a dict, list or number; after templating they may arrive as (JSON) text.
 _JSON_PARAMS = (
     "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",

@@ -207,3 +207,43 @@ def _assigns_attribute(path: Path, attribute: str) -> bool:
         isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr == attribute
         for node in ast.walk(tree)
     )
+
+
+def keys_set_by(dotted_path: str) -> frozenset[str] | None:
+    """The text keys a row function plainly puts in a dict it builds (``{"messages": ...}``,
+    ``dict(prompt=...)``, ``row["messages"] = ...``, ``row.update(prompt=...)``), read from its
+    module's source; None where the function's source is not found here (see :func:`missing_function`).
+
+    A key written only in a comprehension or under another name is not seen: what this finds is
+    certain to be set on some path, not every key the function may set.
+    """
+    module_name, attribute = split_dotted_path(dotted_path)
+    parts = module_name.split(".")
+    if not attribute.isidentifier() or not all(part.isidentifier() for part in parts):
+        return None
+    specs = _module_specs(parts)
+    source = _source_file(specs[-1]) if specs else None
+    tree = _parsed(source) if source is not None else None
+    if tree is None:
+        return None
+    defined = (node for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef))
+    function = next((node for node in defined if node.name == attribute), None)
+    if function is None:
+        return None
+    keys: set[object] = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Dict):
+            keys.update(key.value for key in node.keys if isinstance(key, ast.Constant))
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.slice, ast.Constant):
+                keys.add(node.slice.value)
+        elif isinstance(node, ast.Call) and _builds_a_dict(node.func):
+            keys.update(keyword.arg for keyword in node.keywords if keyword.arg is not None)
+    return frozenset(key for key in keys if isinstance(key, str))
+
+
+def _builds_a_dict(func: ast.expr) -> bool:
+    """``dict(...)`` or ``<something>.update(...)``: calls whose keyword arguments become keys."""
+    return (isinstance(func, ast.Name) and func.id == "dict") or (
+        isinstance(func, ast.Attribute) and func.attr == "update"
+    )

@@ -467,3 +467,22 @@ def test_validate_checks_the_function_against_the_module_as_it_is_now(row_module
         "RayLLMBatchOperator (task_id: classify): preprocess='raybatch_arg_rows.clean_company': module "
     )
     assert "(did you mean 'clean_companies'?)" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["sometimes", "Flase"])
+def test_a_reuse_earlier_result_that_is_no_flag_fails_as_the_task_is_built(value: str) -> None:
+    with pytest.raises(BatchSpecError, match=re.escape(
+        f"RayLLMBatchOperator (task_id: classify): reuse_earlier_result={value!r} is neither true nor false"
+    )):  # fmt: skip
+        build(reuse_earlier_result=value)
+
+
+def test_validate_checks_a_rendered_reuse_earlier_result() -> None:
+    """The way a backfill turns it off: --dag-run-conf '{"reuse_earlier_result": false}'."""
+    operator = build(
+        reuse_earlier_result="{{ params.reuse_earlier_result }}", params={"reuse_earlier_result": True}
+    )
+
+    operator.validate({"params": {"reuse_earlier_result": False}})
+    with pytest.raises(BatchSpecError, match=r"reuse_earlier_result='no thanks' is neither true nor false"):
+        operator.validate({"params": {"reuse_earlier_result": "no thanks"}})

@@ -828,7 +828,8 @@ def test_an_unset_reuse_earlier_result_lets_the_job_take_the_earlier_result(
 def test_a_rendered_reuse_earlier_result_that_is_not_a_flag_names_it(
     ray_conn: str, cluster: FakeCluster
 ) -> None:
-    op = make_operator(ray_conn_id=ray_conn, reuse_earlier_result="sometimes")
+    op = make_operator(ray_conn_id=ray_conn, reuse_earlier_result="{{ params.reuse }}")
+    op.reuse_earlier_result = "sometimes"  # as rendered (written so, it fails as the DAG is parsed)
 
     with pytest.raises(BatchSpecError, match=r"reuse_earlier_result='sometimes' is neither true nor false"):
         op.execute({"ti": retry_ti(2), "task_state_store": FakeStateStore()})
