@@ -283,7 +283,17 @@ parameters are all written as is; a check that involves a templated parameter wa
 rendered values: when the task runs, before anything is submitted, or earlier, in a DAG's own test,
 by `task.validate(context)`, which renders the templates with `context` and builds the spec. A
 template given to a parameter that is not templated is refused as the DAG is parsed. A mapped
-task (`.partial(...).expand(...)`) is checked when each mapped task runs. The spec's `run_key` is not a
+task (`.partial(...).expand(...)` or `.expand_kwargs(...)`) is checked as the DAG is parsed too:
+`partial`'s values written as is, and each map index whose values the DAG file lists (an error names
+the map index); a value mapped over an upstream task's XCom waits, as a template does, and
+`RayLLMBatchOperator.validate_mapped(task, context, expand=...)` validates every map index in a DAG's
+own test. Some legal values that are most likely mistakes are warned of (a Python `UserWarning`,
+shown with the DAG's other warnings) as the DAG is parsed and by `validate()`: a key of
+`engine_kwargs` one letter off a common vLLM engine argument, a resource name of
+`replica_resources` or `entrypoint_resources` that differs from Ray's `CPU`, `GPU` or `memory` only
+in case or a letter, a `runtime_env` field one letter off Ray's, and a `preprocess` whose source
+returns `messages` or `prompt` beside `user_template` or `messages_column`, which the job uses
+instead. The spec's `run_key` is not a
 parameter: the operator derives it from the DAG, run, task and map index. Templated dict, list and
 number parameters may render to JSON text: render a dict or list Param with `| tojson`
 (`"{{ params.engine_kwargs | tojson }}"`), as Jinja's own rendering of one is Python text, not JSON.

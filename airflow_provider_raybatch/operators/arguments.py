@@ -149,12 +149,12 @@ def refuse_unknown(operator: str, given: dict[str, Any], init: Callable[..., Non
     """Raise TypeError naming each argument of ``given`` that neither ``init`` nor BaseOperator takes,
     with the likeliest spelling.
 
-    :param given: the arguments left for BaseOperator (``**kwargs`` of ``init``).
+    :param given: the arguments given (or those left for BaseOperator: ``**kwargs`` of ``init``).
     """
-    unknown = sorted(set(given) - _BASE_ARGUMENTS)
+    known = _known(init)
+    unknown = sorted(set(given) - known)
     if not unknown:
         return
-    known = _known(init)
     named = ", ".join(f"{name!r}{_hint(name, known)}" for name in unknown)
     task = f" (task_id: {given['task_id']})" if "task_id" in given else ""
     raise TypeError(f"{operator}{task} got unknown argument{'s' if len(unknown) > 1 else ''} {named}.")

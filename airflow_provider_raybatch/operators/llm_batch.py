@@ -31,6 +31,7 @@ from airflow_provider_raybatch.operators import (
     arguments,
     job_results,
     job_shipping,
+    mapped_tasks,
     partition_dates,
     written_values,
 )
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 
     from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
+    from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
 
 #: Key under which the job id is kept in Airflow's task state store across tries.
 JOB_ID_STATE_KEY = "raybatch_job_id"
@@ -364,6 +366,30 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         ):
             warnings.warn(f"{task}: {reads_today}", stacklevel=2)
 
+    @classmethod
+    def partial(cls, **kwargs: Any) -> OperatorPartial:  # Any: operator arguments.
+        """Airflow's ``partial`` for a mapped task, whose values written as is are checked now, and
+        whose ``expand`` builds and checks each map index the DAG file lists
+        (operators/mapped_tasks.py): a mistake fails the DAG's import, naming the map index."""
+        mapped_tasks.check_partial(cls, kwargs)
+        return mapped_tasks.CheckedPartial.of(super().partial(**kwargs))
+
+    @staticmethod
+    def validate_mapped(
+        task: MappedOperator,
+        context: Mapping[str, Any] | None = None,  # Any: template variables.
+        expand: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None = None,  # Any: values.
+    ) -> list[BatchInferenceSpec]:
+        """:meth:`validate` for a mapped task (``dag.get_task(...)`` of a ``partial(...).expand(...)``):
+        each map index built as a run builds it and validated; the job specs in map index order.
+
+        :param context: as for :meth:`validate`.
+        :param expand: the values of what is mapped over an upstream task's XCom, which the DAG file
+            does not hold: ``{"input_uri": [...]}`` for ``expand(input_uri=...)``, a list of dicts for
+            ``expand_kwargs(...)``.
+        """
+        return mapped_tasks.validate_mapped(task, context, expand)
+
     @property
     def hook(self) -> RayHook:
         return RayHook(ray_conn_id=self.ray_conn_id)
@@ -385,6 +411,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         ``postprocess`` whose module is found here must define its function (read from the module's
         source: the module is not imported), and a rendered ``reuse_earlier_result`` must be a yes or
         no. Likely mistakes in the rendered values (a misspelled engine argument, ...) are warnings.
+        A mapped task: :meth:`validate_mapped`.
 
         :param context: the template variables the parameters use, e.g.
             ``{"data_interval_start": pendulum.datetime(2026, 11, 20), "params": {"model": "..."}}``;

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import re
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pendulum
 import pytest
-from airflow.dag_processing.dagbag import DagBag
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -169,31 +167,6 @@ def test_validate_takes_a_date_written_as_text() -> None:
     spec = op.validate({"data_interval_start": "2026-11-20", "logical_date": "2026-11-21T06:00:00+00:00"})
 
     assert spec.input_uri == "s3://b/2026-11-20/06/in.jsonl"
-
-
-def test_a_mapped_task_parses_and_each_mapped_value_is_checked_when_it_runs(tmp_path: Path) -> None:
-    (tmp_path / "mapped.py").write_text(
-        textwrap.dedent(
-            """
-            from airflow.sdk import dag
-            from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-
-            @dag(schedule=None)
-            def mapped_batches():
-                RayLLMBatchOperator.partial(
-                    task_id="classify", model="m", output_uri="s3://b/out", user_template="{text}"
-                ).expand(input_uri=["s3://b/a.jsonl", "s3://b/b.jsonl"])
-
-            mapped_batches()
-            """
-        )
-    )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-        bag = DagBag(dag_folder=str(tmp_path), safe_mode=False)
-
-    assert bag.import_errors == {}
-    assert set(bag.dags) == {"mapped_batches"}
 
 
 JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
