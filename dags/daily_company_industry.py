@@ -62,6 +62,12 @@ INDUSTRIES = [
             type=["null", "string"],
             description="AWS connection for s3:// data and model; unset: the Ray cluster's own role.",
         ),
+        "reuse_earlier_result": Param(
+            True,
+            type="boolean",
+            description="A clear or backfill of a date takes its earlier succeeded result; false: run "
+            "it again (late or corrected input), e.g. --dag-run-conf '{\"reuse_earlier_result\": false}'.",
+        ),
     },
 )
 def daily_company_industry() -> None:
@@ -80,6 +86,7 @@ def daily_company_industry() -> None:
         batch_size=64,
         aws_conn_id="{{ params.aws_conn_id or '' }}",
         keep_warm_seconds="{{ params.keep_warm_seconds }}",
+        reuse_earlier_result="{{ params.reuse_earlier_result }}",
         # Wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says.
         deferrable=True,
     )

@@ -6,6 +6,7 @@ of them on the real scheduler."""
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +16,8 @@ from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.definitions.dag import DAG
 from airflow.serialization.serialized_objects import DagSerialization
 from airflow.timetables.base import TimeRestriction, Timetable
+
+from airflow_provider_raybatch.operators.spec_params import rendered_flag
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The daily examples: (DAG id, task id, input folder, output folder).
@@ -50,7 +53,7 @@ def _scheduler_timetable(dag: DAG) -> Timetable:
 
 def _paths_read(dag: DAG, task_id: str, data_interval_start: datetime) -> tuple[str, str]:
     """The task's (input_uri, output_uri) rendered as a run of that interval renders them."""
-    task = dag.get_task(task_id)
+    task = copy.copy(dag.get_task(task_id))  # rendered in place: the module's DAGs stay as written
     params = {**{name: dag.params[name] for name in dag.params}, "data_root": "s3://bucket/root"}
     context = {"params": params, "data_interval_start": data_interval_start}
     task.render_template_fields(context)
@@ -80,6 +83,20 @@ def test_a_daily_example_reads_the_day_before_its_run(
     input_uri, output_uri = _paths_read(dag, task_id, interval.start)
     assert f"/{inputs}/2026-11-20/" in input_uri, input_uri
     assert output_uri == f"s3://bucket/root/{outputs}/2026-11-20"
+
+
+@pytest.mark.parametrize(("conf", "reuse"), [({}, True), ({"reuse_earlier_result": False}, False)])
+def test_a_runs_conf_turns_reuse_earlier_result_off_without_editing_the_dag(
+    example_dags: DagBag, conf: dict[str, bool], reuse: bool
+) -> None:
+    """A backfill of dates whose input came late: --dag-run-conf '{"reuse_earlier_result": false}'
+    (docs/howto-backfill.md) makes a reprocessed date run again instead of taking its old result."""
+    dag = example_dags.dags["daily_company_industry"]
+    task = copy.copy(dag.get_task("classify_industry"))
+    params = {**{name: dag.params[name] for name in dag.params}, **conf}
+    task.render_template_fields({"params": params, "data_interval_start": datetime(2026, 11, 20, tzinfo=UTC)})
+
+    assert rendered_flag("reuse_earlier_result", task.reuse_earlier_result, default=True) is reuse
 
 
 def _readme_dag() -> str:
