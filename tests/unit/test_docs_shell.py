@@ -14,6 +14,7 @@ import json
 import re
 import shlex
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -109,3 +110,45 @@ def test_every_airflow_command_is_one_airflow_takes(where: str, words: list[str]
             airflow_parser.parse_args(words[1:])
     except SystemExit as exit_:
         assert exit_.code == 0, f"{where}: {' '.join(words)}\n{errors.getvalue()}"
+
+
+@pytest.fixture(scope="module")
+def example_dags() -> dict[str, Any]:  # Any: Airflow's DAG objects, by id.
+    """The repository's DAGs folder, as the commands in the docs run against it."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")  # Airflow 3.2 adds its own examples
+        bag = DagBag(dag_folder=str(ROOT / "dags"), safe_mode=False)
+    return dict(bag.dags)
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    AIRFLOW_COMMANDS,
+    ids=[f"{where} {' '.join(words[:3])}" for where, words in AIRFLOW_COMMANDS],
+)
+def test_every_dag_task_and_conf_key_a_command_names_is_the_examples(
+    where: str,
+    words: list[str],
+    airflow_parser: argparse.ArgumentParser,
+    example_dags: dict[str, Any],  # Any: DAGs.
+) -> None:
+    """The DAG a command runs is an example DAG, the task it clears is one of that DAG's, and each key of
+    the conf it passes is one of that DAG's Params (a key that is none would be refused or ignored)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        parsed = airflow_parser.parse_args(words[1:])
+    dag_id = getattr(parsed, "dag_id", None)
+    if dag_id is None:
+        return  # a command about no DAG (pools, connections)
+    assert dag_id in example_dags, f"{where}: no example DAG {dag_id!r} (there are {sorted(example_dags)})"
+    dag = example_dags[dag_id]
+    task_regex = getattr(parsed, "task_regex", None)
+    if task_regex:
+        assert any(re.search(task_regex, task_id) for task_id in dag.task_ids), f"{where}: {task_regex!r}"
+    for flag in ("conf", "dag_run_conf"):
+        if text := getattr(parsed, flag, None):
+            unknown = set(json.loads(text)) - set(dag.params)
+            assert not unknown, (
+                f"{where}: {sorted(unknown)} are not Params of {dag_id} ({sorted(dag.params)})"
+            )

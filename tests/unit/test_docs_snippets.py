@@ -11,6 +11,7 @@ still checked. The README's own DAG and validate() snippet are tests/unit/test_e
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,42 @@ def test_every_dag_in_the_docs_parses_and_its_batch_tasks_validate(
                 spec = task.validate({"data_interval_start": day, "ds": "2026-11-20", "params": {}})
                 templated = "{{" in str(task.input_uri)
                 assert "2026-11-20" in spec.input_uri or not templated, (where, spec.input_uri)
+
+
+#: The modules a page shows as files of the DAGs folder (a block starting ``# dags/<name>.py``).
+MODULE_BLOCKS = [(where, source) for where, source in BLOCKS if source.startswith("# dags/")]
+#: The test recipes a page gives a DAG author: blocks that define pytest test functions.
+RECIPE_BLOCKS = [
+    (where, source)
+    for where, source in BLOCKS
+    if any(
+        isinstance(node, ast.FunctionDef) and node.name.startswith("test_") for node in ast.parse(source).body
+    )
+]
+
+
+def test_the_docs_have_recipes_to_run() -> None:
+    assert MODULE_BLOCKS and RECIPE_BLOCKS, (len(MODULE_BLOCKS), len(RECIPE_BLOCKS))
+
+
+@pytest.mark.parametrize(("where", "source"), RECIPE_BLOCKS, ids=[where for where, _ in RECIPE_BLOCKS])
+def test_every_test_recipe_in_the_docs_passes_on_the_docs_own_modules(
+    where: str, source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as the page says: the DAGs folder (the page's modules) on the path, each test_ function."""
+    names = []
+    for _, module in MODULE_BLOCKS:
+        name = module.splitlines()[0].removeprefix("# dags/").strip()
+        (tmp_path / name).write_text(module)
+        names.append(name.removesuffix(".py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    namespace: dict[str, Any] = {"__name__": "docs_recipe"}  # Any: what the recipe defines.
+    try:
+        exec(compile(source, where, "exec"), namespace)  # noqa: S102 - the docs' own code, as a reader runs it
+        tests = [value for key, value in namespace.items() if key.startswith("test_") and callable(value)]
+        assert tests, f"{where} defines no test"
+        for test in tests:
+            test()
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
