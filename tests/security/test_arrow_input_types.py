@@ -163,7 +163,7 @@ staging = os.environ["STAGING"]
 os.makedirs(f"{staging}/prepared")
 with open(f"{staging}/prepared/part-0.parquet", "wb") as file:
     file.write(FILES["top.parquet"])
-record = {"format": 1, "input_digest": "d1", "rows_in": 1, "errors": 0, "repeated_ids": 0}
+record = {"format": 1, "input_digest": "d1", "rows_in": 1, "errors": 0, "repeated_ids": 0, "rows_repeated": 0}
 with open(f"{staging}/prepared.json", "w") as file:
     json.dump(record, file)
 kept = prepared_cache.read(staging, "d1")
