@@ -30,14 +30,18 @@ from Ray but not from the store).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import tempfile
+import threading
 import time
+import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -98,9 +102,33 @@ class Clock:
             self.on_sleep()
 
 
+class _NamingClock:
+    """Deterministic stand-ins for the names storage draws (version and part names take the time and a
+    random uuid): hypothesis replays a failing sequence only where the same draws give the same run,
+    and a name's sort order decides which version or part a listing meets first."""
+
+    def __init__(self) -> None:
+        self._counter: Iterator[int] = itertools.count(1)
+        self._lock = threading.Lock()  # the commit's sidecar readers draw from threads
+
+    def uuid4(self) -> uuid.UUID:
+        with self._lock:
+            n = next(self._counter)
+        return uuid.UUID(int=n << 104)  # its hex starts with n: the names keep its first 6 or 8
+
+    def now(self, tz: object = None) -> datetime:
+        with self._lock:
+            n = next(self._counter)
+        return datetime(2026, 11, 21, tzinfo=UTC) + timedelta(seconds=n)
+
+
 class CommitProtocol(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        naming = _NamingClock()
+        self._real_names = (uuid.uuid4, storage.datetime)
+        uuid.uuid4 = naming.uuid4  # type: ignore[assignment]
+        storage.datetime = naming  # type: ignore[assignment]
         self.root = Path(tempfile.mkdtemp(prefix="raybatch-protocol-"))
         self.input = self.root / "in"
         self.input.mkdir()
@@ -128,6 +156,7 @@ class CommitProtocol(RuleBasedStateMachine):
         self._write_file("a.jsonl", ["a", "b", "c", "d", "e"])
 
     def teardown(self) -> None:
+        uuid.uuid4, storage.datetime = self._real_names  # type: ignore[assignment]
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- the input ------------------------------------------------------------------------------
@@ -393,13 +422,15 @@ class CommitProtocol(RuleBasedStateMachine):
         (where it had more to make): a reader still finds a whole version, and a later try finishes."""
         job = self.tries[data.draw(st.sampled_from(self._live()))]
         made = 0
+        counting = threading.Lock()  # the commit reads its parts' sidecars from threads
 
         def counted(function: Callable[..., object]) -> Callable[..., object]:
             def call(*args: object, **kwargs: object) -> object:
                 nonlocal made
-                if made >= calls:
-                    raise Crash
-                made += 1
+                with counting:
+                    if made >= calls:
+                        raise Crash
+                    made += 1
                 return function(*args, **kwargs)
 
             return call
