@@ -454,6 +454,7 @@ def _run_owned(
     engine_spec, layout_choice = default_layout.engine_layout(spec, model_source)
     digest = _input_digest(spec)
     binding = binding_of(spec, digest)  # what staged, held and kept rows must have been made from
+    commit.sweep_current_version(layout)  # before the version may be handed on again
     if _job_metadata().get(REUSE_COMMITTED_KEY) == "true":  # reuse_earlier_result (stage/reuse.py)
         earlier = reuse.committed_result(layout, spec, binding, reuse.airflow_run(owner.run))
         if earlier is not None:

@@ -135,6 +135,11 @@ def test_dirty_input_lands_in_errors_with_exact_counts(
     assert "Filter(" in engine_plan(log).split("StreamingRepartition")[0], engine_plan(log)
     outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
     errors = pq.read_table(manifest["errors_uri"]).to_pylist()
+    # The version lists its parts (docs/downstream-contract.md), and its folders hold exactly them.
+    version = Path(output_uri, "versions", manifest["version"])
+    listed = set(json.loads((version / "parts.json").read_text()))
+    files = {path.name.split(".", 1)[0] for path in version.glob("*/part-*.parquet")}
+    assert files == listed and listed, (files, listed)
 
     # Good rows: each exactly once (the first T000 is good; its duplicate is an error), with a label.
     assert sorted(row["ticket_id"] for row in outputs) == [f"T{i:03d}" for i in range(GOOD_ROWS)]

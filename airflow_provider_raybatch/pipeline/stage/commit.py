@@ -63,6 +63,12 @@ def reason_kind(reason: str) -> str:
 #: In a staging once its commit has the parts it commits: no part may be added to the version after it
 #: (:func:`seal`, :meth:`.parts.PartWriter.check_still_staging`).
 SEAL_FILE_NAME = "sealed.json"
+#: Beside a committed version's folders, the parts it is made of, written before the manifest names it.
+#: A file of its folders that this does not list is a late writer's: a replica cut off from Ray that
+#: checked its staging before the seal, stalled through the whole commit, wrote, and died before its
+#: second check. The next try of the output removes it (:func:`sweep_current_version`); a reader that
+#: must never meet one reads only the listed parts (docs/downstream-contract.md).
+PARTS_FILE_NAME = "parts.json"
 
 
 class InvariantError(RuntimeError):
@@ -591,6 +597,8 @@ def publish(
     # one it replaced listed already (a manifest named it: current until then, so never collected early).
     if replaced and not keep_versions and not storage.exists(_published_entry(layout, replaced)):
         _list_published(layout, replaced, previous.get("run_key"))
+    if committed_parts is not None:
+        storage.write_text(parts_uri(layout, version), json.dumps(sorted(committed_parts)))
     storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
     _list_published(layout, version, layout.run_key)  # after the manifest: see collect_superseded
     if committed_parts is not None:  # a late writer that wrote after the seal's sweep and died since
@@ -600,6 +608,30 @@ def publish(
     storage.delete_tree(layout.staging_uri)
     if not keep_versions:
         collect_superseded(layout)
+
+
+def parts_uri(layout: OutputLayout, version: str) -> str:
+    """``versions/<version>/parts.json``: the parts a committed version is made of."""
+    return storage.join(layout.version_uri(version), PARTS_FILE_NAME)
+
+
+def sweep_current_version(layout: OutputLayout) -> int:
+    """Remove the files of the current version's folders that its parts list does not name; return how
+    many. Run as each try of the output starts, before it may hand the version on.
+
+    Only a late writer adds such a file (:data:`PARTS_FILE_NAME`), and a committed version is otherwise
+    never written again, so this removes nothing a reader of the version should see. A version
+    committed before the list existed is left as it is.
+    """
+    version = current_version(layout)
+    if version is None or not storage.exists(parts_uri(layout, version)):
+        return 0
+    listed = set(json.loads(storage.read_text(parts_uri(layout, version))))
+    removed = _remove_orphans(layout, listed, layout.version_uri(version))
+    if removed:
+        log.warning("Removed %d files from committed version %s that its parts list does not name: a "
+                    "replica of an ended job wrote them after the commit.", removed, version)  # fmt: skip
+    return removed
 
 
 def _published_entry(layout: OutputLayout, version: str) -> str:

@@ -83,6 +83,7 @@ class Try:
     todo: list[tuple[str, str]]  # those it has still to stage
     writer: PartWriter
     clock_offset: float = 0.0  # how far its node's clock is from the true time
+    parts: frozenset[str] = frozenset()  # the parts its commit listed (commit.CommittedRun.part_names)
 
 
 class Crash(Exception):
@@ -153,6 +154,9 @@ class CommitProtocol(RuleBasedStateMachine):
         #: A try died in its commit, and no publish has finished since: its debris (a version its manifest
         #: named, replaced before it was listed for collection) waits for the next publish.
         self.died_since_publish = False
+        #: A late writer stalled through a commit and died after writing into the version it committed:
+        #: its files are in the version's folders, listed nowhere, until the next try starts.
+        self.stray_files = False
         self._write_file("a.jsonl", ["a", "b", "c", "d", "e"])
 
     def teardown(self) -> None:
@@ -318,6 +322,9 @@ class CommitProtocol(RuleBasedStateMachine):
             return None
         # Only a job Ray's job table says ended (or does not know) gives its staging up: no clock does.
         assert not live, f"took live job {live}'s staging (job table readable: {self.job_table_readable})"
+        if commit.sweep_current_version(layout):
+            event("a late writer's files removed from the committed version as a try started")
+        self.stray_files = False
         this_run = reuse.airflow_run(run)
         earlier = reuse.committed_result(layout, spec, binding, this_run) if take_committed else None
         if earlier is not None:
@@ -379,13 +386,26 @@ class CommitProtocol(RuleBasedStateMachine):
         self.alive[data.draw(st.sampled_from(self._live()))] = False
 
     @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data(), count=st.integers(1, 4))
+    def killed_after_staging_and_retried(self, data: st.DataObject, count: int) -> None:
+        """The common failure: a try stages some rows, its job dies, and Airflow retries the task (the
+        sequence the other rules reach only now and then, here in one step)."""
+        job_id = data.draw(st.sampled_from(self._live()))
+        job = self.tries[job_id]
+        batch, job.todo = job.todo[:count], job.todo[count:]
+        if batch:
+            job.writer.write_part([self._result(source, row_id, job.code) for source, row_id in batch])
+        self.alive[job_id] = False
+        self._start(job.layout)
+
+    @precondition(lambda self: bool(self._live()))
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         """A live try stages what is left and commits (or holds) its run."""
         job = self.tries[data.draw(st.sampled_from(self._live()))]
         manifest = self._write_version(job)
         if manifest is not None:
-            commit.publish(job.layout, manifest, keep_versions=False)
+            commit.publish(job.layout, manifest, keep_versions=False, committed_parts=job.parts)
             self._published(job, manifest)
 
     @precondition(lambda self: bool(self._live()))
@@ -398,7 +418,8 @@ class CommitProtocol(RuleBasedStateMachine):
         jobs = [one for one in (job, manual) if one is not None]
         ready = [(one, manifest) for one in jobs if (manifest := self._write_version(one)) is not None]
         interleave(
-            {one.job_id: (lambda one=one, manifest=manifest: commit.publish(one.layout, manifest, False))
+            {one.job_id: (lambda one=one, manifest=manifest: commit.publish(one.layout, manifest, False,
+                                                                           one.parts))
              for one, manifest in ready},
             choose=lambda waiting: data.draw(st.sampled_from(waiting)),
         )  # fmt: skip
@@ -442,7 +463,7 @@ class CommitProtocol(RuleBasedStateMachine):
         try:
             manifest = self._write_version(job)
             if manifest is not None:
-                commit.publish(job.layout, manifest, keep_versions=False)
+                commit.publish(job.layout, manifest, keep_versions=False, committed_parts=job.parts)
         except Crash:
             died = True
         finally:
@@ -507,8 +528,64 @@ class CommitProtocol(RuleBasedStateMachine):
             event(name)
         manifest = done["commit"]
         if manifest is not None:
-            commit.publish(job.layout, manifest, keep_versions=False)
+            commit.publish(job.layout, manifest, keep_versions=False, committed_parts=job.parts)
             self._published(job, manifest)
+
+    def _late_writers_into_a_live_version(self) -> list[tuple[str, str]]:
+        """(live try, dead try with rows left) pairs staging into one version folder: a dead try's
+        replica whose part would land in the version the live try commits."""
+        return [(live, dead) for live in self._live() for dead in sorted(self.tries)
+                if not self.alive[dead] and self.tries[dead].todo
+                and self.tries[dead].writer.data_uri == self.tries[live].writer.data_uri]  # fmt: skip
+
+    @precondition(lambda self: bool(self._late_writers_into_a_live_version()))
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def a_late_writer_stalls_through_a_commit_and_dies(self, data: st.DataObject, count: int) -> None:
+        """A dead try's replica (cut off from Ray, not from the store) checks its staging, stalls while a
+        live try commits and publishes, writes its part, and dies before its second check: its files sit
+        in the version's folders, outside the parts list, until the next try of the output removes them."""
+        live, dead = data.draw(st.sampled_from(self._late_writers_into_a_live_version()))
+        job, late_try = self.tries[live], self.tries[dead]
+        batch, late_try.todo = late_try.todo[:count], late_try.todo[count:]
+        manifest: dict[str, object] | None = None
+        checks = 0
+
+        delete_file = storage.delete_file
+
+        def dead_process_deletes_nothing(uri: str) -> None:
+            raise Crash  # the writer's clean-up after its second check never runs: it is dead
+
+        def stalled_check() -> None:
+            nonlocal manifest, checks
+            checks += 1
+            if checks > 1:  # dies after writing, at the check that would remove its part
+                storage.delete_file = dead_process_deletes_nothing  # type: ignore[assignment]
+                raise Crash
+            PartWriter.check_still_staging(late_try.writer)  # its first check, as it is now
+            manifest = self._write_version(job)  # the whole commit, while the replica stalls
+            if manifest is not None:
+                commit.publish(job.layout, manifest, keep_versions=False, committed_parts=job.parts)
+
+        late_try.writer.check_still_staging = stalled_check  # type: ignore[method-assign]
+        try:
+            late_try.writer.write_part(
+                [self._result(source, row_id, late_try.code) for source, row_id in batch]
+            )
+        except StagingTakenError:
+            event("a late writer refused at its first check: its staging was started afresh or committed")
+            return
+        except Crash:
+            pass
+        finally:
+            del late_try.writer.check_still_staging
+            storage.delete_file = delete_file  # type: ignore[assignment]
+        if manifest is None:
+            return
+        self._published(job, manifest)
+        self.stray_files = True
+        event("a late writer's part landed in the committed version, listed nowhere")
+        if data.draw(st.booleans(), label="the run is tried again at once"):
+            self._start(self.layout, take_committed=data.draw(st.booleans()))
 
     def _write_version(self, job: Try, said: list[str] | None = None) -> dict[str, object] | None:
         """The try stages what is left and writes its version; the manifest to publish, or None where
@@ -522,6 +599,7 @@ class CommitProtocol(RuleBasedStateMachine):
             job.todo = []
         run = commit.write_version(job.layout, job.spec, len(job.rows), rewriter=job.writer)
         commit.seal(job.layout, run)  # as run.py: no part lands in the version after its listing
+        job.parts = run.part_names
         self.alive[job.job_id] = False
         manifest = {"version": run.version, "rows_in": len(job.rows), "rows_out": run.rows_out,
                     "rows_failed": run.rows_failed, "errors_by_reason": run.errors_by_reason,
@@ -560,8 +638,13 @@ class CommitProtocol(RuleBasedStateMachine):
     # -- what must hold after every step --------------------------------------------------------
 
     def _version_rows(self, manifest: dict) -> tuple[list[dict], list[dict]]:
+        """The version's rows as a reader of its parts list reads them (all its files, where none)."""
+        listed_uri = Path(commit.parts_uri(self.layout, manifest["version"]))
+        listed = set(json.loads(listed_uri.read_text())) if listed_uri.exists() else None
+
         def read(folder: str) -> list[dict]:
             return [json.loads(line) for path in sorted(Path(folder).glob("*.jsonl"))
+                    if listed is None or path.name.split(".", 1)[0] in listed
                     for line in path.read_text().splitlines()]  # fmt: skip
 
         return read(manifest["outputs_uri"]), read(manifest["errors_uri"])
@@ -583,6 +666,19 @@ class CommitProtocol(RuleBasedStateMachine):
         assert all(row["generated_text"] == f"code{code}:{row['id']}" for row in outputs)
         if self._input_state() == self.committed_input_state:  # the input as it is now
             assert sorted(rows) == sorted(self._rows())
+
+    @invariant()
+    def a_folder_reader_finds_only_listed_parts(self) -> None:
+        """A reader of the current version's whole folders meets only its listed parts, but after a late
+        writer stalled through the commit and died, until the next try starts."""
+        version = commit.current_version(self.layout)
+        if version is None or self.stray_files:
+            return
+        listed = set(json.loads(Path(commit.parts_uri(self.layout, version)).read_text()))
+        folders = Path(self.layout.version_uri(version))
+        found = {path.name.split(".", 1)[0] for folder in ("outputs", "errors")
+                 for path in (folders / folder).glob("*")}  # fmt: skip
+        assert found <= listed, f"files outside the parts list: {sorted(found - listed)}"
 
     @invariant()
     def no_version_is_left_behind(self) -> None:
