@@ -86,6 +86,7 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         # and nothing may be loaded from a cache folder another local user could have planted.
         self.cache_folders = engine_caches.checked_cache_folders(raybatch_compile_cache_dir, os.environ)
         os.environ.update(engine_caches.environment(self.cache_folders))
+        engine_caches.turn_off_precompiled_headers()
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()

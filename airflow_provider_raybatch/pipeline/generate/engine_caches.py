@@ -21,12 +21,19 @@ folder that was checked:
 
 A value from the environment (the node's or the job's ``runtime_env``) is checked as the job's own
 setting is, and a refusal names the cache, where its path came from and the folder (:class:`CacheFolder`).
+
+One more folder is not a cache the variables move: Inductor precompiles the C++ headers of CPU
+kernels into ``<tempdir>/torchinductor_<user>/precompiled_headers`` whatever its cache variable says
+(``default_cache_dir()``), and compiles a header it finds there into every kernel. The replica turns
+that off (:data:`PRECOMPILED_HEADERS_VARIABLE`): each kernel compiles its headers itself, once, as its
+``.so`` is cached in the checked folder.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -38,6 +45,8 @@ _FROM_ENVIRONMENT = "set in the replica's environment: the node's or the job's r
 INDUCTOR_FOLDER = "inductor"
 #: Triton's folder under ``compile_cache_dir``.
 TRITON_FOLDER = "triton"
+#: torch Inductor's switch for the CPU kernels' precompiled headers, kept in /tmp (module docstring).
+PRECOMPILED_HEADERS_VARIABLE = "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"
 
 
 @dataclass(frozen=True)
@@ -137,3 +146,14 @@ def checked_cache_folders(cache_dir: str | None, environ: Mapping[str, str]) -> 
 def environment(folders: Iterable[CacheFolder]) -> dict[str, str]:
     """The variables that name ``folders`` to vLLM, Triton and torch."""
     return {folder.variable: folder.path for folder in folders}
+
+
+def turn_off_precompiled_headers() -> None:
+    """Keep torch's precompiled headers out of ``/tmp``: off in this process's environment (an EngineCore
+    spawned reads it) and in a torch it imported already (whose config read the variable then; an
+    EngineCore forked from this process inherits that)."""
+    os.environ[PRECOMPILED_HEADERS_VARIABLE] = "0"
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.cpp_cache_precompile_headers = False  # type: ignore[attr-defined]
+        config.aot_inductor.precompile_headers = False
