@@ -34,11 +34,14 @@ _HIDDEN_EXTENSION_NAME_KEY = b"ARROW:extension:NAME"
 #: schema in Arrow's IPC format; and what it becomes while the footer is opened for the check.
 _ARROW_SCHEMA_KEY = b"ARROW:schema"
 _HIDDEN_ARROW_SCHEMA_KEY = b"ARROW:SCHEMA"
-#: The key as the footer's Thrift writes it: its length (12, a one-byte varint), then its bytes. The
-#: footer also holds the columns' min/max statistics, which are row values: a cell reading
-#: "ARROW:schema" is not a key, and must neither be counted as one nor make the file unreadable.
-_ARROW_SCHEMA_KEY_FIELD = bytes([len(_ARROW_SCHEMA_KEY)]) + _ARROW_SCHEMA_KEY
-_HIDDEN_ARROW_SCHEMA_KEY_FIELD = bytes([len(_HIDDEN_ARROW_SCHEMA_KEY)]) + _HIDDEN_ARROW_SCHEMA_KEY
+#: The key as the footer's Thrift may write it: its length (12) as a varint, then its bytes. Writers
+#: use one byte, but Thrift's compact protocol reads 12 written in up to five (``\x8c\x00``, ...), so
+#: every spelling counts. The footer also holds the columns' min/max statistics, which are row values:
+#: a cell that merely holds "ARROW:schema" is not a key and is not counted as one.
+_KEY_LENGTHS = tuple(
+    bytes([len(_ARROW_SCHEMA_KEY) | 0x80]) + b"\x80" * extra + b"\x00" for extra in range(4)
+) + (bytes([len(_ARROW_SCHEMA_KEY)]),)
+_HIDDEN_ARROW_SCHEMA_KEY_FIELDS = tuple(length + _HIDDEN_ARROW_SCHEMA_KEY for length in _KEY_LENGTHS)
 
 #: The allowed types in words, for error messages.
 ALLOWED_TYPES = (
@@ -117,12 +120,13 @@ def checked_parquet_schema(file: bytes | Any) -> Any:  # Any: a pyarrow file in;
 
     footer, tail = _footer(pa.BufferReader(file) if isinstance(file, bytes) else file)
     # Opening a reader resolves the stored Arrow schema, so the first one opens the footer with the key
-    # renamed (the same length: the Thrift stays valid); it sees Parquet's own types only.
-    hidden_footer = footer.replace(_ARROW_SCHEMA_KEY_FIELD, _HIDDEN_ARROW_SCHEMA_KEY_FIELD)
+    # renamed wherever its bytes stand, however its length is spelled (the same length: the Thrift
+    # stays valid); it sees Parquet's own types only.
+    hidden_footer = footer.replace(_ARROW_SCHEMA_KEY, _HIDDEN_ARROW_SCHEMA_KEY)
     # Keys are bytes as written, so this counts every one (and a cell crafted to look like one, which
     # refuses only that file). pyarrow reads the first of two; the dict of the footer's metadata keeps
     # the last, which then would be the one checked.
-    if hidden_footer.count(_HIDDEN_ARROW_SCHEMA_KEY_FIELD) > 1:
+    if sum(hidden_footer.count(field) for field in _HIDDEN_ARROW_SCHEMA_KEY_FIELDS) > 1:
         raise RefusedArrowTypeError("its footer holds more than one Arrow schema")
     parquet_only = pq.ParquetFile(pa.BufferReader(_MAGIC + hidden_footer + tail))
     stored = (parquet_only.metadata.metadata or {}).get(_HIDDEN_ARROW_SCHEMA_KEY)
