@@ -117,7 +117,7 @@ def _bad(source: str, error: str, raw: bytes | str | None = None) -> Record:
 
 
 def _unreadable(name: str, input_format: str, why: str) -> Record:
-    """The one record of a file that cannot be read at all (row number 0: no row of it was read)."""
+    """The record of a file that cannot be read, or read on (row number 0: no row of the file)."""
     return _bad(f"{name}:0", f"unreadable file: not valid {input_format}: {why}")
 
 
@@ -229,20 +229,31 @@ def _table_rows(table: Any) -> list[dict[str, Any]]:  # Any: pyarrow.Table and c
     return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
+#: Rows of a Parquet file decoded at a time. A file's size bounds its bytes, not what they decode to:
+#: a column of one long value repeated (dictionary-encoded, or compressed) is a few KiB on disk and
+#: gigabytes in memory. Decoded a batch at a time, the rows leave as they are made (Ray Data cuts the
+#: stream into blocks), so a worker holds one batch of them, whatever the file decodes to.
+PARQUET_BATCH_ROWS = 1024
+
+
 def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) -> Iterator[Record]:
+    import pyarrow as pa
+
+    number = 0
     try:
         # Before pyarrow opens the file: a type off the allowlist may run the file's code (arrow_types).
         arrow_types.checked_parquet_schema(data)
         # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name.
-        table = arrow_types.open_parquet(io.BytesIO(data)).read()
+        batches = arrow_types.open_parquet(io.BytesIO(data)).iter_batches(batch_size=PARQUET_BATCH_ROWS)
+        for batch in batches:
+            for row in _table_rows(pa.Table.from_batches([batch])):
+                number += 1
+                yield _ok(f"{name}:{number}", row, binary_columns)
     except arrow_types.RefusedArrowTypeError as err:
         yield _unreadable(name, "parquet", str(err))
-        return
     except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
-        yield _unreadable(name, "parquet", f"{type(err).__name__}: {err}")
-        return
-    for number, row in enumerate(_table_rows(table), start=1):
-        yield _ok(f"{name}:{number}", row, binary_columns)
+        after = f" after its row {number}" if number else ""
+        yield _unreadable(name, "parquet", f"{type(err).__name__}{after}: {err}")
 
 
 # -- CSV ------------------------------------------------------------------------------------------
