@@ -94,8 +94,13 @@ class RayBatchRunFacet(RunFacet):
     versions: dict[str, str] = Factory(dict)
 
     _additional_skip_redact: ClassVar[list[str]] = [
-        "jobId", "specFingerprint", "version", "tokensIn", "tokensOut", "versions",
-    ]  # fmt: skip
+        "jobId",
+        "specFingerprint",
+        "version",
+        "tokensIn",
+        "tokensOut",
+        "versions",
+    ]
 
 
 def job_facet(spec: BatchInferenceSpec) -> RayBatchJobFacet:

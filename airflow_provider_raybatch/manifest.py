@@ -219,8 +219,12 @@ def describe_engine_pool(pool: Any) -> str | None:  # Any: the manifest's "engin
     if warm is None or replicas is None:
         return None
     line = f"engine pool {pool.get('fingerprint', '?')}: {warm:g} of {replicas:g} replicas warm"
-    builds = [seconds for timing in pool.get("replica_timings") or [] if isinstance(timing, dict)
-              if (seconds := _number(timing.get("engine_build_seconds"))) is not None]  # fmt: skip
+    builds = [
+        seconds
+        for timing in pool.get("replica_timings") or []
+        if isinstance(timing, dict)
+        if (seconds := _number(timing.get("engine_build_seconds"))) is not None
+    ]
     if warm == 0:  # the build this job paid for is in engine_pool, not in its timings
         line += f" (started cold, engine built in {max(builds):.1f} s)" if builds else " (started cold)"
     if (keep := _number(pool.get("keep_warm_seconds"))) is not None:

@@ -72,14 +72,13 @@ _SUPPORTED_SCHEMES = ("", "file", "s3")
 # SamplingParams fields of vLLM (0.25 - 0.32) that make sense per batch; the private ones and the
 # engine-internal ones (output_kind, skip_clone, ...) are left out on purpose.
 VLLM_SAMPLING_PARAMS = frozenset(
-    {
-        "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
-        "top_k", "min_p", "seed", "stop", "stop_token_ids", "bad_words", "ignore_eos", "max_tokens",
-        "min_tokens", "logprobs", "prompt_logprobs", "detokenize", "skip_special_tokens",
-        "spaces_between_special_tokens", "include_stop_str_in_output", "logit_bias",
-        "allowed_token_ids", "extra_args", "structured_outputs", "thinking_token_budget",
-    }
-)  # fmt: skip
+    """
+    n presence_penalty frequency_penalty repetition_penalty temperature top_p top_k min_p seed stop
+    stop_token_ids bad_words ignore_eos max_tokens min_tokens logprobs prompt_logprobs detokenize
+    skip_special_tokens spaces_between_special_tokens include_stop_str_in_output logit_bias allowed_token_ids
+    extra_args structured_outputs thinking_token_budget
+    """.split()
+)
 STRUCTURED_OUTPUT_KINDS = frozenset({"json", "regex", "choice", "grammar", "json_object", "structural_tag"})
 STRUCTURED_OUTPUT_OPTIONS = frozenset(
     {"disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"}
@@ -588,9 +587,15 @@ class BatchInferenceSpec(BaseModel):
     def _check_openai_fields(self) -> None:
         """With openai_endpoint, each line's body is the prompt: row-shaping fields do not apply."""
         row_fields = (
-            "messages_column", "user_template", "system_prompt", "image_column", "preprocess", "postprocess",
-            "id_column", "keep_columns",
-        )  # fmt: skip
+            "messages_column",
+            "user_template",
+            "system_prompt",
+            "image_column",
+            "preprocess",
+            "postprocess",
+            "id_column",
+            "keep_columns",
+        )
         for name in row_fields:
             if getattr(self, name) is not None:
                 raise ValueError(
@@ -642,8 +647,12 @@ class BatchInferenceSpec(BaseModel):
                 "pass a fixed (width, height) or a longest side, not both."
             )
         limit = self.engine_kwargs.get("limit_mm_per_prompt")
-        if limit is not None and (not isinstance(limit, dict) or not isinstance(limit.get("image"), int)
-                                  or isinstance(limit.get("image"), bool) or limit["image"] < 1):  # fmt: skip
+        if limit is not None and (
+            not isinstance(limit, dict)
+            or not isinstance(limit.get("image"), int)
+            or isinstance(limit.get("image"), bool)
+            or limit["image"] < 1
+        ):
             raise ValueError(
                 f"engine_kwargs['limit_mm_per_prompt']={limit!r} must allow images with "
                 f"image_column={column!r}: use {{'image': 1}} (one image per row), or leave it unset."
@@ -675,9 +684,10 @@ class BatchInferenceSpec(BaseModel):
         except ValidationError as err:
             own = [problem for problem in err.errors() if problem["loc"] and problem["loc"][0] in params]
             across = [
-                problem for problem in err.errors()
+                problem
+                for problem in err.errors()
                 if not problem["loc"] and not _names_any(problem["msg"], [*waiting, _PLACEHOLDER])
-            ]  # fmt: skip
+            ]
             if own or across:
                 raise BatchSpecError(_describe(own + across, params)) from None
 
@@ -709,9 +719,15 @@ class BatchInferenceSpec(BaseModel):
         it: a run that failed its threshold, retried with a looser one, takes the committed result.
         """
         where = {
-            "run_key", "keep_versions", "model_cache_dir", "compile_cache_dir", "keep_warm_seconds",
-            "max_failed_fraction", "max_failed_rows", "dry_run_rows_per_second",
-        }  # fmt: skip
+            "run_key",
+            "keep_versions",
+            "model_cache_dir",
+            "compile_cache_dir",
+            "keep_warm_seconds",
+            "max_failed_fraction",
+            "max_failed_rows",
+            "dry_run_rows_per_second",
+        }
         shaping = self.model_dump(mode="json", exclude=where)
         canonical = json.dumps(shaping, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -963,16 +979,25 @@ def _names_any(message: str, words: Iterable[str]) -> bool:
 
 #: Pydantic's error types, in the words of an expected value (a union's members are listed together).
 _EXPECTED = {
-    "int_type": "an int", "int_parsing": "an int", "int_from_float": "an int",
-    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
-    "bool_parsing": "true or false", "string_type": "a string", "dict_type": "a dict",
-    "list_type": "a list", "string_too_short": "a non-empty string",
-}  # fmt: skip
+    "int_type": "an int",
+    "int_parsing": "an int",
+    "int_from_float": "an int",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "dict_type": "a dict",
+    "list_type": "a list",
+    "string_too_short": "a non-empty string",
+}
 #: Pydantic's bound checks, in words: the bound is the error's context value of that key.
 _BOUNDS = {
-    "greater_than": ("gt", "greater than"), "greater_than_equal": ("ge", "at least"),
-    "less_than": ("lt", "less than"), "less_than_equal": ("le", "at most"),
-}  # fmt: skip
+    "greater_than": ("gt", "greater than"),
+    "greater_than_equal": ("ge", "at least"),
+    "less_than": ("lt", "less than"),
+    "less_than_equal": ("le", "at most"),
+}
 #: The parameters that take a pair, and what the pair is: a problem with the pair or inside it says so.
 _PAIRS = {"concurrency": "a (min, max) pair of ints > 0", "image_size": "a (width, height) pair of ints > 0"}
 _PAIR_PROBLEMS = ("tuple_type", "too_long", "too_short")

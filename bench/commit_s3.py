@@ -46,8 +46,9 @@ def log(message: str) -> None:
 def start_moto(port: int) -> subprocess.Popen[bytes]:
     server = subprocess.Popen(
         [str(ROOT / ".venvs" / "airflow" / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with socket.socket() as probe:
@@ -62,11 +63,22 @@ def result_rows(first: int, count: int) -> list[dict[str, Any]]:  # Any: row val
     """Rows as a replica stages them: an output record each, like the example DAG's."""
     rows = []
     for i in range(first, first + count):
-        record = {"Customer Id": f"C{i:012d}", "Company": "Blue River Labs", "Country": "Portugal",
-                  "generated_text": "Technology", "num_input_tokens": 64,
-                  "num_generated_tokens": 2}  # fmt: skip
-        rows.append({"source": f"customers.csv:{i + 2}", "ok": True, "record": json.dumps(record),
-                     "label": "Technology"})  # fmt: skip
+        record = {
+            "Customer Id": f"C{i:012d}",
+            "Company": "Blue River Labs",
+            "Country": "Portugal",
+            "generated_text": "Technology",
+            "num_input_tokens": 64,
+            "num_generated_tokens": 2,
+        }
+        rows.append(
+            {
+                "source": f"customers.csv:{i + 2}",
+                "ok": True,
+                "record": json.dumps(record),
+                "label": "Technology",
+            }
+        )
     return rows
 
 
@@ -90,21 +102,32 @@ def main() -> None:
     server = start_moto(args.port)
     try:
         endpoint = f"http://127.0.0.1:{args.port}"
-        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                     region_name="us-east-1").create_bucket(Bucket=BUCKET)  # fmt: skip
-        storage._s3_options = storage.S3Options(endpoint_url=endpoint, region="us-east-1", access_key=KEY,
-                                                secret_key=SECRET)  # fmt: skip
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+        ).create_bucket(Bucket=BUCKET)
+        storage._s3_options = storage.S3Options(
+            endpoint_url=endpoint, region="us-east-1", access_key=KEY, secret_key=SECRET
+        )
         spec = BatchInferenceSpec.build(
-            model="m", input_uri=f"s3://{BUCKET}/in/customers.csv", output_uri=f"s3://{BUCKET}/out",
-            user_template="{Company}", run_key="bench", output_format="parquet",
-        )  # fmt: skip
+            model="m",
+            input_uri=f"s3://{BUCKET}/in/customers.csv",
+            output_uri=f"s3://{BUCKET}/out",
+            user_template="{Company}",
+            run_key="bench",
+            output_format="parquet",
+        )
         layout = storage.OutputLayout(spec.output_uri, spec.run_key)
         if args.legacy:
             storage.write_text(layout.staged_spec_uri, json.dumps({"fingerprint": spec.fingerprint()}))
         else:
             commit.open_staging(layout, spec)
-        writer = PartWriter(layout.staging_uri, "parquet", count_labels=True,
-                            data_uri=commit.staged_data_uri(layout))  # fmt: skip
+        writer = PartWriter(
+            layout.staging_uri, "parquet", count_labels=True, data_uri=commit.staged_data_uri(layout)
+        )
         writer.create_folders()
         starts = range(0, args.rows, args.rows_per_part)
         t0 = time.perf_counter()
@@ -132,18 +155,25 @@ def main() -> None:
         "command": " ".join(["bench/commit_s3.py", *sys.argv[1:]]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs",
-        "mode": "moved (legacy staging)" if args.legacy else ("in place, read back" if args.read_back
-                                                              else "in place, reported"),
-        "rows": args.rows, "parts": len(starts), "objects_staged": 3 * len(starts),
-        "write_version_s": round(t_version, 1), "commit_s": round(t_commit, 1),
-        "rows_committed": run.rows_out, "output_files": len(outputs),
-    }  # fmt: skip
+        "mode": "moved (legacy staging)"
+        if args.legacy
+        else ("in place, read back" if args.read_back else "in place, reported"),
+        "rows": args.rows,
+        "parts": len(starts),
+        "objects_staged": 3 * len(starts),
+        "write_version_s": round(t_version, 1),
+        "commit_s": round(t_commit, 1),
+        "rows_committed": run.rows_out,
+        "output_files": len(outputs),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print("\n| mode | rows | parts | objects staged | write_version s | commit s | rows committed |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| {result['mode']} | {args.rows:,} | {len(starts):,} | {3 * len(starts):,} | "
-          f"{result['write_version_s']} | {result['commit_s']} | {run.rows_out:,} |")  # fmt: skip
+    print(
+        f"| {result['mode']} | {args.rows:,} | {len(starts):,} | {3 * len(starts):,} | "
+        f"{result['write_version_s']} | {result['commit_s']} | {run.rows_out:,} |"
+    )
     print(f"\nwrote {args.out}")
     if run.rows_out != args.rows or len(outputs) != len(starts):
         raise SystemExit("the commit lost or doubled rows")

@@ -59,13 +59,25 @@ TERMINAL = {"success", "failed"}
 
 _FROM_DAGS_TEST = ("llm_default", "sensor_poll5", "astro_poll5", "astro_default")
 CONFIGS = [
-    Config("llm_worker", "ours", "orch_llm_worker", "classify_industry", "classify_industry",
-           "paced (default; 1 s)", "ours: RayLLMBatchOperator, all defaults (waits in its worker)"),
+    Config(
+        "llm_worker",
+        "ours",
+        "orch_llm_worker",
+        "classify_industry",
+        "classify_industry",
+        "paced (default; 1 s)",
+        "ours: RayLLMBatchOperator, all defaults (waits in its worker)",
+    ),
     *[c for c in DAGS_TEST_CONFIGS if c.name in _FROM_DAGS_TEST],
-]  # fmt: skip
+]
 
-_SAME_METRICS = ("task_minus_job_s", "task_wall_s", "job_wall_s", "task_start_to_job_start_s",
-                 "job_end_to_task_success_s")  # fmt: skip
+_SAME_METRICS = (
+    "task_minus_job_s",
+    "task_wall_s",
+    "job_wall_s",
+    "task_start_to_job_start_s",
+    "job_end_to_task_success_s",
+)
 #: The dags-test benchmark's metrics that mean the same here, and two of a real scheduler's own.
 METRICS = [
     *[m for m in DAGS_TEST_METRICS if m[0] in _SAME_METRICS],
@@ -115,8 +127,12 @@ def standalone(cluster: LocalCluster, side: str, dag_ids: set[str]) -> Iterator[
     with (home / "standalone.log").open("w") as log:
         process = subprocess.Popen(
             [str(bin_dir / "airflow"), "standalone"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home,
-        )  # fmt: skip
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=home,
+        )
         instance = Instance(side, f"http://127.0.0.1:{port}", home)
         try:
             deadline = time.monotonic() + 300
@@ -170,8 +186,10 @@ def run_one(
                 "error": f"run {run_id} still {run['state']}",
             }
         time.sleep(0.5)
-    tis = {task: instance.api("GET", f"{run_path}/taskInstances/{task}").json()
-           for task in {config.first_task, config.last_task}}  # fmt: skip
+    tis = {
+        task: instance.api("GET", f"{run_path}/taskInstances/{task}").json()
+        for task in {config.first_task, config.last_task}
+    }
     out: dict[str, Any] = {  # Any: JSON values
         "config": config.name,
         "round_index": index,
@@ -251,9 +269,11 @@ def main() -> None:
                 run = run_one(cluster, instances[config.side], config, index, llm)
                 result["runs"].append(run)
                 shown = {k: round(v, 2) for k, v in run.items() if k.endswith("_s") and isinstance(v, float)}
-                print(f"[orch {datetime.now():%H:%M:%S}] round {index} {config.name}: "
-                      f"{run.get('error') or shown} load {run.get('load_before', '?')}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[orch {datetime.now():%H:%M:%S}] round {index} {config.name}: "
+                    f"{run.get('error') or shown} load {run.get('load_before', '?')}",
+                    flush=True,
+                )
                 result["summary"], result["table"] = summarize(result["runs"], configs, METRICS)
                 result["load_at_end"] = _load()
                 out_path.write_text(json.dumps(result, indent=2) + "\n")

@@ -61,19 +61,61 @@ class Config:
 
 
 CONFIGS = [
-    Config("astro_default", "astro", "orch_astro_default", "submit_ray_job", "submit_ray_job",
-           "60 s (its default)", "astro SubmitRayJob, trivial job"),
-    Config("astro_poll5", "astro", "orch_astro_poll5", "submit_ray_job", "submit_ray_job",
-           "5 s", "astro SubmitRayJob, trivial job"),
-    Config("sensor_default", "ours", "orch_sensor_default", "submit_job", "wait_for_job",
-           "60 s (poke_interval default)", "ours: submit task + RayJobSensor, trivial job"),
-    Config("sensor_poll5", "ours", "orch_sensor_poll5", "submit_job", "wait_for_job",
-           "5 s", "ours: submit task + RayJobSensor, trivial job"),
-    Config("llm_default", "ours", "orch_llm_default", "classify_industry", "classify_industry",
-           "paced (default; 1 s)", "ours: RayLLMBatchOperator, tiny model"),
-    Config("llm_poll5", "ours", "orch_llm_poll5", "classify_industry", "classify_industry",
-           "5 s", "ours: RayLLMBatchOperator, tiny model"),
-]  # fmt: skip
+    Config(
+        "astro_default",
+        "astro",
+        "orch_astro_default",
+        "submit_ray_job",
+        "submit_ray_job",
+        "60 s (its default)",
+        "astro SubmitRayJob, trivial job",
+    ),
+    Config(
+        "astro_poll5",
+        "astro",
+        "orch_astro_poll5",
+        "submit_ray_job",
+        "submit_ray_job",
+        "5 s",
+        "astro SubmitRayJob, trivial job",
+    ),
+    Config(
+        "sensor_default",
+        "ours",
+        "orch_sensor_default",
+        "submit_job",
+        "wait_for_job",
+        "60 s (poke_interval default)",
+        "ours: submit task + RayJobSensor, trivial job",
+    ),
+    Config(
+        "sensor_poll5",
+        "ours",
+        "orch_sensor_poll5",
+        "submit_job",
+        "wait_for_job",
+        "5 s",
+        "ours: submit task + RayJobSensor, trivial job",
+    ),
+    Config(
+        "llm_default",
+        "ours",
+        "orch_llm_default",
+        "classify_industry",
+        "classify_industry",
+        "paced (default; 1 s)",
+        "ours: RayLLMBatchOperator, tiny model",
+    ),
+    Config(
+        "llm_poll5",
+        "ours",
+        "orch_llm_poll5",
+        "classify_industry",
+        "classify_industry",
+        "5 s",
+        "ours: RayLLMBatchOperator, tiny model",
+    ),
+]
 
 METRICS = [
     ("task_minus_job_s", "**task wall - job wall**"),
@@ -299,9 +341,14 @@ def summarize(
     lines = [header, "|---|" + "---:|" * len(configs)]
     lines.append("| what | " + " | ".join(c.what for c in configs) + " |")
     lines.append("| poll | " + " | ".join(c.poll for c in configs) + " |")
-    lines.append("| runs ok / failed | " + " | ".join(
-        f"{summary[c.name].get('task_minus_job_s', {}).get('n', 0)} / {summary[c.name]['failed_runs']}"
-        for c in configs) + " |")  # fmt: skip
+    lines.append(
+        "| runs ok / failed | "
+        + " | ".join(
+            f"{summary[c.name].get('task_minus_job_s', {}).get('n', 0)} / {summary[c.name]['failed_runs']}"
+            for c in configs
+        )
+        + " |"
+    )
     for key, label in metrics:
         cells = []
         for config in configs:
@@ -384,8 +431,11 @@ def main() -> None:
                 run = run_one(cluster, config, index, templates[config.side], llm)
                 result["runs"].append(run)
                 shown = {k: round(v, 2) for k, v in run.items() if k.endswith("_s") and isinstance(v, float)}
-                print(f"[orch {datetime.now():%H:%M:%S}] round {index} {config.name}: "
-                      f"{run.get('error') or shown} load {run['load_before']}", flush=True)  # fmt: skip
+                print(
+                    f"[orch {datetime.now():%H:%M:%S}] round {index} {config.name}: "
+                    f"{run.get('error') or shown} load {run['load_before']}",
+                    flush=True,
+                )
                 result["summary"], result["table"] = summarize(result["runs"], configs)
                 result["load_at_end"] = _load()
                 out_path.write_text(json.dumps(result, indent=2) + "\n")

@@ -61,8 +61,12 @@ def log(message: str) -> None:
 def write_input(folder: Path, rows: int, rows_per_file: int) -> tuple[int, int]:
     """Write the CSV files (reused when the folder holds this size already); (duplicates, bad rows)."""
     marker = folder / "params.json"
-    params = {"rows": rows, "rows_per_file": rows_per_file, "duplicate_every": DUPLICATE_EVERY,
-              "no_id_every": NO_ID_EVERY}  # fmt: skip
+    params = {
+        "rows": rows,
+        "rows_per_file": rows_per_file,
+        "duplicate_every": DUPLICATE_EVERY,
+        "no_id_every": NO_ID_EVERY,
+    }
     if marker.exists() and json.loads(marker.read_text()).get("params") == params:
         return tuple(json.loads(marker.read_text())["counts"])
     for old in folder.glob("*.csv"):
@@ -142,15 +146,24 @@ def main() -> None:
         )
     output_uri = str(args.data / f"out-{uuid.uuid4().hex[:8]}")
     operator = RayLLMBatchOperator(
-        task_id="classify_industry", model=str(model), input_uri=str(input_dir), output_uri=output_uri,
-        input_format="csv", system_prompt="You classify companies by industry. Answer with the label only.",
+        task_id="classify_industry",
+        model=str(model),
+        input_uri=str(input_dir),
+        output_uri=output_uri,
+        input_format="csv",
+        system_prompt="You classify companies by industry. Answer with the label only.",
         user_template="What industry is this company in: {Company}",
         sampling_params={"temperature": 0, "max_tokens": 16, "structured_outputs": {"choice": INDUSTRIES}},
-        id_column="Customer Id", keep_columns=["Company", "Country"], batch_size=64, dry_run=True,
-        dry_run_rows_per_second=1000.0, max_failed_fraction=1.0,
+        id_column="Customer Id",
+        keep_columns=["Company", "Country"],
+        batch_size=64,
+        dry_run=True,
+        dry_run_rows_per_second=1000.0,
+        max_failed_fraction=1.0,
         runtime_env={"env_vars": {"RAYBATCH_DRIVER_SCAN_MAX_ROWS": str(args.driver_scan_max_rows)}}
-        if args.driver_scan_max_rows is not None else None,
-    )  # fmt: skip
+        if args.driver_scan_max_rows is not None
+        else None,
+    )
     with LocalCluster(args.data / "ray") as cluster:
         os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = cluster.connection_json()
         hook = RayHook()
@@ -174,23 +187,31 @@ def main() -> None:
         "command": " ".join(["bench/prepath.py", *sys.argv[1:]]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {_memory_gib():.0f} GiB",
-        "rows": args.rows, "files": -(-args.rows // args.rows_per_file),
-        "wall_s": round(wall, 1), "rows_per_s": round(args.rows / wall),
-        "driver_peak_rss_mib": round(rss.peak_bytes / 2**20), "object_store_spilled_mib":
-            None if spilled is None else round(spilled / 2**20),
-        "duplicates_generated": duplicates, "duplicates_found": manifest["rows_duplicate"],
-        "bad_rows_generated": bad, "counts_add_up": counts_add_up,
+        "rows": args.rows,
+        "files": -(-args.rows // args.rows_per_file),
+        "wall_s": round(wall, 1),
+        "rows_per_s": round(args.rows / wall),
+        "driver_peak_rss_mib": round(rss.peak_bytes / 2**20),
+        "object_store_spilled_mib": None if spilled is None else round(spilled / 2**20),
+        "duplicates_generated": duplicates,
+        "duplicates_found": manifest["rows_duplicate"],
+        "bad_rows_generated": bad,
+        "counts_add_up": counts_add_up,
         "manifest": manifest,
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print()
-    print("| rows | files | wall s | rows/s | driver peak RSS MiB | spilled MiB | duplicates (gen / found) "
-          "| counts add up |")  # fmt: skip
+    print(
+        "| rows | files | wall s | rows/s | driver peak RSS MiB | spilled MiB | duplicates (gen / found) "
+        "| counts add up |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---|---|")
-    print(f"| {args.rows:,} | {result['files']} | {result['wall_s']} | {result['rows_per_s']:,} | "
-          f"{result['driver_peak_rss_mib']:,} | {result['object_store_spilled_mib']} | "
-          f"{duplicates:,} / {manifest['rows_duplicate']:,} | {counts_add_up} |")  # fmt: skip
+    print(
+        f"| {args.rows:,} | {result['files']} | {result['wall_s']} | {result['rows_per_s']:,} | "
+        f"{result['driver_peak_rss_mib']:,} | {result['object_store_spilled_mib']} | "
+        f"{duplicates:,} / {manifest['rows_duplicate']:,} | {counts_add_up} |"
+    )
     print(f"\nwrote {args.out}")
     if not counts_add_up or manifest["rows_duplicate"] != duplicates:
         raise SystemExit("the dry run's counts do not match what was generated")

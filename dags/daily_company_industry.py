@@ -22,9 +22,16 @@ from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 log = logging.getLogger(__name__)
 
 INDUSTRIES = [
-    "Law Firm", "Healthcare", "Technology", "Retail", "Consulting",
-    "Manufacturing", "Finance", "Real Estate", "Other",
-]  # fmt: skip
+    "Law Firm",
+    "Healthcare",
+    "Technology",
+    "Retail",
+    "Consulting",
+    "Manufacturing",
+    "Finance",
+    "Real Estate",
+    "Other",
+]
 
 
 @dag(

@@ -30,10 +30,18 @@ if importlib.util.find_spec("airflow.providers.openai") is not None:
         """Write OpenAI batch lines (one per question) and upload them as a batch file; returns its id."""
         max_tokens = int((params or {})["max_tokens"])
         lines = [
-            {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"model": "any", "messages": [{"role": "user", "content": q}], "max_tokens": max_tokens}}
+            {
+                "custom_id": f"q-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "any",
+                    "messages": [{"role": "user", "content": q}],
+                    "max_tokens": max_tokens,
+                },
+            }
             for i, q in enumerate(questions)
-        ]  # fmt: skip
+        ]
         # A field our engine cannot honour: this request alone lands in the error file.
         tools = {"model": "any", "messages": [{"role": "user", "content": "Weather?"}], "tools": []}
         lines.append({"custom_id": "q-tools", "method": "POST", "url": "/v1/chat/completions", "body": tools})

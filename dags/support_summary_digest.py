@@ -35,8 +35,11 @@ def support_summary_digest() -> None:
             extra = event.extra
             log.info(
                 "summaries at %s: %s tickets summarised, %s failed (manifest %s)",
-                extra["output_uri"], extra["rows_out"], extra["rows_failed"], extra["manifest_uri"],
-            )  # fmt: skip
+                extra["output_uri"],
+                extra["rows_out"],
+                extra["rows_failed"],
+                extra["manifest_uri"],
+            )
             days.append({"output_uri": extra["output_uri"], "rows_out": extra["rows_out"]})
         return days
 

@@ -30,33 +30,81 @@ COMMAND = ".venvs/airflow/bin/python scripts/make_parameter_reference.py"
 
 #: The page's groups, in order; every argument of ``__init__`` must be in exactly one.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Input and output", (
-        "input_uri", "output_uri", "input_format", "output_format", "openai_endpoint", "id_column",
-        "keep_columns",
-    )),
-    ("Prompt", (
-        "messages_column", "system_prompt", "user_template", "image_column", "image_size", "image_max_side",
-        "image_allowed_hosts", "image_allowed_local_path", "image_allowed_s3_prefixes",
-    )),
+    (
+        "Input and output",
+        (
+            "input_uri",
+            "output_uri",
+            "input_format",
+            "output_format",
+            "openai_endpoint",
+            "id_column",
+            "keep_columns",
+        ),
+    ),
+    (
+        "Prompt",
+        (
+            "messages_column",
+            "system_prompt",
+            "user_template",
+            "image_column",
+            "image_size",
+            "image_max_side",
+            "image_allowed_hosts",
+            "image_allowed_local_path",
+            "image_allowed_s3_prefixes",
+        ),
+    ),
     ("Preprocess and postprocess", ("preprocess", "postprocess")),
-    ("Sampling and engine", (
-        "model", "sampling_params", "engine_kwargs", "batch_size", "max_concurrent_batches",
-        "model_cache_dir", "compile_cache_dir",
-    )),
-    ("Layout and resources", (
-        "concurrency", "accelerator_type", "replica_resources", "check_layout", "entrypoint_resources",
-        "runtime_env",
-    )),
-    ("Failures and reruns", (
-        "max_failed_fraction", "max_failed_rows", "keep_versions", "reuse_earlier_result", "dry_run",
-        "dry_run_rows_per_second",
-    )),
+    (
+        "Sampling and engine",
+        (
+            "model",
+            "sampling_params",
+            "engine_kwargs",
+            "batch_size",
+            "max_concurrent_batches",
+            "model_cache_dir",
+            "compile_cache_dir",
+        ),
+    ),
+    (
+        "Layout and resources",
+        (
+            "concurrency",
+            "accelerator_type",
+            "replica_resources",
+            "check_layout",
+            "entrypoint_resources",
+            "runtime_env",
+        ),
+    ),
+    (
+        "Failures and reruns",
+        (
+            "max_failed_fraction",
+            "max_failed_rows",
+            "keep_versions",
+            "reuse_earlier_result",
+            "dry_run",
+            "dry_run_rows_per_second",
+        ),
+    ),
     ("Warm engines", ("keep_warm_seconds",)),
-    ("Connections and Airflow behaviour", (
-        "ray_conn_id", "aws_conn_id", "deferrable", "poll_interval_seconds", "progress_interval_seconds",
-        "input_asset", "output_asset",
-    )),
-)  # fmt: skip
+    (
+        "Connections and Airflow behaviour",
+        (
+            "ray_conn_id",
+            "aws_conn_id",
+            "deferrable",
+            "poll_interval_seconds",
+            "progress_interval_seconds",
+            "input_asset",
+            "output_asset",
+        ),
+    ),
+)
 
 #: The checks of a pre/postprocess dotted path after the spec's (operators/job_shipping.py,
 #: utils/user_functions.py).
@@ -325,8 +373,12 @@ def render() -> str:
         INTRO,
     ]
     for title, names in GROUPS:
-        lines += [f"## {title}", "", "| Parameter | Type | Default | Templated | Checked | Description |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            f"## {title}",
+            "",
+            "| Parameter | Type | Default | Templated | Checked | Description |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for name in names:
             parameter = parameters[name]
             cells = (
@@ -339,8 +391,13 @@ def render() -> str:
             )
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## From Ray Data LLM to this operator", "", RAY_INTRO, "| Ray Data LLM | In | This operator |",
-              "| --- | --- | --- |"]  # fmt: skip
+    lines += [
+        "## From Ray Data LLM to this operator",
+        "",
+        RAY_INTRO,
+        "| Ray Data LLM | In | This operator |",
+        "| --- | --- | --- |",
+    ]
     for setting in RAY_DATA_LLM_SETTINGS:
         names = ", ".join(f"`{name.strip()}`" for name in setting.name.split(","))
         lines.append(f"| {names} | {setting.where} | {markdown(setting.ours)} |")

@@ -15,18 +15,44 @@ import random
 from pathlib import Path
 
 COLUMNS = [
-    "Index", "Customer Id", "First Name", "Last Name", "Company", "City", "Country",
-    "Phone 1", "Phone 2", "Email", "Subscription Date", "Website",
-]  # fmt: skip
+    "Index",
+    "Customer Id",
+    "First Name",
+    "Last Name",
+    "Company",
+    "City",
+    "Country",
+    "Phone 1",
+    "Phone 2",
+    "Email",
+    "Subscription Date",
+    "Website",
+]
 _FIRST = ["Ava", "Liam", "Mia", "Noah", "Zoe", "Omar", "Lena", "Ivan", "Sara", "Kenji", "Nia", "Hugo"]
 _LAST = ["Garcia", "Smith", "Chen", "Okafor", "Muller", "Rossi", "Tanaka", "Novak", "Silva", "Haddad"]
 _COMPANY_STEMS = ["Baker", "Summit", "Blue River", "Northwind", "Crescent", "Ironwood", "Harbor", "Pioneer"]
 _COMPANY_KINDS = [
-    "& Partners LLP", "Health Group", "Software Inc", "Retail Co", "Consulting", "Manufacturing Ltd",
-    "Capital", "Realty", "Labs", "Foods",
-]  # fmt: skip
-_CITIES = [("Lisbon", "Portugal"), ("Osaka", "Japan"), ("Austin", "United States"), ("Lyon", "France"),
-           ("Accra", "Ghana"), ("Pune", "India"), ("Graz", "Austria"), ("Quito", "Ecuador")]  # fmt: skip
+    "& Partners LLP",
+    "Health Group",
+    "Software Inc",
+    "Retail Co",
+    "Consulting",
+    "Manufacturing Ltd",
+    "Capital",
+    "Realty",
+    "Labs",
+    "Foods",
+]
+_CITIES = [
+    ("Lisbon", "Portugal"),
+    ("Osaka", "Japan"),
+    ("Austin", "United States"),
+    ("Lyon", "France"),
+    ("Accra", "Ghana"),
+    ("Pune", "India"),
+    ("Graz", "Austria"),
+    ("Quito", "Ecuador"),
+]
 
 
 def _phone(rng: random.Random) -> str:
@@ -96,8 +122,21 @@ def write_customer_files(
         customer_id = "" if without_id else f"C{(index - 1 if duplicate else index):012d}"
         company = companies[index % len(companies)]
         phones = ["+1-200-300-4000", "+1-200-300-4001"]
-        writer.writerow([index, customer_id, "Ava", "Chen", company, "Lisbon", "Portugal", *phones,
-                         "ava.chen@example.com", "2026-11-20", "https://example.com"])  # fmt: skip
+        writer.writerow(
+            [
+                index,
+                customer_id,
+                "Ava",
+                "Chen",
+                company,
+                "Lisbon",
+                "Portugal",
+                *phones,
+                "ava.chen@example.com",
+                "2026-11-20",
+                "https://example.com",
+            ]
+        )
     if handle is not None:
         handle.close()
     return duplicates, bad

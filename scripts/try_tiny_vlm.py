@@ -96,8 +96,10 @@ def main() -> None:
     for output in chat_outputs:
         first = output.outputs[0].logprobs[0]
         top = max(first.values(), key=lambda logprob: logprob.logprob)
-        print(f"   {len(output.prompt_token_ids)} prompt tokens, first-token logprob {top.logprob:.4f}: "
-              f"{output.outputs[0].text!r}")  # fmt: skip
+        print(
+            f"   {len(output.prompt_token_ids)} prompt tokens, first-token logprob {top.logprob:.4f}: "
+            f"{output.outputs[0].text!r}"
+        )
 
     processor = AutoProcessor.from_pretrained(str(model_dir))
     requests = []
@@ -107,8 +109,10 @@ def main() -> None:
         requests.append({"prompt": prompt, "multi_modal_data": {"image": images}})
     started = time.perf_counter()
     generate_outputs = llm.generate(requests, sampling, use_tqdm=False)
-    print(f"2. LLM.generate, placeholders + multi_modal_data: {len(generate_outputs)} captions in "
-          f"{time.perf_counter() - started:.2f} s")  # fmt: skip
+    print(
+        f"2. LLM.generate, placeholders + multi_modal_data: {len(generate_outputs)} captions in "
+        f"{time.perf_counter() - started:.2f} s"
+    )
     for chat, generated in zip(chat_outputs, generate_outputs, strict=True):
         same = chat.prompt_token_ids == generated.prompt_token_ids and (
             chat.outputs[0].token_ids == generated.outputs[0].token_ids

@@ -617,8 +617,11 @@ def replica_slots_held(hook) -> Iterator[None]:
 
 def engine_plan(driver_log: str) -> str:
     """The operators of the job's engine dataset, from Ray Data's "Execution plan" line in its log."""
-    plans = [line.split("Execution plan of Dataset ", 1)[1] for line in driver_log.splitlines()
-             if "Execution plan of Dataset " in line]  # fmt: skip
+    plans = [
+        line.split("Execution plan of Dataset ", 1)[1]
+        for line in driver_log.splitlines()
+        if "Execution plan of Dataset " in line
+    ]
     [plan] = [plan.split(": ", 1)[1] for plan in plans if "EngineStage" in plan]
     return plan
 

@@ -138,10 +138,14 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         job.build_spec(settings, model=model, input_uri="/in.jsonl", output_uri="/out", run_key="check")
         total = 0
         lines = self._iter_lines(
-            requests, model=model, idempotency_key="0" * 16,
-            directive=self.build_output_directive(output_spec), system_prompt=system_prompt,
-            max_tokens=max_tokens, request_params=body_params,
-        )  # fmt: skip
+            requests,
+            model=model,
+            idempotency_key="0" * 16,
+            directive=self.build_output_directive(output_spec),
+            system_prompt=system_prompt,
+            max_tokens=max_tokens,
+            request_params=body_params,
+        )
         for index, line in enumerate(lines):
             total += len(json.dumps(line).encode()) + 1
             if total > self.max_payload_bytes:
@@ -178,10 +182,14 @@ class RayBatchAdapter(OpenAIBatchAdapter):
             run_key=f"common-ai-{idempotency_key}",
         )
         lines = self._iter_lines(
-            requests, model=model, idempotency_key=idempotency_key,
-            directive=self.build_output_directive(output_spec), system_prompt=system_prompt,
-            max_tokens=max_tokens, request_params=body_params,
-        )  # fmt: skip
+            requests,
+            model=model,
+            idempotency_key=idempotency_key,
+            directive=self.build_output_directive(output_spec),
+            system_prompt=system_prompt,
+            max_tokens=max_tokens,
+            request_params=body_params,
+        )
         write_lines(spec.input_uri, lines)
         job_shipping.check_layout(self._hook, spec, settings.check_layout, log)
         runtime_env = job_shipping.upload_runtime_env(self._hook, spec, None, {}, engine_pool_scope())
@@ -195,8 +203,13 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         job_id = _submit(self._hook, task_try_of(context), deployment_key(), spec, runtime_env, metadata)
         log.info(
             "Submitted Ray job %s (%d requests, model %s): %s/#/jobs/%s; outputs at %s.",
-            job_id, len(requests), model, self._hook.dashboard_url, job_id, spec.output_uri,
-        )  # fmt: skip
+            job_id,
+            len(requests),
+            model,
+            self._hook.dashboard_url,
+            job_id,
+            spec.output_uri,
+        )
         return SubmitResult(batch_id=job_id, provider_input_ref=spec.input_uri)
 
     def _connection_extra(self, context: Context | None = None) -> dict[str, Any]:  # Any: JSON values.
@@ -289,8 +302,10 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         shown = repr(batch_id[:_SHOWN_ID_LENGTH]) + ("..." if len(batch_id) > _SHOWN_ID_LENGTH else "")
         log.warning(
             "Batch id %s is not this deployment's (%s): it reads as not found; the job is not stopped and "
-            "its results are not read.", shown, problem,
-        )  # fmt: skip
+            "its results are not read.",
+            shown,
+            problem,
+        )
         raise RayJobNotFoundError(
             f"No Ray job of this deployment has the id {shown}: {problem}. common.ai submits a batch of its "
             "own; the job under that id, if any, is left alone.",
@@ -335,8 +350,9 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         from datetime import datetime
 
         task_try, secret = task_try_of(_context()), deployment_key()
-        not_before_ms = (datetime.fromisoformat(not_before).timestamp() * 1000 - CLOCK_SKEW_SLACK_MS
-                         if not_before else 0)  # fmt: skip
+        not_before_ms = (
+            datetime.fromisoformat(not_before).timestamp() * 1000 - CLOCK_SKEW_SLACK_MS if not_before else 0
+        )
         candidates = [
             info
             for info in self._hook.list_jobs()

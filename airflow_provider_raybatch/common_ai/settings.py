@@ -34,9 +34,17 @@ _OWNED_FIELDS = frozenset(
 )
 #: Row-shaping fields that do not apply to OpenAI request lines (the spec refuses them too).
 _ROW_FIELDS = frozenset(
-    {"messages_column", "user_template", "system_prompt", "image_column", "preprocess", "postprocess",
-     "id_column", "keep_columns"}
-)  # fmt: skip
+    {
+        "messages_column",
+        "user_template",
+        "system_prompt",
+        "image_column",
+        "preprocess",
+        "postprocess",
+        "id_column",
+        "keep_columns",
+    }
+)
 #: Settings whose keys merge one by one (the connection's, then the operator's): the engine's and the
 #: sampling defaults. Others (replica_resources, runtime_env, ...) are replaced whole.
 _MERGED_FIELDS = frozenset({"engine_kwargs", "sampling_params"})
@@ -90,8 +98,10 @@ def job_settings(
             'settings (e.g. {"engine_kwargs": {"max_model_len": 4096}}).'
         )
     merged: dict[str, Any] = {}  # Any: JSON values.
-    for where, values in ((f"connection extra {CONNECTION_EXTRA_KEY!r}", defaults),
-                          (f"request_params[{SETTINGS_KEY!r}]", operator_settings)):  # fmt: skip
+    for where, values in (
+        (f"connection extra {CONNECTION_EXTRA_KEY!r}", defaults),
+        (f"request_params[{SETTINGS_KEY!r}]", operator_settings),
+    ):
         for name, value in values.items():
             _check_name(where, str(name))
             if isinstance(value, str) and value.strip() in ("", "null", "None"):

@@ -221,9 +221,11 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         dependencies=[Depends(_require_bearer_token)],
     )
     app.add_middleware(
-        BodySizeLimit, upload_path_suffix="/v1/files", max_upload_bytes=config.max_upload_bytes,
+        BodySizeLimit,
+        upload_path_suffix="/v1/files",
+        max_upload_bytes=config.max_upload_bytes,
         max_body_bytes=config.max_body_bytes,
-    )  # fmt: skip
+    )
     store = OpenAIStore(config.files_uri, config.files_conn_id)
     dag_id = config.dag_id
     can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=dag_id))]
@@ -263,8 +265,9 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         return _openai_error(
             429,
             f"You have {config.max_files_per_user} files, the most one user may keep: delete some first.",
-            "file", "too_many_files",
-        )  # fmt: skip
+            "file",
+            "too_many_files",
+        )
 
     def store_upload(file: UploadFile, owner: str, owner_name: str) -> dict[str, Any]:  # Any: JSON.
         """The upload, kept only within its owner's quota (quota.py): a refused one leaves nothing."""
@@ -274,9 +277,14 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             if not has_room(store.file_usage(owner), mine, limit):
                 raise too_many_files()
             record = store.add_file(
-                _chunks(file), (file.filename or "upload.jsonl")[:255], "batch", owner=owner,
-                owner_name=owner_name, max_bytes=config.max_upload_bytes, file_id=file_id,
-            )  # fmt: skip
+                _chunks(file),
+                (file.filename or "upload.jsonl")[:255],
+                "batch",
+                owner=owner,
+                owner_name=owner_name,
+                max_bytes=config.max_upload_bytes,
+                file_id=file_id,
+            )
             if not stays_within(lambda: store.file_usage(owner), mine, limit):
                 store.delete_file(file_id)
                 raise too_many_files()
@@ -345,13 +353,21 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             output_file_id = store.output_file_id(record["id"], "output") if counts["completed"] else None
             error_file_id = store.output_file_id(record["id"], "errors") if counts["failed"] else None
         return {
-            "id": record["id"], "object": "batch", "endpoint": record["endpoint"], "errors": None,
-            "input_file_id": record["input_file_id"], "completion_window": record["completion_window"],
-            "status": status, "output_file_id": output_file_id, "error_file_id": error_file_id,
-            "created_at": record["created_at"], "expires_at": record["expires_at"], **times,
+            "id": record["id"],
+            "object": "batch",
+            "endpoint": record["endpoint"],
+            "errors": None,
+            "input_file_id": record["input_file_id"],
+            "completion_window": record["completion_window"],
+            "status": status,
+            "output_file_id": output_file_id,
+            "error_file_id": error_file_id,
+            "created_at": record["created_at"],
+            "expires_at": record["expires_at"],
+            **times,
             "request_counts": {"total": record["request_total"], **counts},
             "metadata": record.get("metadata"),
-        }  # fmt: skip
+        }
 
     def _staged_counts(record: dict[str, Any]) -> dict[str, int]:  # Any: JSON values.
         """Requests done so far: the staged parts' sidecars (pipeline/stage/parts.py) of the running job."""
@@ -363,9 +379,10 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
 
     def too_many_batches(count: int) -> HTTPException:
         return _openai_error(
-            429, f"You have {count} batches open, the most one user may: wait for some to finish.",
+            429,
+            f"You have {count} batches open, the most one user may: wait for some to finish.",
             code="too_many_open_batches",
-        )  # fmt: skip
+        )
 
     def batch_usage(owner: str, session: Any, creating: str) -> Usage:  # Any: a SQLAlchemy session.
         """``owner``'s batches for their open-batch quota (quota.py). ``creating`` is the request's own
@@ -374,10 +391,11 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         records = store.batches(owner)
         now = time.time()
         counted = [
-            record["id"] for record in records
+            record["id"]
+            for record in records
             if record["id"] != creating
             and _holds_a_slot(record, _run_state(session, dag_id, record["id"]), now)
-        ]  # fmt: skip
+        ]
         existing = frozenset(record["id"] for record in records)
         return Usage(counted=frozenset(counted), existing=existing, reservations=reservations)
 
@@ -389,9 +407,13 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         try:
             # No conf: the run's task reads this record (its id is the run id) for its paths.
             trigger_dag(
-                dag_id, run_id=record["id"], conf={}, triggered_by=DagRunTriggeredByType.REST_API,
-                triggering_user_name=user.get_name(), session=session,
-            )  # fmt: skip
+                dag_id,
+                run_id=record["id"],
+                conf={},
+                triggered_by=DagRunTriggeredByType.REST_API,
+                triggering_user_name=user.get_name(),
+                session=session,
+            )
         except Exception as err:  # DagNotFound, a DAG that refuses manual runs: log it, keep nothing
             store.delete_batch(record["id"])
             log.exception("Could not start a run of the batch DAG %r for %s.", dag_id, record["id"])
@@ -431,11 +453,18 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             total = count_requests(store.file_content(body.input_file_id))
             created_at = int(time.time())
             record = {
-                "id": batch_id, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
-                "completion_window": body.completion_window, "created_at": created_at,
-                "expires_at": created_at + window, "metadata": body.metadata, "request_total": total,
-                "output_uri": store.output_uri(batch_id), "owner": owner, "owner_name": user.get_name(),
-            }  # fmt: skip
+                "id": batch_id,
+                "endpoint": body.endpoint,
+                "input_file_id": body.input_file_id,
+                "completion_window": body.completion_window,
+                "created_at": created_at,
+                "expires_at": created_at + window,
+                "metadata": body.metadata,
+                "request_total": total,
+                "output_uri": store.output_uri(batch_id),
+                "owner": owner,
+                "owner_name": user.get_name(),
+            }
             store.save_batch(record)
             if not stays_within(lambda: batch_usage(owner, session, batch_id), mine, limit):
                 store.delete_batch(batch_id)  # before its run starts: a refused batch runs nothing
@@ -449,18 +478,23 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
 
     @app.get("/v1/batches", dependencies=can_read)
     def list_batches(
-        session: SessionDep, user: GetUserDep, after: str | None = None,
+        session: SessionDep,
+        user: GetUserDep,
+        after: str | None = None,
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         records = listed(store.batches, user)
         if after is not None:
             ids = [record["id"] for record in records]
             records = records[ids.index(after) + 1 :] if after in ids else []
         page = [batch_object(record, session) for record in records[:limit]]
         return {
-            "object": "list", "data": page, "has_more": len(records) > limit,
-            "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
-        }  # fmt: skip
+            "object": "list",
+            "data": page,
+            "has_more": len(records) > limit,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+        }
 
     @app.post("/v1/batches/{batch_id}/cancel", dependencies=can_write)
     def cancel_batch(batch_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:

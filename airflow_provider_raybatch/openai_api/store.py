@@ -68,9 +68,14 @@ def public(record: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
 
 
 def _file_record(
-    file_id: str, size: int, filename: str, purpose: str, owner: str | None, owner_name: str | None,
+    file_id: str,
+    size: int,
+    filename: str,
+    purpose: str,
+    owner: str | None,
+    owner_name: str | None,
     created_at: int | None = None,
-) -> dict[str, Any]:  # Any: JSON values.  # fmt: skip
+) -> dict[str, Any]:  # Any: JSON values.
     """An OpenAI file object, plus who uploaded it (its owner)."""
     return {
         "id": file_id,
@@ -163,9 +168,16 @@ class OpenAIStore:
         return self.uri(self.upload_path(file_id))
 
     def add_file(
-        self, chunks: Iterator[bytes], filename: str, purpose: str, *, owner: str | None = None,
-        owner_name: str | None = None, max_bytes: int | None = None, file_id: str | None = None,
-    ) -> dict[str, Any]:  # Any: JSON.  # fmt: skip
+        self,
+        chunks: Iterator[bytes],
+        filename: str,
+        purpose: str,
+        *,
+        owner: str | None = None,
+        owner_name: str | None = None,
+        max_bytes: int | None = None,
+        file_id: str | None = None,
+    ) -> dict[str, Any]:  # Any: JSON.
         """Store an upload's bytes, then its file object (so a listed file always has its bytes).
 
         ``file_id``: the id its quota reservation was made for; a new one when None.
@@ -268,9 +280,14 @@ class OpenAIStore:
         folder = self._inside(str(manifest.get(uri_key)), output)
         size = sum(path.stat().st_size for path in folder.iterdir() if path.name.endswith(".jsonl"))
         record = _file_record(
-            file_id, size, f"{batch_id}_{kind}.jsonl", "batch_output", batch.get("owner"),
-            batch.get("owner_name"), created_at=batch["created_at"],
-        )  # fmt: skip
+            file_id,
+            size,
+            f"{batch_id}_{kind}.jsonl",
+            "batch_output",
+            batch.get("owner"),
+            batch.get("owner_name"),
+            created_at=batch["created_at"],
+        )
         return record, folder
 
     def output_file_id(self, batch_id: str, kind: str) -> str:

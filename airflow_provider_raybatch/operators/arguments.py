@@ -27,14 +27,15 @@ from airflow_provider_raybatch.specs import VLLM_SAMPLING_PARAMS, did_you_mean
 #: vLLM engine arguments a notebook passes where this operator takes them in ``engine_kwargs`` (the
 #: common ones: the job's driver checks every key of engine_kwargs against the cluster's vLLM); a key
 #: of engine_kwargs one letter off one of them is warned of (likely_mistakes.py).
-ENGINE_ARGUMENTS = frozenset({
-    "block_size", "cpu_offload_gb", "distributed_executor_backend", "dtype", "enable_chunked_prefill",
-    "enable_lora", "enable_prefix_caching", "enforce_eager", "gpu_memory_utilization",
-    "kv_cache_dtype", "kv_cache_memory_bytes", "limit_mm_per_prompt", "max_lora_rank", "max_loras",
-    "max_model_len", "max_num_batched_tokens", "max_num_seqs", "pipeline_parallel_size",
-    "quantization", "revision", "seed", "swap_space", "tensor_parallel_size", "tokenizer",
-    "tokenizer_mode", "trust_remote_code",
-})  # fmt: skip
+ENGINE_ARGUMENTS = frozenset(
+    """
+    block_size cpu_offload_gb distributed_executor_backend dtype enable_chunked_prefill enable_lora
+    enable_prefix_caching enforce_eager gpu_memory_utilization kv_cache_dtype kv_cache_memory_bytes
+    limit_mm_per_prompt max_lora_rank max_loras max_model_len max_num_batched_tokens max_num_seqs
+    pipeline_parallel_size quantization revision seed swap_space tensor_parallel_size tokenizer tokenizer_mode
+    trust_remote_code
+    """.split()
+)
 
 #: BaseOperator's own arguments, and the flag Airflow adds when it checks a mapped task's arguments.
 _BASE_ARGUMENTS = frozenset(inspect.signature(BaseOperator.__init__).parameters) - {"self", "kwargs"} | {

@@ -80,16 +80,22 @@ def job_result(
     if manifest is not None and committed.manifest is not None:
         check_not_superseded(manifest, committed.manifest, job_id, conn_id)
     if manifest is None:
-        message = (f"Ray job {job_id} succeeded, but its result cannot be found: {why_not}, and the "
-                   "driver log holds no run manifest (it printed none, or the log is gone).")  # fmt: skip
+        message = (
+            f"Ray job {job_id} succeeded, but its result cannot be found: {why_not}, and the "
+            "driver log holds no run manifest (it printed none, or the log is gone)."
+        )
         tail = "\n".join(driver_log.rstrip("\n").splitlines()[-40:])
         raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
     if isinstance(
         reused := manifest.get(REUSED_RESULT_KEY), dict
     ):  # the committed manifest names the other job
-        log.info("Ray job %s took version %s, which Ray job %s committed for this run from the same input "
-                 "files, code and model: nothing was generated again (the numbers below are that job's).",
-                 job_id, reused.get("version"), reused.get("job_id") or "unknown")  # fmt: skip
+        log.info(
+            "Ray job %s took version %s, which Ray job %s committed for this run from the same input "
+            "files, code and model: nothing was generated again (the numbers below are that job's).",
+            job_id,
+            reused.get("version"),
+            reused.get("job_id") or "unknown",
+        )
         return manifest
     log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
     return manifest
@@ -152,8 +158,9 @@ def check_not_superseded(
             f"but a later commit there (version {committed.get('version')}, job "
             f"{committed.get('job_id') or 'unknown'}) replaced it and its outputs are gone. Two runs "
             "write to one output_uri: give each its own, or set keep_versions=True.",
-            job_id=job_id, status="superseded",
-        )  # fmt: skip
+            job_id=job_id,
+            status="superseded",
+        )
 
 
 def check_failed_rows(manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str) -> None:  # Any: JSON.

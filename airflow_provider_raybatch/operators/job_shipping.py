@@ -94,8 +94,11 @@ def module_packages(spec: BatchInferenceSpec) -> list[RayPackage]:
         try:
             packages.append(build_py_module_package(path))
         except ValueError as err:
-            named = [f"{field}={dotted_path!r}" for field, dotted_path in user_functions(spec)
-                     if top_level_module_path(field, dotted_path) == path]  # fmt: skip
+            named = [
+                f"{field}={dotted_path!r}"
+                for field, dotted_path in user_functions(spec)
+                if top_level_module_path(field, dotted_path) == path
+            ]
             who = " and ".join(named)
             raise BatchSpecError(f"{who}: cannot ship {err}") from err
     return packages
@@ -172,8 +175,10 @@ def check_layout(hook: RayHook, spec: BatchInferenceSpec, enforce: bool, log: An
     plan = plan_layout(spec)
     log.info("Planned layout: %s.", plan.describe())
     if spec.concurrency is None and spec.replica_resources is None:
-        log.info("concurrency is unset: the job chooses how many replicas share that GPU as it starts (up to "
-                 "3 for short generations; its manifest's layout says what it chose and why).")  # fmt: skip
+        log.info(
+            "concurrency is unset: the job chooses how many replicas share that GPU as it starts (up to "
+            "3 for short generations; its manifest's layout says what it chose and why)."
+        )
     if enforce:
         plan.check_fits(hook.get_cluster_resources())
 

@@ -24,11 +24,12 @@ _ENGINE_CUTOFF = 0.85
 #: only nodes started with it (``ray start --resources``) have.
 _RAY_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 #: Ray runtime_env fields (Ray 2.57 - 2.60); a key outside them is taken as a plugin's.
-_RUNTIME_ENV_FIELDS = frozenset({
-    "py_modules", "py_executable", "java_jars", "working_dir", "conda", "pip", "uv", "container",
-    "image_uri", "excludes", "env_vars", "worker_process_setup_hook", "config", "nsight", "rocprof_sys",
-    "mpi",
-})  # fmt: skip
+_RUNTIME_ENV_FIELDS = frozenset(
+    """
+    py_modules py_executable java_jars working_dir conda pip uv container image_uri excludes env_vars
+    worker_process_setup_hook config nsight rocprof_sys mpi
+    """.split()
+)
 #: What a preprocess may return as the row's prompt, as in Ray Data LLM.
 _PROMPT_KEYS = ("messages", "prompt")
 

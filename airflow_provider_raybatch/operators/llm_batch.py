@@ -491,21 +491,26 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                     "Ray job %s of try %s of this run has other parameters; stopping it. (Were it another "
                     "Airflow deployment's, the two would share [raybatch] job_identity_secret or "
                     "[core] fernet_key: give each deployment its own.)",
-                    previous.job_id, try_number_of(previous),
-                )  # fmt: skip
+                    previous.job_id,
+                    try_number_of(previous),
+                )
                 self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
             previous = None
         if previous is not None and previous.status.is_terminal and reuse_earlier_result:
             # Its committed version (if it committed: a succeeded job, or one stopped just after its
             # commit) is taken by the new job, on the cluster, only if the input files, the code, the
             # model and the engine are as they made it (pipeline/stage/reuse.py); else it generates.
-            self.log.info("Ray job %s of an earlier try ended %s; the new job takes the version this run "
-                          "committed if nothing it was made from has changed, else generates again.",
-                          previous.job_id, previous.status.value)  # fmt: skip
+            self.log.info(
+                "Ray job %s of an earlier try ended %s; the new job takes the version this run "
+                "committed if nothing it was made from has changed, else generates again.",
+                previous.job_id,
+                previous.status.value,
+            )
         attached_at = None
         if previous is not None and not previous.status.is_terminal:
-            self.log.info("Ray job %s of an earlier try is %s; attaching to it.", previous.job_id,
-                          previous.status.value)  # fmt: skip
+            self.log.info(
+                "Ray job %s of an earlier try is %s; attaching to it.", previous.job_id, previous.status.value
+            )
             self.job_id = previous.job_id
             attached_at = time.time()
         else:
@@ -655,12 +660,15 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         hook = self.hook
         job_id = self.job_id = event["job_id"]  # also for a failed task's lineage
         if event["status"] == "cancelled" and self._stopped_by_earlier_tries_cleanup(
-                hook, job_id, context, attached_at):  # fmt: skip
+            hook, job_id, context, attached_at
+        ):
             # This try attached to a job whose own try was cleared or marked failed just before: that
             # try's cleanup stopped the job under us. Run again; the new job resumes from staging.
-            self.log.warning("Ray job %s of an earlier try was stopped by that try's cleanup while this try "
-                             "waited on it; submitting a new job, which resumes from the rows it staged.",
-                             job_id)  # fmt: skip
+            self.log.warning(
+                "Ray job %s of an earlier try was stopped by that try's cleanup while this try "
+                "waited on it; submitting a new job, which resumes from the rows it staged.",
+                job_id,
+            )
             task_try = task_try_of(context)
             spec = self.build_spec(run_key=task_try.run_key())
             self.job_id = self._submit_and_record(hook, spec, task_try, deployment_key(), context)
@@ -683,8 +691,11 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 if event["status"] == "cancelled":
                     event = {**event, "message": event["message"] + self._who_stopped(job_id)}
                 raise job_failed_error(event, cleanup.get_job_log_tail(job_id))
-            self.log.warning("Ray job %s ended %s after it committed its result; taking that result.",
-                             job_id, event["termination_reason"])  # fmt: skip
+            self.log.warning(
+                "Ray job %s ended %s after it committed its result; taking that result.",
+                job_id,
+                event["termination_reason"],
+            )
         if manifest is None:  # the committed manifest, else the driver log's
             manifest = job_results.job_result(hook, job_id, spec, conn_id, self.log)
         self.manifest = manifest
@@ -697,13 +708,22 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         duplicates = int(manifest.get("rows_duplicate") or 0)
         self.log.info(
             "Ray job %s done: %d rows in, %d out, %d failed%s; output at %s.",
-            job_id, manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"],
-            f" ({duplicates} of them repeated ids)" if duplicates else "", manifest["output_uri"],
-        )  # fmt: skip
+            job_id,
+            manifest["rows_in"],
+            manifest["rows_out"],
+            manifest["rows_failed"],
+            f" ({duplicates} of them repeated ids)" if duplicates else "",
+            manifest["output_uri"],
+        )
         if manifest.get("replaced_version"):
-            self.log.info("Ray job %s's version %s replaced version %s at %s (%s).", job_id,
-                          manifest.get("version"), manifest["replaced_version"], manifest["output_uri"],
-                          "kept: keep_versions" if spec.keep_versions else "deleted")  # fmt: skip
+            self.log.info(
+                "Ray job %s's version %s replaced version %s at %s (%s).",
+                job_id,
+                manifest.get("version"),
+                manifest["replaced_version"],
+                manifest["output_uri"],
+                "kept: keep_versions" if spec.keep_versions else "deleted",
+            )
         if (timings := describe_timings(manifest.get("timings"))) is not None:
             self.log.info("Ray job %s took: %s.", job_id, timings)
         if (pool := describe_engine_pool(manifest.get("engine_pool"))) is not None:
@@ -711,10 +731,11 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         if isinstance(held := manifest.get("held_try"), dict):  # its rows were generated by the held try
             spent = describe_timings(held.get("timings"))
             self.log.info(
-                "Ray job %s generated no rows: it committed the rows %s generated and held%s.", job_id,
+                "Ray job %s generated no rows: it committed the rows %s generated and held%s.",
+                job_id,
                 f"Ray job {held['job_id']}" if held.get("job_id") else "an earlier try",
                 f", which took: {spent}" if spent else "",
-            )  # fmt: skip
+            )
         job_results.check_failed_rows(manifest, spec, job_id)
         if self.output_asset is not None:
             context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
@@ -733,14 +754,19 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         self.log.info(
             "Dry run (Ray job %s): %d rows in; %d would reach the engine with %d prompt tokens (longest %d); "
             "%d would fail (%s); %s. Report: %s",
-            job_id, manifest["rows_in"], manifest["rows_out"], manifest["prompt_tokens"],
-            manifest["prompt_tokens_longest"], manifest["rows_failed"],
+            job_id,
+            manifest["rows_in"],
+            manifest["rows_out"],
+            manifest["prompt_tokens"],
+            manifest["prompt_tokens_longest"],
+            manifest["rows_failed"],
             manifest["errors_by_reason"] or "none",
             f"~{engine_seconds:,} s of engine time{gpu_seconds} at {manifest['rows_per_second']:.4g} rows/s "
-            f"({manifest['rows_per_second_from']})" if estimate is not None
+            f"({manifest['rows_per_second_from']})"
+            if estimate is not None
             else "no GPU time estimate (set dry_run_rows_per_second, or run once for real)",
             manifest["dry_run_uri"],
-        )  # fmt: skip
+        )
         job_results.check_failed_rows(manifest, spec, job_id)
         return str(manifest["dry_run_uri"])
 
@@ -764,9 +790,12 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         ended_at = (info.end_time_ms or 0) / 1000
         if ended_at <= attached_at + CLEANUP_RACE_SECONDS:
             return True
-        self.log.warning("Ray job %s was stopped %.0f s after this try attached to it: not by Airflow's "
-                         "cleanup of an earlier try, so the task fails instead of running again.",
-                         job_id, ended_at - attached_at)  # fmt: skip
+        self.log.warning(
+            "Ray job %s was stopped %.0f s after this try attached to it: not by Airflow's "
+            "cleanup of an earlier try, so the task fails instead of running again.",
+            job_id,
+            ended_at - attached_at,
+        )
         return False
 
     def _who_stopped(self, job_id: str) -> str:

@@ -70,9 +70,11 @@ def check_partial(operator_class: type[RayLLMBatchOperator], kwargs: dict[str, A
     _refuse_unknown(operator_class, "partial", kwargs)
     task = f"{operator_class.__name__} (task_id: {kwargs.get('task_id')})"
     arguments.refuse_functions(
-        operator_class.__name__, str(kwargs.get("task_id")),
-        preprocess=kwargs.get("preprocess"), postprocess=kwargs.get("postprocess"),
-    )  # fmt: skip
+        operator_class.__name__,
+        str(kwargs.get("task_id")),
+        preprocess=kwargs.get("preprocess"),
+        postprocess=kwargs.get("postprocess"),
+    )
     checked = {*SPEC_PARAMETERS, *written_values.FLAGS}
     written_values.check_as_written(
         task,

@@ -20,11 +20,12 @@ from airflow_provider_raybatch.specs import BatchInferenceSpec
 #: The operator's parameters that are the job spec's fields (all but the run key, which a run gives).
 SPEC_PARAMETERS = tuple(name for name in BatchInferenceSpec.model_fields if name != "run_key")
 # Spec fields that take a dict, list or number; after templating they may arrive as (JSON) text.
-_JSON_PARAMS = (
-    "sampling_params", "engine_kwargs", "replica_resources", "keep_columns", "concurrency", "image_size",
-    "image_max_side", "image_allowed_hosts", "image_allowed_s3_prefixes", "max_failed_fraction",
-    "max_failed_rows", "keep_warm_seconds",
-)  # fmt: skip
+_JSON_PARAMS = tuple(
+    """
+    sampling_params engine_kwargs replica_resources keep_columns concurrency image_size image_max_side
+    image_allowed_hosts image_allowed_s3_prefixes max_failed_fraction max_failed_rows keep_warm_seconds
+    """.split()
+)
 #: What an unset Param renders to through a template: the parameter's default, as if left out.
 _UNSET_TEXT = ("", "null", "None")
 _TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders

@@ -20,8 +20,14 @@ def task_try_of(context: Context) -> TaskTry:
     """The running task-instance try, with its DAG run's creation identity (``run_after``)."""
     ti = context["ti"]
     run_after = getattr(context.get("dag_run"), "run_after", None)
-    return TaskTry(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number,
-                   run_after.isoformat() if run_after is not None else "")  # fmt: skip
+    return TaskTry(
+        ti.dag_id,
+        ti.run_id,
+        ti.task_id,
+        ti.map_index,
+        ti.try_number,
+        run_after.isoformat() if run_after is not None else "",
+    )
 
 
 def try_number_of(job: JobInfo) -> int:

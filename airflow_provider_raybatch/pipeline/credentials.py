@@ -165,8 +165,12 @@ def held_for_this_job() -> Iterator[None]:
         try:
             forget()
         except Exception as err:  # noqa: BLE001 - never hide the run's own outcome behind this
-            log.error("Could not delete this job's S3 settings from the cluster's store (the next job's "
-                      "driver sweeps them): %s: %s", type(err).__name__, err)  # fmt: skip
+            log.error(
+                "Could not delete this job's S3 settings from the cluster's store (the next job's "
+                "driver sweeps them): %s: %s",
+                type(err).__name__,
+                err,
+            )
 
 
 def _forget_on_sigterm(forget: Callable[[], None]) -> Callable[[], None]:

@@ -51,9 +51,14 @@ PROMPT_TOO_LONG = "prompt too long"
 #: Upper bounds of the prompt-token histogram's buckets; one more bucket holds the longer prompts.
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _SUMMARY_SCHEMA = pa.schema(
-    [("rows", pa.int64()), ("tokens", pa.int64()), ("longest", pa.int64()),
-     ("histogram", pa.list_(pa.int64())), ("reasons", pa.string())]
-)  # fmt: skip
+    [
+        ("rows", pa.int64()),
+        ("tokens", pa.int64()),
+        ("longest", pa.int64()),
+        ("histogram", pa.list_(pa.int64())),
+        ("reasons", pa.string()),
+    ]
+)
 
 
 @dataclass
@@ -82,14 +87,24 @@ class TokenSummary:
         self.reasons.update(other.reasons)
 
     def as_table(self) -> pa.Table:
-        row = {"rows": self.rows, "tokens": self.tokens, "longest": self.longest, "histogram": self.histogram,
-               "reasons": json.dumps(dict(self.reasons))}  # fmt: skip
+        row = {
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "longest": self.longest,
+            "histogram": self.histogram,
+            "reasons": json.dumps(dict(self.reasons)),
+        }
         return pa.Table.from_pylist([row], schema=_SUMMARY_SCHEMA)
 
     @classmethod
     def of_row(cls, row: dict[str, Any]) -> TokenSummary:  # Any: a summary row's values.
-        return cls(row["rows"], row["tokens"], row["longest"], list(row["histogram"]),
-                   Counter(json.loads(row["reasons"])))  # fmt: skip
+        return cls(
+            row["rows"],
+            row["tokens"],
+            row["longest"],
+            list(row["histogram"]),
+            Counter(json.loads(row["reasons"])),
+        )
 
 
 class PromptTokenCounter:
@@ -318,8 +333,13 @@ def run_dry(
     }
     storage.write_text(storage.join(folder, REPORT_FILE_NAME), render_report(manifest))
     storage.write_text(storage.join(folder, MANIFEST_FILE_NAME), json.dumps(manifest, indent=2))
-    log.info("Dry run: %d rows in, %d would reach the engine (%d prompt tokens), %d would fail.",
-             rows_in, total.rows, total.tokens, rows_failed)  # fmt: skip
+    log.info(
+        "Dry run: %d rows in, %d would reach the engine (%d prompt tokens), %d would fail.",
+        rows_in,
+        total.rows,
+        total.tokens,
+        rows_failed,
+    )
     return manifest
 
 
@@ -333,8 +353,10 @@ def _histogram(counts: list[int]) -> list[dict[str, Any]]:  # Any: int bounds an
 
 
 def _histogram_rows(buckets: list[dict[str, Any]]) -> list[tuple[str, int]]:  # Any: JSON values.
-    return [(f"<= {b['tokens_at_most']}" if "tokens_at_most" in b else f"> {b['tokens_over']}", b["rows"])
-            for b in buckets]  # fmt: skip
+    return [
+        (f"<= {b['tokens_at_most']}" if "tokens_at_most" in b else f"> {b['tokens_over']}", b["rows"])
+        for b in buckets
+    ]
 
 
 def render_report(manifest: dict[str, Any]) -> str:  # Any: JSON values.
@@ -345,11 +367,12 @@ def render_report(manifest: dict[str, Any]) -> str:  # Any: JSON values.
             f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in pairs
         )
 
-    counts = [(key, manifest[key]) for key in (
-        "model", "input_uri", "rows_in", "rows_out", "rows_failed", "rows_duplicate", "prompt_tokens",
-        "prompt_tokens_longest", "output_tokens_at_most", "rows_per_second", "rows_per_second_from",
-        "estimated_startup_seconds", "estimated_engine_seconds", "estimated_gpu_seconds",
-    )]  # fmt: skip
+    keys = """
+        model input_uri rows_in rows_out rows_failed rows_duplicate prompt_tokens prompt_tokens_longest
+        output_tokens_at_most rows_per_second rows_per_second_from estimated_startup_seconds
+        estimated_engine_seconds estimated_gpu_seconds
+    """.split()
+    counts = [(key, manifest[key]) for key in keys]
     return (
         "<!doctype html><meta charset='utf-8'><title>Dry run</title>"
         "<h1>Dry run (nothing was generated)</h1>"

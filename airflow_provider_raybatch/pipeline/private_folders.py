@@ -87,8 +87,12 @@ def _check_above(path: str, setting: str) -> None:
             if stat.S_ISLNK(info.st_mode):
                 continue  # the link's owner is checked; its target is in the resolved chain
             if info.st_mode & _OTHERS_WRITE and not info.st_mode & stat.S_ISVTX:
-                _refuse(prefix, "(a folder above it) is writable by its group or others without the sticky "
-                        f"bit (mode {oct(stat.S_IMODE(info.st_mode))})", setting)  # fmt: skip
+                _refuse(
+                    prefix,
+                    "(a folder above it) is writable by its group or others without the sticky "
+                    f"bit (mode {oct(stat.S_IMODE(info.st_mode))})",
+                    setting,
+                )
 
 
 def _prefixes(path: str) -> list[str]:

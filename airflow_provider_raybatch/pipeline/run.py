@@ -138,16 +138,22 @@ def _prepared_rows_kept_for_retries(
     clock = time.perf_counter()
     kept = prepared_cache.read(layout.staging_uri, digest)
     if kept is not None:
-        log.info("Took the %d rows an earlier try read and prepared from its staging (%.1f s).",
-                 kept.rows_in, time.perf_counter() - clock)  # fmt: skip
+        log.info(
+            "Took the %d rows an earlier try read and prepared from its staging (%.1f s).",
+            kept.rows_in,
+            time.perf_counter() - clock,
+        )
         return kept
     prepared = _prepared_rows(spec)
     clock = time.perf_counter()
     if prepared_cache.worth_keeping(prepared.rows_in) and prepared_cache.write(
         layout.staging_uri, prepared, digest
     ):
-        log.info("Kept the %d prepared rows in the staging for a retry (%.1f s).", prepared.rows_in,
-                 time.perf_counter() - clock)  # fmt: skip
+        log.info(
+            "Kept the %d prepared rows in the staging for a retry (%.1f s).",
+            prepared.rows_in,
+            time.perf_counter() - clock,
+        )
     return prepared
 
 
@@ -209,8 +215,15 @@ def _processor(
     if spec.keep_warm_seconds is not None:  # the engines of a warm pool instead of the job's own
         replicas = engine.fixed_pool(spec.concurrency or 1)[1]
         render = not row_steps.may_carry_images(spec)  # images keep Ray Data LLM's stages in the job
-        engine.use_engine_pool(processor, staging, replicas, spec.keep_warm_seconds, spec.compile_cache_dir,
-                               _job_runtime_env(), render_prompts_in_pool=render)  # fmt: skip
+        engine.use_engine_pool(
+            processor,
+            staging,
+            replicas,
+            spec.keep_warm_seconds,
+            spec.compile_cache_dir,
+            _job_runtime_env(),
+            render_prompts_in_pool=render,
+        )
     return processor
 
 
@@ -422,8 +435,16 @@ def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest
 
     if spec.dry_run:  # everything but the engine; commits nothing (pipeline/dry_run.py)
         dry = _prepared_rows(spec)
-        manifest = dry_run.run_dry(spec, dry.rows, dry.rows_in, dry.rows_repeated, model_source, started_at,
-                                   _ray_submission_id(), _versions())  # fmt: skip
+        manifest = dry_run.run_dry(
+            spec,
+            dry.rows,
+            dry.rows_in,
+            dry.rows_repeated,
+            model_source,
+            started_at,
+            _ray_submission_id(),
+            _versions(),
+        )
         print(manifest_log_line(manifest), flush=True)
         return manifest
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
@@ -458,9 +479,13 @@ def _run_owned(
     if _job_metadata().get(REUSE_COMMITTED_KEY) == "true":  # reuse_earlier_result (stage/reuse.py)
         earlier = reuse.committed_result(layout, spec, binding, reuse.airflow_run(owner.run))
         if earlier is not None:
-            log.info("Taking version %s, which Ray job %s committed for %s from the same parameters, input "
-                     "files, code, model and engine: generating nothing.", earlier.get("version"),
-                     earlier.get("job_id") or "unknown", spec.run_key)  # fmt: skip
+            log.info(
+                "Taking version %s, which Ray job %s committed for %s from the same parameters, input "
+                "files, code, model and engine: generating nothing.",
+                earlier.get("version"),
+                earlier.get("job_id") or "unknown",
+                spec.run_key,
+            )
             manifest = reuse.taken(earlier, _ray_submission_id())
             print(manifest_log_line(manifest), flush=True)
             return manifest
@@ -487,8 +512,13 @@ def _run_owned(
     if done_sources:
         prepared = dedupe.drop_staged(prepared, done_sources).materialize()
     todo = prepared.count() if done_sources else rows_in  # marking a duplicate never drops its row
-    log.info("Read %d rows from %s; %d staged by an earlier try, %d to do.", rows_in, spec.input_uri,
-             len(done_sources), todo)  # fmt: skip
+    log.info(
+        "Read %d rows from %s; %d staged by an earlier try, %d to do.",
+        rows_in,
+        spec.input_uri,
+        len(done_sources),
+        todo,
+    )
     marks.mark("rows_ready")
 
     rejected = prepared.filter(lambda row: row["error"] is not None)
@@ -546,8 +576,15 @@ def _run_owned(
     def timings() -> dict[str, Any]:  # Any: JSON values.
         engine_sidecars = [part.sidecar for part in engine_parts]
         keep_warm = lease.pool.keep_warm_seconds if lease is not None else None
-        return run_timings(marks, engine_sidecars, layout_plan.max_replicas, layout_plan.gpus_per_replica,
-                           keep_warm, lease.started_at if lease is not None else None, pool_used)  # fmt: skip
+        return run_timings(
+            marks,
+            engine_sidecars,
+            layout_plan.max_replicas,
+            layout_plan.gpus_per_replica,
+            keep_warm,
+            lease.started_at if lease is not None else None,
+            pool_used,
+        )
 
     ownership.confirm(layout, owner)  # a job taken over touches none of the new owner's parts
     committed = commit.write_version(
@@ -621,8 +658,10 @@ def _run_owned(
         manifest["generated_text_counts"] = committed.generated_text_counts
     if spec.openai_endpoint is not None:  # OpenAI's names for the counts
         manifest["request_counts"] = {
-            "total": rows_in, "completed": committed.rows_out, "failed": committed.rows_failed,
-        }  # fmt: skip
+            "total": rows_in,
+            "completed": committed.rows_out,
+            "failed": committed.rows_failed,
+        }
     held_because = committed.failed_rows_message
     if held_because is not None:  # the run fails on its rows: what was current stays so (commit.hold)
         current = commit.current_version(layout)
@@ -635,7 +674,12 @@ def _run_owned(
         )
     commit.publish(layout, manifest, keep_versions=spec.keep_versions, committed_parts=committed.part_names)
     if (current := commit.current_version(layout)) != committed.version:  # another run published after it
-        log.warning("Version %s was replaced at once by version %s, which another run of %s published at "
-                    "the same moment.", committed.version, current, spec.output_uri)  # fmt: skip
+        log.warning(
+            "Version %s was replaced at once by version %s, which another run of %s published at "
+            "the same moment.",
+            committed.version,
+            current,
+            spec.output_uri,
+        )
     print(manifest_log_line(manifest), flush=True)
     return manifest

@@ -153,8 +153,10 @@ def list_s3_objects(bucket: str, prefix: str, options: S3Options) -> list[S3Obje
     pages = _s3_client(options).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return [
         S3Object(f"{bucket}/{item['Key']}", int(item["Size"]), str(item.get("ETag", "")))
-        for page in pages for item in page.get("Contents", []) if not item["Key"].endswith("/")
-    ]  # fmt: skip
+        for page in pages
+        for item in page.get("Contents", [])
+        if not item["Key"].endswith("/")
+    ]
 
 
 @functools.lru_cache(maxsize=8)
@@ -165,8 +167,11 @@ def _s3_client(options: S3Options) -> Any:  # Any: a boto3 S3 client
 
     kwargs: dict[str, Any] = {"region_name": options.region}  # Any: boto3 client arguments
     if options.access_key:
-        kwargs.update(aws_access_key_id=options.access_key, aws_secret_access_key=options.secret_key,
-                      aws_session_token=options.session_token)  # fmt: skip
+        kwargs.update(
+            aws_access_key_id=options.access_key,
+            aws_secret_access_key=options.secret_key,
+            aws_session_token=options.session_token,
+        )
     if options.endpoint_url:
         endpoint = options.endpoint_url
         kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"https://{endpoint}"
@@ -331,9 +336,10 @@ def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:
         )
     selector = fs.FileSelector(path, recursive=True)
     found = [
-        item for item in filesystem_.get_file_info(selector)
+        item
+        for item in filesystem_.get_file_info(selector)
         if item.type == fs.FileType.File and read_by_ray_data(item.path, selector.base_dir, extensions)
-    ]  # fmt: skip
+    ]
     if not found:
         raise InputNotFoundError(
             f"input_uri={input_uri!r}: the folder holds no {' or '.join(extensions or [])} file to read "

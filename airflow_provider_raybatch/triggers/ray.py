@@ -242,7 +242,7 @@ class RayJobTrigger(BaseTrigger):
                     self.job_id,
                     f"The trigger waiting for Ray job {self.job_id} failed: {type(err).__name__}: {err}",
                     "trigger_error",
-                )  # fmt: skip
+                )
             )
 
     async def _wait(

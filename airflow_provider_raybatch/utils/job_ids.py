@@ -72,8 +72,14 @@ class TaskTry:
         mac = hmac.new(secret, "\x1f".join(map(str, values)).encode(), hashlib.sha256).hexdigest()[
             :_MAC_DIGITS
         ]
-        parts = [_clean(self.dag_id), _clean(self.task_id), _clean(self.run_id), f"m{self.map_index}",
-                 f"t{self.try_number}", *([f"a{self.attempt}"] if self.attempt != 1 else [])]  # fmt: skip
+        parts = [
+            _clean(self.dag_id),
+            _clean(self.task_id),
+            _clean(self.run_id),
+            f"m{self.map_index}",
+            f"t{self.try_number}",
+            *([f"a{self.attempt}"] if self.attempt != 1 else []),
+        ]
         return "-".join([SUBMISSION_ID_PREFIX, *parts, mac])
 
     def run_key(self) -> str:
@@ -120,12 +126,21 @@ class TaskTry:
             return None
         map_index = metadata["airflow_map_index"]
         try_number, attempt = metadata.get(TRY_NUMBER_KEY, ""), metadata.get(ATTEMPT_KEY, "1")
-        if not ((map_index == "None" or _MAP_INDEX.fullmatch(map_index))
-                and _small_count(try_number) and _small_count(attempt)):  # fmt: skip
+        if not (
+            (map_index == "None" or _MAP_INDEX.fullmatch(map_index))
+            and _small_count(try_number)
+            and _small_count(attempt)
+        ):
             return None
-        return cls(metadata["airflow_dag_id"], metadata["airflow_run_id"], metadata["airflow_task_id"],
-                   None if map_index == "None" else int(map_index), int(try_number),
-                   metadata["airflow_run_after"], int(attempt))  # fmt: skip
+        return cls(
+            metadata["airflow_dag_id"],
+            metadata["airflow_run_id"],
+            metadata["airflow_task_id"],
+            None if map_index == "None" else int(map_index),
+            int(try_number),
+            metadata["airflow_run_after"],
+            int(attempt),
+        )
 
 
 def is_submission_id(text: str) -> bool:

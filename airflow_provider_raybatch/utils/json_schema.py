@@ -16,16 +16,16 @@ from collections.abc import Iterator
 from typing import Any
 
 #: JSON Schema's keywords that shape what is valid (drafts 7 to 2020-12).
-_CONSTRAINING = frozenset({
-    "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
-    "propertyNames", "minProperties", "maxProperties", "dependentRequired", "dependentSchemas",
-    "dependencies", "items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains",
-    "minItems", "maxItems", "uniqueItems", "unevaluatedItems", "unevaluatedProperties", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "pattern",
-    "format", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref", "$defs", "definitions",
-    "$schema", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary", "contentEncoding",
-    "contentMediaType", "contentSchema",
-})  # fmt: skip
+_CONSTRAINING = frozenset(
+    """
+    type enum const properties required additionalProperties patternProperties propertyNames minProperties
+    maxProperties dependentRequired dependentSchemas dependencies items prefixItems additionalItems contains
+    minContains maxContains minItems maxItems uniqueItems unevaluatedItems unevaluatedProperties minimum
+    maximum exclusiveMinimum exclusiveMaximum multipleOf minLength maxLength pattern format allOf anyOf oneOf
+    not if then else $ref $defs definitions $schema $id $anchor $dynamicRef $dynamicAnchor $vocabulary
+    contentEncoding contentMediaType contentSchema
+    """.split()
+)
 #: Keywords that only annotate: a near miss of one (OpenAPI's ``example``) changes nothing, so it is
 #: neither refused nor offered as the likely spelling.
 _ANNOTATIONS = frozenset(
@@ -34,14 +34,23 @@ _ANNOTATIONS = frozenset(
 _TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
 #: Python's and other languages' type names, as a schema written from a dataclass may have them.
 _TYPE_NAMES = {
-    "str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object",
-    "list": "array", "none": "null", "double": "number", "long": "integer",
-}  # fmt: skip
+    "str": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "dict": "object",
+    "list": "array",
+    "none": "null",
+    "double": "number",
+    "long": "integer",
+}
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_ONE = (
-    "items", "additionalProperties", "additionalItems", "not", "contains", "if", "then", "else",
-    "propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema",
-)  # fmt: skip
+_SCHEMA_ONE = tuple(
+    """
+    items additionalProperties additionalItems not contains if then else propertyNames unevaluatedItems
+    unevaluatedProperties contentSchema
+    """.split()
+)
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 #: Deeper than this the schema is not walked (a real one is a few levels deep).
 _MAX_DEPTH = 64

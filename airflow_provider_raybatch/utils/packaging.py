@@ -40,11 +40,12 @@ _SKIPPED_SUFFIXES = (".pyc", ".pyo")
 #: Files never shipped, in any folder (names matched lower-cased): private keys, certificates with
 #: their keys, key stores, environment and credentials files, cloud service-account keys, anything
 #: named as a secret. A legitimate file caught here (``secret_santa.txt``) is better renamed than shipped.
-SECRET_FILE_PATTERNS = (
-    "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk", "*.kdbx", "*.tfstate", "*.env",
-    "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "credentials", "credentials.*", "*secret*",
-    "service-account*.json", "*service_account*.json",
-)  # fmt: skip
+SECRET_FILE_PATTERNS = tuple(
+    """
+    *.pem *.key *.p12 *.pfx *.jks *.keystore *.ppk *.kdbx *.tfstate *.env id_rsa* id_dsa* id_ecdsa*
+    id_ed25519* credentials credentials.* *secret* service-account*.json *service_account*.json
+    """.split()
+)
 #: Most bytes of files one module folder may ship (Ray's package store warns at 256 MiB).
 MAX_MODULE_BYTES = 64 * 1024 * 1024
 # A fixed timestamp keeps the zip bytes (and so uploads) identical for identical sources.

@@ -78,9 +78,11 @@ with DAG("{dag_id}", schedule="@daily", start_date=datetime(2026, 10, 1), catchu
 def _api(path: str, method: str = "GET", body: Any = None) -> Any:  # Any: JSON values.
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        f"http://127.0.0.1:{PORT}/api/v2{path}", data=data, method=method,
+        f"http://127.0.0.1:{PORT}/api/v2{path}",
+        data=data,
+        method=method,
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=60) as reply:
         return json.loads(reply.read() or b"null")
 
@@ -161,16 +163,21 @@ def main() -> None:
     spec = json.loads(JOB.read_text())["spec"]
     (HOME / "dags").mkdir(parents=True, exist_ok=True)
     (HOME / "dags" / f"{DAG_ID}.py").write_text(
-        _DAG.format(spec=json.dumps(spec), dag_id=DAG_ID, max_active_runs=max_active_runs,
-                    output_root=OUTPUT_ROOT)
-    )  # fmt: skip
+        _DAG.format(
+            spec=json.dumps(spec), dag_id=DAG_ID, max_active_runs=max_active_runs, output_root=OUTPUT_ROOT
+        )
+    )
     env = _env()
     log = (keep / "logs" / "airflow-standalone.log").open("w")
     started = time.time()
     standalone = subprocess.Popen(
-        [sys.executable, "-m", "airflow", "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, cwd=HOME,
-    )  # fmt: skip
+        [sys.executable, "-m", "airflow", "standalone"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=HOME,
+    )
     result: dict[str, Any] = {"max_active_runs": max_active_runs, "dates": DATES}  # Any: JSON values.
     try:
         _wait("the API server and the DAG", lambda: _api(f"/dags/{DAG_ID}") or None, timeout=300)
@@ -179,10 +186,26 @@ def main() -> None:
         _api(f"/dags/{DAG_ID}", "PATCH", {"is_paused": False})
         t_create = time.time()
         created = subprocess.run(
-            [sys.executable, "-m", "airflow", "backfill", "create", "--dag-id", DAG_ID, "--from-date",
-             DATES[0], "--to-date", DATES[-1], "--max-active-runs", str(max_active_runs)],
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "airflow",
+                "backfill",
+                "create",
+                "--dag-id",
+                DAG_ID,
+                "--from-date",
+                DATES[0],
+                "--to-date",
+                DATES[-1],
+                "--max-active-runs",
+                str(max_active_runs),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         print(f"backfill create rc={created.returncode}: {created.stdout[-500:]} {created.stderr[-1500:]}")
         if created.returncode != 0:
             raise SystemExit(1)
@@ -228,8 +251,10 @@ def main() -> None:
     print("|" + "---|" * len(header))
     for row in result["rows"]:
         print("| " + " | ".join(str(value) for value in row.values()) + " |")
-    print(f"AFBACKFILL wall {result['backfill_wall_s']} s (create to the last date's end), raw 7 scripts "
-          f"{result['raw_total_s']} s, raw/ours {result['ratio_raw_over_ours']}")  # fmt: skip
+    print(
+        f"AFBACKFILL wall {result['backfill_wall_s']} s (create to the last date's end), raw 7 scripts "
+        f"{result['raw_total_s']} s, raw/ours {result['ratio_raw_over_ours']}"
+    )
 
 
 if __name__ == "__main__":

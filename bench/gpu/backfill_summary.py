@@ -38,18 +38,21 @@ def summarize(keep: Path) -> dict[str, Any]:  # Any: JSON values.
         manifest = (our_run or {}).get("manifest") or {}
         pool = manifest.get("engine_pool") or {}
         timings = manifest.get("timings") or {}
-        rows.append({
-            "date": day,
-            "raw_end_to_end_s": raw_run and round(raw_run["end_to_end_s"], 1),
-            "raw_startup_s": raw_run and round(raw_run["startup_s"], 1),
-            "ours_end_to_end_s": our_run and round(our_run["end_to_end_s"], 1),
-            "ours_submit_to_first_part_s": our_run and our_run.get("first_part_after_submit_s")
-            and round(our_run["first_part_after_submit_s"], 1),
-            "ours_engine_start_to_first_row_s": timings.get("engine_start_to_first_row_s"),
-            "ours_generating_s": timings.get("generating_s"),
-            "warm_replicas": pool.get("warm_replicas"),
-            "rows_out": manifest.get("rows_out"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "date": day,
+                "raw_end_to_end_s": raw_run and round(raw_run["end_to_end_s"], 1),
+                "raw_startup_s": raw_run and round(raw_run["startup_s"], 1),
+                "ours_end_to_end_s": our_run and round(our_run["end_to_end_s"], 1),
+                "ours_submit_to_first_part_s": our_run
+                and our_run.get("first_part_after_submit_s")
+                and round(our_run["first_part_after_submit_s"], 1),
+                "ours_engine_start_to_first_row_s": timings.get("engine_start_to_first_row_s"),
+                "ours_generating_s": timings.get("generating_s"),
+                "warm_replicas": pool.get("warm_replicas"),
+                "rows_out": manifest.get("rows_out"),
+            }
+        )
     complete = all(raw) and all(ours)
     raw_total = sum(r["raw_end_to_end_s"] for r in rows) if complete else None
     ours_total = sum(r["ours_end_to_end_s"] for r in rows) if complete else None
@@ -69,15 +72,26 @@ def main() -> None:
     keep, out = Path(sys.argv[1]), Path(sys.argv[2])
     summary = summarize(keep)
     out.write_text(json.dumps(summary, indent=1))
-    header = ("date", "raw e2e s", "raw start-up s", "ours e2e s", "ours submit->1st part s",
-              "engine start->1st row s", "generating s", "warm", "rows out")  # fmt: skip
+    header = (
+        "date",
+        "raw e2e s",
+        "raw start-up s",
+        "ours e2e s",
+        "ours submit->1st part s",
+        "engine start->1st row s",
+        "generating s",
+        "warm",
+        "rows out",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in summary["dates"]:
         print("| " + " | ".join(str(value) for value in row.values()) + " |")
-    print(f"BACKFILL raw {summary['raw_total_s']} s, ours {summary['ours_total_s']} s, raw/ours "
-          f"{summary['ratio_raw_over_ours']}; warm submit to first part, median "
-          f"{summary['warm_submit_to_first_part_median_s']} s")  # fmt: skip
+    print(
+        f"BACKFILL raw {summary['raw_total_s']} s, ours {summary['ours_total_s']} s, raw/ours "
+        f"{summary['ratio_raw_over_ours']}; warm submit to first part, median "
+        f"{summary['warm_submit_to_first_part_median_s']} s"
+    )
 
 
 if __name__ == "__main__":

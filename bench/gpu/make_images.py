@@ -91,8 +91,10 @@ def main() -> None:
     broken = args.rows // BROKEN_EVERY
     params = {"rows": args.rows, "files": len(files), "broken": broken, "bytes": size}
     marker.write_text(json.dumps(params))
-    print(f"{args.out}: {args.rows} images ({broken} broken) in {len(files)} files, "
-          f"{size / 2**20:.0f} MiB, {time.time() - started:.1f} s")  # fmt: skip
+    print(
+        f"{args.out}: {args.rows} images ({broken} broken) in {len(files)} files, "
+        f"{size / 2**20:.0f} MiB, {time.time() - started:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,11 @@ def _ratio(one: dict[str, Any] | None, two: dict[str, Any] | None, key: str) -> 
 
 
 def summarize(keep: Path) -> dict[str, Any]:  # Any: JSON values.
-    rows = {name: _row(json.loads((keep / f"b-{name}.json").read_text()), keep / f"manifest-{name}.json")
-            for name in RUNS if (keep / f"b-{name}.json").exists()}  # fmt: skip
+    rows = {
+        name: _row(json.loads((keep / f"b-{name}.json").read_text()), keep / f"manifest-{name}.json")
+        for name in RUNS
+        if (keep / f"b-{name}.json").exists()
+    }
     speedups = {
         state: {
             "end_to_end": _ratio(rows.get(f"pool1-{state}"), rows.get(f"pool2-{state}"), "end_to_end_s"),
@@ -65,16 +68,28 @@ def main() -> None:
     keep, out = Path(sys.argv[1]), Path(sys.argv[2])
     summary = summarize(keep)
     out.write_text(json.dumps(summary, indent=1))
-    header = ("run", "e2e s", "submit->1st part s", "engine start->1st row s", "generating s", "commit s",
-              "warm", "replica ready skew s", "rows out", "GPU-s held")  # fmt: skip
+    header = (
+        "run",
+        "e2e s",
+        "submit->1st part s",
+        "engine start->1st row s",
+        "generating s",
+        "commit s",
+        "warm",
+        "replica ready skew s",
+        "rows out",
+        "GPU-s held",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for name, row in summary["runs"].items():
         cells = [name] + [str(value) for key, value in row.items() if key != "replica_timings"]
         print("| " + " | ".join(cells) + " |")
     for state, ratio in summary["two_over_one"].items():
-        print(f"POOL2X {state}: two replicas / one, end to end {ratio['end_to_end']}x, generating "
-              f"{ratio['generating']}x")  # fmt: skip
+        print(
+            f"POOL2X {state}: two replicas / one, end to end {ratio['end_to_end']}x, generating "
+            f"{ratio['generating']}x"
+        )
 
 
 if __name__ == "__main__":

@@ -290,8 +290,11 @@ def test_the_airflow_image_keeps_its_build_context_small() -> None:
 
     assert patterns[0] == "*"  # everything out (.venvs/ holds gigabytes), then the few paths back in
     assert {p for p in patterns if p.startswith("!")} == {
-        "!pyproject.toml", "!README.md", "!airflow_provider_raybatch/", "!dags/"
-    }  # fmt: skip
+        "!pyproject.toml",
+        "!README.md",
+        "!airflow_provider_raybatch/",
+        "!dags/",
+    }
     # Every path the Dockerfile copies from the context is let back in.
     copied = re.findall(
         r"(?m)^COPY (?!--from)(?:--\S+ )*(.+) \S+$", (DOCKER / "airflow.Dockerfile").read_text()
@@ -316,9 +319,16 @@ def test_raycluster_is_a_ray_io_v1_raycluster(raycluster: dict[str, Any]) -> Non
     assert (raycluster["apiVersion"], raycluster["kind"]) == ("ray.io/v1", "RayCluster")
     assert spec["enableInTreeAutoscaling"] is True
     assert set(spec) <= {
-        "rayVersion", "enableInTreeAutoscaling", "autoscalerOptions", "headGroupSpec", "workerGroupSpecs",
-        "headServiceAnnotations", "suspend", "authOptions", "gcsFaultToleranceOptions",
-    }  # fmt: skip
+        "rayVersion",
+        "enableInTreeAutoscaling",
+        "autoscalerOptions",
+        "headGroupSpec",
+        "workerGroupSpecs",
+        "headServiceAnnotations",
+        "suspend",
+        "authOptions",
+        "gcsFaultToleranceOptions",
+    }
     for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
         # The CRD types rayStartParams as a map of strings: a bare number is rejected by the API server.
         assert all(isinstance(value, str) for value in group["rayStartParams"].values())

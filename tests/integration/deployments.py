@@ -172,11 +172,19 @@ def shared_deployment(
     for path in [*ROOT.joinpath("dags").glob("*.py"), *Path(__file__).with_name("dags").glob("*.py")]:
         shutil.copy(path, dags)
     # The ticket DAG's scheduled runs (no conf) run on the tiny model and the session's warm engines.
-    (home / PARAM_DEFAULTS_FILE).write_text(json.dumps({
-        TICKETS_DAG_ID: {"model": str(tiny_model), "data_root": str(home / "data"),
-                         "engine_kwargs": CPU_ENGINE_KWARGS, "replica_resources": CPU_REPLICA,
-                         **warm_conf()},
-    }))  # fmt: skip
+    (home / PARAM_DEFAULTS_FILE).write_text(
+        json.dumps(
+            {
+                TICKETS_DAG_ID: {
+                    "model": str(tiny_model),
+                    "data_root": str(home / "data"),
+                    "engine_kwargs": CPU_ENGINE_KWARGS,
+                    "replica_resources": CPU_REPLICA,
+                    **warm_conf(),
+                },
+            }
+        )
+    )
     _write_scheduled_days(home / "data")
     extra_env = {
         **_auth_env(home, SHARED_USERS),

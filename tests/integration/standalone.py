@@ -77,8 +77,10 @@ class Airflow:
         run = f"run_id='{run_id}', try_number={try_number},"
         lines = (self.home / "standalone.log").read_text(errors="replace").splitlines()
         exits = ("Received executor event with state success", "Received executor event with state failed")
-        return sum(line.split(" for task instance ")[0].endswith(exits) and key in line and run in line
-                   for line in lines)  # fmt: skip
+        return sum(
+            line.split(" for task instance ")[0].endswith(exits) and key in line and run in line
+            for line in lines
+        )
 
     def why(self, dag_id: str, run_id: str, task_id: str, try_number: int, lines: int = 60) -> str:
         """What to print when a try ended other than expected: the try's log and the end of the
@@ -192,8 +194,14 @@ def _start(deployment: Deployment) -> tuple[subprocess.Popen, IO[str]]:
         **deployment.extra_env,
     }
     log = (home / "standalone.log").open("w")
-    process = subprocess.Popen([str(AIRFLOW_BIN), "standalone"], env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True, cwd=home)  # fmt: skip
+    process = subprocess.Popen(
+        [str(AIRFLOW_BIN), "standalone"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=home,
+    )
     return process, log
 
 
@@ -204,11 +212,12 @@ def _wait_until_up(deployment: Deployment) -> Airflow:
     def ready() -> Airflow | None:
         try:
             client = (
-                Airflow(instance.url, deployment.home,
-                        {"Authorization": f"Bearer {deployment.token(instance)}"})
+                Airflow(
+                    instance.url, deployment.home, {"Authorization": f"Bearer {deployment.token(instance)}"}
+                )
                 if deployment.token
                 else instance
-            )  # fmt: skip
+            )
             ids = {d["dag_id"] for d in client.api("GET", "/dags", params={"limit": 100}).json()["dags"]}
         except httpx.HTTPError:
             return None

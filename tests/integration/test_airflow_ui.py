@@ -64,10 +64,19 @@ def _chromium(airflow: Airflow, url: str, screenshot: Path | None = None, dom: b
 
     Each is a load of its own; ``dom=False`` spares the second where only the picture is wanted (a
     load under a cold engine's start took up to 120 s on 2 cores)."""
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={screenshot.parent if screenshot else Path('/tmp')}/chromium-profile",
-             "--window-size=1600,1000", "--virtual-time-budget=20000"]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={screenshot.parent if screenshot else Path('/tmp')}/chromium-profile",
+        "--window-size=1600,1000",
+        "--virtual-time-budget=20000",
+    ]
     with _signed_in(url, user_token(airflow, "admin")) as start:
         if screenshot is not None:
             _run_chromium([CHROMIUM, *flags, f"--screenshot={screenshot}", start])
@@ -125,8 +134,13 @@ def _save(paths: list[Path]) -> None:
 
 
 def _conf(tiny_model: Path, data_root: Path) -> dict:
-    return {"model": str(tiny_model), "data_root": str(data_root), "engine_kwargs": CPU_ENGINE_KWARGS,
-            "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
+    return {
+        "model": str(tiny_model),
+        "data_root": str(data_root),
+        "engine_kwargs": CPU_ENGINE_KWARGS,
+        "replica_resources": CPU_REPLICA,
+        **warm_conf(),
+    }
 
 
 def test_a_scheduled_run_reads_the_day_before_and_its_task_page_shows_progress_and_the_ray_job_link(
@@ -140,11 +154,14 @@ def test_a_scheduled_run_reads_the_day_before_and_its_task_page_shows_progress_a
     run = airflow.wait(
         "the scheduler's run of the ticket DAG",
         lambda: next(
-            (r for r in airflow.api("GET", f"/dags/{DAG_ID}/dagRuns").json()["dag_runs"]
-             if r["run_type"] == "scheduled"),
+            (
+                r
+                for r in airflow.api("GET", f"/dags/{DAG_ID}/dagRuns").json()["dag_runs"]
+                if r["run_type"] == "scheduled"
+            ),
             None,
         ),
-    )  # fmt: skip
+    )
     run_id, day = run["dag_run_id"], run["data_interval_start"][:10]
     assert date.fromisoformat(day) == date.fromisoformat(run["run_after"][:10]) - timedelta(days=1), run
     data_root = scheduled_data_root(airflow)
@@ -189,8 +206,11 @@ def test_a_scheduled_run_reads_the_day_before_and_its_task_page_shows_progress_a
     # It read its day's tickets, every one, and no other day's.
     manifest = json.loads((data_root / "ticket_summaries" / day / "manifest.json").read_text())
     assert manifest["input_uri"] == f"{data_root}/tickets/{day}/"
-    ids = [json.loads(line)["ticket_id"] for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
-           for line in file.read_text().splitlines()]  # fmt: skip
+    ids = [
+        json.loads(line)["ticket_id"]
+        for file in sorted(Path(manifest["outputs_uri"]).glob("*.jsonl"))
+        for line in file.read_text().splitlines()
+    ]
     assert sorted(ids) == [f"{day}/T-{i:03d}" for i in range(SCHEDULED_TICKETS)]
     assert str(links["Run report"]).endswith("/report.html")
 
@@ -203,12 +223,19 @@ def test_a_scheduled_run_reads_the_day_before_and_its_task_page_shows_progress_a
     # The Asset event made the scheduler run the digest DAG.
     digest = airflow.wait(
         "the Asset-scheduled digest run",
-        lambda: runs[0]
-        if (runs := [r for r in airflow.api("GET", f"/dags/{DIGEST_DAG_ID}/dagRuns").json()["dag_runs"]
-                     if r["state"] == "success"])
-        else None,
+        lambda: (
+            runs[0]
+            if (
+                runs := [
+                    r
+                    for r in airflow.api("GET", f"/dags/{DIGEST_DAG_ID}/dagRuns").json()["dag_runs"]
+                    if r["state"] == "success"
+                ]
+            )
+            else None
+        ),
         timeout=300,
-    )  # fmt: skip
+    )
     assert digest["run_type"] == "asset_triggered"
     _save(shots)
     for shot in shots:
@@ -252,9 +279,15 @@ def test_marking_a_deferred_task_failed_stops_its_ray_job(
     hook = RayHook()
     with free_cpus_held(hook):  # the job runs until the test stops it
         run_id, path, job_id = _deferred_run(
-            airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-13",
-            _conf(tiny_model, tmp_path), TICKETS,
-        )  # fmt: skip
+            airflow,
+            ray_cluster,
+            tiny_model,
+            tmp_path,
+            monkeypatch,
+            "2026-11-13",
+            _conf(tiny_model, tmp_path),
+            TICKETS,
+        )
         assert not hook.get_job_status(job_id).is_terminal
 
         airflow.api("PATCH", path, json={"new_state": "failed"})  # what "Mark as failed" sends
@@ -278,9 +311,15 @@ def test_clearing_a_deferred_task_stops_its_job_and_the_next_try_finishes(
     hook = RayHook()
     with free_cpus_held(hook):  # the first try's job runs until the clear stops it
         run_id, path, first_job = _deferred_run(
-            airflow, ray_cluster, tiny_model, tmp_path, monkeypatch, "2026-11-12",
-            _conf(tiny_model, tmp_path), TICKETS,
-        )  # fmt: skip
+            airflow,
+            ray_cluster,
+            tiny_model,
+            tmp_path,
+            monkeypatch,
+            "2026-11-12",
+            _conf(tiny_model, tmp_path),
+            TICKETS,
+        )
         airflow.clear(DAG_ID, run_id, TASK_ID)
         airflow.wait(
             "the clear to stop the first try's job",
@@ -345,17 +384,22 @@ def _finished(airflow: Airflow, run_id: str, what: str) -> dict:
     """The ticket task of ``run_id`` once it succeeded or failed."""
     return airflow.wait(
         what,
-        lambda: ti
-        if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
-        else None,
+        lambda: (
+            ti
+            if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
+            else None
+        ),
         timeout=900,
-    )  # fmt: skip
+    )
 
 
 def _ticket_ids(outputs_uri: str) -> list[str]:
     """The ticket ids of a version's outputs, sorted."""
-    rows = [json.loads(line) for file in sorted(Path(outputs_uri).glob("*.jsonl"))
-            for line in file.read_text().splitlines()]  # fmt: skip
+    rows = [
+        json.loads(line)
+        for file in sorted(Path(outputs_uri).glob("*.jsonl"))
+        for line in file.read_text().splitlines()
+    ]
     return sorted(row["ticket_id"] for row in rows)
 
 
@@ -405,11 +449,14 @@ def test_a_killed_worker_is_retried_and_the_retry_attaches_to_the_running_job(
 
     done = airflow.wait(
         "the retry to finish",
-        lambda: t
-        if (t := airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
-        else None,
+        lambda: (
+            t
+            if (t := airflow.task_instance(WORKER_KILL_DAG_ID, run_id, TASK_ID))["state"]
+            in ("success", "failed")
+            else None
+        ),
         timeout=900,
-    )  # fmt: skip
+    )
     assert (done["state"], done["try_number"]) == ("success", 2)
     jobs = [job for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id]
     assert [(job.job_id, job.status) for job in jobs] == [(job_id, JobStatus.SUCCEEDED)]  # no second job
@@ -485,8 +532,18 @@ def test_a_backfill_from_the_cli_and_the_rest_api_runs_its_dates_on_one_warm_eng
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow.home}/airflow.db?timeout=60",
     }
     dates = ["--from-date", BACKFILL_CLI_DATES[0], "--to-date", BACKFILL_CLI_DATES[-1]]
-    command = [str(AIRFLOW_BIN), "backfill", "create", "--dag-id", DAG_ID, *dates, "--max-active-runs", "2",
-               "--dag-run-conf", json.dumps(conf)]  # fmt: skip
+    command = [
+        str(AIRFLOW_BIN),
+        "backfill",
+        "create",
+        "--dag-id",
+        DAG_ID,
+        *dates,
+        "--max-active-runs",
+        "2",
+        "--dag-run-conf",
+        json.dumps(conf),
+    ]
     for _ in range(5):
         created = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         if created.returncode == 0 or "database is locked" not in created.stderr + created.stdout:
@@ -499,9 +556,13 @@ def test_a_backfill_from_the_cli_and_the_rest_api_runs_its_dates_on_one_warm_eng
     cli_backfill = max(backfills, key=lambda backfill: backfill["id"])  # after any cancelled half-made one
     cli_runs = _wait_for_backfill(airflow, cli_backfill["id"], BACKFILL_CLI_DATES)
 
-    body = {"dag_id": DAG_ID, "from_date": f"{BACKFILL_API_DATES[0]}T00:00:00Z",
-            "to_date": f"{BACKFILL_API_DATES[-1]}T00:00:00Z", "max_active_runs": 2,
-            "dag_run_conf": conf}  # fmt: skip
+    body = {
+        "dag_id": DAG_ID,
+        "from_date": f"{BACKFILL_API_DATES[0]}T00:00:00Z",
+        "to_date": f"{BACKFILL_API_DATES[-1]}T00:00:00Z",
+        "max_active_runs": 2,
+        "dag_run_conf": conf,
+    }
     for _ in range(5):
         try:
             api_backfill = airflow.api("POST", "/backfills", json=body).json()
@@ -523,6 +584,9 @@ def test_a_backfill_from_the_cli_and_the_rest_api_runs_its_dates_on_one_warm_eng
     pools = [manifest["engine_pool"] for manifest in manifests]
     assert len({pool["fingerprint"] for pool in pools}) == 1  # every date on the same engines
     # Two dates at a time: the first two may both start the pool; every later date finds it warm.
-    cold = [day for day, pool in zip([*BACKFILL_CLI_DATES, *BACKFILL_API_DATES], pools, strict=True)
-            if pool["warm_replicas"] == 0]  # fmt: skip
+    cold = [
+        day
+        for day, pool in zip([*BACKFILL_CLI_DATES, *BACKFILL_API_DATES], pools, strict=True)
+        if pool["warm_replicas"] == 0
+    ]
     assert set(cold) <= set(BACKFILL_CLI_DATES[:2]), cold

@@ -35,7 +35,7 @@ def _rows(first: int, count: int) -> list[dict[str, Any]]:  # Any: row values.
                     "num_input_tokens": 64,
                     "num_generated_tokens": 2,
                 }
-            ),  # fmt: skip
+            ),
             "label": "Technology",
         }
         for i in range(first, first + count)
@@ -50,9 +50,11 @@ def s3_storage(s3_server: S3Server) -> Iterator[str]:
     s3_server.client().create_bucket(Bucket=bucket)
     before = storage._s3_options
     storage._s3_options = storage.S3Options(
-        endpoint_url=s3_server.endpoint_url, region="us-east-1",
-        access_key=s3_server.access_key, secret_key=s3_server.secret_key,
-    )  # fmt: skip
+        endpoint_url=s3_server.endpoint_url,
+        region="us-east-1",
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+    )
     try:
         yield bucket
     finally:
@@ -66,9 +68,13 @@ def test_a_commit_of_many_parts_on_s3_keeps_every_row_once_in_place(s3_storage: 
     from airflow_provider_raybatch.specs import BatchInferenceSpec
 
     spec = BatchInferenceSpec.build(
-        model="m", input_uri=f"s3://{s3_storage}/in/customers.csv", output_uri=f"s3://{s3_storage}/out",
-        user_template="{Company}", run_key="many-parts", output_format="parquet",
-    )  # fmt: skip
+        model="m",
+        input_uri=f"s3://{s3_storage}/in/customers.csv",
+        output_uri=f"s3://{s3_storage}/out",
+        user_template="{Company}",
+        run_key="many-parts",
+        output_format="parquet",
+    )
     layout = storage.OutputLayout(spec.output_uri, spec.run_key)
     commit.open_staging(layout, spec)
     writer = PartWriter(

@@ -113,8 +113,13 @@ def test_llm_batch_decorator_runs_as_our_ray_job(airflow_env, ray_cluster, tiny_
     assert manifest["model_id"] == f"raybatch:{tiny_model}"
     assert manifest["request_count"] == 6
     assert manifest["counts"] == {
-        "succeeded": 5, "errored": 1, "invalid_output": 0, "expired": 0, "cancelled": 0, "missing": 0
-    }  # fmt: skip
+        "succeeded": 5,
+        "errored": 1,
+        "invalid_output": 0,
+        "expired": 0,
+        "cancelled": 0,
+        "missing": 0,
+    }
     assert manifest["terminal_reason"] == "partial"
     lines = Path(manifest["result_uri"]).read_text().splitlines()
     rows = sorted((json.loads(line) for line in lines), key=lambda row: row["index"])  # common.ai: unordered
@@ -193,8 +198,13 @@ def _popen_dags_test(env, dags: Path, dag_id: str, day: str, conf: dict) -> subp
     command = [str(AIRFLOW_BIN), "dags", "test", dag_id, day, "--conf", json.dumps(conf)]
     note("dags_test", dag_id=dag_id)
     with (dags.parent / "dags_test.log").open("w") as log:
-        return subprocess.Popen(command, env={**env.env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)},
-                                stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        return subprocess.Popen(
+            command,
+            env={**env.env, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 @contextmanager

@@ -96,8 +96,9 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     assert complete["job"]["facets"]["raybatch_job"]["model"] == str(tiny_model)
     start = events["START"]
     assert [(d["namespace"], d["name"]) for d in start["inputs"] + start["outputs"]] == [
-        ("file", input_path), ("file", output_uri),
-    ]  # fmt: skip
+        ("file", input_path),
+        ("file", output_uri),
+    ]
     assert ray_cluster.token not in lineage_file.read_text()
 
     # The same date again, later that day (another run, the same output folder), after the file's id

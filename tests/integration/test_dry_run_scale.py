@@ -41,13 +41,19 @@ def test_a_dry_run_of_many_rows_counts_every_row_once_and_commits_nothing(
     duplicates, without_id = _customers_module().write_customer_files(input_dir, ROWS, ROWS_PER_FILE)
     output_uri = tmp_path / "out"
     operator = RayLLMBatchOperator(
-        task_id="classify_industry", model=str(tiny_model), input_uri=str(input_dir),
+        task_id="classify_industry",
+        model=str(tiny_model),
+        input_uri=str(input_dir),
         output_uri=str(output_uri),
-        input_format="csv", system_prompt="You classify companies by industry. Answer with the label only.",
-        user_template="What industry is this company in: {Company}", id_column="Customer Id",
-        sampling_params={"temperature": 0, "max_tokens": 16}, dry_run=True, dry_run_rows_per_second=250.0,
+        input_format="csv",
+        system_prompt="You classify companies by industry. Answer with the label only.",
+        user_template="What industry is this company in: {Company}",
+        id_column="Customer Id",
+        sampling_params={"temperature": 0, "max_tokens": 16},
+        dry_run=True,
+        dry_run_rows_per_second=250.0,
         runtime_env={"env_vars": {"RAYBATCH_DRIVER_SCAN_MAX_ROWS": "1000"}},  # the cluster's hash partitions
-    )  # fmt: skip
+    )
     job_id = submit_pipeline(operator, "scale", f"dry-scale-{uuid.uuid4().hex[:8]}")
     hook = RayHook()
     assert wait_for_job(job_id) == JobStatus.SUCCEEDED, hook.get_job_log_tail(job_id, 80)

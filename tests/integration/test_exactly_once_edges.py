@@ -36,10 +36,16 @@ def _write(path: Path, ids: list[str]) -> None:
 
 def _operator(tiny_model: Path, tmp_path: Path, **overrides):
     return make_operator(
-        tiny_model, str(tmp_path / "in" / "tickets.jsonl"), str(tmp_path / "out"),
-        messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
-        output_format="parquet", **overrides,
-    )  # fmt: skip
+        tiny_model,
+        str(tmp_path / "in" / "tickets.jsonl"),
+        str(tmp_path / "out"),
+        messages_column=None,
+        user_template="Classify: {text}",
+        id_column="id",
+        keep_columns=None,
+        output_format="parquet",
+        **overrides,
+    )
 
 
 def _committed_ids(output_uri: Path) -> list[str]:

@@ -229,9 +229,14 @@ def test_a_stopped_then_crashed_run_resumes_each_time_exactly_once(
     # The third try's engine replica alone is SIGKILLed (an OOM kill, say) while a batch it holds is
     # partly staged: Ray Data restarts it and retries the batches it held, whole.
     _wait_until_staged(
-        hook, job, output_uri, run_key, len(staged_before) + BATCH, mid_batch=True,
+        hook,
+        job,
+        output_uri,
+        run_key,
+        len(staged_before) + BATCH,
+        mid_batch=True,
         staged_before=frozenset(staged_before),
-    )  # fmt: skip
+    )
     [dead] = set(trace.glob("*.txt")) - traces_before
     os.kill(int(dead.name.split("-", 1)[0]), signal.SIGKILL)
 

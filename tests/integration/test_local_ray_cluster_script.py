@@ -129,9 +129,13 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
     # A second raylet in the first cluster: `stop` once left the head's dashboard and runtime-env
     # agents running, holding the agent port, as they rename themselves.
     added = subprocess.run(
-        [str(SCRIPT), "add-worker"], env={**first_env, "RAYBATCH_WORKER_CPUS": "1"}, check=True,
-        timeout=180, capture_output=True, text=True,
-    )  # fmt: skip
+        [str(SCRIPT), "add-worker"],
+        env={**first_env, "RAYBATCH_WORKER_CPUS": "1"},
+        check=True,
+        timeout=180,
+        capture_output=True,
+        text=True,
+    )
     # It returns once the head lists the node (it used to return ~5 s before).
     assert "(2 nodes alive)" in added.stdout and _alive_nodes(first_state, first_port) == 2, added.stdout
     agent_ports = [first_port + 44100, first_port + 44101]  # the head's and the worker's agents
@@ -145,9 +149,12 @@ def test_stop_ends_its_own_cluster_and_leaves_the_other_running(
     assert _port_free(agent_ports[1]) and not _port_free(agent_ports[0]), _agents()
     assert _run_driver(first_state, first_port).startswith("SUCCEEDED")
     subprocess.run(
-        [str(SCRIPT), "add-worker"], env={**first_env, "RAYBATCH_WORKER_CPUS": "1"}, check=True,
-        timeout=180, capture_output=True,
-    )  # fmt: skip
+        [str(SCRIPT), "add-worker"],
+        env={**first_env, "RAYBATCH_WORKER_CPUS": "1"},
+        check=True,
+        timeout=180,
+        capture_output=True,
+    )
     assert _alive_nodes(first_state, first_port) == 2  # the removed node is dead, the new one alive
 
     stopped = subprocess.run(

@@ -98,12 +98,15 @@ def _operator(tiny_model: Path, folder: Path, **overrides):
         "".join(json.dumps({"id": f"t{i:04d}", "text": f"ticket {i}"}) + "\n" for i in range(ROWS))
     )
     params = dict(
-        messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
+        messages_column=None,
+        user_template="Classify: {text}",
+        id_column="id",
+        keep_columns=None,
         concurrency=(2, 2),  # a fixed pool: both replicas start at once
         replica_resources={"CPU": 1, REPLICA_SLOT: 1},  # one slot per node: one replica per node
         engine_kwargs=CPU_ENGINE_KWARGS,  # an explicit 1 GiB KV cache: no sizing pass, bounded memory
         output_format="parquet",
-    )  # fmt: skip
+    )
     return make_operator(tiny_model, str(source), str(folder / "out"), **{**params, **overrides})
 
 
@@ -188,9 +191,10 @@ def test_two_concurrent_jobs_share_a_warm_pool_of_two_replicas_one_per_node(
     # building replica 0 again (EnginePool.preferring_live), and its keep_warm_seconds=5 is the pool's now.
     [replica_0] = [a for a in replicas.values() if a.get("name", "").endswith(f"{pools[0]['fingerprint']}-0")]
     killed = _script_job(
-        hook, f"import ray; ray.init(); ray.kill(ray.get_actor({replica_0['name']!r}, "
-        "namespace='raybatch_engine_pool'), no_restart=True)"
-    )  # fmt: skip
+        hook,
+        f"import ray; ray.init(); ray.kill(ray.get_actor({replica_0['name']!r}, "
+        "namespace='raybatch_engine_pool'), no_restart=True)",
+    )
     assert wait_for_job(killed).value == "SUCCEEDED", hook.get_job_logs(killed)[-2000:]
     deadline = time.monotonic() + 60
     while _actors(hook, "EngineReplica")[replica_0["actor_id"]]["state"] != "DEAD":
@@ -198,8 +202,9 @@ def test_two_concurrent_jobs_share_a_warm_pool_of_two_replicas_one_per_node(
         time.sleep(1)
     day3 = submit_pipeline(
         _operator(tiny_model, tmp_path / "day3", keep_warm_seconds=5, batch_size=8, concurrency=1),
-        run_key="two-nodes-pool-day3", submission_id="raybatch-test-two-nodes-pool-day3",
-    )  # fmt: skip
+        run_key="two-nodes-pool-day3",
+        submission_id="raybatch-test-two-nodes-pool-day3",
+    )
     status = wait_for_job(day3)
     log = hook.get_job_logs(day3)
     assert status.value == "SUCCEEDED", log[-3000:]

@@ -46,9 +46,12 @@ def client_for(airflow: Airflow, api_key: str) -> openai.OpenAI:
 
 
 def chat(custom_id: str, text: str, max_tokens: int) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": text}],
-                     "max_tokens": max_tokens}}  # fmt: skip
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens},
+    }
 
 
 def upload(client: openai.OpenAI, path: Path, lines: list) -> str:
@@ -106,8 +109,10 @@ def test_batch_lifecycle_with_the_official_client(airflow: Airflow, tmp_path: Pa
         assert line["response"]["status_code"] == 200 and body["object"] == "chat.completion"
         assert 0 < body["usage"]["completion_tokens"] <= 4 + int(line["custom_id"].split("-")[1]) % 3
     assert sorted((line["custom_id"] or "", line["error"]["code"]) for line in errors) == [
-        ("", "invalid_json"), ("req-3", "duplicate_custom_id"), ("wrong-url", "invalid_url")
-    ]  # fmt: skip
+        ("", "invalid_json"),
+        ("req-3", "duplicate_custom_id"),
+        ("wrong-url", "invalid_url"),
+    ]
     output_file = client.files.retrieve(done.output_file_id)
     assert output_file.purpose == "batch_output" and output_file.bytes == len(
         client.files.content(done.output_file_id).content
@@ -137,8 +142,12 @@ def _long_batch(client: openai.OpenAI, path: Path, completion_window: str):
 def test_openai_trigger_batch_operator_completes_on_our_batch_api(airflow: Airflow) -> None:
     token = user_token(airflow, "batchuser")
     # The connection a DAG written for OpenAI already uses, pointed at our Batch API.
-    connection = {"connection_id": "openai_raybatch", "conn_type": "openai",
-                  "host": f"{airflow.url}/openai/v1", "password": token}  # fmt: skip
+    connection = {
+        "connection_id": "openai_raybatch",
+        "conn_type": "openai",
+        "host": f"{airflow.url}/openai/v1",
+        "password": token,
+    }
     assert airflow.api("POST", "/connections", json=connection).status_code == 201
     for dag_id in (PROVIDER_DAG_ID, DEFAULT_DAG_ID):
         airflow.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
@@ -197,8 +206,9 @@ def test_cancel_a_running_batch_stops_its_ray_job(airflow: Airflow, ray_connecti
 
     cancelled = airflow.wait(
         "the batch to be cancelled",
-        lambda: b if (b := client.batches.retrieve(batch.id)).status == "cancelled" else None, timeout=180,
-    )  # fmt: skip
+        lambda: b if (b := client.batches.retrieve(batch.id)).status == "cancelled" else None,
+        timeout=180,
+    )
     assert cancelled.cancelled_at >= cancelled.cancelling_at and cancelled.output_file_id is None
     status = airflow.wait(
         "the Ray job to stop",
@@ -227,8 +237,9 @@ def test_a_batch_past_its_completion_window_expires_and_its_ray_job_stops(
 
     expired = airflow.wait(
         "the batch to expire",
-        lambda: b if (b := client.batches.retrieve(batch.id)).status == "expired" else None, timeout=300,
-    )  # fmt: skip
+        lambda: b if (b := client.batches.retrieve(batch.id)).status == "expired" else None,
+        timeout=300,
+    )
     assert expired.expired_at >= expired.expires_at and expired.output_file_id is None
     assert expired.completed_at is None and expired.request_counts.total == LONG_BATCH_LINES
     jobs = ours()

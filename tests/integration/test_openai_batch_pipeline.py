@@ -82,29 +82,60 @@ def assert_counts_add_up(manifest: dict, outputs: list, errors: list, total: int
 
 
 def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
-    good = [request(f"plain-{i}", CHAT, {"messages": [{"role": "user", "content": f"Say {i}"}],
-                                         "max_tokens": 3 + i % 4})
-            for i in range(12)]  # fmt: skip
+    good = [
+        request(
+            f"plain-{i}",
+            CHAT,
+            {"messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": 3 + i % 4},
+        )
+        for i in range(12)
+    ]
     # n=3 in the same block as one-choice lines; sampled (n > 1 needs temperature > 0), seeded.
-    good.insert(5, request("three-choices", CHAT, {
-        "messages": [{"role": "user", "content": "Hi"}], "n": 3, "temperature": 1.0, "seed": 11,
-        "max_tokens": 6, "logprobs": True,
-    }))  # fmt: skip
+    good.insert(
+        5,
+        request(
+            "three-choices",
+            CHAT,
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "n": 3,
+                "temperature": 1.0,
+                "seed": 11,
+                "max_tokens": 6,
+                "logprobs": True,
+            },
+        ),
+    )
     good += [
-        request("logprobs", CHAT, {"messages": [{"role": "user", "content": "Hi"}],
-                                   "logprobs": True, "top_logprobs": 2}),
-        request("seeded", CHAT, {"messages": [{"role": "user", "content": "Hi"}],
-                                 "temperature": 1.0, "seed": 3}),
-        request("stop", CHAT, {"messages": [{"role": "user", "content": "Hi"}],
-                               "stop": ["\n"], "max_completion_tokens": 6}),
-    ]  # fmt: skip
+        request(
+            "logprobs",
+            CHAT,
+            {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2},
+        ),
+        request(
+            "seeded", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "temperature": 1.0, "seed": 3}
+        ),
+        request(
+            "stop",
+            CHAT,
+            {"messages": [{"role": "user", "content": "Hi"}], "stop": ["\n"], "max_completion_tokens": 6},
+        ),
+    ]
     good += [
-        request(f"schema-{i}", CHAT, {
-            "messages": [{"role": "user", "content": f"JSON please {i}"}], "max_tokens": 40,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
-        })
+        request(
+            f"schema-{i}",
+            CHAT,
+            {
+                "messages": [{"role": "user", "content": f"JSON please {i}"}],
+                "max_tokens": 40,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": SCHEMA},
+                },
+            },
+        )
         for i in range(4)
-    ]  # fmt: skip
+    ]
     bad = {
         "other-url": request("other-url", COMPLETIONS, {"prompt": "x"}),
         "greedy-choices": request(
@@ -167,16 +198,23 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
 
     codes = {line["custom_id"]: line["error"]["code"] for line in errors}
     assert codes == {
-        "other-url": "invalid_url", "greedy-choices": "invalid_request", "best-of": "unsupported_parameter",
-        "tools": "unsupported_parameter", "plain-0": "duplicate_custom_id", None: "invalid_json",
-    }  # fmt: skip
+        "other-url": "invalid_url",
+        "greedy-choices": "invalid_request",
+        "best-of": "unsupported_parameter",
+        "tools": "unsupported_parameter",
+        "plain-0": "duplicate_custom_id",
+        None: "invalid_json",
+    }
     assert all(
         line["response"] is None and "(line batch.jsonl:" in line["error"]["message"] for line in errors
     )
     assert manifest["errors_by_reason"] == {
-        "duplicate id": 1, "invalid request": 1, "malformed JSON": 1, "unsupported parameter": 2,
+        "duplicate id": 1,
+        "invalid request": 1,
+        "malformed JSON": 1,
+        "unsupported parameter": 2,
         "unsupported url": 1,
-    }  # fmt: skip
+    }
     assert manifest["tokens_out"] == sum(
         line["response"]["body"]["usage"]["completion_tokens"] for line in outputs
     )
@@ -185,11 +223,18 @@ def test_chat_completions_batch(ray_connection, tiny_model, tmp_path) -> None:
 def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -> None:
     """Also: two choices for one line. On the session's warm engines, which the chat jobs built: the
     pool is the model's and the engine's settings', and a completions job has no chat template."""
-    lines = [request(f"c-{i}", COMPLETIONS, {"prompt": f"Once upon a time {i}", "max_tokens": 5,
-                                             "logprobs": 1})
-             for i in range(10)]  # fmt: skip
-    lines.insert(3, request("c-two", COMPLETIONS, {"prompt": "Once", "max_tokens": 5, "logprobs": 1, "n": 2,
-                                                   "temperature": 1.0}))  # fmt: skip
+    lines = [
+        request(f"c-{i}", COMPLETIONS, {"prompt": f"Once upon a time {i}", "max_tokens": 5, "logprobs": 1})
+        for i in range(10)
+    ]
+    lines.insert(
+        3,
+        request(
+            "c-two",
+            COMPLETIONS,
+            {"prompt": "Once", "max_tokens": 5, "logprobs": 1, "n": 2, "temperature": 1.0},
+        ),
+    )
     lines.append(request("c-empty", COMPLETIONS, {"prompt": "   "}))
     manifest, outputs, errors = run_batch(tiny_model, tmp_path, COMPLETIONS, lines, **warm_conf())
 

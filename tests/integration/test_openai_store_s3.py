@@ -65,9 +65,11 @@ def test_a_batch_output_written_by_the_run_is_served_from_s3(s3_store) -> None:
     client.put_object(Bucket=bucket, Key=f"{run}/versions/v1/outputs/part-a.jsonl", Body=b"1\n")
     client.put_object(Bucket=bucket, Key=f"{run}/_staging/k/parts/p1.json", Body=b'{"rows_out": 1}')
     assert store.staged_sidecars(newer) == [{"rows_out": 1}]
-    manifest = {"outputs_uri": f"{output_uri}/versions/v1/outputs",
-                "errors_uri": f"{output_uri}/versions/v1/errors",
-                "request_counts": {"completed": 2, "failed": 0}}  # fmt: skip
+    manifest = {
+        "outputs_uri": f"{output_uri}/versions/v1/outputs",
+        "errors_uri": f"{output_uri}/versions/v1/errors",
+        "request_counts": {"completed": 2, "failed": 0},
+    }
     client.put_object(Bucket=bucket, Key=f"{run}/manifest.json", Body=json.dumps(manifest).encode())
     assert store.read_json(f"{output_uri}/manifest.json") == manifest
     assert store.read_json(f"{output_uri}/absent.json") is None

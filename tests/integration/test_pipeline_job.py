@@ -40,10 +40,14 @@ GOOD_ROWS = 40
 
 
 def _ticket(i: int | str, text: str) -> dict:
-    return {"ticket_id": f"T{i:03d}" if isinstance(i, int) else i, "channel": "email", "messages": [
-        {"role": "system", "content": "Classify the sentiment of the ticket."},
-        {"role": "user", "content": text},
-    ]}  # fmt: skip
+    return {
+        "ticket_id": f"T{i:03d}" if isinstance(i, int) else i,
+        "channel": "email",
+        "messages": [
+            {"role": "system", "content": "Classify the sentiment of the ticket."},
+            {"role": "user", "content": text},
+        ],
+    }
 
 
 def write_dirty_corpus(path: Path) -> dict[str, str]:
@@ -200,9 +204,16 @@ def test_dirty_input_lands_in_errors_with_exact_counts(
     )
     assert job_wall - timings["job_wall_s"] < 5, (timings, job_wall)
     # One after the other, the phases make up the job's time (else 10.6 s of a 46.2 s job were in none).
-    sequential = ("runtime_env_s", "driver_start_s", "read_and_prepare_s", "before_engine_stage_s",
-                  "engine_start_to_first_row_s", "generating_s", "engine_stage_end_s",
-                  "commit_s")  # fmt: skip
+    sequential = (
+        "runtime_env_s",
+        "driver_start_s",
+        "read_and_prepare_s",
+        "before_engine_stage_s",
+        "engine_start_to_first_row_s",
+        "generating_s",
+        "engine_stage_end_s",
+        "commit_s",
+    )
     assert sum(timings[phase] for phase in sequential) == pytest.approx(timings["job_wall_s"], abs=0.05), (
         timings
     )

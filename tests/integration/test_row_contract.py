@@ -34,8 +34,16 @@ GOOD = 40
 
 def write_drift_corpus(path: Path) -> dict[str, str]:
     """GOOD good rows (drifting types) and bad ones; returns {error row id: expected reason kind}."""
-    companies = ["Acme Legal", {"nested": {"name": "Saint Mary"}}, 12345678901234567890123, True,
-                 "Shöp\u2028co \x07", ["a", 1, None], 3.5, "日本語の会社"]  # fmt: skip
+    companies = [
+        "Acme Legal",
+        {"nested": {"name": "Saint Mary"}},
+        12345678901234567890123,
+        True,
+        "Shöp\u2028co \x07",
+        ["a", 1, None],
+        3.5,
+        "日本語の会社",
+    ]
     lines = []
     for i in range(GOOD):
         row = {"Customer Id": f"C{i:03d}" if i % 5 else i, "Company": companies[i % len(companies)]}

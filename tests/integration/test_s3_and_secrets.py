@@ -191,13 +191,21 @@ def test_model_from_a_hugging_face_id_with_a_spec_over_128_kib(
     source.write_text("".join(json.dumps({"id": i, "text": f"ticket {i}"}) + "\n" for i in range(12)))
     schema = {"type": "string", "enum": LABELS, "description": _labelling_guide(300 * 1024)}
     operator = make_operator(
-        repo_id, str(source), str(tmp_path / "out"),
-        messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
-        sampling_params={"temperature": 0, "max_tokens": 32,
-                         "structured_outputs": {"json": schema, "disable_any_whitespace": True}},
+        repo_id,
+        str(source),
+        str(tmp_path / "out"),
+        messages_column=None,
+        user_template="Classify: {text}",
+        id_column="id",
+        keep_columns=None,
+        sampling_params={
+            "temperature": 0,
+            "max_tokens": 32,
+            "structured_outputs": {"json": schema, "disable_any_whitespace": True},
+        },
         runtime_env={"env_vars": {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}},
         dry_run=True,
-    )  # fmt: skip
+    )
     spec = operator.build_spec(run_key="hf-id")
     assert len(spec.model_dump_json()) > 300 * 1024 and len(operator.entrypoint(spec)) < 1024
 

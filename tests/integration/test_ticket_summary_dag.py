@@ -42,8 +42,13 @@ def test_summaries_progress_links_and_asset_event(airflow_env, ray_cluster, tiny
         capture_output=True,
         timeout=300,
     )
-    conf = {"model": str(tiny_model), "data_root": str(tmp_path), "engine_kwargs": CPU_ENGINE_KWARGS,
-            "replica_resources": CPU_REPLICA, **warm_conf()}  # fmt: skip
+    conf = {
+        "model": str(tiny_model),
+        "data_root": str(tmp_path),
+        "engine_kwargs": CPU_ENGINE_KWARGS,
+        "replica_resources": CPU_REPLICA,
+        **warm_conf(),
+    }
 
     result = airflow_env.dags_test(DAG_ID, run_date(day), conf)
     log = result.stdout + result.stderr

@@ -55,8 +55,13 @@ def _fernet_key(home: Path) -> str:
 
 
 def _conf(tiny_model: Path, data_root: Path, replica_resources: dict = CPU_REPLICA) -> dict:
-    return {"model": str(tiny_model), "data_root": str(data_root), "engine_kwargs": CPU_ENGINE_KWARGS,
-            "replica_resources": replica_resources, **warm_conf()}  # fmt: skip
+    return {
+        "model": str(tiny_model),
+        "data_root": str(data_root),
+        "engine_kwargs": CPU_ENGINE_KWARGS,
+        "replica_resources": replica_resources,
+        **warm_conf(),
+    }
 
 
 def _held_conf(tiny_model: Path, data_root: Path) -> dict:
@@ -100,11 +105,13 @@ def _finished(airflow: Airflow, run_id: str, expected_try: int, timeout: float =
     """Wait until the run's task ends; assert it succeeded on ``expected_try``, else say why it did not."""
     done = airflow.wait(
         f"{run_id} at {airflow.url} to finish",
-        lambda: ti
-        if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
-        else None,
+        lambda: (
+            ti
+            if (ti := airflow.task_instance(DAG_ID, run_id, TASK_ID))["state"] in ("success", "failed")
+            else None
+        ),
         timeout=timeout,
-    )  # fmt: skip
+    )
     assert (done["state"], done["try_number"]) == ("success", expected_try), airflow.why(
         DAG_ID, run_id, TASK_ID, done["try_number"]
     )
@@ -202,5 +209,9 @@ def test_two_deployments_share_a_ray_head_without_adopting_or_stopping_each_othe
     jobs = {
         job.job_id: job.status for job in hook.list_jobs() if job.metadata.get("airflow_run_id") == run_id
     }
-    assert jobs == {dev_job: JobStatus.STOPPED, prod_job: JobStatus.SUCCEEDED, again_job: JobStatus.SUCCEEDED,
-                    taken["job_id"]: JobStatus.SUCCEEDED}  # fmt: skip
+    assert jobs == {
+        dev_job: JobStatus.STOPPED,
+        prod_job: JobStatus.SUCCEEDED,
+        again_job: JobStatus.SUCCEEDED,
+        taken["job_id"]: JobStatus.SUCCEEDED,
+    }

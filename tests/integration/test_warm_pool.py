@@ -30,8 +30,11 @@ from tests.integration.test_pipeline_job import make_operator
 # The subject is a pool's start (its first job cold) and a replica's replacement: it starts the
 # session's pool, after the other cold-engine tests and before any test that shares it.
 pytestmark = [
-    pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.session_pool, pytest.mark.timeout(1200),
-]  # fmt: skip
+    pytest.mark.integration,
+    pytest.mark.cold_engine,
+    pytest.mark.session_pool,
+    pytest.mark.timeout(1200),
+]
 
 
 _POOL_SCRIPT = """
@@ -94,7 +97,7 @@ def _tickets(path: Path, count: int, prefix: str) -> list[str]:
             )
             + "\n"
             for ticket in ids
-        )  # fmt: skip
+        )
     )
     return ids
 
@@ -104,9 +107,12 @@ def _run(
 ) -> tuple[str, list[str]]:
     ids = _tickets(folder / name / "in.jsonl", count, f"{name}-")
     operator = make_operator(
-        tiny_model, str(folder / name / "in.jsonl"), str(folder / name / "out"), keep_warm_seconds=keep_warm,
+        tiny_model,
+        str(folder / name / "in.jsonl"),
+        str(folder / name / "out"),
+        keep_warm_seconds=keep_warm,
         **overrides,
-    )  # fmt: skip
+    )
     return submit_pipeline(operator, name, f"pool-{name}-{uuid.uuid4().hex[:8]}"), ids
 
 
@@ -142,8 +148,14 @@ def test_a_second_job_starts_warm_and_a_killed_replica_is_replaced(
 
     # The second job starts warm workers of its own (none by default on a 2-core machine): a job-side
     # setting, which leaves the pool the same (engine_pool.JOB_SIDE_SETTINGS).
-    second, second_ids = _run(tiny_model, tmp_path, "second", 40, keep_warm=600,
-                              runtime_env={"env_vars": {"RAYBATCH_WARM_WORKERS": "2"}})  # fmt: skip
+    second, second_ids = _run(
+        tiny_model,
+        tmp_path,
+        "second",
+        40,
+        keep_warm=600,
+        runtime_env={"env_vars": {"RAYBATCH_WARM_WORKERS": "2"}},
+    )
     warm = _committed(tmp_path, "second", second, second_ids)["engine_pool"]
     assert (warm["fingerprint"], warm["warm_replicas"]) == (cold["fingerprint"], 1)
     assert [timing["rows"] for timing in warm["replica_timings"]] == [40]  # the replica's share: all
@@ -158,8 +170,14 @@ def test_a_second_job_starts_warm_and_a_killed_replica_is_replaced(
 
     # A replica killed while a job's rows are in it: replaced, and every row committed exactly once.
     pid = _replica_pid(replica["name"])
-    third, third_ids = _run(tiny_model, tmp_path, "third", 600, keep_warm=TEST_KEEP_WARM_SECONDS,
-                            sampling_params={"temperature": 0, "max_tokens": 48})  # fmt: skip
+    third, third_ids = _run(
+        tiny_model,
+        tmp_path,
+        "third",
+        600,
+        keep_warm=TEST_KEEP_WARM_SECONDS,
+        sampling_params={"temperature": 0, "max_tokens": 48},
+    )
     out = tmp_path / "third" / "out"  # the replicas stage parts into the version folder as rows finish
     deadline = time.monotonic() + 600
     while not list(out.rglob("*.parquet")) and time.monotonic() < deadline:

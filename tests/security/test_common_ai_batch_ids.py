@@ -123,8 +123,13 @@ def read_manifests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _task_context(monkeypatch: pytest.MonkeyPatch, task_try: TaskTry = TRY, task: Any = None) -> dict:
     """What the adapter sees in a worker, inside the task ``task_try`` (common.ai's operator)."""
-    ti = SimpleNamespace(dag_id=task_try.dag_id, run_id=task_try.run_id, task_id=task_try.task_id,
-                         map_index=task_try.map_index, try_number=task_try.try_number)  # fmt: skip
+    ti = SimpleNamespace(
+        dag_id=task_try.dag_id,
+        run_id=task_try.run_id,
+        task_id=task_try.task_id,
+        map_index=task_try.map_index,
+        try_number=task_try.try_number,
+    )
     ctx = {"ti": ti, "task_instance": ti, "task": task, "dag_run": SimpleNamespace(run_after=RUN_AFTER)}
     monkeypatch.setattr(adapter_module, "_context", lambda: ctx)
     return ctx
@@ -295,10 +300,15 @@ def _run_task(
     )
     monkeypatch.setattr(adapter_module, "_FixedRayHook", lambda settings: fake)
     operator = LLMBatchOperator(
-        task_id=TRY.task_id, requests=prompts, result_path=result_path, llm_conn_id="ray_llm",
-        model_id="raybatch:tiny", deferrable=True, do_xcom_push=False,
+        task_id=TRY.task_id,
+        requests=prompts,
+        result_path=result_path,
+        llm_conn_id="ray_llm",
+        model_id="raybatch:tiny",
+        deferrable=True,
+        do_xcom_push=False,
         request_params={"raybatch": {"check_layout": False, "engine_kwargs": {"max_model_len": 512}}},
-    )  # fmt: skip
+    )
     context = _task_context(monkeypatch, task=operator)
     try:
         return operator.execute(context)

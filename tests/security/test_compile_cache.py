@@ -103,8 +103,9 @@ def test_a_compile_cache_dir_others_can_write_is_refused(tmp_path: Path, mode: i
 
     message = refusal(str(cache))
 
-    assert message.startswith(f"{vllm_root(cache)}: {str(cache)!r} is writable by its group or others "
-                              f"(mode {oct(mode)})"), message  # fmt: skip
+    assert message.startswith(
+        f"{vllm_root(cache)}: {str(cache)!r} is writable by its group or others (mode {oct(mode)})"
+    ), message
     assert "delete this one and let the next run make it again" in message
 
 
@@ -115,17 +116,22 @@ def test_a_folder_of_another_user_is_refused(tmp_path: Path, whose: str) -> None
     cache.mkdir()
     plant(cache, mode=0o755)
     (cache / "inductor").mkdir(mode=0o755)
-    folder = {"compile_cache_dir": cache, "its triton folder": cache / "triton",
-              "its inductor folder": cache / "inductor"}[whose]  # fmt: skip
+    folder = {
+        "compile_cache_dir": cache,
+        "its triton folder": cache / "triton",
+        "its inductor folder": cache / "inductor",
+    }[whose]
     os.chown(folder, NOBODY, NOBODY)
 
     message = refusal(str(cache))
 
     given = f"compile_cache_dir={str(cache)!r}"
-    what = {"compile_cache_dir": vllm_root(cache),
-            "its triton folder": f"the Triton cache (TRITON_CACHE_DIR, under {given})",
-            "its inductor folder": "torch Inductor's cache (TORCHINDUCTOR_CACHE_DIR, which the replica sets "
-                                   f"under {given})"}[whose]  # fmt: skip
+    what = {
+        "compile_cache_dir": vllm_root(cache),
+        "its triton folder": f"the Triton cache (TRITON_CACHE_DIR, under {given})",
+        "its inductor folder": "torch Inductor's cache (TORCHINDUCTOR_CACHE_DIR, which the replica sets "
+        f"under {given})",
+    }[whose]
     assert message.startswith(f"{what}: {str(folder)!r} is owned by uid {NOBODY}"), message
 
 
@@ -151,8 +157,10 @@ def test_a_compile_cache_dir_under_a_folder_others_can_write_is_refused(tmp_path
 
     message = refusal(str(cache))
 
-    assert message.startswith(f"{vllm_root(cache)}: {str(shared)!r} (a folder above it) is "
-                              "writable by its group or others without the sticky bit"), message  # fmt: skip
+    assert message.startswith(
+        f"{vllm_root(cache)}: {str(shared)!r} (a folder above it) is "
+        "writable by its group or others without the sticky bit"
+    ), message
     assert not cache.exists()
 
 
@@ -161,8 +169,11 @@ def test_a_compile_cache_dir_under_a_sticky_folder_like_tmp_is_made_private(tmp_
 
     env = env_of(str(cache))
 
-    assert env == {"VLLM_CACHE_ROOT": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
-                   "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}  # fmt: skip
+    assert env == {
+        "VLLM_CACHE_ROOT": str(cache),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+    }
     made = [cache.parent, cache, cache / "triton", cache / "inductor"]
     assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * 4
 
@@ -244,8 +255,10 @@ def test_a_triton_cache_dir_that_would_be_checked_as_one_folder_and_used_as_anot
     working folder, and a '..' after another user's link is resolved by the kernel first."""
     message = refusal(None, {"TRITON_CACHE_DIR": value})
 
-    assert message.startswith(f"the Triton cache (TRITON_CACHE_DIR, {FROM_ENVIRONMENT}): {value!r} must be "
-                              "an absolute path with no '..' step"), message  # fmt: skip
+    assert message.startswith(
+        f"the Triton cache (TRITON_CACHE_DIR, {FROM_ENVIRONMENT}): {value!r} must be "
+        "an absolute path with no '..' step"
+    ), message
 
 
 def test_the_node_s_own_folders_are_used_once_checked(tmp_path: Path) -> None:
@@ -253,8 +266,11 @@ def test_the_node_s_own_folders_are_used_once_checked(tmp_path: Path) -> None:
 
     env = env_of(None, {"VLLM_CACHE_ROOT": str(node / "vllm"), "TRITON_CACHE_DIR": str(node / "triton")})
 
-    assert env == {"VLLM_CACHE_ROOT": str(node / "vllm"), "TRITON_CACHE_DIR": str(node / "triton"),
-                   "TORCHINDUCTOR_CACHE_DIR": str(node / "vllm" / "inductor")}  # fmt: skip
+    assert env == {
+        "VLLM_CACHE_ROOT": str(node / "vllm"),
+        "TRITON_CACHE_DIR": str(node / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(node / "vllm" / "inductor"),
+    }
     made = [node, node / "vllm", node / "triton", node / "vllm" / "inductor"]
     assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * 4
 
@@ -282,12 +298,25 @@ def test_a_compile_cache_folder_set_through_engine_kwargs_is_refused_at_parse(va
 
     from airflow_provider_raybatch.specs import BatchInferenceSpec
 
-    with pytest.raises(ValidationError, match=r"engine_kwargs\['compilation_config'\]\['cache_dir'\]=.* is "
-                       r"not allowed.*Set compile_cache_dir instead"):  # fmt: skip
-        BatchInferenceSpec(model="m", input_uri="/in.jsonl", output_uri="/out", user_template="{x}",
-                           engine_kwargs={"compilation_config": {"mode": 3, "cache_dir": value}})  # fmt: skip
-    spec = BatchInferenceSpec(model="m", input_uri="/in.jsonl", output_uri="/out", user_template="{x}",
-                              engine_kwargs={"compilation_config": {"mode": 3, "cache_dir": ""}})  # fmt: skip
+    with pytest.raises(
+        ValidationError,
+        match=r"engine_kwargs\['compilation_config'\]\['cache_dir'\]=.* is "
+        r"not allowed.*Set compile_cache_dir instead",
+    ):
+        BatchInferenceSpec(
+            model="m",
+            input_uri="/in.jsonl",
+            output_uri="/out",
+            user_template="{x}",
+            engine_kwargs={"compilation_config": {"mode": 3, "cache_dir": value}},
+        )
+    spec = BatchInferenceSpec(
+        model="m",
+        input_uri="/in.jsonl",
+        output_uri="/out",
+        user_template="{x}",
+        engine_kwargs={"compilation_config": {"mode": 3, "cache_dir": ""}},
+    )
     assert spec.engine_kwargs["compilation_config"] == {"mode": 3, "cache_dir": ""}  # vLLM's default: fine
 
 
@@ -303,10 +332,16 @@ def test_a_cache_path_that_is_checked_as_one_folder_and_used_as_another_is_refus
     from airflow_provider_raybatch.specs import BatchInferenceSpec
 
     with pytest.raises(ValidationError, match=rf"{field}=.* must be an absolute path .*no '\.\.' step"):
-        BatchInferenceSpec(model="m", input_uri="/in.jsonl", output_uri="/out", user_template="{x}",
-                           **{field: value})  # fmt: skip
-    spec = BatchInferenceSpec(model="m", input_uri="/in.jsonl", output_uri="/out", user_template="{x}",
-                              **{field: "~/caches/..dots-are-fine"})  # fmt: skip
+        BatchInferenceSpec(
+            model="m", input_uri="/in.jsonl", output_uri="/out", user_template="{x}", **{field: value}
+        )
+    spec = BatchInferenceSpec(
+        model="m",
+        input_uri="/in.jsonl",
+        output_uri="/out",
+        user_template="{x}",
+        **{field: "~/caches/..dots-are-fine"},
+    )
     assert getattr(spec, field) == "~/caches/..dots-are-fine"
 
 
@@ -380,17 +415,24 @@ def replica_report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         plant(tmp / "writable", mode=0o777)
         theirs(shared / ".cache")
         theirs(shared / "node-triton")
-        folders = {"shared": str(shared), "home": str(home), "linked": str(tmp / "linked"),
-                   "writable": str(tmp / "writable"), "private": str(tmp / "private")}  # fmt: skip
+        folders = {
+            "shared": str(shared),
+            "home": str(home),
+            "linked": str(tmp / "linked"),
+            "writable": str(tmp / "writable"),
+            "private": str(tmp / "private"),
+        }
         cases = {
             "private": {"cache_dir": folders["private"], "env": {"HOME": str(home)}},
             "unset": {"cache_dir": None, "env": {"HOME": str(home)}},
             "linked": {"cache_dir": folders["linked"], "env": {"HOME": str(home)}},
             "writable": {"cache_dir": folders["writable"], "env": {"HOME": str(home)}},
             "home_in_tmp": {"cache_dir": None, "env": {"HOME": str(shared)}},
-            "node_triton": {"cache_dir": None,
-                            "env": {"HOME": str(home), "TRITON_CACHE_DIR": str(shared / "node-triton")}},
-        }  # fmt: skip
+            "node_triton": {
+                "cache_dir": None,
+                "env": {"HOME": str(home), "TRITON_CACHE_DIR": str(shared / "node-triton")},
+            },
+        }
         code = f"import json\nSHARED = {str(shared)!r}\nCASES = json.loads({json.dumps(cases)!r})\n{_REPLICA}"
         report = run_in_ray_env(code)
         yield {"report": report, "folders": folders}
@@ -406,15 +448,29 @@ def test_the_replica_names_every_cache_its_engine_loads_code_from_and_makes_each
     report, folders = replica_report["report"], replica_report["folders"]
     assert report["torch_filled_in"] == report["planted"]  # what the engine would otherwise use
     private, home = Path(folders["private"]), Path(folders["home"])
-    assert report["private"] == {"error": None, "built": [{
-        "VLLM_CACHE_ROOT": str(private), "TRITON_CACHE_DIR": str(private / "triton"),
-        "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"), "inductor_uses": str(private / "inductor"),
-    }]}  # fmt: skip
+    assert report["private"] == {
+        "error": None,
+        "built": [
+            {
+                "VLLM_CACHE_ROOT": str(private),
+                "TRITON_CACHE_DIR": str(private / "triton"),
+                "TORCHINDUCTOR_CACHE_DIR": str(private / "inductor"),
+                "inductor_uses": str(private / "inductor"),
+            }
+        ],
+    }
     vllm = home / ".cache" / "vllm"
-    assert report["unset"] == {"error": None, "built": [{
-        "VLLM_CACHE_ROOT": str(vllm), "TRITON_CACHE_DIR": str(home / ".triton" / "cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(vllm / "inductor"), "inductor_uses": str(vllm / "inductor"),
-    }]}  # fmt: skip
+    assert report["unset"] == {
+        "error": None,
+        "built": [
+            {
+                "VLLM_CACHE_ROOT": str(vllm),
+                "TRITON_CACHE_DIR": str(home / ".triton" / "cache"),
+                "TORCHINDUCTOR_CACHE_DIR": str(vllm / "inductor"),
+                "inductor_uses": str(vllm / "inductor"),
+            }
+        ],
+    }
     made = [private, private / "triton", private / "inductor", vllm, vllm / "inductor", home / ".triton"]
     assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * len(made)
 
@@ -429,15 +485,17 @@ def test_the_replica_refuses_a_planted_cache_before_its_engine_starts_and_the_jo
     refusals = {
         "linked": f"{vllm_root(Path(folders['linked']))}: {folders['linked']!r} is a symbolic link",
         "writable": f"{vllm_root(Path(folders['writable']))}: {folders['writable']!r} is writable by its "
-                    "group or others",
+        "group or others",
         "home_in_tmp": "vLLM's cache root (vLLM's default ~/.cache/vllm, compile_cache_dir being unset): "
-                       f"{str(shared / '.cache')!r} (a folder above it) is ",
+        f"{str(shared / '.cache')!r} (a folder above it) is ",
         "node_triton": f"the Triton cache (TRITON_CACHE_DIR, {FROM_ENVIRONMENT}): "
-                       f"{str(shared / 'node-triton')!r} ",
-    }  # fmt: skip
+        f"{str(shared / 'node-triton')!r} ",
+    }
     jobs = {name: report[name].get("job", "the replica was built") for name in refusals}
-    assert {name: job.startswith(f"The engine stage failed: PrivateFolderError: {refusals[name]}")
-            for name, job in jobs.items()} == dict.fromkeys(refusals, True), jobs  # fmt: skip
+    assert {
+        name: job.startswith(f"The engine stage failed: PrivateFolderError: {refusals[name]}")
+        for name, job in jobs.items()
+    } == dict.fromkeys(refusals, True), jobs
     assert all(report[name]["built"] == [] for name in refusals)  # refused before the engine build
     assert all("A retry with the same settings fails the same way" in job for job in jobs.values())
 

@@ -106,10 +106,15 @@ def resolver(monkeypatch: pytest.MonkeyPatch) -> None:
         name = host.lower().removesuffix(".") if isinstance(host, str) else None
         if name in NAMES:
             return [
-                (socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM, 6, "",
-                 (address, int(port or 80)) if ":" not in address else (address, int(port or 80), 0, 0))
+                (
+                    socket.AF_INET6 if ":" in address else socket.AF_INET,
+                    socket.SOCK_STREAM,
+                    6,
+                    "",
+                    (address, int(port or 80)) if ":" not in address else (address, int(port or 80), 0, 0),
+                )
                 for address in NAMES[name]
-            ]  # fmt: skip
+            ]
         kwargs["flags"] = kwargs.get("flags", 0) | socket.AI_NUMERICHOST  # 2130706433, 0x7f.1, ::1 ...
         return real(host, port, *args, **kwargs)
 
@@ -266,8 +271,11 @@ def test_a_host_allowed_with_its_port_reaches_that_port_only(server, resolver, c
     """Allowing 127.0.0.1 for an image server let rows reach the Ray
     dashboard's port on it too, and tell open ports from closed ones by the reason."""
     port, requests = server
-    for entry, host in [(f"127.0.0.1:{port}", "127.0.0.1"), (f"127.0.0.0/8:{port}", "127.0.0.1"),
-                        (f"images.internal:{port}", "images.internal")]:  # fmt: skip
+    for entry, host in [
+        (f"127.0.0.1:{port}", "127.0.0.1"),
+        (f"127.0.0.0/8:{port}", "127.0.0.1"),
+        (f"images.internal:{port}", "images.internal"),
+    ]:
         if "/" in entry:  # a CIDR block takes no port: it is refused when the spec is built
             with pytest.raises(TypeError):
                 ImageSources(allowed_hosts=(entry,))
@@ -308,10 +316,26 @@ def test_proxies_from_the_environment_are_not_used(server, connects, monkeypatch
 
 @pytest.mark.parametrize(
     "address",
-    ["127.0.0.1", "10.1.2.3", "169.254.169.254", "100.64.0.1", "0.0.0.0", "255.255.255.255", "224.0.0.251",
-     "::1", "::", "fe80::1", "fc00::1", "ff02::1", "::ffff:10.0.0.1", "64:ff9b::a9fe:a9fe", "2002:7f00:1::1",
-     "2001:db8::1", "::7f00:1"],
-)  # fmt: skip
+    [
+        "127.0.0.1",
+        "10.1.2.3",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "255.255.255.255",
+        "224.0.0.251",
+        "::1",
+        "::",
+        "fe80::1",
+        "fc00::1",
+        "ff02::1",
+        "::ffff:10.0.0.1",
+        "64:ff9b::a9fe:a9fe",
+        "2002:7f00:1::1",
+        "2001:db8::1",
+        "::7f00:1",
+    ],
+)
 def test_addresses_that_are_not_public(address: str) -> None:
     assert not is_public_address(ipaddress.ip_address(address))
 
@@ -348,10 +372,21 @@ def outside_reason(shown: str) -> str:
 
 @pytest.mark.parametrize(
     "value",
-    ["/etc/hostname", "/etc/no-such-file", "../../etc/passwd", "../secret.png", "escape.png",
-     "up.png/secret.png", "file:///etc/hostname", "file:///etc/no-such-file", "file://localhost/etc/passwd",
-     "sub/../../secret.png", "/proc/self/environ", "/dev/zero"],
-)  # fmt: skip
+    [
+        "/etc/hostname",
+        "/etc/no-such-file",
+        "../../etc/passwd",
+        "../secret.png",
+        "escape.png",
+        "up.png/secret.png",
+        "file:///etc/hostname",
+        "file:///etc/no-such-file",
+        "file://localhost/etc/passwd",
+        "sub/../../secret.png",
+        "/proc/self/environ",
+        "/dev/zero",
+    ],
+)
 def test_a_path_outside_the_input_folder_is_refused_without_looking_at_it(
     input_folder: Path, value: str
 ) -> None:
@@ -433,9 +468,16 @@ def s3_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.mark.parametrize(
     "value",
-    ["s3://other-bucket/key", "s3://other-bucket/no-such-key", "s3://bucket/inbox/c.png", "s3://bucket/in/../secret",
-     "s3://bucket/in/./a.png", "S3://other-bucket/key", "../../other-bucket/key"],
-)  # fmt: skip
+    [
+        "s3://other-bucket/key",
+        "s3://other-bucket/no-such-key",
+        "s3://bucket/inbox/c.png",
+        "s3://bucket/in/../secret",
+        "s3://bucket/in/./a.png",
+        "S3://other-bucket/key",
+        "../../other-bucket/key",
+    ],
+)
 def test_an_s3_object_outside_the_input_s_folder_is_refused_without_reading_it(
     s3_reads: list[str], value: str
 ) -> None:
@@ -494,9 +536,14 @@ def test_a_refused_image_is_the_rows_error_and_the_other_rows_go_on(
         {"name": "bucket", "image": "s3://other-bucket/key"},
     ]
     spec = BatchInferenceSpec.build(
-        model="m", input_uri=str(tmp_path / "input" / "rows.jsonl"), output_uri=str(tmp_path / "out"),
-        user_template="Describe it.", image_column="image", id_column="name", max_failed_fraction=1.0,
-    )  # fmt: skip
+        model="m",
+        input_uri=str(tmp_path / "input" / "rows.jsonl"),
+        output_uri=str(tmp_path / "out"),
+        user_template="Describe it.",
+        image_column="image",
+        id_column="name",
+        max_failed_fraction=1.0,
+    )
 
     result = run_rows(
         {"rows.jsonl": "".join(json.dumps(row) + "\n" for row in rows).encode()}, spec, tmp_path
@@ -512,11 +559,15 @@ def test_a_refused_image_is_the_rows_error_and_the_other_rows_go_on(
 
 def test_the_spec_s_allow_lists_reach_the_image_options(tmp_path: Path) -> None:
     spec = BatchInferenceSpec.build(
-        model="m", input_uri="s3://bucket/in/rows.jsonl", output_uri="s3://bucket/out",
-        user_template="Describe it.", image_column="image",
-        image_allowed_hosts=["images.internal", "10.0.0.0/8"], image_allowed_local_path="/data/images",
+        model="m",
+        input_uri="s3://bucket/in/rows.jsonl",
+        output_uri="s3://bucket/out",
+        user_template="Describe it.",
+        image_column="image",
+        image_allowed_hosts=["images.internal", "10.0.0.0/8"],
+        image_allowed_local_path="/data/images",
         image_allowed_s3_prefixes=["s3://media/photos"],
-    )  # fmt: skip
+    )
 
     sources = images.options_for(spec).sources
 
@@ -536,10 +587,14 @@ def test_a_loopback_server_allowed_in_the_spec_serves_the_row(tmp_path: Path, se
     port, _ = server
     rows = [{"name": "ok", "image": f"http://127.0.0.1:{port}/ok.png"}]
     spec = BatchInferenceSpec.build(
-        model="m", input_uri=str(tmp_path / "input" / "rows.jsonl"), output_uri=str(tmp_path / "out"),
-        user_template="Describe it.", image_column="image", id_column="name",
+        model="m",
+        input_uri=str(tmp_path / "input" / "rows.jsonl"),
+        output_uri=str(tmp_path / "out"),
+        user_template="Describe it.",
+        image_column="image",
+        id_column="name",
         image_allowed_hosts=["127.0.0.1"],
-    )  # fmt: skip
+    )
 
     result = run_rows({"rows.jsonl": (json.dumps(rows[0]) + "\n").encode()}, spec, tmp_path)
 
@@ -549,13 +604,39 @@ def test_a_loopback_server_allowed_in_the_spec_serves_the_row(tmp_path: Path, se
 # -- the property: whatever the URL, a reason or bytes, and no connection to a refused address -----
 
 _HOSTS = [
-    "127.0.0.1", "localhost", "169.254.169.254", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]",
-    "2130706433", "0x7f.1", "0177.1", "017700000001", "0x7f000001", "127.1", "0", "[::]", "10.9.9.9",
-    "[fe80::1%25eth0]", "images.example.com", "rebinding.example.com", "public.example.com",
-    "metadata.example.com", "no-such.example", "[64:ff9b::a9fe:a9fe]", "[2002:7f00:1::1]", "93.184.216.34",
-    "user@127.0.0.1", "127.0.0.1@public.example.com", "public.example.com#@127.0.0.1", "127.0.0.1%2f",
-    "%31%32%37.0.0.1", "xn--nxasmq6b", "[::1]:99999", "",
-]  # fmt: skip
+    "127.0.0.1",
+    "localhost",
+    "169.254.169.254",
+    "[::1]",
+    "[::ffff:127.0.0.1]",
+    "[::ffff:7f00:1]",
+    "2130706433",
+    "0x7f.1",
+    "0177.1",
+    "017700000001",
+    "0x7f000001",
+    "127.1",
+    "0",
+    "[::]",
+    "10.9.9.9",
+    "[fe80::1%25eth0]",
+    "images.example.com",
+    "rebinding.example.com",
+    "public.example.com",
+    "metadata.example.com",
+    "no-such.example",
+    "[64:ff9b::a9fe:a9fe]",
+    "[2002:7f00:1::1]",
+    "93.184.216.34",
+    "user@127.0.0.1",
+    "127.0.0.1@public.example.com",
+    "public.example.com#@127.0.0.1",
+    "127.0.0.1%2f",
+    "%31%32%37.0.0.1",
+    "xn--nxasmq6b",
+    "[::1]:99999",
+    "",
+]
 _ALLOWED = ipaddress.ip_network("10.9.9.0/24")
 
 

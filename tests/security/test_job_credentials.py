@@ -142,11 +142,17 @@ def test_a_job_stopped_mid_run_leaves_its_s3_keys_neither_on_disk_nor_in_the_sto
     client.put_object(Bucket="raybatch-stop", Key="in/tickets.jsonl", Body=rows.encode())
     monkeypatch.setenv("AIRFLOW_CONN_AWS_STOP_TEST", s3_server.connection_json())
     operator = make_operator(
-        tiny_model, "s3://raybatch-stop/in/tickets.jsonl", str(tmp_path / "out"), aws_conn_id="aws_stop_test",
-        messages_column=None, user_template="Classify: {text}", id_column="id", keep_columns=None,
+        tiny_model,
+        "s3://raybatch-stop/in/tickets.jsonl",
+        str(tmp_path / "out"),
+        aws_conn_id="aws_stop_test",
+        messages_column=None,
+        user_template="Classify: {text}",
+        id_column="id",
+        keep_columns=None,
         # Its engine waits for a slot the test holds: the job runs until the test stops it.
         replica_resources={**CPU_REPLICA, REPLICA_SLOT: 1},
-    )  # fmt: skip
+    )
     hook = RayHook()
     with replica_slots_held(hook):
         job_id = submit_pipeline(

@@ -268,8 +268,12 @@ def test_a_link_ships_only_what_would_ship_itself_and_secret_names_are_left_out(
         (package / name).write_text("LEAK4")
     (package / "condaenv" / "conda-meta").mkdir(parents=True)
     (package / "condaenv" / "lib.py").write_text("LEAK5")
-    for link, target in (("envcopy", ".env"), ("aws_link", ".aws/credentials"), ("id_link", "id_rsa"),
-                         ("template_link.txt", "prompts/template.txt")):  # fmt: skip
+    for link, target in (
+        ("envcopy", ".env"),
+        ("aws_link", ".aws/credentials"),
+        ("id_link", "id_rsa"),
+        ("template_link.txt", "prompts/template.txt"),
+    ):
         (package / link).symlink_to(package / target)
 
     import io

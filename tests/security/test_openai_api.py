@@ -101,8 +101,10 @@ def _task_failed_saying(airflow: Airflow, run_id: str, text: str) -> None:
     assert ti["state"] == "failed"
     log = httpx.get(
         f"{airflow.url}/api/v2/dags/{DEFAULT_DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/{BATCH_TASK_ID}"
-        f"/logs/{ti['try_number']}", headers={**airflow.headers, "Accept": "application/json"}, timeout=30,
-    ).text  # fmt: skip
+        f"/logs/{ti['try_number']}",
+        headers={**airflow.headers, "Accept": "application/json"},
+        timeout=30,
+    ).text
     assert text in log, log[-3000:]
     # The scheduler closes the run a few seconds after its only task failed; Airflow refuses to delete
     # a running run (409), so the tests that go on to act on the run wait for it.
@@ -131,8 +133,11 @@ def test_a_forged_record_id_reads_deletes_or_runs_nothing_of_another_bucket(airf
         f"{file_id}.jsonl%3FversionId%3D1",
         f"{file_id}%2F..%2F",
     ):
-        for method, path in (("GET", f"/files/{trick}/content"), ("GET", f"/files/{trick}"),
-                             ("DELETE", f"/files/{trick}")):  # fmt: skip
+        for method, path in (
+            ("GET", f"/files/{trick}/content"),
+            ("GET", f"/files/{trick}"),
+            ("DELETE", f"/files/{trick}"),
+        ):
             response = alice.call(method, path)
             assert response.status_code == 404, (method, path, response.text)
             assert b"salary" not in response.content
@@ -178,8 +183,12 @@ def test_the_batch_dag_refuses_a_run_that_is_no_batch(airflow, store_s3) -> None
 
 def test_users_see_and_act_on_their_own_files_and_batches_and_admins_on_all(airflow) -> None:
     alice, bob, ops, viewer = (Client(airflow, user) for user in ("alice", "bob", "ops", "viewer"))
-    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
     file_id = alice.upload(json.dumps(line).encode() + b"\n")
     created = alice.create_batch(file_id)
     assert created.status_code == 200, created.text
@@ -230,8 +239,10 @@ def test_bodies_over_the_limits_are_refused_before_they_are_stored(airflow, stor
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
     def chunked():  # a well-formed multipart upload without Content-Length: cut off past the limit
-        yield (b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
-               b"Content-Type: application/octet-stream\r\n\r\n")  # fmt: skip
+        yield (
+            b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n"
+        )
         for _ in range(64):
             yield b"a" * 65536
 
@@ -240,13 +251,21 @@ def test_bodies_over_the_limits_are_refused_before_they_are_stored(airflow, stor
     )
     assert response.status_code == 413
     # Just under the envelope's room, the file itself is over: the store's own check says so.
-    response = alice.call("POST", "/files", files={"file": ("b.jsonl", b"a" * (MAX_UPLOAD_BYTES + 1))},
-                          data={"purpose": "batch"})  # fmt: skip
+    response = alice.call(
+        "POST",
+        "/files",
+        files={"file": ("b.jsonl", b"a" * (MAX_UPLOAD_BYTES + 1))},
+        data={"purpose": "batch"},
+    )
     assert response.status_code == 413 and response.json()["error"]["code"] == "file_too_large"
     assert _objects(store_s3) == before
 
-    response = alice.call("POST", "/batches", content=b"{" + b" " * MAX_BODY_BYTES + b"}",
-                          headers={"Content-Type": "application/json"})  # fmt: skip
+    response = alice.call(
+        "POST",
+        "/batches",
+        content=b"{" + b" " * MAX_BODY_BYTES + b"}",
+        headers={"Content-Type": "application/json"},
+    )
     assert response.status_code == 413
     file_id = alice.upload(b"{}\n")
     for metadata, fragment in (
@@ -269,8 +288,13 @@ def test_the_session_cookie_alone_changes_nothing(airflow, store_s3) -> None:
     file_id = alice.upload(b"{}\n")
     cookie = {"_token": alice.headers["Authorization"].removeprefix("Bearer ")}
     before = _objects(store_s3)
-    upload = httpx.post(f"{airflow.url}/openai/v1/files", files={"file": ("x.jsonl", b"{}\n")},
-                        data={"purpose": "batch"}, cookies=cookie, timeout=30)  # fmt: skip
+    upload = httpx.post(
+        f"{airflow.url}/openai/v1/files",
+        files={"file": ("x.jsonl", b"{}\n")},
+        data={"purpose": "batch"},
+        cookies=cookie,
+        timeout=30,
+    )
     delete = httpx.delete(f"{airflow.url}/openai/v1/files/{file_id}", cookies=cookie, timeout=30)
     assert (upload.status_code, delete.status_code) == (401, 401)
     assert "Authorization" in upload.json()["error"]["message"]
@@ -316,8 +340,10 @@ def _first_bytes_answer(airflow: Airflow, headers: dict[str, str]) -> bytes:
     """Send an upload's headers and the first 1 KiB of a 90 KB body, then wait: what came back?"""
     host, port = airflow.url.removeprefix("http://").split(":")
     head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    request = (f"POST /openai/v1/files HTTP/1.1\r\nHost: {host}\r\n{head}Content-Length: 90000\r\n"
-               "Content-Type: multipart/form-data; boundary=xyz\r\n\r\n").encode()  # fmt: skip
+    request = (
+        f"POST /openai/v1/files HTTP/1.1\r\nHost: {host}\r\n{head}Content-Length: 90000\r\n"
+        "Content-Type: multipart/form-data; boundary=xyz\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, int(port)), timeout=20) as sock:
         sock.sendall(request + b"--xyz\r\n" + b"a" * 1024)
         try:

@@ -126,9 +126,12 @@ def _app(root: Path, runs: _Runs, monkeypatch: pytest.MonkeyPatch) -> FastAPI:
     """One API server process's app on the store at ``root``, with the user and permissions given."""
     monkeypatch.setattr(openai_app, "requires_access_dag", lambda *args, **kwargs: lambda: None)
     settings = OpenAISettings(
-        files_uri=str(root), files_conn_id=None, dag_id="raybatch_openai_batch",
-        max_files_per_user=LIMIT, max_open_batches_per_user=LIMIT,
-    )  # fmt: skip
+        files_uri=str(root),
+        files_conn_id=None,
+        dag_id="raybatch_openai_batch",
+        max_files_per_user=LIMIT,
+        max_open_batches_per_user=LIMIT,
+    )
     app = openai_app.create_app(settings)
     app.dependency_overrides[get_user] = _User
     app.dependency_overrides[_get_session] = runs.session
@@ -177,9 +180,12 @@ def _statuses(responses: list[Response]) -> list[int]:
     ids=["one server", "two servers on one store", "reservations landing late"],
 )
 def apps(
-    request: pytest.FixtureRequest, tmp_path: Path, runs: _Runs, slow_writes: None,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    runs: _Runs,
+    slow_writes: None,
     monkeypatch: pytest.MonkeyPatch,
-) -> list[FastAPI]:  # fmt: skip
+) -> list[FastAPI]:
     """One API server process; two on one store (whose memory shares nothing); two, with reservations
     landing out of the order they rank in."""
     servers, late = request.param
@@ -259,9 +265,16 @@ def test_a_batch_whose_request_died_before_its_run_started_stops_counting(
     orphans = []
     for age in (60, 60):
         created_at = int(time.time()) - age
-        orphan = {"id": new_id("batch"), "created_at": created_at, "expires_at": created_at + 86400,
-                  "owner": OWNER, "endpoint": body["endpoint"], "input_file_id": input_file_id,
-                  "completion_window": "24h", "request_total": 1}  # fmt: skip
+        orphan = {
+            "id": new_id("batch"),
+            "created_at": created_at,
+            "expires_at": created_at + 86400,
+            "owner": OWNER,
+            "endpoint": body["endpoint"],
+            "input_file_id": input_file_id,
+            "completion_window": "24h",
+            "request_total": 1,
+        }
         store.save_batch(orphan)
         orphans.append(orphan)
     assert client.post("/v1/batches", json=body).status_code == 429

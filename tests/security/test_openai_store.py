@@ -28,10 +28,18 @@ def _forged_record(uri: str) -> bytes:
 def _tricks(file_id: str) -> list[str]:
     """Ids that once reached the upload's bytes as a record, or walked out of the files folder."""
     return [
-        f"{file_id}.jsonl?versionId=", f"{file_id}.jsonl%3FversionId%3D", f"{file_id}.jsonl#",
-        f"{file_id}.jsonl", f"{file_id}/../{file_id}", f"{file_id}\x00", f"{file_id.upper()}",
-        "../files/" + file_id, "file-" + "0" * 31, "batch_" + "0" * 32, "",
-    ]  # fmt: skip
+        f"{file_id}.jsonl?versionId=",
+        f"{file_id}.jsonl%3FversionId%3D",
+        f"{file_id}.jsonl#",
+        f"{file_id}.jsonl",
+        f"{file_id}/../{file_id}",
+        f"{file_id}\x00",
+        f"{file_id.upper()}",
+        "../files/" + file_id,
+        "file-" + "0" * 31,
+        "batch_" + "0" * 32,
+        "",
+    ]
 
 
 @pytest.fixture
@@ -83,9 +91,15 @@ def test_a_record_whose_path_was_tampered_with_is_not_followed(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     "outputs_uri",
-    ["/etc", "{output}/../../../files", "{output}/versions/v1/outputs?versionId=", "s3://payroll/",
-     "{root}/files", "{output}/versions/../../../x"],
-)  # fmt: skip
+    [
+        "/etc",
+        "{output}/../../../files",
+        "{output}/versions/v1/outputs?versionId=",
+        "s3://payroll/",
+        "{root}/files",
+        "{output}/versions/../../../x",
+    ],
+)
 def test_a_manifest_naming_a_folder_outside_its_batch_serves_nothing(
     tmp_path: Path, outputs_uri: str
 ) -> None:

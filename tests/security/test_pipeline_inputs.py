@@ -93,11 +93,30 @@ def test_an_openai_line_with_a_bare_cr_fails_alone_and_the_counts_agree(tmp_path
 
 
 # The bytes JSON Lines framing cares about, and some JSON, so that lines parse, fail and go blank.
-_PIECES = st.sampled_from([
-    b"\n", b"\r", b"\r\n", b" ", b"\t", b"\x0b", b"\x0c", b"\xef\xbb\xbf", b"\xff", b"x",
-    b'{"a": 1}', b'{"q": "a\rb"}', b"[1]", b'"s"', b"{", b"}", b":", b",",
-    chat_line("c").removesuffix(b"}"), b"}",
-])  # fmt: skip
+_PIECES = st.sampled_from(
+    [
+        b"\n",
+        b"\r",
+        b"\r\n",
+        b" ",
+        b"\t",
+        b"\x0b",
+        b"\x0c",
+        b"\xef\xbb\xbf",
+        b"\xff",
+        b"x",
+        b'{"a": 1}',
+        b'{"q": "a\rb"}',
+        b"[1]",
+        b'"s"',
+        b"{",
+        b"}",
+        b":",
+        b",",
+        chat_line("c").removesuffix(b"}"),
+        b"}",
+    ]
+)
 _FILES = st.lists(_PIECES, max_size=30).map(b"".join) | st.binary(max_size=80)
 
 
@@ -137,21 +156,49 @@ def test_property_the_api_count_is_the_openai_readers_rows_for_any_bytes(
     ("body", "field", "detail"),
     [
         # max_tokens had its own bound before; the reason now says which number and why.
-        pytest.param({"max_tokens": 10**20}, "body.max_tokens", "100000000000000000000 is out of range",
-                     id="max-tokens"),
+        pytest.param(
+            {"max_tokens": 10**20},
+            "body.max_tokens",
+            "100000000000000000000 is out of range",
+            id="max-tokens",
+        ),
         # These went to the engine as they were.
-        pytest.param({"response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "string", "maxLength": 10**20}}}},
-            "body.response_format.json_schema.schema.maxLength", "out of range", id="schema-int"),
-        pytest.param({"response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "number", "maximum": float("inf")}}}},
-            "body.response_format.json_schema.schema.maximum", "inf is not a finite number", id="schema-inf"),
-        pytest.param({"messages": [{"role": "user", "content": "hi", "weight": -(10**30)}]},
-                     "body.messages[0].weight", "out of range", id="message-field"),
-        pytest.param({"metadata": {"n": float("nan")}}, "body.metadata.n", "nan is not a finite number",
-                     id="ignored-field-nan"),
+        pytest.param(
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "string", "maxLength": 10**20}},
+                }
+            },
+            "body.response_format.json_schema.schema.maxLength",
+            "out of range",
+            id="schema-int",
+        ),
+        pytest.param(
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "number", "maximum": float("inf")}},
+                }
+            },
+            "body.response_format.json_schema.schema.maximum",
+            "inf is not a finite number",
+            id="schema-inf",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "hi", "weight": -(10**30)}]},
+            "body.messages[0].weight",
+            "out of range",
+            id="message-field",
+        ),
+        pytest.param(
+            {"metadata": {"n": float("nan")}},
+            "body.metadata.n",
+            "nan is not a finite number",
+            id="ignored-field-nan",
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_openai_body_number_past_int64_or_not_finite_fails_its_line_naming_the_field(
     body: dict[str, Any],
     field: str,
@@ -169,13 +216,15 @@ def test_an_openai_body_number_past_int64_or_not_finite_fails_its_line_naming_th
 
 
 def test_openai_lines_with_huge_numbers_are_error_rows_and_the_rest_are_served(tmp_path: Path) -> None:
-    data = b"\n".join([
-        chat_line("fine", max_tokens=8),
-        b'{"custom_id": "inf", "url": "/v1/chat/completions", "body": {"messages": '
-        b'[{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
-        b'"json_schema": {"name": "n", "schema": {"maximum": Infinity}}}}}',
-        chat_line("big-seed", seed=2**64),
-    ])  # fmt: skip
+    data = b"\n".join(
+        [
+            chat_line("fine", max_tokens=8),
+            b'{"custom_id": "inf", "url": "/v1/chat/completions", "body": {"messages": '
+            b'[{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+            b'"json_schema": {"name": "n", "schema": {"maximum": Infinity}}}}}',
+            chat_line("big-seed", seed=2**64),
+        ]
+    )
 
     result = run_rows({"in.jsonl": data}, spec_of(tmp_path, openai_endpoint=CHAT), tmp_path)
 
@@ -191,14 +240,17 @@ def test_openai_lines_with_huge_numbers_are_error_rows_and_the_rest_are_served(t
 @pytest.mark.parametrize(
     ("params", "detail"),
     [
-        pytest.param(b'{"max_tokens": 100000000000000000000}',
-                     "sampling_params.max_tokens: 100000000000000000000 is out of range", id="max-tokens"),
+        pytest.param(
+            b'{"max_tokens": 100000000000000000000}',
+            "sampling_params.max_tokens: 100000000000000000000 is out of range",
+            id="max-tokens",
+        ),
         pytest.param(b'{"seed": -100000000000000000000}', "sampling_params.seed: ", id="seed"),
         pytest.param(b'{"temperature": Infinity}', "sampling_params.temperature: inf is not a", id="inf"),
         pytest.param(b'{"top_p": NaN}', "sampling_params.top_p: nan is not a finite number", id="nan"),
         pytest.param(b'{"logit_bias": {"7": 1e999}}', "sampling_params.logit_bias['7']: inf", id="nested"),
     ],
-)  # fmt: skip
+)
 def test_a_preprocess_sampling_param_past_int64_or_not_finite_fails_its_row(
     tmp_path: Path, params: bytes, detail: str
 ) -> None:
@@ -235,10 +287,12 @@ def s3_model(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:  # Any: th
         storage,
         "_s3_options",
         storage.S3Options(
-            endpoint_url=s3_server.endpoint_url, region="us-east-1",
-            access_key=s3_server.access_key, secret_key=s3_server.secret_key,
+            endpoint_url=s3_server.endpoint_url,
+            region="us-east-1",
+            access_key=s3_server.access_key,
+            secret_key=s3_server.secret_key,
         ),
-    )  # fmt: skip
+    )
     client = s3_server.client()
     bucket = "hostile-models"
     if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
@@ -293,8 +347,9 @@ def test_fetch_model_still_fetches_a_plain_model(s3_model: Any, tmp_path: Path) 
     assert models.fetch_model(f"s3://{bucket}/{prefix}", str(tmp_path / "m")) == 3
 
     assert {p.relative_to(tmp_path / "m").as_posix() for p in (tmp_path / "m").rglob("*") if p.is_file()} == {
-        *files, model_cache.COMPLETE_MARKER,
-    }  # fmt: skip
+        *files,
+        model_cache.COMPLETE_MARKER,
+    }
 
 
 # -- one huge input file ------------------------------------------------------------------------------
@@ -342,9 +397,13 @@ def test_a_large_jsonl_file_is_parsed_one_record_at_a_time() -> None:
 
 @pytest.mark.parametrize(
     "sampling_params",
-    [{"seed": 10**20}, {"temperature": float("nan")}, {"top_p": float("inf")},
-     {"structured_outputs": {"json": {"type": "integer", "maximum": float("inf")}}}],
-)  # fmt: skip
+    [
+        {"seed": 10**20},
+        {"temperature": float("nan")},
+        {"top_p": float("inf")},
+        {"structured_outputs": {"json": {"type": "integer", "maximum": float("inf")}}},
+    ],
+)
 def test_the_operators_own_sampling_params_refuse_numbers_the_engine_cannot_take(sampling_params) -> None:
     """Not a row's value but the DAG's: refused when the spec is built, naming the field, before any
     job starts (it would otherwise reach vLLM on every row)."""

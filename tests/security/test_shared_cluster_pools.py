@@ -74,9 +74,18 @@ def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> No
         max_num_seqs = 3
 
     replica = object.__new__(EngineReplica)
-    replica.__dict__.update(_engine=Engine(), _in_flight={}, _rows_done=0, _rows_by_job={}, _retiring=False,
-                            _chat_templates={}, _job_templates={}, _last_active=0.0, _shares={},
-                            _job_share=2 * Settings.max_num_seqs)  # fmt: skip
+    replica.__dict__.update(
+        _engine=Engine(),
+        _in_flight={},
+        _rows_done=0,
+        _rows_by_job={},
+        _retiring=False,
+        _chat_templates={},
+        _job_templates={},
+        _last_active=0.0,
+        _shares={},
+        _job_share=2 * Settings.max_num_seqs,
+    )
 
     async def main() -> None:
         big = [replica.generate({"source": f"b:{i}", "job": "big"}, "big") for i in range(60)]

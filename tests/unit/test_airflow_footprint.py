@@ -145,8 +145,12 @@ def read_report(stdout: str) -> dict[str, Any]:  # Any: JSON report.
 
 
 def test_operator_up_to_deferral_loads_no_cluster_libraries(tmp_path: Path) -> None:
-    env = {"AIRFLOW_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-           "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET": "footprint-test-secret"}  # fmt: skip
+    env = {
+        "AIRFLOW_HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET": "footprint-test-secret",
+    }
     result = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     report = read_report(result.stdout)

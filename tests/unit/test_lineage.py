@@ -112,8 +112,10 @@ def test_on_complete_carries_the_counts_version_and_ray_job(ray_conn: str, ray_a
     assert output_dataset.facets["version"].datasetVersion == "20261121T000000-ab12"
     (location,) = output_dataset.facets["symlinks"].identifiers
     assert (location.namespace, location.name, location.type) == (
-        "s3://b", "company_industry/2026-11-21/versions/20261121T000000-ab12/outputs", "LOCATION",
-    )  # fmt: skip
+        "s3://b",
+        "company_industry/2026-11-21/versions/20261121T000000-ab12/outputs",
+        "LOCATION",
+    )
     external = lineage.run_facets["externalQuery"]
     assert (external.externalQueryId, external.source) == ("j1", "ray")
     run = as_json(lineage.run_facets["raybatch_run"])

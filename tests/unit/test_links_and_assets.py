@@ -22,8 +22,16 @@ from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.operators.test_llm_batch import FakeTI, make_operator
 
-MANIFEST = {"status": "complete", "job_id": "j1", "output_uri": "s3://b/out/2026-11-20", "outputs_uri": "s3://b/out/2026-11-20/versions/v1/outputs",
-            "rows_in": 30, "rows_out": 29, "rows_failed": 1, "version": "v1"}  # fmt: skip
+MANIFEST = {
+    "status": "complete",
+    "job_id": "j1",
+    "output_uri": "s3://b/out/2026-11-20",
+    "outputs_uri": "s3://b/out/2026-11-20/versions/v1/outputs",
+    "rows_in": 30,
+    "rows_out": 29,
+    "rows_failed": 1,
+    "version": "v1",
+}
 
 
 def test_ray_job_url_points_at_the_dashboards_job_page() -> None:

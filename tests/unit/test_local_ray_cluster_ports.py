@@ -31,8 +31,13 @@ def test_a_client_port_in_rays_worker_range_is_refused_naming_the_variable(port:
 def test_a_client_port_outside_the_range_passes_the_check(port: str, tmp_path: Path) -> None:
     """The check alone: past it, `start` needs the cluster's virtualenv (absent here on purpose) and
     fails at its first use of it (python, or ray), not at the check."""
-    env = {**os.environ, "RAYBATCH_STATE": str(tmp_path / "state"), "RAYBATCH_CLIENT_PORT": port,
-           "RAYBATCH_RAY_VENV": str(tmp_path / "no-venv"), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        **os.environ,
+        "RAYBATCH_STATE": str(tmp_path / "state"),
+        "RAYBATCH_CLIENT_PORT": port,
+        "RAYBATCH_RAY_VENV": str(tmp_path / "no-venv"),
+        "PATH": "/usr/bin:/bin",
+    }
 
     result = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=60)
 

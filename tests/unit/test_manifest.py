@@ -224,8 +224,13 @@ def test_describe_timings_says_where_the_time_and_gpus_went() -> None:
 
 def test_describe_timings_of_a_cpu_engine_says_no_gpu_was_held() -> None:
     """A CPU run's task log said '0.0 GPU-seconds held', which reads like a measuring fault."""
-    timings = {"generating_s": 5.0, "replicas": 1, "gpus_per_replica": 0.0, "gpu_seconds_held": 0.0,
-               "replica_seconds_held": 57.25}  # fmt: skip
+    timings = {
+        "generating_s": 5.0,
+        "replicas": 1,
+        "gpus_per_replica": 0.0,
+        "gpu_seconds_held": 0.0,
+        "replica_seconds_held": 57.25,
+    }
 
     assert describe_timings(timings) == "generating 5.0 s; no GPU held (1 CPU replica, 57.2 replica-seconds)"
 
@@ -263,8 +268,13 @@ def test_describe_engine_pool_of_a_run_on_its_own_engines_says_nothing(pool: obj
 def test_a_run_whose_rows_all_miss_their_id_names_the_id_column() -> None:
     """id_column='ticketID' (the file says ticket_id) read as 66 row errors."""
     reasons = {"missing id": 66, "malformed JSON": 1, "not a JSON object": 1}
-    manifest = {"rows_in": 68, "rows_out": 0, "rows_failed": 68, "id_column": "ticketID",
-                "errors_by_reason": reasons}  # fmt: skip
+    manifest = {
+        "rows_in": 68,
+        "rows_out": 0,
+        "rows_failed": 68,
+        "id_column": "ticketID",
+        "errors_by_reason": reasons,
+    }
 
     verdict = failed_rows_verdict(manifest, 0.1, None)
 

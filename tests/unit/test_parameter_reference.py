@@ -18,14 +18,38 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Settings of Ray Data LLM the table must map, whether or not Ray is importable here (Ray 2.57 to 2.60,
 #: and the older flat names); where it is, every setting of the installed Ray is checked as well.
 KNOWN_RAY_SETTINGS = (
-    "model_source", "engine_kwargs", "batch_size", "concurrency", "accelerator_type",
-    "max_concurrent_batches", "apply_chat_template", "chat_template", "chat_template_kwargs", "tokenize",
-    "detokenize", "has_image", "runtime_env", "task_type", "dynamic_lora_loading_path",
-    "placement_group_config", "preprocess", "postprocess", "preprocess_map_kwargs", "postprocess_map_kwargs",
-    "builder_kwargs", "max_pending_requests", "max_tasks_in_flight_per_actor", "should_continue_on_error",
-    "log_engine_metrics", "chat_template_stage", "tokenize_stage", "detokenize_stage",
-    "prepare_multimodal_stage", "resources_per_bundle", "experimental",
-)  # fmt: skip
+    "model_source",
+    "engine_kwargs",
+    "batch_size",
+    "concurrency",
+    "accelerator_type",
+    "max_concurrent_batches",
+    "apply_chat_template",
+    "chat_template",
+    "chat_template_kwargs",
+    "tokenize",
+    "detokenize",
+    "has_image",
+    "runtime_env",
+    "task_type",
+    "dynamic_lora_loading_path",
+    "placement_group_config",
+    "preprocess",
+    "postprocess",
+    "preprocess_map_kwargs",
+    "postprocess_map_kwargs",
+    "builder_kwargs",
+    "max_pending_requests",
+    "max_tasks_in_flight_per_actor",
+    "should_continue_on_error",
+    "log_engine_metrics",
+    "chat_template_stage",
+    "tokenize_stage",
+    "detokenize_stage",
+    "prepare_multimodal_stage",
+    "resources_per_bundle",
+    "experimental",
+)
 
 
 def _load_generator() -> ModuleType:
@@ -49,14 +73,20 @@ def test_page_is_up_to_date() -> None:
             committed.splitlines(), page.splitlines(), "docs/parameters.md", "generated", lineterm="", n=0
         )
         shown = "\n".join(list(diff)[:20])
-        pytest.fail(f"docs/parameters.md is out of date with the code: run `{generator.COMMAND}` and "
-                    f"commit the page.\n{shown}", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"docs/parameters.md is out of date with the code: run `{generator.COMMAND}` and "
+            f"commit the page.\n{shown}",
+            pytrace=False,
+        )
 
 
 def test_every_argument_and_spec_field_has_a_row() -> None:
     page = generator.render()
-    arguments = [name for name in inspect.signature(RayLLMBatchOperator.__init__).parameters
-                 if name not in ("self", "kwargs")]  # fmt: skip
+    arguments = [
+        name
+        for name in inspect.signature(RayLLMBatchOperator.__init__).parameters
+        if name not in ("self", "kwargs")
+    ]
     missing = [name for name in arguments if f"\n| `{name}` |" not in page]
     assert not missing, f"arguments without a row: {missing}"
     fields = set(BatchInferenceSpec.model_fields)

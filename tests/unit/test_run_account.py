@@ -45,16 +45,20 @@ def _write_run(folder: Path, cpu: list[str], files: dict, phases: list[dict]) ->
 
 def test_each_phase_and_file_says_how_busy_the_cpu_was(tmp_path: Path) -> None:
     # 0-100 s: 50 of 100 jiffies busy per 10 s (half busy); 100-200 s: all busy.
-    cpu = [_cpu_line(T0 + t, busy=t // 2 if t <= 100 else 50 + (t - 100), idle=t // 2 if t <= 100 else 50)
-           for t in range(0, 201, 10)]  # fmt: skip
+    cpu = [
+        _cpu_line(T0 + t, busy=t // 2 if t <= 100 else 50 + (t - 100), idle=t // 2 if t <= 100 else 50)
+        for t in range(0, 201, 10)
+    ]
     files = {
         "unit": {"tests/unit/a.py": {"seconds": 100.0, "tests": 3, "spans": [[T0, T0 + 100]]}},
         "real_parts": {
             "tests/integration/b.py": {"seconds": 100.0, "tests": 1, "spans": [[T0 + 100, T0 + 200]]}
         },
     }
-    phases = [{"phase": "unit tests", "start": T0, "end": T0 + 100},
-              {"phase": "tests on the real parts", "start": T0 + 100, "end": T0 + 200}]  # fmt: skip
+    phases = [
+        {"phase": "unit tests", "start": T0, "end": T0 + 100},
+        {"phase": "tests on the real parts", "start": T0 + 100, "end": T0 + 200},
+    ]
     _write_run(tmp_path, cpu, files, phases)
 
     report = report_script.account(tmp_path)

@@ -632,8 +632,10 @@ def test_the_spec_and_the_images_agree_on_the_largest_image() -> None:
 def test_image_sources_default_to_nothing_extra_and_round_trip() -> None:
     plain = build()
     assert (plain.image_allowed_hosts, plain.image_allowed_local_path, plain.image_allowed_s3_prefixes) == (
-        [], None, [],
-    )  # fmt: skip
+        [],
+        None,
+        [],
+    )
 
     spec = build(
         image_column="image",
@@ -648,7 +650,10 @@ def test_image_sources_default_to_nothing_extra_and_round_trip() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"image_allowed_hosts": ["http://images.internal"]}, "image_allowed_hosts[0]='http://images.internal'"),
+        (
+            {"image_allowed_hosts": ["http://images.internal"]},
+            "image_allowed_hosts[0]='http://images.internal'",
+        ),
         ({"image_allowed_hosts": ["ok.internal:8080", "images.internal:99999"]}, "image_allowed_hosts[1]"),
         ({"image_allowed_hosts": ["10.0.0.0/8:80"]}, "image_allowed_hosts[0]"),
         ({"image_allowed_hosts": ["images.internal/photos"]}, "image_allowed_hosts[0]"),
@@ -665,7 +670,7 @@ def test_image_sources_default_to_nothing_extra_and_round_trip() -> None:
         ({"image_allowed_s3_prefixes": ["s3://media/../secret"]}, "without '.' or '..' steps"),
         ({"image_allowed_s3_prefixes": ["gs://media/photos"]}, "image_allowed_s3_prefixes[0]"),
     ],
-)  # fmt: skip
+)
 def test_image_sources_named_badly_are_refused(overrides: dict[str, Any], expected: str) -> None:
     with pytest.raises(BatchSpecError) as info:
         build(image_column="image", **overrides)

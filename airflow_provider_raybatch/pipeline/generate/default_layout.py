@@ -154,9 +154,11 @@ def decided_without_the_cluster(spec: BatchInferenceSpec) -> LayoutChoice | None
         return LayoutChoice(1, "the default rule", f"{one}: not measured for this kind of job")
     if not short_generation(spec):
         return LayoutChoice(
-            1, "the default rule", f"{one}: long generations (max_tokens over "
+            1,
+            "the default rule",
+            f"{one}: long generations (max_tokens over "
             f"{SHORT_GENERATION_MAX_TOKENS}) keep one engine's GPU busy",
-        )  # fmt: skip
+        )
     return None
 
 
@@ -299,8 +301,13 @@ def _gpu_memory_bytes() -> int | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
         return int(float(out.split()[0]) * 2**20)  # MiB
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
@@ -320,10 +327,12 @@ def probe(spec: BatchInferenceSpec, model_source: str) -> tuple[GpuNode | None, 
 
     wanted = f"accelerator_type:{spec.accelerator_type}" if spec.accelerator_type else None
     nodes = [
-        node for node in ray.nodes()
-        if node.get("Alive") and node["Resources"].get("GPU", 0) >= 1
+        node
+        for node in ray.nodes()
+        if node.get("Alive")
+        and node["Resources"].get("GPU", 0) >= 1
         and (wanted is None or wanted in node["Resources"])
-    ]  # fmt: skip
+    ]
     if not nodes:
         return None, None
     facts = ray.remote(num_cpus=0)(_node_facts)
@@ -352,6 +361,7 @@ def engine_layout(spec: BatchInferenceSpec, model_source: str) -> tuple[BatchInf
     if choice is None:
         choice = choose(spec, *probe(spec, model_source))
     per_gpu = choice.replicas_per_gpu if choice.replicas_per_gpu is not None else "the job's"
-    log.info("Engine layout: %s replica(s) per GPU, chosen by %s: %s.", per_gpu, choice.chosen_by,
-             choice.reason)  # fmt: skip
+    log.info(
+        "Engine layout: %s replica(s) per GPU, chosen by %s: %s.", per_gpu, choice.chosen_by, choice.reason
+    )
     return applied(spec, choice), choice

@@ -85,14 +85,20 @@ def cache_folders(cache_dir: str | None, environ: Mapping[str, str]) -> tuple[Ca
         given = f"compile_cache_dir={cache_dir!r}"
         return (
             CacheFolder("VLLM_CACHE_ROOT", root, root, "vLLM's cache root", f"VLLM_CACHE_ROOT, from {given}"),
-            CacheFolder("TRITON_CACHE_DIR", posixpath.join(root, TRITON_FOLDER), root, "the Triton cache",
-                        f"TRITON_CACHE_DIR, under {given}"),
+            CacheFolder(
+                "TRITON_CACHE_DIR",
+                posixpath.join(root, TRITON_FOLDER),
+                root,
+                "the Triton cache",
+                f"TRITON_CACHE_DIR, under {given}",
+            ),
             _inductor_under(root, f"under {given}"),
-        )  # fmt: skip
+        )
     vllm_root = _vllm_cache_root(environ)
     if triton := environ.get("TRITON_CACHE_DIR"):  # as Triton reads it: no ~ expanded
-        triton_folder = CacheFolder("TRITON_CACHE_DIR", triton, triton, "the Triton cache",
-                                    f"TRITON_CACHE_DIR, {_FROM_ENVIRONMENT}")  # fmt: skip
+        triton_folder = CacheFolder(
+            "TRITON_CACHE_DIR", triton, triton, "the Triton cache", f"TRITON_CACHE_DIR, {_FROM_ENVIRONMENT}"
+        )
     else:
         default = os.path.expanduser(posixpath.join("~", ".triton", "cache"))
         source = "Triton's default ~/.triton/cache, compile_cache_dir being unset"
@@ -115,8 +121,13 @@ def _vllm_cache_root(environ: Mapping[str, str]) -> CacheFolder:
 
 def _inductor_under(root: str, where: str) -> CacheFolder:
     source = f"TORCHINDUCTOR_CACHE_DIR, which the replica sets {where}"
-    return CacheFolder("TORCHINDUCTOR_CACHE_DIR", posixpath.join(root, INDUCTOR_FOLDER), root,
-                       "torch Inductor's cache", source)  # fmt: skip
+    return CacheFolder(
+        "TORCHINDUCTOR_CACHE_DIR",
+        posixpath.join(root, INDUCTOR_FOLDER),
+        root,
+        "torch Inductor's cache",
+        source,
+    )
 
 
 def check(folders: Iterable[CacheFolder]) -> None:

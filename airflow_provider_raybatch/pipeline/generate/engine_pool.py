@@ -184,8 +184,11 @@ def live_replica_names() -> set[str]:
     """The names of every pool's replicas alive now (Ray's named actors in :data:`NAMESPACE`)."""
     import ray.util
 
-    return {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-            if entry.get("namespace") == NAMESPACE}  # fmt: skip
+    return {
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry.get("namespace") == NAMESPACE
+    }
 
 
 def pool_fingerprint(
@@ -199,8 +202,12 @@ def pool_fingerprint(
     :param model_files: the model's files as listed now (:func:`..stage.binding.model_digest`).
     """
     engine = {key: value for key, value in engine_kwargs.items() if key not in _PER_JOB_KWARGS}
-    shape = {"engine": engine, "actor": actor_options, "compile_cache_dir": compile_cache_dir,
-             "model_files": model_files}  # fmt: skip
+    shape = {
+        "engine": engine,
+        "actor": actor_options,
+        "compile_cache_dir": compile_cache_dir,
+        "model_files": model_files,
+    }
     canonical = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -245,9 +252,14 @@ def plan_pool(
     model_files = model_digest(str(engine_kwargs.get("model", "")))
     fingerprint = pool_fingerprint(engine_kwargs, options, compile_cache_dir, model_files)
     return EnginePool(
-        fingerprint, replicas, dict(engine_kwargs), options, compile_cache_dir, keep_warm_seconds,
+        fingerprint,
+        replicas,
+        dict(engine_kwargs),
+        options,
+        compile_cache_dir,
+        keep_warm_seconds,
         chat_template,
-    )  # fmt: skip
+    )
 
 
 def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seconds: float) -> list[str]:
@@ -391,10 +403,17 @@ class PoolLease:
     def start(self) -> PoolLease:
         self._replace_unhealthy()
         # Creates the cold replicas (their engines build while the job reads its input).
-        self._attaching = [self.pool.replica(index).attach.remote(self.job_id, self.pool.keep_warm_seconds)
-                           for index in range(self.pool.replicas)]  # fmt: skip
-        log.info("Engine pool %s: %d of %d replicas warm; keep_warm_seconds=%g.", self.pool.fingerprint,
-                 len(self._warm), self.pool.replicas, self.pool.keep_warm_seconds)  # fmt: skip
+        self._attaching = [
+            self.pool.replica(index).attach.remote(self.job_id, self.pool.keep_warm_seconds)
+            for index in range(self.pool.replicas)
+        ]
+        log.info(
+            "Engine pool %s: %d of %d replicas warm; keep_warm_seconds=%g.",
+            self.pool.fingerprint,
+            len(self._warm),
+            self.pool.replicas,
+            self.pool.keep_warm_seconds,
+        )
         self._thread.start()
         return self
 
@@ -458,8 +477,11 @@ class PoolLease:
             except ray.exceptions.GetTimeoutError:
                 self._kill(name, "is up but did not answer its health check")
             except ray.exceptions.ActorUnavailableError:
-                log.warning("Engine pool replica %s did not answer its health check (Ray: unavailable for "
-                            "now): left running, not counted warm.", name)  # fmt: skip
+                log.warning(
+                    "Engine pool replica %s did not answer its health check (Ray: unavailable for "
+                    "now): left running, not counted warm.",
+                    name,
+                )
             except Exception as err:  # noqa: BLE001 - dead or gone: replace it
                 self._kill(name, f"failed its health check ({type(err).__name__})")
         self._warm = answered  # warm: an engine that answered; one still building is shared, not warm
@@ -536,17 +558,20 @@ class PoolLease:
             if state is None or state is _BUILDING:
                 building = state is _BUILDING  # then it took none of the job's rows (pooled_stage)
                 rows = 0 if building else self._rows_by_replica.get(name)
-                timings.append({"replica": index, "answered": False, "building_at_job_end": building,
-                                "rows": rows})  # fmt: skip
+                timings.append(
+                    {"replica": index, "answered": False, "building_at_job_end": building, "rows": rows}
+                )
                 continue
-            timings.append({
-                "replica": index,
-                "answered": True,
-                "rows": self._rows_by_replica.get(name),
-                "engine_start_s": round(state["engine_started_at"] - self._started_at, 3),
-                "engine_ready_s": round(state["engine_ready_at"] - self._started_at, 3),
-                "engine_build_seconds": state["engine_build_seconds"],
-            })  # fmt: skip
+            timings.append(
+                {
+                    "replica": index,
+                    "answered": True,
+                    "rows": self._rows_by_replica.get(name),
+                    "engine_start_s": round(state["engine_started_at"] - self._started_at, 3),
+                    "engine_ready_s": round(state["engine_ready_at"] - self._started_at, 3),
+                    "engine_build_seconds": state["engine_build_seconds"],
+                }
+            )
         return timings
 
     def _renew(self) -> None:
@@ -629,8 +654,9 @@ def _actor_waits_for(needs: dict[str, float], when_unknown: bool = True) -> bool
         return when_unknown
     for demand in demands:
         for request in demand.bundles_by_count:
-            if request.count and all(request.bundle.get(name, 0.0) >= amount
-                                     for name, amount in needs.items() if amount):  # fmt: skip
+            if request.count and all(
+                request.bundle.get(name, 0.0) >= amount for name, amount in needs.items() if amount
+            ):
                 return True
     return False
 

@@ -32,16 +32,19 @@ EMBEDDINGS = "/v1/embeddings"
 _IGNORED_FIELDS = frozenset({"model", "user", "metadata", "store", "service_tier", "stream"})
 #: Body fields honoured, per endpoint, besides the prompt itself.
 _HONOURED_FIELDS = {
-    CHAT: frozenset({
-        "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
-        "logprobs", "top_logprobs", "response_format", "presence_penalty", "frequency_penalty",
-    }),
-    COMPLETIONS: frozenset({
-        "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs", "echo",
-        "presence_penalty", "frequency_penalty",
-    }),
+    CHAT: frozenset(
+        """
+        messages max_tokens max_completion_tokens temperature top_p stop seed n logprobs top_logprobs
+        response_format presence_penalty frequency_penalty
+        """.split()
+    ),
+    COMPLETIONS: frozenset(
+        """
+        prompt max_tokens temperature top_p stop seed n logprobs echo presence_penalty frequency_penalty
+        """.split()
+    ),
     EMBEDDINGS: frozenset({"input", "encoding_format"}),
-}  # fmt: skip
+}
 #: What a line's error kind (the words before the first colon of its reason) is called in OpenAI's
 #: ``error.code``; any other kind is an ``invalid_request``.
 _ERROR_CODES = {
@@ -240,9 +243,10 @@ def _embedding_request(body: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON 
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise RequestError(
-            "invalid request", f"body.encoding_format {_show(encoding)}: use 'float' or 'base64'",
+            "invalid request",
+            f"body.encoding_format {_show(encoding)}: use 'float' or 'base64'",
             "body.encoding_format",
-        )  # fmt: skip
+        )
     request = {"prompt": texts[0], "meta": {"encoding_format": encoding}}
     if len(texts) > 1:
         request[EXTRA_INPUTS] = texts[1:]
@@ -578,13 +582,16 @@ def token_logprobs(
         entries = {str(token_id): entry for token_id, entry in step.items()}
         ranked = sorted(entries.values(), key=lambda entry: int(entry.get("rank") or 0))
         chosen = entries.get(str(chosen_id)) or ranked[0]
-        steps.append({
-            "token": str(chosen.get("decoded_token") or ""),
-            "logprob": float(chosen["logprob"]),
-            "top": [
-                {"token": str(e.get("decoded_token") or ""), "logprob": float(e["logprob"])} for e in ranked
-            ],
-        })  # fmt: skip
+        steps.append(
+            {
+                "token": str(chosen.get("decoded_token") or ""),
+                "logprob": float(chosen["logprob"]),
+                "top": [
+                    {"token": str(e.get("decoded_token") or ""), "logprob": float(e["logprob"])}
+                    for e in ranked
+                ],
+            }
+        )
     return steps
 
 

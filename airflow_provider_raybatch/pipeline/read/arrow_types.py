@@ -49,16 +49,25 @@ ALLOWED_TYPES = (
     "and lists, structs, maps and dictionaries of them"
 )
 #: ``pyarrow.types`` predicates of the allowed types that hold no other type: each cell is plain data.
-_PLAIN = (
-    "is_null", "is_boolean", "is_integer", "is_floating", "is_decimal",
-    "is_string", "is_large_string", "is_string_view",
-    "is_binary", "is_large_binary", "is_fixed_size_binary", "is_binary_view",
-    "is_date", "is_time", "is_timestamp", "is_duration",
-)  # fmt: skip
+_PLAIN = tuple(
+    """
+    is_null is_boolean is_integer is_floating is_decimal
+    is_string is_large_string is_string_view
+    is_binary is_large_binary is_fixed_size_binary is_binary_view
+    is_date is_time is_timestamp is_duration
+    """.split()
+)
 #: Predicates of the allowed types that hold others (each checked in turn). Not unions, run-end
 #: encoded arrays or intervals: no input needs them, and Parquet stores none of them.
-_NESTED = ("is_list", "is_large_list", "is_fixed_size_list", "is_list_view", "is_large_list_view",
-           "is_struct", "is_map")  # fmt: skip
+_NESTED = (
+    "is_list",
+    "is_large_list",
+    "is_fixed_size_list",
+    "is_list_view",
+    "is_large_list_view",
+    "is_struct",
+    "is_map",
+)
 #: How much of a name or a type's text a reason quotes: both come from the file.
 _QUOTED_CHARS = 200
 

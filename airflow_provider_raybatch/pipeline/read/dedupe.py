@@ -141,8 +141,12 @@ def repeated_ids_in_partition(partition: pa.Table) -> pa.Table:
     """The repeated ids of one hash partition (all the copies of an id are in it), with their first
     source, and the count of its rows whose id another row has too (:func:`_repeated_ids`)."""
     grouped = partition.group_by("id").aggregate([("id", "count"), ("good", "sum"), ("order", "min")])
-    named = {"id": grouped["id"], "copies": grouped["id_count"], "good": grouped["good_sum"],
-             "first": grouped["order_min"]}  # fmt: skip
+    named = {
+        "id": grouped["id"],
+        "copies": grouped["id_count"],
+        "good": grouped["good_sum"],
+        "first": grouped["order_min"],
+    }
     return _repeated_ids(pa.table(named))
 
 
@@ -159,11 +163,13 @@ def _order_keys(batch: pa.Table) -> pa.Table:
     name = pc.fill_null(pc.struct_field(parts, "name"), "")
     line = pc.fill_null(pc.utf8_lpad(pc.struct_field(parts, "line"), 20, "0"), "0" * 20)
     order = pc.binary_join_element_wise(name, line, source, _ORDER_SEPARATOR)
-    return pa.table({
-        "id": pc.cast(rows["id"], pa.string()),
-        "order": pc.if_else(good, order, pa.scalar(None, pa.string())),  # a row in error is no first
-        "good": pc.cast(good, pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "id": pc.cast(rows["id"], pa.string()),
+            "order": pc.if_else(good, order, pa.scalar(None, pa.string())),  # a row in error is no first
+            "good": pc.cast(good, pa.int64()),
+        }
+    )
 
 
 def _repeated_ids(batch: pa.Table) -> pa.Table:
@@ -173,10 +179,16 @@ def _repeated_ids(batch: pa.Table) -> pa.Table:
     repeated = batch.filter(pc.greater(batch["good"], 1))
     first = pc.list_element(pc.split_pattern(repeated["first"], _ORDER_SEPARATOR, max_splits=2), 2)
     repeats = int(pc.sum(pc.subtract(batch["copies"], 1)).as_py() or 0) if batch.num_rows else 0
-    ids = pa.table({"id": repeated["id"], "first_source": first,
-                    "rows_repeated": pa.array([0] * repeated.num_rows, pa.int64())})  # fmt: skip
-    count = pa.table({"id": [None], "first_source": [None], "rows_repeated": [repeats]},
-                     schema=_GROUPED_SCHEMA)  # fmt: skip
+    ids = pa.table(
+        {
+            "id": repeated["id"],
+            "first_source": first,
+            "rows_repeated": pa.array([0] * repeated.num_rows, pa.int64()),
+        }
+    )
+    count = pa.table(
+        {"id": [None], "first_source": [None], "rows_repeated": [repeats]}, schema=_GROUPED_SCHEMA
+    )
     return pa.concat_tables([ids.cast(_GROUPED_SCHEMA), count])
 
 

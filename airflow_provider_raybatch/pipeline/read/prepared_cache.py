@@ -100,8 +100,10 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
         return None
     counts = _counts(record, digest)
     if counts is None or counts["rows_in"] == 0:
-        log.info("The prepared rows an earlier try kept are not for these input files (or not a whole "
-                 "record); reading the input.")  # fmt: skip
+        log.info(
+            "The prepared rows an earlier try kept are not for these input files (or not a whole "
+            "record); reading the input."
+        )
         return None
     folder = storage.join(staging_uri, CACHE_FOLDER)
     filesystem, path = storage.filesystem(folder)
@@ -115,8 +117,13 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
         log.warning("Ignoring the prepared rows an earlier try kept at %s: %s", folder, err)
         return None
     if cached_rows != counts["rows_in"]:
-        log.warning("Ignoring the prepared rows an earlier try kept at %s: %d rows, %s says %d.",
-                    folder, cached_rows, CACHE_RECORD, counts["rows_in"])  # fmt: skip
+        log.warning(
+            "Ignoring the prepared rows an earlier try kept at %s: %d rows, %s says %d.",
+            folder,
+            cached_rows,
+            CACHE_RECORD,
+            counts["rows_in"],
+        )
         return None
     return PreparedRows(
         rows,
@@ -192,8 +199,12 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:
         }
         storage.write_text(record_uri, json.dumps(record))
     except Exception as err:  # noqa: BLE001 - only a retry's speed depends on it
-        log.warning("Could not keep the prepared rows for a retry at %s (a retry reads the input "
-                    "again): %s: %s", folder, type(err).__name__, err)  # fmt: skip
+        log.warning(
+            "Could not keep the prepared rows for a retry at %s (a retry reads the input again): %s: %s",
+            folder,
+            type(err).__name__,
+            err,
+        )
         storage.delete_file(record_uri)
         return False
     return True

@@ -374,8 +374,10 @@ def _timings_section(
     held = _number_or_none(timings.get("gpu_seconds_held"))
     if held is not None and _number_or_none(timings.get("gpus_per_replica")) == 0:
         replicas = timings.get("replicas")
-        rows.append(f"<tr><th>GPU-seconds held</th><td class=num>none ({_e(replicas)} "
-                    f"replica{'' if replicas == 1 else 's'} on CPU)</td></tr>")  # fmt: skip
+        rows.append(
+            f"<tr><th>GPU-seconds held</th><td class=num>none ({_e(replicas)} "
+            f"replica{'' if replicas == 1 else 's'} on CPU)</td></tr>"
+        )
     elif held is not None:
         rows.append(
             f"<tr><th>GPU-seconds held</th><td class=num>{held:,.1f} ({_e(timings.get('replicas'))} replicas "

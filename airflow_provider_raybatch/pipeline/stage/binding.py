@@ -104,8 +104,11 @@ def code_digest(spec: BatchInferenceSpec) -> str:
     package, every file it ships (utils/packaging.py: a prompt template or a label list beside the
     code changes the answers as the code does); of ours, its Python files, all it ships."""
     provider = Path(airflow_provider_raybatch.__file__).parent
-    files = [(path.relative_to(provider.parent).as_posix(), path) for path in sorted(provider.rglob("*.py"))
-             if "__pycache__" not in path.parts]  # fmt: skip
+    files = [
+        (path.relative_to(provider.parent).as_posix(), path)
+        for path in sorted(provider.rglob("*.py"))
+        if "__pycache__" not in path.parts
+    ]
     authors: list[Path] = []
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
         module = split_dotted_path(dotted_path)[0]

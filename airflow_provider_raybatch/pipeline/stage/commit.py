@@ -211,21 +211,30 @@ def open_staging_parts(
     pointer = _pointer(layout)
     changes = binding.changes_from(RunBinding.from_dict(pointer.get(BINDING_KEY))) if pointer else []
     if pointer is not None and changes:
-        log.warning("Staging of %s is not this run's (changed since: %s): discarding its rows and "
-                    "starting afresh.", layout.run_key, ", ".join(changes))  # fmt: skip
+        log.warning(
+            "Staging of %s is not this run's (changed since: %s): discarding its rows and starting afresh.",
+            layout.run_key,
+            ", ".join(changes),
+        )
         _discard(layout, pointer)
         pointer = None
     elif pointer is not None and _is_committed(layout, pointer.get(STAGED_VERSION_KEY)):
         # Committed, and the commit died before it deleted its sidecars: this run starts afresh.
-        log.info("Staging of %s was committed as version %s already; starting over.", layout.run_key,
-                 pointer.get(STAGED_VERSION_KEY))  # fmt: skip
+        log.info(
+            "Staging of %s was committed as version %s already; starting over.",
+            layout.run_key,
+            pointer.get(STAGED_VERSION_KEY),
+        )
         storage.delete_tree(layout.staging_uri)
         pointer = None
     if pointer is None:
         # No spec.json: nothing staged, or the rest of a staging folder whose deletion died half way.
         storage.delete_tree(layout.staging_uri)
-        staged = {"fingerprint": binding.spec, BINDING_KEY: binding.as_dict(),
-                  STAGED_VERSION_KEY: layout.new_version()}  # fmt: skip
+        staged = {
+            "fingerprint": binding.spec,
+            BINDING_KEY: binding.as_dict(),
+            STAGED_VERSION_KEY: layout.new_version(),
+        }
         storage.write_text(layout.staged_spec_uri, json.dumps(staged))
         return []
     if storage.exists(_seal_uri(layout)):  # an earlier try's commit held its rows or died: resumed now
@@ -281,8 +290,14 @@ def _drop_repeated_rows(
         rows = [row for row in rewriter.read_part(part) if row["source"] not in seen]
         restaged = rewriter.write_part(rows)
         _delete_part(layout, part, data_uri)
-        log.warning("Staged part %s repeats %d of its %d rows: staged the other %d again as %s.",
-                    part.name, len(overlap), len(sources), len(rows), restaged.name)  # fmt: skip
+        log.warning(
+            "Staged part %s repeats %d of its %d rows: staged the other %d again as %s.",
+            part.name,
+            len(overlap),
+            len(sources),
+            len(rows),
+            restaged.name,
+        )
         seen |= sources
         kept.append(restaged)
     return kept
@@ -388,15 +403,25 @@ def write_version(
         )
     run.errors_by_reason = dict(sorted(reasons.items()))
     run.rows_duplicate = reasons.get(DUPLICATE_ID_REASON, 0) if rows_duplicate is None else rows_duplicate
-    counts = {"rows_in": rows_in, "rows_out": run.rows_out, "rows_failed": run.rows_failed,
-              "rows_duplicate": run.rows_duplicate, "errors_by_reason": run.errors_by_reason,
-              "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri,
-              "id_column": spec.id_column}  # fmt: skip
+    counts = {
+        "rows_in": rows_in,
+        "rows_out": run.rows_out,
+        "rows_failed": run.rows_failed,
+        "rows_duplicate": run.rows_duplicate,
+        "errors_by_reason": run.errors_by_reason,
+        "outputs_uri": run.outputs_uri,
+        "errors_uri": run.errors_uri,
+        "id_column": spec.id_column,
+    }
     if failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows) is not None:
         # Held, not published (:func:`hold`): the message says what stays current and what is kept.
         report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
-        counts.update(status=HELD_STATUS, current_version=current_version(layout),
-                      output_uri=layout.output_uri, report_uri=report_uri)  # fmt: skip
+        counts.update(
+            status=HELD_STATUS,
+            current_version=current_version(layout),
+            output_uri=layout.output_uri,
+            report_uri=report_uri,
+        )
         run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
     if spec.structured_choices is not None or labels:  # the operator's choice, or rows' own
         run.generated_text_counts = dict(sorted(labels.items()))
@@ -510,17 +535,26 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBindin
     held: dict[str, Any] = json.loads(storage.read_text(held_manifest_uri(layout)))  # Any: JSON values
     changes = binding.changes_from(RunBinding.from_dict(held.get(BINDING_KEY)))
     if changes:
-        log.warning("An earlier try of %s held its rows; changed since: %s: discarding them and starting "
-                    "afresh.", layout.run_key, ", ".join(changes))  # fmt: skip
+        log.warning(
+            "An earlier try of %s held its rows; changed since: %s: discarding them and starting afresh.",
+            layout.run_key,
+            ", ".join(changes),
+        )
         _discard(layout, _pointer(layout) or {})
         return None
     passes = failed_rows_verdict(held, spec.max_failed_fraction, spec.max_failed_rows) is None
     if passes:
-        log.info("Committing the %s rows an earlier try of %s held, as the thresholds now pass them.",
-                 held.get("rows_in"), layout.run_key)  # fmt: skip
+        log.info(
+            "Committing the %s rows an earlier try of %s held, as the thresholds now pass them.",
+            held.get("rows_in"),
+            layout.run_key,
+        )
     else:
-        log.warning("An earlier try of %s held its rows, and the thresholds still fail them: holding them "
-                    "again without generating anything.", layout.run_key)  # fmt: skip
+        log.warning(
+            "An earlier try of %s held its rows, and the thresholds still fail them: holding them "
+            "again without generating anything.",
+            layout.run_key,
+        )
     return HeldRun(held, passes)
 
 
@@ -553,8 +587,11 @@ def seal(layout: OutputLayout, run: CommittedRun) -> None:
     storage.write_text(_seal_uri(layout), json.dumps({"version": run.version}))
     removed = _remove_orphans(layout, set(run.part_names), staged_data_uri(layout))
     if removed:
-        log.warning("Removed %d files that a late writer added to version %s while it was committed.",
-                    removed, run.version)  # fmt: skip
+        log.warning(
+            "Removed %d files that a late writer added to version %s while it was committed.",
+            removed,
+            run.version,
+        )
 
 
 def _seal_uri(layout: OutputLayout) -> str:
@@ -629,8 +666,12 @@ def sweep_current_version(layout: OutputLayout) -> int:
     listed = set(json.loads(storage.read_text(parts_uri(layout, version))))
     removed = _remove_orphans(layout, listed, layout.version_uri(version))
     if removed:
-        log.warning("Removed %d files from committed version %s that its parts list does not name: a "
-                    "replica of an ended job wrote them after the commit.", removed, version)  # fmt: skip
+        log.warning(
+            "Removed %d files from committed version %s that its parts list does not name: a "
+            "replica of an ended job wrote them after the commit.",
+            removed,
+            version,
+        )
     return removed
 
 

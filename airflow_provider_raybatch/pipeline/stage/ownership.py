@@ -120,8 +120,10 @@ def claim(
     if earlier is not None and not _of_this_run(job_run(earlier.job_id), me.run):
         log.warning(
             "Staging of %s names Ray job %s as its owner, but that job belongs to another run: not this "
-            "staging's owner; this job takes it over.", layout.run_key, earlier.job_id,
-        )  # fmt: skip
+            "staging's owner; this job takes it over.",
+            layout.run_key,
+            earlier.job_id,
+        )
     elif earlier is not None:
         deadline, said = now() + OWNER_END_WAIT_SECONDS, False
         beat, beat_seen_at = earlier.heartbeat_at, now()
@@ -132,14 +134,21 @@ def claim(
             if now() >= deadline:
                 raise StagingOwnedError(_owned_message(layout, earlier, me, alive, now() - beat_seen_at))
             if not said:
-                log.warning("Staging of %s is being written by Ray job %s%s: waiting up to %.0f s for it to "
-                            "end.", layout.run_key, earlier.job_id, "" if alive else
-                            " (Ray's job table cannot be read now)", OWNER_END_WAIT_SECONDS)  # fmt: skip
+                log.warning(
+                    "Staging of %s is being written by Ray job %s%s: waiting up to %.0f s for it to end.",
+                    layout.run_key,
+                    earlier.job_id,
+                    "" if alive else " (Ray's job table cannot be read now)",
+                    OWNER_END_WAIT_SECONDS,
+                )
                 said = True
             sleep(OWNER_POLL_SECONDS)
-        log.warning("Staging of %s belonged to Ray job %s, which ended (Ray's job table says so, or knows it "
-                    "no more: a cluster restarted since); this job takes it over.", layout.run_key,
-                    earlier.job_id)  # fmt: skip
+        log.warning(
+            "Staging of %s belonged to Ray job %s, which ended (Ray's job table says so, or knows it "
+            "no more: a cluster restarted since); this job takes it over.",
+            layout.run_key,
+            earlier.job_id,
+        )
     _write(layout, replace(me, heartbeat_at=now()))
     sleep(SETTLE_SECONDS)
     after = read_owner(layout)
@@ -178,8 +187,11 @@ def release(layout: OutputLayout, me: Owner) -> None:
         if current is not None and current.job_id == me.job_id:
             storage.delete_file(owner_uri(layout))
     except OSError:
-        log.warning("Could not remove the staging's owner record %s; a next try takes it over.",
-                    owner_uri(layout), exc_info=True)  # fmt: skip
+        log.warning(
+            "Could not remove the staging's owner record %s; a next try takes it over.",
+            owner_uri(layout),
+            exc_info=True,
+        )
 
 
 def _owned_message(
@@ -187,11 +199,12 @@ def _owned_message(
 ) -> str:
     run = ", ".join(f"{key} {value}" for key, value in sorted(owner.run.items())) or "run not recorded"
     state = (
-        "which is still running" if alive else
-        "which Ray cannot say has ended (its job table could not be read for "
+        "which is still running"
+        if alive
+        else "which Ray cannot say has ended (its job table could not be read for "
         f"{OWNER_END_WAIT_SECONDS:.0f} s; the job's heartbeat had not moved for {beat_unmoved_s:.0f} s as "
         "this job watched, a hint only: a heartbeat is no proof that a job ended)"
-    )  # fmt: skip
+    )
     return (
         f"Staging of {layout.run_key} at {layout.output_uri} is being written by Ray job {owner.job_id} "
         f"({run}), {state}: Ray job {me.job_id} stops before it writes beside it. Two jobs "

@@ -236,10 +236,12 @@ class PartWriter:
                 committed = json.loads(storage.read_text(manifest_uri)).get("version") == version
         if staged != version or sealed or committed:
             why = (
-                "sealed for its commit" if sealed
-                else "committed" if committed
+                "sealed for its commit"
+                if sealed
+                else "committed"
+                if committed
                 else f"started afresh (it stages into {staged} now)"
-            )  # fmt: skip
+            )
             raise StagingTakenError(
                 f"The staging {self.staging_uri} was {why}: this writer's version {version} is no longer "
                 "its to write. The job that made this writer has ended; its rows are not staged."
@@ -256,8 +258,10 @@ class PartWriter:
             records[folder] = _decode(data, self.output_format, f"{folder}/{name}")
         ok = [True] * len(records["outputs"]) + [False] * len(records["errors"])
         if len(ok) != len(part.sidecar["sources"]):
-            raise ValueError(f"staged part {part.name}: {len(ok)} rows in its files, "
-                             f"{len(part.sidecar['sources'])} in its sidecar.")  # fmt: skip
+            raise ValueError(
+                f"staged part {part.name}: {len(ok)} rows in its files, "
+                f"{len(part.sidecar['sources'])} in its sidecar."
+            )
         labels = part.sidecar.get(LABELS_KEY) or [None] * len(records["outputs"])
         tokens = part.sidecar.get(TOKENS_KEY) or [None] * len(records["outputs"])
         rows = [

@@ -81,9 +81,13 @@ def committed_result(
         return None  # a later try of the run staged or held rows: this try resumes or takes them
     changes = binding.changes_from(RunBinding.from_dict(manifest.get(BINDING_KEY)))
     if changes:
-        log.warning("Not taking version %s, which Ray job %s committed for %s: changed since: %s. "
-                    "Generating again.", version, manifest.get("job_id") or "unknown", layout.run_key,
-                    ", ".join(changes))  # fmt: skip
+        log.warning(
+            "Not taking version %s, which Ray job %s committed for %s: changed since: %s. Generating again.",
+            version,
+            manifest.get("job_id") or "unknown",
+            layout.run_key,
+            ", ".join(changes),
+        )
         return None
     return manifest
 

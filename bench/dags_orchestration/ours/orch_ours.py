@@ -52,9 +52,12 @@ def _llm_dag(dag_id: str, deferrable: bool | None = True, **kwargs: Any) -> None
         start_date=datetime(2026, 1, 1),
         catchup=False,
         tags=["bench"],
-        params={"model": Param("", type="string"), "input_uri": Param("", type="string"),
-                "output_uri": Param("", type="string")},
-    )  # fmt: skip
+        params={
+            "model": Param("", type="string"),
+            "input_uri": Param("", type="string"),
+            "output_uri": Param("", type="string"),
+        },
+    )
     def _llm() -> None:
         # bench/airflow_dag.py's workload (dags/daily_company_industry.py's operator on the tiny model).
         RayLLMBatchOperator(
@@ -64,15 +67,18 @@ def _llm_dag(dag_id: str, deferrable: bool | None = True, **kwargs: Any) -> None
             output_uri="{{ params.output_uri }}",
             system_prompt="You classify companies by industry. Answer with the label only.",
             user_template="What industry is this company in: {Company}",
-            sampling_params={"temperature": 0, "max_tokens": 16,
-                             "structured_outputs": {"choice": ["Law Firm", "Healthcare", "Other"]}},
+            sampling_params={
+                "temperature": 0,
+                "max_tokens": 16,
+                "structured_outputs": {"choice": ["Law Firm", "Healthcare", "Other"]},
+            },
             engine_kwargs={"max_model_len": 512, "gpu_memory_utilization": 0.3, "enforce_eager": True},
             replica_resources={"CPU": 1},
             id_column="Customer Id",
             keep_columns=["Company", "Country"],
             batch_size=64,
             **kwargs,
-        )  # fmt: skip
+        )
 
     _llm()
 

@@ -33,7 +33,7 @@ COMMON = dict(
         "engine_kwargs": {},
         "vlm_engine_kwargs": {},
         "replica_resources": None,
-    },  # fmt: skip
+    },
 )
 def raybatch_notebook_rows() -> None:
     RayLLMBatchOperator(

@@ -56,8 +56,14 @@ class FakeRay:
     def submit_job(self, entrypoint: str, *, submission_id: str, runtime_env: dict, metadata: dict) -> str:
         if submission_id in self.jobs:
             raise RayJobAlreadyExistsError(f"{submission_id} exists", status_code=400)
-        self.submitted.append({"entrypoint": entrypoint, "submission_id": submission_id,
-                               "runtime_env": runtime_env, "metadata": metadata})  # fmt: skip
+        self.submitted.append(
+            {
+                "entrypoint": entrypoint,
+                "submission_id": submission_id,
+                "runtime_env": runtime_env,
+                "metadata": metadata,
+            }
+        )
         self.jobs[submission_id] = JobInfo(
             submission_id, JobStatus.PENDING, metadata=metadata, start_time_ms=0
         )
@@ -118,10 +124,17 @@ SETTINGS = {"raybatch": {"check_layout": False, "engine_kwargs": {"max_model_len
 
 def _submit(adapter: RayBatchAdapter, output_type: type = str, **kwargs: Any):
     return adapter.submit(
-        REQUESTS, model="tiny", idempotency_key=KEY, input_fingerprint="f" * 64,
-        output_spec=build_output_spec(output_type), system_prompt="Summarize.", max_tokens=16,
-        request_params={"temperature": 0, **SETTINGS}, completion_window="24h", **kwargs,
-    )  # fmt: skip
+        REQUESTS,
+        model="tiny",
+        idempotency_key=KEY,
+        input_fingerprint="f" * 64,
+        output_spec=build_output_spec(output_type),
+        system_prompt="Summarize.",
+        max_tokens=16,
+        request_params={"temperature": 0, **SETTINGS},
+        completion_window="24h",
+        **kwargs,
+    )
 
 
 # -- dispatch: what common.ai does with our entry point -------------------------------------------
@@ -151,11 +164,16 @@ def test_a_ray_connection_without_host_fails_naming_it() -> None:
 def test_validate_refuses_two_models_and_foreign_prefixes(adapter: RayBatchAdapter, context: dict) -> None:
     spec = build_output_spec(str)
     with pytest.raises(LLMBatchModelMismatchError, match="runs one model"):
-        adapter.validate_requests([{"prompt": "a"}, {"prompt": "b", "model": "raybatch:other"}], model="m",
-                                  output_spec=spec, idempotency_key=KEY)  # fmt: skip
+        adapter.validate_requests(
+            [{"prompt": "a"}, {"prompt": "b", "model": "raybatch:other"}],
+            model="m",
+            output_spec=spec,
+            idempotency_key=KEY,
+        )
     with pytest.raises(LLMBatchModelMismatchError, match="Request 0 sets model='openai:gpt-5'"):
-        adapter.validate_requests([{"prompt": "a", "model": "openai:gpt-5"}], model="m", output_spec=spec,
-                                  idempotency_key=KEY)  # fmt: skip
+        adapter.validate_requests(
+            [{"prompt": "a", "model": "openai:gpt-5"}], model="m", output_spec=spec, idempotency_key=KEY
+        )
 
 
 def test_validate_refuses_too_many_requests_with_the_remedy(
@@ -165,8 +183,9 @@ def test_validate_refuses_too_many_requests_with_the_remedy(
     with pytest.raises(
         LLMBatchLimitExceededError, match=r"at most 2 requests per batch; got 3.*\.expand\(\)"
     ):
-        adapter.validate_requests([{"prompt": "x"}] * 3, model="m", output_spec=build_output_spec(str),
-                                  idempotency_key=KEY)  # fmt: skip
+        adapter.validate_requests(
+            [{"prompt": "x"}] * 3, model="m", output_spec=build_output_spec(str), idempotency_key=KEY
+        )
 
 
 def test_validate_checks_job_settings_before_any_network_call(
@@ -174,9 +193,12 @@ def test_validate_checks_job_settings_before_any_network_call(
 ) -> None:
     with pytest.raises(BatchSpecError, match="concurrency"):
         adapter.validate_requests(
-            REQUESTS, model="m", output_spec=build_output_spec(str), idempotency_key=KEY,
+            REQUESTS,
+            model="m",
+            output_spec=build_output_spec(str),
+            idempotency_key=KEY,
             request_params={"raybatch": {"concurrency": -1}},
-        )  # fmt: skip
+        )
     assert fake.submitted == []
 
 
@@ -216,10 +238,14 @@ def test_submit_writes_openai_lines_and_submits_our_pipeline(
     assert [line["custom_id"] for line in lines] == [f"{KEY}-0", f"{KEY}-1"]
     assert lines[0]["url"] == "/v1/chat/completions"
     assert lines[0]["body"] == {
-        "temperature": 0, "model": "tiny", "max_completion_tokens": 16,
-        "messages": [{"role": "system", "content": "Summarize."},
-                     {"role": "user", "content": "Review: 'great'"}],
-    }  # fmt: skip
+        "temperature": 0,
+        "model": "tiny",
+        "max_completion_tokens": 16,
+        "messages": [
+            {"role": "system", "content": "Summarize."},
+            {"role": "user", "content": "Review: 'great'"},
+        ],
+    }
     assert lines[1]["body"]["messages"][0] == {"role": "system", "content": "French."}
     assert job["metadata"]["common_ai_idempotency_key"] == KEY
     assert job["metadata"]["common_ai_input_fingerprint"] == "f" * 16
@@ -287,19 +313,30 @@ def _commit(output: Path, job_id: str, outputs: list[dict], errors: list[dict]) 
         "outputs_uri": str(version / "outputs"),
         "errors_uri": str(version / "errors"),
     }
-    (output / "manifest.json").write_text(json.dumps(manifest))  # fmt: skip
+    (output / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _job(fake: FakeRay, status: JobStatus, output: Path, count: int = 3) -> str:
     """This deployment's job of :data:`TRY`, as the adapter submits it, writing to ``output``."""
-    fake.jobs[JOB] = JobInfo(JOB, status, message="m", metadata={**TRY.metadata(),
-        "raybatch_output_uri": str(output), "common_ai_request_count": str(count)})  # fmt: skip
+    fake.jobs[JOB] = JobInfo(
+        JOB,
+        status,
+        message="m",
+        metadata={
+            **TRY.metadata(),
+            "raybatch_output_uri": str(output),
+            "common_ai_request_count": str(count),
+        },
+    )
     return JOB
 
 
 def _ok(index: int, text: str) -> dict:
-    body = {"model": "tiny", "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 2}}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+    }
     return {
         "id": "b",
         "custom_id": f"{KEY}-{index}",
@@ -312,9 +349,12 @@ def test_results_are_the_committed_lines_parsed_as_openai_output(
     adapter: RayBatchAdapter, fake: FakeRay, tmp_path: Path
 ) -> None:
     output = tmp_path / "out"
-    error = {"id": "b", "custom_id": f"{KEY}-2", "response": None,
-             "error": {"code": "unsupported_parameter",
-                       "message": "unsupported parameter: reasoning_effort"}}  # fmt: skip
+    error = {
+        "id": "b",
+        "custom_id": f"{KEY}-2",
+        "response": None,
+        "error": {"code": "unsupported_parameter", "message": "unsupported parameter: reasoning_effort"},
+    }
     _commit(output, JOB, [_ok(0, "fine"), _ok(1, '"positive"')], [error])
     job_id = _job(fake, JobStatus.SUCCEEDED, output)
     assert adapter.get_batch(job_id).status == "completed"
@@ -330,8 +370,10 @@ def test_a_stopped_job_without_a_commit_is_cancelled_with_nothing_to_land(
 ) -> None:
     job_id = _job(fake, JobStatus.STOPPED, tmp_path / "none", count=4)
     state = adapter.get_batch(job_id)
-    assert (state.status, state.counts) == ("cancelled", {"succeeded": 0, "errored": 0, "expired": 0,
-                                                          "cancelled": 4})  # fmt: skip
+    assert (state.status, state.counts) == (
+        "cancelled",
+        {"succeeded": 0, "errored": 0, "expired": 0, "cancelled": 4},
+    )
     assert list(adapter.iter_results(job_id)) == []
 
 

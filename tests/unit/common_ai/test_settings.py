@@ -32,24 +32,32 @@ def test_request_params_raybatch_must_be_a_dict_or_its_json_text() -> None:
 def test_operator_settings_win_over_the_connection_key_by_key() -> None:
     extra = {"llm_batch": {"engine_kwargs": {"max_model_len": 512}, "batch_size": 16}, "timeout_seconds": 5}
     merged = job.job_settings(extra, {"engine_kwargs": {"max_model_len": 4096}, "check_layout": False})
-    assert merged.spec_fields == {"max_failed_fraction": 1.0, "engine_kwargs": {"max_model_len": 4096},
-                                  "batch_size": 16}  # fmt: skip
+    assert merged.spec_fields == {
+        "max_failed_fraction": 1.0,
+        "engine_kwargs": {"max_model_len": 4096},
+        "batch_size": 16,
+    }
     assert merged.check_layout is False and merged.work_uri is None
 
 
 def test_engine_and_sampling_settings_merge_key_by_key_and_others_are_replaced() -> None:
     """A batch that adds a structured-outputs backend keeps the connection's CPU engine settings (a new
     user's batch lost them, and vLLM then asked for 92% of the machine's memory)."""
-    extra = {"llm_batch": {
-        "engine_kwargs": {"max_model_len": 512, "gpu_memory_utilization": 0.3},
-        "sampling_params": {"temperature": 0.0},
-        "replica_resources": {"CPU": 1},
-    }}  # fmt: skip
-    merged = job.job_settings(extra, {
-        "engine_kwargs": '{"structured_outputs_config": {"backend": "xgrammar"}, "max_model_len": 1024}',
-        "sampling_params": {"max_tokens": 8},
-        "replica_resources": {"GPU": 1},
-    })  # fmt: skip
+    extra = {
+        "llm_batch": {
+            "engine_kwargs": {"max_model_len": 512, "gpu_memory_utilization": 0.3},
+            "sampling_params": {"temperature": 0.0},
+            "replica_resources": {"CPU": 1},
+        }
+    }
+    merged = job.job_settings(
+        extra,
+        {
+            "engine_kwargs": '{"structured_outputs_config": {"backend": "xgrammar"}, "max_model_len": 1024}',
+            "sampling_params": {"max_tokens": 8},
+            "replica_resources": {"GPU": 1},
+        },
+    )
     assert merged.spec_fields["engine_kwargs"] == {
         "max_model_len": 1024,
         "gpu_memory_utilization": 0.3,
@@ -121,8 +129,13 @@ def test_work_uri_replaces_result_path_and_other_schemes_are_refused() -> None:
 
 
 def test_the_spec_reads_openai_lines_and_commits_whatever_rows_failed() -> None:
-    spec = job.build_spec(job.job_settings({}, {}), model="m", input_uri="/w/input-1.jsonl",
-                          output_uri="/w/output", run_key="common-ai-k")  # fmt: skip
+    spec = job.build_spec(
+        job.job_settings({}, {}),
+        model="m",
+        input_uri="/w/input-1.jsonl",
+        output_uri="/w/output",
+        run_key="common-ai-k",
+    )
     assert spec.openai_endpoint == "/v1/chat/completions"
     assert (spec.input_format, spec.output_format) == ("jsonl", "jsonl")
     assert spec.max_failed_fraction == 1.0

@@ -91,9 +91,16 @@ def test_user_authorization_header_is_not_overridden(header_name: str) -> None:
 
 @pytest.mark.parametrize(
     ("verify", "expected"),
-    [("false", False), ("False", False), ("true", True), ("TRUE", True), (False, False), (True, True),
-     ("/etc/ssl/ray-ca.pem", "/etc/ssl/ray-ca.pem")],
-)  # fmt: skip
+    [
+        ("false", False),
+        ("False", False),
+        ("true", True),
+        ("TRUE", True),
+        (False, False),
+        (True, True),
+        ("/etc/ssl/ray-ca.pem", "/etc/ssl/ray-ca.pem"),
+    ],
+)
 def test_verify(verify: bool | str, expected: bool | str) -> None:
     settings = RayConnectionSettings.from_connection(connection(host="ray.test", extra={"verify": verify}))
 

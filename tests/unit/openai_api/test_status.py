@@ -71,8 +71,10 @@ def test_timestamps_come_from_the_run_and_task() -> None:
     status, times = batch_status(RECORD, RunState("success", at(0), at(10), "success", at(1), at(9)), now=NOW)
     assert status == "completed"
     assert (times["in_progress_at"], times["finalizing_at"], times["completed_at"]) == (
-        int(at(1).timestamp()), int(at(9).timestamp()), int(at(10).timestamp()),
-    )  # fmt: skip
+        int(at(1).timestamp()),
+        int(at(9).timestamp()),
+        int(at(10).timestamp()),
+    )
     assert times["failed_at"] is None and times["cancelled_at"] is None
     _, cancelled = batch_status(
         {**RECORD, "cancelling_at": 123}, RunState("failed", at(0), at(10), "failed"), now=NOW

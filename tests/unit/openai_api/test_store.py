@@ -85,9 +85,19 @@ def test_batches_list_newest_first(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("window", "seconds"),
-    [("24h", 86400), ("90m", 5400), ("45s", 45), ("7d", 604800), ("24", None), ("0h", None), ("1.5h", None),
-     ("h", None), (" 24h", None), ("24H", None)],
-)  # fmt: skip
+    [
+        ("24h", 86400),
+        ("90m", 5400),
+        ("45s", 45),
+        ("7d", 604800),
+        ("24", None),
+        ("0h", None),
+        ("1.5h", None),
+        ("h", None),
+        (" 24h", None),
+        ("24H", None),
+    ],
+)
 def test_completion_window_is_24h_or_another_duration(window: str, seconds: int | None) -> None:
     assert completion_window_seconds(window) == seconds
 

@@ -444,9 +444,13 @@ def test_validate_checks_the_function_against_the_module_as_it_is_now(row_module
 
 @pytest.mark.parametrize("value", ["sometimes", "Flase"])
 def test_a_reuse_earlier_result_that_is_no_flag_fails_as_the_task_is_built(value: str) -> None:
-    with pytest.raises(BatchSpecError, match=re.escape(
-        f"RayLLMBatchOperator (task_id: classify): reuse_earlier_result={value!r} is neither true nor false"
-    )):  # fmt: skip
+    with pytest.raises(
+        BatchSpecError,
+        match=re.escape(
+            f"RayLLMBatchOperator (task_id: classify): reuse_earlier_result={value!r} "
+            "is neither true nor false"
+        ),
+    ):
         build(reuse_earlier_result=value)
 
 

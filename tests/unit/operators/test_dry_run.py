@@ -24,13 +24,23 @@ def dry_manifest(
     rows_in: int, rows_failed: int, job_id: str = "j1", **extra: Any
 ) -> dict[str, Any]:  # Any: JSON.
     return {
-        "status": "dry_run", "dry_run": True, "job_id": job_id, "output_uri": "s3://b/out/",
-        "dry_run_uri": dry_run_uri("s3://b/out/", "k"), "rows_in": rows_in, "rows_out": rows_in - rows_failed,
-        "rows_failed": rows_failed, "rows_duplicate": 0,
+        "status": "dry_run",
+        "dry_run": True,
+        "job_id": job_id,
+        "output_uri": "s3://b/out/",
+        "dry_run_uri": dry_run_uri("s3://b/out/", "k"),
+        "rows_in": rows_in,
+        "rows_out": rows_in - rows_failed,
+        "rows_failed": rows_failed,
+        "rows_duplicate": 0,
         "errors_by_reason": {"prompt too long": rows_failed} if rows_failed else {},
-        "prompt_tokens": 1234, "prompt_tokens_longest": 99, "rows_per_second": 50.0,
-        "rows_per_second_from": "dry_run_rows_per_second", "estimated_gpu_seconds": 2, **extra,
-    }  # fmt: skip
+        "prompt_tokens": 1234,
+        "prompt_tokens_longest": 99,
+        "rows_per_second": 50.0,
+        "rows_per_second_from": "dry_run_rows_per_second",
+        "estimated_gpu_seconds": 2,
+        **extra,
+    }
 
 
 def _logged(run: Any) -> str:  # Any: a callable that logs through the operator's (structlog) logger
@@ -62,8 +72,14 @@ def test_a_dry_run_logs_its_engine_time_and_the_gpu_seconds_of_all_replicas(
     )
     text = _logged(lambda: complete(ray_conn, ray_api, manifest, dry_run=True))
     assert "~150 s of engine time (600 GPU-seconds) at 10 rows/s (dry_run_rows_per_second)" in text
-    no_rate = dry_manifest(10, 0, rows_per_second=None, rows_per_second_from=None,
-                           estimated_engine_seconds=None, estimated_gpu_seconds=None)  # fmt: skip
+    no_rate = dry_manifest(
+        10,
+        0,
+        rows_per_second=None,
+        rows_per_second_from=None,
+        estimated_engine_seconds=None,
+        estimated_gpu_seconds=None,
+    )
     text = _logged(lambda: complete(ray_conn, ray_api, no_rate, dry_run=True))
     assert "no GPU time estimate (set dry_run_rows_per_second, or run once for real)" in text
 
@@ -88,8 +104,9 @@ def test_a_dry_run_fails_when_the_real_run_would_fail_its_thresholds(
     assert ti.xcoms["manifest"]["rows_failed"] == 30  # the counts are there to look at
 
 
-def test_a_real_runs_committed_manifest_is_not_a_dry_runs_result(ray_conn: str, ray_api: respx.MockRouter,
-                                                                tmp_path: Any) -> None:  # fmt: skip
+def test_a_real_runs_committed_manifest_is_not_a_dry_runs_result(
+    ray_conn: str, ray_api: respx.MockRouter, tmp_path: Any
+) -> None:
     """The dry run reads its own folder; a complete manifest at output_uri (the last real run) is not it,
     and a dry-run manifest left there by another job is not it either: the driver log is read instead."""
     output_uri = str(tmp_path / "out")

@@ -283,9 +283,14 @@ def held_job(
     """Try 1's job, FAILED after printing the manifest of the run it held: (its id, that manifest)."""
     job_id = task_try_of(ti, 1).submission_id(KEY)
     spec = make_operator().build_spec(run_key=task_try_of(ti, 1).run_key())
-    fields = {"status": "held", "current_version": "v0", "job_id": job_id, "run_key": spec.run_key,
-              "spec_fingerprint": spec.fingerprint(),
-              "report_uri": "s3://b/out/versions/v1/report.html"}  # fmt: skip
+    fields = {
+        "status": "held",
+        "current_version": "v0",
+        "job_id": job_id,
+        "run_key": spec.run_key,
+        "spec_fingerprint": spec.fingerprint(),
+        "report_uri": "s3://b/out/versions/v1/report.html",
+    }
     manifest = run_manifest(30, 30, **{**fields, **manifest_fields})
     logs = "x\n" + manifest_log_line(manifest) + "\nERROR 30 of 30 rows failed\n"
     cluster.add_try(ti, 1, "FAILED", logs=logs)

@@ -60,8 +60,9 @@ def test_another_deployments_job_of_the_same_run_is_neither_adopted_nor_stopped(
     ti = FakeTI()
     devs = task_try_of(ti)
     devs_id = devs.submission_id(OTHER_KEY)
-    cluster.add_job(devs_id, status, {**devs.metadata(), FINGERPRINT_KEY: fingerprint},
-                    logs=manifest_log_line(MANIFEST))  # fmt: skip
+    cluster.add_job(
+        devs_id, status, {**devs.metadata(), FINGERPRINT_KEY: fingerprint}, logs=manifest_log_line(MANIFEST)
+    )
 
     with pytest.raises(TaskDeferred) as info:
         make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": FakeStateStore()})
@@ -113,8 +114,12 @@ def test_a_run_deleted_and_created_again_gets_new_jobs(ray_conn: str, cluster: F
     ti = FakeTI()
     deleted_runs = replace(task_try_of(ti), run_after=first_run.run_after.isoformat())
     deleted_id = deleted_runs.submission_id(KEY)
-    cluster.add_job(deleted_id, "SUCCEEDED", {**deleted_runs.metadata(), FINGERPRINT_KEY: FINGERPRINT},
-                    logs=manifest_log_line(MANIFEST))  # fmt: skip
+    cluster.add_job(
+        deleted_id,
+        "SUCCEEDED",
+        {**deleted_runs.metadata(), FINGERPRINT_KEY: FINGERPRINT},
+        logs=manifest_log_line(MANIFEST),
+    )
 
     with pytest.raises(TaskDeferred):
         make_operator(ray_conn_id=ray_conn).execute(
@@ -250,7 +255,7 @@ def test_a_deferral_failure_finds_the_job_in_the_task_state_store(
         make_operator(ray_conn_id=ray_conn).resume_execution(
             "__fail__",
             {"error": "Trigger failure"},
-            {"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: job})},  # fmt: skip
+            {"ti": ti, "task_state_store": FakeStateStore(**{JOB_ID_STATE_KEY: job})},
         )
 
     assert cluster.stops[job].call_count == 1
@@ -288,8 +293,15 @@ def test_an_ordinary_resume_still_calls_execute_complete(ray_conn: str, cluster:
 
 def committed(output: Path, **fields: Any) -> dict[str, Any]:  # Any: JSON values.
     """Commit a manifest at ``output`` as the pipeline does; returns it."""
-    manifest = {"status": "complete", "output_uri": str(output), "rows_in": 30, "rows_out": 29,
-                "rows_failed": 1, "version": "v1", **fields}  # fmt: skip
+    manifest = {
+        "status": "complete",
+        "output_uri": str(output),
+        "rows_in": 30,
+        "rows_out": 29,
+        "rows_failed": 1,
+        "version": "v1",
+        **fields,
+    }
     output.mkdir(parents=True, exist_ok=True)
     (output / "manifest.json").write_text(json.dumps(manifest))
     return manifest

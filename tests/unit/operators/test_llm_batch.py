@@ -478,8 +478,10 @@ def test_submit_sends_the_spec_metadata_and_resources(hook: RayHook, ray_api: re
     assert body["submission_id"] == submission_id
     assert body["entrypoint"] == op.entrypoint(spec)
     assert body["metadata"] == {
-        **task_try.metadata(), FINGERPRINT_KEY: spec.fingerprint(), REUSE_COMMITTED_KEY: "true"
-    }  # fmt: skip
+        **task_try.metadata(),
+        FINGERPRINT_KEY: spec.fingerprint(),
+        REUSE_COMMITTED_KEY: "true",
+    }
     assert body["entrypoint_resources"] == {"head": 1}
     assert body["runtime_env"]["py_modules"] == [
         build_provider_package(PROVIDER_DIR).uri,
@@ -745,8 +747,14 @@ def taken_manifest(
         "timings": None,
         "engine_pool": None,
     }
-    return {**manifest, "version": "v1", "job_id": by, "timings": None, "engine_pool": None,
-            REUSED_RESULT_KEY: reused}  # fmt: skip
+    return {
+        **manifest,
+        "version": "v1",
+        "job_id": by,
+        "timings": None,
+        "engine_pool": None,
+        REUSED_RESULT_KEY: reused,
+    }
 
 
 @contextlib.contextmanager
@@ -1259,8 +1267,14 @@ def test_wait_in_worker_returns_the_terminal_event(
 
 
 # One failed row in 30: within the default max_failed_fraction (0.1).
-MANIFEST = {"status": "complete", "job_id": "j1", "output_uri": "s3://b/out/", "rows_in": 30, "rows_out": 29,
-            "rows_failed": 1}  # fmt: skip
+MANIFEST = {
+    "status": "complete",
+    "job_id": "j1",
+    "output_uri": "s3://b/out/",
+    "rows_in": 30,
+    "rows_out": 29,
+    "rows_failed": 1,
+}
 
 
 def test_execute_complete_success_pushes_the_manifest(ray_conn: str, ray_api: respx.MockRouter) -> None:

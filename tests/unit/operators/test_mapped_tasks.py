@@ -175,9 +175,12 @@ def test_validate_mapped_names_the_map_index_whose_rendered_value_is_wrong(tmp_p
     )
     task = bag.dags["mapped_batches"].get_task("classify")
 
-    with pytest.raises(BatchSpecError, match=r"\(task_id: classify, map index 0: "
-                       r"input_uri='s3://b/a.jsonl'\): "
-                       r"Invalid batch job spec: concurrency='two' must be an int"):  # fmt: skip
+    with pytest.raises(
+        BatchSpecError,
+        match=r"\(task_id: classify, map index 0: "
+        r"input_uri='s3://b/a.jsonl'\): "
+        r"Invalid batch job spec: concurrency='two' must be an int",
+    ):
         RayLLMBatchOperator.validate_mapped(task, {"params": {"replicas": "two"}})
 
 
@@ -186,8 +189,11 @@ def test_validate_mapped_takes_an_xcoms_values_from_the_test(tmp_path: Path) -> 
     assert bag.import_errors == {}
     task = bag.dags["mapped_batches"].get_task("classify")
 
-    with pytest.raises(BatchSpecError, match=r"input_uri is mapped over .* give its values, "
-                       r"validate_mapped\(task, context, expand=\{'input_uri': \[...\]\}\)"):  # fmt: skip
+    with pytest.raises(
+        BatchSpecError,
+        match=r"input_uri is mapped over .* give its values, "
+        r"validate_mapped\(task, context, expand=\{'input_uri': \[...\]\}\)",
+    ):
         RayLLMBatchOperator.validate_mapped(task)
     with pytest.raises(BatchSpecError, match=r"\(task_id: classify, map index 1: input_uri='s3://b/x.gz'\)"):
         RayLLMBatchOperator.validate_mapped(task, expand={"input_uri": ["s3://b/a.jsonl", "s3://b/x.gz"]})

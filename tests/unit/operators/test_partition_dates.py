@@ -21,9 +21,13 @@ def _warnings(schedule: object, input_uri: str) -> list[str]:
         warnings.simplefilter("always")
         with DAG("daily", schedule=schedule, start_date=datetime(2026, 1, 1), catchup=False):
             RayLLMBatchOperator(
-                task_id="summarise", model="m", input_uri=input_uri, output_uri="s3://b/out/{{ ds }}",
-                user_template="{text}", input_format="jsonl",
-            )  # fmt: skip
+                task_id="summarise",
+                model="m",
+                input_uri=input_uri,
+                output_uri="s3://b/out/{{ ds }}",
+                user_template="{text}",
+                input_format="jsonl",
+            )
     return [str(warning.message) for warning in caught if "reads the run's own date" in str(warning.message)]
 
 
@@ -59,13 +63,15 @@ def test_the_way_out_keeps_the_dags_own_cron() -> None:
         ("@daily", "s3://b/{{ macros.ds_add(ds, -1) }}/"),
         ("@daily", "s3://b/{{ data_interval_start.subtract(days=1) | ds }}/"),
         # a trigger whose interval is a day: its start is the day that ended
-        (CronTriggerTimetable("0 0 * * *", timezone="UTC", interval=timedelta(days=1)),
-         "s3://b/{{ data_interval_start | ds }}/"),
+        (
+            CronTriggerTimetable("0 0 * * *", timezone="UTC", interval=timedelta(days=1)),
+            "s3://b/{{ data_interval_start | ds }}/",
+        ),
         # no date in it, or no schedule
         ("@daily", "s3://b/tickets/{{ params.day }}/"),
         ("@daily", "s3://b/tickets/latest/"),
         (None, TODAY),
     ],
-)  # fmt: skip
+)
 def test_no_warning_where_the_day_read_is_not_the_runs_own(schedule: object, input_uri: str) -> None:
     assert _warnings(schedule, input_uri) == []

@@ -17,8 +17,16 @@ from typing import Any
 from airflow_provider_raybatch.pipeline import storage
 
 #: The storage functions a call waits its turn at (a call they make themselves does not wait again).
-GATED = ("exists", "read_bytes", "read_text", "write_bytes", "write_text", "delete_file", "delete_tree",
-         "list_files")  # fmt: skip
+GATED = (
+    "exists",
+    "read_bytes",
+    "read_text",
+    "write_bytes",
+    "write_text",
+    "delete_file",
+    "delete_tree",
+    "list_files",
+)
 #: A call that neither reaches its next storage call nor ends in this long is stuck: the test fails.
 STEP_TIMEOUT_SECONDS = 30.0
 

@@ -27,14 +27,37 @@ def _uuids() -> pa.Array:
 
 
 ALLOWED = [
-    pa.null(), pa.bool_(), pa.int8(), pa.uint64(), pa.float16(), pa.float32(), pa.float64(),
-    pa.decimal128(38, 10), pa.decimal256(76, 0), pa.string(), pa.large_string(), pa.string_view(),
-    pa.binary(), pa.large_binary(), pa.binary(4), pa.binary_view(), pa.date32(), pa.date64(),
-    pa.time32("s"), pa.time64("ns"), pa.timestamp("ns", tz="Asia/Tokyo"), pa.duration("us"),
-    pa.list_(pa.int64()), pa.large_list(pa.string()), pa.list_(pa.int8(), 3), pa.list_view(pa.int8()),
-    pa.large_list_view(pa.int8()), pa.struct([("a", pa.struct([("b", pa.list_(pa.date32()))]))]),
-    pa.map_(pa.string(), pa.list_(pa.float64())), pa.dictionary(pa.int32(), pa.string()),
-]  # fmt: skip
+    pa.null(),
+    pa.bool_(),
+    pa.int8(),
+    pa.uint64(),
+    pa.float16(),
+    pa.float32(),
+    pa.float64(),
+    pa.decimal128(38, 10),
+    pa.decimal256(76, 0),
+    pa.string(),
+    pa.large_string(),
+    pa.string_view(),
+    pa.binary(),
+    pa.large_binary(),
+    pa.binary(4),
+    pa.binary_view(),
+    pa.date32(),
+    pa.date64(),
+    pa.time32("s"),
+    pa.time64("ns"),
+    pa.timestamp("ns", tz="Asia/Tokyo"),
+    pa.duration("us"),
+    pa.list_(pa.int64()),
+    pa.large_list(pa.string()),
+    pa.list_(pa.int8(), 3),
+    pa.list_view(pa.int8()),
+    pa.large_list_view(pa.int8()),
+    pa.struct([("a", pa.struct([("b", pa.list_(pa.date32()))]))]),
+    pa.map_(pa.string(), pa.list_(pa.float64())),
+    pa.dictionary(pa.int32(), pa.string()),
+]
 
 
 @pytest.mark.parametrize("data_type", ALLOWED, ids=str)

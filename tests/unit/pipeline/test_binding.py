@@ -29,8 +29,9 @@ def test_changes_name_what_differs_and_an_unrecorded_binding_differs_in_everythi
 
     assert before.changes_from(before) == []
     assert RunBinding("s", "i2", "c2", "m").changes_from(before) == [
-        "the input files", "the code (the provider's, or the module of preprocess or postprocess)"
-    ]  # fmt: skip
+        "the input files",
+        "the code (the provider's, or the module of preprocess or postprocess)",
+    ]
     assert before.changes_from(None) == ["what it was made from (not recorded)"]
     assert RunBinding.from_dict(before.as_dict()) == before
     assert RunBinding.from_dict({"spec": "s"}) is None and RunBinding.from_dict("x") is None

@@ -431,14 +431,19 @@ def test_rows_staged_again_keep_their_labels_so_the_counts_hold_only_labels(
     label, though a postprocess wrote it under another column."""
     spec = spec_of(run_key=RUN_KEY)
     commit.open_staging(layout, spec)
-    writer = PartWriter(layout.staging_uri, output_format, count_labels=True,
-                        data_uri=commit.staged_data_uri(layout))  # fmt: skip
+    writer = PartWriter(
+        layout.staging_uri, output_format, count_labels=True, data_uri=commit.staged_data_uri(layout)
+    )
     writer.create_folders()
     free = {"id": "2", "generated_text": "Once upon a time"}
     writer.write_part([_answer("a:1", "yes", {"id": "1", "answer": "yes"}), _answer("a:2", None, free)])
-    writer.write_part([_answer("a:2", None, free),  # the retried batch's copy
-                       _answer("a:3", None, {"id": "3", "generated_text": "A free answer"}),
-                       _answer("a:4", "no", {"id": "4", "answer": "no"})])  # fmt: skip
+    writer.write_part(
+        [
+            _answer("a:2", None, free),  # the retried batch's copy
+            _answer("a:3", None, {"id": "3", "generated_text": "A free answer"}),
+            _answer("a:4", "no", {"id": "4", "answer": "no"}),
+        ]
+    )
 
     run = commit.write_version(layout, spec, rows_in=4, rewriter=writer)
 
@@ -452,8 +457,9 @@ def test_rows_staged_again_keep_the_engine_s_token_counts(layout: OutputLayout, 
     part commit stages again without a repeated row keeps them for the rows it keeps."""
     spec = spec_of(run_key=RUN_KEY)
     commit.open_staging(layout, spec)
-    writer = PartWriter(layout.staging_uri, output_format, count_labels=False,
-                        data_uri=commit.staged_data_uri(layout))  # fmt: skip
+    writer = PartWriter(
+        layout.staging_uri, output_format, count_labels=False, data_uri=commit.staged_data_uri(layout)
+    )
     writer.create_folders()
 
     def answer(source: str, tokens: list[int]) -> dict[str, Any]:  # Any: row values
@@ -489,13 +495,23 @@ def test_write_version_adds_up_the_parts_and_moves_them(layout: OutputLayout) ->
     spec = spec_of(run_key=RUN_KEY, sampling_params=CHOICES)
     commit.open_staging(layout, spec)
     first = stage_part(
-        layout, "part-a", ["1", "2", "3"], failed=["3"], tokens=(10, 2),
-        reasons={"empty prompt": 1}, labels={"yes": 1, "no": 1},
-    )  # fmt: skip
+        layout,
+        "part-a",
+        ["1", "2", "3"],
+        failed=["3"],
+        tokens=(10, 2),
+        reasons={"empty prompt": 1},
+        labels={"yes": 1, "no": 1},
+    )
     second = stage_part(
-        layout, "part-b", ["4", "5", "6"], failed=["5", "6"], tokens=(7, 1),
-        reasons={"output not a choice": 1, "empty prompt": 1}, labels={"yes": 1},
-    )  # fmt: skip
+        layout,
+        "part-b",
+        ["4", "5", "6"],
+        failed=["5", "6"],
+        tokens=(7, 1),
+        reasons={"output not a choice": 1, "empty prompt": 1},
+        labels={"yes": 1},
+    )
     contents = {
         (folder, path.name): path.read_text()
         for part in (first, second)
@@ -639,13 +655,23 @@ def test_write_version_writes_the_report_into_the_version_folder(tmp_path: Path,
     spec = spec_of(run_key=RUN_KEY, model="org/<model>")
     commit.open_staging(layout, spec)
     stage_part(
-        staged, "part-a", ["1", "2", "3"], failed=["3"], tokens=(30, 9), reasons={"duplicate id": 1},
+        staged,
+        "part-a",
+        ["1", "2", "3"],
+        failed=["3"],
+        tokens=(30, 9),
+        reasons={"duplicate id": 1},
         report_fields=report_fields([(10, 1), (20, 8)], seconds=4),
-    )  # fmt: skip
+    )
     stage_part(
-        staged, "part-b", ["4", "5", "6"], failed=["6"], tokens=(1100, 3), reasons={"<script>x</script>": 1},
+        staged,
+        "part-b",
+        ["4", "5", "6"],
+        failed=["6"],
+        tokens=(1100, 3),
+        reasons={"<script>x</script>": 1},
         report_fields=report_fields([(100, 1), (1000, 2)], seconds=65),
-    )  # fmt: skip
+    )
 
     versions = {"ray": "2.60.0", "vllm": "0.32.0"}
     run = commit.write_version(
@@ -663,8 +689,15 @@ def test_write_version_writes_the_report_into_the_version_folder(tmp_path: Path,
     ]
     page = storage.read_text(run.report_uri)
     assert (version / "report.html").read_text() == page
-    for key, shown in [("rows_in", "6"), ("rows_out", "4"), ("rows_failed", "2"), ("rows_duplicate", "1"),
-                       ("rows_resumed", "3"), ("tokens_in", "1,130"), ("tokens_out", "12")]:  # fmt: skip
+    for key, shown in [
+        ("rows_in", "6"),
+        ("rows_out", "4"),
+        ("rows_failed", "2"),
+        ("rows_duplicate", "1"),
+        ("rows_resumed", "3"),
+        ("tokens_in", "1,130"),
+        ("tokens_out", "12"),
+    ]:
         assert f'<dd id="{key}">{shown}</dd>' in page
     assert "org/&lt;model&gt;" in page and "2.60.0" in page and run.version in page
     assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
@@ -1268,12 +1301,18 @@ def _held_rerun(
     run = commit.write_version(rerun, spec, rows_in=3)
     assert run.held
     held = {
-        "status": "held", "version": run.version, "spec_fingerprint": spec.fingerprint(),
-        "input_digest": DIGEST, "binding": _binding(spec).as_dict(), "rows_in": 3, "rows_out": run.rows_out,
-        "rows_failed": run.rows_failed, "job_id": "raybatch-held-try",
+        "status": "held",
+        "version": run.version,
+        "spec_fingerprint": spec.fingerprint(),
+        "input_digest": DIGEST,
+        "binding": _binding(spec).as_dict(),
+        "rows_in": 3,
+        "rows_out": run.rows_out,
+        "rows_failed": run.rows_failed,
+        "job_id": "raybatch-held-try",
         "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
         "engine_pool": {"warm_replicas": 1, "replicas": 1},
-    }  # fmt: skip
+    }
     commit.hold(rerun, held)
     return rerun, run
 
@@ -1284,8 +1323,9 @@ def test_the_failed_fraction_is_of_distinct_rows_so_duplicates_do_not_dilute_it(
     spec = spec_of(run_key=RUN_KEY, max_failed_fraction=0.2)
     commit.open_staging(layout, spec)
     sources = [str(n) for n in range(100)]
-    stage_part(layout, "part-a", sources, failed=sources[35:],
-               reasons={"duplicate id": 50, "empty prompt": 15})  # fmt: skip
+    stage_part(
+        layout, "part-a", sources, failed=sources[35:], reasons={"duplicate id": 50, "empty prompt": 15}
+    )
 
     run = commit.write_version(layout, spec, rows_in=100)
 
@@ -1346,10 +1386,11 @@ def test_a_held_run_retried_with_looser_thresholds_commits_its_staged_rows(tmp_p
     assert commit.open_staging(rerun, looser) == {"1", "2", "3"}
     # The committing job starts no engine; the manifest says what the rows cost, and where.
     assert commit.held_try(taken.manifest) == {
-        "job_id": "raybatch-held-try", "version": held.version,
+        "job_id": "raybatch-held-try",
+        "version": held.version,
         "timings": {"generating_s": 41.5, "gpu_seconds_held": 60.2},
         "engine_pool": {"warm_replicas": 1, "replicas": 1},
-    }  # fmt: skip
+    }
     run = commit.write_version(rerun, looser, rows_in=3, held_try=commit.held_try(taken.manifest))
     assert not run.held
     page = Path(run.report_uri or "").read_text()
@@ -1390,9 +1431,11 @@ def test_a_try_held_again_names_the_held_try_s_cost_as_that_try_s_not_its_own(tm
 
     assert (again["job_id"], again["timings"], again["engine_pool"]) == ("raybatch-try-3", None, None)
     assert again["held_try"] == {
-        "job_id": held["job_id"], "version": held["version"], "timings": {"generating_s": 41.5},
+        "job_id": held["job_id"],
+        "version": held["version"],
+        "timings": {"generating_s": 41.5},
         "engine_pool": {"replicas": 2},
-    }  # fmt: skip
+    }
     assert (again["status"], again["version"], again["rows_in"]) == (
         held["status"],
         held["version"],

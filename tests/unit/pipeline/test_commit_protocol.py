@@ -177,12 +177,17 @@ class CommitProtocol(RuleBasedStateMachine):
         file added, then deleted, leaves the input as it was; a file written again is another input,
         even with the rows it had: the digest reads no content)."""
         stats = {name: (self.input / name).stat() for name in self.files}
-        return tuple((name, tuple(self.files[name]), stats[name].st_mtime_ns, stats[name].st_ctime_ns)
-                     for name in sorted(self.files))  # fmt: skip
+        return tuple(
+            (name, tuple(self.files[name]), stats[name].st_mtime_ns, stats[name].st_ctime_ns)
+            for name in sorted(self.files)
+        )
 
     def _rows(self) -> list[tuple[str, str]]:
-        return [(f"{name}:{line}", row_id) for name in sorted(self.files)
-                for line, row_id in enumerate(self.files[name], start=1)]  # fmt: skip
+        return [
+            (f"{name}:{line}", row_id)
+            for name in sorted(self.files)
+            for line, row_id in enumerate(self.files[name], start=1)
+        ]
 
     @rule(data=st.data())
     def rewrite_input(self, data: st.DataObject) -> None:
@@ -227,8 +232,9 @@ class CommitProtocol(RuleBasedStateMachine):
         else:
             line = data.draw(st.integers(0, len(rows) - 1))
             old = rows[line]
-            rows[line] = data.draw(st.text("abcdefgh", min_size=len(old), max_size=len(old)).filter(
-                lambda new: new != old))  # fmt: skip
+            rows[line] = data.draw(
+                st.text("abcdefgh", min_size=len(old), max_size=len(old)).filter(lambda new: new != old)
+            )
         path = self.input / name
         before = path.stat()
         path.write_text("".join(json.dumps({"id": row_id}) + "\n" for row_id in rows))
@@ -264,10 +270,15 @@ class CommitProtocol(RuleBasedStateMachine):
 
     def _spec(self, run_key: str = RUN_KEY) -> BatchInferenceSpec:
         return BatchInferenceSpec.build(
-            model="m", input_uri=str(self.input), output_uri=self.layout.output_uri, run_key=run_key,
-            input_format="jsonl", user_template="{id}", id_column="id",
+            model="m",
+            input_uri=str(self.input),
+            output_uri=self.layout.output_uri,
+            run_key=run_key,
+            input_format="jsonl",
+            user_template="{id}",
+            id_column="id",
             max_failed_fraction=self.max_failed_fraction,
-        )  # fmt: skip
+        )
 
     def _job_alive(self, job_id: str) -> bool | None:
         return self.alive.get(job_id, False) if self.job_table_readable else None
@@ -277,8 +288,9 @@ class CommitProtocol(RuleBasedStateMachine):
         for job in self.tries.values():
             owner = ownership.read_owner(job.layout)
             if self.alive.get(job.job_id) and owner is not None and owner.job_id == job.job_id:
-                ownership._write(job.layout, ownership.Owner(job.job_id, job.owner.run,
-                                                             self.clock.now + job.clock_offset))  # fmt: skip
+                ownership._write(
+                    job.layout, ownership.Owner(job.job_id, job.owner.run, self.clock.now + job.clock_offset)
+                )
 
     @rule(readable=st.booleans())
     def rays_job_table(self, readable: bool) -> None:
@@ -307,8 +319,14 @@ class CommitProtocol(RuleBasedStateMachine):
         digest = prepared_cache.input_digest(str(self.input), ["jsonl"])
         binding = RunBinding(spec=spec.fingerprint(), input=digest, code=str(self.code), model="m")
         offset = self.node_clock
-        run = {"dag_id": "daily", "task_id": "classify", "run_id": layout.run_key, "map_index": "-1",
-               "run_after": str(self.run_after), "try_number": str(self.jobs)}  # fmt: skip
+        run = {
+            "dag_id": "daily",
+            "task_id": "classify",
+            "run_id": layout.run_key,
+            "map_index": "-1",
+            "run_after": str(self.run_after),
+            "try_number": str(self.jobs),
+        }
         owner = ownership.Owner(job_id, run, self.clock.now + offset)
         live = [t for t, job in self.tries.items() if job.layout == layout and self.alive.get(t)]
         try:
@@ -345,17 +363,22 @@ class CommitProtocol(RuleBasedStateMachine):
             return None
         if held is not None:
             event("a held run's rows taken by looser thresholds")
-        done = {source for part in commit.open_staging_parts(layout, spec, binding)
-                for source in part.sidecar["sources"]}  # fmt: skip
-        writer = PartWriter(layout.staging_uri, "jsonl", count_labels=True,
-                            data_uri=commit.staged_data_uri(layout))  # fmt: skip
+        done = {
+            source
+            for part in commit.open_staging_parts(layout, spec, binding)
+            for source in part.sidecar["sources"]
+        }
+        writer = PartWriter(
+            layout.staging_uri, "jsonl", count_labels=True, data_uri=commit.staged_data_uri(layout)
+        )
         writer.create_folders()
         rows = self._rows()
         todo = [row for row in rows if row[0] not in done]
         if len(todo) < len(rows):
             event("a try resumed staged rows")
-        job = Try(job_id, layout, owner, spec, binding, self.code, self._input_state(), rows, todo, writer,
-                  offset)  # fmt: skip
+        job = Try(
+            job_id, layout, owner, spec, binding, self.code, self._input_state(), rows, todo, writer, offset
+        )
         self.tries[job_id] = job
         return job
 
@@ -418,11 +441,14 @@ class CommitProtocol(RuleBasedStateMachine):
         jobs = [one for one in (job, manual) if one is not None]
         ready = [(one, manifest) for one in jobs if (manifest := self._write_version(one)) is not None]
         interleave(
-            {one.job_id: (lambda one=one, manifest=manifest: commit.publish(one.layout, manifest, False,
-                                                                           one.parts))
-             for one, manifest in ready},
+            {
+                one.job_id: (
+                    lambda one=one, manifest=manifest: commit.publish(one.layout, manifest, False, one.parts)
+                )
+                for one, manifest in ready
+            },
             choose=lambda waiting: data.draw(st.sampled_from(waiting)),
-        )  # fmt: skip
+        )
         for one, manifest in ready:
             self._published(one, manifest)
         if len(ready) == 2:
@@ -534,9 +560,14 @@ class CommitProtocol(RuleBasedStateMachine):
     def _late_writers_into_a_live_version(self) -> list[tuple[str, str]]:
         """(live try, dead try with rows left) pairs staging into one version folder: a dead try's
         replica whose part would land in the version the live try commits."""
-        return [(live, dead) for live in self._live() for dead in sorted(self.tries)
-                if not self.alive[dead] and self.tries[dead].todo
-                and self.tries[dead].writer.data_uri == self.tries[live].writer.data_uri]  # fmt: skip
+        return [
+            (live, dead)
+            for live in self._live()
+            for dead in sorted(self.tries)
+            if not self.alive[dead]
+            and self.tries[dead].todo
+            and self.tries[dead].writer.data_uri == self.tries[live].writer.data_uri
+        ]
 
     @precondition(lambda self: bool(self._late_writers_into_a_live_version()))
     @rule(data=st.data(), count=st.integers(1, 3))
@@ -601,12 +632,20 @@ class CommitProtocol(RuleBasedStateMachine):
         commit.seal(job.layout, run)  # as run.py: no part lands in the version after its listing
         job.parts = run.part_names
         self.alive[job.job_id] = False
-        manifest = {"version": run.version, "rows_in": len(job.rows), "rows_out": run.rows_out,
-                    "rows_failed": run.rows_failed, "errors_by_reason": run.errors_by_reason,
-                    "outputs_uri": run.outputs_uri, "errors_uri": run.errors_uri, "id_column": "id",
-                    "spec_fingerprint": job.binding.spec, "binding": job.binding.as_dict(),
-                    "run_key": job.layout.run_key,
-                    reuse.AIRFLOW_RUN_KEY: reuse.airflow_run(job.owner.run)}  # fmt: skip
+        manifest = {
+            "version": run.version,
+            "rows_in": len(job.rows),
+            "rows_out": run.rows_out,
+            "rows_failed": run.rows_failed,
+            "errors_by_reason": run.errors_by_reason,
+            "outputs_uri": run.outputs_uri,
+            "errors_uri": run.errors_uri,
+            "id_column": "id",
+            "spec_fingerprint": job.binding.spec,
+            "binding": job.binding.as_dict(),
+            "run_key": job.layout.run_key,
+            reuse.AIRFLOW_RUN_KEY: reuse.airflow_run(job.owner.run),
+        }
         digest_now = prepared_cache.input_digest(str(self.input), ["jsonl"])
         try:
             check_input_unchanged(job.binding, digest_now, str(self.input))
@@ -643,9 +682,12 @@ class CommitProtocol(RuleBasedStateMachine):
         listed = set(json.loads(listed_uri.read_text())) if listed_uri.exists() else None
 
         def read(folder: str) -> list[dict]:
-            return [json.loads(line) for path in sorted(Path(folder).glob("*.jsonl"))
-                    if listed is None or path.name.split(".", 1)[0] in listed
-                    for line in path.read_text().splitlines()]  # fmt: skip
+            return [
+                json.loads(line)
+                for path in sorted(Path(folder).glob("*.jsonl"))
+                if listed is None or path.name.split(".", 1)[0] in listed
+                for line in path.read_text().splitlines()
+            ]
 
         return read(manifest["outputs_uri"]), read(manifest["errors_uri"])
 
@@ -676,8 +718,11 @@ class CommitProtocol(RuleBasedStateMachine):
             return
         listed = set(json.loads(Path(commit.parts_uri(self.layout, version)).read_text()))
         folders = Path(self.layout.version_uri(version))
-        found = {path.name.split(".", 1)[0] for folder in ("outputs", "errors")
-                 for path in (folders / folder).glob("*")}  # fmt: skip
+        found = {
+            path.name.split(".", 1)[0]
+            for folder in ("outputs", "errors")
+            for path in (folders / folder).glob("*")
+        }
         assert found <= listed, f"files outside the parts list: {sorted(found - listed)}"
 
     @invariant()
@@ -689,8 +734,10 @@ class CommitProtocol(RuleBasedStateMachine):
             return
         versions = Path(self.layout.output_uri, "versions")
         folders = {path.name for path in versions.iterdir()} if versions.exists() else set()
-        staged = {json.loads(path.read_text())[commit.STAGED_VERSION_KEY]
-                  for path in Path(self.layout.output_uri, "_staging").glob("*/spec.json")}  # fmt: skip
+        staged = {
+            json.loads(path.read_text())[commit.STAGED_VERSION_KEY]
+            for path in Path(self.layout.output_uri, "_staging").glob("*/spec.json")
+        }
         assert folders <= {commit.current_version(self.layout), *staged}
 
 

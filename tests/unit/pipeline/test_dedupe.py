@@ -33,8 +33,10 @@ def _reference_marks(rows: list[dict]) -> list[str | None]:
 def _reference_rows_repeated(rows: list[dict]) -> int:
     """``rows_in`` less the distinct rows: rows of one id count once, good or failed; a row in error
     whose id is its own source (it has none) is a row apart, whatever id another row has."""
-    keys = [("row", r["source"]) if r["error"] is not None and r["id"] == r["source"] else ("id", r["id"])
-            for r in rows]  # fmt: skip
+    keys = [
+        ("row", r["source"]) if r["error"] is not None and r["id"] == r["source"] else ("id", r["id"])
+        for r in rows
+    ]
     return len(keys) - len(set(keys))
 
 
@@ -58,14 +60,15 @@ if st is not None:
     # "x.csv:1": an id that reads as another row's source (an id-less row's is its source)
     _ids = st.sampled_from(["a", "b", "c", "d'quote", "é", "10", "1", "x.csv:1"])
     _errors = st.one_of(st.none(), st.just("malformed JSON: line 3"), st.just("missing id"))
-    _row = st.tuples(_ids, st.sampled_from(["x.csv", "dir/y.jsonl", "z:odd.jsonl"]), st.integers(1, 2000),
-                     _errors)  # fmt: skip
+    _row = st.tuples(
+        _ids, st.sampled_from(["x.csv", "dir/y.jsonl", "z:odd.jsonl"]), st.integers(1, 2000), _errors
+    )
     # A "missing id" row (and a line that is no row) is named by its source, as prepare_row names it.
     _rows = st.lists(_row, max_size=60, unique_by=lambda r: (r[1], r[2])).map(
         lambda rows: [
             {"id": f"{f}:{n}" if e == "missing id" else i, "source": f"{f}:{n}", "error": e, "row": "{}"}
             for i, f, n, e in rows
-        ]  # fmt: skip
+        ]
     )
 else:
     _rows = None
@@ -127,8 +130,9 @@ def test_an_all_null_error_column_takes_duplicate_reasons() -> None:
     table = pa.table({"id": ["a", "a"], "source": ["f.csv:2", "f.csv:10"], "error": pa.nulls(2)})
     first = dedupe.first_sources_table({"a": "f.csv:2"})
     assert dedupe.mark_duplicates_in_batch(table, first)["error"].to_pylist() == [
-        None, "duplicate id: 'a' first seen at f.csv:2"
-    ]  # fmt: skip
+        None,
+        "duplicate id: 'a' first seen at f.csv:2",
+    ]
 
 
 class _Strategy:

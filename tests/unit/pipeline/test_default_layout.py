@@ -19,9 +19,14 @@ A100_40GB_NODE = GpuNode(gpu_memory_bytes=40_960 * 2**20, cpus=16)
 EIGHT_B_WEIGHTS = 16 * 10**9
 #: Llama 3.1 8B's config.json: 8.03 billion parameters, 128 KiB of KV cache a token, 131,072 of context.
 LLAMA_8B_CONFIG = {
-    "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-}  # fmt: skip
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+}
 KV_A_TOKEN = 2 * 32 * 8 * 128 * 2
 #: The 8B model as the benchmarks ran it: its engine's max_model_len 512, so its KV cache the minimum.
 EIGHT_B = ModelSize(EIGHT_B_WEIGHTS, KV_A_TOKEN, 131072)
@@ -30,10 +35,13 @@ CLASSIFY = {"temperature": 0, "max_tokens": 16, "structured_outputs": {"choice":
 
 def _spec(**overrides: object) -> BatchInferenceSpec:
     params: dict[str, object] = {
-        "model": "/models/llama-8b", "input_uri": "/data/in.csv", "output_uri": "/data/out",
-        "user_template": "Classify {Company}", "sampling_params": CLASSIFY,
+        "model": "/models/llama-8b",
+        "input_uri": "/data/in.csv",
+        "output_uri": "/data/out",
+        "user_template": "Classify {Company}",
+        "sampling_params": CLASSIFY,
         "engine_kwargs": {"max_model_len": 512},
-    }  # fmt: skip
+    }
     return BatchInferenceSpec(**{**params, **overrides})
 
 
@@ -52,8 +60,10 @@ def test_the_seeds_classification_on_an_h200_gets_three_replicas_on_its_gpu() ->
     assert spec.concurrency is None and spec.replica_resources is None
     assert spec.engine_kwargs == {"max_model_len": 512}
     assert choice.as_manifest() == {
-        "replicas_per_gpu": 3, "chosen_by": "the default rule", "reason": choice.reason,
-    }  # fmt: skip
+        "replicas_per_gpu": 3,
+        "chosen_by": "the default rule",
+        "reason": choice.reason,
+    }
 
 
 @pytest.mark.parametrize(

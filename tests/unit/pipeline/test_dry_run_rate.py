@@ -64,8 +64,10 @@ def test_without_rows_generated_the_resumed_rows_are_left_out(tmp_path: Path) ->
 
 def test_a_held_try_that_resumed_rows_counts_only_those_it_generated(tmp_path: Path) -> None:
     """The committing try generated nothing; the held try resumed 60 of the 100 rows and generated 40."""
-    held_try = {"job_id": "j0", "timings": {"generating_s": 20.0, "engine_start_to_first_row_s": 40.0,
-                                            "rows_generated": 40}}  # fmt: skip
+    held_try = {
+        "job_id": "j0",
+        "timings": {"generating_s": 20.0, "engine_start_to_first_row_s": 40.0, "rows_generated": 40},
+    }
     rate = dry_run._measured_rate(
         _commit(
             tmp_path, rows_resumed=100, wall_seconds=11.0, timings={"generating_s": None}, held_try=held_try

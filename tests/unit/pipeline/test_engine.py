@@ -131,8 +131,10 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     assert stage.fn is OurUDF and other.fn is RayUDF
     # The replica gets what it needs to stage its batches and keep its kernels, beside Ray's arguments.
     assert stage.fn_constructor_kwargs == {
-        "model": "m", engine.STAGING_KWARG: staging, engine.COMPILE_CACHE_KWARG: "/mnt/compile",
-    }  # fmt: skip
+        "model": "m",
+        engine.STAGING_KWARG: staging,
+        engine.COMPILE_CACHE_KWARG: "/mnt/compile",
+    }
     # Ray Data restarts a dead replica forever unless told otherwise (map_batches' ray_remote_args).
     assert stage.map_batches_kwargs == {"concurrency": (1, 1), "max_restarts": engine.ENGINE_MAX_RESTARTS}
 

@@ -49,8 +49,12 @@ def vllm_dir(tmp_path: Path) -> Path:
 
 def test_the_names_are_the_fields_of_the_two_engine_argument_classes(vllm_dir: Path) -> None:
     assert engine_args.engine_argument_names(vllm_dir) == {
-        "model", "max_model_len", "enforce_eager", "limit_mm_per_prompt", "enable_log_requests"
-    }  # fmt: skip
+        "model",
+        "max_model_len",
+        "enforce_eager",
+        "limit_mm_per_prompt",
+        "enable_log_requests",
+    }
 
 
 def test_a_misspelled_key_is_refused_naming_it_and_the_one_meant(vllm_dir: Path) -> None:

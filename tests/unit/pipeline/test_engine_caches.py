@@ -21,8 +21,11 @@ def env_of(cache_dir: str | None, environ: dict[str, str]) -> dict[str, str]:
 def test_a_compile_cache_dir_holds_vllm_s_cache_triton_s_kernels_and_inductor_s_code() -> None:
     """Ours wins over the node's: the pool's fingerprint names compile_cache_dir, not the node's folders."""
     env = env_of("/mnt/compile", {"TRITON_CACHE_DIR": "/node/triton", "VLLM_CACHE_ROOT": "/node/vllm"})
-    assert env == {"VLLM_CACHE_ROOT": "/mnt/compile", "TRITON_CACHE_DIR": "/mnt/compile/triton",
-                   "TORCHINDUCTOR_CACHE_DIR": "/mnt/compile/inductor"}  # fmt: skip
+    assert env == {
+        "VLLM_CACHE_ROOT": "/mnt/compile",
+        "TRITON_CACHE_DIR": "/mnt/compile/triton",
+        "TORCHINDUCTOR_CACHE_DIR": "/mnt/compile/inductor",
+    }
 
 
 def test_without_one_the_defaults_are_made_explicit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,13 +33,15 @@ def test_without_one_the_defaults_are_made_explicit(monkeypatch: pytest.MonkeyPa
     vLLM and Inductor use exactly the folders that were checked."""
     monkeypatch.setenv("HOME", "/home/ray")
     assert env_of(None, {}) == {
-        "VLLM_CACHE_ROOT": "/home/ray/.cache/vllm", "TRITON_CACHE_DIR": "/home/ray/.triton/cache",
+        "VLLM_CACHE_ROOT": "/home/ray/.cache/vllm",
+        "TRITON_CACHE_DIR": "/home/ray/.triton/cache",
         "TORCHINDUCTOR_CACHE_DIR": "/home/ray/.cache/vllm/inductor",
-    }  # fmt: skip
+    }
     assert env_of("~/cache", {}) == {
-        "VLLM_CACHE_ROOT": "/home/ray/cache", "TRITON_CACHE_DIR": "/home/ray/cache/triton",
+        "VLLM_CACHE_ROOT": "/home/ray/cache",
+        "TRITON_CACHE_DIR": "/home/ray/cache/triton",
         "TORCHINDUCTOR_CACHE_DIR": "/home/ray/cache/inductor",
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(
@@ -98,6 +103,11 @@ def test_without_one_the_default_folders_are_made_private_too(
 
     engine_caches.checked_cache_folders(None, {})
 
-    made = [home / ".triton", home / ".triton" / "cache", home / ".cache", home / ".cache" / "vllm",
-            home / ".cache" / "vllm" / "inductor"]  # fmt: skip
+    made = [
+        home / ".triton",
+        home / ".triton" / "cache",
+        home / ".cache",
+        home / ".cache" / "vllm",
+        home / ".cache" / "vllm" / "inductor",
+    ]
     assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * len(made)

@@ -22,10 +22,17 @@ from airflow_provider_raybatch.pipeline.generate.engine_pool import (
 from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
-ENGINE = {"model": "/models/tiny", "engine_kwargs": {"max_model_len": 512}, "task_type": "generate",
-          "batch_size": 16, "max_concurrent_batches": 8}  # fmt: skip
-JOB_ENV = {"py_modules": ["gcs://_ray_pkg_ours.zip", "gcs://_ray_pkg_authors.zip", "gcs://_ray_pkg_job.zip"],
-           "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # fmt: skip
+ENGINE = {
+    "model": "/models/tiny",
+    "engine_kwargs": {"max_model_len": 512},
+    "task_type": "generate",
+    "batch_size": 16,
+    "max_concurrent_batches": 8,
+}
+JOB_ENV = {
+    "py_modules": ["gcs://_ray_pkg_ours.zip", "gcs://_ray_pkg_authors.zip", "gcs://_ray_pkg_job.zip"],
+    "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+}
 
 
 def _plan(engine=ENGINE, resources=None, runtime_env=JOB_ENV, keep_warm=60.0) -> EnginePool:
@@ -60,10 +67,14 @@ def test_any_other_engine_setting_resource_or_code_version_is_another_pool(chang
 def test_a_replica_keeps_our_code_not_the_jobs_own_packages() -> None:
     """The spec's package and the author's modules are one job's: a replica serves many."""
     pool = _plan()
-    assert pool.actor_options["runtime_env"] == {"py_modules": ["gcs://_ray_pkg_ours.zip"],
-                                                 "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # fmt: skip
-    other_job = {"py_modules": ["gcs://_ray_pkg_ours.zip", "gcs://_ray_pkg_other_job.zip"],
-                 "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}  # fmt: skip
+    assert pool.actor_options["runtime_env"] == {
+        "py_modules": ["gcs://_ray_pkg_ours.zip"],
+        "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+    }
+    other_job = {
+        "py_modules": ["gcs://_ray_pkg_ours.zip", "gcs://_ray_pkg_other_job.zip"],
+        "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+    }
     assert _plan(runtime_env=other_job).fingerprint == pool.fingerprint
 
 
@@ -74,8 +85,12 @@ def test_the_jobs_own_settings_stay_out_of_the_replica_and_do_not_split_the_pool
     from airflow_provider_raybatch.pipeline.generate import engine
     from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache
 
-    settings = (worker_warmup.WARM_WORKERS_ENV, dedupe.DRIVER_SCAN_MAX_ROWS_ENV,
-                prepared_cache.KEEP_MIN_ROWS_ENV, engine.ENGINE_MAX_RESTARTS_ENV)  # fmt: skip
+    settings = (
+        worker_warmup.WARM_WORKERS_ENV,
+        dedupe.DRIVER_SCAN_MAX_ROWS_ENV,
+        prepared_cache.KEEP_MIN_ROWS_ENV,
+        engine.ENGINE_MAX_RESTARTS_ENV,
+    )
     assert frozenset(settings) == JOB_SIDE_SETTINGS
     tuned = {**JOB_ENV, "env_vars": {**JOB_ENV["env_vars"], **dict.fromkeys(settings, "0")}}
     assert _plan(runtime_env=tuned).actor_options == _plan().actor_options
@@ -263,8 +278,13 @@ def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_aft
     # its end would not let that job's replica be placed (held test jobs wait so beside the session's
     # warm pools).
     # One on another node than those that could host the waiting replica stays too.
-    asked = ("short_of_a_slot", "short_of_cpus_and_a_slot", "short_of_cpus", "short_of_cpus_elsewhere",
-             "short_of_anything")  # fmt: skip
+    asked = (
+        "short_of_a_slot",
+        "short_of_cpus_and_a_slot",
+        "short_of_cpus",
+        "short_of_cpus_elsewhere",
+        "short_of_anything",
+    )
     assert [report[key] for key in asked] == [False, False, True, False, True]
     assert (report["after"]["leases"], report["after"]["in_flight"], report["after"]["jobs_served"]) == (
         0,
@@ -762,9 +782,11 @@ def test_a_replica_renders_the_chat_template_and_a_bad_conversation_is_the_rows_
         {"__idx_in_batch": 0, "prompt": "user:hi"},
     ]  # rendered; the engine goes on
     assert report["bad"] == {
-        "__idx_in_batch": 1, "prompt": "", "num_input_tokens": 0,
+        "__idx_in_batch": 1,
+        "prompt": "",
+        "num_input_tokens": 0,
         "__inference_error__": "raybatch row error: chat template failed: ValueError: no user message",
-    }  # fmt: skip
+    }
     assert report["own"] == [None, {"__idx_in_batch": 2, "messages": None, "prompt": "my own prompt"}]
     # Rendered by the job's own stage: the engine gets the job's prompt, not a second rendering.
     assert report["by_the_job"] == {"generated_text": "from job's", "messages_left": True}
@@ -904,8 +926,9 @@ def test_the_needs_of_a_jobs_own_replica_come_from_its_engine_stage() -> None:
             self.stages = {"ChatTemplateStage": object(), "vLLMEngineStage": vLLMEngineStage(kwargs)}
 
     assert own_replica_needs(Processor({"num_gpus": 1, "accelerator_type": "H100", "concurrency": 2})) == {
-        "GPU": 1.0, "accelerator_type:H100": 0.001,
-    }  # fmt: skip
+        "GPU": 1.0,
+        "accelerator_type:H100": 0.001,
+    }
     assert own_replica_needs(Processor({"ray_remote_args_fn": object(), "num_gpus": 0})) == {}
 
 
@@ -917,12 +940,16 @@ def test_room_is_made_on_a_node_that_could_host_the_replica_never_by_the_cluster
 
     needs = {"GPU": 1.0, "accelerator_type:A100": 0.001}
     nodes = {
-        "a100": ({"GPU": 1.0, "CPU": 8.0, "accelerator_type:A100": 1.0}, {"GPU": 0.0, "CPU": 7.0,
-                 "accelerator_type:A100": 1.0}),
-        "h100": ({"GPU": 1.0, "CPU": 8.0, "accelerator_type:H100": 1.0}, {"GPU": 0.0, "CPU": 7.0,
-                 "accelerator_type:H100": 1.0}),
+        "a100": (
+            {"GPU": 1.0, "CPU": 8.0, "accelerator_type:A100": 1.0},
+            {"GPU": 0.0, "CPU": 7.0, "accelerator_type:A100": 1.0},
+        ),
+        "h100": (
+            {"GPU": 1.0, "CPU": 8.0, "accelerator_type:H100": 1.0},
+            {"GPU": 0.0, "CPU": 7.0, "accelerator_type:H100": 1.0},
+        ),
         "half": ({"GPU": 1.0, "accelerator_type:A100": 1.0}, {"GPU": 0.5, "accelerator_type:A100": 1.0}),
-    }  # fmt: skip
+    }
     lacking = _lacking_by_node(needs, nodes)
     assert lacking == {"a100": ["GPU"], "half": ["GPU"]}  # the H100 node can never host it
     assert would_make_room(lacking, "a100", {"GPU": 1.0, "CPU": 1.0})

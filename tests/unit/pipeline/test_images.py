@@ -543,13 +543,34 @@ def test_reading_a_local_path_that_cannot_be_opened_fails_the_row(tmp_path: Path
         ("ftp://example.com/a.png", {}, BAD_VALUE_KIND),
     ],
     ids=[
-        "truncated-png", "truncated-jpeg", "random-bytes", "empty-bytes", "text", "zero-pixels",
-        "zero-width", "1x1", "thin-strip", "declared-10g-pixels", "over-default-max-pixels",
-        "over-max-pixels", "over-max-bytes", "unaccepted-format", "wrong-dict-shape",
-        "dict-bytes-not-bytes", "dict-empty", "dict-empty-path", "dict-missing-path", "missing-path",
-        "empty-str", "blank-str", "none", "int", "list", "unsupported-scheme",
+        "truncated-png",
+        "truncated-jpeg",
+        "random-bytes",
+        "empty-bytes",
+        "text",
+        "zero-pixels",
+        "zero-width",
+        "1x1",
+        "thin-strip",
+        "declared-10g-pixels",
+        "over-default-max-pixels",
+        "over-max-pixels",
+        "over-max-bytes",
+        "unaccepted-format",
+        "wrong-dict-shape",
+        "dict-bytes-not-bytes",
+        "dict-empty",
+        "dict-empty-path",
+        "dict-missing-path",
+        "missing-path",
+        "empty-str",
+        "blank-str",
+        "none",
+        "int",
+        "list",
+        "unsupported-scheme",
     ],
-)  # fmt: skip
+)
 def test_corrupt_corpus(value: Any, options: dict[str, Any], kind: str) -> None:  # Any: a row's cell.
     value = value() if callable(value) else value  # factories: values built with Pillow
 
@@ -605,9 +626,16 @@ def test_read_image_bytes_returns_the_encoded_bytes(tmp_path: Path) -> None:
         ((1000, 9), {"max_side": 100, "min_side": 1}, (100, 1)),
         ((200, 100), {}, (200, 100)),
     ],
-    ids=["fixed", "fixed-enlarges", "max-side-wide", "max-side-tall", "max-side-never-enlarges",
-         "max-side-keeps-one-pixel", "unchanged"],
-)  # fmt: skip
+    ids=[
+        "fixed",
+        "fixed-enlarges",
+        "max-side-wide",
+        "max-side-tall",
+        "max-side-never-enlarges",
+        "max-side-keeps-one-pixel",
+        "unchanged",
+    ],
+)
 def test_resize(source: tuple[int, int], options: dict[str, Any], size: tuple[int, int]) -> None:
     image = load_image(encode(Image.new("RGB", source, "white")), ImageOptions(**options))
 
@@ -802,9 +830,19 @@ def test_image_content_part_refuses_what_split_would_refuse() -> None:
         (one_part({"type": "image", "image": "a.png"}), BAD_VALUE_KIND),
         (one_part({"type": "image"}), BAD_VALUE_KIND),
     ],
-    ids=["not-a-list", "not-a-message", "url-string", "url-not-text", "no-url", "bad-base64", "not-base64",
-         "not-an-image", "image-not-prepared", "bare-placeholder"],
-)  # fmt: skip
+    ids=[
+        "not-a-list",
+        "not-a-message",
+        "url-string",
+        "url-not-text",
+        "no-url",
+        "bad-base64",
+        "not-base64",
+        "not-an-image",
+        "image-not-prepared",
+        "bare-placeholder",
+    ],
+)
 def test_split_image_parts_raises_only_reasons(messages: Any, kind: str) -> None:  # Any: JSON.
     with pytest.raises(ValueError) as caught:
         split_image_parts(messages)
@@ -835,8 +873,15 @@ def test_importing_the_module_loads_no_pillow_or_pyarrow() -> None:
 
 
 def test_kinds_are_distinct_and_have_no_colon() -> None:
-    kinds = [images.MISSING_KIND, images.BAD_VALUE_KIND, images.FETCH_KIND, images.TOO_LARGE_KIND,
-             images.TOO_SMALL_KIND, images.BAD_IMAGE_KIND, images.NOT_ALLOWED_KIND]  # fmt: skip
+    kinds = [
+        images.MISSING_KIND,
+        images.BAD_VALUE_KIND,
+        images.FETCH_KIND,
+        images.TOO_LARGE_KIND,
+        images.TOO_SMALL_KIND,
+        images.BAD_IMAGE_KIND,
+        images.NOT_ALLOWED_KIND,
+    ]
 
     assert len(set(kinds)) == len(kinds)
     assert all(":" not in kind for kind in kinds)
@@ -981,21 +1026,46 @@ def test_a_big_pil_image_is_bounded_like_any_other() -> None:
         ([user_message({"type": "image_url"})], "bad messages: message 0 part 0: an image_url part needs"),
         ([user_message({"type": "image_url", "image_url": {"uri": "x"}})], "bad messages: message 0 part 0"),
         ([user_message({"type": "image_url", "image_url": 42})], "bad messages: message 0 part 0: an image"),
-        ([{"role": "user", "content": [{"type": "text", "text": 42}]}],
-         "bad messages: message 0 part 0: a text part needs 'text', a string"),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": 42}]}],
+            "bad messages: message 0 part 0: a text part needs 'text', a string",
+        ),
         ([user_message({"type": "image", "image": b"junk"})], "bad image: message 0 part 0: cannot identify"),
-        ([user_message({"type": "image", "image": "/no/such.png"})],
-         "missing image: message 0 part 0: no such file: /no/such.png"),
+        (
+            [user_message({"type": "image", "image": "/no/such.png"})],
+            "missing image: message 0 part 0: no such file: /no/such.png",
+        ),
         ([user_message({"type": "image", "image": 42})], "bad image value: message 0 part 0: cannot read an"),
-        ([user_message({"type": "image", "image": Image.new("RGB", (2, 2)) if Image else None})],
-         "image too small: message 0 part 0: 2x2 pixels"),
-        ([user_message({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a b.png"}})],
-         "image fetch failed: message 0 part 0: http://127.0.0.1:9/a b.png: "),
+        (
+            [user_message({"type": "image", "image": Image.new("RGB", (2, 2)) if Image else None})],
+            "image too small: message 0 part 0: 2x2 pixels",
+        ),
+        (
+            [user_message({"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a b.png"}})],
+            "image fetch failed: message 0 part 0: http://127.0.0.1:9/a b.png: ",
+        ),
     ],
-    ids=["not-a-list", "not-a-message", "content-int", "part-str", "unknown-type", "no-type", "type-list",
-         "no-image", "image-none", "no-image-url", "image-url-no-url", "image-url-int", "text-not-text",
-         "corrupt", "missing-file", "image-int", "too-small", "unfetchable"],
-)  # fmt: skip
+    ids=[
+        "not-a-list",
+        "not-a-message",
+        "content-int",
+        "part-str",
+        "unknown-type",
+        "no-type",
+        "type-list",
+        "no-image",
+        "image-none",
+        "no-image-url",
+        "image-url-no-url",
+        "image-url-int",
+        "text-not-text",
+        "corrupt",
+        "missing-file",
+        "image-int",
+        "too-small",
+        "unfetchable",
+    ],
+)
 def test_a_malformed_message_or_image_is_the_rows_reason(messages: Any, reason: str) -> None:  # Any: JSON.
     with pytest.raises(ValueError) as caught:
         images.normalize_message_images(messages, OPEN_OPTIONS)
@@ -1034,9 +1104,17 @@ def test_describe_message_images_carries_no_image_bytes(image_forms: dict[str, A
 
 @pytest.mark.parametrize(
     "messages",
-    [None, "text", 42, [42, None], [{"role": "user", "content": [b"raw", 42, None]}], [{"content": b"raw"}],
-     [{"role": "user", "content": [{"type": "image_url", "image_url": b"raw"}]}], [{"name": bytearray(3)}]],
-)  # fmt: skip
+    [
+        None,
+        "text",
+        42,
+        [42, None],
+        [{"role": "user", "content": [b"raw", 42, None]}],
+        [{"content": b"raw"}],
+        [{"role": "user", "content": [{"type": "image_url", "image_url": b"raw"}]}],
+        [{"name": bytearray(3)}],
+    ],
+)
 def test_describe_message_images_takes_anything_and_returns_json(messages: Any) -> None:  # Any: JSON-ish.
     described = images.describe_message_images(messages)
 

@@ -106,10 +106,13 @@ def test_a_complete_copy_matches(copy: Path) -> None:
     marker = json.loads((copy / model_cache.COMPLETE_MARKER).read_text())
 
     assert copy_matches(str(copy), OBJECTS)
-    assert marker == {"source": URI, "objects": [
-        {"key": "config.json", "size": 2, "etag": '"e1"'},
-        {"key": "tokenizer/t.json", "size": 3, "etag": '"e2"'},
-    ]}  # fmt: skip
+    assert marker == {
+        "source": URI,
+        "objects": [
+            {"key": "config.json", "size": 2, "etag": '"e1"'},
+            {"key": "tokenizer/t.json", "size": 3, "etag": '"e2"'},
+        ],
+    }
     assert oct((copy / model_cache.COMPLETE_MARKER).stat().st_mode & 0o777) == oct(0o600)
 
 

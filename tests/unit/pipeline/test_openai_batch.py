@@ -37,18 +37,33 @@ def chat_line(custom_id: str = "req-1", **body) -> dict:
 
 def test_chat_body_maps_to_vllm_sampling_params_over_the_operator_defaults() -> None:
     line = chat_line(
-        max_completion_tokens=12, temperature=0.5, top_p=0.9, stop="END", seed=7,
-        logprobs=True, top_logprobs=3, presence_penalty=0.1, frequency_penalty=0.2,
+        max_completion_tokens=12,
+        temperature=0.5,
+        top_p=0.9,
+        stop="END",
+        seed=7,
+        logprobs=True,
+        top_logprobs=3,
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
-    )  # fmt: skip
+    )
     request = openai_batch.parse_request(line, CHAT, {"max_tokens": 99, "top_k": 5})
     params = request["sampling_params"]
     assert request["messages"] == line["body"]["messages"]
     assert params == {
-        "top_k": 5, "max_tokens": 12, "n": 1, "temperature": 0.5, "top_p": 0.9, "stop": ["END"], "seed": 7,
-        "logprobs": 3, "presence_penalty": 0.1, "frequency_penalty": 0.2,
+        "top_k": 5,
+        "max_tokens": 12,
+        "n": 1,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "stop": ["END"],
+        "seed": 7,
+        "logprobs": 3,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
         "structured_outputs": {"json": '{"type": "object"}'},
-    }  # fmt: skip
+    }
     assert request["meta"] == {"logprobs": True, "max_tokens": 12}
 
 
@@ -93,14 +108,14 @@ def test_every_line_gets_the_same_sampling_keys() -> None:
             "unsupported parameter",
             "body.messages[0].content",
             id="image-part",
-        ),  # fmt: skip
+        ),
         pytest.param({**chat_line(), "custom_id": ""}, "missing id", "custom_id", id="no-custom-id"),
         pytest.param(
             chat_line(response_format={"type": "json_schema", "json_schema": {}}),
             "invalid request",
             "body.response_format.json_schema.schema",
             id="schema-missing",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_line_that_cannot_be_served_names_the_field(line: dict, kind: str, param: str) -> None:
@@ -203,16 +218,21 @@ def test_n_choices_each_with_its_text_finish_reason_and_logprobs_and_usage_summe
     extra = [openai_batch.choice_record("b", 1, steps_of("b"))]
     extra.append(openai_batch.choice_record("c d", 2, steps_of("c", " d")))
     row = engine_row(
-        request, generated_text="a", num_generated_tokens=1, logprobs=json.dumps(steps_of("a")),
+        request,
+        generated_text="a",
+        num_generated_tokens=1,
+        logprobs=json.dumps(steps_of("a")),
         extra_choices=json.dumps(extra),
-    )  # fmt: skip
+    )
     body = openai_batch.response_line(row, CHAT, "tiny", "run-1")["response"]["body"]
     assert [choice["index"] for choice in body["choices"]] == [0, 1, 2]
     assert [choice["message"]["content"] for choice in body["choices"]] == ["a", "b", "c d"]
     assert [choice["finish_reason"] for choice in body["choices"]] == ["stop", "stop", "length"]
     assert [[step["token"] for step in choice["logprobs"]["content"]] for choice in body["choices"]] == [
-        ["a"], ["b"], ["c", " d"]
-    ]  # fmt: skip
+        ["a"],
+        ["b"],
+        ["c", " d"],
+    ]
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
     line = openai_batch.response_line(row, CHAT, "tiny", "run-1")
     assert openai_batch.token_counts(line) == (5, 4)
@@ -224,14 +244,18 @@ def test_n_completions_without_logprobs_asked_show_none() -> None:
     # Filled logprobs (see filled_sampling_params) come back, but the line did not ask for them.
     extra = [openai_batch.choice_record("second", 3, steps_of("se", "co", "nd"))]
     row = engine_row(
-        request, generated_text="first", num_generated_tokens=2, logprobs=None,
+        request,
+        generated_text="first",
+        num_generated_tokens=2,
+        logprobs=None,
         extra_choices=json.dumps(extra),
-    )  # fmt: skip
+    )
     body = openai_batch.response_line(row, COMPLETIONS, "m", "r")["response"]["body"]
     assert body["object"] == "text_completion"
     assert [(c["index"], c["text"], c["logprobs"]) for c in body["choices"]] == [
-        (0, "first", None), (1, "second", None)
-    ]  # fmt: skip
+        (0, "first", None),
+        (1, "second", None),
+    ]
     assert body["usage"]["completion_tokens"] == 5
 
 
@@ -360,9 +384,13 @@ def test_finish_reason_is_vllms_own_where_the_engine_row_has_it() -> None:
     request = openai_batch.parse_request(chat_line(n=2, max_tokens=2, temperature=1), CHAT, {})
     extra = [openai_batch.choice_record("b", 1, None, "length")]
     row = engine_row(
-        request, generated_text="a b", num_generated_tokens=2, logprobs=None, finish_reason="stop",
+        request,
+        generated_text="a b",
+        num_generated_tokens=2,
+        logprobs=None,
+        finish_reason="stop",
         extra_choices=json.dumps(extra),
-    )  # fmt: skip
+    )
     body = openai_batch.response_line(row, CHAT, "tiny", "run-1")["response"]["body"]
     assert [choice["finish_reason"] for choice in body["choices"]] == ["stop", "length"]
     for known, expected in ((None, "length"), ("abort", "length")):
@@ -388,54 +416,118 @@ DEEP_SCHEMA = {"name": "deep", "schema": deep(5000)}  # deeper than json.dumps g
 @pytest.mark.parametrize(
     ("line", "kind", "param", "detail"),
     [
-        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, 5]}]),
-                     "invalid request", "body.messages[0].content", "content[1] must be an object",
-                     id="part-int"),
-        pytest.param(chat_line(messages=[{"role": "user", "content": []}]),
-                     "invalid request", "body.messages[0].content", "non-empty list", id="parts-empty"),
-        pytest.param(chat_line(messages=[{"role": "user", "content": ["hello"]}]),
-                     "invalid request", "body.messages[0].content", "content[0] must be an object",
-                     id="part-str"),
-        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": ["text"]}]}]),
-                     "unsupported parameter", "body.messages[0].content", "content[0] has type ['text']",
-                     id="part-type-unhashable"),
-        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]),
-                     "invalid request", "body.messages[0].content", "content[0].text must be a string",
-                     id="part-text-not-text"),
-        pytest.param(chat_line(messages=[{"role": "user", "content": [{"type": "text"}]}]),
-                     "invalid request", "body.messages[0].content", "content[0].text must be a string",
-                     id="part-without-text"),
-        pytest.param(chat_line(response_format={"type": "json_schema", "json_schema": "text"}),
-                     "invalid request", "body.response_format.json_schema", "must be an object",
-                     id="json-schema-text"),
-        pytest.param(chat_line(response_format={"type": "json_schema", "json_schema": [1]}),
-                     "invalid request", "body.response_format.json_schema", "must be an object",
-                     id="json-schema-list"),
-        pytest.param(chat_line(response_format={"type": {"a": 1}}),
-                     "unsupported parameter", "body.response_format", "type {'a': 1}", id="format-type-dict"),
-        pytest.param(chat_line(response_format={"type": "json_schema", "json_schema": DEEP_SCHEMA}),
-                     "invalid request", "body.response_format.json_schema.schema", "nested too deeply",
-                     id="schema-too-deep"),
-        pytest.param(chat_line(max_tokens=10**30), "invalid request", "body.max_tokens", "integer",
-                     id="huge-int"),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, 5]}]),
+            "invalid request",
+            "body.messages[0].content",
+            "content[1] must be an object",
+            id="part-int",
+        ),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": []}]),
+            "invalid request",
+            "body.messages[0].content",
+            "non-empty list",
+            id="parts-empty",
+        ),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": ["hello"]}]),
+            "invalid request",
+            "body.messages[0].content",
+            "content[0] must be an object",
+            id="part-str",
+        ),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": [{"type": ["text"]}]}]),
+            "unsupported parameter",
+            "body.messages[0].content",
+            "content[0] has type ['text']",
+            id="part-type-unhashable",
+        ),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]),
+            "invalid request",
+            "body.messages[0].content",
+            "content[0].text must be a string",
+            id="part-text-not-text",
+        ),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+            "invalid request",
+            "body.messages[0].content",
+            "content[0].text must be a string",
+            id="part-without-text",
+        ),
+        pytest.param(
+            chat_line(response_format={"type": "json_schema", "json_schema": "text"}),
+            "invalid request",
+            "body.response_format.json_schema",
+            "must be an object",
+            id="json-schema-text",
+        ),
+        pytest.param(
+            chat_line(response_format={"type": "json_schema", "json_schema": [1]}),
+            "invalid request",
+            "body.response_format.json_schema",
+            "must be an object",
+            id="json-schema-list",
+        ),
+        pytest.param(
+            chat_line(response_format={"type": {"a": 1}}),
+            "unsupported parameter",
+            "body.response_format",
+            "type {'a': 1}",
+            id="format-type-dict",
+        ),
+        pytest.param(
+            chat_line(response_format={"type": "json_schema", "json_schema": DEEP_SCHEMA}),
+            "invalid request",
+            "body.response_format.json_schema.schema",
+            "nested too deeply",
+            id="schema-too-deep",
+        ),
+        pytest.param(
+            chat_line(max_tokens=10**30), "invalid request", "body.max_tokens", "integer", id="huge-int"
+        ),
         pytest.param(chat_line(seed=2**64), "invalid request", "body.seed", "integer", id="seed-over-int64"),
-        pytest.param(chat_line(response_format={"type": "json_schema",
-                                                "json_schema": {"schema": {"maxItems": 2**64}}}),
-                     "invalid request", "body.response_format.json_schema.schema.maxItems",
-                     "18446744073709551616 is out of range", id="schema-int-over-int64"),
-        pytest.param(chat_line(messages=[{"role": "user", "content": "hi", "weight": float("nan")}]),
-                     "invalid request", "body.messages[0].weight", "nan is not a finite number",
-                     id="nan-in-a-message"),
-        pytest.param(chat_line(metadata={"x": float("-inf")}), "invalid request", "body.metadata.x",
-                     "-inf is not a finite number", id="infinity-in-an-ignored-field"),
-        pytest.param(chat_line(top_logprobs=10**20, logprobs=True), "invalid request", "body.top_logprobs",
-                     "", id="huge-top-logprobs"),
-        pytest.param({**chat_line(), "method": "x" * 10_000}, "unsupported method", "method", "...",
-                     id="long-method"),
-        pytest.param(chat_line(**{"x" * 10_000: 1}), "unsupported parameter", None, "...",
-                     id="long-field-name"),
+        pytest.param(
+            chat_line(
+                response_format={"type": "json_schema", "json_schema": {"schema": {"maxItems": 2**64}}}
+            ),
+            "invalid request",
+            "body.response_format.json_schema.schema.maxItems",
+            "18446744073709551616 is out of range",
+            id="schema-int-over-int64",
+        ),
+        pytest.param(
+            chat_line(messages=[{"role": "user", "content": "hi", "weight": float("nan")}]),
+            "invalid request",
+            "body.messages[0].weight",
+            "nan is not a finite number",
+            id="nan-in-a-message",
+        ),
+        pytest.param(
+            chat_line(metadata={"x": float("-inf")}),
+            "invalid request",
+            "body.metadata.x",
+            "-inf is not a finite number",
+            id="infinity-in-an-ignored-field",
+        ),
+        pytest.param(
+            chat_line(top_logprobs=10**20, logprobs=True),
+            "invalid request",
+            "body.top_logprobs",
+            "",
+            id="huge-top-logprobs",
+        ),
+        pytest.param(
+            {**chat_line(), "method": "x" * 10_000}, "unsupported method", "method", "...", id="long-method"
+        ),
+        pytest.param(
+            chat_line(**{"x" * 10_000: 1}), "unsupported parameter", None, "...", id="long-field-name"
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_line_is_a_request_error_naming_the_field(
     line: dict, kind: str, param: str | None, detail: str
 ) -> None:
@@ -516,8 +608,10 @@ def test_any_value_in_any_body_field_is_served_or_refused(endpoint: str, field: 
 def test_any_value_inside_a_chat_message_is_served_or_refused() -> None:
     _needs_hypothesis()
     message_values = st.fixed_dictionaries({}, optional={"role": json_values(), "content": json_values()})
-    parts = st.lists(st.fixed_dictionaries({}, optional={"type": json_values() | st.just("text"),
-                                                         "text": json_values()}) | json_values())  # fmt: skip
+    parts = st.lists(
+        st.fixed_dictionaries({}, optional={"type": json_values() | st.just("text"), "text": json_values()})
+        | json_values()
+    )
 
     @settings(max_examples=300, deadline=None, database=None)
     @given(message=message_values | json_values(), content=parts)

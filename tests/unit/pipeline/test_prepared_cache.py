@@ -88,8 +88,12 @@ def _listed(uri: str, extensions: list[str] | None) -> list[tuple[str, int, int]
 
 def use_s3_server(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # Any: conftest S3Server
     """The job's S3 settings point at the test's S3 server (as the job's credentials would)."""
-    settings = {"endpoint_url": s3_server.endpoint_url, "region": "us-east-1",
-                "access_key": s3_server.access_key, "secret_key": s3_server.secret_key}  # fmt: skip
+    settings = {
+        "endpoint_url": s3_server.endpoint_url,
+        "region": "us-east-1",
+        "access_key": s3_server.access_key,
+        "secret_key": s3_server.secret_key,
+    }
     monkeypatch.setattr(credentials, "_settings", settings)
     monkeypatch.setattr(storage, "_s3_options", None)  # built again from the settings above
 

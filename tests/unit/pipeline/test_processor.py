@@ -112,9 +112,12 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
     ]
     # The job's stage holds nothing; the pool's replica holds what the engine stage would have.
     assert report["warm_stage_resources"] == {"num_cpus": 0, "num_gpus": None, "resources": None}
-    assert report["pool"] == {"replicas": 1, "resources": {"num_cpus": 1}, "model": str(model_folder),
-                              "kwargs": ["raybatch_pool", "raybatch_render_in_pool", "raybatch_staging",
-                                         "task_type"]}  # fmt: skip
+    assert report["pool"] == {
+        "replicas": 1,
+        "resources": {"num_cpus": 1},
+        "model": str(model_folder),
+        "kwargs": ["raybatch_pool", "raybatch_render_in_pool", "raybatch_staging", "task_type"],
+    }
     assert report["render_in_pool"] is True
     # A job whose rows carry messages keeps its own chat-template stage and the replicas render none
     # of its rows, on the same pool: one engine per model and settings, whatever the prompts' source.

@@ -32,8 +32,14 @@ def output_row(tokens_in: Any, tokens_out: Any) -> dict[str, Any]:  # Any: row v
     }
 
 
-def sidecar(rows_out: int, rows_failed: int = 0, *, tokens_out: int = 0, at: datetime | None = None,
-            histograms: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:  # fmt: skip
+def sidecar(
+    rows_out: int,
+    rows_failed: int = 0,
+    *,
+    tokens_out: int = 0,
+    at: datetime | None = None,
+    histograms: dict[str, dict[str, int]] | None = None,
+) -> dict[str, Any]:
     """A sidecar as the part writer writes it; without ``at`` and ``histograms``, one from before the
     report."""
     document: dict[str, Any] = {  # Any: JSON values.
@@ -129,11 +135,21 @@ def test_epoch_seconds(value: Any, seconds: float | None) -> None:  # Any: what 
 
 def test_report_stats_add_up_new_and_old_sidecars() -> None:
     new = [
-        sidecar(3, 1, tokens_out=9, at=T0 + timedelta(seconds=5),
-                histograms={"input": {"16": 2, "32": 1}, "generated": {"2": 3}}),
-        sidecar(2, 0, tokens_out=4, at=T0 + timedelta(seconds=1),
-                histograms={"input": {"16": 2}, "generated": {"2": 1, "4": 1}}),
-    ]  # fmt: skip
+        sidecar(
+            3,
+            1,
+            tokens_out=9,
+            at=T0 + timedelta(seconds=5),
+            histograms={"input": {"16": 2, "32": 1}, "generated": {"2": 3}},
+        ),
+        sidecar(
+            2,
+            0,
+            tokens_out=4,
+            at=T0 + timedelta(seconds=1),
+            histograms={"input": {"16": 2}, "generated": {"2": 1, "4": 1}},
+        ),
+    ]
     old = [sidecar(5, 2, tokens_out=10)]
 
     stats = ReportStats.of_sidecars([*new, *old])
@@ -244,9 +260,15 @@ def test_report_shows_the_counts() -> None:
     page = render_report(SUMMARY, stats_of_run())
 
     for key, shown in [
-        ("rows_in", "1,234"), ("rows_out", "1,200"), ("rows_failed", "34"), ("rows_duplicate", "4"),
-        ("rows_resumed", "96"), ("tokens_in", "56,789"), ("tokens_out", "4,321"), ("wall_seconds", "12m 34s"),
-    ]:  # fmt: skip
+        ("rows_in", "1,234"),
+        ("rows_out", "1,200"),
+        ("rows_failed", "34"),
+        ("rows_duplicate", "4"),
+        ("rows_resumed", "96"),
+        ("tokens_in", "56,789"),
+        ("tokens_out", "4,321"),
+        ("wall_seconds", "12m 34s"),
+    ]:
         assert f'<dd id="{key}">{shown}</dd>' in page
     for text in [
         "Qwen/Qwen2.5-1.5B-Instruct",
@@ -259,9 +281,15 @@ def test_report_shows_the_counts() -> None:
 
 
 def test_report_escapes_every_error_reason_and_the_model() -> None:
-    summary = {**SUMMARY, "model": 'm"><img src=x onerror=alert(1)>&', "errors_by_reason": {
-        "<script>alert('x')</script>": 10, "a & b": 3, '"quoted" <b>': 1,
-    }}  # fmt: skip
+    summary = {
+        **SUMMARY,
+        "model": 'm"><img src=x onerror=alert(1)>&',
+        "errors_by_reason": {
+            "<script>alert('x')</script>": 10,
+            "a & b": 3,
+            '"quoted" <b>': 1,
+        },
+    }
 
     page = render_report(summary, stats_of_run())
 
@@ -271,8 +299,11 @@ def test_report_escapes_every_error_reason_and_the_model() -> None:
     assert "a &amp; b" in page and "&quot;quoted&quot; &lt;b&gt;" in page
     assert "m&quot;&gt;&lt;img src=x onerror=alert(1)&gt;&amp;" in page
     rows = re.findall(r"<tr><td>([^<]*)</td><td class=num>([\d,]+)</td>", page.split("Errors by reason")[1])
-    assert rows[:3] == [("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;", "10"), ("a &amp; b", "3"),
-                        ("&quot;quoted&quot; &lt;b&gt;", "1")]  # fmt: skip
+    assert rows[:3] == [
+        ("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;", "10"),
+        ("a &amp; b", "3"),
+        ("&quot;quoted&quot; &lt;b&gt;", "1"),
+    ]
 
 
 def test_report_escapes_generated_labels() -> None:
@@ -401,25 +432,41 @@ def test_a_staged_parts_sidecar_carries_the_report_fields(tmp_path: Path) -> Non
 
 def test_report_shows_where_the_time_and_gpus_went() -> None:
     timings = {
-        "job_wall_s": 98.5, "runtime_env_s": 3.25, "driver_start_s": 4.0, "read_and_prepare_s": 12.0,
-        "engine_start_to_first_row_s": 32.0, "engine_import_s": 1.0, "engine_build_s": 29.0,
-        "generating_s": 54.0, "commit_s": None, "replicas": 2, "gpus_per_replica": 1.0,
-        "gpu_seconds_held": 174.0, "replica_seconds_held": 174.0, "keep_warm_gpu_seconds_max": 1200.0,
+        "job_wall_s": 98.5,
+        "runtime_env_s": 3.25,
+        "driver_start_s": 4.0,
+        "read_and_prepare_s": 12.0,
+        "engine_start_to_first_row_s": 32.0,
+        "engine_import_s": 1.0,
+        "engine_build_s": 29.0,
+        "generating_s": 54.0,
+        "commit_s": None,
+        "replicas": 2,
+        "gpus_per_replica": 1.0,
+        "gpu_seconds_held": 174.0,
+        "replica_seconds_held": 174.0,
+        "keep_warm_gpu_seconds_max": 1200.0,
         "engine_replicas": [
-            {"replica": "<b>r1</b>", "actor_start_s": 5.0, "import_s": 1.0, "engine_build_s": 29.0,
-             "first_row_s": 2.0},
+            {
+                "replica": "<b>r1</b>",
+                "actor_start_s": 5.0,
+                "import_s": 1.0,
+                "engine_build_s": 29.0,
+                "first_row_s": 2.0,
+            },
         ],
-    }  # fmt: skip
+    }
 
     page = render_report({**SUMMARY, "timings": timings}, stats_of_run())
 
     section = page.split("Where the time went")[1].split("</section>")[0]
     for label, shown in [
         ("the job, from its submission (runtime env, driver start and all below)", "1m 38s"),
-        ("runtime env (submitted to driver started)", "3.2 s"), ("read and prepare", "12.0 s"),
+        ("runtime env (submitted to driver started)", "3.2 s"),
+        ("read and prepare", "12.0 s"),
         ("of which the slowest replica&#x27;s engine build (vLLM import, weights, compile)", "29.0 s"),
         ("generating (first to last row staged)", "54.0 s"),
-    ]:  # fmt: skip
+    ]:
         assert f"<tr><th>{label}</th><td class=num>{shown}</td></tr>" in section
     assert "<th>commit</th>" not in section  # after the page: the manifest has it
     assert "174.0 (2 replicas x 1.0 GPU)" in section
@@ -440,14 +487,28 @@ def test_report_of_a_run_without_timings_has_no_such_section(timings: object) ->
 
 def test_report_of_a_run_on_a_warm_pool_says_which_replicas_were_warm_and_when_each_was_built() -> None:
     pool = {
-        "fingerprint": "<i>0e15a3f1</i>", "replicas": 2, "warm_replicas": 1, "keep_warm_seconds": 600.0,
+        "fingerprint": "<i>0e15a3f1</i>",
+        "replicas": 2,
+        "warm_replicas": 1,
+        "keep_warm_seconds": 600.0,
         "replica_timings": [
-            {"replica": 0, "answered": True, "engine_build_seconds": 21.7, "engine_start_s": -53.104,
-             "engine_ready_s": -31.378, "rows": 1450},
-            {"replica": 1, "answered": True, "engine_build_seconds": 28.6, "engine_start_s": 0.4,
-             "engine_ready_s": 29.0},
+            {
+                "replica": 0,
+                "answered": True,
+                "engine_build_seconds": 21.7,
+                "engine_start_s": -53.104,
+                "engine_ready_s": -31.378,
+                "rows": 1450,
+            },
+            {
+                "replica": 1,
+                "answered": True,
+                "engine_build_seconds": 28.6,
+                "engine_start_s": 0.4,
+                "engine_ready_s": 29.0,
+            },
         ],
-    }  # fmt: skip
+    }
 
     page = render_report({**SUMMARY, "engine_pool": pool}, stats_of_run())
 
@@ -468,13 +529,21 @@ def test_report_of_a_run_on_a_warm_pool_says_which_replicas_were_warm_and_when_e
 
 def test_report_says_a_replica_still_building_when_the_job_ended_took_none_of_its_rows() -> None:
     pool = {
-        "fingerprint": "0e15a3f1", "replicas": 2, "warm_replicas": 1, "keep_warm_seconds": 600.0,
+        "fingerprint": "0e15a3f1",
+        "replicas": 2,
+        "warm_replicas": 1,
+        "keep_warm_seconds": 600.0,
         "replica_timings": [
-            {"replica": 0, "answered": True, "engine_build_seconds": 21.7, "engine_start_s": -53.104,
-             "engine_ready_s": -31.378},
+            {
+                "replica": 0,
+                "answered": True,
+                "engine_build_seconds": 21.7,
+                "engine_start_s": -53.104,
+                "engine_ready_s": -31.378,
+            },
             {"replica": 1, "answered": False, "building_at_job_end": True, "rows": 0},
         ],
-    }  # fmt: skip
+    }
 
     section = render_report({**SUMMARY, "engine_pool": pool}, stats_of_run()).split("Warm engine pool")[1]
 
@@ -496,8 +565,14 @@ def test_report_of_a_run_on_its_own_engines_has_no_pool_section(pool: object) ->
 
 def test_a_cpu_pool_shows_the_replica_seconds_it_may_hold_idle() -> None:
     """On a CPU engine the line read "0.0" while a replica (3 GiB) stayed up 600 s."""
-    timings = {"replicas": 1, "gpus_per_replica": 0.0, "gpu_seconds_held": 0.0, "replica_seconds_held": 20.0,
-               "keep_warm_gpu_seconds_max": 0.0, "keep_warm_replica_seconds_max": 600.0}  # fmt: skip
+    timings = {
+        "replicas": 1,
+        "gpus_per_replica": 0.0,
+        "gpu_seconds_held": 0.0,
+        "replica_seconds_held": 20.0,
+        "keep_warm_gpu_seconds_max": 0.0,
+        "keep_warm_replica_seconds_max": 600.0,
+    }
 
     page = render_report({**SUMMARY, "timings": timings}, stats_of_run())
 

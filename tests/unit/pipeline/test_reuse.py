@@ -18,8 +18,13 @@ from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 RUN_KEY = "daily-2026-11-20"
 #: The Airflow run the jobs below were submitted for (their metadata, without ``airflow_``).
-RUN = {"dag_id": "daily", "task_id": "classify", "run_id": "manual__2026-11-21", "map_index": "-1",
-       "run_after": "2026-11-21T08:00:00+00:00"}  # fmt: skip
+RUN = {
+    "dag_id": "daily",
+    "task_id": "classify",
+    "run_id": "manual__2026-11-21",
+    "map_index": "-1",
+    "run_after": "2026-11-21T08:00:00+00:00",
+}
 
 
 def _spec(tmp_path: Path, **params: object) -> BatchInferenceSpec:
@@ -33,11 +38,23 @@ def _binding(spec: BatchInferenceSpec) -> RunBinding:
 
 def _commit(layout: OutputLayout, spec: BatchInferenceSpec, **overrides: object) -> dict[str, object]:
     """What run.py commits: a manifest naming the version, the run and what its rows were made from."""
-    manifest = {"status": "complete", "version": "v1", "run_key": layout.run_key, "job_id": "job-1",
-                "spec_fingerprint": spec.fingerprint(), "binding": _binding(spec).as_dict(), "rows_in": 3,
-                "rows_out": 3, "rows_failed": 0, "timings": {"job_wall_s": 60.0}, "engine_pool": None,
-                "replaced_version": "v0", "output_uri": layout.output_uri, "airflow_run": RUN,
-                **overrides}  # fmt: skip
+    manifest = {
+        "status": "complete",
+        "version": "v1",
+        "run_key": layout.run_key,
+        "job_id": "job-1",
+        "spec_fingerprint": spec.fingerprint(),
+        "binding": _binding(spec).as_dict(),
+        "rows_in": 3,
+        "rows_out": 3,
+        "rows_failed": 0,
+        "timings": {"job_wall_s": 60.0},
+        "engine_pool": None,
+        "replaced_version": "v0",
+        "output_uri": layout.output_uri,
+        "airflow_run": RUN,
+        **overrides,
+    }
     Path(layout.version_uri("v1")).mkdir(parents=True)
     Path(layout.manifest_uri).write_text(json.dumps(manifest))
     return manifest
@@ -62,8 +79,13 @@ def test_a_version_made_from_the_same_is_taken_as_this_jobs_result(
     assert earlier == committed
     taken = reuse.taken(earlier, "job-2")
     assert (taken["job_id"], taken["version"], taken["rows_out"]) == ("job-2", "v1", 3)
-    assert taken[REUSED_RESULT_KEY] == {"job_id": "job-1", "version": "v1", "finished_at": None,
-                                        "timings": {"job_wall_s": 60.0}, "engine_pool": None}  # fmt: skip
+    assert taken[REUSED_RESULT_KEY] == {
+        "job_id": "job-1",
+        "version": "v1",
+        "finished_at": None,
+        "timings": {"job_wall_s": 60.0},
+        "engine_pool": None,
+    }
     # This job generated nothing and replaced nothing: what the committing job paid is under reused_result.
     assert taken["timings"] is None and "replaced_version" not in taken
 
@@ -120,7 +142,7 @@ def test_a_version_made_from_anything_else_is_not_taken_and_the_log_says_what_ch
         "other-parameters",
         "held",
         "no-status",
-    ],  # fmt: skip
+    ],
 )
 def test_a_version_of_another_run_or_parameters_or_an_unreadable_binding_is_not_taken(
     spec: BatchInferenceSpec, layout: OutputLayout, overrides: dict[str, object]

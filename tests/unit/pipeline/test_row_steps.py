@@ -58,8 +58,12 @@ def assert_invariants(result, ids: list[str] | None = None) -> None:
 
 
 def test_the_docs_quickstart_preprocess_and_postprocess_work_unchanged(tmp_path: Path) -> None:
-    spec = spec_of(tmp_path, "items.jsonl", preprocess="ray_data_llm_examples.haiku_preprocess",
-                   postprocess="ray_data_llm_examples.haiku_postprocess")  # fmt: skip
+    spec = spec_of(
+        tmp_path,
+        "items.jsonl",
+        preprocess="ray_data_llm_examples.haiku_preprocess",
+        postprocess="ray_data_llm_examples.haiku_postprocess",
+    )
     result = run_rows(
         {"items.jsonl": jsonl({"item": "Autumn leaves"}, {"item": "A cold river"})}, spec, tmp_path
     )
@@ -78,9 +82,13 @@ def test_the_docs_quickstart_preprocess_and_postprocess_work_unchanged(tmp_path:
 
 
 def test_per_row_structured_outputs_reach_the_engine_and_are_checked(tmp_path: Path) -> None:
-    spec = spec_of(tmp_path, "c.jsonl", preprocess="ray_data_llm_examples.industry_preprocess",
-                   postprocess="ray_data_llm_examples.industry_postprocess",
-                   sampling_params={"max_tokens": 4, "temperature": 0.7})  # fmt: skip
+    spec = spec_of(
+        tmp_path,
+        "c.jsonl",
+        preprocess="ray_data_llm_examples.industry_preprocess",
+        postprocess="ray_data_llm_examples.industry_postprocess",
+        sampling_params={"max_tokens": 4, "temperature": 0.7},
+    )
     rows = [{"Company": "Acme Legal"}, {"Company": "Saint Mary"}, {"Company": "Shopco"}]
     result = run_rows({"c.jsonl": jsonl(*rows)}, spec, tmp_path)
 
@@ -88,16 +96,22 @@ def test_per_row_structured_outputs_reach_the_engine_and_are_checked(tmp_path: P
     assert {row["industry"] for row in result.outputs} <= set(examples.INDUSTRIES)
     for request in result.engine_requests:  # the row's over the operator's, key by key
         assert request["sampling_params"] == {
-            "max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": examples.INDUSTRIES}
-        }  # fmt: skip
+            "max_tokens": 8,
+            "temperature": 0,
+            "structured_outputs": {"choice": examples.INDUSTRIES},
+        }
     # The rows' own labels are counted (the operator's params set no choice).
     assert sum(result.manifest["generated_text_counts"].values()) == 3
     assert set(result.manifest["generated_text_counts"]) <= set(examples.INDUSTRIES)
 
 
 def test_labels_are_counted_for_constrained_rows_only_and_tokens_before_postprocess(tmp_path: Path) -> None:
-    spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.choice_on_some_rows",
-                   postprocess="tests.unit.pipeline.row_functions.answer_only")  # fmt: skip
+    spec = spec_of(
+        tmp_path,
+        "x.jsonl",
+        preprocess="tests.unit.pipeline.row_functions.choice_on_some_rows",
+        postprocess="tests.unit.pipeline.row_functions.answer_only",
+    )
     rows = [{"q": "a", "labels": ["yes", "no"]}, {"q": "b free text"}, {"q": "c", "labels": ["yes", "no"]}]
     result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
 
@@ -110,8 +124,12 @@ def test_labels_are_counted_for_constrained_rows_only_and_tokens_before_postproc
 
 
 def test_a_json_schema_with_differing_branches_reaches_the_engine_intact(tmp_path: Path) -> None:
-    spec = spec_of(tmp_path, "q.jsonl", preprocess="ray_data_llm_examples.json_answer_preprocess",
-                   postprocess="ray_data_llm_examples.json_answer_postprocess")  # fmt: skip
+    spec = spec_of(
+        tmp_path,
+        "q.jsonl",
+        preprocess="ray_data_llm_examples.json_answer_preprocess",
+        postprocess="ray_data_llm_examples.json_answer_postprocess",
+    )
     result = run_rows(
         {"q.jsonl": jsonl({"question": "2+2?"}, {"question": "Capital of France?"})}, spec, tmp_path
     )
@@ -135,10 +153,18 @@ def test_vision_preprocess_images_in_every_accepted_form(tmp_path: Path) -> None
     import base64
 
     data_url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-    rows = [{"image": "cat.png"}, {"image": data_url}, {"image": str(tmp_path / "input" / "cat.png")},
-            {"image": "missing.png"}]  # fmt: skip
-    spec = spec_of(tmp_path, "imgs.jsonl", preprocess="ray_data_llm_examples.vision_preprocess",
-                   postprocess="ray_data_llm_examples.vision_postprocess")  # fmt: skip
+    rows = [
+        {"image": "cat.png"},
+        {"image": data_url},
+        {"image": str(tmp_path / "input" / "cat.png")},
+        {"image": "missing.png"},
+    ]
+    spec = spec_of(
+        tmp_path,
+        "imgs.jsonl",
+        preprocess="ray_data_llm_examples.vision_preprocess",
+        postprocess="ray_data_llm_examples.vision_postprocess",
+    )
     result = run_rows({"imgs.jsonl": jsonl(*rows)}, spec, tmp_path)
 
     assert_invariants(result)
@@ -167,9 +193,13 @@ def test_a_conversation_the_template_rejects_fails_alone_in_its_block(tmp_path: 
 
 def test_per_row_sampling_params_that_the_pipeline_cannot_honour_fail_the_row(tmp_path: Path) -> None:
     spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.with_own_params")
-    rows = [{"q": "ok", "params": {"max_tokens": 3}}, {"q": "n", "params": {"n": 3}},
-            {"q": "detok", "params": {"detokenize": False}}, {"q": "bad", "params": {"max_tokens": "ten"}},
-            {"q": "typo", "params": {"max_token": 3}}]  # fmt: skip
+    rows = [
+        {"q": "ok", "params": {"max_tokens": 3}},
+        {"q": "n", "params": {"n": 3}},
+        {"q": "detok", "params": {"detokenize": False}},
+        {"q": "bad", "params": {"max_tokens": "ten"}},
+        {"q": "typo", "params": {"max_token": 3}},
+    ]
     result = run_rows({"x.jsonl": jsonl(*rows)}, spec, tmp_path)
 
     assert result.manifest["rows_out"] == 1
@@ -180,9 +210,11 @@ def test_per_row_sampling_params_that_the_pipeline_cannot_honour_fail_the_row(tm
 
 def test_per_row_sampling_numbers_past_int64_or_not_finite_fail_the_row(tmp_path: Path) -> None:
     spec = spec_of(tmp_path, "x.jsonl", preprocess="tests.unit.pipeline.row_functions.with_own_params")
-    data = (b'{"q": "ok", "params": {"seed": 9223372036854775807}}\n'
-            b'{"q": "big", "params": {"max_tokens": 100000000000000000000}}\n'
-            b'{"q": "nan", "params": {"top_p": NaN}}\n')  # fmt: skip
+    data = (
+        b'{"q": "ok", "params": {"seed": 9223372036854775807}}\n'
+        b'{"q": "big", "params": {"max_tokens": 100000000000000000000}}\n'
+        b'{"q": "nan", "params": {"top_p": NaN}}\n'
+    )
     result = run_rows({"x.jsonl": data}, spec, tmp_path)
 
     assert result.manifest["rows_out"] == 1
@@ -221,8 +253,14 @@ def test_drifting_types_and_nested_values_never_fail_the_job(tmp_path: Path) -> 
     ]
     for output_format in ("parquet", "jsonl"):
         out = tmp_path / output_format
-        spec = spec_of(tmp_path, "drift.jsonl", output_uri=str(out), user_template="About {id}",
-                       id_column="id", output_format=output_format)  # fmt: skip
+        spec = spec_of(
+            tmp_path,
+            "drift.jsonl",
+            output_uri=str(out),
+            user_template="About {id}",
+            id_column="id",
+            output_format=output_format,
+        )
         result = run_rows({"drift.jsonl": jsonl(*rows)}, spec, tmp_path)
 
         assert_invariants(result, ids=["a", "b", "c", "d", "e"])
@@ -241,8 +279,14 @@ def test_drifting_types_and_nested_values_never_fail_the_job(tmp_path: Path) -> 
 def test_lone_surrogates_from_json_escapes_never_fail_the_block(tmp_path: Path) -> None:
     lines = b'{"Id": "a", "q": "bad \\ud800 text"}\n{"Id": "b\\udfff", "q": "fine"}\n'
     for output_format in ("parquet", "jsonl"):
-        spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id", output_format=output_format,
-                       output_uri=str(tmp_path / output_format))  # fmt: skip
+        spec = spec_of(
+            tmp_path,
+            "x.jsonl",
+            user_template="{q}",
+            id_column="Id",
+            output_format=output_format,
+            output_uri=str(tmp_path / output_format),
+        )
         result = run_rows({"x.jsonl": lines}, spec, tmp_path)
 
         assert_invariants(result)
@@ -283,8 +327,13 @@ def test_an_id_that_is_an_object_or_missing_is_an_error_row(tmp_path: Path) -> N
 
 
 def test_a_failing_preprocess_keeps_the_rows_id(tmp_path: Path) -> None:
-    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id",
-                   preprocess="tests.unit.pipeline.row_functions.explode")  # fmt: skip
+    spec = spec_of(
+        tmp_path,
+        "x.jsonl",
+        user_template="{q}",
+        id_column="Id",
+        preprocess="tests.unit.pipeline.row_functions.explode",
+    )
     result = run_rows({"x.jsonl": jsonl({"Id": "c-1", "q": "x"})}, spec, tmp_path)
 
     assert [(row["id"], row["error"].split(":")[0]) for row in result.errors] == [
@@ -386,7 +435,7 @@ JSON_VALUES = st.recursive(
     JSON_SCALARS,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
-)  # fmt: skip
+)
 IDS = st.one_of(st.text(min_size=0, max_size=6), st.integers(-3, 3), st.none(), st.floats(), st.booleans())
 ROWS = st.lists(
     st.fixed_dictionaries(
@@ -427,13 +476,22 @@ SPEC_WITH_ID = BatchInferenceSpec.build(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(rows=ROWS, junk=st.lists(st.sampled_from([b"{", b"[1]", b"\xff\xfe", b'"text"', b"null"]), max_size=3),
-       output_format=st.sampled_from(["parquet", "jsonl"]))  # fmt: skip
+@given(
+    rows=ROWS,
+    junk=st.lists(st.sampled_from([b"{", b"[1]", b"\xff\xfe", b'"text"', b"null"]), max_size=3),
+    output_format=st.sampled_from(["parquet", "jsonl"]),
+)
 def test_generated_rows_keep_the_invariants(tmp_path_factory, rows, junk, output_format) -> None:
     tmp_path = tmp_path_factory.mktemp("rows")
     raw = [_line(row) for row in rows] + junk
-    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}", id_column="Id", output_format=output_format,
-                   max_failed_fraction=1.0)  # fmt: skip
+    spec = spec_of(
+        tmp_path,
+        "x.jsonl",
+        user_template="{q}",
+        id_column="Id",
+        output_format=output_format,
+        max_failed_fraction=1.0,
+    )
     result = run_rows({"x.jsonl": b"\n".join(raw) + b"\n"}, spec, tmp_path)
 
     assert result.manifest["rows_in"] == len(raw)
@@ -454,8 +512,14 @@ def test_generated_rows_keep_the_invariants(tmp_path_factory, rows, junk, output
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(table=st.lists(st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=8),
-                               min_size=3, max_size=3), max_size=10))  # fmt: skip
+@given(
+    table=st.lists(
+        st.lists(
+            st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=8), min_size=3, max_size=3
+        ),
+        max_size=10,
+    )
+)
 def test_generated_csv_rows_keep_the_invariants(tmp_path_factory, table) -> None:
     tmp_path = tmp_path_factory.mktemp("csv")
     buffer = io.StringIO()

@@ -475,8 +475,9 @@ def test_csv_columns_whose_type_would_change_what_was_written_stay_text(
 def test_csv_numbers_that_their_type_holds_exactly_keep_it() -> None:
     data = b"n,f,b\n0,1.50,TRUE\n-12,1e3,false\n"
     assert [json.loads(r["row"]) for r in csv_rows(data)] == [
-        {"n": 0, "f": 1.5, "b": True}, {"n": -12, "f": 1000.0, "b": False},
-    ]  # fmt: skip
+        {"n": 0, "f": 1.5, "b": True},
+        {"n": -12, "f": 1000.0, "b": False},
+    ]
 
 
 def test_csv_id_column_missing_from_the_header_changes_nothing() -> None:

@@ -386,9 +386,21 @@ def test_a_folder_lists_exactly_the_files_ray_data_reads(tmp_path: Path) -> None
     read: names starting with '.' or '_' directly under the folder skipped, extensions in any case."""
     from tests.unit.pipeline.ray_env import run_in_ray_env
 
-    names = ["a.jsonl", "B.JSONL", "c.NdJson", "_SUCCESS", ".DS_Store", "_tmp/x.jsonl", ".hidden/y.jsonl",
-             "sub/_z.jsonl", "sub/.w.jsonl", "sub/deep/v.json", "notes.txt", "dxjsonl",
-             "e.jsonl.gz"]  # fmt: skip
+    names = [
+        "a.jsonl",
+        "B.JSONL",
+        "c.NdJson",
+        "_SUCCESS",
+        ".DS_Store",
+        "_tmp/x.jsonl",
+        ".hidden/y.jsonl",
+        "sub/_z.jsonl",
+        "sub/.w.jsonl",
+        "sub/deep/v.json",
+        "notes.txt",
+        "dxjsonl",
+        "e.jsonl.gz",
+    ]
     for name in names:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("{}\n")

@@ -23,9 +23,16 @@ from airflow_provider_raybatch.pipeline.reporting.timings import (
 
 T0 = datetime(2026, 11, 26, 10, 0, tzinfo=UTC).timestamp()
 #: The phases that follow each other from the job's submission to its commit.
-SEQUENTIAL_PHASES = ("runtime_env_s", "driver_start_s", "read_and_prepare_s", "before_engine_stage_s",
-                     "engine_start_to_first_row_s", "generating_s", "engine_stage_end_s",
-                     "commit_s")  # fmt: skip
+SEQUENTIAL_PHASES = (
+    "runtime_env_s",
+    "driver_start_s",
+    "read_and_prepare_s",
+    "before_engine_stage_s",
+    "engine_start_to_first_row_s",
+    "generating_s",
+    "engine_stage_end_s",
+    "commit_s",
+)
 
 
 def sidecar(at: float, replica: object = None) -> dict[str, object]:
@@ -83,16 +90,33 @@ def test_a_run_with_an_engine() -> None:
 def test_a_cold_pool_job_counts_its_replicas_build_and_holds_them_from_its_lease() -> None:
     """A job whose pool replica was built for it showed no engine build in its timings and
     held fewer replica-seconds (43.8) than the build it waited for (45.2 s)."""
-    clock = RunClock(started=T0, rows_ready=T0 + 12, engine_started=T0 + 13, engine_done=T0 + 60,
-                     committed=T0 + 61, submitted=T0 - 9, driver_started=T0 - 4)  # fmt: skip
-    pool = {"warm_replicas": 1, "replica_timings": [
-        {"replica": 0, "engine_start_s": -300.0, "engine_build_seconds": 80.0},  # warm: built earlier
-        {"replica": 1, "engine_start_s": 0.4, "engine_build_seconds": 45.2},  # started for this job
-        {"replica": 2, "engine_start_s": 0.6, "engine_build_seconds": None},  # still building at the end
-    ]}  # fmt: skip
+    clock = RunClock(
+        started=T0,
+        rows_ready=T0 + 12,
+        engine_started=T0 + 13,
+        engine_done=T0 + 60,
+        committed=T0 + 61,
+        submitted=T0 - 9,
+        driver_started=T0 - 4,
+    )
+    pool = {
+        "warm_replicas": 1,
+        "replica_timings": [
+            {"replica": 0, "engine_start_s": -300.0, "engine_build_seconds": 80.0},  # warm: built earlier
+            {"replica": 1, "engine_start_s": 0.4, "engine_build_seconds": 45.2},  # started for this job
+            {"replica": 2, "engine_start_s": 0.6, "engine_build_seconds": None},  # still building at the end
+        ],
+    }
 
-    cold = run_timings(clock, [sidecar(T0 + 59)], replicas=3, gpus_per_replica=1.0, keep_warm_seconds=60,
-                       lease_started=T0 + 1, pool=pool)  # fmt: skip
+    cold = run_timings(
+        clock,
+        [sidecar(T0 + 59)],
+        replicas=3,
+        gpus_per_replica=1.0,
+        keep_warm_seconds=60,
+        lease_started=T0 + 1,
+        pool=pool,
+    )
 
     assert cold["engine_build_s"] == 45.2
     assert cold["engine_import_s"] is None  # a replica's import is inside its build: not split
@@ -176,8 +200,19 @@ def test_the_job_s_start_is_none_where_ray_cannot_say() -> None:
 
 
 def test_a_corrupt_job_record_costs_the_phase_not_the_run() -> None:
-    for record in (None, b"", b"{not json", b'{"start_time": "soon"}', b'{"start_time": true}', b"[]", b"7",
-                   b'{"start_time": -5}', b'{"start_time": 1e300}', "\udcff", 12):  # fmt: skip
+    for record in (
+        None,
+        b"",
+        b"{not json",
+        b'{"start_time": "soon"}',
+        b'{"start_time": true}',
+        b"[]",
+        b"7",
+        b'{"start_time": -5}',
+        b'{"start_time": 1e300}',
+        "\udcff",
+        12,
+    ):
         assert submitted_at_of(record) is None, record
     assert submitted_at_of(b'{"start_time": 1764237600123, "status": "RUNNING"}') == 1764237600.123
 

@@ -289,9 +289,12 @@ async def test_outage_between_good_polls_is_ridden_out(
 ) -> None:
     outage: list[Any] = [httpx.ConnectError("refused")] * 4
     answers = (
-        status_answers(job_payload, "RUNNING") + outage + status_answers(job_payload, "RUNNING") + outage
+        status_answers(job_payload, "RUNNING")
+        + outage
+        + status_answers(job_payload, "RUNNING")
+        + outage
         + status_answers(job_payload, "SUCCEEDED")
-    )  # fmt: skip
+    )
     ray_api.get(JOB_PATH).mock(side_effect=answers)
 
     events = await events_of(make_trigger(retry_window_seconds=30))

@@ -193,12 +193,17 @@ def test_a_task_id_airflow_allows_that_starts_with_a_dot_gives_a_valid_run_key(t
 GOLDEN_RUN_KEYS = [
     (TRY, "classify-m-1-29d7049939633de0"),
     (
-        TaskTry("daily_company_industry", "manual__2026-11-21T00:00:00+00:00",
-                "group.classify_each_company_in_the_list", 7, 3),
+        TaskTry(
+            "daily_company_industry",
+            "manual__2026-11-21T00:00:00+00:00",
+            "group.classify_each_company_in_the_list",
+            7,
+            3,
+        ),
         "group.classify_each_comp-m7-e05aab2639b1f409",
     ),
     (TaskTry("dág", "r", "ünïcödé", -1, 1), "n_c_d-m-1-3926c04ed54d8875"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("task_try", "run_key"), GOLDEN_RUN_KEYS)
@@ -353,11 +358,13 @@ def test_owns_not_foreign_or_empty_metadata() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    dag_id=airflow_keys, task_id=airflow_keys, run_id=run_ids,
+    dag_id=airflow_keys,
+    task_id=airflow_keys,
+    run_id=run_ids,
     map_index=st.integers(min_value=-1, max_value=10**6),
     try_number=st.integers(min_value=1, max_value=10**4),
     run_after=st.datetimes().map(lambda moment: moment.isoformat()),
-)  # fmt: skip
+)
 def test_every_run_owns_its_own_jobs_and_no_other_deployments(
     dag_id: str, task_id: str, run_id: str, map_index: int, try_number: int, run_after: str
 ) -> None:
@@ -394,11 +401,19 @@ OURS = TRY.submission_id(KEY)
 @pytest.mark.parametrize(
     "text",
     [
-        "", "my-own-job", OURS.upper(), OURS[:-1], OURS + "0", OURS + "\n", OURS + "\x00", "../" + OURS,
-        "raybatch-" + "a" * 5000 + OURS[-20:], OURS.replace("classify", "clässify"),
+        "",
+        "my-own-job",
+        OURS.upper(),
+        OURS[:-1],
+        OURS + "0",
+        OURS + "\n",
+        OURS + "\x00",
+        "../" + OURS,
+        "raybatch-" + "a" * 5000 + OURS[-20:],
+        OURS.replace("classify", "clässify"),
         OURS.replace("-t1-", "-t\u0661-"),
     ],
-)  # fmt: skip
+)
 def test_what_we_never_make_has_not_our_shape(text: str) -> None:
     assert not is_submission_id(text)
 
@@ -406,10 +421,13 @@ def test_what_we_never_make_has_not_our_shape(text: str) -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        {"airflow_map_index": "x"}, {"airflow_map_index": "+1"}, {"airflow_map_index": "1" * 11},
-        {"airflow_try_number": "-1"}, {"raybatch_submission_attempt": ""},
+        {"airflow_map_index": "x"},
+        {"airflow_map_index": "+1"},
+        {"airflow_map_index": "1" * 11},
+        {"airflow_try_number": "-1"},
+        {"raybatch_submission_attempt": ""},
     ],
-)  # fmt: skip
+)
 def test_metadata_we_never_write_names_no_try(change: dict) -> None:
     assert TaskTry.from_metadata({**TRY.metadata(), **change}) is None
     assert not issued_by(TRY.submission_id(KEY), {**TRY.metadata(), **change}, KEY)

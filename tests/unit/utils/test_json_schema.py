@@ -25,9 +25,12 @@ PROFILE = {
 
 def spec(schema: Any) -> BatchInferenceSpec:  # Any: the schema as a DAG writes it.
     return BatchInferenceSpec.build(
-        model="m", input_uri="in.jsonl", output_uri="out", user_template="{text}",
+        model="m",
+        input_uri="in.jsonl",
+        output_uri="out",
+        user_template="{text}",
         sampling_params={"structured_outputs": {"json": schema}},
-    )  # fmt: skip
+    )
 
 
 def with_(path: list[str], key: str, value: object) -> dict[str, Any]:  # Any: JSON.

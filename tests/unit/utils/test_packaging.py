@@ -143,13 +143,32 @@ def test_empty_dir_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "relative",
     [
-        ".env", ".envrc", ".netrc", ".git/config", ".git/objects/ab/cdef", ".aws/credentials", ".ssh/id_rsa",
-        ".venv/lib/site.py", "sub/.secrets/token.txt", "sub/.hidden.py",
-        "server.pem", "certs/tls.key", "store.p12", "store.pfx", "CERT.PEM", "id_rsa", "id_rsa.pub", "id_dsa",
-        "keys/id_ecdsa", "id_ed25519", "node_modules/left-pad/index.js", "sub/site-packages/x.py",
-        "__pycache__/fns.cpython-311.pyc", "stray.pyo",
+        ".env",
+        ".envrc",
+        ".netrc",
+        ".git/config",
+        ".git/objects/ab/cdef",
+        ".aws/credentials",
+        ".ssh/id_rsa",
+        ".venv/lib/site.py",
+        "sub/.secrets/token.txt",
+        "sub/.hidden.py",
+        "server.pem",
+        "certs/tls.key",
+        "store.p12",
+        "store.pfx",
+        "CERT.PEM",
+        "id_rsa",
+        "id_rsa.pub",
+        "id_dsa",
+        "keys/id_ecdsa",
+        "id_ed25519",
+        "node_modules/left-pad/index.js",
+        "sub/site-packages/x.py",
+        "__pycache__/fns.cpython-311.pyc",
+        "stray.pyo",
     ],
-)  # fmt: skip
+)
 def test_hidden_secret_and_dependency_files_are_left_out(tmp_path: Path, relative: str) -> None:
     package_dir = make_package(tmp_path)
     (package_dir / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -298,8 +317,9 @@ def test_the_provider_package_ships_every_module_of_ours_whatever_its_name() -> 
         for path in root.rglob("*.py")
         if "__pycache__" not in path.parts
     }
-    spec = BatchInferenceSpec.build(model="m", input_uri="/in/x.jsonl", output_uri="/out",
-                                    user_template="{x}")  # fmt: skip
+    spec = BatchInferenceSpec.build(
+        model="m", input_uri="/in/x.jsonl", output_uri="/out", user_template="{x}"
+    )
     provider = job_shipping.module_packages(spec)[0]
     shipped = set(zipfile.ZipFile(io.BytesIO(provider.data)).namelist())
     assert shipped == ours
@@ -333,9 +353,16 @@ def test_the_shipped_pipeline_imports_on_a_cluster_without_the_provider(tmp_path
         "print('imported', len(sys.modules))\n"
     )
     result = subprocess.run(
-        [str(RAY_PYTHON), "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={"PYTHONPATH": str(tmp_path / "shipped"), "PATH": "/usr/bin:/bin",
-             "RAY_ENABLE_AUTO_CONNECT": "0"},
-    )  # fmt: skip
+        [str(RAY_PYTHON), "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            "PYTHONPATH": str(tmp_path / "shipped"),
+            "PATH": "/usr/bin:/bin",
+            "RAY_ENABLE_AUTO_CONNECT": "0",
+        },
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "imported" in result.stdout
