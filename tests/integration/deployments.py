@@ -8,7 +8,7 @@ dates or users.
 - ``shared_airflow``: the example DAGs and tests/integration/dags/; the OpenAI Batch API on a local
   folder, its batches on the tiny model on the session's cluster (test_openai_batch_api); the UI and
   scheduler tests (test_airflow_ui); prod in test_two_deployments.
-- ``second_airflow``: the Batch API as the security review attacked it, its store on the S3 server,
+- ``second_airflow``: the Batch API as an attacker meets it, its store on the S3 server,
   with small limits and a batch DAG whose Ray connection is a closed port, so that nothing there
   needs a job to run (tests/security/test_openai_api.py); and dev in test_two_deployments, whose
   ticket DAG runs on the session's cluster.

@@ -4,7 +4,8 @@
 teardown once ended a benchmark's cluster mid-run. Both clusters here also take jobs,
 which needs a dashboard agent port of their own, and a job's driver must reach its own cluster: Ray's
 job supervisor finds it through ``<temp dir>/ray_current_cluster``, which in a shared /tmp/ray names
-whichever cluster started last (a helper's cluster once sent every CI job to the wrong GCS).
+whichever cluster started last (another cluster on the machine would take every CI job's driver to
+the wrong GCS).
 """
 
 from __future__ import annotations

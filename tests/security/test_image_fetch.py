@@ -1,4 +1,4 @@
-"""Finding 5 of the security review: a row's image value reached any address, file or bucket.
+"""A row's image value must not reach any address, file or bucket (it once did).
 
 Any ``http(s)://`` value of ``image_column`` (or of an image part in messages) was fetched, redirects
 followed, with no block on loopback, private or link-local addresses: the cloud metadata service at

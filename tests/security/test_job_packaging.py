@@ -1,9 +1,9 @@
-"""The security review's findings 8 and 9 (one item), reproduced through the operator's real
-``entrypoint()`` and ``_runtime_env()``, as they were shown to go wrong before.
+"""Job packaging, through the operator's real ``entrypoint()`` and ``_runtime_env()``: two ways it
+could go wrong.
 
-Finding 8: a spec over ~128 KiB (a long system prompt, a large JSON schema) could not start: the
+A spec over ~128 KiB (a long system prompt, a large JSON schema) could not start: the
 whole spec was one ``sh -c`` argument, past the kernel's per-argument limit (``[Errno 7] Argument
-list too long``). Finding 9: the package of a ``preprocess`` module shipped every file in its
+list too long``). And the package of a ``preprocess`` module shipped every file in its
 folder, ``.env`` and private keys included, to every node of the cluster.
 
 No Ray: the uploads are recorded instead of sent (the cluster side of the spec runs through

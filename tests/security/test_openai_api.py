@@ -1,8 +1,7 @@
-"""The security review's reproductions against the Batch API, on a real `airflow standalone`.
-
-Findings 1 (forged ids reach any object), 2 (batch paths from the run conf), 3 (no per-user
-isolation; a read that writes), 7 (no size limits) and 9 (CSRF-able requests under the session
-cookie, unauthenticated /docs, a NUL byte answered 500), each as it was shown to work before.
+"""Attacks on the Batch API, on a real `airflow standalone`: forged ids that reach any object, batch
+paths from the run conf, no per-user isolation (and a read that writes), no size limits, and
+CSRF-able requests under the session cookie, unauthenticated /docs, a NUL byte answered 500; each
+as it worked against the API before it was closed.
 
 The file store is on a real S3-compatible server on loopback (moto); Airflow's simple auth manager
 has ordinary users (alice, bob, ...), an op (an admin of the store: may edit connections) and a

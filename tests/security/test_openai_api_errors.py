@@ -1,4 +1,4 @@
-"""Finding 9 of the security review: a 503 echoed the raw exception text (SQL with its parameters).
+"""A 503 never echoes the raw exception text (it once showed SQL with its parameters).
 
 The route is called directly (no HTTP, no auth: those are in test_openai_api.py, on a real API
 server, where starting a run does not fail); Airflow's ``trigger_dag`` is made to fail the way a

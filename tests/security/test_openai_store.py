@@ -1,4 +1,4 @@
-"""Finding 1 of the security review: the Batch API's file store read or deleted any object or file.
+"""The Batch API's file store reads or deletes only its own objects (it once reached any object or file).
 
 s3fs cuts a key at ``?versionId=``, so the id ``<fid>.jsonl?versionId=`` read the uploader's own
 *upload* as if it were a file record, and that record's ``uri`` was then trusted: an uploaded line

@@ -1,7 +1,7 @@
 """A dashboard behind a proxy (airflow_provider_raybatch/hooks/ray.py): path prefixes, redirects, login pages.
 
-Issue 18, findings 6 and 7: a 3xx (an SSO proxy whose cookie expired) counted as success and its
-HTML was parsed as JSON, crashing the trigger; ``http://gateway/ray`` became ``http://gateway/ray:8265``.
+A 3xx (an SSO proxy whose cookie expired) must not count as success, nor its HTML be parsed as JSON
+(that crashed the trigger); ``http://gateway/ray`` must not become ``http://gateway/ray:8265``.
 Sync calls go through respx, async ones through the respx bridge of conftest (real aiohttp).
 """
 

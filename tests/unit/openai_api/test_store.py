@@ -1,6 +1,6 @@
 """The OpenAI API's file store on a local folder: files, output files, batch records.
 
-The hostile ids and records of the security review are in tests/security/test_openai_store.py.
+Hostile ids and records (an attacker's) are in tests/security/test_openai_store.py.
 """
 
 from __future__ import annotations

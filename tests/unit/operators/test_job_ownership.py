@@ -135,8 +135,8 @@ def test_a_run_deleted_and_created_again_gets_new_jobs(ray_conn: str, cluster: F
 def test_a_scheduled_run_created_again_submits_under_the_next_free_id(
     ray_conn: str, cluster: FakeCluster, status: str
 ) -> None:
-    """Trial finding: a scheduled run deleted and created again has the same run_after, so its try 1
-    has the deleted run's try-1 id, which Ray refuses (every try failed with AlreadyExists before)."""
+    """A scheduled run deleted and created again has the same run_after, so its try 1 would have the
+    deleted run's try-1 id, which Ray refuses (AlreadyExists): every try would fail."""
     run = SimpleNamespace(run_after=datetime(2026, 3, 13, tzinfo=UTC))
     ti = FakeTI()
     deleted = replace(task_try_of(ti), run_after=run.run_after.isoformat())
@@ -420,8 +420,8 @@ def test_a_wait_ending_badly_after_the_commit_is_a_success(
 def test_a_result_whose_version_another_commit_deleted_fails_naming_both(
     ray_conn: str, cluster: FakeCluster, tmp_path: Path
 ) -> None:
-    """Trial finding: two runs wrote one output_uri; the later commit deleted the earlier run's version,
-    and a clear of the earlier run "succeeded" with a manifest pointing at nothing."""
+    """Two runs write one output_uri: the later commit may delete the earlier run's version, so a clear
+    of the earlier run must not "succeed" with a manifest pointing at nothing."""
     ti = FakeTI()
     out = tmp_path / "out"
     mine = {

@@ -675,7 +675,7 @@ def test_a_job_stopped_under_a_later_try_is_run_again(ray_conn: str, cluster: Fa
 def test_a_deliberate_stop_of_an_earlier_tries_job_fails_the_task(
     ray_conn: str, cluster: FakeCluster, stopped_after_attach: float
 ) -> None:
-    """Finding 8: `ray job stop` of the job a later try attached to, well after the attach, is a
+    """`ray job stop` of the job a later try attached to, well after the attach, is a
     person's decision: the task fails instead of submitting (and paying for) the rows again."""
     ti = retry_ti(2)
     attached_at = time.time() - stopped_after_attach - 1

@@ -312,7 +312,7 @@ def test_owns_not_the_jobs_of_another_run(change: dict) -> None:
 
 
 def test_owns_not_another_deployments_job_of_the_same_run() -> None:
-    """Finding 2: dev's job of the same DAG, run id and task, on the same cluster, is not prod's."""
+    """Dev's job of the same DAG, run id and task, on the same cluster, is not prod's."""
     assert not TRY.owns(*job_of(TRY, OTHER_KEY), KEY)
 
 
@@ -329,7 +329,7 @@ def test_owns_not_another_deployments_job_of_the_same_run() -> None:
     ],
 )
 def test_owns_not_a_job_whose_id_was_not_made_by_this_deployment(forged_id: str) -> None:
-    """Finding 2: anyone who can submit to the cluster can copy a job's metadata; the id they cannot make."""
+    """Anyone who can submit to the cluster can copy a job's metadata; the id they cannot make."""
     assert not TRY.owns(forged_id, TRY.metadata(), KEY)
 
 
