@@ -10,7 +10,8 @@ readable line of the task log. Both sides judge a committed run's failed rows wi
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 
 MANIFEST_FILE_NAME = "manifest.json"
 MANIFEST_LOG_MARKER = "RAYBATCH_MANIFEST_JSON="
@@ -38,17 +39,17 @@ def dry_run_uri(output_uri: str, run_key: str) -> str:
     return f"{output_uri.rstrip('/')}/{DRY_RUNS_FOLDER}/{run_key}"
 
 
-def manifest_log_line(manifest: dict[str, Any]) -> str:  # Any: JSON values.
+def manifest_log_line(manifest: JsonObject) -> str:
     """The single log line that carries the manifest."""
     return MANIFEST_LOG_MARKER + json.dumps(manifest, sort_keys=True, separators=(",", ":"))
 
 
-def progress_log_line(progress: dict[str, Any]) -> str:  # Any: JSON values.
+def progress_log_line(progress: JsonObject) -> str:
     """The log line that carries one progress snapshot (see :func:`describe_progress`)."""
     return PROGRESS_LOG_MARKER + json.dumps(progress, sort_keys=True, separators=(",", ":"))
 
 
-def _last_marked(log: str, marker: str) -> dict[str, Any] | None:  # Any: JSON values.
+def _last_marked(log: str, marker: str) -> JsonObject | None:
     # Searched from the end, not split into lines: the trigger reads a whole driver log (hundreds of
     # KiB) for each progress line, hundreds of triggers per triggerer (bench/RESULTS.md, section 3).
     end = len(log)
@@ -70,23 +71,23 @@ def _last_marked(log: str, marker: str) -> dict[str, Any] | None:  # Any: JSON v
     return None
 
 
-def manifest_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
+def manifest_from_log(log: str) -> JsonObject | None:
     """The last manifest printed in a driver log, or None when the job printed none."""
     return _last_marked(log, MANIFEST_LOG_MARKER)
 
 
-def progress_from_log(log: str) -> dict[str, Any] | None:  # Any: JSON values.
+def progress_from_log(log: str) -> JsonObject | None:
     """The latest progress snapshot printed in a driver log, or None before the first."""
     return _last_marked(log, PROGRESS_LOG_MARKER)
 
 
-def failed_rows(manifest: dict[str, Any]) -> int:  # Any: JSON values.
+def failed_rows(manifest: JsonObject) -> int:
     """The run's failed rows as the thresholds count them: error rows less duplicate ids."""
     return max(int(manifest.get("rows_failed") or 0) - int(manifest.get("rows_duplicate") or 0), 0)
 
 
 def failed_rows_verdict(
-    manifest: dict[str, Any],  # Any: JSON values.
+    manifest: JsonObject,
     max_failed_fraction: float,
     max_failed_rows: int | None,
 ) -> str | None:
@@ -142,7 +143,7 @@ def failed_rows_verdict(
     return message
 
 
-def _held_sentence(manifest: dict[str, Any], written: list[str]) -> str:  # Any: JSON values.
+def _held_sentence(manifest: JsonObject, written: list[str]) -> str:
     """What a held run (:data:`HELD_STATUS`) left where, and how to commit it without paying again."""
     current = manifest.get("current_version")
     kept = f"version {current} stays current" if current else "it has no version yet"
@@ -177,11 +178,11 @@ _TIMING_LABELS = (  # the phases of reporting/timings.py, short, for one log lin
 )
 
 
-def _number(value: Any) -> float | None:  # Any: a JSON value from the job.
+def _number(value: JsonValue) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def describe_timings(timings: Any) -> str | None:  # Any: the manifest's "timings" (JSON), or None.
+def describe_timings(timings: JsonValue) -> str | None:
     """One line of where a run's time and GPUs went, e.g. ``read and prepare 12.0 s; engine start to
     first row 32.0 s; generating 54.0 s; commit 1.5 s; 87.0 GPU-seconds held (4 replicas x 0.25 GPU)``;
     None for a manifest without ``timings`` (an older job's)."""
@@ -205,7 +206,7 @@ def describe_timings(timings: Any) -> str | None:  # Any: the manifest's "timing
     return "; ".join(shown) or None
 
 
-def describe_engine_pool(pool: Any) -> str | None:  # Any: the manifest's "engine_pool" (JSON), or None.
+def describe_engine_pool(pool: JsonValue) -> str | None:
     """One line saying whether the run found its engines warm, e.g. ``engine pool 8f26a2bb2cf787aa: 1 of
     1 replicas warm, kept warm 300 s after the job``; None for a run on its own engines.
 
@@ -232,7 +233,7 @@ def describe_engine_pool(pool: Any) -> str | None:  # Any: the manifest's "engin
     return line
 
 
-def describe_progress(progress: dict[str, Any]) -> str:  # Any: JSON values.
+def describe_progress(progress: JsonObject) -> str:
     """One line for the task log, e.g.
     ``1,200 / 5,000 rows (24.0%), 35.1 rows/s, 210 output tokens/s, ETA 1m48s``.
 

@@ -27,12 +27,14 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.json_types import ArgValue, JsonValue, Kwargs
 from airflow_provider_raybatch.utils.json_schema import schema_problem
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
@@ -307,14 +309,14 @@ class BatchInferenceSpec(BaseModel):
     postprocess: str | None = Field(
         default=None, description="Dotted path of a row -> row function applied to each output row."
     )
-    sampling_params: dict[str, Any] = Field(  # Any: vLLM SamplingParams values are of many types.
+    sampling_params: Kwargs = Field(
         default_factory=dict,
         description="vLLM SamplingParams, e.g. max_tokens, structured_outputs={'json': a JSON schema}. "
         "Unknown keys are refused with the likely one; a JSON schema's misspelled keyword "
         "('requried'), non-JSON type ('str') or required name one letter off a property is refused "
         "too, since JSON Schema would ignore it and the output not be held to it.",
     )
-    engine_kwargs: dict[str, Any] = Field(  # Any: passed as they are to vLLM's engine arguments.
+    engine_kwargs: Kwargs = Field(
         default_factory=dict,
         description="vLLM engine arguments, e.g. max_model_len. gpu_memory_utilization, "
         "kv_cache_memory_bytes or num_gpu_blocks_override make the layout the job's own (see concurrency).",
@@ -422,7 +424,7 @@ class BatchInferenceSpec(BaseModel):
 
     @field_validator("input_uri", "output_uri")
     @classmethod
-    def _check_uri(cls, value: str, info: Any) -> str:  # Any: pydantic's ValidationInfo.
+    def _check_uri(cls, value: str, info: ValidationInfo) -> str:
         scheme = value.split("://", 1)[0].lower() if "://" in value else ""
         if scheme not in _SUPPORTED_SCHEMES:
             raise ValueError(
@@ -432,7 +434,7 @@ class BatchInferenceSpec(BaseModel):
 
     @field_validator("preprocess", "postprocess")
     @classmethod
-    def _check_dotted_path(cls, value: str | None, info: Any) -> str | None:  # Any: ValidationInfo.
+    def _check_dotted_path(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and not _DOTTED_PATH.match(value):
             raise ValueError(
                 f"{info.field_name}={value!r} is not a dotted path; use 'my_module.my_function' "
@@ -499,7 +501,7 @@ class BatchInferenceSpec(BaseModel):
 
     @field_validator("model_cache_dir", "compile_cache_dir")
     @classmethod
-    def _check_cache_dir(cls, value: str | None, info: Any) -> str | None:  # Any: pydantic's ValidationInfo.
+    def _check_cache_dir(cls, value: str | None, info: ValidationInfo) -> str | None:
         # The replica checks the folders as the path names them; the kernel resolves a '..' after the
         # links before it: '/tmp/x/../cache' with x another user's link is their folder, checked as ours.
         if value is None:
@@ -535,7 +537,7 @@ class BatchInferenceSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _openai_defaults(cls, values: Any) -> Any:  # Any: the raw parameters.
+    def _openai_defaults(cls, values: JsonValue) -> JsonValue:
         """An OpenAI batch file is JSONL in and JSONL out, whatever its name says."""
         if isinstance(values, dict) and values.get("openai_endpoint"):
             values = {**values}
@@ -659,7 +661,7 @@ class BatchInferenceSpec(BaseModel):
             )
 
     @classmethod
-    def build(cls, **params: Any) -> BatchInferenceSpec:  # Any: the operator's templated values.
+    def build(cls, **params: ArgValue) -> BatchInferenceSpec:
         """Validate ``params`` into a spec, turning pydantic's report into one :class:`BatchSpecError`."""
         try:
             return cls(**params)
@@ -667,7 +669,7 @@ class BatchInferenceSpec(BaseModel):
             raise BatchSpecError(_describe(err.errors(), params)) from None  # no pydantic traceback first
 
     @classmethod
-    def check_fields(cls, params: dict[str, Any]) -> None:  # Any: the operator's literal values.
+    def check_fields(cls, params: Kwargs) -> None:
         """Raise :class:`BatchSpecError` for the mistakes of ``params``, the fields written as they are:
         each field's own checks, and the checks across fields that involve only these. The other
         fields wait for the values a run renders: a required one stands in as a placeholder, an
@@ -743,8 +745,8 @@ _ONE_TEXT_PER_ROW = {
 
 
 def check_sampling_params(
-    value: Any, *, one_text_per_row: bool = False, name: str = "sampling_params"
-) -> None:  # Any: user input.
+    value: ArgValue, *, one_text_per_row: bool = False, name: str = "sampling_params"
+) -> None:
     """Raise ValueError naming the field when vLLM's SamplingParams would reject ``value`` or this
     pipeline could not honour it (never drop a setting silently).
 
@@ -787,7 +789,7 @@ def check_sampling_params(
         raise ValueError(bad_number[1])
 
 
-def _check_structured_outputs(structured: Any, name: str = "sampling_params") -> None:  # Any: user input.
+def _check_structured_outputs(structured: ArgValue, name: str = "sampling_params") -> None:
     if not isinstance(structured, dict):
         raise ValueError(
             f"{name}['structured_outputs']={structured!r} must be a dict, e.g. {{'choice': [...]}}."
@@ -823,7 +825,7 @@ def _check_structured_outputs(structured: Any, name: str = "sampling_params") ->
             )
 
 
-def _check_json_schema(schema: Any, where: str) -> None:  # Any: user input.
+def _check_json_schema(schema: ArgValue, where: str) -> None:
     """A ``json`` structured output is a JSON schema without misspellings (utils/json_schema.py)."""
     problem = schema_problem(schema, where)
     if problem is not None:
@@ -909,7 +911,7 @@ def _is_inside(uri: str, folder: str) -> bool:
     return normal(uri).startswith(normal(folder).rstrip("/") + "/")
 
 
-def _check_json_serializable(name: str, value: Any) -> None:  # Any: checked here.
+def _check_json_serializable(name: str, value: ArgValue) -> None:
     try:
         json.dumps(value)
     except (TypeError, ValueError) as err:
@@ -1026,7 +1028,7 @@ def _takes_a_dict(field: str) -> bool:
     return any(typing.get_origin(member) is dict or member is dict for member in members)
 
 
-def _describe(problems: Iterable[ErrorDetails], values: dict[str, Any] | None = None) -> str:  # Any: params
+def _describe(problems: Iterable[ErrorDetails], values: Kwargs | None = None) -> str:
     """One readable line per parameter, each naming it (and the key, inside a dict): no pydantic type
     names, and a check of the whole spec (a model validator) names its fields without repeating it.
 

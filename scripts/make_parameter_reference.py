@@ -248,7 +248,25 @@ def _plain(node: ast.expr) -> str:
         if outer == "dict":
             return f"dict of {inner[0]} to {inner[1]}"
     text = ast.unparse(node)
+    if text in _ALIASES:
+        return _plain(_ALIASES[text])
     return "any" if text == "Any" else text
+
+
+def _type_aliases() -> dict[str, ast.expr]:
+    """The package's named types (json_types.py: ``Kwargs = dict[str, ArgValue]``, ``ArgValue = Any``),
+    so a parameter annotated with one reads as the type it stands for."""
+    tree = ast.parse(
+        (Path(__file__).resolve().parents[1] / "airflow_provider_raybatch" / "json_types.py").read_text()
+    )
+    return {
+        node.target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
+    }
+
+
+_ALIASES = _type_aliases()
 
 
 def _union_members(node: ast.expr) -> list[ast.expr]:

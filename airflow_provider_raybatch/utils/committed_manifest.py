@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ _REQUIRED_KEYS = ("status", "output_uri", "rows_in", "rows_out", "rows_failed")
 class CommittedManifest:
     """What was found at ``<output_uri>/manifest.json``: the manifest, or why there is none."""
 
-    manifest: dict[str, Any] | None  # Any: JSON values.
+    manifest: JsonObject | None
     why_not: str = ""
 
 
@@ -118,7 +119,7 @@ def exists(uri: str, conn_id: str | None = None) -> bool | None:
         return None
 
 
-def is_result_of(manifest: dict[str, Any], job_id: str, run_key: str, fingerprint: str) -> bool:  # Any: JSON.
+def is_result_of(manifest: JsonObject, job_id: str, run_key: str, fingerprint: str) -> bool:
     """Whether a committed manifest is the result of Ray job ``job_id`` (see the module docstring)."""
     if manifest.get("status") != "complete":
         return False

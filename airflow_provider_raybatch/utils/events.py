@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEventError
+from airflow_provider_raybatch.json_types import JsonValue
 
 EVENT_STATUSES = frozenset({"success", "error", "cancelled"})
 EVENT_KEYS = ("status", "job_id", "message", "termination_reason")
@@ -28,7 +28,7 @@ def job_event(status: str, job_id: str, message: str, termination_reason: str) -
     return {"status": status, "job_id": job_id, "message": message, "termination_reason": termination_reason}
 
 
-def validate_event(event: Any) -> dict[str, str]:  # Any: whatever the triggerer handed back.
+def validate_event(event: JsonValue) -> dict[str, str]:
     """Reject a missing or malformed event with a clear message before the operator acts on it."""
     if not isinstance(event, dict):
         raise RayTriggerEventError(f"Expected a trigger event dict, got {type(event).__name__}: {event!r}.")

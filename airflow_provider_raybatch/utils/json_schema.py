@@ -13,7 +13,8 @@ import difflib
 import json
 import reprlib
 from collections.abc import Iterator
-from typing import Any
+
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 
 #: JSON Schema's keywords that shape what is valid (drafts 7 to 2020-12).
 _CONSTRAINING = frozenset(
@@ -57,7 +58,7 @@ _MAX_DEPTH = 64
 _CUTOFF = 0.8
 
 
-def schema_problem(schema: Any, where: str) -> str | None:  # Any: JSON values.
+def schema_problem(schema: JsonValue, where: str) -> str | None:
     """The first misspelled keyword, JSON type or required property name in ``schema`` (a dict, or
     its JSON text, as vLLM takes either), said with the likely spelling; or what ``schema`` is instead
     of a schema; or None.
@@ -80,7 +81,7 @@ def schema_problem(schema: Any, where: str) -> str | None:  # Any: JSON values.
     return None
 
 
-def _schemas(node: Any, path: str, depth: int) -> Iterator[tuple[str, dict[str, Any]]]:  # Any: JSON.
+def _schemas(node: JsonValue, path: str, depth: int) -> Iterator[tuple[str, JsonObject]]:
     """Each (sub)schema of ``node`` that is an object, with its path from the top."""
     if not isinstance(node, dict) or depth > _MAX_DEPTH:
         return
@@ -97,7 +98,7 @@ def _schemas(node: Any, path: str, depth: int) -> Iterator[tuple[str, dict[str, 
                 yield from _schemas(sub, f"{path}[{keyword!r}][{index}]", depth + 1)
 
 
-def _node_problem(node: dict[str, Any]) -> str | None:  # Any: JSON values.
+def _node_problem(node: JsonObject) -> str | None:
     for key in node:
         if not isinstance(key, str) or key in _CONSTRAINING or key in _ANNOTATIONS:
             continue

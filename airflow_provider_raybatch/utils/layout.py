@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.exceptions import ClusterLayoutError, RayHookError
+from airflow_provider_raybatch.json_types import JsonValue
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -289,7 +290,7 @@ def plan_layout(spec: BatchInferenceSpec) -> LayoutPlan:
     )
 
 
-def cluster_resources_from_api(payload: Mapping[str, Any]) -> ClusterResources:  # Any: JSON values.
+def cluster_resources_from_api(payload: Mapping[str, JsonValue]) -> ClusterResources:
     """The alive nodes in the JSON body of ``GET`` :data:`CLUSTER_NODES_ENDPOINT`.
 
     The body is ``{"result": true, "msg": "", "data": {"result": {"total": n, "result": [node, ...]}}}``;
@@ -312,7 +313,7 @@ def cluster_resources_from_api(payload: Mapping[str, Any]) -> ClusterResources: 
     return ClusterResources(nodes=nodes)
 
 
-def _node_from_row(row: Mapping[str, Any]) -> NodeResources:  # Any: JSON values.
+def _node_from_row(row: Mapping[str, JsonValue]) -> NodeResources:
     resources = {str(name): float(amount) for name, amount in (row.get("resources_total") or {}).items()}
     from_resource = [
         name.removeprefix(ACCELERATOR_RESOURCE_PREFIX)
