@@ -46,9 +46,13 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.utils.packaging import S3_SETTINGS_URI_FILE, RayPackage, read_job_file
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 S3_SETTING_NAMES = ("endpoint_url", "region", "access_key", "secret_key", "session_token")
 #: Where the driver keeps this job's copy in the GCS's internal key-value store.
@@ -58,7 +62,7 @@ _UPLOAD_URI = re.compile(rf"^{re.escape(UPLOAD_PREFIX)}[0-9a-f]{{32}}\.json$")
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 # This process's settings once read (a worker reads the store once), or those its driver holds.
-_settings: dict[str, Any] | None = None  # Any: JSON values.
+_settings: JsonObject | None = None
 
 
 class JobCredentialsError(RuntimeError):
@@ -100,7 +104,7 @@ def _copy_key(upload_uri: str) -> str:
     return f"{ray.get_runtime_context().get_job_id()}/{upload_uri.removeprefix('gcs://')}"
 
 
-def shipped_s3_settings() -> dict[str, Any] | None:  # Any: JSON values.
+def shipped_s3_settings() -> JsonObject | None:
     """The settings shipped with this job, or None when it relies on the cluster's credentials.
 
     Read once per process from the driver's copy in the cluster's store (Ray is imported only for a
@@ -188,7 +192,7 @@ def _forget_on_sigterm(forget: Callable[[], None]) -> Callable[[], None]:
     if previous is None:  # a handler set outside Python: treated as the default
         previous = signal.SIG_DFL
 
-    def on_sigterm(signum: int, frame: Any) -> None:  # Any: the interrupted frame.
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         try:
             forget()
         finally:

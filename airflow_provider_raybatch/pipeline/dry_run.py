@@ -24,6 +24,7 @@ import json
 import logging
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue, Row
 from airflow_provider_raybatch.manifest import (
     DRY_RUN_STATUS,
     MANIFEST_FILE_NAME,
@@ -97,7 +99,7 @@ class TokenSummary:
         return pa.Table.from_pylist([row], schema=_SUMMARY_SCHEMA)
 
     @classmethod
-    def of_row(cls, row: dict[str, Any]) -> TokenSummary:  # Any: a summary row's values.
+    def of_row(cls, row: Row) -> TokenSummary:
         return cls(
             row["rows"],
             row["tokens"],
@@ -231,7 +233,7 @@ def _measured_rate(output_uri: str) -> MeasuredRate | None:
     return MeasuredRate(rows / seconds, 0.0, "last run") if rows > 0 and seconds > 0 else None
 
 
-def _rows_generated(timings: dict[str, Any], rows_out_not_resumed: int) -> int:  # Any: JSON values.
+def _rows_generated(timings: JsonObject, rows_out_not_resumed: int) -> int:
     """The rows the measured try's engines generated: its ``timings.rows_generated``; for a manifest
     from before that count, its rows out less the rows it resumed (short by the resumed error rows,
     so the rate errs slow, never fast)."""
@@ -271,7 +273,7 @@ def run_dry(
     started_at: datetime,
     job_id: str | None,
     versions: dict[str, str] | None = None,
-) -> dict[str, Any]:  # Any: JSON manifest.
+) -> JsonObject:
     """Count, render and tokenize the prepared (validated, deduped) rows; write and return the manifest.
 
     :param rows_repeated: the rows whose id another row has too, less one per id (the manifest's
@@ -343,7 +345,7 @@ def run_dry(
     return manifest
 
 
-def _histogram(counts: list[int]) -> list[dict[str, Any]]:  # Any: int bounds and counts.
+def _histogram(counts: list[int]) -> list[JsonObject]:
     """Rows per bucket of prompt tokens, shortest first (a list: the manifest's log line sorts dict keys)."""
     buckets: list[dict[str, Any]] = [
         {"tokens_at_most": bound, "rows": count} for bound, count in zip(TOKEN_BUCKETS, counts, strict=False)
@@ -352,17 +354,17 @@ def _histogram(counts: list[int]) -> list[dict[str, Any]]:  # Any: int bounds an
     return buckets
 
 
-def _histogram_rows(buckets: list[dict[str, Any]]) -> list[tuple[str, int]]:  # Any: JSON values.
+def _histogram_rows(buckets: list[JsonObject]) -> list[tuple[str, int]]:
     return [
         (f"<= {b['tokens_at_most']}" if "tokens_at_most" in b else f"> {b['tokens_over']}", b["rows"])
         for b in buckets
     ]
 
 
-def render_report(manifest: dict[str, Any]) -> str:  # Any: JSON values.
+def render_report(manifest: JsonObject) -> str:
     """A one-page HTML report of the dry run: counts, reasons, the token histogram, the estimate."""
 
-    def rows(pairs: Any) -> str:  # Any: (label, value) pairs.
+    def rows(pairs: Iterable[tuple[str, JsonValue]]) -> str:
         return "".join(
             f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in pairs
         )

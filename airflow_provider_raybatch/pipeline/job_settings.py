@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+
+from airflow_provider_raybatch.json_types import ArgValue
 
 #: Every such setting, with the largest value it takes. The modules that read one pass its maximum
 #: here (tests/unit/pipeline/test_job_settings.py keeps them in step); the operator checks those a DAG
@@ -39,7 +40,7 @@ def whole_number(name: str, default: int, maximum: int) -> int:
     return _parsed(name, os.environ.get(name, ""), default, maximum)
 
 
-def check_env_vars(env_vars: Mapping[str, Any]) -> None:  # Any: a DAG's env var values.
+def check_env_vars(env_vars: Mapping[str, ArgValue]) -> None:
     """Refuse, before a job is submitted, a value of :data:`MAXIMA`'s settings that the job would refuse.
 
     :raises ValueError: naming the setting and the range.

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.prompt.prompts import (
@@ -69,7 +70,7 @@ def parse_file_row(
     input_format: InputFormat,
     binary_columns: tuple[str, ...] = (),
     id_column: str | None = None,
-) -> Iterator[dict[str, Any]]:  # Any: Ray's file row and our records.
+) -> Iterator[Row]:
     """One input file (Ray's ``{"path", "bytes"}`` row) -> its records (:func:`.rows.parse_file`).
 
     A generator: Ray Data's ``flat_map`` cuts what it yields into blocks as they fill, so a large
@@ -106,7 +107,7 @@ def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _prompt_text_only(value: Any) -> Any:  # Any: messages or prompt text.
+def _prompt_text_only(value: CellValue) -> CellValue:
     """What the model reads, with each lone surrogate (JSON's ``"\ud800"``) as U+FFFD: it has no UTF-8
     form, so no tokenizer takes it and no Arrow block holds it. The row as written keeps the escape."""
     if isinstance(value, str):
@@ -118,7 +119,7 @@ def _prompt_text_only(value: Any) -> Any:  # Any: messages or prompt text.
     return value
 
 
-def _utf8_safe(prepared: dict[str, Any]) -> dict[str, Any]:  # Any: text or None.
+def _utf8_safe(prepared: Row) -> Row:
     """The prepared row with no lone surrogate left (JSON's ``"\ud800"`` decodes to one): Arrow, and so
     Ray's blocks, take UTF-8 only, and one such row would fail the whole block. JSON text is written
     again with escapes (the same JSON); other text gets ``\ud800`` spelt out."""
@@ -135,7 +136,7 @@ def _utf8_safe(prepared: dict[str, Any]) -> dict[str, Any]:  # Any: text or None
     return prepared
 
 
-def _prepare_user_row(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
+def _prepare_user_row(prepared: JsonObject, spec: BatchInferenceSpec) -> JsonObject:
     row = json.loads(prepared["row"])
     prepared["row"] = _shown_row(row, spec)
     id_from_input = True
@@ -161,7 +162,7 @@ def _prepare_user_row(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dic
     return prepared
 
 
-def _sampling_params(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON values.
+def _sampling_params(row: JsonObject, spec: BatchInferenceSpec) -> JsonObject:
     """The operator's sampling parameters with the row's own over them, key by key, as Ray Data LLM
     takes a preprocess's ``sampling_params`` (``structured_outputs`` replaced whole)."""
     own = row.get(ROW_SAMPLING_PARAMS) if spec.preprocess else None
@@ -179,7 +180,7 @@ def _sampling_params(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str,
     return {**spec.sampling_params, **own}
 
 
-def _prompt(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[str, Any]:  # Any: JSON.
+def _prompt(row: JsonObject, spec: BatchInferenceSpec, source: str) -> JsonObject:
     """``{"messages": <JSON>}`` or ``{"prompt": <text>}``: from the spec's template or messages column,
     else (a preprocess in Ray Data LLM's manner) from the row's own ``messages`` or ``prompt``."""
     folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
@@ -203,7 +204,7 @@ def _prompt(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[
     return {"messages": json.dumps(messages, ensure_ascii=False)}
 
 
-def _prepare_openai_line(prepared: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON.
+def _prepare_openai_line(prepared: JsonObject, spec: BatchInferenceSpec) -> JsonObject:
     line = json.loads(prepared["row"])
     try:
         prepared["id"] = openai_batch.custom_id_of(line)  # duplicates are found by custom_id
@@ -213,7 +214,7 @@ def _prepare_openai_line(prepared: dict[str, Any], spec: BatchInferenceSpec) -> 
     return {**prepared, "request": json.dumps(request, ensure_ascii=False), "error": None}
 
 
-def _shown_row(row: dict[str, Any], spec: BatchInferenceSpec) -> str:  # Any: cell values.
+def _shown_row(row: Row, spec: BatchInferenceSpec) -> str:
     """The row as JSON for outputs and error rows: images (the image column's, or in a preprocess's
     messages) replaced by a description, never their bytes."""
     if spec.image_column and spec.image_column in row:
@@ -226,7 +227,7 @@ def _shown_row(row: dict[str, Any], spec: BatchInferenceSpec) -> str:  # Any: ce
     return row_to_json(row)
 
 
-def _image_part(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> dict[str, Any]:  # Any: JSON.
+def _image_part(row: JsonObject, spec: BatchInferenceSpec, source: str) -> JsonObject:
     """The row's image, read, checked and resized, as a content part; raises ValueError with the reason."""
     column = spec.image_column or ""
     if column not in row:
@@ -236,7 +237,7 @@ def _image_part(row: dict[str, Any], spec: BatchInferenceSpec, source: str) -> d
     return images.content_part_for(row[column], options, relative_to=folder)
 
 
-def _returned_row(value: Any) -> dict[str, Any]:  # Any: whatever the author's function returned.
+def _returned_row(value: CellValue) -> Row:
     """A row function must return a dict; anything else (a forgotten ``return``) fails that row."""
     if not isinstance(value, Mapping):
         raise TypeError(f"returned {type(value).__name__}, not a dict (a row)")
@@ -293,10 +294,10 @@ def first_sources_of_duplicates(
 
 
 def engine_request(
-    row: dict[str, Any],
+    row: Row,
     with_images: bool,
     fill: frozenset[str] = frozenset(),
-) -> dict[str, Any]:  # Any: row values and ray.data.llm's request fields.
+) -> Row:
     """The row as ray.data.llm's stages take it.
 
     ``messages`` and ``sampling_params`` travel as JSON text, decoded by our chat-template and engine
@@ -380,7 +381,7 @@ def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
     return output
 
 
-def source_only(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
+def source_only(row: Row) -> Row:
     """The postprocess when the replicas stage their rows: all that is left to carry is small (the
     source, and the parts a replica reports with its batch)."""
     return {"source": row["source"], REPORTED_PARTS: row.get(REPORTED_PARTS)}
@@ -422,7 +423,7 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
     return {"source": row["source"], "ok": True, "record": row_to_json(output), **engine_counts}
 
 
-def _choices(row: dict[str, Any], spec: BatchInferenceSpec) -> list[str] | None:  # Any: row values.
+def _choices(row: Row, spec: BatchInferenceSpec) -> list[str] | None:
     """The labels the row's own sampling parameters constrain its output to (a preprocess may set them)."""
     if not row.get("sampling"):
         return spec.structured_choices
@@ -446,7 +447,7 @@ def _output_row(source_row: dict[str, Any], row: dict[str, Any], spec: BatchInfe
     return output
 
 
-def _staged_safely(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: row values.
+def _staged_safely(row: Row, spec: BatchInferenceSpec) -> Row:
     """:func:`_staged_result`, with the row firewall: whatever one row raises fails that row only."""
     try:
         return _staged_result(row if row.get(INFERENCE_ERROR) else _engine_output(row), spec)
@@ -490,7 +491,7 @@ def stage_engine_rows(rows: list[dict[str, Any]], spec: BatchInferenceSpec, part
     return parts.write_part([_staged_safely(row, spec) for row in rows])
 
 
-def reported_parts(row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: row values.
+def reported_parts(row: Row) -> list[Row]:
     """After the engine stage: the parts a replica reported, if this row carries them; no row itself,
     as the replicas staged every row (:func:`stage_engine_rows`)."""
     return [{"parts": row[REPORTED_PARTS]}] if row.get(REPORTED_PARTS) else []

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError
+from airflow_provider_raybatch.json_types import JsonObject, Kwargs, RuntimeEnv
 from airflow_provider_raybatch.manifest import (
     HELD_STATUS,
     failed_rows,
@@ -61,6 +62,7 @@ from airflow_provider_raybatch.utils.layout import plan_layout
 
 if TYPE_CHECKING:
     from ray.data import Dataset
+    from ray.data.llm import Processor
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
@@ -162,14 +164,14 @@ def _processor(
     model_source: str,
     parts: PartWriter,
     fill: frozenset[str] = frozenset(),
-) -> Any:  # Any: ray.data.llm.Processor.
+) -> Processor:
     """:param parts: where the engine replicas stage the rows they finish (:func:`stage_engine_rows`).
     :param fill: sampling fields to set on every OpenAI line (``openai_batch.fields_to_fill``).
 
     Built without importing vLLM, torch or transformers in the driver: see :mod:`.processor`.
     """
 
-    extra: dict[str, Any] = {}  # Any: config keyword values.
+    extra: Kwargs = {}
     if spec.max_concurrent_batches is not None:
         extra["max_concurrent_batches"] = spec.max_concurrent_batches
     if spec.replica_resources is not None:
@@ -227,7 +229,7 @@ def _processor(
     return processor
 
 
-def _job_runtime_env() -> dict[str, Any]:  # Any: Ray runtime_env values.
+def _job_runtime_env() -> RuntimeEnv:
     import ray
 
     if not ray.is_initialized():  # outside a job (tests): nothing to inherit
@@ -237,7 +239,7 @@ def _job_runtime_env() -> dict[str, Any]:  # Any: Ray runtime_env values.
 
 def _engine_ready(
     spec: BatchInferenceSpec, model_source: str, parts: PartWriter, fill: frozenset[str] = frozenset()
-) -> tuple[Any, PoolLease | RoomKeeper]:  # Any: ray.data.llm.Processor.
+) -> tuple[Processor, PoolLease | RoomKeeper]:
     """The processor, and what holds its engines' place: on a warm pool the job's lease on it (a cold
     replica starts building its engine now, while the job still reads its input), else a keeper that
     ends idle pool replicas while the job's own replicas wait for their resources (:mod:`.engine_pool`)."""
@@ -310,7 +312,7 @@ def _our_engine_error(text: str) -> str | None:
 
 def _build_while_reading(
     spec: BatchInferenceSpec, model_source: str, parts: PartWriter
-) -> Future[tuple[Any, PoolLease | RoomKeeper]] | None:  # Any: ray.data.llm.Processor.
+) -> Future[tuple[Processor, PoolLease | RoomKeeper]] | None:
     """Start building the processor in a thread, beside the reads; None for an OpenAI batch.
 
     The build needs no rows (Ray Data LLM's stages, its telemetry actor: ~5 s on a fresh cluster), so
@@ -392,7 +394,7 @@ def _staging_owner() -> ownership.Owner:
     return ownership.Owner(job_id, run, time.time())
 
 
-def _hold_again(spec: BatchInferenceSpec, held: dict[str, Any]) -> None:  # Any: JSON values
+def _hold_again(spec: BatchInferenceSpec, held: JsonObject) -> None:
     """Fail as the earlier try did, on the rows it held, generating nothing (:func:`commit.take_held`):
     its manifest again, as this job's (:func:`commit.held_again`), then :class:`RayBatchRowsFailedError`."""
     manifest = commit.held_again(held, _ray_submission_id())
@@ -406,7 +408,7 @@ def _hold_again(spec: BatchInferenceSpec, held: dict[str, Any]) -> None:  # Any:
     )
 
 
-def run_batch(spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: JSON manifest.
+def run_batch(spec: BatchInferenceSpec) -> JsonObject:
     """Run the batch described by ``spec`` on the current Ray cluster and return its manifest."""
     import ray
     import ray.data
@@ -468,7 +470,7 @@ def _run_owned(
     started_at: datetime,
     clock: float,
     marks: RunClock,
-) -> dict[str, Any]:  # Any: JSON manifest.
+) -> JsonObject:
     """The run once this job owns its staging: resume, generate, commit (or hold)."""
     # The engine stage's spec: the job's, with the default layout made where it sets none. The job's
     # own spec stays what binds its rows and names it (its fingerprint).
@@ -573,7 +575,7 @@ def _run_owned(
 
     pool_used = lease.describe() if lease is not None else None  # the warm pool, if any (engine_pool.py)
 
-    def timings() -> dict[str, Any]:  # Any: JSON values.
+    def timings() -> JsonObject:
         engine_sidecars = [part.sidecar for part in engine_parts]
         keep_warm = lease.pool.keep_warm_seconds if lease is not None else None
         return run_timings(

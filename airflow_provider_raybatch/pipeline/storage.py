@@ -26,11 +26,17 @@ import posixpath
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
+from airflow_provider_raybatch.json_types import Kwargs
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.specs import InputFormat, OutputFormat
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+    import ray.data
+    from botocore.client import BaseClient
 
 _FORMAT_EXTENSIONS: dict[str, list[str]] = {
     "jsonl": ["jsonl", "ndjson", "json"],
@@ -89,15 +95,15 @@ class S3Options:
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
 
-    def filesystem(self) -> Any:  # Any: pyarrow.fs.S3FileSystem.
+    def filesystem(self) -> pyarrow.fs.S3FileSystem:
         """One filesystem per settings, shared by every call and thread (pyarrow's is thread-safe): a
         new one per call built a new S3 client and connection each time, ~8 ms of every small GET."""
         return _s3_filesystem(self)
 
-    def _new_filesystem(self) -> Any:  # Any: pyarrow.fs.S3FileSystem.
+    def _new_filesystem(self) -> pyarrow.fs.S3FileSystem:
         from pyarrow import fs
 
-        kwargs: dict[str, Any] = {"region": self.region}  # Any: S3FileSystem arguments.
+        kwargs: Kwargs = {"region": self.region}
         if self.access_key:
             kwargs.update(
                 access_key=self.access_key, secret_key=self.secret_key, session_token=self.session_token
@@ -111,7 +117,7 @@ class S3Options:
 
 
 @functools.lru_cache(maxsize=8)
-def _s3_filesystem(options: S3Options) -> Any:  # Any: pyarrow.fs.S3FileSystem.
+def _s3_filesystem(options: S3Options) -> pyarrow.fs.S3FileSystem:
     return options._new_filesystem()
 
 
@@ -160,12 +166,12 @@ def list_s3_objects(bucket: str, prefix: str, options: S3Options) -> list[S3Obje
 
 
 @functools.lru_cache(maxsize=8)
-def _s3_client(options: S3Options) -> Any:  # Any: a boto3 S3 client
+def _s3_client(options: S3Options) -> BaseClient:
     """One client per settings (boto3's are thread-safe): making one takes ~0.3 s of CPU."""
     import boto3
     from botocore.config import Config
 
-    kwargs: dict[str, Any] = {"region_name": options.region}  # Any: boto3 client arguments
+    kwargs: Kwargs = {"region_name": options.region}
     if options.access_key:
         kwargs.update(
             aws_access_key_id=options.access_key,
@@ -180,7 +186,7 @@ def _s3_client(options: S3Options) -> Any:  # Any: a boto3 S3 client
     return boto3.session.Session().client("s3", **{k: v for k, v in kwargs.items() if v is not None})
 
 
-def filesystem(uri: str) -> tuple[Any, str]:  # Any: pyarrow.fs.FileSystem.
+def filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
     """The pyarrow filesystem of a URI and the path within it."""
     from pyarrow import fs
 
@@ -320,7 +326,7 @@ def read_by_ray_data(path: str, folder: str, extensions: list[str] | None) -> bo
     return path.split("?", 1)[0].lower().endswith(suffixes)
 
 
-def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[Any]:  # Any: pyarrow FileInfo.
+def input_file_infos(input_uri: str, extensions: list[str] | None) -> list[pyarrow.fs.FileInfo]:
     """pyarrow's ``FileInfo`` (path, size, modification time) of each file the job will read; raises
     :class:`InputNotFoundError` when there is none."""
     from pyarrow import fs
@@ -397,7 +403,7 @@ def _local_change(path: str) -> str:
     return f"ctime_ns:{status.st_ctime_ns}"
 
 
-def _s3_etags(path: str, infos: list[Any]) -> dict[str, str]:  # Any: pyarrow FileInfo.
+def _s3_etags(path: str, infos: list[pyarrow.fs.FileInfo]) -> dict[str, str]:
     """The ETag of each listed object, by path: one HEAD for an input of one object, else one listing
     of the input's prefix."""
     bucket, _, key = path.partition("/")
@@ -408,7 +414,7 @@ def _s3_etags(path: str, infos: list[Any]) -> dict[str, str]:  # Any: pyarrow Fi
     return {item.path: f"etag:{item.etag}" for item in list_s3_objects(bucket, prefix, s3_options())}
 
 
-def write_dataset(dataset: Any, uri: str, output_format: OutputFormat) -> None:  # Any: ray Dataset.
+def write_dataset(dataset: ray.data.Dataset, uri: str, output_format: OutputFormat) -> None:
     """Write a dataset as files under ``uri``; the folder exists afterwards even when it is empty."""
     filesystem_, path = filesystem(uri)
     filesystem_.create_dir(path, recursive=True)

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.pipeline import job_settings
 
 if TYPE_CHECKING:
+    import ray
+
     from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 #: How many workers to start: the engine dataset's first operators (filter, batching, preprocess, the
@@ -65,7 +67,7 @@ def _warm_up(hold_seconds: float) -> int:
     return os.getpid()
 
 
-def start(workers: int, hold_seconds: float = HOLD_SECONDS) -> list[Any]:  # Any: ObjectRefs.
+def start(workers: int, hold_seconds: float = HOLD_SECONDS) -> list[ray.ObjectRef]:
     """Ask Ray for ``workers`` warm workers of this job; returns at once, with the tasks' refs."""
     import ray
 

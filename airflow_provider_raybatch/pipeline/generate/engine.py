@@ -48,9 +48,16 @@ import tempfile
 from collections.abc import Callable, Iterator
 from multiprocessing import context as mp_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import Kwargs, RuntimeEnv
 from airflow_provider_raybatch.pipeline import job_settings
+
+if TYPE_CHECKING:
+    from ray.data.llm import Processor
+    from ray.llm._internal.batch.stages.base import StatefulStage
+
+    from airflow_provider_raybatch.pipeline.generate.engine_pool import EnginePool
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
@@ -80,7 +87,7 @@ def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
     return (concurrency[0], concurrency[1])
 
 
-def with_llm_class_batch_defaults(engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.
+def with_llm_class_batch_defaults(engine_kwargs: Kwargs) -> Kwargs:
     """``engine_kwargs`` with vLLM's ``LLM()`` defaults where unset: the tokens and sequences per step,
     and no engine statistics.
 
@@ -91,7 +98,7 @@ def with_llm_class_batch_defaults(engine_kwargs: dict[str, Any]) -> dict[str, An
 
     In a replica only: it imports vLLM, and the defaults depend on the accelerator it runs on.
     """
-    defaults: dict[str, Any] = {"disable_log_stats": True}  # Any: engine kwargs.
+    defaults: Kwargs = {"disable_log_stats": True}
     if "max_num_batched_tokens" not in engine_kwargs or "max_num_seqs" not in engine_kwargs:
         import vllm
         from vllm.usage.usage_lib import UsageContext
@@ -116,8 +123,8 @@ COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
 
 
 def use_our_engine_stage(
-    processor: Any, staging: dict[str, Any], compile_cache_dir: str | None = None
-) -> Any:  # Any: ray.data.llm.Processor; keyword values.
+    processor: Processor, staging: Kwargs, compile_cache_dir: str | None = None
+) -> Processor:
     """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off, and
     its chat-template stage UDF for ours (:mod:`.chat_template`).
 
@@ -148,14 +155,14 @@ POOL_KWARG = "raybatch_pool"
 
 
 def use_engine_pool(
-    processor: Any,
-    staging: dict[str, Any],
+    processor: Processor,
+    staging: Kwargs,
     replicas: int,
     keep_warm_seconds: float,
     compile_cache_dir: str | None,
-    job_runtime_env: dict[str, Any],
+    job_runtime_env: RuntimeEnv,
     render_prompts_in_pool: bool = True,
-) -> Any:  # Any: ray.data.llm.Processor, keyword and runtime_env values; returns an EnginePool
+) -> EnginePool:
     """Put the processor's vLLM stage on a warm pool (:mod:`.engine_pool`); returns the pool.
 
     The stage then runs :class:`.pooled_stage.RaybatchPooledEngineStageUDF`, which reserves no
@@ -180,7 +187,7 @@ def use_engine_pool(
     )
     from airflow_provider_raybatch.pipeline.generate.pooled_stage import RaybatchPooledEngineStageUDF
 
-    chat_template: dict[str, Any] | None = None  # Any: the chat-template stage's keywords
+    chat_template: Kwargs | None = None
     for key, other in list(processor.stages.items()):
         if type(other).__name__ == _CHAT_TEMPLATE_STAGE:
             chat_template = dict(other.fn_constructor_kwargs)
@@ -221,7 +228,7 @@ def use_engine_pool(
     return pool
 
 
-def own_replica_needs(processor: Any) -> dict[str, float]:  # Any: ray.data.llm.Processor
+def own_replica_needs(processor: Processor) -> dict[str, float]:
     """What one of the job's own engine replicas reserves (its engine stage's resources), as
     ``ray.available_resources()`` names them; {} where the stage places them itself (tensor or
     pipeline parallel engines, through placement groups)."""
@@ -234,7 +241,7 @@ def own_replica_needs(processor: Any) -> dict[str, float]:  # Any: ray.data.llm.
     return {}
 
 
-def pool_of(processor: Any) -> Any:  # Any: ray.data.llm.Processor; an EnginePool or None
+def pool_of(processor: Processor) -> EnginePool | None:
     """The warm pool the processor's engine stage runs on (:func:`use_engine_pool`); None: its own engines."""
     for stage in getattr(processor, "stages", {}).values():
         pool = getattr(stage, "fn_constructor_kwargs", {}).get(POOL_KWARG)
@@ -248,7 +255,7 @@ def engine_max_restarts() -> int:
     return job_settings.whole_number(ENGINE_MAX_RESTARTS_ENV, ENGINE_MAX_RESTARTS, ENGINE_MAX_RESTARTS_LIMIT)
 
 
-def _use_our_chat_template_stage(stages: list[Any]) -> None:  # Any: Ray Data LLM stages.
+def _use_our_chat_template_stage(stages: list[StatefulStage]) -> None:
     """Swap the chat-template stage's UDF for ours, which renders row by row (:mod:`.chat_template`)."""
     stages = [stage for stage in stages if type(stage).__name__ == _CHAT_TEMPLATE_STAGE]
     if not stages:

@@ -15,6 +15,9 @@ with ``n`` > 1 also returns its other choices, as the row's ``extra_choices``; a
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
+from airflow_provider_raybatch.json_types import ArgValue, Kwargs, Row
 
 #: When a replica's process imported this module (Ray unpickling the UDF class): its start-up clock.
 _LOADED_AT = time.time()
@@ -50,6 +53,9 @@ from ray.llm._internal.batch.stages.vllm_engine_stage import (  # noqa: E402
     vLLMOutputData,
 )
 
+if TYPE_CHECKING:
+    from vllm import PoolingParams, PoolingRequestOutput, RequestOutput, SamplingParams
+
 #: Row fields that hold the first input's tokens: a request for another input must not carry them.
 _PROMPT_TOKEN_FIELDS = ("tokenized_prompt", "prompt_token_ids")
 
@@ -74,11 +80,11 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
 
     def __init__(
         self,
-        *args: Any,
-        raybatch_staging: dict[str, Any] | None,
+        *args: ArgValue,
+        raybatch_staging: Kwargs | None,
         raybatch_compile_cache_dir: str | None = None,
-        **kwargs: Any,
-    ) -> None:  # Any: Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
+        **kwargs: ArgValue,
+    ) -> None:  # Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
         """:param raybatch_staging: where to stage finished rows; None in a warm pool's replica
         (:mod:`.pool_replica`), which returns its rows to the job's stage instead."""
         init_started_at = time.time()
@@ -107,7 +113,7 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
             clock = replica_clock(_LOADED_AT, init_started_at, engine_ready_at=time.time())
             self._start_staging(raybatch_staging, replica=clock)
 
-    def normalize_engine_kwargs(self, engine_kwargs: dict[str, Any]) -> dict[str, Any]:  # Any: engine kwargs.
+    def normalize_engine_kwargs(self, engine_kwargs: Kwargs) -> Kwargs:
         """Ray Data LLM's normalization, then raw vLLM's batch sizes where unset (see :mod:`.engine`)."""
         return engine.with_llm_class_batch_defaults(super().normalize_engine_kwargs(engine_kwargs))
 
@@ -136,7 +142,7 @@ async def generate_with_extras(llm: Any, row: dict[str, Any]) -> tuple[Any, dict
     return requests[0], output, time_taken
 
 
-def _final_output_only(params: Any) -> None:  # Any: vLLM SamplingParams or PoolingParams.
+def _final_output_only(params: SamplingParams | PoolingParams) -> None:
     """Have the engine return a generation's output once, when it ends, as ``LLM.generate`` does.
 
     Ray Data LLM reads the final output only, but asks for the default, cumulative stream: one
@@ -151,7 +157,7 @@ def _final_output_only(params: Any) -> None:  # Any: vLLM SamplingParams or Pool
         params.output_kind = RequestOutputKind.FINAL_ONLY
 
 
-def _row_for_input(row: dict[str, Any], text: str) -> dict[str, Any]:  # Any: row values.
+def _row_for_input(row: Row, text: str) -> Row:
     """The row as a request for another input: that text as the prompt, which the engine tokenizes."""
     other = {key: value for key, value in row.items() if key not in _PROMPT_TOKEN_FIELDS}
     return {**other, "prompt": text}
@@ -162,7 +168,7 @@ async def _generate(llm: Any, request: Any) -> Any:  # Any: vLLMEngineWrapper, i
         return await llm._generate_async(request)
 
 
-def _extra_choices(output: Any) -> str | None:  # Any: a vLLM RequestOutput or PoolingRequestOutput.
+def _extra_choices(output: RequestOutput | PoolingRequestOutput) -> str | None:
     """The choices after the first, as JSON; None where there are none."""
     import vllm
 
@@ -181,13 +187,13 @@ def _extra_choices(output: Any) -> str | None:  # Any: a vLLM RequestOutput or P
     return json.dumps(choices)
 
 
-def _finish_reason(output: Any) -> str | None:  # Any: a vLLM RequestOutput or PoolingRequestOutput.
+def _finish_reason(output: RequestOutput | PoolingRequestOutput) -> str | None:
     """Why the first choice ended, as vLLM says ("stop", "length", ...); None for embeddings."""
     completions = getattr(output, "outputs", None)
     return completions[0].finish_reason if isinstance(completions, list) and completions else None
 
 
-def _extra_embeddings(outputs: list[Any]) -> str | None:  # Any: vLLM PoolingRequestOutputs.
+def _extra_embeddings(outputs: list[PoolingRequestOutput]) -> str | None:
     """The embeddings of the inputs after the first, as JSON; None where there are none."""
     if not outputs:
         return None

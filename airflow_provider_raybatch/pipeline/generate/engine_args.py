@@ -20,8 +20,8 @@ import ast
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.specs import did_you_mean
 
 #: The classes whose fields are vLLM's engine arguments (Ray Data LLM builds ``AsyncEngineArgs``).
@@ -61,9 +61,7 @@ def engine_argument_names(vllm_dir: Path | None) -> frozenset[str] | None:
     return frozenset(names) or None
 
 
-def check_engine_kwargs(
-    engine_kwargs: Mapping[str, Any], known: frozenset[str] | None
-) -> None:  # Any: engine argument values.
+def check_engine_kwargs(engine_kwargs: Mapping[str, ArgValue], known: frozenset[str] | None) -> None:
     """Refuse keys the engine does not take, naming each and the closest known one.
 
     :param known: :func:`engine_argument_names` (None: not known, nothing is checked).

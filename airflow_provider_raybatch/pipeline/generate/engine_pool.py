@@ -63,11 +63,16 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import JsonObject, Kwargs
 from airflow_provider_raybatch.pipeline import job_settings
 from airflow_provider_raybatch.pipeline.generate.pool_replica import ANY_NODE, LEASE_RENEW_SECONDS
 from airflow_provider_raybatch.pipeline.stage.binding import model_digest
+
+if TYPE_CHECKING:
+    import ray
+    from ray.actor import ActorHandle
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
@@ -101,13 +106,13 @@ class EnginePool:
 
     fingerprint: str
     replicas: int
-    engine_kwargs: dict[str, Any]  # Any: the vLLM stage UDF's constructor keywords
-    actor_options: dict[str, Any]  # Any: Ray actor options (resources, runtime_env)
+    engine_kwargs: Kwargs
+    actor_options: Kwargs
     compile_cache_dir: str | None
     keep_warm_seconds: float
     #: The job's chat-template stage's keywords, where the replicas render its prompts; the job's, so
     #: outside the fingerprint (pool_replica.EngineReplica.attach).
-    chat_template: dict[str, Any] | None = None  # Any: the chat-template stage's keywords
+    chat_template: Kwargs | None = None
     names: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -130,7 +135,7 @@ class EnginePool:
         chosen += [next(free) for _ in range(self.replicas - len(chosen))]
         return replace(self, names=tuple(f"{prefix}{index}" for index in sorted(chosen)))
 
-    def replica(self, index: int) -> Any:  # Any: a Ray actor handle
+    def replica(self, index: int) -> ActorHandle:
         """Replica ``index``: the live one, or a new one (its engine starts building now)."""
         import ray
 
@@ -301,7 +306,7 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
 
 
 def _asked_to_retire(
-    handle: Any,  # Any: a Ray actor handle
+    handle: ActorHandle,
     lacking: dict[str, list[str]],
     within: float,
 ) -> bool:
@@ -388,10 +393,10 @@ class PoolLease:
         self._stop = threading.Event()
         self._started_at = time.time()  # wall clock, to place the replicas' own start and ready times
         self._ready_after: float | None = None
-        self._replica_states: list[dict[str, Any] | None] = []  # Any: each replica's first attach answer
+        self._replica_states: list[JsonObject | None] = []  # each replica's first attach answer
         self._replaced: list[str] = []
         self._ended_for_room: list[str] = []
-        self._attaching: list[Any] = []  # Any: Ray object refs of the first attach calls
+        self._attaching: list[ray.ObjectRef] = []
         self._rows_by_replica: dict[str, int | None] = {}  # the job's rows each replica answered
         self._thread = threading.Thread(target=self._keep, name="raybatch-pool-lease", daemon=True)
 
@@ -440,7 +445,7 @@ class PoolLease:
             answer = _answer(ref, timeout=0)
             self._rows_by_replica[name] = answer.get("rows") if answer else None
 
-    def describe(self) -> dict[str, Any]:  # Any: JSON values.
+    def describe(self) -> JsonObject:
         timings = self._replica_timings()
         built = [
             entry["engine_ready_s"] for entry in timings if entry["answered"] and entry["engine_ready_s"] >= 0
@@ -544,7 +549,7 @@ class PoolLease:
                 return _actor_waits_for(replica_needs(self.pool.actor_options))
         return False
 
-    def _replica_timings(self) -> list[dict[str, Any]]:  # Any: JSON values.
+    def _replica_timings(self) -> list[JsonObject]:
         """Each replica's engine start and ready time (seconds after this lease started; a warm one's
         are negative: an earlier job built it), its build time, and how many of the job's rows it
         answered (None where it could not say: it died, or did not answer in time)."""
@@ -628,7 +633,7 @@ class RoomKeeper:
             self.ended += make_room(self.needs, None, LEASE_RENEW_SECONDS)
 
 
-def _is_up(replica: Any, wait_seconds: float = UP_ANSWER_SECONDS) -> bool:  # Any: a Ray actor handle
+def _is_up(replica: ActorHandle, wait_seconds: float = UP_ANSWER_SECONDS) -> bool:
     """Whether the replica's constructor has returned (its engine is built), asked through Ray's own
     ``__ray_ready__``, which an actor answers once created; a dead one counts as up (its next call
     fails, and the caller replaces it). Not the state API: it needs the dashboard's address, which a
@@ -663,10 +668,10 @@ def _actor_waits_for(needs: dict[str, float], when_unknown: bool = True) -> bool
 
 #: A replica's state in the lease when the job ended before its engine was built (the job's rows went
 #: to the replicas that were: pooled_stage routes batches only to built replicas).
-_BUILDING: dict[str, Any] = {}  # Any: JSON values (an identity marker, never filled)
+_BUILDING: JsonObject = {}
 
 
-def _answer(ref: Any, timeout: float = 5.0) -> dict[str, Any] | None:  # Any: a Ray object ref; JSON values
+def _answer(ref: ray.ObjectRef, timeout: float = 5.0) -> JsonObject | None:
     """A replica's answer to one of the lease's calls; None if it died (or had not answered) by then."""
     import ray
 

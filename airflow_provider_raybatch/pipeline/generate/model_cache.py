@@ -28,10 +28,13 @@ import os
 import posixpath
 import stat
 from dataclasses import asdict, dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import urlsplit
 
 from airflow_provider_raybatch.pipeline import storage
+
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 COMPLETE_MARKER = ".raybatch-complete"
 
@@ -171,7 +174,7 @@ def copy_matches(folder: str, objects: list[ModelObject]) -> bool:
 # -- private files ------------------------------------------------------------------------------
 
 
-def open_new_private_file(path: str) -> Any:  # Any: a binary file object
+def open_new_private_file(path: str) -> BinaryIO:
     """A new file, 0600, never through a link nor over an existing file."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     return os.fdopen(os.open(path, flags, 0o600), "wb")

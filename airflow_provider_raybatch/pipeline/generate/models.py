@@ -20,8 +20,8 @@ import re
 import shutil
 import tempfile
 import uuid
-from typing import Any
 
+from airflow_provider_raybatch.json_types import JsonValue
 from airflow_provider_raybatch.pipeline import private_folders, storage
 from airflow_provider_raybatch.pipeline.generate import model_cache
 from airflow_provider_raybatch.pipeline.generate.model_cache import ModelCacheError, ModelObject
@@ -182,7 +182,7 @@ def resolve_model_source(model: str, cache_dir: str) -> str:
     target = posixpath.join(local_model_dir(model, cache_dir), model_cache.objects_digest(objects))
     fetch = ray.remote(num_cpus=0)(_fetch_on_node)
     nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
-    copied: list[Any] = ray.get(  # Any: counts from each node.
+    copied: list[JsonValue] = ray.get(  # what each node copied
         [
             fetch.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
                 model, target, objects, cache_dir

@@ -31,10 +31,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from airflow_provider_raybatch.json_types import JsonObject, Kwargs, Row
 from airflow_provider_raybatch.pipeline.generate import engine_caches
 from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
+
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 _T = TypeVar("_T")
@@ -125,7 +129,7 @@ class EngineReplica:
         # The chat template is the job's, not the engine's: jobs of one model and engine settings share
         # the replica whatever their chat-template settings (a completions job has none), each rendering
         # with its own. The creating job's is loaded with the engine; another job's at its first attach.
-        self._chat_templates: dict[str, Any] = {}  # Any: our chat-template UDF, by chat_template_key
+        self._chat_templates: dict[str, RaybatchChatTemplateUDF] = {}  # by chat_template_key
         self._job_templates: dict[str, str] = {}  # job id -> the chat_template_key its rows render with
         if chat_template is not None:
             self._chat_templates[chat_template_key(chat_template)] = _chat_template_udf(chat_template)
@@ -171,8 +175,8 @@ class EngineReplica:
         return await self._on_rows_loop(self._attach(job_id, keep_warm_seconds, chat_template))
 
     async def _attach(
-        self, job_id: str, keep_warm_seconds: float, chat_template: dict[str, Any] | None
-    ) -> dict[str, Any]:  # Any: JSON values.
+        self, job_id: str, keep_warm_seconds: float, chat_template: JsonObject | None
+    ) -> JsonObject:
         await self._refuse_if_retiring()
         self._check_cache_folders()
         state = self._state()
@@ -220,9 +224,7 @@ class EngineReplica:
         self._last_active = time.monotonic()
         return {"rows": self._rows_by_job.pop(job_id, 0)}
 
-    async def generate(
-        self, row: dict[str, Any], job_id: str, render: bool = True
-    ) -> dict[str, Any]:  # Any: row values.
+    async def generate(self, row: Row, job_id: str, render: bool = True) -> Row:
         """Ray Data LLM's per-row call on this engine: the row's engine output (an error row on failure).
 
         :param render: apply the chat template to the row's messages; False where the job's own stages
@@ -260,7 +262,7 @@ class EngineReplica:
         for unused in [held for held in self._chat_templates if held not in in_use][:-_SPARE_CHAT_TEMPLATES]:
             del self._chat_templates[unused]  # oldest first: a dict keeps the order they were loaded in
 
-    def _render(self, row: dict[str, Any], job_id: str) -> dict[str, Any] | None:  # Any: row values.
+    def _render(self, row: Row, job_id: str) -> Row | None:
         """Apply the job's chat template to the row's messages, as the job's chat-template stage would
         have; the row's error output if its conversation cannot be rendered (a row's fault, not the
         job's)."""
@@ -286,7 +288,7 @@ class EngineReplica:
         """The replica's state, after asking vLLM whether its engine is alive (raises if it is not)."""
         return await self._on_rows_loop(self._health())
 
-    async def _health(self) -> dict[str, Any]:  # Any: JSON values.
+    async def _health(self) -> JsonObject:
         await self._refuse_if_retiring()
         await self._engine.llm.engine.check_health()
         return self._state()
@@ -331,7 +333,7 @@ class EngineReplica:
         while self._retiring:
             await asyncio.sleep(_TICK_SECONDS)
 
-    def _state(self) -> dict[str, Any]:  # Any: JSON values.
+    def _state(self) -> JsonObject:
         return {
             "fingerprint": self._fingerprint,
             "jobs_served": len(self._jobs_served),
@@ -398,7 +400,7 @@ class EngineReplica:
 _BATCH = uuid.UUID(int=0)
 
 
-def _portable(output: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
+def _portable(output: Row) -> Row:
     """The output row without torch values, so the job's stage (which never imports torch) can read it."""
     embeddings = output.get("embeddings")
     if embeddings is not None and hasattr(embeddings, "tolist"):
@@ -427,7 +429,7 @@ def chat_template_key(settings: dict[str, Any]) -> str:
     return json.dumps(settings, sort_keys=True, default=str)
 
 
-def _chat_template_udf(settings: dict[str, Any]) -> Any:  # Any: our chat-template UDF
+def _chat_template_udf(settings: Kwargs) -> RaybatchChatTemplateUDF:
     from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 
     return RaybatchChatTemplateUDF(data_column="__data", expected_input_keys=[], **settings)

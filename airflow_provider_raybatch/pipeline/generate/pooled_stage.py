@@ -28,14 +28,18 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray.llm._internal.batch.stages.base import StatefulStageUDF
 
+from airflow_provider_raybatch.json_types import ArgValue, JsonObject, Kwargs, Row
 from airflow_provider_raybatch.pipeline.generate import engine
 from airflow_provider_raybatch.pipeline.generate.engine_pool import UP_ANSWER_SECONDS, EnginePool
 from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 #: How long a row keeps trying a replica Ray calls unavailable (not dead) before it is replaced, and how
 #: often. Ray's GCS declares a lost node's actors dead within about 30 s, so a dead one rarely lasts this.
@@ -94,25 +98,25 @@ class _PoolClient(StatefulStageUDF):
         expected_input_keys: list[str],
         raybatch_pool: EnginePool,
         raybatch_render_in_pool: bool = True,
-        **_: Any,  # Any: the stage's other keywords (task_type): the pool's engine has them
+        **_: ArgValue,  # the stage's other keywords (task_type): the pool's engine has them
     ) -> None:
         super().__init__(data_column, expected_input_keys)
         self._pool = raybatch_pool
         # False: this job's own chat-template stage rendered its rows (engine.use_engine_pool).
         self._render_in_pool = raybatch_render_in_pool
         self._job_id = ray.get_runtime_context().get_job_id()
-        self._handles: dict[int, Any] = {}  # Any: Ray actor handles, by replica index
-        # Any: Ray actor ids -> this actor's attach to that replica (every row waits for it: a replica
+        self._handles: dict[int, ActorHandle] = {}
+        # Ray actor ids -> this actor's attach to that replica (every row waits for it: a replica
         # serving another engine must get none of them)
-        self._attached: dict[Any, asyncio.Future[None]] = {}
+        self._attached: dict[ray.ActorID, asyncio.Future[None]] = {}
         self._built: dict[int, asyncio.Task[None]] = {}  # by replica index: done once its engine is built
-        self._dead: set[Any] = set()  # Any: the Ray actor ids of replicas seen dead
+        self._dead: set[ray.ActorID] = set()
         self._next = random.randrange(raybatch_pool.replicas)
         self._replaced = 0
         self._max_replaced = engine.engine_max_restarts()
         self._last_build_failure: str | None = None  # death_cause of the last replica that died building
 
-    async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
+    async def udf(self, batch: list[Row]) -> AsyncIterator[Row]:
         index = await self._next_built_replica()
         tasks = [asyncio.create_task(self._generate(row, index)) for row in batch]
         try:
@@ -160,8 +164,8 @@ class _PoolClient(StatefulStageUDF):
         with contextlib.suppress(ray.exceptions.RayActorError):
             await handle.__ray_ready__.remote()
 
-    async def _generate(self, row: dict[str, Any], index: int) -> dict[str, Any]:  # Any: row values.
-        unreachable: tuple[Any, float] | None = None  # Any: the Ray actor id unreachable, and since when
+    async def _generate(self, row: Row, index: int) -> Row:
+        unreachable: tuple[ray.ActorID, float] | None = None
         lapses = 0
         while True:
             handle = await self._replica(index)
@@ -198,7 +202,7 @@ class _PoolClient(StatefulStageUDF):
             except ray.exceptions.RayActorError as err:
                 self._replace(index, handle, err)
 
-    async def _attach(self, index: int, handle: Any) -> None:  # Any: a Ray actor handle
+    async def _attach(self, index: int, handle: ActorHandle) -> None:
         """Attach this job to the replica once per actor (the first row to it, or to a replacement); the
         batch's other rows wait for that attach and share its outcome. A failed attach is forgotten, so
         the next try attaches again."""
@@ -213,13 +217,13 @@ class _PoolClient(StatefulStageUDF):
                 del self._attached[handle._actor_id]
             raise
 
-    async def _attach_once(self, index: int, handle: Any) -> None:  # Any: a Ray actor handle
+    async def _attach_once(self, index: int, handle: ActorHandle) -> None:
         state = await handle.attach.remote(
             self._job_id, self._pool.keep_warm_seconds, self._pool.chat_template
         )
         self._refuse_another_engine(index, state)
 
-    def _refuse_another_engine(self, index: int, state: dict[str, Any]) -> None:  # Any: JSON values
+    def _refuse_another_engine(self, index: int, state: JsonObject) -> None:
         """Stop before a row goes to an actor that holds the replica's name but serves another engine.
 
         The name carries the pool's fingerprint, so only an actor made outside this code (or a hash
@@ -236,9 +240,9 @@ class _PoolClient(StatefulStageUDF):
                 "without keep_warm_seconds."
             )
 
-    async def _replica(self, index: int) -> Any:  # Any: a Ray actor handle
+    async def _replica(self, index: int) -> ActorHandle:
         """The replica at ``index``: the one this actor holds, else the live one of its name or a new one."""
-        handle: Any = self._handles.get(index)  # Any: a Ray actor handle
+        handle: ActorHandle = self._handles.get(index)
         if handle is not None:
             return handle
         handle = self._pool.replica(index)  # the live replica of that name, or a new one
@@ -249,7 +253,7 @@ class _PoolClient(StatefulStageUDF):
             handle = self._pool.replica(index)
         return self._handles.setdefault(index, handle)  # another row may have got one while this waited
 
-    def _replace(self, index: int, dead: Any, err: BaseException) -> None:  # Any: a Ray actor handle
+    def _replace(self, index: int, dead: ActorHandle, err: BaseException) -> None:
         if self._handles.get(index) is not dead:
             return  # another row of this actor replaced it already
         del self._handles[index]
@@ -288,8 +292,8 @@ class RaybatchPooledEngineStageUDF(StagesFinishedRows, _PoolClient):
         data_column: str,
         expected_input_keys: list[str],
         raybatch_pool: EnginePool,
-        raybatch_staging: dict[str, Any],  # Any: PartWriter keywords plus "spec"
-        **kwargs: Any,  # Any: the stage's other keywords
+        raybatch_staging: Kwargs,
+        **kwargs: ArgValue,
     ) -> None:
         super().__init__(data_column, expected_input_keys, raybatch_pool, **kwargs)
         self._start_staging(raybatch_staging)

@@ -47,9 +47,13 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import ArgValue, CellValue, Kwargs
 from airflow_provider_raybatch.pipeline.generate import engine
+
+if TYPE_CHECKING:
+    from ray.data.llm import Processor
 
 #: Not imported while the processor is built: blocked (vLLM) or deferred to their first use.
 BLOCKED = ("vllm",)
@@ -65,12 +69,12 @@ def _in_build() -> bool:
 
 
 def build_llm_processor(
-    config_kwargs: dict[str, Any],  # Any: vLLMEngineProcessorConfig keyword values.
-    preprocess: Callable[[dict[str, Any]], dict[str, Any]],
-    postprocess: Callable[[dict[str, Any]], dict[str, Any]],
-    staging: dict[str, Any],  # Any: keyword values.
+    config_kwargs: Kwargs,
+    preprocess: Callable[[Kwargs], Kwargs],
+    postprocess: Callable[[Kwargs], Kwargs],
+    staging: Kwargs,
     compile_cache_dir: str | None = None,
-) -> Any:  # Any: ray.data.llm.Processor
+) -> Processor:
     """``build_processor(vLLMEngineProcessorConfig(**config_kwargs), ...)`` with our engine stage.
 
     :param config_kwargs: ``vLLMEngineProcessorConfig`` keywords (built in ``run._processor``).
@@ -128,7 +132,7 @@ class _DeferredModule(types.ModuleType):
         super().__init__(name)
         self.__spec__ = importlib.util.find_spec(name)  # so importlib.util.find_spec(name) keeps working
 
-    def __getattr__(self, attribute: str) -> Any:  # Any: whatever the library holds.
+    def __getattr__(self, attribute: str) -> CellValue:
         if attribute == "AutoConfig" and self.__name__ == "transformers" and _in_build():
             return _ArchitectureProbe
         if attribute.startswith("__") and attribute not in ("__path__", "__version__", "__all__"):
@@ -142,7 +146,7 @@ class _ArchitectureProbe:
     """What Ray's telemetry asks of ``transformers.AutoConfig``: the model's architectures, if local."""
 
     @staticmethod
-    def from_pretrained(model_path: str, **_: Any) -> types.SimpleNamespace:  # Any: AutoConfig options.
+    def from_pretrained(model_path: str, **_: ArgValue) -> types.SimpleNamespace:
         architectures: list[str] = []
         config_file = os.path.join(str(model_path), "config.json")
         if os.path.isfile(config_file):

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import JsonObject, Kwargs, Row
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS, RowStager, flush_rows_for
 
 if TYPE_CHECKING:
@@ -43,8 +44,8 @@ class StagesFinishedRows:
 
     def _start_staging(
         self,
-        staging: dict[str, Any],  # Any: PartWriter keywords plus "spec"
-        replica: dict[str, Any] | None = None,  # Any: JSON values
+        staging: Kwargs,
+        replica: JsonObject | None = None,
     ) -> None:
         """:param replica: this replica's clock (reporting/timings.py ``replica_clock``), stamped on
         each part it stages so that the run's timings show its start-up; None for a pooled stage."""
@@ -59,7 +60,7 @@ class StagesFinishedRows:
         write = functools.partial(stage_engine_rows, spec=spec, parts=writer)
         self._stager = RowStager(write, flush_rows_for(spec.batch_size))
 
-    async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
+    async def udf(self, batch: list[Row]) -> AsyncIterator[Row]:
         """The engine loop of the UDF after this mixin; each row it finishes goes to the stager at once."""
         by_index = {row[self.IDX_IN_BATCH_COLUMN]: row for row in batch}
         async for output in super().udf(batch):  # type: ignore[misc]  # the stage UDF after this mixin
@@ -71,7 +72,7 @@ class StagesFinishedRows:
                 await self._stager.flush()
             yield {**output, STAGED: True}
 
-    def _note_engine_start(self, output: dict[str, Any]) -> None:  # Any: row values.
+    def _note_engine_start(self, output: Row) -> None:
         """Keep when an engine took this stage's first row: the row's finish less its seconds in the
         engine (Ray Data LLM's ``time_taken_llm``; -1 for a row that failed before it).
 

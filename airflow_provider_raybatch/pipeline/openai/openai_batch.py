@@ -20,8 +20,8 @@ import reprlib
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
+from airflow_provider_raybatch.json_types import ArgValue, CellValue, JsonObject, JsonValue, Kwargs
 from airflow_provider_raybatch.pipeline.stage.part_schema import unsafe_number
 
 CHAT = "/v1/chat/completions"
@@ -99,13 +99,13 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 2, 40, 40, 4, 4
 
 
-def _show(value: Any) -> str:  # Any: any JSON value.
+def _show(value: JsonValue) -> str:
     """A line's value as a reason shows it: short, since a value may be megabytes or nested deeply."""
     text = _REPR.repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _line_object(line: Any) -> Mapping[str, Any]:  # Any: whatever a JSONL line parsed to.
+def _line_object(line: JsonValue) -> Mapping[str, JsonValue]:
     if not isinstance(line, Mapping):
         raise RequestError(
             "not a JSON object", f"a request line must be a JSON object, got a {type(line).__name__}"
@@ -113,7 +113,7 @@ def _line_object(line: Any) -> Mapping[str, Any]:  # Any: whatever a JSONL line 
     return line
 
 
-def custom_id_of(line: Mapping[str, Any]) -> str:  # Any: JSON values.
+def custom_id_of(line: Mapping[str, JsonValue]) -> str:
     """The line's ``custom_id``; raises RequestError when it is missing or not a non-empty string."""
     custom_id = _line_object(line).get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
@@ -122,8 +122,8 @@ def custom_id_of(line: Mapping[str, Any]) -> str:  # Any: JSON values.
 
 
 def parse_request(
-    line: Mapping[str, Any], endpoint: str, defaults: Mapping[str, Any]
-) -> dict[str, Any]:  # Any: JSON values.
+    line: Mapping[str, JsonValue], endpoint: str, defaults: Mapping[str, JsonValue]
+) -> JsonObject:
     """The engine request for one line: ``{"messages" | "prompt", "sampling_params", "meta"}``.
 
     :param endpoint: the batch's endpoint; a line for another url fails (OpenAI's rule too).
@@ -152,7 +152,7 @@ def parse_request(
         raise RequestError("invalid request", reason, path)
     if endpoint == EMBEDDINGS:
         return _embedding_request(body)
-    request: dict[str, Any] = {"sampling_params": _sampling_params(body, endpoint, defaults)}  # Any: JSON.
+    request: JsonObject = {"sampling_params": _sampling_params(body, endpoint, defaults)}
     if endpoint == CHAT:
         request["messages"] = _chat_messages(body.get("messages"))
     else:
@@ -164,7 +164,7 @@ def parse_request(
     return request
 
 
-def _chat_messages(messages: Any) -> list[dict[str, Any]]:  # Any: JSON values.
+def _chat_messages(messages: JsonValue) -> list[JsonObject]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("invalid request", "body.messages must be a non-empty list", "body.messages")
     for index, message in enumerate(messages):
@@ -178,7 +178,7 @@ def _chat_messages(messages: Any) -> list[dict[str, Any]]:  # Any: JSON values.
     return messages
 
 
-def _check_content(content: Any, where: str) -> None:  # Any: JSON values.
+def _check_content(content: JsonValue, where: str) -> None:
     """A message's content is text, or a list of text parts (``{"type": "text", "text": "..."}``)."""
     if isinstance(content, str):
         return
@@ -201,11 +201,11 @@ def _check_content(content: Any, where: str) -> None:  # Any: JSON values.
             raise RequestError("invalid request", f"{where}[{number}].text must be a string", where)
 
 
-def _text_of(content: str | list[dict[str, Any]]) -> str:  # Any: JSON values.
+def _text_of(content: str | list[JsonObject]) -> str:
     return content if isinstance(content, str) else "".join(str(part.get("text", "")) for part in content)
 
 
-def _completion_prompt(body: Mapping[str, Any]) -> str:  # Any: JSON values.
+def _completion_prompt(body: Mapping[str, JsonValue]) -> str:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -218,7 +218,7 @@ def _completion_prompt(body: Mapping[str, Any]) -> str:  # Any: JSON values.
     return prompt
 
 
-def _embedding_request(body: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values.
+def _embedding_request(body: Mapping[str, JsonValue]) -> JsonObject:
     """``prompt``: the first input; ``extra_inputs``: the others, where the line has several."""
     texts = body.get("input")
     texts = [texts] if isinstance(texts, str) else texts
@@ -253,7 +253,7 @@ def _embedding_request(body: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON 
     return request
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:  # Any: JSON.
+def _number(body: Mapping[str, JsonValue], name: str, low: float, high: float) -> float | None:
     value = body.get(name)
     if value is None:
         return None
@@ -266,9 +266,7 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> floa
     return float(value)
 
 
-def _integer(
-    body: Mapping[str, Any], name: str, low: int, high: int = _MAX_INT
-) -> int | None:  # Any: JSON values.
+def _integer(body: Mapping[str, JsonValue], name: str, low: int, high: int = _MAX_INT) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -281,9 +279,7 @@ def _integer(
     return value
 
 
-def _sampling_params(
-    body: Mapping[str, Any], endpoint: str, defaults: Mapping[str, Any]
-) -> dict[str, Any]:  # Any: vLLM SamplingParams values.
+def _sampling_params(body: Mapping[str, ArgValue], endpoint: str, defaults: Mapping[str, ArgValue]) -> Kwargs:
     """vLLM SamplingParams from a body. Every line gets the same keys (None where unset), so that
     the lines of one block share a schema on their way through Ray Data."""
     max_tokens = _integer(body, "max_completion_tokens", 1)
@@ -324,7 +320,7 @@ def _sampling_params(
     return params
 
 
-def _choices(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> int:  # Any: JSON values.
+def _choices(body: Mapping[str, JsonValue], defaults: Mapping[str, JsonValue]) -> int:
     """``n``, always an int (never None: vLLM's SamplingParams takes no None for it, and a block's
     int column with a null turns into floats, see NULLABLE_INT_FIELDS)."""
     n = _first(_integer(body, "n", 1), defaults.get("n"), 1)
@@ -333,11 +329,11 @@ def _choices(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> int:  # An
     return n
 
 
-def _first(*values: Any) -> Any:  # Any: whichever value is set first.
+def _first(*values: CellValue) -> CellValue:
     return next((value for value in values if value is not None), None)
 
 
-def _logprobs(body: Mapping[str, Any], endpoint: str) -> int | None:  # Any: JSON values.
+def _logprobs(body: Mapping[str, JsonValue], endpoint: str) -> int | None:
     """vLLM's ``logprobs`` (alternatives per token, besides the chosen one) from the endpoint's fields."""
     if endpoint == COMPLETIONS:
         return _integer(body, "logprobs", 0)
@@ -354,8 +350,8 @@ def _logprobs(body: Mapping[str, Any], endpoint: str) -> int | None:  # Any: JSO
 
 
 def _structured_outputs(
-    response_format: Any, default: Mapping[str, Any] | None
-) -> dict[str, Any] | None:  # Any: JSON values.
+    response_format: JsonValue, default: Mapping[str, JsonValue] | None
+) -> JsonObject | None:
     """vLLM structured outputs from OpenAI's ``response_format``: a JSON schema, or any JSON object.
 
     For compact JSON (a grammar that allows whitespace anywhere lets a weak model pad until
@@ -376,7 +372,7 @@ def _structured_outputs(
     )
 
 
-def _json_schema(json_schema: Any) -> str:  # Any: JSON values.
+def _json_schema(json_schema: JsonValue) -> str:
     """The schema in OpenAI's ``response_format.json_schema`` (``{"name", "schema", "strict"}``), as JSON."""
     where = "body.response_format.json_schema"
     if not isinstance(json_schema, dict):
@@ -404,9 +400,7 @@ def fields_to_fill(requests: Iterable[str | None]) -> frozenset[str]:
     return frozenset(name for name, seen in set_on.items() if seen == {True, False})
 
 
-def filled_sampling_params(
-    params: Mapping[str, Any], fill: frozenset[str], source: str
-) -> dict[str, Any]:  # Any: vLLM SamplingParams values.
+def filled_sampling_params(params: Mapping[str, ArgValue], fill: frozenset[str], source: str) -> Kwargs:
     """``params`` with each field of ``fill`` that is None set to a value that changes nothing:
     max_tokens unbounded, logprobs 0 (not shown: the response reads its own request's meta), and a
     seed of the line's own (stable across reruns) where the line asked for none."""
@@ -442,9 +436,7 @@ def _usage(prompt_tokens: int, completion_tokens: int | None) -> dict[str, int]:
     }
 
 
-def response_line(
-    result: Mapping[str, Any], endpoint: str, model: str, run_key: str
-) -> dict[str, Any]:  # Any: JSON values.
+def response_line(result: Mapping[str, JsonValue], endpoint: str, model: str, run_key: str) -> JsonObject:
     """The output line of one served request.
 
     :param result: the engine's row: ``id`` (custom_id), ``source``, ``request`` (JSON of
@@ -459,7 +451,7 @@ def response_line(
     if endpoint == EMBEDDINGS:
         first = embedding_record(result["embeddings"], int(result["num_input_tokens"]))
         inputs = [first, *json.loads(result.get(EXTRA_EMBEDDINGS) or "[]")]
-        body: dict[str, Any] = {  # Any: JSON values.
+        body: JsonObject = {
             "object": "list",
             "data": [
                 {"object": "embedding", "index": index, "embedding": _embedding(entry["embedding"], meta)}
@@ -497,9 +489,9 @@ def response_line(
 def choice_record(
     text: str,
     num_generated_tokens: int,
-    logprobs: list[dict[str, Any]] | None,
+    logprobs: list[JsonObject] | None,
     finish_reason: str | None = None,
-) -> dict[str, Any]:  # Any: JSON values.
+) -> JsonObject:
     """One choice as the engine row carries it: ``logprobs`` as :func:`token_logprobs` gives them;
     ``finish_reason`` as vLLM gave it (None: not known)."""
     return {
@@ -510,7 +502,7 @@ def choice_record(
     }
 
 
-def embedding_record(vector: Sequence[float], num_input_tokens: int) -> dict[str, Any]:  # Any: JSON values.
+def embedding_record(vector: Sequence[float], num_input_tokens: int) -> JsonObject:
     """One input's embedding as the engine row carries it."""
     return {"embedding": [float(value) for value in vector], "num_input_tokens": num_input_tokens}
 
@@ -520,8 +512,8 @@ _OPENAI_FINISH_REASONS = ("stop", "length")
 
 
 def _choice(
-    index: int, choice: Mapping[str, Any], endpoint: str, meta: Mapping[str, Any]
-) -> dict[str, Any]:  # Any: JSON values.
+    index: int, choice: Mapping[str, JsonValue], endpoint: str, meta: Mapping[str, JsonValue]
+) -> JsonObject:
     finish_reason = choice.get("finish_reason")
     if finish_reason not in _OPENAI_FINISH_REASONS:  # not known: inferred from the token count
         tokens, max_tokens = choice["num_generated_tokens"], meta.get("max_tokens")
@@ -543,7 +535,7 @@ def _choice(
     }
 
 
-def error_line(custom_id: str | None, source: str, reason: str, run_key: str) -> dict[str, Any]:  # Any: JSON.
+def error_line(custom_id: str | None, source: str, reason: str, run_key: str) -> JsonObject:
     """The error-file line of a request that failed: ``error.code`` from the reason's kind, and the
     input line (``source``, ``<file>:<line>``) in the message so a line without custom_id is found too."""
     kind = reason.split(":", 1)[0].strip()
@@ -555,26 +547,28 @@ def error_line(custom_id: str | None, source: str, reason: str, run_key: str) ->
     }
 
 
-def error_reason(line: Mapping[str, Any]) -> str:  # Any: JSON values.
+def error_reason(line: Mapping[str, JsonValue]) -> str:
     """The reason an error line carries, without the line reference :func:`error_line` appends."""
     return str(line["error"]["message"]).rsplit(" (line ", 1)[0]
 
 
-def token_counts(line: Mapping[str, Any]) -> tuple[int, int]:  # Any: JSON values.
+def token_counts(line: Mapping[str, JsonValue]) -> tuple[int, int]:
     """(prompt tokens, completion tokens over all its choices) of an output line."""
     usage = line["response"]["body"]["usage"]
     return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
-def _embedding(vector: list[float], meta: Mapping[str, Any]) -> list[float] | str:  # Any: JSON values.
+def _embedding(vector: list[float], meta: Mapping[str, JsonValue]) -> list[float] | str:
     if meta.get("encoding_format") == "base64":  # OpenAI's: little-endian float32, base64
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
     return vector
 
 
 def token_logprobs(
-    logprobs: Sequence[Mapping[Any, Mapping[str, Any]]], generated_tokens: Sequence[int]
-) -> list[dict[str, Any]]:  # Any: token ids (int, or text after a trip through Arrow) and JSON values.
+    # Keys: token ids (int, or text after a trip through Arrow).
+    logprobs: Sequence[Mapping[CellValue, Mapping[str, JsonValue]]],
+    generated_tokens: Sequence[int],
+) -> list[JsonObject]:
     """vLLM's per-token logprobs (token id -> {logprob, rank, decoded_token}) as one entry per
     generated token: ``{"token", "logprob", "top": [{"token", "logprob"}, ...]}``, alternatives by rank."""
     steps = []
@@ -595,8 +589,8 @@ def token_logprobs(
     return steps
 
 
-def _chat_logprobs(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # Any: JSON values.
-    def entry(token: str, logprob: float) -> dict[str, Any]:  # Any: JSON values.
+def _chat_logprobs(steps: Sequence[Mapping[str, JsonValue]]) -> JsonObject:
+    def entry(token: str, logprob: float) -> JsonObject:
         return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
     return {
@@ -610,7 +604,7 @@ def _chat_logprobs(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # Any
     }
 
 
-def _completion_logprobs(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # Any: JSON values.
+def _completion_logprobs(steps: Sequence[Mapping[str, JsonValue]]) -> JsonObject:
     offsets, offset = [], 0
     for step in steps:
         offsets.append(offset)

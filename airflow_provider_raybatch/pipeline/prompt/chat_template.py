@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
 
+from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.pipeline.row_steps import INFERENCE_ERROR, ROW_REASON_MARK
 
 CHAT_TEMPLATE_FAILED = "chat template failed"
 
 
-def conversation_of(messages: Any) -> list[dict[str, Any]]:  # Any: JSON text, a list, or an ndarray.
+def conversation_of(messages: CellValue) -> list[JsonObject]:
     """The row's messages as the list of dicts a chat template takes."""
     if isinstance(messages, str):
         return json.loads(messages)
@@ -37,7 +37,7 @@ def conversation_of(messages: Any) -> list[dict[str, Any]]:  # Any: JSON text, a
 class RaybatchChatTemplateUDF(ChatTemplateUDF):
     """Ray Data LLM's chat-template UDF, row by row (see the module docstring)."""
 
-    async def udf(self, batch: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:  # Any: row values.
+    async def udf(self, batch: list[Row]) -> AsyncIterator[Row]:
         for row in batch:
             index = row[self.IDX_IN_BATCH_COLUMN]
             if row.get("messages") is None:  # the row's own prompt (a preprocess returned 'prompt')
@@ -53,7 +53,7 @@ class RaybatchChatTemplateUDF(ChatTemplateUDF):
             # this one None, which Ray Data LLM's later stages take for a failure.
             yield {self.IDX_IN_BATCH_COLUMN: index, "prompt": prompt, INFERENCE_ERROR: ""}
 
-    def _render(self, conversation: list[dict[str, Any]]) -> str:  # Any: JSON values.
+    def _render(self, conversation: list[JsonObject]) -> str:
         """What Ray Data LLM's loop does for one conversation (Ray 2.57 and 2.60)."""
         add_generation_prompt = bool(conversation) and conversation[-1].get("role") == "user"
         return self.processor.apply_chat_template(

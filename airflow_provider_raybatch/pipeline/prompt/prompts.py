@@ -10,12 +10,12 @@ import json
 import math
 import string
 from collections.abc import Callable
-from typing import Any
 
+from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.specs import BatchInferenceSpec, parse_user_template
 from airflow_provider_raybatch.utils.user_functions import split_dotted_path
 
-RowFunction = Callable[[dict[str, Any]], dict[str, Any]]  # Any: user rows hold any values.
+RowFunction = Callable[[Row], Row]
 
 
 def load_callable(dotted_path: str) -> RowFunction:
@@ -28,11 +28,11 @@ def load_callable(dotted_path: str) -> RowFunction:
     return function
 
 
-def _is_missing(value: Any) -> bool:  # Any: a cell value.
+def _is_missing(value: CellValue) -> bool:
     return value is None or (isinstance(value, float) and value != value)  # NaN != NaN
 
 
-def _render_user_message(spec: BatchInferenceSpec, row: dict[str, Any]) -> str:  # Any: cell values.
+def _render_user_message(spec: BatchInferenceSpec, row: Row) -> str:
     """``user_template`` filled with the row's columns (``specs.parse_user_template``: only ``{Column}``
     is a field, every other brace is literal text), each field formatted alone so that a reason names
     its column (``{score:.1f}`` on a list is that row's error, not the job's)."""
@@ -59,7 +59,7 @@ def _render_user_message(spec: BatchInferenceSpec, row: dict[str, Any]) -> str: 
     return "".join(pieces)
 
 
-def messages_from_column(column: str, row: dict[str, Any]) -> list[dict[str, Any]]:  # Any: JSON values.
+def messages_from_column(column: str, row: JsonObject) -> list[JsonObject]:
     """The chat messages a row holds in ``column`` (a list, or its JSON text); raises ValueError with
     the row's reason."""
     messages = row.get(column)
@@ -81,9 +81,7 @@ def messages_from_column(column: str, row: dict[str, Any]) -> list[dict[str, Any
     return messages
 
 
-def build_messages(
-    spec: BatchInferenceSpec, row: dict[str, Any], image_part: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:  # Any: cell values and JSON content parts.
+def build_messages(spec: BatchInferenceSpec, row: Row, image_part: Row | None = None) -> list[Row]:
     """The chat messages for one row; raises ValueError with a row-level reason.
 
     :param image_part: the row's image as a content part (``images.image_content_part``); the user
@@ -93,7 +91,7 @@ def build_messages(
     if spec.messages_column is not None:
         return messages_from_column(spec.messages_column, row)
     text = _render_user_message(spec, row)
-    messages: list[dict[str, Any]]  # Any: text, or a list of content parts.
+    messages: list[Row]
     if image_part is None:
         messages = [{"role": "user", "content": text}]
         if spec.system_prompt:
@@ -105,7 +103,7 @@ def build_messages(
     return messages
 
 
-def id_text(value: Any, column: str) -> str:  # Any: a cell value.
+def id_text(value: CellValue, column: str) -> str:
     """An id cell's one canonical text: text as it is; JSON numbers as JSON writes them (``7``,
     ``7.5``, ``1e+300``); ``true``/``false``. Raises ValueError for a missing, empty or nested id
     (NaN and Infinity count as missing: they identify nothing)."""
@@ -120,12 +118,12 @@ def id_text(value: Any, column: str) -> str:  # Any: a cell value.
     raise ValueError(f"missing id: id column {column!r} is missing or empty")
 
 
-def _json_kind(value: Any) -> str:  # Any: a cell value.
+def _json_kind(value: CellValue) -> str:
     kinds: dict[type, str] = {dict: "object", list: "array"}
     return kinds.get(type(value), type(value).__name__)
 
 
-def row_id(spec: BatchInferenceSpec, row: dict[str, Any], source: str) -> str:  # Any: cell values.
+def row_id(spec: BatchInferenceSpec, row: Row, source: str) -> str:
     """The id column's value as text (:func:`id_text`), or the row's ``<file>:<row number>`` when no
     id column is set."""
     if spec.id_column is None:

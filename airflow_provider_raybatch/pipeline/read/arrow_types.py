@@ -23,7 +23,11 @@ from __future__ import annotations
 
 import base64
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 #: The field metadata key that makes a field an extension type (Arrow's IPC format).
 EXTENSION_NAME_KEY = b"ARROW:extension:name"
@@ -76,7 +80,7 @@ class RefusedArrowTypeError(ValueError):
     """A file holds an Arrow type off the allowlist; the message names the column and the type."""
 
 
-def check_schema(schema: Any) -> None:  # Any: pyarrow.Schema.
+def check_schema(schema: pa.Schema) -> None:
     """Raise :class:`RefusedArrowTypeError` naming the first column that is, or holds, a type not
     allowed (:data:`ALLOWED_TYPES`)."""
     for field in schema:
@@ -88,7 +92,7 @@ def check_schema(schema: Any) -> None:  # Any: pyarrow.Schema.
             )
 
 
-def _refused_type(field: Any) -> str | None:  # Any: pyarrow.Field.
+def _refused_type(field: pa.Field) -> str | None:
     """The text of the first type in ``field`` (itself, or one it holds) that is not allowed, or None."""
     import pyarrow as pa
 
@@ -113,7 +117,7 @@ def _quoted(text: str) -> str:
     return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "..."
 
 
-def checked_parquet_schema(file: bytes | Any) -> Any:  # Any: a pyarrow file in; pyarrow.Schema out.
+def checked_parquet_schema(file: bytes | pa.NativeFile) -> pa.Schema:
     """The Arrow schema pyarrow reads a Parquet file with, once every type in it is allowed.
 
     Reads the footer only, and runs no registered extension type's code: the Arrow schema stored in
@@ -152,7 +156,7 @@ def checked_parquet_schema(file: bytes | Any) -> Any:  # Any: a pyarrow file in;
     return schema
 
 
-def open_parquet(source: Any) -> Any:  # Any: what pyarrow.parquet.ParquetFile takes, and the file.
+def open_parquet(source: BinaryIO | pa.NativeFile) -> pq.ParquetFile:
     """A Parquet reader that reads Parquet's own UUID and JSON columns (Spark's, DuckDB's) as their
     storage types, fixed-size binary and string: pyarrow 18+ makes them the extension types
     ``arrow.uuid`` and ``arrow.json`` by default, which the allowlist refuses like any extension type."""
@@ -177,7 +181,7 @@ def _reader_takes_extension_switch() -> bool:
 _MAGIC = b"PAR1"
 
 
-def _footer(file: Any) -> tuple[bytes, bytes]:  # Any: pyarrow.NativeFile.
+def _footer(file: pa.NativeFile) -> tuple[bytes, bytes]:
     """A Parquet file's footer (its Thrift metadata) and the 8 bytes after it, read from its end."""
     size = file.size()
     if size < len(_MAGIC) + 8:

@@ -30,6 +30,7 @@ from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON
 from airflow_provider_raybatch.pipeline import job_settings, row_steps
 
 if TYPE_CHECKING:
+    import ray
     from ray.data import Dataset
 
 #: Up to this many rows the driver finds duplicate ids itself: its memory for them stays bounded
@@ -203,9 +204,7 @@ def mark_duplicates(prepared: Dataset, first_sources: pa.Table) -> Dataset:
     )
 
 
-def mark_duplicates_in_batch(
-    batch: pa.Table, first_sources: Any
-) -> pa.Table:  # Any: pa.Table or its ObjectRef.
+def mark_duplicates_in_batch(batch: pa.Table, first_sources: pa.Table | ray.ObjectRef) -> pa.Table:
     if batch.num_rows == 0:
         return batch
     first_sources = _resolved(first_sources)
@@ -246,14 +245,14 @@ def drop_staged(prepared: Dataset, staged_sources: Iterable[str]) -> Dataset:
     )
 
 
-def unstaged_in_batch(batch: pa.Table, staged: Any) -> pa.Table:  # Any: pa.Array or its ObjectRef.
+def unstaged_in_batch(batch: pa.Table, staged: pa.Array | ray.ObjectRef) -> pa.Table:
     if batch.num_rows == 0:
         return batch
     already = pc.is_in(pc.cast(batch["source"], pa.string()), value_set=_resolved(staged))
     return batch.filter(pc.invert(already))
 
 
-def _resolved(value: Any) -> Any:  # Any: an Arrow value or the ObjectRef of one.
+def _resolved(value: pa.Table | pa.Array | ray.ObjectRef) -> pa.Table | pa.Array:
     """Fetched from the object store once per batch (zero-copy for Arrow data)."""
     if type(value).__name__ == "ObjectRef":
         import ray

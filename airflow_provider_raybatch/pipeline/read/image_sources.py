@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import CellValue
 from airflow_provider_raybatch.specs import (
     check_allowed_local_path,
     parse_allowed_host_entry,
@@ -92,7 +93,7 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 2, 60, 60, 4, 4
 
 
-def briefly(value: Any) -> str:  # Any: whatever the row holds.
+def briefly(value: CellValue) -> str:
     """A short repr: a row's value may be megabytes, or nested deeper than repr() can go."""
     text = _REPR.repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
@@ -587,7 +588,7 @@ def _opener(deadline: _Deadline, sources: ImageSources) -> urllib.request.Opener
     return opener
 
 
-def _declared_length(response: Any) -> int | None:  # Any: http.client.HTTPResponse.
+def _declared_length(response: http.client.HTTPResponse) -> int | None:
     declared = response.headers.get("Content-Length") or ""
     return int(declared) if declared.isascii() and declared.isdigit() else None
 

@@ -47,7 +47,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_provider_raybatch.json_types import CellValue, JsonObject, JsonValue
 
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
 # too, beside the kinds of decoding, for the readers of rows' reasons (TOO_LARGE_KIND also covers
@@ -202,7 +204,7 @@ def _located(err: ValueError, where: str) -> ValueError:
     return _reason(kind, f"{where}: {detail}")
 
 
-def _is_pil_image(value: Any) -> bool:  # Any: a row's value.
+def _is_pil_image(value: CellValue) -> bool:
     module = sys.modules.get("PIL.Image")  # not imported yet: the value cannot be a PIL image
     return module is not None and isinstance(value, module.Image)
 
@@ -211,8 +213,8 @@ def _is_pil_image(value: Any) -> bool:  # Any: a row's value.
 
 
 def read_image_bytes(
-    value: Any, options: ImageOptions = DEFAULT_OPTIONS, relative_to: str | None = None
-) -> bytes:  # Any: a row's cell.
+    value: CellValue, options: ImageOptions = DEFAULT_OPTIONS, relative_to: str | None = None
+) -> bytes:
     """The encoded bytes of a row's image value; raises ValueError with the row's reason.
 
     :param relative_to: folder (local or URI) that relative paths are resolved against: the folder of
@@ -236,9 +238,7 @@ def read_image_bytes(
     raise _reason(BAD_VALUE_KIND, f"cannot read an image from a {type(value).__name__}: {_describe(value)}")
 
 
-def _read_struct(
-    value: dict[Any, Any], options: ImageOptions, relative_to: str | None
-) -> bytes:  # Any: a Hugging Face image struct, or whatever dict the row holds.
+def _read_struct(value: dict[CellValue, CellValue], options: ImageOptions, relative_to: str | None) -> bytes:
     if "bytes" not in value and "path" not in value:
         raise _reason(
             BAD_VALUE_KIND,
@@ -371,9 +371,7 @@ def resize_image(image: Image, options: ImageOptions = DEFAULT_OPTIONS) -> Image
     return image.resize(target, PILImage.Resampling.BICUBIC)
 
 
-def _load(
-    value: Any, options: ImageOptions, relative_to: str | None
-) -> tuple[Image, str | None]:  # Any: a cell.
+def _load(value: CellValue, options: ImageOptions, relative_to: str | None) -> tuple[Image, str | None]:
     if _is_pil_image(value):
         image, source_format = _from_pil(value, options)
     else:
@@ -383,13 +381,13 @@ def _load(
 
 
 def load_image(
-    value: Any, options: ImageOptions = DEFAULT_OPTIONS, relative_to: str | None = None
-) -> Image:  # Any: a cell.
+    value: CellValue, options: ImageOptions = DEFAULT_OPTIONS, relative_to: str | None = None
+) -> Image:
     """A row's image value (or a PIL image) -> a checked, RGB, resized PIL image; raises ValueError."""
     return _load(value, options, relative_to)[0]
 
 
-def describe_image_value(value: Any) -> Any:  # Any: a row's cell in, a JSON value out.
+def describe_image_value(value: CellValue) -> JsonValue:
     """A short stand-in for a row's image value, to show in error rows instead of megabytes of bytes.
 
     Bytes and data URLs become ``"<N bytes>"``; a PIL image ``"<WxH MODE image>"``; paths and URLs stay
@@ -398,7 +396,7 @@ def describe_image_value(value: Any) -> Any:  # Any: a row's cell in, a JSON val
     return _described_value(value, depth=0)
 
 
-def _described_value(value: Any, depth: int) -> Any:  # Any: a cell in, a JSON value out.
+def _described_value(value: CellValue, depth: int) -> JsonValue:
     if value is None:
         return None
     if isinstance(value, bytes | bytearray | memoryview):
@@ -473,7 +471,7 @@ def image_data_url(
 
 def image_content_part(
     image: Image, options: ImageOptions = DEFAULT_OPTIONS, source_format: str | None = None
-) -> dict[str, Any]:  # Any: JSON.
+) -> JsonObject:
     """The OpenAI-style content part vLLM's chat parser and ray.data.llm take for one image.
 
     Raises ValueError (``image too large``) rather than return a part :func:`split_image_parts` refuses.
@@ -482,8 +480,8 @@ def image_content_part(
 
 
 def content_part_for(
-    value: Any, options: ImageOptions = DEFAULT_OPTIONS, relative_to: str | None = None
-) -> dict[str, Any]:  # Any: a row's cell (or a PIL image) in, JSON out.
+    value: CellValue, options: ImageOptions = DEFAULT_OPTIONS, relative_to: str | None = None
+) -> dict[str, JsonValue]:
     """:func:`load_image` then :func:`image_content_part`: a row's image value -> its content part.
 
     Everything that can fail for a row's image fails here, where the row is prepared, as a ValueError
@@ -498,8 +496,8 @@ _PART_OPTIONS = ImageOptions(min_side=1, max_pixels=PART_MAX_PIXELS, max_bytes=P
 
 
 def split_image_parts(
-    messages: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], list[Image]]:  # Any: JSON.
+    messages: list[JsonObject],
+) -> tuple[list[JsonObject], list[Image]]:
     """Messages with data-URL image parts -> (messages with ``{"type": "image"}`` parts, the images).
 
     This is the shape a model's chat template and ``multi_modal_data={"image": images}`` expect when
@@ -513,7 +511,7 @@ def split_image_parts(
             MESSAGES_KIND, f"messages must be a list of chat messages, got a {type(messages).__name__}"
         )
     images: list[Image] = []
-    rendered: list[dict[str, Any]] = []  # Any: JSON.
+    rendered: list[JsonObject] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _reason(MESSAGES_KIND, f"message {index} is a {type(message).__name__}, not an object")
@@ -528,7 +526,7 @@ def split_image_parts(
     return rendered, images
 
 
-def _split_part(where: str, part: Any, images: list[Image]) -> Any:  # Any: a content part.
+def _split_part(where: str, part: CellValue, images: list[Image]) -> CellValue:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "image":  # a placeholder here would have no image: the counts would disagree
         raise _reason(
@@ -553,12 +551,12 @@ _TEXT = object()  # what _image_value returns for a text part
 
 
 def normalize_message_images(
-    messages: Any,
+    messages: CellValue,
     options: ImageOptions = DEFAULT_OPTIONS,
     relative_to: str | None = None,
     *,
     max_images: int = DEFAULT_MAX_IMAGES,
-) -> list[dict[str, Any]]:  # Any: what a preprocess returned in, JSON out.
+) -> list[dict[str, JsonValue]]:
     """A copy of chat messages with every image part replaced by its canonical content part.
 
     A preprocess written for Ray Data LLM returns images as ``{"type": "image", "image": <PIL image,
@@ -578,7 +576,7 @@ def normalize_message_images(
     ]
 
 
-def _check_messages(messages: Any, max_images: int) -> None:  # Any: what a preprocess returned.
+def _check_messages(messages: CellValue, max_images: int) -> None:
     """Raise ``bad messages`` for the first part that is not a part, or for one image too many."""
     if not isinstance(messages, list):
         raise _reason(
@@ -592,7 +590,7 @@ def _check_messages(messages: Any, max_images: int) -> None:  # Any: what a prep
                 raise _reason(MESSAGES_KIND, f"{where}: more than max_images={max_images} images")
 
 
-def _content_parts(index: int, message: Any) -> list[tuple[str, Any]]:  # Any: JSON-ish.
+def _content_parts(index: int, message: JsonValue) -> list[tuple[str, JsonValue]]:
     """(place, part) of a message's content parts; none for a text content or none at all."""
     if not isinstance(message, dict):
         raise _reason(MESSAGES_KIND, f"message {index} is a {type(message).__name__}, not an object")
@@ -607,7 +605,7 @@ def _content_parts(index: int, message: Any) -> list[tuple[str, Any]]:  # Any: J
     return [(f"message {index} part {number}", part) for number, part in enumerate(content)]
 
 
-def _image_value(where: str, part: Any) -> Any:  # Any: a content part in, its image value out.
+def _image_value(where: str, part: JsonValue) -> CellValue:
     """The image a part carries, ``_TEXT`` for a text part; raises ``bad messages`` for anything else."""
     if not isinstance(part, dict):
         raise _reason(MESSAGES_KIND, f"{where} is a {type(part).__name__}, not an object")
@@ -634,8 +632,8 @@ def _image_value(where: str, part: Any) -> Any:  # Any: a content part in, its i
 
 
 def _normalized_message(
-    index: int, message: dict[str, Any], options: ImageOptions, relative_to: str | None
-) -> dict[str, Any]:  # Any: JSON.
+    index: int, message: JsonObject, options: ImageOptions, relative_to: str | None
+) -> JsonObject:
     parts = _content_parts(index, message)
     if not parts:
         return dict(message)
@@ -644,8 +642,8 @@ def _normalized_message(
 
 
 def _normalized_part(
-    where: str, part: dict[str, Any], options: ImageOptions, relative_to: str | None
-) -> dict[str, Any]:  # Any: JSON.
+    where: str, part: JsonObject, options: ImageOptions, relative_to: str | None
+) -> JsonObject:
     value = _image_value(where, part)
     if value is _TEXT:
         return dict(part)
@@ -655,7 +653,7 @@ def _normalized_part(
         raise _located(err, where) from err
 
 
-def describe_message_images(messages: Any) -> Any:  # Any: any messages in, a JSON value out.
+def describe_message_images(messages: CellValue) -> JsonValue:
     """A copy of chat messages with each image replaced by a short description (:func:`describe_image_value`).
 
     For error rows and outputs, which must never carry image bytes. Takes anything (it runs on rows
@@ -666,7 +664,7 @@ def describe_message_images(messages: Any) -> Any:  # Any: any messages in, a JS
     return [_described_message(message) for message in messages]
 
 
-def _described_message(message: Any) -> Any:  # Any: a message in, a JSON value out.
+def _described_message(message: CellValue) -> JsonValue:
     if not isinstance(message, dict):
         return _scrubbed(message, depth=1)
     described = {str(key): _scrubbed(value, depth=1) for key, value in message.items() if key != "content"}
@@ -678,7 +676,7 @@ def _described_message(message: Any) -> Any:  # Any: a message in, a JSON value 
     return described
 
 
-def _described_part(part: Any) -> Any:  # Any: a content part in, a JSON value out.
+def _described_part(part: CellValue) -> JsonValue:
     if not isinstance(part, dict):
         return _scrubbed(part, depth=2)
     kind = part.get("type")
@@ -695,7 +693,7 @@ def _described_part(part: Any) -> Any:  # Any: a content part in, a JSON value o
     return described
 
 
-def _scrubbed(value: Any, depth: int) -> Any:  # Any: any value in, a JSON value out.
+def _scrubbed(value: CellValue, depth: int) -> JsonValue:
     """``value`` with bytes and PIL images described, as JSON; text and numbers as they are."""
     if isinstance(value, bytes | bytearray | memoryview) or _is_pil_image(value):
         return describe_image_value(value)

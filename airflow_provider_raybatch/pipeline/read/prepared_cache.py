@@ -33,14 +33,16 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from airflow_provider_raybatch.json_types import JsonValue
 from airflow_provider_raybatch.pipeline import job_settings, storage
 from airflow_provider_raybatch.pipeline.read import arrow_types
 
 if TYPE_CHECKING:
+    import pyarrow.fs
     from ray.data import Dataset
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
@@ -135,7 +137,7 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
     )
 
 
-def _checked_files(filesystem: Any, path: str) -> list[str]:  # Any: pyarrow.fs.FileSystem.
+def _checked_files(filesystem: pyarrow.fs.FileSystem, path: str) -> list[str]:
     """Every file of the cache folder, once each one's Arrow types are allowed (:mod:`.arrow_types`).
 
     The folder is in the output's staging, which whoever can write the output can write too: a planted
@@ -154,7 +156,7 @@ def _checked_files(filesystem: Any, path: str) -> list[str]:  # Any: pyarrow.fs.
     return files
 
 
-def _counts(record: Any, digest: str) -> dict[str, int] | None:  # Any: parsed JSON.
+def _counts(record: JsonValue, digest: str) -> dict[str, int] | None:
     """The record's counts when it is a complete record for ``digest``, else None."""
     if not isinstance(record, dict) or record.get("format") != _RECORD_FORMAT:
         return None

@@ -25,11 +25,15 @@ import re
 from collections.abc import Iterator
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.pipeline.read import arrow_types
 from airflow_provider_raybatch.pipeline.read.jsonl import BYTE_ORDER_MARK, split_lines
 from airflow_provider_raybatch.specs import InputFormat
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Record = dict[str, str | None]
 
@@ -41,7 +45,7 @@ _UNDECODABLE = re.compile("[\udc80-\udcff]")
 # -- JSON text of a row ---------------------------------------------------------------------------
 
 
-def _set_items(value: set[Any] | frozenset[Any]) -> list[Any]:  # Any: set members.
+def _set_items(value: set[CellValue] | frozenset[CellValue]) -> list[CellValue]:
     """A set as a list, sorted when its members sort, so equal sets give equal JSON."""
     items = list(value)
     try:
@@ -50,7 +54,7 @@ def _set_items(value: set[Any] | frozenset[Any]) -> list[Any]:  # Any: set membe
         return items
 
 
-def _numpy_value(value: Any) -> Any:  # Any: a numpy scalar or array, and what it holds.
+def _numpy_value(value: CellValue) -> CellValue:
     """A numpy value as plain Python; never ``str``, which elides arrays past 1,000 items with ``...``."""
     if getattr(getattr(value, "dtype", None), "kind", "") in ("M", "m"):
         # datetime64 / timedelta64: .tolist() gives bare ints at nanosecond units; text keeps the meaning.
@@ -58,7 +62,7 @@ def _numpy_value(value: Any) -> Any:  # Any: a numpy scalar or array, and what i
     return value.tolist()  # nested arrays become nested lists; object items come back to _json_default
 
 
-def _json_default(value: Any) -> Any:  # Any: whatever pyarrow, a preprocess or numpy hands back for a cell.
+def _json_default(value: CellValue) -> CellValue:
     """A JSON value for a cell ``json`` cannot write itself; ``json`` encodes what this returns again."""
     if isinstance(value, datetime | date | time):
         return value.isoformat()
@@ -74,7 +78,7 @@ def _json_default(value: Any) -> Any:  # Any: whatever pyarrow, a preprocess or 
     return str(value)
 
 
-def row_to_json(row: dict[str, Any]) -> str:  # Any: cell values.
+def row_to_json(row: Row) -> str:
     """A row as JSON text; read back with ``json.loads`` (NaN and Infinity tokens may appear)."""
     return json.dumps(row, default=_json_default, ensure_ascii=False)
 
@@ -83,7 +87,7 @@ def row_to_json(row: dict[str, Any]) -> str:  # Any: cell values.
 BYTES_DATA_URL_PREFIX = "data:application/octet-stream;base64,"
 
 
-def _keep_bytes(value: Any) -> Any:  # Any: a cell, e.g. an image struct {"bytes": ..., "path": ...}.
+def _keep_bytes(value: CellValue) -> CellValue:
     """Bytes (also inside a struct) -> a base64 data URL, so that JSON keeps them exactly."""
     if isinstance(value, bytes | bytearray | memoryview):
         return BYTES_DATA_URL_PREFIX + base64.b64encode(bytes(value)).decode("ascii")
@@ -92,7 +96,7 @@ def _keep_bytes(value: Any) -> Any:  # Any: a cell, e.g. an image struct {"bytes
     return value
 
 
-def _ok(source: str, row: dict[str, Any], binary_columns: tuple[str, ...] = ()) -> Record:  # Any: cells.
+def _ok(source: str, row: Row, binary_columns: tuple[str, ...] = ()) -> Record:
     for column in binary_columns:
         if column in row:
             row = {**row, column: _keep_bytes(row[column])}
@@ -124,7 +128,7 @@ def _unreadable(name: str, input_format: str, why: str) -> Record:
 # -- JSONL ----------------------------------------------------------------------------------------
 
 
-def _json_object(line: bytes, number: int) -> dict[str, Any] | str:  # Any: JSON values.
+def _json_object(line: bytes, number: int) -> JsonObject | str:
     """One JSONL line's object, or the reason it is not one."""
     try:
         text = line.decode("utf-8")
@@ -177,7 +181,7 @@ def _unique_names(names: list[str]) -> list[str]:
     return unique
 
 
-def _scalar_text(scalar: Any) -> str:  # Any: pyarrow.Scalar.
+def _scalar_text(scalar: pa.Scalar) -> str:
     """A cell's text form, for a value Python cannot hold (a timestamp past year 9999, a date32 of
     two billion days): Arrow's own cast to string, else ``str``, else a note of its type."""
     import pyarrow as pa
@@ -192,7 +196,7 @@ def _scalar_text(scalar: Any) -> str:  # Any: pyarrow.Scalar.
         return f"<{scalar.type} value that Python cannot hold>"
 
 
-def _scalar_value(scalar: Any) -> Any:  # Any: pyarrow.Scalar and the Python value of a cell.
+def _scalar_value(scalar: pa.Scalar) -> CellValue:
     """A cell's Python value; parts that Python cannot hold become their text, the rest stay values."""
     try:
         return scalar.as_py()
@@ -213,7 +217,7 @@ def _scalar_value(scalar: Any) -> Any:  # Any: pyarrow.Scalar and the Python val
     return _scalar_text(scalar)
 
 
-def _column_values(column: Any) -> list[Any]:  # Any: pyarrow.ChunkedArray and its cells.
+def _column_values(column: pa.ChunkedArray) -> list[CellValue]:
     """A column's Python values: all at once (fast), else cell by cell when one cell cannot convert."""
     try:
         return column.to_pylist()
@@ -221,7 +225,7 @@ def _column_values(column: Any) -> list[Any]:  # Any: pyarrow.ChunkedArray and i
         return [_scalar_value(scalar) for chunk in column.chunks for scalar in chunk]
 
 
-def _table_rows(table: Any) -> list[dict[str, Any]]:  # Any: pyarrow.Table and cell values.
+def _table_rows(table: pa.Table) -> list[Row]:
     names = _unique_names(table.column_names)
     if not names:  # a Parquet file may have rows and no columns: each row is still a row
         return [{} for _ in range(table.num_rows)]
@@ -320,7 +324,7 @@ def _lossy_number_text(text: str) -> bool:
     return bool(_LEADING_ZERO.match(text) or _LONG_INTEGER.fullmatch(text))
 
 
-def _columns_to_keep_as_text(table: Any, header: list[str], rows: list[list[str]]) -> set[str]:  # Any: Table.
+def _columns_to_keep_as_text(table: pa.Table, header: list[str], rows: list[list[str]]) -> set[str]:
     """Columns whose inferred type would change what users wrote: numbers with leading zeros or too
     many digits (zip codes, account numbers), and dates and times (their text would come back in
     another format). Ints, floats and bools whose text they hold exactly keep their type."""
@@ -337,7 +341,7 @@ def _columns_to_keep_as_text(table: Any, header: list[str], rows: list[list[str]
     return keep
 
 
-def _read_typed(buffer: bytes, header: list[str], text_columns: set[str]) -> Any:  # Any: pyarrow.Table.
+def _read_typed(buffer: bytes, header: list[str], text_columns: set[str]) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pa_csv
 

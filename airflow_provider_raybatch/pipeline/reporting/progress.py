@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.manifest import progress_log_line
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY
@@ -54,7 +54,7 @@ class ProgressReporter:
         self._thread.join(timeout=self.interval + 5)
         self.report()
 
-    def snapshot(self) -> dict[str, Any]:  # Any: JSON values.
+    def snapshot(self) -> JsonObject:
         self._read_new_parts()
         since = self._generating_since
         return {

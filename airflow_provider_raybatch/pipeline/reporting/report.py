@@ -21,7 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+
+from airflow_provider_raybatch.json_types import CellValue, JsonObject, JsonValue, Row
 
 #: The report's file name inside ``versions/<version>/``.
 REPORT_FILE_NAME = "report.html"
@@ -35,12 +36,12 @@ MAX_TIME_BUCKETS = 40
 # -- the sidecar fields (written by sink.py, one part at a time) ----------------------------------
 
 
-def token_count(record: Mapping[str, Any], column: str) -> int:  # Any: output row values.
+def token_count(record: Mapping[str, CellValue], column: str) -> int:
     """A row's token count; 0 when a postprocess dropped or emptied the column."""
     return int(record.get(column) or 0)
 
 
-def row_tokens(record: Mapping[str, Any]) -> tuple[int, int]:  # Any: output row values.
+def row_tokens(record: Mapping[str, CellValue]) -> tuple[int, int]:
     """(input, generated) tokens of an output row (``TOKEN_HISTOGRAM_COLUMNS``)."""
     return token_count(record, "num_input_tokens"), token_count(record, "num_generated_tokens")
 
@@ -57,11 +58,11 @@ def token_histogram(counts: Iterable[int]) -> dict[str, int]:
 
 
 def part_report_fields(
-    outputs: list[dict[str, Any]],  # Any: output row values.
+    outputs: list[Row],
     written_at: datetime | None = None,
-    tokens_of: Callable[[Mapping[str, Any]], tuple[int, int]] = row_tokens,  # Any: output row values.
+    tokens_of: Callable[[Mapping[str, CellValue]], tuple[int, int]] = row_tokens,
     token_counts: list[tuple[int, int]] | None = None,
-) -> dict[str, Any]:  # Any: JSON values.
+) -> JsonObject:
     """What a part's sidecar carries for the report: ``written_at`` (default: now, UTC, ISO) and
     ``token_histograms`` (``input`` and ``generated``: :func:`token_histogram` of the output rows'
     ``tokens_of``, which reads another output shape, e.g. OpenAI's ``usage``; or ``token_counts``, the
@@ -79,7 +80,7 @@ def part_report_fields(
 # -- folding the sidecars (commit.py) -------------------------------------------------------------
 
 
-def epoch_seconds(value: Any) -> float | None:  # Any: a JSON value (ISO text or a number) or a datetime.
+def epoch_seconds(value: JsonValue | datetime) -> float | None:
     """A timestamp as epoch seconds; None when it is missing or unreadable. Naive times are UTC."""
     if isinstance(value, bool):
         return None
@@ -112,13 +113,13 @@ class ReportStats:
     rows_without_time: int = 0
 
     @classmethod
-    def of_sidecars(cls, sidecars: Iterable[Mapping[str, Any]]) -> ReportStats:  # Any: JSON values.
+    def of_sidecars(cls, sidecars: Iterable[Mapping[str, JsonValue]]) -> ReportStats:
         stats = cls()
         for sidecar in sidecars:
             stats.add(sidecar)
         return stats
 
-    def add(self, sidecar: Mapping[str, Any]) -> None:  # Any: JSON values.
+    def add(self, sidecar: Mapping[str, JsonValue]) -> None:
         rows_out = int(sidecar.get("rows_out") or 0)
         rows = rows_out + int(sidecar.get("rows_failed") or 0)
         histograms = sidecar.get("token_histograms")
@@ -188,11 +189,11 @@ PHASE_LABELS = (
 )
 
 
-def _e(value: Any) -> str:  # Any: anything shown on the page.
+def _e(value: JsonValue) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _number(value: Any) -> str:  # Any: a count from the summary, or None.
+def _number(value: JsonValue) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "—"
 
 
@@ -206,7 +207,7 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
 
 
-def _timestamp(value: Any) -> str | None:  # Any: ISO text, epoch seconds or None.
+def _timestamp(value: JsonValue) -> str | None:
     seconds = epoch_seconds(value)
     return None if seconds is None else f"{datetime.fromtimestamp(seconds, UTC):%Y-%m-%d %H:%M:%S} UTC"
 
@@ -281,7 +282,7 @@ def _section(title: str, body: str, note: str = "") -> str:
     return f"<section><h2>{_e(title)}</h2>{body}{note_html}</section>"
 
 
-def _table(headers: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:  # Any: cells.
+def _table(headers: tuple[str, ...], rows: Iterable[tuple[CellValue, ...]]) -> str:
     """A table whose first column is text and the others numbers; every cell is escaped."""
     head = "".join(f"<th{' class=num' if i else ''}>{_e(h)}</th>" for i, h in enumerate(headers))
     body = "".join(
@@ -291,7 +292,7 @@ def _table(headers: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> str:  #
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _wall_seconds(summary: Mapping[str, Any]) -> Any:  # Any: a JSON number, or None.
+def _wall_seconds(summary: Mapping[str, JsonValue]) -> JsonValue:
     """The job's wall time as the timing section counts it (``job_wall_s``: submitted to committed,
     runtime env and driver start included) where known, else the driver's own (``wall_seconds``).
 
@@ -301,7 +302,7 @@ def _wall_seconds(summary: Mapping[str, Any]) -> Any:  # Any: a JSON number, or 
     return job_wall if job_wall is not None else summary.get("wall_seconds")
 
 
-def _cards(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
+def _cards(summary: Mapping[str, JsonValue]) -> str:
     cards = [
         ("rows_in", "Rows in", _number(summary.get("rows_in"))),
         ("rows_out", "Rows out", _number(summary.get("rows_out"))),
@@ -318,7 +319,7 @@ def _cards(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
     return f'<dl class="cards">{items}</dl>'
 
 
-def _failed_rows_banner(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
+def _failed_rows_banner(summary: Mapping[str, JsonValue]) -> str:
     """The failed-row check's message at the top of the page, or nothing when the run passed it."""
     message = summary.get("failed_rows_message")
     if not isinstance(message, str) or not message.strip():
@@ -329,7 +330,7 @@ def _failed_rows_banner(summary: Mapping[str, Any]) -> str:  # Any: manifest-sha
     )
 
 
-def _run_facts(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped values.
+def _run_facts(summary: Mapping[str, JsonValue]) -> str:
     versions = summary.get("versions") or {}
     facts = [
         ("Model", summary.get("model")),
@@ -345,7 +346,7 @@ def _run_facts(summary: Mapping[str, Any]) -> str:  # Any: manifest-shaped value
     return f'<table class="facts"><tbody>{rows}</tbody></table>'
 
 
-def _held_try_section(held: Any) -> str:  # Any: the summary's "held_try" (JSON), or None.
+def _held_try_section(held: JsonValue) -> str:
     """What the earlier try whose held rows this run committed spent generating them (such a run
     starts no engine: without this its report shows the rows as free)."""
     if not isinstance(held, Mapping):
@@ -360,9 +361,7 @@ def _held_try_section(held: Any) -> str:  # Any: the summary's "held_try" (JSON)
     )
 
 
-def _timings_section(
-    timings: Any, title: str = "Where the time went", note: str | None = None
-) -> str:  # Any: the summary's "timings" (JSON), or None.
+def _timings_section(timings: JsonValue, title: str = "Where the time went", note: str | None = None) -> str:
     """Where the run's time and GPUs went: each phase, GPU-seconds held, and each engine replica's start."""
     if not isinstance(timings, Mapping):
         return ""
@@ -425,7 +424,7 @@ def _timings_section(
     return _section(title, body, note)
 
 
-def _pool_section(pool: Any) -> str:  # Any: the summary's "engine_pool" (JSON), or None.
+def _pool_section(pool: JsonValue) -> str:
     """The warm pool the engine stage ran on (the manifest's ``engine_pool``): which replicas were warm,
     and when each replica's engine was built, so that a warm run and a cold one tell themselves apart."""
     if not isinstance(pool, Mapping):
@@ -464,18 +463,18 @@ def _pool_section(pool: Any) -> str:  # Any: the summary's "engine_pool" (JSON),
     return _section("Warm engine pool", f'<table class="facts"><tbody>{rows}</tbody></table>{table}', note)
 
 
-def _build_cell(entry: Mapping[str, Any]) -> str:  # Any: JSON values.
+def _build_cell(entry: Mapping[str, JsonValue]) -> str:
     """A replica's engine build time; one still building when the job ended took none of its rows."""
     if entry.get("building_at_job_end") is True:
         return "still building when the job ended (took none of its rows)"
     return _duration(_number_or_none(entry.get("engine_build_seconds")))
 
 
-def _number_or_none(value: Any) -> float | None:  # Any: a JSON value.
+def _number_or_none(value: JsonValue) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _signed(seconds: Any) -> str:  # Any: a JSON number or None.
+def _signed(seconds: JsonValue) -> str:
     number = _number_or_none(seconds)
     return "—" if number is None else f"{number:+,.1f} s"
 
@@ -577,7 +576,7 @@ details{margin-top:6px;font-size:12.5px}summary{cursor:pointer;color:#5b6474}
 """
 
 
-def render_report(summary: Mapping[str, Any], stats: ReportStats) -> str:  # Any: manifest-shaped values.
+def render_report(summary: Mapping[str, JsonValue], stats: ReportStats) -> str:
     """The report page.
 
     :param summary: the run's facts under the manifest's keys (``model``, ``version``, ``rows_in``,

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 from airflow_provider_raybatch.pipeline.reporting.report import epoch_seconds
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def job_submitted_at(submission_id: str | None) -> float | None:
     return submitted_at_of(record)
 
 
-def submitted_at_of(record: Any) -> float | None:  # Any: what the GCS holds for the job, if anything.
+def submitted_at_of(record: JsonValue) -> float | None:
     """A job record's ``start_time`` (JSON, milliseconds) in epoch seconds; None for anything else."""
     try:
         start_ms = json.loads(record).get("start_time") if record else None
@@ -106,8 +107,8 @@ def replica_clock(loaded_at: float, init_started_at: float, engine_ready_at: flo
 
 
 def replica_phases(
-    engine_parts: Iterable[Mapping[str, Any]], engine_started: float | None
-) -> list[dict[str, Any]]:  # Any: JSON sidecar values.
+    engine_parts: Iterable[Mapping[str, JsonValue]], engine_started: float | None
+) -> list[JsonObject]:
     """Each engine replica's start-up, in seconds, from the clocks on the parts it staged, by first ready.
 
     ``actor_start_s``: the engine stage's start to the replica's module loaded (the actor scheduled, its
@@ -138,7 +139,7 @@ def replica_phases(
     return sorted(phases, key=lambda phase: _mark(clocks[phase["replica"]], "engine_ready_at") or 0.0)
 
 
-def _built_for_this_job(pool: Mapping[str, Any] | None) -> float | None:  # Any: JSON values.
+def _built_for_this_job(pool: Mapping[str, JsonValue] | None) -> float | None:
     """The slowest engine build of a warm pool's replicas that started after the job asked for them."""
     builds = [
         build
@@ -151,12 +152,12 @@ def _built_for_this_job(pool: Mapping[str, Any] | None) -> float | None:  # Any:
     return max(builds) if builds else None
 
 
-def _mark(clock: Mapping[str, Any], key: str) -> float | None:  # Any: JSON values.
+def _mark(clock: Mapping[str, JsonValue], key: str) -> float | None:
     value = clock.get(key)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _slowest(phases: list[dict[str, Any]], key: str) -> float | None:  # Any: JSON values.
+def _slowest(phases: list[JsonObject], key: str) -> float | None:
     values = [phase[key] for phase in phases if phase.get(key) is not None]
     return max(values) if values else None
 
@@ -167,7 +168,7 @@ def first_and_last_written(sidecars: Iterable[Mapping[str, Any]]) -> tuple[float
     return (min(times), max(times)) if times else (None, None)
 
 
-def generating_from(sidecars: Iterable[Mapping[str, Any]]) -> float | None:  # Any: JSON sidecar values.
+def generating_from(sidecars: Iterable[Mapping[str, JsonValue]]) -> float | None:
     """When the engines took their first row (epoch seconds): the end of start-up, the start of generating.
 
     The earliest :data:`FIRST_ROW_IN_ENGINE_KEY` of the parts; for parts without it (an older job's),
@@ -184,13 +185,13 @@ def _seconds(start: float | None, end: float | None) -> float | None:
 
 def run_timings(
     clock: RunClock,
-    engine_parts: Iterable[Mapping[str, Any]],  # Any: JSON sidecar values.
+    engine_parts: Iterable[Mapping[str, JsonValue]],
     replicas: int,
     gpus_per_replica: float,
     keep_warm_seconds: float | None = None,
     lease_started: float | None = None,
-    pool: Mapping[str, Any] | None = None,  # Any: JSON values
-) -> dict[str, Any]:  # Any: JSON values.
+    pool: Mapping[str, JsonValue] | None = None,
+) -> JsonObject:
     """The ``timings`` block: each phase in seconds (None where the run had no such phase) and GPU-seconds.
 
     ``job_wall_s``: submitted to committed (to now, before the commit): the whole job as Ray times it,

@@ -30,8 +30,9 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue, Row
 from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, HELD_STATUS, failed_rows_verdict
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting import report
@@ -78,10 +79,10 @@ class InvariantError(RuntimeError):
 @dataclass(frozen=True)
 class StagedPart:
     name: str
-    sidecar: dict[str, Any]  # Any: JSON values written by the sink.
+    sidecar: JsonObject
 
 
-def _pointer(layout: OutputLayout) -> dict[str, Any] | None:  # Any: JSON values.
+def _pointer(layout: OutputLayout) -> JsonObject | None:
     """The staging's ``spec.json`` (its spec's fingerprint, the version it stages into), or None."""
     if not storage.exists(layout.staged_spec_uri):
         return None
@@ -100,10 +101,10 @@ def current_version(layout: OutputLayout) -> str | None:
     return (current_manifest(layout) or {}).get("version")
 
 
-def current_manifest(layout: OutputLayout) -> dict[str, Any] | None:  # Any: JSON values.
+def current_manifest(layout: OutputLayout) -> JsonObject | None:
     if not storage.exists(layout.manifest_uri):
         return None
-    manifest: dict[str, Any] = json.loads(storage.read_text(layout.manifest_uri))  # Any: JSON values
+    manifest: JsonObject = json.loads(storage.read_text(layout.manifest_uri))
     return manifest
 
 
@@ -177,7 +178,7 @@ def _is_committed(layout: OutputLayout, version: str | None) -> bool:
     return version is not None and version == current_version(layout)
 
 
-def _discard(layout: OutputLayout, pointer: dict[str, Any]) -> None:  # Any: JSON values.
+def _discard(layout: OutputLayout, pointer: JsonObject) -> None:
     """Delete a staging and the data it staged into its version folder (never a committed version's)."""
     version = pointer.get(STAGED_VERSION_KEY)
     if version and not _is_committed(layout, version):
@@ -250,9 +251,9 @@ def open_staging_parts(
 class PartRewriter(Protocol):
     """What commit needs to stage a part again without some of its rows (:class:`.parts.PartWriter`)."""
 
-    def read_part(self, part: StagedPart) -> list[dict[str, Any]]: ...  # Any: row values.
+    def read_part(self, part: StagedPart) -> list[Row]: ...
 
-    def write_part(self, rows: list[dict[str, Any]]) -> StagedPart: ...  # Any: row values.
+    def write_part(self, rows: list[Row]) -> StagedPart: ...
 
     def conform_parts(self, parts: list[StagedPart]) -> dict[str, list[str]]: ...
 
@@ -342,9 +343,9 @@ def write_version(
     started_at: datetime | None = None,
     versions: Mapping[str, str] | None = None,
     known_parts: Iterable[StagedPart] = (),
-    timings: Mapping[str, Any] | None = None,  # Any: JSON values
-    engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
-    held_try: Mapping[str, Any] | None = None,  # Any: JSON values
+    timings: Mapping[str, JsonValue] | None = None,
+    engine_pool: Mapping[str, JsonValue] | None = None,
+    held_try: Mapping[str, JsonValue] | None = None,
     rows_duplicate: int | None = None,
 ) -> CommittedRun:
     """Make the staged parts a version (invisible until :func:`publish`) and write its run report there.
@@ -451,9 +452,9 @@ def _render_report(
     rows_resumed: int | None,
     started_at: datetime | None,
     versions: Mapping[str, str] | None,
-    timings: Mapping[str, Any] | None = None,  # Any: JSON values
-    engine_pool: Mapping[str, Any] | None = None,  # Any: JSON values
-    held_try: Mapping[str, Any] | None = None,  # Any: JSON values
+    timings: Mapping[str, JsonValue] | None = None,
+    engine_pool: Mapping[str, JsonValue] | None = None,
+    held_try: Mapping[str, JsonValue] | None = None,
 ) -> str | None:
     """The version's report page (see :func:`write_version`), or None, logged, when it cannot be rendered.
 
@@ -494,7 +495,7 @@ def _render_report(
         return None
 
 
-def hold(layout: OutputLayout, manifest: dict[str, Any]) -> None:  # Any: JSON values.
+def hold(layout: OutputLayout, manifest: JsonObject) -> None:
     """Keep a run that failed its failed-row check out of ``manifest.json``: what was current stays so.
 
     A run whose rows mostly failed (a wrong column, a broken prompt) must not replace the date's
@@ -514,7 +515,7 @@ def held_manifest_uri(layout: OutputLayout) -> str:
 class HeldRun:
     """An earlier try's held run that this try may take (:func:`take_held`)."""
 
-    manifest: dict[str, Any]  # Any: JSON values
+    manifest: JsonObject
     #: The thresholds pass its rows now: this try commits them. Else it is held again as it is.
     passes: bool
 
@@ -532,7 +533,7 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBindin
     """
     if not storage.exists(held_manifest_uri(layout)):
         return None
-    held: dict[str, Any] = json.loads(storage.read_text(held_manifest_uri(layout)))  # Any: JSON values
+    held: JsonObject = json.loads(storage.read_text(held_manifest_uri(layout)))
     changes = binding.changes_from(RunBinding.from_dict(held.get(BINDING_KEY)))
     if changes:
         log.warning(
@@ -558,14 +559,14 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBindin
     return HeldRun(held, passes)
 
 
-def held_try(held: Mapping[str, Any]) -> dict[str, Any]:  # Any: JSON values
+def held_try(held: Mapping[str, JsonValue]) -> JsonObject:
     """What the try that generated and held the rows a later try committed paid for them: the committed
     manifest's ``held_try`` (that later job started no engine: its own timings show none, and the run
     read as free)."""
     return {key: held.get(key) for key in ("job_id", "version", "timings", "engine_pool")}
 
 
-def held_again(held: Mapping[str, Any], job_id: str | None) -> dict[str, Any]:  # Any: JSON values
+def held_again(held: Mapping[str, JsonValue], job_id: str | None) -> JsonObject:
     """The manifest of a try held again on the rows an earlier try held (:func:`take_held`): the held
     try's, as ``job_id``'s, with what generating the rows took under ``held_try``. This job started no
     engine: the held try's timings as its own read as a second run paid for."""
@@ -600,7 +601,7 @@ def _seal_uri(layout: OutputLayout) -> str:
 
 def publish(
     layout: OutputLayout,
-    manifest: dict[str, Any],  # Any: JSON values.
+    manifest: JsonObject,
     keep_versions: bool,
     committed_parts: frozenset[str] | None = None,
 ) -> None:

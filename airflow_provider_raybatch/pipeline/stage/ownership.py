@@ -30,8 +30,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 
@@ -244,7 +244,7 @@ class _JobTableUnreadable(RuntimeError):
     """Ray's job table could not be read: whether a job lives is not known."""
 
 
-def _ray_job_info(job_id: str) -> dict[str, Any] | None:  # Any: Ray's JSON job record
+def _ray_job_info(job_id: str) -> JsonObject | None:
     """The record Ray's job manager keeps of a submitted job in its GCS key-value store, or None when
     it holds none (not a job of this cluster, or one from before the cluster restarted). The key and
     namespace are Ray's own (checked at the job's start: generate/ray_internals.py).

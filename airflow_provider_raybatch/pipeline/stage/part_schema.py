@@ -26,9 +26,13 @@ import io
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 from airflow_provider_raybatch.pipeline.read import arrow_types
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Field metadata key (and value) of a column written as JSON text.
 ENCODING_KEY = b"raybatch.encoding"
@@ -39,7 +43,7 @@ _NULL_TYPE = "null"
 _WIDENING = {frozenset({"int64", "double"}): "double"}
 
 
-def column_names(records: Iterable[Mapping[str, Any]]) -> list[str]:  # Any: JSON values.
+def column_names(records: Iterable[Mapping[str, JsonValue]]) -> list[str]:
     """Every key of every record, in order of first appearance."""
     names: dict[str, None] = {}
     for record in records:
@@ -47,7 +51,7 @@ def column_names(records: Iterable[Mapping[str, Any]]) -> list[str]:  # Any: JSO
     return list(names)
 
 
-def strict_json_value(value: Any) -> Any:  # Any: a JSON value from json.loads.
+def strict_json_value(value: JsonValue) -> JsonValue:
     """The value with NaN and +-Infinity (which JSON has no words for) as null, nested ones too."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -62,7 +66,7 @@ def strict_json_value(value: Any) -> Any:  # Any: a JSON value from json.loads.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def unsafe_number(value: Any, where: str) -> tuple[str, str] | None:  # Any: a JSON value.
+def unsafe_number(value: JsonValue, where: str) -> tuple[str, str] | None:
     """(its path, why) of the first integer past int64 or float that is NaN or infinite in ``value``
     (nested ones too), with paths starting at ``where``; None when there is none.
 
@@ -125,7 +129,7 @@ def _short_number(number: int) -> str:
     return digits if len(digits) <= 40 else f"{digits[:18]}...{digits[-18:]} ({len(digits)} digits)"
 
 
-def json_text(value: Any) -> str | None:  # Any: a JSON value.
+def json_text(value: JsonValue) -> str | None:
     """A cell of a JSON text column: the value's strict JSON; null stays null."""
     value = strict_json_value(value)
     return None if value is None else utf8_safe_json(json.dumps(value, ensure_ascii=False))
@@ -137,7 +141,7 @@ def utf8_safe_json(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _same(written: Any, read: Any) -> bool:  # Any: JSON values.
+def _same(written: JsonValue, read: JsonValue) -> bool:
     """Arrow gave back what was written: NaN equals NaN, True is not 1, 1 may come back as 1.0."""
     if isinstance(written, bool) or isinstance(read, bool):
         return type(written) is type(read) and written == read
@@ -162,7 +166,7 @@ def _same(written: Any, read: Any) -> bool:  # Any: JSON values.
     return type(written) is type(read) and written == read
 
 
-def _writable(data_type: Any) -> bool:  # Any: pyarrow.DataType.
+def _writable(data_type: pa.DataType) -> bool:
     """Parquet cannot store a struct without fields (``{}`` in every row)."""
     import pyarrow as pa
 
@@ -173,11 +177,11 @@ def _writable(data_type: Any) -> bool:  # Any: pyarrow.DataType.
     return True
 
 
-def typed_array(values: list[Any]) -> Any | None:  # Any: JSON values in; a pyarrow.Array or None out.
+def typed_array(values: list[JsonValue]) -> pa.Array | None:
     """The values as an Arrow array of their natural type, or None when Arrow cannot hold them exactly."""
     import pyarrow as pa
 
-    candidates: list[Any] = [None]  # Any: pyarrow types; None: let Arrow infer
+    candidates: list[pa.DataType | None] = [None]
     if all(isinstance(value, int) and not isinstance(value, bool) for value in values if value is not None):
         candidates.append(pa.uint64())  # integers in [2**63, 2**64)
     for data_type in candidates:
@@ -190,13 +194,13 @@ def typed_array(values: list[Any]) -> Any | None:  # Any: JSON values in; a pyar
     return None
 
 
-def _json_field(name: str) -> Any:  # Any: pyarrow.Field.
+def _json_field(name: str) -> pa.Field:
     import pyarrow as pa
 
     return pa.field(name, pa.string(), metadata={ENCODING_KEY: JSON_ENCODING})
 
 
-def table_of(records: list[dict[str, Any]]) -> Any:  # Any: JSON values in; a pyarrow.Table out.
+def table_of(records: list[JsonObject]) -> pa.Table:
     """A part's rows as one table whose schema comes from all of them (see the module docstring)."""
     import pyarrow as pa
 
@@ -213,11 +217,11 @@ def table_of(records: list[dict[str, Any]]) -> Any:  # Any: JSON values in; a py
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def is_json_field(field: Any) -> bool:  # Any: pyarrow.Field.
+def is_json_field(field: pa.Field) -> bool:
     return bool(field.metadata) and field.metadata.get(ENCODING_KEY) == JSON_ENCODING
 
 
-def column_types(table: Any) -> dict[str, str]:  # Any: pyarrow.Table.
+def column_types(table: pa.Table) -> dict[str, str]:
     """What a part's sidecar records of its table: column -> Arrow type text, or ``json``."""
     return {field.name: JSON_TYPE if is_json_field(field) else str(field.type) for field in table.schema}
 
@@ -241,7 +245,7 @@ def unify(part_types: Iterable[Mapping[str, str]]) -> dict[str, str]:
     return unified
 
 
-def conform(table: Any, target: Mapping[str, str], arrow_types: Mapping[str, Any]) -> Any:  # Any: pyarrow.
+def conform(table: pa.Table, target: Mapping[str, str], arrow_types: Mapping[str, pa.DataType]) -> pa.Table:
     """The part's table with exactly the target's columns, in its order, of its types.
 
     :param arrow_types: the Arrow type of each concrete (not JSON, not null) target column, taken
@@ -268,7 +272,7 @@ def conform(table: Any, target: Mapping[str, str], arrow_types: Mapping[str, Any
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def encode_parquet(table: Any) -> bytes:  # Any: pyarrow.Table.
+def encode_parquet(table: pa.Table) -> bytes:
     import pyarrow.parquet as pq
 
     buffer = io.BytesIO()
@@ -276,7 +280,7 @@ def encode_parquet(table: Any) -> bytes:  # Any: pyarrow.Table.
     return buffer.getvalue()
 
 
-def read_parquet_schema(data: bytes, name: str) -> Any:  # Any: pyarrow.Schema.
+def read_parquet_schema(data: bytes, name: str) -> pa.Schema:
     """A staged part's Arrow schema, once every type in it is allowed (:mod:`..read.arrow_types`):
     whoever can write the output's staging folder could plant a part whose values run code when read.
 
@@ -289,7 +293,7 @@ def read_parquet_schema(data: bytes, name: str) -> Any:  # Any: pyarrow.Schema.
         raise arrow_types.RefusedArrowTypeError(f"staged part {name}: {err}") from err
 
 
-def read_parquet(data: bytes, name: str) -> Any:  # Any: pyarrow.Table.
+def read_parquet(data: bytes, name: str) -> pa.Table:
     """A staged part's table, its types checked first (:func:`read_parquet_schema`)."""
     read_parquet_schema(data, name)
     # The reader the check used: with pyarrow's default, a Parquet UUID column checked as 16 bytes
@@ -297,7 +301,7 @@ def read_parquet(data: bytes, name: str) -> Any:  # Any: pyarrow.Table.
     return arrow_types.open_parquet(io.BytesIO(data)).read()
 
 
-def decode_parquet(data: bytes, name: str = "part") -> list[dict[str, Any]]:  # Any: JSON values.
+def decode_parquet(data: bytes, name: str = "part") -> list[JsonObject]:
     """A part's rows as they were staged: JSON text columns read back as the values they hold.
 
     :param name: the part's file, as an error names it.

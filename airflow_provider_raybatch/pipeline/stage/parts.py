@@ -31,8 +31,9 @@ import json
 import posixpath
 import uuid
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.json_types import JsonObject, Kwargs, Row
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
@@ -48,6 +49,9 @@ from airflow_provider_raybatch.pipeline.stage.commit import (
     reason_kind,
 )
 from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class StagingTakenError(RuntimeError):
@@ -65,8 +69,8 @@ COLUMNS_KEY = "columns"
 
 
 def _encode(
-    records: list[dict[str, Any]], output_format: OutputFormat, ascii_only: bool = False
-) -> tuple[bytes, dict[str, str]]:  # Any: row values.
+    records: list[Row], output_format: OutputFormat, ascii_only: bool = False
+) -> tuple[bytes, dict[str, str]]:
     """A part's file and its columns' types (``part_schema.column_types``; empty for JSONL).
 
     JSONL lines are strict JSON (NaN and Infinity as null). Parquet's schema comes from every row of
@@ -95,7 +99,7 @@ def _escape_line_breaks(line: str) -> str:
     return line
 
 
-def _decode(data: bytes, output_format: OutputFormat, part_file: str) -> list[dict[str, Any]]:  # Any: rows.
+def _decode(data: bytes, output_format: OutputFormat, part_file: str) -> list[Row]:
     if output_format == "jsonl":
         return [json.loads(line) for line in data.decode().split("\n") if line]
     return part_schema.decode_parquet(data, part_file)
@@ -129,7 +133,7 @@ class PartWriter:
         #: When an engine took this stage's first row (epoch seconds; staged_udf.py), stamped likewise.
         self.first_row_in_engine_at: float | None = None
 
-    def settings(self) -> dict[str, Any]:  # Any: the constructor's keyword values.
+    def settings(self) -> Kwargs:
         """The keywords that build this writer again (in an engine replica, which stages rows too)."""
         return {
             "staging_uri": self.staging_uri,
@@ -145,7 +149,7 @@ class PartWriter:
             filesystem, path = storage.filesystem(storage.join(root, folder))
             filesystem.create_dir(path, recursive=True)
 
-    def write_part(self, rows: list[dict[str, Any]]) -> StagedPart:  # Any: row values.
+    def write_part(self, rows: list[Row]) -> StagedPart:
         """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last.
 
         :raises StagingTakenError: the staging is no longer this writer's (:meth:`check_still_staging`).
@@ -162,7 +166,7 @@ class PartWriter:
         ]
         in_file_order = [row for row in rows if row["ok"]] + [row for row in rows if not row["ok"]]
         engine_counted = any(row.get("tokens") for row in rows if row["ok"])
-        sidecar: dict[str, Any] = {  # Any: JSON values.
+        sidecar: JsonObject = {
             "sources": [row["source"] for row in in_file_order],
             SOURCES_IN_FILE_ORDER: True,
             "files": {},
@@ -247,12 +251,12 @@ class PartWriter:
                 "its to write. The job that made this writer has ended; its rows are not staged."
             )
 
-    def read_part(self, part: StagedPart) -> list[dict[str, Any]]:  # Any: row values.
+    def read_part(self, part: StagedPart) -> list[Row]:
         """A part's rows as :meth:`write_part` took them (each output row with its ``label``, and its
         engine ``tokens`` where the sidecar has them); its sidecar must list them in file order."""
         if not part.sidecar.get(SOURCES_IN_FILE_ORDER):
             raise ValueError(f"staged part {part.name} does not list its rows in file order.")
-        records: dict[str, list[dict[str, Any]]] = {"outputs": [], "errors": []}  # Any: row values.
+        records: dict[str, list[Row]] = {"outputs": [], "errors": []}
         for folder, name in part.sidecar["files"].items():
             data = storage.read_bytes(storage.join(self.data_uri, folder, name))
             records[folder] = _decode(data, self.output_format, f"{folder}/{name}")
@@ -301,7 +305,7 @@ class PartWriter:
     def _arrow_types(self, folder: str, parts: list[StagedPart], target: dict[str, str]) -> dict[str, Any]:
         """The Arrow type of each concrete target column, read from the footer of a part that has it."""
         wanted = {name for name, kind in target.items() if kind not in (part_schema.JSON_TYPE, "null")}
-        found: dict[str, Any] = {}  # Any: pyarrow types
+        found: dict[str, pa.DataType] = {}
         for part in parts:
             missing = {
                 name

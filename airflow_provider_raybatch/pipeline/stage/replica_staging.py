@@ -25,7 +25,12 @@ import asyncio
 import os
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_raybatch.json_types import Row
+
+if TYPE_CHECKING:
+    from typing import TextIO
 
 TRACE_ROWS_ENV = "RAYBATCH_TRACE_ROWS"
 #: Column of a row leaving the engine stage: the parts its replica staged since its last report, as
@@ -49,7 +54,7 @@ class RowStager:
     def __init__(self, write: Callable[[list[dict[str, Any]]], Any], flush_rows: int) -> None:
         self._write = write
         self._flush_rows = flush_rows
-        self._pending: list[dict[str, Any]] = []  # Any: row values.
+        self._pending: list[Row] = []
         self._written: list[Any] = []  # Any: what the writes returned (staged parts)
         self._lock: asyncio.Lock | None = None  # made in the replica's event loop, on first use
         self._trace = _open_trace(os.environ.get(TRACE_ROWS_ENV))
@@ -79,7 +84,7 @@ class RowStager:
         return written
 
 
-def _open_trace(folder: str | None) -> Any:  # Any: a text file, unbuffered to the OS.
+def _open_trace(folder: str | None) -> TextIO | None:
     if not folder:
         return None
     os.makedirs(folder, exist_ok=True)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.stage import commit
@@ -54,7 +54,7 @@ def airflow_run(job_run: Mapping[str, str]) -> dict[str, str] | None:
 
 def committed_result(
     layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBinding, run: dict[str, str] | None
-) -> dict[str, Any] | None:  # Any: JSON values
+) -> JsonObject | None:
     """The manifest of this run's committed version when this try may take it, else None; a version of
     this run and parameters that is not taken gets one log line saying what changed since.
 
@@ -92,7 +92,7 @@ def committed_result(
     return manifest
 
 
-def taken(manifest: dict[str, Any], job_id: str | None) -> dict[str, Any]:  # Any: JSON values
+def taken(manifest: JsonObject, job_id: str | None) -> JsonObject:
     """The manifest of a job that took ``manifest``'s committed version, as ``job_id``'s result: the
     version's counts and places, with what it cost under :data:`REUSED_RESULT_KEY` (this job generated
     nothing: the committing job's timings as its own would read as a second run paid for)."""

@@ -7,13 +7,20 @@ the rows that never reach the engine (rejected before it).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from ray.data._internal.execution.interfaces import TaskContext
+    from ray.data.block import Block
+    from ray.data.datasource.datasink import WriteResult
 
 
 class StagedPartsSink(Datasink[list[dict[str, Any]]]):
@@ -27,10 +34,10 @@ class StagedPartsSink(Datasink[list[dict[str, Any]]]):
         self.parts = parts
         self.written: list[StagedPart] = []
 
-    def on_write_start(self, schema: Any = None) -> None:  # Any: pyarrow schema or None.
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
         self.parts.create_folders()
 
-    def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict[str, Any]]:  # Any: Ray blocks, JSON.
+    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> list[JsonObject]:
         written = []
         for block in blocks:
             rows = BlockAccessor.for_block(block).to_arrow().to_pylist()
@@ -39,5 +46,5 @@ class StagedPartsSink(Datasink[list[dict[str, Any]]]):
                 written.append({"name": part.name, "sidecar": part.sidecar})
         return written
 
-    def on_write_complete(self, write_result: Any) -> None:  # Any: ray.data's WriteResult.
+    def on_write_complete(self, write_result: WriteResult) -> None:
         self.written = [StagedPart(**part) for parts in write_result.write_returns for part in parts]
