@@ -7,12 +7,12 @@ The custom fields are stored under these names in the connection's extra.
 
 from __future__ import annotations
 
-from typing import Any
+from airflow_provider_raybatch.json_types import JsonObject
 
 DEFAULT_PORT = 8265
 
 #: Custom fields, stored in ``Connection.extra`` (JSON Schema per field, as Airflow's form renders it).
-CONN_FIELDS: dict[str, dict[str, Any]] = {  # Any: JSON Schema values.
+CONN_FIELDS: dict[str, JsonObject] = {
     "headers": {
         "label": "Extra HTTP headers",
         "description": "JSON object of headers sent with every request, e.g. for an ingress or proxy.",
@@ -55,7 +55,7 @@ _PLACEHOLDERS = {
 }
 
 
-def provider_connection_type() -> dict[str, Any]:  # Any: provider info values.
+def provider_connection_type() -> JsonObject:
     """The ``connection-types`` entry of the provider info."""
     return {
         "connection-type": "ray",
@@ -70,6 +70,6 @@ def provider_connection_type() -> dict[str, Any]:  # Any: provider info values.
     }
 
 
-def ui_field_behaviour() -> dict[str, Any]:  # Any: Airflow's form description.
+def ui_field_behaviour() -> JsonObject:
     """The same behaviour in the shape ``BaseHook.get_ui_field_behaviour`` returns."""
     return {"hidden_fields": _HIDDEN_FIELDS, "relabeling": _RELABELING, "placeholders": _PLACEHOLDERS}

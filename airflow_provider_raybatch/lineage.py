@@ -11,7 +11,7 @@ Nothing here carries engine arguments, the runtime_env or credentials.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from airflow.providers.openlineage.extractors import OperatorLineage
 from attrs import Factory, define
@@ -31,6 +31,7 @@ from openlineage.client.generated.input_statistics_input_dataset import InputSta
 from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
 from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
 
+from airflow_provider_raybatch.json_types import JsonObject, Kwargs
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 #: ExternalQueryRunFacet's ``source`` for a Ray job.
@@ -69,7 +70,7 @@ class RayBatchJobFacet(JobFacet):
     imageColumn: str | None = None  # noqa: N815
     preprocess: str | None = None
     postprocess: str | None = None
-    samplingParams: dict[str, Any] = Factory(dict)  # noqa: N815  # Any: vLLM SamplingParams values.
+    samplingParams: Kwargs = Factory(dict)  # noqa: N815
 
     # Airflow's redactor hides values under key names such as "max_tokens" (it contains "token").
     _additional_skip_redact: ClassVar[list[str]] = ["model", "samplingParams"]
@@ -118,7 +119,7 @@ def job_facet(spec: BatchInferenceSpec) -> RayBatchJobFacet:
     )
 
 
-def run_facet(manifest: dict[str, Any], job_id: str | None) -> RayBatchRunFacet:  # Any: JSON values.
+def run_facet(manifest: JsonObject, job_id: str | None) -> RayBatchRunFacet:
     return RayBatchRunFacet(
         jobId=job_id,
         specFingerprint=manifest.get("spec_fingerprint"),
@@ -140,7 +141,7 @@ def operator_lineage(
     input_uri: str,
     output_uri: str,
     spec: BatchInferenceSpec | None = None,
-    manifest: dict[str, Any] | None = None,  # Any: JSON values.
+    manifest: JsonObject | None = None,
     job_id: str | None = None,
 ) -> OperatorLineage:
     """The task's lineage: before the run (no manifest) the datasets it reads and writes; after a

@@ -6,10 +6,12 @@ the links work in the UI while the task waits in the triggerer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
+
+from airflow_provider_raybatch.json_types import JsonValue
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -38,7 +40,7 @@ def output_location_url(output_uri: str, folder: bool = True) -> str:
     return f"file://{quote(output_uri)}"
 
 
-def _xcom(ti_key: TaskInstanceKey, key: str) -> Any:  # Any: the XCom's JSON value.
+def _xcom(ti_key: TaskInstanceKey, key: str) -> JsonValue:
     from airflow.sdk.execution_time.xcom import XCom
 
     return XCom.get_value(ti_key=ti_key, key=key)

@@ -15,7 +15,7 @@ import json
 import re
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
@@ -30,6 +30,7 @@ from airflow_provider_raybatch.exceptions import (
     RayUnexpectedResponseError,
 )
 from airflow_provider_raybatch.hooks.jobs import JobInfo
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.hooks.connection_settings import RayConnectionSettings
@@ -41,7 +42,7 @@ class _Request:
 
     method: str
     path: str
-    json: dict[str, Any] | None = None  # Any: JSON body.
+    json: JsonObject | None = None
     content: bytes | None = None
     # Statuses that are answers, not errors, for this call (e.g. 404 when probing a package).
     accepted_statuses: tuple[int, ...] = ()
@@ -74,7 +75,7 @@ class _Answer:
     def text(self) -> str:
         return self.content.decode("utf-8", errors="replace")
 
-    def json(self, expected: type = object) -> Any:  # Any: JSON values.
+    def json(self, expected: type = object) -> JsonValue:
         """The body as JSON of the ``expected`` type.
 
         :raises RayUnexpectedResponseError: the body is not JSON, or not of that type; a proxy's
@@ -102,7 +103,7 @@ class _Answer:
         """The body as a list of jobs' details."""
         return [self._job_info(item) for item in self.json(list)]
 
-    def _job_info(self, payload: Any) -> JobInfo:  # Any: one JSON value of the answer.
+    def _job_info(self, payload: JsonValue) -> JobInfo:
         try:
             return JobInfo.from_api(payload)
         except (KeyError, ValueError, TypeError, AttributeError) as err:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
 from airflow_provider_raybatch.hooks.connection_settings import RayConnectionSettings, _ssl_context
+from airflow_provider_raybatch.json_types import Kwargs
 
 #: Most calls one shared async client has on the wire at once; the rest wait their turn.
 MAX_CONCURRENT_ASYNC_CALLS = 8
@@ -36,7 +36,7 @@ class _SharedAsyncClient:
 
 #: One async client per event loop and connection settings, shared by every hook in the process.
 _ASYNC_CLIENTS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[Any, ...], _SharedAsyncClient]  # Any: hashable settings.
+    asyncio.AbstractEventLoop, dict[tuple[Hashable, ...], _SharedAsyncClient]
 ] = weakref.WeakKeyDictionary()
 
 
@@ -74,7 +74,7 @@ async def _close_with_the_loop(session: aiohttp.ClientSession) -> AsyncIterator[
         await session.close()
 
 
-def _session_kwargs(settings: RayConnectionSettings) -> dict[str, Any]:  # Any: aiohttp keyword arguments.
+def _session_kwargs(settings: RayConnectionSettings) -> Kwargs:
     """aiohttp's form of :meth:`RayConnectionSettings.client_kwargs`: same headers, cookies, TLS, timeouts."""
     headers = dict(settings.headers)
     if settings.cookies and not any(name.lower() == "cookie" for name in headers):

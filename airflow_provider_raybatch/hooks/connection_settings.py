@@ -16,6 +16,7 @@ import json
 import os
 import re
 import ssl
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -24,6 +25,7 @@ import httpx
 
 from airflow_provider_raybatch.connection_form import DEFAULT_PORT
 from airflow_provider_raybatch.exceptions import RayHookError
+from airflow_provider_raybatch.json_types import JsonObject, Kwargs
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -66,7 +68,7 @@ class RayConnectionSettings:
             ),
         )
 
-    def client_kwargs(self) -> dict[str, Any]:  # Any: httpx keyword arguments.
+    def client_kwargs(self) -> Kwargs:
         """The sync client's; the async one's come from the same settings (async_client._session_kwargs)."""
         # The connection's cookies only, and none an answer sets: the same cookies on every call, as
         # the async twin sends them (see async_client._session_kwargs).
@@ -95,7 +97,7 @@ class RayConnectionSettings:
         """The dashboard's host name, for messages."""
         return urlsplit(self.base_url).hostname or self.base_url
 
-    def client_key(self) -> tuple[Any, ...]:  # Any: hashable settings.
+    def client_key(self) -> tuple[Hashable, ...]:
         """What tells two settings' clients apart (the token is in ``headers``)."""
         return (
             self.base_url,
@@ -200,7 +202,7 @@ def _ssl_context(verify: bool | str) -> ssl.SSLContext:
     return httpx.create_ssl_context(verify=verify)
 
 
-def _json_object(extra: dict[str, Any], key: str) -> dict[str, Any]:  # Any: JSON values.
+def _json_object(extra: JsonObject, key: str) -> JsonObject:
     """A dict extra; the connection form may hand it over as JSON text."""
     value = extra.get(key) or {}
     if isinstance(value, str):
@@ -213,7 +215,7 @@ def _json_object(extra: dict[str, Any], key: str) -> dict[str, Any]:  # Any: JSO
     return value
 
 
-def _verify(extra: dict[str, Any]) -> bool | str:  # Any: JSON values.
+def _verify(extra: JsonObject) -> bool | str:
     """TLS verification: a CA bundle path if one is given, else on unless switched off."""
     if extra.get("ca_bundle_path"):
         return str(extra["ca_bundle_path"])

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+
+from airflow_provider_raybatch.json_types import JsonObject
 
 
 class JobStatus(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and format() of a status
@@ -41,7 +42,7 @@ class JobInfo:
     end_time_ms: int | None = None
 
     @classmethod
-    def from_api(cls, payload: dict[str, Any]) -> JobInfo:  # Any: Ray's JSON job details.
+    def from_api(cls, payload: JsonObject) -> JobInfo:
         """:raises KeyError, ValueError: not Ray's job details (no ``status``, or an unknown one)."""
         return cls(
             job_id=payload.get("submission_id") or payload.get("job_id") or "",

@@ -49,6 +49,7 @@ from airflow_provider_raybatch.hooks.connection_settings import (
 )
 from airflow_provider_raybatch.hooks.jobs import JobInfo as JobInfo
 from airflow_provider_raybatch.hooks.jobs import JobStatus as JobStatus
+from airflow_provider_raybatch.json_types import ArgValue, JsonObject, RuntimeEnv
 from airflow_provider_raybatch.utils.layout import (
     CLUSTER_NODES_ENDPOINT,
     ClusterResources,
@@ -69,14 +70,14 @@ def _submit_request(
     entrypoint: str,
     *,
     submission_id: str | None,
-    runtime_env: dict[str, Any] | None,  # Any: Ray runtime_env values.
+    runtime_env: RuntimeEnv | None,
     metadata: dict[str, str] | None,
     entrypoint_num_cpus: float | None,
     entrypoint_num_gpus: float | None,
     entrypoint_memory: int | None,
     entrypoint_resources: dict[str, float] | None,
 ) -> _Request:
-    body: dict[str, Any] = {"entrypoint": entrypoint}  # Any: JSON body.
+    body: JsonObject = {"entrypoint": entrypoint}
     optional = {
         "submission_id": submission_id,
         "runtime_env": runtime_env,
@@ -113,7 +114,7 @@ class RayHook(BaseHook):
         self,
         ray_conn_id: str = default_conn_name,
         retry_window_seconds: float | None = None,
-        **kwargs: Any,  # Any: BaseHook's.
+        **kwargs: ArgValue,  # BaseHook's
     ) -> None:
         super().__init__(**kwargs)
         self.ray_conn_id = ray_conn_id
@@ -121,7 +122,7 @@ class RayHook(BaseHook):
         self._settings: RayConnectionSettings | None = None
 
     @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:  # Any: Airflow's form description.
+    def get_ui_field_behaviour(cls) -> JsonObject:
         """The form for Airflow < 3.2; newer releases read ``ui-field-behaviour`` from the provider info."""
         return ui_field_behaviour()
 
@@ -234,7 +235,7 @@ class RayHook(BaseHook):
 
     # -- cluster -------------------------------------------------------------------------------
 
-    def get_version(self) -> dict[str, Any]:  # Any: Ray's JSON.
+    def get_version(self) -> JsonObject:
         """Ray and Jobs API versions of the cluster (``GET /api/version``)."""
         return self._send(_Request("GET", "/api/version")).json(dict)
 
@@ -258,7 +259,7 @@ class RayHook(BaseHook):
         entrypoint: str,
         *,
         submission_id: str | None = None,
-        runtime_env: dict[str, Any] | None = None,  # Any: Ray runtime_env values.
+        runtime_env: RuntimeEnv | None = None,
         metadata: dict[str, str] | None = None,
         entrypoint_num_cpus: float | None = None,
         entrypoint_num_gpus: float | None = None,

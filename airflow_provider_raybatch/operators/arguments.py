@@ -21,6 +21,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.bases.operator import BaseOperatorMeta
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.json_types import Kwargs
 from airflow_provider_raybatch.operators.ray_data_llm_settings import RAY_DATA_LLM_SETTINGS
 from airflow_provider_raybatch.specs import VLLM_SAMPLING_PARAMS, did_you_mean
 
@@ -77,7 +78,7 @@ class NamesMissingArguments(BaseOperatorMeta):
 
 def missing_message(
     operator: str,
-    given: dict[str, Any],  # Any: argument values.
+    given: Kwargs,
     missing: list[str],
     init: Callable[..., None],
 ) -> str:
@@ -114,7 +115,7 @@ def missing_message(
 def _missing_named_by(
     err: TypeError,
     init: Callable[..., None],
-    given: dict[str, Any],  # Any: argument values.
+    given: Kwargs,
 ) -> list[str]:
     """The required arguments of ``init`` that Airflow's ``err`` says are missing; empty when ``err``
     is another TypeError."""
@@ -146,7 +147,7 @@ def _known(init: Callable[..., None]) -> frozenset[str]:
     return _BASE_ARGUMENTS | set(inspect.signature(init).parameters) - {"self", "kwargs"}
 
 
-def refuse_unknown(operator: str, given: dict[str, Any], init: Callable[..., None]) -> None:  # Any: values.
+def refuse_unknown(operator: str, given: Kwargs, init: Callable[..., None]) -> None:
     """Raise TypeError naming each argument of ``given`` that neither ``init`` nor BaseOperator takes,
     with the likeliest spelling.
 
@@ -175,7 +176,7 @@ def refuse_functions(operator: str, task_id: str, **named: object) -> None:
             )
 
 
-def refuse_templates_where_none_render(untemplated: dict[str, Any]) -> None:  # Any: argument values.
+def refuse_templates_where_none_render(untemplated: Kwargs) -> None:
     """Raise BatchSpecError for a Jinja template given to a parameter Airflow does not render: it
     would reach the job as its text."""
     for name, value in untemplated.items():
@@ -186,7 +187,7 @@ def refuse_templates_where_none_render(untemplated: dict[str, Any]) -> None:  # 
             )
 
 
-def first_unparsable_template(fields: dict[str, Any]) -> str | None:  # Any: argument values.
+def first_unparsable_template(fields: Kwargs) -> str | None:
     """The name of the first of ``fields`` whose text Jinja cannot parse, or None."""
     environment = jinja2.Environment()
     for name, value in fields.items():

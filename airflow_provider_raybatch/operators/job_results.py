@@ -8,10 +8,9 @@ apart from the operator. Plain functions that take the spec, the storage connect
 
 from __future__ import annotations
 
-from typing import Any
-
 from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError, RayHookError, RayJobFailedError
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.json_types import JsonObject, TaskLog
 from airflow_provider_raybatch.manifest import (
     DRY_RUN_STATUS,
     HELD_STATUS,
@@ -28,7 +27,7 @@ from airflow_provider_raybatch.utils.committed_manifest import is_result_of, rea
 from airflow_provider_raybatch.utils.events import job_event, job_failed_error
 
 
-def asset_extra(manifest: dict[str, Any], job_id: str) -> dict[str, Any]:  # Any: JSON values.
+def asset_extra(manifest: JsonObject, job_id: str) -> JsonObject:
     """What a downstream DAG needs from the output Asset event to read this run's output."""
     output_uri = str(manifest["output_uri"])
     return {
@@ -53,8 +52,8 @@ def job_result(
     job_id: str,
     spec: BatchInferenceSpec,
     conn_id: str | None,
-    log: Any,  # Any: a logger.
-) -> dict[str, Any]:  # Any: JSON values.
+    log: TaskLog,
+) -> JsonObject:
     """The succeeded job's result: the manifest committed at ``output_uri``, else the driver log's.
 
     The committed ``manifest.json`` is the truth and outlives the driver log (lost with a head
@@ -101,16 +100,14 @@ def job_result(
     return manifest
 
 
-def _is_result(manifest: dict[str, Any], job_id: str, spec: BatchInferenceSpec) -> bool:  # Any: JSON.
+def _is_result(manifest: JsonObject, job_id: str, spec: BatchInferenceSpec) -> bool:
     """Whether the manifest found is ``job_id``'s: a dry run's names its job, a commit is checked in full."""
     if spec.dry_run:
         return manifest.get("status") == DRY_RUN_STATUS and manifest.get("job_id") == job_id
     return is_result_of(manifest, job_id, spec.run_key, spec.fingerprint())
 
 
-def committed_result_of(
-    job_id: str, spec: BatchInferenceSpec, conn_id: str | None
-) -> dict[str, Any] | None:  # Any: JSON values.
+def committed_result_of(job_id: str, spec: BatchInferenceSpec, conn_id: str | None) -> JsonObject | None:
     """The manifest committed at ``output_uri`` if it is ``job_id``'s result, else None."""
     committed = read_committed_manifest(spec.output_uri, conn_id).manifest
     if committed is not None and is_result_of(committed, job_id, spec.run_key, spec.fingerprint()):
@@ -118,9 +115,7 @@ def committed_result_of(
     return None
 
 
-def held_result_of(
-    hook: RayHook, job_id: str, spec: BatchInferenceSpec
-) -> dict[str, Any] | None:  # Any: JSON.
+def held_result_of(hook: RayHook, job_id: str, spec: BatchInferenceSpec) -> JsonObject | None:
     """The manifest a failed job printed when it held its run for its failed rows, else None.
 
     Such a job wrote its version but did not commit it (``pipeline/stage/commit.hold``): it exits
@@ -139,8 +134,8 @@ def held_result_of(
 
 
 def check_not_superseded(
-    manifest: dict[str, Any],  # Any: JSON values.
-    committed: dict[str, Any],  # Any: JSON values.
+    manifest: JsonObject,
+    committed: JsonObject,
     job_id: str,
     conn_id: str | None,
 ) -> None:
@@ -163,7 +158,7 @@ def check_not_superseded(
         )
 
 
-def check_failed_rows(manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str) -> None:  # Any: JSON.
+def check_failed_rows(manifest: JsonObject, spec: BatchInferenceSpec, job_id: str) -> None:
     """Fail the task (RayBatchRowsFailedError) when more rows failed than the spec's thresholds allow.
 
     Judged here from the counts, with the thresholds as they are now, rather than read from the

@@ -16,11 +16,11 @@ import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.json_types import RuntimeEnv, TaskLog
 from airflow_provider_raybatch.pipeline import job_settings
 from airflow_provider_raybatch.pipeline.credentials import settings_upload
 from airflow_provider_raybatch.specs import BatchInferenceSpec
@@ -133,9 +133,9 @@ def upload_runtime_env(
     hook: RayHook,
     spec: BatchInferenceSpec,
     aws_conn_id: str | None,
-    extra_runtime_env: dict[str, Any],  # Any: Ray runtime_env values.
+    extra_runtime_env: RuntimeEnv,
     pool_scope: str,
-) -> dict[str, Any]:  # Any: Ray runtime_env values.
+) -> RuntimeEnv:
     """Upload the code and the job package (the spec) for ``py_modules``, and the S3 settings for none.
 
     The settings' upload is named only inside the job package: no node unpacks it, and the job's
@@ -167,7 +167,7 @@ def upload_runtime_env(
     return runtime_env
 
 
-def check_layout(hook: RayHook, spec: BatchInferenceSpec, enforce: bool, log: Any) -> None:  # Any: a logger.
+def check_layout(hook: RayHook, spec: BatchInferenceSpec, enforce: bool, log: TaskLog) -> None:
     """Log the planned layout; refuse one the cluster's alive nodes cannot host (ClusterLayoutError).
 
     :param enforce: the operator's ``check_layout``; off for a cluster that scales up from zero.
@@ -189,9 +189,9 @@ def submit(
     task_try: TaskTry,
     secret: bytes,
     command: str,
-    runtime_env: dict[str, Any],  # Any: Ray runtime_env values.
+    runtime_env: RuntimeEnv,
     entrypoint_resources: dict[str, float] | None,
-    log: Any,  # Any: a logger.
+    log: TaskLog,
     reuse_committed: bool = False,
 ) -> str:
     """Submit under this try's first free submission id (see :attr:`TaskTry.attempt`).

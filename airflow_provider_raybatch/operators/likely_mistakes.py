@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Any
 
+from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.operators.arguments import ENGINE_ARGUMENTS
 from airflow_provider_raybatch.utils.user_functions import keys_set_by
 
@@ -34,7 +34,7 @@ _RUNTIME_ENV_FIELDS = frozenset(
 _PROMPT_KEYS = ("messages", "prompt")
 
 
-def likely_mistakes(values: Mapping[str, Any]) -> list[str]:  # Any: parameter values.
+def likely_mistakes(values: Mapping[str, ArgValue]) -> list[str]:
     """What to warn of in these parameter values (those known: written as is, or rendered).
 
     :param values: some of the operator's parameters by name; a parameter left out is not looked at.
@@ -94,7 +94,7 @@ def _runtime_env_field(key: object) -> str:
     )
 
 
-def _ignored_prompt(values: Mapping[str, Any]) -> str | None:  # Any: parameter values.
+def _ignored_prompt(values: Mapping[str, ArgValue]) -> str | None:
     """A preprocess that returns the row's prompt beside user_template or messages_column, which
     the job uses instead: the preprocess's prompt is never seen by the model."""
     preprocess = values.get("preprocess")

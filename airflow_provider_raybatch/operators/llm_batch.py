@@ -19,6 +19,7 @@ from airflow_provider_raybatch.exceptions import (
     RayJobNotFoundError,
 )
 from airflow_provider_raybatch.hooks.ray import JobInfo, RayHook
+from airflow_provider_raybatch.json_types import ArgValue, JsonObject, Kwargs, RuntimeEnv
 from airflow_provider_raybatch.links import (
     DASHBOARD_URL_XCOM_KEY,
     JOB_ID_XCOM_KEY,
@@ -247,8 +248,8 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         image_allowed_s3_prefixes: list[str] | str | None = None,
         preprocess: str | None = None,
         postprocess: str | None = None,
-        sampling_params: dict[str, Any] | str | None = None,  # Any: vLLM SamplingParams values.
-        engine_kwargs: dict[str, Any] | str | None = None,  # Any: vLLM engine arguments.
+        sampling_params: Kwargs | str | None = None,
+        engine_kwargs: Kwargs | str | None = None,
         batch_size: int = 64,
         concurrency: int | tuple[int, int] | str | None = None,
         max_concurrent_batches: int | None = None,
@@ -270,12 +271,12 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         output_asset: Asset | str | None = None,
         input_asset: Asset | str | None = None,
         check_layout: bool = True,
-        runtime_env: dict[str, Any] | None = None,  # Any: Ray runtime_env values.
+        runtime_env: RuntimeEnv | None = None,
         entrypoint_resources: dict[str, float] | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval_seconds: float | None = None,
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
-        **kwargs: Any,  # Any: BaseOperator's arguments.
+        **kwargs: ArgValue,
     ) -> None:
         arguments.refuse_unknown(type(self).__name__, kwargs, RayLLMBatchOperator.__init__)
         mapped_validation = bool(kwargs.get("_airflow_mapped_validation_only"))
@@ -342,7 +343,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         self.progress_interval_seconds = progress_interval_seconds
         self.job_id: str | None = None
         #: The committed run's manifest, once execute_complete has read it (for lineage).
-        self.manifest: dict[str, Any] | None = None  # Any: JSON values.
+        self.manifest: JsonObject | None = None
         # Values written as is are checked now, as the DAG is parsed: a mistake is an import error in
         # the UI, not a task that fails when it runs. Templated ones are checked when rendered, or by
         # validate(). Airflow's check of a mapped task's arguments passes placeholders: nothing to check.
@@ -367,7 +368,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
             warnings.warn(f"{task}: {reads_today}", stacklevel=2)
 
     @classmethod
-    def partial(cls, **kwargs: Any) -> OperatorPartial:  # Any: operator arguments.
+    def partial(cls, **kwargs: ArgValue) -> OperatorPartial:
         """Airflow's ``partial`` for a mapped task, whose values written as is are checked now, and
         whose ``expand`` builds and checks each map index the DAG file lists
         (operators/mapped_tasks.py): a mistake fails the DAG's import, naming the map index."""
@@ -377,8 +378,8 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
     @staticmethod
     def validate_mapped(
         task: MappedOperator,
-        context: Mapping[str, Any] | None = None,  # Any: template variables.
-        expand: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None = None,  # Any: values.
+        context: Mapping[str, ArgValue] | None = None,
+        expand: Mapping[str, Sequence[ArgValue]] | Sequence[Mapping[str, ArgValue]] | None = None,
     ) -> list[BatchInferenceSpec]:
         """:meth:`validate` for a mapped task (``dag.get_task(...)`` of a ``partial(...).expand(...)``):
         each map index built as a run builds it and validated; the job specs in map index order.
@@ -404,7 +405,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         params = {name: getattr(self, name) for name in SPEC_PARAMETERS}
         return spec_from_params(params, run_key, self._templated_parameters)
 
-    def validate(self, context: Mapping[str, Any] | None = None) -> BatchInferenceSpec:  # Any: values.
+    def validate(self, context: Mapping[str, ArgValue] | None = None) -> BatchInferenceSpec:
         """Render this task's templated parameters as a run would, and check them all, without a run:
         for a DAG's own test in CI. Returns the job spec; raises BatchSpecError naming the parameter,
         or Jinja's error naming a template variable ``context`` lacks. A ``preprocess`` /
@@ -464,7 +465,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         """The S3 settings ``aws_conn_id`` gives the job, or None (:func:`job_shipping.s3_settings`)."""
         return job_shipping.s3_settings(self.aws_conn_id, spec)
 
-    def _runtime_env(self, hook: RayHook, spec: BatchInferenceSpec) -> dict[str, Any]:  # Any: runtime_env.
+    def _runtime_env(self, hook: RayHook, spec: BatchInferenceSpec) -> RuntimeEnv:
         """Upload the code, the job package and the S3 settings (:func:`job_shipping.upload_runtime_env`)."""
         return job_shipping.upload_runtime_env(
             hook, spec, self.aws_conn_id, self.runtime_env, engine_pool_scope()
@@ -741,9 +742,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
             context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
         return manifest["output_uri"]
 
-    def _dry_run_complete(
-        self, manifest: dict[str, Any], spec: BatchInferenceSpec, job_id: str
-    ) -> str:  # Any: JSON.
+    def _dry_run_complete(self, manifest: JsonObject, spec: BatchInferenceSpec, job_id: str) -> str:
         """Log what the dry run found and return its folder; fail when the real run would fail its
         thresholds."""
         estimate = manifest.get("estimated_gpu_seconds")

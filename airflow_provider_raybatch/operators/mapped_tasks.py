@@ -24,6 +24,7 @@ import attrs
 from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.json_types import ArgValue, Kwargs
 from airflow_provider_raybatch.operators import arguments, written_values
 from airflow_provider_raybatch.operators.spec_params import SPEC_PARAMETERS
 
@@ -52,7 +53,7 @@ class CheckedPartial(OperatorPartial):
         partial._expand_called = True
         return cls(operator_class=partial.operator_class, kwargs=partial.kwargs, params=partial.params)
 
-    def expand(self, **mapped_kwargs: Any) -> MappedOperator:  # Any: Airflow's expand arguments.
+    def expand(self, **mapped_kwargs: ArgValue) -> MappedOperator:
         _refuse_unknown(self.operator_class, "expand", mapped_kwargs)
         mapped = super().expand(**mapped_kwargs)
         _check_map_indexes(mapped)
@@ -64,7 +65,7 @@ class CheckedPartial(OperatorPartial):
         return mapped
 
 
-def check_partial(operator_class: type[RayLLMBatchOperator], kwargs: dict[str, Any]) -> None:  # Any: values.
+def check_partial(operator_class: type[RayLLMBatchOperator], kwargs: Kwargs) -> None:
     """Check what ``operator_class.partial(**kwargs)`` is given, before Airflow takes it: unknown names
     with their likely spelling, then the values written as is (the mapped ones wait)."""
     _refuse_unknown(operator_class, "partial", kwargs)
@@ -86,8 +87,8 @@ def check_partial(operator_class: type[RayLLMBatchOperator], kwargs: dict[str, A
 
 def validate_mapped(
     task: MappedOperator,
-    context: Mapping[str, Any] | None = None,  # Any: template variables.
-    expand: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None = None,  # Any: values.
+    context: Mapping[str, ArgValue] | None = None,
+    expand: Mapping[str, Sequence[ArgValue]] | Sequence[Mapping[str, ArgValue]] | None = None,
 ) -> list[BatchInferenceSpec]:
     """Each map index of a mapped batch task, built and validated as a run would (its
     :meth:`~RayLLMBatchOperator.validate`): the job specs, in map index order.
@@ -108,9 +109,7 @@ def validate_mapped(
     return specs
 
 
-def _refuse_unknown(
-    operator_class: type[BaseOperator], method: str, given: Mapping[str, Any]
-) -> None:  # Any: values.
+def _refuse_unknown(operator_class: type[BaseOperator], method: str, given: Mapping[str, ArgValue]) -> None:
     """Raise TypeError for names the operator does not take, with the likely one (Airflow's own error
     names none)."""
     arguments.refuse_unknown(f"{operator_class.__name__}.{method}()", dict(given), operator_class.__init__)
@@ -131,9 +130,9 @@ def _check_map_indexes(mapped: MappedOperator) -> None:
 
 def _map_indexes(
     mapped: MappedOperator,
-    given: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None,
+    given: Mapping[str, Sequence[ArgValue]] | Sequence[Mapping[str, ArgValue]] | None,
     every: bool,
-) -> Iterator[tuple[str, dict[str, Any]]]:  # Any: values.
+) -> Iterator[tuple[str, Kwargs]]:
     """(how an error names it, the mapped arguments) of each map index to build.
 
     :param given: the values of what is mapped over an XCom (validate_mapped's ``expand``).
@@ -145,7 +144,7 @@ def _map_indexes(
     if not isinstance(value, Mapping) or type(mapped.expand_input).__name__ != "DictOfListsExpandInput":
         yield from _kwargs_indexes(mapped, value, given, every)
         return
-    lists: dict[str, list[Any] | None] = {}  # Any: values; None: an XCom's, not known here
+    lists: dict[str, list[ArgValue] | None] = {}  # None: an XCom's, not known here
     for name, values in value.items():
         if isinstance(values, Mapping):
             lists[name] = list(values.items())  # Airflow maps a dict as its (key, value) pairs
@@ -182,10 +181,10 @@ def _map_indexes(
 
 def _kwargs_indexes(
     mapped: MappedOperator,
-    value: Any,  # Any: expand_kwargs' argument.
-    given: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None,
+    value: ArgValue,
+    given: Mapping[str, Sequence[ArgValue]] | Sequence[Mapping[str, ArgValue]] | None,
     every: bool,
-) -> Iterator[tuple[str, dict[str, Any]]]:  # Any: values.
+) -> Iterator[tuple[str, Kwargs]]:
     """The map indexes of ``expand_kwargs``: one per dict of its list."""
     if isinstance(value, Sequence) and not isinstance(value, str):
         dicts: Sequence[Any] = value

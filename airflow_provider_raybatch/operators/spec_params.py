@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection
-from typing import Any
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.json_types import Kwargs
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 #: The operator's parameters that are the job spec's fields (all but the run key, which a run gives).
@@ -31,9 +31,7 @@ _UNSET_TEXT = ("", "null", "None")
 _TUPLE_TEXT = re.compile(r"^\(\s*\d+\s*,\s*\d+\s*\)$")  # "(1, 4)", as a tuple renders
 
 
-def spec_from_params(
-    params: dict[str, Any], run_key: str, templated: Collection[str] = ()
-) -> BatchInferenceSpec:  # Any: parameter values.
+def spec_from_params(params: Kwargs, run_key: str, templated: Collection[str] = ()) -> BatchInferenceSpec:
     """The validated job spec from the (rendered) parameters; raises BatchSpecError naming the field.
 
     :param params: the operator's values of the spec's fields (all but ``run_key``); not modified.
@@ -44,7 +42,7 @@ def spec_from_params(
     return BatchInferenceSpec.build(**{**_parsed(params, templated), "run_key": run_key})
 
 
-def check_literal_params(params: dict[str, Any]) -> None:  # Any: parameter values.
+def check_literal_params(params: Kwargs) -> None:
     """Raise BatchSpecError for the mistakes of these parameters' own values, each checked alone: what
     a DAG can check as it is parsed while its other parameters are templated.
 
@@ -64,7 +62,7 @@ def _tojson_hint(name: str, text: str) -> str:
     return ""
 
 
-def _parsed(params: dict[str, Any], templated: Collection[str] = ()) -> dict[str, Any]:  # Any: values.
+def _parsed(params: Kwargs, templated: Collection[str] = ()) -> Kwargs:
     """``params`` with JSON text read back into values, and unset text left out (the spec's default)."""
     params = {**params}
     if "output_format" in params and not params["output_format"]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.operators import arguments, job_shipping
 from airflow_provider_raybatch.operators.likely_mistakes import likely_mistakes
 from airflow_provider_raybatch.operators.spec_params import (
@@ -27,11 +27,11 @@ FLAGS = {"reuse_earlier_result": True}
 
 def check_as_written(
     task: str,
-    values: Mapping[str, Any],
+    values: Mapping[str, ArgValue],
     *,
     template_fields: Collection[str],
     complete: bool,
-) -> frozenset[str]:  # Any: parameter values.
+) -> frozenset[str]:
     """Raise BatchSpecError, naming ``task``, for the mistakes in the spec parameters ``values`` as
     written; return the names of those written as templates or XComs (known only when a run renders
     them).
@@ -64,7 +64,7 @@ def check_as_written(
     return frozenset(spec_values) - set(literal)
 
 
-def warn_of_likely_mistakes(task: str, values: Mapping[str, Any], stacklevel: int) -> None:  # Any: values.
+def warn_of_likely_mistakes(task: str, values: Mapping[str, ArgValue], stacklevel: int) -> None:
     """Warn of what :func:`.likely_mistakes.likely_mistakes` finds in ``values`` (a dict parameter's
     keys are as written even where its values are templates; a templated dict is text, not looked at).
 

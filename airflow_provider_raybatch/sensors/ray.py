@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from airflow.sdk import BaseSensorOperator, conf
 from airflow.sdk.exceptions import (
@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import (
 )
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
+from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job, settle_deadline
 from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
 
@@ -58,7 +59,7 @@ class RayJobSensor(BaseSensorOperator):
         job_id: str,
         ray_conn_id: str = RayHook.default_conn_name,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        **kwargs: Any,  # Any: BaseSensorOperator's arguments (poke_interval, timeout, mode, ...).
+        **kwargs: ArgValue,
     ) -> None:
         super().__init__(**kwargs)
         #: Deferred, a poke_interval left at Airflow's default gives way to the paced polling.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
+from airflow_provider_raybatch.json_types import JsonObject, TaskLog
 from airflow_provider_raybatch.manifest import describe_progress, progress_from_log
 from airflow_provider_raybatch.triggers import poll_pace
 from airflow_provider_raybatch.utils.events import job_event
@@ -57,13 +57,13 @@ def event_for_job(info: JobInfo) -> dict[str, str]:
 class ProgressRelay:
     """Relay the progress lines a raybatch job prints into the task log, at most once per interval."""
 
-    def __init__(self, job_id: str, interval_seconds: float, log: Any) -> None:  # Any: a logger.
+    def __init__(self, job_id: str, interval_seconds: float, log: TaskLog) -> None:
         self.job_id = job_id
         self.interval_seconds = interval_seconds
         self.log = log
         self._next_at = 0.0
         self._ended = False
-        self._last: dict[str, Any] | None = None  # Any: JSON values.
+        self._last: JsonObject | None = None
 
     def _take_turn(self, status: JobStatus) -> bool:
         """Whether a look at the driver log is due now; if so, the next one is an interval away.
@@ -116,7 +116,7 @@ class StatusLine:
     """Log a job's state when it changes, else at most every :data:`STATUS_LINE_EVERY_SECONDS`: a paced
     wait polls every second, and a line per poll would flood the task log (14,400 for a 4 h job)."""
 
-    def __init__(self, job_id: str, log: Any) -> None:  # Any: a logger.
+    def __init__(self, job_id: str, log: TaskLog) -> None:
         self.job_id = job_id
         self.log = log
         self._last: JobStatus | None = None
@@ -188,7 +188,7 @@ class RayJobTrigger(BaseTrigger):
         self.owns_job = owns_job
         self.fire_not_before = None if fire_not_before is None else float(fire_not_before)
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:  # Any: JSON-able constructor arguments.
+    def serialize(self) -> tuple[str, JsonObject]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
