@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.openai_api import settings as openai_settings
 from airflow_provider_raybatch.openai_api.body_limit import BodySizeLimit
 from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
@@ -89,7 +90,7 @@ def _openai_error(
     return HTTPException(status_code, {"message": message, "param": param, "code": code})
 
 
-def _error_body(exc: StarletteHTTPException) -> dict[str, Any]:  # Any: JSON values.
+def _error_body(exc: StarletteHTTPException) -> JsonObject:
     detail = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
     kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}.get(
         exc.status_code, "invalid_request_error"
@@ -149,7 +150,7 @@ def _chunks(file: UploadFile) -> Iterator[bytes]:
         yield chunk
 
 
-def _holds_a_slot(record: dict[str, Any], run: RunState, now: float) -> bool:  # Any: JSON values.
+def _holds_a_slot(record: JsonObject, run: RunState, now: float) -> bool:
     """Whether a batch counts against its owner's open batches: it is open, or its run is not in sight.
 
     A run another request starts is seen once that request's transaction commits, after it has
@@ -269,7 +270,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             "too_many_files",
         )
 
-    def store_upload(file: UploadFile, owner: str, owner_name: str) -> dict[str, Any]:  # Any: JSON.
+    def store_upload(file: UploadFile, owner: str, owner_name: str) -> JsonObject:
         """The upload, kept only within its owner's quota (quota.py): a refused one leaves nothing."""
         limit = config.max_files_per_user
         file_id = new_id("file")
@@ -369,7 +370,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             "metadata": record.get("metadata"),
         }
 
-    def _staged_counts(record: dict[str, Any]) -> dict[str, int]:  # Any: JSON values.
+    def _staged_counts(record: JsonObject) -> dict[str, int]:
         """Requests done so far: the staged parts' sidecars (pipeline/stage/parts.py) of the running job."""
         done = {"completed": 0, "failed": 0}
         for sidecar in store.staged_sidecars(record["id"]):

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 
@@ -75,8 +76,8 @@ class OpenAIBatchRunOperator(RayLLMBatchOperator):
 
 
 def openai_batch_dag(
-    *, model: str, dag_id: str = DEFAULT_DAG_ID, max_active_runs: int = 4, **operator_kwargs: Any
-) -> DAG:  # Any: RayLLMBatchOperator's arguments (engine_kwargs, concurrency, aws_conn_id, ...).
+    *, model: str, dag_id: str = DEFAULT_DAG_ID, max_active_runs: int = 4, **operator_kwargs: ArgValue
+) -> DAG:
     """A DAG serving OpenAI batches with ``model``; the batch settings are the operator's.
 
     :param max_active_runs: batches that run at once; later ones wait as ``validating``.

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
+
+from airflow_provider_raybatch.json_types import JsonObject
 
 BatchStatus = Literal[
     "validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expired"
@@ -44,7 +46,7 @@ def _epoch(moment: datetime | None) -> int | None:
     return int(moment.timestamp()) if moment is not None else None
 
 
-def _expired_at(record: dict[str, Any], run: RunState, now: float) -> int | None:  # Any: JSON.
+def _expired_at(record: JsonObject, run: RunState, now: float) -> int | None:
     """When the batch expired: its window ended before its run did, and the run did not succeed."""
     if record.get("expired_at") is not None:  # written by an earlier version of this API
         return int(record["expired_at"])
@@ -56,9 +58,7 @@ def _expired_at(record: dict[str, Any], run: RunState, now: float) -> int | None
     return None  # still running past its window: its task's deadline is stopping it
 
 
-def batch_status(
-    record: dict[str, Any], run: RunState, now: float
-) -> tuple[BatchStatus, dict[str, int | None]]:  # Any: JSON.
+def batch_status(record: JsonObject, run: RunState, now: float) -> tuple[BatchStatus, dict[str, int | None]]:
     """The batch's status at ``now`` and its ``*_at`` timestamps (Unix seconds, None until reached)."""
     if run.task_state == "failed" and run.run_state not in ("success", "failed"):
         # The batch task is the run's only task and "failed" is final (a retry is "up_for_retry"):

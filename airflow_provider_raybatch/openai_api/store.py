@@ -35,10 +35,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from airflow.sdk import ObjectStoragePath
 
+from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.openai_api.quota import Reservation, Usage
 
 #: The shapes of the ids this store issues; anything else is no file or batch of ours.
@@ -63,7 +63,7 @@ def new_id(prefix: str) -> str:
     return f"file-{uuid.uuid4().hex}" if prefix == "file" else f"batch_{uuid.uuid4().hex}"
 
 
-def public(record: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values.
+def public(record: JsonObject) -> JsonObject:
     return {key: value for key, value in record.items() if key not in _PRIVATE_FIELDS}
 
 
@@ -75,7 +75,7 @@ def _file_record(
     owner: str | None,
     owner_name: str | None,
     created_at: int | None = None,
-) -> dict[str, Any]:  # Any: JSON values.
+) -> JsonObject:
     """An OpenAI file object, plus who uploaded it (its owner)."""
     return {
         "id": file_id,
@@ -131,11 +131,11 @@ class OpenAIStore:
         """
         return path.path if path.protocol == "file" else f"{path.protocol}://{path.path}"
 
-    def _write_json(self, path: ObjectStoragePath, record: dict[str, Any]) -> None:  # Any: JSON values.
+    def _write_json(self, path: ObjectStoragePath, record: JsonObject) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, sort_keys=True))
 
-    def _read_json(self, path: ObjectStoragePath, object_id: str) -> dict[str, Any]:  # Any: JSON values.
+    def _read_json(self, path: ObjectStoragePath, object_id: str) -> JsonObject:
         try:
             record = json.loads(path.read_text())
         except FileNotFoundError as err:
@@ -177,7 +177,7 @@ class OpenAIStore:
         owner_name: str | None = None,
         max_bytes: int | None = None,
         file_id: str | None = None,
-    ) -> dict[str, Any]:  # Any: JSON.
+    ) -> JsonObject:
         """Store an upload's bytes, then its file object (so a listed file always has its bytes).
 
         ``file_id``: the id its quota reservation was made for; a new one when None.
@@ -258,16 +258,14 @@ class OpenAIStore:
                 live.add(reservation)
         return frozenset(live)
 
-    def file(self, file_id: str) -> dict[str, Any]:  # Any: JSON values.
+    def file(self, file_id: str) -> JsonObject:
         """An upload's file object, or a batch's output or error file derived from its manifest."""
         match = OUTPUT_FILE_ID.fullmatch(file_id) if isinstance(file_id, str) else None
         if match is not None:
             return self._output_file(file_id, f"batch_{match['batch']}", match["kind"])[0]
         return self._read_json(self.root / "files" / f"{_checked(FILE_ID, file_id)}.json", file_id)
 
-    def _output_file(
-        self, file_id: str, batch_id: str, kind: str
-    ) -> tuple[dict[str, Any], ObjectStoragePath]:  # Any: JSON.
+    def _output_file(self, file_id: str, batch_id: str, kind: str) -> tuple[JsonObject, ObjectStoragePath]:
         """An output or error file of a completed batch, and the folder of part files it is."""
         batch = self.batch(batch_id)
         if file_id in batch.get("deleted_files", ()):
@@ -293,7 +291,7 @@ class OpenAIStore:
     def output_file_id(self, batch_id: str, kind: str) -> str:
         return f"file-{_checked(BATCH_ID, batch_id).removeprefix('batch_')}-{kind}"
 
-    def files(self, owner: str | None = None) -> list[dict[str, Any]]:  # Any: JSON values.
+    def files(self, owner: str | None = None) -> list[JsonObject]:
         """The uploads, and the output and error files of completed batches: ``owner``'s, or everyone's
         (None). A record deleted while the listing runs is left out, never an error."""
         if owner is not None:
@@ -349,7 +347,7 @@ class OpenAIStore:
         """Where the batch's run writes (the batch DAG's output), derived from the checked id."""
         return self.uri(self.output_path(batch_id))
 
-    def save_batch(self, record: dict[str, Any]) -> None:  # Any: JSON values.
+    def save_batch(self, record: JsonObject) -> None:
         self._write_json(self.root / "batches" / f"{_checked(BATCH_ID, record['id'])}.json", record)
         self._mark(record.get("owner"), record["id"])
 
@@ -363,10 +361,10 @@ class OpenAIStore:
         if owner is not None:
             (self.root / "owners" / owner_key(owner) / batch_id).unlink(missing_ok=True)
 
-    def batch(self, batch_id: str) -> dict[str, Any]:  # Any: JSON values.
+    def batch(self, batch_id: str) -> JsonObject:
         return self._read_json(self.root / "batches" / f"{_checked(BATCH_ID, batch_id)}.json", batch_id)
 
-    def batches(self, owner: str | None = None) -> list[dict[str, Any]]:  # Any: JSON values.
+    def batches(self, owner: str | None = None) -> list[JsonObject]:
         """``owner``'s batch records, or everyone's (None), newest first."""
         if owner is not None:
             batch_ids = self._owned_ids(owner, BATCH_ID)
@@ -383,7 +381,7 @@ class OpenAIStore:
                     continue  # a foreign, half-written or just deleted file is no batch of ours
         return sorted(records, key=lambda record: (record["created_at"], record["id"]), reverse=True)
 
-    def read_json(self, uri: str) -> dict[str, Any] | None:  # Any: JSON values.
+    def read_json(self, uri: str) -> JsonObject | None:
         """A JSON file the run wrote (its manifest, a staged part's sidecar), or None if absent."""
         path = ObjectStoragePath(uri if "://" in uri else f"file://{uri}", conn_id=self.root.conn_id)
         try:
@@ -392,7 +390,7 @@ class OpenAIStore:
             return None  # half written, or not ours
         return value if isinstance(value, dict) else None
 
-    def staged_sidecars(self, batch_id: str) -> list[dict[str, Any]]:  # Any: JSON values.
+    def staged_sidecars(self, batch_id: str) -> list[JsonObject]:
         """The sidecars of the parts a running batch has staged (pipeline/stage/parts.py)."""
         staging = self.output_path(batch_id) / "_staging"
         if not staging.exists():
