@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow.providers.common.ai.batch.base import BatchState, BatchStatus, RawResultItem, SubmitResult
 from airflow.providers.common.ai.batch.openai import OpenAIBatchAdapter
@@ -38,6 +38,7 @@ from airflow_provider_raybatch.common_ai import settings as job
 from airflow_provider_raybatch.common_ai.files import iter_result_lines, write_lines
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError, RayJobNotFoundError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayConnectionSettings, RayHook
+from airflow_provider_raybatch.json_types import ArgValue, JsonObject, RuntimeEnv
 from airflow_provider_raybatch.operators import job_shipping
 from airflow_provider_raybatch.operators.task_tries import task_try_of
 from airflow_provider_raybatch.triggers.ray import ProgressRelay
@@ -95,7 +96,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
-        client: Any | None = None,  # Any: a RayHook or a test double.
+        client: RayHook | None = None,  # or a test double
     ) -> None:
         # No OpenAI client (the parent's __init__ would build one): the wire is the Ray Jobs API.
         self._client = None
@@ -114,8 +115,8 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         idempotency_key: str,
         system_prompt: str = "",
         max_tokens: int = 1024,
-        request_params: dict[str, Any] | None = None,  # Any: JSON values.
-        **kwargs: Any,  # Any: common.ai's batch-level context, passed on.
+        request_params: JsonObject | None = None,
+        **kwargs: ArgValue,  # common.ai's batch-level context, passed on
     ) -> None:
         """Limits, one model, and the job settings, before any network call (common.ai's contract)."""
         self.check_custom_id_length(idempotency_key, len(requests))
@@ -166,8 +167,8 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         output_spec: OutputSpec,
         system_prompt: str = "",
         max_tokens: int = 1024,
-        request_params: dict[str, Any] | None = None,  # Any: JSON values.
-        **kwargs: Any,  # Any: common.ai's batch-level context (completion_window: no meaning here).
+        request_params: JsonObject | None = None,
+        **kwargs: ArgValue,  # common.ai's batch-level context (completion_window: no meaning here)
     ) -> SubmitResult:
         """Write the request lines next to ``result_path``, ship the pipeline and submit the Ray job."""
         context = _context()
@@ -212,7 +213,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         )
         return SubmitResult(batch_id=job_id, provider_input_ref=spec.input_uri)
 
-    def _connection_extra(self, context: Context | None = None) -> dict[str, Any]:  # Any: JSON values.
+    def _connection_extra(self, context: Context | None = None) -> JsonObject:
         """The full ``ray`` connection's extras, after checking that host and password say it all.
 
         common.ai's trigger rebuilds this adapter from host and password alone; a port field or an
@@ -320,7 +321,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
                 # As common.ai's OpenAI adapter: one bad line becomes a "missing" request, not a lost batch.
                 log.warning("Skipping unparsable result line %s of Ray job %s: %s", where, batch_id, err)
 
-    def _committed(self, info: JobInfo) -> dict[str, Any] | None:  # Any: JSON values.
+    def _committed(self, info: JobInfo) -> JsonObject | None:
         """The manifest committed at the job's output folder, when this job committed it."""
         output_uri = info.metadata.get(OUTPUT_META)
         if not output_uri:
@@ -387,7 +388,7 @@ def _submit(
     task_try: TaskTry,
     secret: bytes,
     spec: BatchInferenceSpec,
-    runtime_env: dict[str, Any],  # Any: Ray runtime_env values.
+    runtime_env: RuntimeEnv,
     metadata: dict[str, str],
 ) -> str:
     """Submit under this try's first free submission id, as RayLLMBatchOperator does."""
@@ -420,7 +421,7 @@ def _settings(api_key: str | None, base_url: str | None) -> RayConnectionSetting
     )
 
 
-def _results_inside(manifest: dict[str, Any], output_uri: str) -> bool:  # Any: JSON values.
+def _results_inside(manifest: JsonObject, output_uri: str) -> bool:
     """Whether the manifest's outputs and errors are in the job's own output folder: the results are
     read from where the manifest says, and a planted one could point anywhere the worker can read."""
     folder = output_uri.rstrip("/") + "/"

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from airflow_provider_raybatch.json_types import JsonObject
+
 
 def _path(uri: str) -> Path | Any:  # Any: Airflow's ObjectStoragePath.
     if "://" not in uri:
@@ -23,7 +25,7 @@ def _path(uri: str) -> Path | Any:  # Any: Airflow's ObjectStoragePath.
     return ObjectStoragePath(uri)
 
 
-def write_lines(uri: str, lines: Iterable[dict[str, Any]]) -> int:  # Any: JSON values.
+def write_lines(uri: str, lines: Iterable[JsonObject]) -> int:
     """Write one JSON object per line (replacing the file); returns the number of lines.
 
     A local file is written beside its name and renamed onto it: the folder is under common.ai's
@@ -46,7 +48,7 @@ def write_lines(uri: str, lines: Iterable[dict[str, Any]]) -> int:  # Any: JSON 
         return _write(file, lines)
 
 
-def _write(file: IO[str], lines: Iterable[dict[str, Any]]) -> int:  # Any: JSON values.
+def _write(file: IO[str], lines: Iterable[JsonObject]) -> int:
     count = 0
     for line in lines:
         file.write(json.dumps(line, ensure_ascii=False) + "\n")

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue, Kwargs
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 #: The key of ``request_params`` and of the connection's extras that holds the job's settings.
@@ -52,7 +52,7 @@ _MERGED_FIELDS = frozenset({"engine_kwargs", "sampling_params"})
 _UNSUPPORTED_FIELDS = frozenset({"dry_run", "dry_run_rows_per_second"})
 #: Spec defaults that differ for a common.ai batch: row failures are common.ai's to judge
 #: (``fail_on_partial_error``), so the job commits whatever rows failed.
-_DEFAULTS: dict[str, Any] = {"max_failed_fraction": 1.0}  # Any: spec field values.
+_DEFAULTS: Kwargs = {"max_failed_fraction": 1.0}
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,14 @@ class JobSettings:
     :param check_layout: refuse a layout the cluster's alive nodes cannot host (the operator's).
     """
 
-    spec_fields: dict[str, Any]  # Any: spec field values.
+    spec_fields: Kwargs
     work_uri: str | None = None
     check_layout: bool = True
 
 
 def split_request_params(
-    request_params: Mapping[str, Any] | None,  # Any: JSON values.
-) -> tuple[dict[str, Any], dict[str, Any]]:  # Any: JSON values.
+    request_params: Mapping[str, JsonValue] | None,
+) -> tuple[JsonObject, JsonObject]:
     """(the body parameters every request gets, the job settings under ``request_params["raybatch"]``)."""
     body = dict(request_params or {})
     settings = body.pop(SETTINGS_KEY, None)
@@ -88,8 +88,8 @@ def split_request_params(
 
 
 def job_settings(
-    connection_extra: Mapping[str, Any], operator_settings: Mapping[str, Any]
-) -> JobSettings:  # Any: JSON values.
+    connection_extra: Mapping[str, JsonValue], operator_settings: Mapping[str, JsonValue]
+) -> JobSettings:
     """Merge the connection's defaults and the operator's settings (the operator's win), checking names."""
     defaults = connection_extra.get(CONNECTION_EXTRA_KEY) or {}
     if not isinstance(defaults, Mapping):
@@ -97,7 +97,7 @@ def job_settings(
             f"the ray connection's extra {CONNECTION_EXTRA_KEY!r}={defaults!r} must be a JSON object of job "
             'settings (e.g. {"engine_kwargs": {"max_model_len": 4096}}).'
         )
-    merged: dict[str, Any] = {}  # Any: JSON values.
+    merged: JsonObject = {}
     for where, values in (
         (f"connection extra {CONNECTION_EXTRA_KEY!r}", defaults),
         (f"request_params[{SETTINGS_KEY!r}]", operator_settings),
@@ -121,7 +121,7 @@ def job_settings(
     return JobSettings({**_DEFAULTS, **merged}, work_uri, check_layout)
 
 
-def _from_text(where: str, name: str, value: Any, json_only: bool = False) -> Any:  # Any: a JSON value.
+def _from_text(where: str, name: str, value: JsonValue, json_only: bool = False) -> JsonValue:
     """A dict or list written as JSON text, as common.ai's templated ``request_params`` renders them
     (``"{{ params.engine_kwargs | tojson }}"``); other values as they are.
 
