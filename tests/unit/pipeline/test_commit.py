@@ -977,8 +977,9 @@ def _row(source: str, row_id: str) -> dict[str, object]:
 
 
 def _version_files(layout: OutputLayout, version: str) -> list[str]:
+    """The data files of a version's folders (not its report, nor its parts list)."""
     folder = Path(layout.version_uri(version))
-    return sorted(path.name for path in folder.rglob("*") if path.is_file() and path.suffix != ".html")
+    return sorted(path.name for name in ("outputs", "errors") for path in (folder / name).glob("*"))
 
 
 def _staging_writer(layout: OutputLayout, spec: BatchInferenceSpec) -> PartWriter:
@@ -1061,6 +1062,25 @@ def test_a_part_written_after_the_seals_sweep_by_a_writer_that_died_goes_at_publ
     commit.publish(layout, {"version": run.version}, keep_versions=False, committed_parts=run.part_names)
 
     assert _version_files(layout, run.version) == [f"{kept.name}.jsonl"]
+    assert json.loads(Path(commit.parts_uri(layout, run.version)).read_text()) == [kept.name]
+
+
+def test_a_part_a_dead_writer_left_after_the_publish_goes_as_the_next_try_starts(
+    layout: OutputLayout,
+) -> None:
+    """A late writer stalled through the whole publish, wrote, and died: its part sits in the committed
+    version, outside the parts list, until the next try of the output sweeps it (run._run_owned)."""
+    spec = spec_of(run_key=layout.run_key)
+    live = _staging_writer(layout, spec)
+    kept = live.write_part([_row("in.jsonl:1", "a")])
+    run = commit.write_version(layout, spec, rows_in=1, rewriter=live)
+    commit.seal(layout, run)
+    commit.publish(layout, {"version": run.version}, keep_versions=False, committed_parts=run.part_names)
+    Path(layout.version_uri(run.version), "errors", "part-dead.jsonl").write_text('{"id": "b"}\n')
+
+    assert commit.sweep_current_version(layout) == 1
+    assert _version_files(layout, run.version) == [f"{kept.name}.jsonl"]
+    assert commit.sweep_current_version(layout) == 0
 
 
 @pytest.mark.parametrize("second_check", ["staging deleted by a publish", "store error"])
