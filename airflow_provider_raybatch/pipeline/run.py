@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import posixpath
 import re
 import time
 import uuid
@@ -203,6 +204,9 @@ def _processor(
         **extra,
     )
     staging = {**parts.settings(), "spec": spec}
+    # A copy the driver fetched (an S3 model with the job's own credentials): each replica checks it on
+    # its own node before its engine loads it (models.check_copy_in_replica).
+    model_copy_root = posixpath.expanduser(spec.model_cache_dir) if model_source != spec.model else None
     processor = build_llm_processor(
         config,
         preprocess=functools.partial(
@@ -213,6 +217,7 @@ def _processor(
         postprocess=row_steps.source_only,  # the replicas staged the results (stage_engine_rows)
         staging=staging,
         compile_cache_dir=spec.compile_cache_dir,
+        model_copy_root=model_copy_root,
     )
     if spec.keep_warm_seconds is not None:  # the engines of a warm pool instead of the job's own
         replicas = engine.fixed_pool(spec.concurrency or 1)[1]
@@ -225,6 +230,7 @@ def _processor(
             spec.compile_cache_dir,
             _job_runtime_env(),
             render_prompts_in_pool=render,
+            model_copy_root=model_copy_root,
         )
     return processor
 

@@ -120,10 +120,15 @@ def forkserver_enabled() -> bool:
 STAGING_KWARG = "raybatch_staging"
 #: Our UDF's constructor keyword: the spec's ``compile_cache_dir``.
 COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
+#: Our UDF's constructor keyword: the ``model_cache_dir`` of a model copy the driver fetched.
+MODEL_COPY_KWARG = "raybatch_model_copy_root"
 
 
 def use_our_engine_stage(
-    processor: Processor, staging: Kwargs, compile_cache_dir: str | None = None
+    processor: Processor,
+    staging: Kwargs,
+    compile_cache_dir: str | None = None,
+    model_copy_root: str | None = None,
 ) -> Processor:
     """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off, and
     its chat-template stage UDF for ours (:mod:`.chat_template`).
@@ -131,6 +136,8 @@ def use_our_engine_stage(
     :param staging: the keywords of :class:`.parts.PartWriter` plus ``spec``: the replica then
         stages the rows it finishes as they finish (:mod:`.replica_staging`).
     :param compile_cache_dir: where the replica keeps compiled graphs and kernels (:mod:`.engine_caches`).
+    :param model_copy_root: the ``model_cache_dir`` of a model copy the driver fetched, which the replica
+        checks on its node before its engine loads it (:func:`.models.check_copy_in_replica`).
     """
     all_stages = list(getattr(processor, "stages", {}).values())
     _use_our_chat_template_stage(all_stages)
@@ -146,6 +153,8 @@ def use_our_engine_stage(
             # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
             stage.__dict__["fn"] = RaybatchvLLMEngineStageUDF
             stage.fn_constructor_kwargs[COMPILE_CACHE_KWARG] = compile_cache_dir
+            if model_copy_root is not None:
+                stage.fn_constructor_kwargs[MODEL_COPY_KWARG] = model_copy_root
             stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
     return processor
 
@@ -162,6 +171,7 @@ def use_engine_pool(
     compile_cache_dir: str | None,
     job_runtime_env: RuntimeEnv,
     render_prompts_in_pool: bool = True,
+    model_copy_root: str | None = None,
 ) -> EnginePool:
     """Put the processor's vLLM stage on a warm pool (:mod:`.engine_pool`); returns the pool.
 
@@ -208,6 +218,7 @@ def use_engine_pool(
         compile_cache_dir,
         job_runtime_env,
         chat_template,
+        model_copy_root,
     )
     if ray_is_up():  # in a job: take the pool's live replicas first (engine_pool.EnginePool.preferring_live)
         pool = pool.preferring_live(live_replica_names())

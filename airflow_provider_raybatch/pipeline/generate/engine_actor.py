@@ -30,7 +30,7 @@ from typing import Any  # noqa: E402
 
 import ray  # noqa: E402
 
-from airflow_provider_raybatch.pipeline.generate import engine, engine_caches  # noqa: E402
+from airflow_provider_raybatch.pipeline.generate import engine, engine_caches, models  # noqa: E402
 from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows  # noqa: E402
 from airflow_provider_raybatch.pipeline.openai import openai_batch  # noqa: E402
 from airflow_provider_raybatch.pipeline.reporting.timings import replica_clock  # noqa: E402
@@ -83,6 +83,7 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         *args: ArgValue,
         raybatch_staging: Kwargs | None,
         raybatch_compile_cache_dir: str | None = None,
+        raybatch_model_copy_root: str | None = None,
         **kwargs: ArgValue,
     ) -> None:  # Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
         """:param raybatch_staging: where to stage finished rows; None in a warm pool's replica
@@ -93,6 +94,8 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         self.cache_folders = engine_caches.checked_cache_folders(raybatch_compile_cache_dir, os.environ)
         os.environ.update(engine_caches.environment(self.cache_folders))
         engine_caches.turn_off_precompiled_headers()
+        if raybatch_model_copy_root is not None:  # a copy the driver fetched, maybe not onto this node
+            models.check_copy_in_replica(str(kwargs.get("model")), raybatch_model_copy_root)
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()

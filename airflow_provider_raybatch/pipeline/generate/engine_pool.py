@@ -113,6 +113,9 @@ class EnginePool:
     #: The job's chat-template stage's keywords, where the replicas render its prompts; the job's, so
     #: outside the fingerprint (pool_replica.EngineReplica.attach).
     chat_template: Kwargs | None = None
+    #: The ``model_cache_dir`` of a model copy the driver fetched, which each replica checks on its own
+    #: node before its engine loads it (a replica may be built on a node the fetch never reached).
+    model_copy_root: str | None = None
     names: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -163,6 +166,7 @@ class EnginePool:
                 self.fingerprint,
                 self.keep_warm_seconds,
                 self.chat_template,
+                self.model_copy_root,
             )
         )
 
@@ -225,6 +229,7 @@ def plan_pool(
     compile_cache_dir: str | None,
     job_runtime_env: dict[str, Any],
     chat_template: dict[str, Any] | None = None,
+    model_copy_root: str | None = None,
 ) -> EnginePool:
     """The pool for a job's vLLM stage, from what Ray Data LLM built for it.
 
@@ -235,6 +240,8 @@ def plan_pool(
         other packages.
     :param chat_template: the job's chat-template stage's keywords (None: it has none), for the
         replicas to render its prompts with; not part of the fingerprint.
+    :param model_copy_root: see :attr:`EnginePool.model_copy_root` (the model's path, in the
+        fingerprint, names the copy).
     :raises ValueError: for an engine a pool cannot hold (tensor or pipeline parallel).
     """
     if "ray_remote_args_fn" in map_batches_kwargs:
@@ -264,6 +271,7 @@ def plan_pool(
         compile_cache_dir,
         keep_warm_seconds,
         chat_template,
+        model_copy_root,
     )
 
 

@@ -154,6 +154,18 @@ def write_marker(folder: str, model_uri: str, objects: list[ModelObject]) -> Non
         sink.write(json.dumps(marker, indent=1).encode())
 
 
+def marked_objects(folder: str) -> list[ModelObject] | None:
+    """The objects a copy's marker lists; None where it has no marker that reads as one."""
+    try:
+        with open(posixpath.join(folder, COMPLETE_MARKER), "rb") as source:
+            marker = json.loads(source.read(1 << 24))
+        return [
+            ModelObject(key=item["key"], size=item["size"], etag=item["etag"]) for item in marker["objects"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable, not JSON, not the shape
+        return None
+
+
 def copy_matches(folder: str, objects: list[ModelObject]) -> bool:
     """Whether ``folder`` holds a complete copy of ``objects``: its marker records exactly them, and
     each is a plain file (no link) of the listed size there."""

@@ -32,7 +32,13 @@ _COPY_NAME = re.compile(r"[0-9a-f]{16}")
 #: How often a fetch tries to put its copy in place of a stale one that concurrent fetches keep replacing.
 _PLACE_ATTEMPTS = 3
 
-__all__ = ["ModelCacheError", "fetch_model", "local_model_dir", "resolve_model_source"]
+__all__ = [
+    "ModelCacheError",
+    "check_copy_in_replica",
+    "fetch_model",
+    "local_model_dir",
+    "resolve_model_source",
+]
 
 
 def local_model_dir(model_uri: str, cache_dir: str) -> str:
@@ -146,6 +152,42 @@ def _inside(folder: str, relative: str, model_uri: str) -> str:
     if os.path.commonpath([root, os.path.realpath(local)]) != root:
         raise ValueError(f"model={model_uri!r}: the file {relative!r} would be written outside {folder!r}.")
     return local
+
+
+def check_copy_in_replica(copy: str, cache_dir: str) -> None:
+    """In an engine replica, before its engine loads ``copy``: the copy the driver fetched into
+    ``cache_dir`` is on this node, private, and complete.
+
+    The driver fetches and checks a copy on the nodes alive when the job starts; a replica may run on a
+    node that joined since, or be rebuilt after a tmp cleaner emptied the cache, and would load whatever
+    another local user put at that path (their code, with ``trust_remote_code``). The folders from
+    ``cache_dir`` down must be the Ray user's alone, and the copy's marker must list files that are there
+    at their sizes and be what the folder's name (its digest) says.
+
+    :raises ModelCacheError: the copy is missing or not complete here.
+    :raises private_folders.PrivateFolderError: a folder another local user made or can write.
+    """
+    setting = f"model_cache_dir={cache_dir!r}"
+    if not os.path.lexists(copy):
+        raise ModelCacheError(
+            f"{setting}: the model's copy {copy!r} is not on this node: a node that joined the cluster "
+            "after the job's driver fetched the model onto every node then alive, or a cleaner emptied the "
+            "folder. Run the task again (its fetch reaches every node alive then); with an autoscaling "
+            "GPU group, give the cluster an IAM role so that each engine's node fetches the model itself."
+        )
+    private_folders.make_private_folders(cache_dir, posixpath.dirname(copy), setting)
+    private_folders.check_private(copy, setting)
+    objects = model_cache.marked_objects(copy)
+    if (
+        objects is None
+        or model_cache.objects_digest(objects) != posixpath.basename(copy)
+        or not model_cache.copy_matches(copy, objects)
+    ):
+        raise ModelCacheError(
+            f"{setting}: {copy!r} is not a complete copy of the model the job's driver fetched (its "
+            "marker is missing, or lists other files than are there). Delete the folder; the next run "
+            "fetches the model again."
+        )
 
 
 def _fetch_on_node(model_uri: str, target: str, objects: list[ModelObject], cache_dir: str) -> int:

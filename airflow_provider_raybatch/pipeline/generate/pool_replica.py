@@ -97,6 +97,8 @@ class EngineReplica:
     :param fingerprint: the pool's (:func:`.engine_pool.pool_fingerprint`), for its reports.
     :param keep_warm_seconds: the creating job's: how long the replica waits for a first job once built
         (that job's driver may have died while the engine built: nobody would ever attach).
+    :param model_copy_root: the ``model_cache_dir`` of a model copy the creating job's driver fetched,
+        checked on this node before the engine loads it (:func:`.models.check_copy_in_replica`).
     """
 
     #: The loop the rows and the engine run on (:meth:`_on_rows_loop`); None outside a Ray actor.
@@ -111,6 +113,7 @@ class EngineReplica:
         fingerprint: str,
         keep_warm_seconds: float = 0.0,
         chat_template: dict[str, Any] | None = None,
+        model_copy_root: str | None = None,
     ) -> None:
         # Before the imports (vLLM's among them): the build time is all the replica's own start-up.
         started = time.monotonic()
@@ -123,6 +126,7 @@ class EngineReplica:
             expected_input_keys=[],
             raybatch_staging=None,
             raybatch_compile_cache_dir=compile_cache_dir,
+            raybatch_model_copy_root=model_copy_root,
             **engine_kwargs,
         )
         self._cache_folders = self._engine.cache_folders

@@ -74,6 +74,7 @@ def build_llm_processor(
     postprocess: Callable[[Kwargs], Kwargs],
     staging: Kwargs,
     compile_cache_dir: str | None = None,
+    model_copy_root: str | None = None,
 ) -> Processor:
     """``build_processor(vLLMEngineProcessorConfig(**config_kwargs), ...)`` with our engine stage.
 
@@ -83,6 +84,8 @@ def build_llm_processor(
     :param staging: where the replicas stage the rows they finish (``engine.use_our_engine_stage``).
     :param compile_cache_dir: where the replicas keep compiled graphs and kernels
         (``engine_caches``).
+    :param model_copy_root: the ``model_cache_dir`` of a model copy the driver fetched, which each
+        replica checks before its engine loads it; None for any other model source.
     """
     with engine_libraries_held_back():
         _answer_the_telemetry_probe_locally()
@@ -92,7 +95,7 @@ def build_llm_processor(
         config = vLLMEngineProcessorConfig(**config_kwargs)
         processor = build_processor(config, preprocess=preprocess, postprocess=postprocess)
         # Imports Ray's engine stage module (already loaded by the build, with the stand-ins).
-        return engine.use_our_engine_stage(processor, staging, compile_cache_dir)
+        return engine.use_our_engine_stage(processor, staging, compile_cache_dir, model_copy_root)
 
 
 @contextlib.contextmanager

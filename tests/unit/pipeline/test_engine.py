@@ -135,6 +135,10 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
         engine.STAGING_KWARG: staging,
         engine.COMPILE_CACHE_KWARG: "/mnt/compile",
     }
+    # A copy the driver fetched: the replica is told where its cache is, to check it on its node.
+    stage.fn = RayUDF  # a processor built afresh
+    engine.use_our_engine_stage(processor, staging, "/mnt/compile", model_copy_root="/mnt/models")
+    assert stage.fn_constructor_kwargs[engine.MODEL_COPY_KWARG] == "/mnt/models"
     # Ray Data restarts a dead replica forever unless told otherwise (map_batches' ray_remote_args).
     assert stage.map_batches_kwargs == {"concurrency": (1, 1), "max_restarts": engine.ENGINE_MAX_RESTARTS}
 
