@@ -4,6 +4,7 @@
 #   ruff check            the lint rules of pyproject.toml's [tool.ruff.lint], over the whole repository
 #   ruff format --check   what `ruff format` would change (Markdown excluded: [tool.ruff.format])
 #   mypy                  airflow_provider_raybatch/, as [tool.mypy] says (and why it runs where it does)
+#   lint-imports          the layers' import contracts of pyproject.toml's [tool.importlinter]
 #   pre-commit            validate-config of .pre-commit-config.yaml
 # The tools are .venvs/airflow's, pinned in pyproject.toml's "lint" extra (scripts/setup_envs.sh).
 # Every check runs, so one run shows all findings; prints a count for each and exits non-zero if any
@@ -11,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venvs/airflow/bin
-for tool in ruff mypy pre-commit; do
+for tool in ruff mypy lint-imports pre-commit; do
   if [ ! -x "$BIN/$tool" ]; then
     echo "lint: $BIN/$tool is missing: run scripts/setup_envs.sh first" >&2
     exit 2
@@ -25,13 +26,13 @@ fi
 failed=()
 summary=()
 # check NAME PATTERN CMD...: run CMD, show its output, and take the count from the first number of the
-# line matching PATTERN (none: 0); a check that fails without such a line counts as 1 finding.
+# text matching PATTERN (none: 0); a check that fails without such a line counts as 1 finding.
 check() {
   local name=$1 pattern=$2 output count status=0
   shift 2
   output=$("$@" 2>&1) || status=$?
   [ -n "$output" ] && printf '%s\n' "$output"
-  count=$(printf '%s\n' "$output" | grep -E "$pattern" | grep -oE '[0-9]+' | head -n1 || true)
+  count=$(printf '%s\n' "$output" | grep -oE "$pattern" | grep -oE '[0-9]+' | head -n1 || true)
   count=${count:-0}
   if [ "$status" -ne 0 ]; then
     [ "$count" -eq 0 ] && count=1
@@ -44,6 +45,7 @@ check "ruff check (errors)" '^Found [0-9]+ error' "$BIN/ruff" check --output-for
 check "ruff format (files to reformat)" '[0-9]+ files? would be reformatted' \
   "$BIN/ruff" format --check --output-format concise .
 check "mypy (errors)" '^Found [0-9]+ error' "$BIN/mypy"
+check "import contracts (broken)" '[0-9]+ broken' "$BIN/lint-imports" --no-cache
 check "pre-commit config (errors)" 'error' "$BIN/pre-commit" validate-config .pre-commit-config.yaml
 
 counts=$(printf '%s; ' "${summary[@]}")
