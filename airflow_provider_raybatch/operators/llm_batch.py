@@ -36,7 +36,7 @@ from airflow_provider_raybatch.operators import (
     partition_dates,
     written_values,
 )
-from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
+from airflow_provider_raybatch.operators.job_choice import Start, choose_start
 from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
 from airflow_provider_raybatch.operators.spec_params import SPEC_PARAMETERS as SPEC_PARAMETERS  # re-exported
 from airflow_provider_raybatch.operators.spec_params import rendered_flag, spec_from_params
@@ -483,21 +483,18 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         )
         secret = deployment_key()
         hook = self.hook
-        previous = self._previous_job(hook, task_try, secret, context)
-        if previous is not None and previous.metadata.get(FINGERPRINT_KEY) != spec.fingerprint():
-            # The parameters changed since that job (a clear after editing the prompt): its rows are
-            # not this spec's rows, so neither attach to it nor take its result.
-            if not previous.status.is_terminal:
-                self.log.warning(
-                    "Ray job %s of try %s of this run has other parameters; stopping it. (Were it another "
-                    "Airflow deployment's, the two would share [raybatch] job_identity_secret or "
-                    "[core] fernet_key: give each deployment its own.)",
-                    previous.job_id,
-                    try_number_of(previous),
-                )
-                self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
-            previous = None
-        if previous is not None and previous.status.is_terminal and reuse_earlier_result:
+        choice = choose_start(self._previous_job(hook, task_try, secret, context), spec.fingerprint())
+        previous = choice.previous
+        if choice.start is Start.STOP_AND_SUBMIT and previous is not None:
+            self.log.warning(
+                "Ray job %s of try %s of this run has other parameters; stopping it. (Were it another "
+                "Airflow deployment's, the two would share [raybatch] job_identity_secret or "
+                "[core] fernet_key: give each deployment its own.)",
+                previous.job_id,
+                try_number_of(previous),
+            )
+            self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
+        if choice.previous_ended and previous is not None and reuse_earlier_result:
             # Its committed version (if it committed: a succeeded job, or one stopped just after its
             # commit) is taken by the new job, on the cluster, only if the input files, the code, the
             # model and the engine are as they made it (pipeline/stage/reuse.py); else it generates.
@@ -508,7 +505,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 previous.status.value,
             )
         attached_at = None
-        if previous is not None and not previous.status.is_terminal:
+        if choice.start is Start.ATTACH and previous is not None:
             self.log.info(
                 "Ray job %s of an earlier try is %s; attaching to it.", previous.job_id, previous.status.value
             )

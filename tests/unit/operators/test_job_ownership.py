@@ -19,7 +19,8 @@ from airflow_provider_raybatch.exceptions import (
     RayJobFailedError,
 )
 from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, JOB_ID_STATE_KEY
+from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
+from airflow_provider_raybatch.operators.llm_batch import JOB_ID_STATE_KEY
 from airflow_provider_raybatch.utils.deployment_secret import signing_key
 from airflow_provider_raybatch.utils.events import job_event
 from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY

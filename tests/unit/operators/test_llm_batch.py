@@ -26,9 +26,9 @@ from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobFailedErr
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY, manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
+from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.llm_batch import (
     CLEANUP_RACE_SECONDS,
-    FINGERPRINT_KEY,
     JOB_ID_STATE_KEY,
     PIPELINE_MODULE,
     RayLLMBatchOperator,
