@@ -227,6 +227,9 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
     operator_extra_links = (RayJobLink(), BatchOutputLink(), RunReportLink())
     template_fields_renderers = {"sampling_params": "json", "engine_kwargs": "json", "user_template": "jinja"}
     ui_color = "#cfe6ff"
+    #: The job this operator asked Ray to stop (its own kill or timeout), so that a stop it sees is said
+    #: to be its own, and a second cleanup path does not ask again.
+    _stop_requested_for: str | None = None
 
     def __init__(
         self,
@@ -796,7 +799,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
 
     def _who_stopped(self, job_id: str) -> str:
         """Said of a stopped job: this task stopped it (its own kill or timeout), or someone else did."""
-        if job_id == getattr(self, "_stop_requested_for", None):
+        if job_id == self._stop_requested_for:
             return _STOPPED_BY_THIS_TASK
         return _STOPPED_FROM_OUTSIDE
 
@@ -846,7 +849,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
 
         Waiting matters before a new job takes over the same staging folder.
         """
-        if job_id == getattr(self, "_stop_requested_for", None) and not wait_seconds:
+        if job_id == self._stop_requested_for and not wait_seconds:
             return  # asked already (a worker timeout: the wait's own cleanup, then on_kill)
         try:
             if hook.get_job_status(job_id).is_terminal:
