@@ -397,7 +397,8 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
     if spec.openai_endpoint is not None:
         line = openai_batch.response_line(row, spec.openai_endpoint, spec.model, spec.run_key)
         return {"source": row["source"], "ok": True, "record": json.dumps(line, ensure_ascii=False)}
-    choices = _choices(row, spec)
+    structured = _structured_outputs(row, spec)
+    choices = list(structured["choice"]) if "choice" in structured else None
     if choices is not None and row["generated_text"] not in choices:
         # Constrained decoding cut short by max_tokens leaves a label prefix such as 'Finan'.
         return _staged_error(
@@ -405,6 +406,14 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
             spec=spec,
             reason=f"output not a choice: {row['generated_text']!r} "
             f"after {row['num_generated_tokens']} tokens; raise sampling_params['max_tokens']",
+        )
+    if _wants_json(structured) and not _is_json(row["generated_text"]):
+        # Likewise JSON cut short ('{"summary": "The cust'): a downstream loader would fail on it.
+        return _staged_error(
+            row,
+            spec=spec,
+            reason=f"output not JSON: {_shortened(row['generated_text'])!r} after "
+            f"{row['num_generated_tokens']} tokens; raise sampling_params['max_tokens']",
         )
     output = _output_row(json.loads(row["row"]), row, spec)
     engine_counts = {
@@ -423,12 +432,29 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
     return {"source": row["source"], "ok": True, "record": row_to_json(output), **engine_counts}
 
 
-def _choices(row: Row, spec: BatchInferenceSpec) -> list[str] | None:
-    """The labels the row's own sampling parameters constrain its output to (a preprocess may set them)."""
+def _structured_outputs(row: Row, spec: BatchInferenceSpec) -> JsonObject:
+    """The structured output the row's own sampling parameters constrain it to (a preprocess may set
+    them), else the spec's; empty for free text."""
     if not row.get("sampling"):
-        return spec.structured_choices
-    structured = json.loads(row["sampling"]).get("structured_outputs") or {}
-    return list(structured["choice"]) if "choice" in structured else None
+        return dict(spec.sampling_params.get("structured_outputs") or {})
+    return dict(json.loads(row["sampling"]).get("structured_outputs") or {})
+
+
+def _wants_json(structured: JsonObject) -> bool:
+    """Whether the output is constrained to JSON: a schema (``json``) or any object (``json_object``)."""
+    return structured.get("json") is not None or structured.get("json_object") is True
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _shortened(text: str, chars: int = 80) -> str:
+    return text if len(text) <= chars else text[:chars] + "..."
 
 
 def _output_row(source_row: dict[str, Any], row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:

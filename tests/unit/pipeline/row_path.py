@@ -8,8 +8,8 @@ our chat-template step -> a stand-in engine -> stage (output row, postprocess, o
 * between steps, rows go through an Arrow table and back, as Ray Data's blocks take them, so a column
   whose values Arrow cannot hold fails here as it would on the cluster;
 * the engine answers deterministically: a ``choice`` constraint's first label (or the label named by
-  ``answer_with`` in the prompt), else the prompt's first words; it fails the row (ray.data.llm's error
-  column) when the prompt asks for it with ``FAIL_ROW``.
+  ``answer_with`` in the prompt), a JSON constraint's object of the prompt's last words, else those
+  words; it fails the row (ray.data.llm's error column) when the prompt asks for it with ``FAIL_ROW``.
 """
 
 from __future__ import annotations
@@ -80,10 +80,13 @@ def _generate(row: dict[str, Any], requests: list[dict[str, Any]]) -> dict[str, 
     requests.append({"prompt": row["prompt"], "sampling_params": params, "source": row["source"]})
     if FAIL_ROW in (row["prompt"] or ""):
         return {row_steps.INFERENCE_ERROR: "stand-in engine: asked to fail"}
-    choices = (params.get("structured_outputs") or {}).get("choice")
+    structured = params.get("structured_outputs") or {}
+    choices = structured.get("choice")
     if choices:
         wanted = [choice for choice in choices if f"answer_with {choice}" in row["prompt"]]
         text = (wanted or choices)[0]
+    elif structured.get("json") is not None or structured.get("json_object"):
+        text = json.dumps({"answer": " ".join((row["prompt"] or "").split()[-3:])})
     else:
         text = " ".join((row["prompt"] or "").split()[-3:])[: 8 * (params.get("max_tokens") or 16)]
     tokens = len(text.split())

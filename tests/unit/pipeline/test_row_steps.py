@@ -541,3 +541,46 @@ def test_nan_and_infinity_cells_are_written_as_valid_json(tmp_path: Path) -> Non
 
     assert result.manifest["rows_out"] == 2
     assert all(row["score"] is None or math.isfinite(row["score"]) for row in result.outputs)
+
+
+@pytest.mark.parametrize(
+    ("text", "sampling", "error"),
+    [
+        ('{"summary": "The cust', None, "output not JSON: "),  # the spec's schema, cut by max_tokens
+        ('{"summary": "Late order"}', None, None),
+        (
+            "{",
+            json.dumps({"structured_outputs": {"json_object": True}}),
+            "output not JSON: ",
+        ),  # the row's own
+        ("{", json.dumps({"max_tokens": 5}), None),  # the row asked for free text
+    ],
+)
+def test_output_constrained_to_json_and_cut_short_is_an_error_row(
+    tmp_path: Path, text: str, sampling: str | None, error: str | None
+) -> None:
+    schema = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
+    spec = spec_of(
+        tmp_path,
+        "in.jsonl",
+        user_template="Summarise ticket {id}",
+        sampling_params={"max_tokens": 6, "structured_outputs": {"json": schema}},
+    )
+    engine_row = {
+        "id": "T-1",
+        "source": "in.jsonl:1",
+        "row": json.dumps({"id": "T-1"}),
+        "request": None,
+        "sampling": sampling,
+        "generated_text": text,
+        "num_input_tokens": 9,
+        "num_generated_tokens": 6,
+    }
+
+    staged = row_steps._staged_result(engine_row, spec)
+
+    if error is None:
+        assert staged["ok"] is True, staged
+    else:
+        reason = json.loads(staged["record"])["error"]
+        assert not staged["ok"] and reason.startswith(error) and "after 6 tokens" in reason, reason
