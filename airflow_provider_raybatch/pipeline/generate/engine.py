@@ -120,7 +120,8 @@ def forkserver_enabled() -> bool:
 STAGING_KWARG = "raybatch_staging"
 #: Our UDF's constructor keyword: the spec's ``compile_cache_dir``.
 COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
-#: Our UDF's constructor keyword: the ``model_cache_dir`` of a model copy the driver fetched.
+#: Our UDF's constructor keyword: the ``model_cache_dir`` of a model copy the driver fetched (the
+#: stages that load the tokenizer take it too: :mod:`.checked_stages`).
 MODEL_COPY_KWARG = "raybatch_model_copy_root"
 
 
@@ -141,6 +142,8 @@ def use_our_engine_stage(
     """
     all_stages = list(getattr(processor, "stages", {}).values())
     _use_our_chat_template_stage(all_stages)
+    if model_copy_root is not None:
+        _check_model_copy_in_stages(all_stages, model_copy_root)
     stages = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
     if not stages:
         return processor
@@ -276,6 +279,18 @@ def _use_our_chat_template_stage(stages: list[StatefulStage]) -> None:
     for stage in stages:
         if stage.fn is RaybatchChatTemplateUDF.__mro__[1]:
             stage.__dict__["fn"] = RaybatchChatTemplateUDF  # as for the engine stage: no validator run
+
+
+def _check_model_copy_in_stages(stages: list[StatefulStage], model_copy_root: str) -> None:
+    """Swap the UDF of each stage that loads from the model's path (chat template, tokenize,
+    detokenize) for one that checks the fetched copy first (:mod:`.checked_stages`)."""
+    from airflow_provider_raybatch.pipeline.generate.checked_stages import CHECKED, MODEL_COPY_KWARG
+
+    for stage in stages:
+        checked = CHECKED.get(stage.fn)
+        if checked is not None:
+            stage.__dict__["fn"] = checked  # as for the engine stage: no validator run
+            stage.fn_constructor_kwargs[MODEL_COPY_KWARG] = model_copy_root
 
 
 #: A line naming an error (``ValueError: ...``, ``ray.exceptions.RayTaskError: ...``) in a traceback.

@@ -434,6 +434,8 @@ def chat_template_key(settings: dict[str, Any]) -> str:
 
 
 def _chat_template_udf(settings: Kwargs) -> RaybatchChatTemplateUDF:
-    from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
+    """The job's chat-template UDF; one that checks a fetched model copy first where the job's
+    settings name one (:mod:`.checked_stages`)."""
+    from airflow_provider_raybatch.pipeline.generate.checked_stages import CheckedChatTemplateUDF
 
-    return RaybatchChatTemplateUDF(data_column="__data", expected_input_keys=[], **settings)
+    return CheckedChatTemplateUDF(data_column="__data", expected_input_keys=[], **settings)

@@ -135,7 +135,11 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
         engine.STAGING_KWARG: staging,
         engine.COMPILE_CACHE_KWARG: "/mnt/compile",
     }
-    # A copy the driver fetched: the replica is told where its cache is, to check it on its node.
+    # A copy the driver fetched: the replica is told where its cache is, to check it on its node (as
+    # are the stages that load the tokenizer, tests/security/test_model_copy_in_stages.py).
+    checked = types.ModuleType("airflow_provider_raybatch.pipeline.generate.checked_stages")
+    checked.CHECKED, checked.MODEL_COPY_KWARG = {}, engine.MODEL_COPY_KWARG  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, checked.__name__, checked)
     stage.fn = RayUDF  # a processor built afresh
     engine.use_our_engine_stage(processor, staging, "/mnt/compile", model_copy_root="/mnt/models")
     assert stage.fn_constructor_kwargs[engine.MODEL_COPY_KWARG] == "/mnt/models"
