@@ -56,3 +56,26 @@ def test_a_small_parquet_file_that_decodes_to_gigabytes_is_read_a_batch_at_a_tim
     # every row read, none lost, and the worker never held the file's 800 MB of text at once
     assert (report["rows"], report["first"], report["errors"]) == (400_000, "bomb.parquet:1", []), report
     assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report
+
+
+@pytest.mark.parametrize("limit", ["MAX_INPUT_FILE_ROWS", "MAX_INPUT_DECODED_BYTES"])
+def test_a_parquet_file_that_declares_more_than_a_file_may_hold_is_its_error_row(
+    limit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few bytes of Parquet can declare a hundred million rows (a null column) or gigabytes of pages;
+    the footer says so before anything is decoded (the limits lowered here to keep the file small)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_raybatch.pipeline.read import rows
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"prompt": [f"row {index}" for index in range(20)]}), sink)
+    monkeypatch.setattr(rows, limit, 10)
+
+    records = list(rows.parse_file("big.parquet", sink.getvalue(), "parquet"))
+
+    assert [record["source"] for record in records] == ["big.parquet:0"]
+    assert "declares 20 rows" in records[0]["error"] and "split it into several files" in records[0]["error"]

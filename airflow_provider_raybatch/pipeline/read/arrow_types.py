@@ -156,15 +156,20 @@ def checked_parquet_schema(file: bytes | pa.NativeFile) -> pa.Schema:
     return schema
 
 
-def open_parquet(source: BinaryIO | pa.NativeFile) -> pq.ParquetFile:
+def open_parquet(
+    source: BinaryIO | pa.NativeFile, read_dictionary: list[str] | None = None
+) -> pq.ParquetFile:
     """A Parquet reader that reads Parquet's own UUID and JSON columns (Spark's, DuckDB's) as their
     storage types, fixed-size binary and string: pyarrow 18+ makes them the extension types
-    ``arrow.uuid`` and ``arrow.json`` by default, which the allowlist refuses like any extension type."""
+    ``arrow.uuid`` and ``arrow.json`` by default, which the allowlist refuses like any extension type.
+
+    :param read_dictionary: columns to read as Arrow dictionaries (pyarrow's ``read_dictionary``).
+    """
     import pyarrow.parquet as pq
 
     if _reader_takes_extension_switch():
-        return pq.ParquetFile(source, arrow_extensions_enabled=False)
-    return pq.ParquetFile(source)
+        return pq.ParquetFile(source, read_dictionary=read_dictionary, arrow_extensions_enabled=False)
+    return pq.ParquetFile(source, read_dictionary=read_dictionary)
 
 
 @functools.cache
