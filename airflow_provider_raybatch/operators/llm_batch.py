@@ -18,7 +18,7 @@ from airflow_provider_raybatch.exceptions import (
     RayHookError,
     RayJobNotFoundError,
 )
-from airflow_provider_raybatch.hooks.ray import JobInfo, RayHook
+from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
 from airflow_provider_raybatch.json_types import ArgValue, JsonObject, Kwargs, RuntimeEnv
 from airflow_provider_raybatch.links import (
     DASHBOARD_URL_XCOM_KEY,
@@ -431,8 +431,15 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         given["params"] = {**defaults, **given.get("params", {})}
         rendered = copy.copy(self)  # rendering sets the copy's attributes; this task stays as written
         task = f"{type(self).__name__} (task_id: {self.task_id})"
+        # Strict: a variable the context lacks is an error naming it, not an empty path segment.
+        strict = self.get_template_env().overlay(undefined=jinja2.StrictUndefined)
         try:
-            rendered.render_template_fields(given)  # type: ignore[arg-type]
+            rendered.render_template_fields(given, jinja_env=strict)  # type: ignore[arg-type]
+        except jinja2.UndefinedError as err:
+            raise BatchSpecError(
+                f"{task}: a templated parameter uses a variable the context does not give: {err.message}. "
+                "Pass it in validate(context), as a run's context has it."
+            ) from None
         except jinja2.TemplateSyntaxError as err:
             field = arguments.first_unparsable_template(
                 {name: getattr(self, name) for name in self.template_fields}
@@ -497,15 +504,25 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 try_number_of(previous),
             )
             self._stop_job(hook, previous.job_id, wait_seconds=STOP_WAIT_SECONDS)
-        if choice.previous_ended and previous is not None and reuse_earlier_result:
-            # Its committed version (if it committed: a succeeded job, or one stopped just after its
-            # commit) is taken by the new job, on the cluster, only if the input files, the code, the
-            # model and the engine are as they made it (pipeline/stage/reuse.py); else it generates.
+        if choice.previous_ended and previous is not None:
+            # Its committed version (a succeeded job's) is taken by the new job, on the cluster, only if
+            # the input files, the code, the model and the engine are as they made it
+            # (pipeline/stage/reuse.py); the rows a failed or stopped job staged are resumed on the same
+            # terms (its Ray job's log says which it did).
+            if previous.status is JobStatus.SUCCEEDED and reuse_earlier_result:
+                then = (
+                    "the new job takes the version this run committed if nothing it was made from has "
+                    "changed, else generates again"
+                )
+            elif previous.status is JobStatus.SUCCEEDED:
+                then = "reuse_earlier_result is off: the new job generates again"
+            else:
+                then = (
+                    "the new job resumes the rows it staged if they were made from the same input files, "
+                    "code and model, else starts afresh (the new Ray job's log says which)"
+                )
             self.log.info(
-                "Ray job %s of an earlier try ended %s; the new job takes the version this run "
-                "committed if nothing it was made from has changed, else generates again.",
-                previous.job_id,
-                previous.status.value,
+                "Ray job %s of an earlier try ended %s; %s.", previous.job_id, previous.status.value, then
             )
         attached_at = None
         if choice.start is Start.ATTACH and previous is not None:

@@ -160,6 +160,15 @@ def test_validate_renders_as_a_run_would_and_leaves_the_task_as_written() -> Non
         op.validate()
 
 
+def test_validate_names_a_variable_the_context_lacks_instead_of_rendering_it_empty() -> None:
+    """Jinja renders an undefined ``{{ ds }}`` as nothing: a DAG's test passed with s3://b//in.jsonl."""
+    op = build(input_uri="s3://b/{{ ds }}/in.jsonl")
+
+    with pytest.raises(BatchSpecError, match="'ds' is undefined. Pass it in validate"):
+        op.validate({"params": {}})
+    assert op.validate({"ds": "2026-11-20"}).input_uri == "s3://b/2026-11-20/in.jsonl"
+
+
 def test_validate_takes_a_date_written_as_text() -> None:
     """A DAG's test writes the day as text: it renders as the datetime a run's context holds."""
     op = build(input_uri="s3://b/{{ data_interval_start | ds }}/{{ logical_date.strftime('%H') }}/in.jsonl")

@@ -883,6 +883,20 @@ def test_execute_resubmits_after_a_failed_or_stopped_job(
     assert not cluster.stops[previous].called
 
 
+def test_after_a_failed_job_the_task_log_says_its_rows_are_resumed_not_a_version_taken(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    """A failed try committed nothing: the log must not say the next job takes its version."""
+    ti = retry_ti(2)
+    previous = cluster.add_try(ti, 1, "FAILED")
+
+    with logged_lines() as log, pytest.raises(TaskDeferred):
+        make_operator(ray_conn_id=ray_conn).execute({"ti": ti, "task_state_store": FakeStateStore()})
+
+    [said] = [line for line in log if f"Ray job {previous} of an earlier try ended FAILED" in line]
+    assert "resumes the rows it staged" in said and "takes the version" not in said, said
+
+
 class FakeClock:
     """Stands in for the operator module's ``time``: sleeping advances the clock at once."""
 
