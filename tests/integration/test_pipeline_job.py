@@ -101,6 +101,12 @@ def make_operator(model: Path | str, input_uri: str, output_uri: str, **override
     return RayLLMBatchOperator(**{**params, **overrides})
 
 
+def _contract_sample_manifest() -> dict:
+    """The sample manifest docs/downstream-contract.md shows (its first JSON block)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "downstream-contract.md").read_text()
+    return json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
+
+
 def test_dirty_input_lands_in_errors_with_exact_counts(
     ray_connection, s3_server: S3Server, tiny_model, tmp_path, monkeypatch
 ) -> None:
@@ -139,6 +145,10 @@ def test_dirty_input_lands_in_errors_with_exact_counts(
     assert "Filter(" in engine_plan(log).split("StreamingRepartition")[0], engine_plan(log)
     outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
     errors = pq.read_table(manifest["errors_uri"]).to_pylist()
+    # docs/downstream-contract.md's sample manifest has the keys a committed one of a choice has (its
+    # table names the others: OpenAI's counts, a held try's cost).
+    sample = _contract_sample_manifest()
+    assert set(sample) == set(manifest), sorted(set(sample) ^ set(manifest))
     # The version lists its parts (docs/downstream-contract.md), and its folders hold exactly them.
     version = Path(output_uri, "versions", manifest["version"])
     listed = set(json.loads((version / "parts.json").read_text()))

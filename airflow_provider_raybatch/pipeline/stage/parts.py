@@ -282,9 +282,10 @@ class PartWriter:
 
     def conform_parts(self, parts: list[StagedPart]) -> dict[str, list[str]]:
         """Give every Parquet part of an output one schema (:func:`.part_schema.unify`); returns the
-        JSON text columns of each folder. Parts whose schema already matches are left alone."""
+        JSON text columns of each folder (none in JSONL, where every value is JSON already). Parts whose
+        schema already matches are left alone."""
         if self.output_format != "parquet":
-            return {}
+            return {"outputs": [], "errors": []}
         json_columns = {}
         for folder in ("outputs", "errors"):
             typed = [part for part in parts if folder in part.sidecar.get(COLUMNS_KEY, {})]
