@@ -348,7 +348,8 @@ failed task. So are the checks across parameters (e.g. `image_size` needs `image
 parameters are all written as is; a check that involves a templated parameter waits for the
 rendered values: when the task runs, before anything is submitted, or earlier, in a DAG's own test,
 by `task.validate(context)`, which renders the templates with `context` and builds the spec. A
-template given to a parameter that is not templated is refused as the DAG is parsed. A mapped
+template given to a parameter that is not templated is refused as the DAG is parsed, and so is a
+template Jinja cannot parse (`{{ params.day }`: a brace short). A mapped
 task (`.partial(...).expand(...)` or `.expand_kwargs(...)`) is checked as the DAG is parsed too:
 `partial`'s values written as is, and each map index whose values the DAG file lists (an error names
 the map index); a value mapped over an upstream task's XCom waits, as a template does, and

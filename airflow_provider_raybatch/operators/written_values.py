@@ -48,6 +48,9 @@ def check_as_written(
         arguments.refuse_templates_where_none_render(
             {name: value for name, value in spec_values.items() if name not in template_fields}
         )
+        _refuse_unparsable_templates(
+            {name: spec_values[name] for name in template_fields if name in spec_values}
+        )
         if complete and len(literal) == len(spec_values):
             spec_from_params(literal, run_key="manual")
         else:
@@ -62,6 +65,23 @@ def check_as_written(
     except BatchSpecError as err:  # an import error names the file: this names the task in it
         raise BatchSpecError(f"{task}: {err}") from None
     return frozenset(spec_values) - set(literal)
+
+
+def _refuse_unparsable_templates(templated: Mapping[str, ArgValue]) -> None:
+    """A templated parameter whose text Jinja cannot parse fails as the DAG is parsed, as it would
+    fail every run (``{{ params.x }``: a closing brace short)."""
+    import jinja2
+
+    name = arguments.first_unparsable_template(dict(templated))
+    if name is None:
+        return
+    try:
+        jinja2.Environment().parse(str(templated[name]))
+    except jinja2.TemplateSyntaxError as err:
+        raise BatchSpecError(
+            f"{name} is not a valid Jinja template: {err.message}. In a user_template only {{Column}} is "
+            "ours: a doubled brace starts Jinja's {{ ... }}."
+        ) from None
 
 
 def warn_of_likely_mistakes(task: str, values: Mapping[str, ArgValue], stacklevel: int) -> None:

@@ -269,14 +269,15 @@ def test_a_template_in_a_parameter_airflow_does_not_render_is_refused() -> None:
         build(batch_size="{{ params.bs }}")
 
 
-def test_validate_names_the_field_a_doubled_brace_broke() -> None:
-    operator = build(user_template='Answer as {{"label": "x"}}: {body}')
-
+def test_the_field_a_doubled_brace_broke_is_named_as_the_dag_is_parsed() -> None:
+    """Every run would fail to render it: the DAG's import fails instead (validate() said so before)."""
     with pytest.raises(BatchSpecError) as info:
-        operator.validate({})
+        build(user_template='Answer as {{"label": "x"}}: {body}')
     assert str(info.value).startswith(
         "RayLLMBatchOperator (task_id: classify): user_template is not a valid Jinja template"
     )
+    with pytest.raises(BatchSpecError, match="input_uri is not a valid Jinja template: unexpected '}'"):
+        build(input_uri="s3://b/{{ params.day }/in.jsonl")
 
 
 @pytest.mark.parametrize(
