@@ -93,6 +93,10 @@ _STOPPED_FROM_OUTSIDE = (
 
 #: Added instead when this task stopped it: Airflow killed the task (SIGTERM, a timeout), and its
 #: ``on_kill`` stops the job rather than leave it running unowned.
+#: Jobs this process asked Ray to stop. ``airflow dags test`` and ``tasks test`` resume a deferred task
+#: after its (inline) trigger on another copy of the operator than the one ``on_kill`` ran on, so the
+#: copy's own record would say a stop it made came from outside.
+_STOPS_ASKED_HERE: set[str] = set()
 _STOPPED_BY_THIS_TASK = (
     " This task stopped it: Airflow ended the task (it was killed, marked failed or timed out), and the "
     "task stops its job rather than leave it running. A retry resumes from the rows it staged."
@@ -816,7 +820,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
 
     def _who_stopped(self, job_id: str) -> str:
         """Said of a stopped job: this task stopped it (its own kill or timeout), or someone else did."""
-        if job_id == self._stop_requested_for:
+        if job_id == self._stop_requested_for or job_id in _STOPS_ASKED_HERE:
             return _STOPPED_BY_THIS_TASK
         return _STOPPED_FROM_OUTSIDE
 
@@ -873,6 +877,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 return
             hook.stop_job(job_id)
             self._stop_requested_for = job_id
+            _STOPS_ASKED_HERE.add(job_id)
             self.log.info("Stopping Ray job %s.", job_id)
             deadline = time.monotonic() + wait_seconds
             while time.monotonic() < deadline and not hook.get_job_status(job_id).is_terminal:

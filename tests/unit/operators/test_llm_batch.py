@@ -736,6 +736,25 @@ def test_a_job_this_task_stopped_says_so(ray_conn: str, cluster: FakeCluster) ->
     assert "from outside" not in str(info.value)
 
 
+def test_a_job_this_task_stopped_says_so_when_another_copy_of_the_operator_resumes(
+    ray_conn: str, cluster: FakeCluster
+) -> None:
+    """``airflow dags test`` resumes a deferred task after its inline trigger on another copy of the
+    operator than the one on_kill ran on (SIGTERM while the trigger waited)."""
+    ti = retry_ti(1)
+    own = cluster.add_try(ti, 1, "RUNNING")
+    killed = make_operator(ray_conn_id=ray_conn)
+    killed.job_id = own
+    killed.on_kill()
+    cluster.gets[own].respond(json=cluster.job_payload(own, "STOPPED", metadata=cluster.jobs[0]["metadata"]))
+    stopped = job_event("cancelled", own, f"Ray job {own} finished: STOPPED.", "stopped")
+
+    with pytest.raises(RayJobFailedError) as info:
+        make_operator(ray_conn_id=ray_conn).execute_complete({"ti": ti}, stopped)
+
+    assert "This task stopped it: Airflow ended the task" in str(info.value)
+
+
 def taken_manifest(
     manifest: dict[str, Any], by: str, committed_by: str
 ) -> dict[str, Any]:  # Any: JSON values
