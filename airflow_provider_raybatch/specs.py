@@ -39,7 +39,7 @@ from airflow_provider_raybatch.utils.json_schema import schema_problem
 
 InputFormat = Literal["jsonl", "csv", "parquet"]
 OutputFormat = Literal["parquet", "jsonl"]
-#: The OpenAI Batch API endpoints a batch file may target (see pipeline/openai/openai_batch.py).
+#: The OpenAI Batch API endpoints a batch file may target (shared/openai_endpoints.py).
 OpenAIEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 
 #: Columns the pipeline adds to every output row; input columns may not be kept under these names.
@@ -782,7 +782,7 @@ def check_sampling_params(
     if structured is not None:
         _check_structured_outputs(structured, name)
     _check_json_serializable(name, value)
-    from airflow_provider_raybatch.pipeline.stage.part_schema import unsafe_number  # pure, no pyarrow
+    from airflow_provider_raybatch.shared.json_numbers import unsafe_number
 
     bad_number = unsafe_number(value, name)
     if bad_number is not None:  # a seed past int64, a NaN temperature: vLLM gets numbers, not text

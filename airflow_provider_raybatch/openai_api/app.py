@@ -54,8 +54,8 @@ from airflow_provider_raybatch.openai_api.store import (
     new_id,
     public,
 )
-from airflow_provider_raybatch.pipeline.openai.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
-from airflow_provider_raybatch.pipeline.read.jsonl import count_requests
+from airflow_provider_raybatch.shared.jsonl import count_requests
+from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@
 Everything that leaves Airflow for the cluster is decided here, apart from the operator's task
 lifecycle: which local modules travel (the provider and the DAG author's pre/postprocess
 packages), the job package holding the spec, the AWS settings resolved from ``aws_conn_id`` (in an
-upload of their own, never in the entrypoint, environment or metadata: pipeline/credentials.py),
-the short entrypoint, a check that the planned layout fits the cluster, and the submission
-under this try's first free submission id. Plain functions that take what they need, so the
-operator keeps only thin methods over them.
+upload of their own, never in the entrypoint, environment or metadata: shared/s3_settings_upload.py,
+pipeline/credentials.py), the short entrypoint, a check that the planned layout fits the cluster,
+and the submission under this try's first free submission id. Plain functions that take what they
+need, so the operator keeps only thin methods over them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import airflow_provider_raybatch
 from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.json_types import RuntimeEnv, TaskLog
-from airflow_provider_raybatch.pipeline import job_settings
-from airflow_provider_raybatch.pipeline.credentials import settings_upload
+from airflow_provider_raybatch.shared import job_settings
+from airflow_provider_raybatch.shared.s3_settings_upload import settings_upload
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, REUSE_COMMITTED_KEY, TaskTry
 from airflow_provider_raybatch.utils.layout import plan_layout
@@ -145,7 +145,7 @@ def upload_runtime_env(
     :param extra_runtime_env: the operator's own ``runtime_env``; not modified.
     :param pool_scope: the deployment's engine pool scope
         (:func:`~airflow_provider_raybatch.utils.deployment_secret.engine_pool_scope`), set as the job's
-        :data:`~airflow_provider_raybatch.pipeline.job_settings.POOL_SCOPE_ENV` over any value the DAG
+        :data:`~airflow_provider_raybatch.shared.job_settings.POOL_SCOPE_ENV` over any value the DAG
         gave: a warm pool is shared only within its scope.
     :raises BatchSpecError: for a job setting in its ``env_vars`` that the job would refuse as it
         starts (:func:`.job_settings.check_env_vars`): nothing is uploaded or submitted.

@@ -8,7 +8,7 @@ has the GCS's internal key-value store, which every process of the cluster reach
 the head's memory. So:
 
 1. The operator uploads the settings through the Jobs API's package route under a random name
-   (:func:`settings_upload`: ``gcs://raybatch_s3_settings_<128 random bits>.json``) and names that
+   (``shared/s3_settings_upload.py``: ``gcs://raybatch_s3_settings_<128 random bits>.json``) and names that
    upload in no runtime_env field, so no node downloads or unpacks it. Its name is written only in
    the job package (``raybatch_job/s3_settings_uri``, utils/packaging.py), which the dashboard does
    not show; the entrypoint, runtime_env and metadata carry neither the name nor the keys.
@@ -42,22 +42,20 @@ import json
 import logging
 import os
 import re
-import secrets
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.json_types import JsonObject
-from airflow_provider_raybatch.utils.packaging import S3_SETTINGS_URI_FILE, RayPackage, read_job_file
+from airflow_provider_raybatch.shared.s3_settings_upload import UPLOAD_PREFIX
+from airflow_provider_raybatch.utils.packaging import S3_SETTINGS_URI_FILE, read_job_file
 
 if TYPE_CHECKING:
     from types import FrameType
 
-S3_SETTING_NAMES = ("endpoint_url", "region", "access_key", "secret_key", "session_token")
 #: Where the driver keeps this job's copy in the GCS's internal key-value store.
 KV_NAMESPACE = "raybatch_job_s3"
-UPLOAD_PREFIX = "gcs://raybatch_s3_settings_"
 _UPLOAD_URI = re.compile(rf"^{re.escape(UPLOAD_PREFIX)}[0-9a-f]{{32}}\.json$")
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
@@ -67,24 +65,6 @@ _settings: JsonObject | None = None
 
 class JobCredentialsError(RuntimeError):
     """The job's S3 settings are not where the job package says they wait."""
-
-
-# -- the Airflow side ---------------------------------------------------------------------------
-
-
-def settings_upload(settings: dict[str, str | None]) -> RayPackage:
-    """The settings as a package-store upload under a random name, for no runtime_env field.
-
-    The name is random (not a hash of the content), so it says nothing about the keys, and two
-    submits of the same settings never share an upload that the first job's driver deletes.
-    """
-    unknown = set(settings) - set(S3_SETTING_NAMES)
-    if unknown:
-        raise ValueError(f"Unknown S3 settings: {sorted(unknown)}.")
-    return RayPackage(uri=f"{UPLOAD_PREFIX}{secrets.token_hex(16)}.json", data=json.dumps(settings).encode())
-
-
-# -- the cluster side ---------------------------------------------------------------------------
 
 
 def _upload_uri() -> str | None:

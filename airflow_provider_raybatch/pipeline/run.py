@@ -57,6 +57,7 @@ from airflow_provider_raybatch.pipeline.stage import commit, ownership, reuse
 from airflow_provider_raybatch.pipeline.stage.binding import binding_of, check_input_unchanged
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
+from airflow_provider_raybatch.shared import openai_endpoints
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
 from airflow_provider_raybatch.utils.layout import plan_layout
@@ -178,9 +179,9 @@ def _processor(
     if spec.replica_resources is not None:
         extra["placement_group_config"] = {"bundles": [dict(spec.replica_resources)]}
     engine_kwargs = dict(spec.engine_kwargs)
-    if spec.openai_endpoint in (openai_batch.COMPLETIONS, openai_batch.EMBEDDINGS):
+    if spec.openai_endpoint in (openai_endpoints.COMPLETIONS, openai_endpoints.EMBEDDINGS):
         extra["chat_template_stage"] = False  # a prompt, not chat messages
-    if spec.openai_endpoint == openai_batch.EMBEDDINGS:
+    if spec.openai_endpoint == openai_endpoints.EMBEDDINGS:
         extra["task_type"] = "embed"
     if spec.image_column:
         engine_kwargs.setdefault("limit_mm_per_prompt", {"image": 1})

@@ -22,7 +22,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline import job_settings
+from airflow_provider_raybatch.shared import job_settings
 
 if TYPE_CHECKING:
     import ray

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from airflow_provider_raybatch.pipeline.openai.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
+from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, submit_pipeline, wait_for_job, warm_conf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

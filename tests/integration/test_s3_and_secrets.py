@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
+from airflow_provider_raybatch.shared.job_settings import POOL_SCOPE_ENV
 from tests.conftest import CPU_ENGINE_KWARGS, CPU_REPLICA, POOL_SCOPE, ROOT, S3Server, run_date, warm_conf
 from tests.security.test_job_credentials import DiskWatch, cluster_store, files_holding
 

@@ -179,11 +179,11 @@ _DRIVER = """
 import json, pathlib, sys
 import ray
 from ray.experimental import internal_kv as kv
-from airflow_provider_raybatch.pipeline import credentials
+from airflow_provider_raybatch.shared.s3_settings_upload import settings_upload
 
 JOB_DIR = pathlib.Path(sys.argv[2])
 SETTINGS = {"endpoint_url": "http://127.0.0.1:9", "region": "r1", "access_key": "AK", "secret_key": SECRET}
-upload = credentials.settings_upload(SETTINGS)
+upload = settings_upload(SETTINGS)
 (JOB_DIR / "raybatch_job" / "s3_settings_uri").write_text(upload.uri)
 sys.path.insert(0, str(JOB_DIR))
 py_modules = [str(JOB_DIR / "raybatch_job"), PROVIDER]

@@ -1,7 +1,7 @@
 """Hostile input files and model buckets.
 
 * A bare ``\\r`` inside a JSONL line was one request to the API and two error rows to the pipeline
-  (``bytes.splitlines``). Both now split at ``\\n`` only (pipeline/read/jsonl.py), so the API's count and
+  (``bytes.splitlines``). Both now split at ``\\n`` only (shared/jsonl.py), so the API's count and
   the pipeline's rows agree for any bytes: the property tests check it for any chunking.
 * Ints past int64 and NaN or infinite floats in an OpenAI body or a preprocess's ``sampling_params``
   went on to the engine as numbers; they now fail their row with a reason naming the field. Such
@@ -30,13 +30,12 @@ from airflow_provider_raybatch.pipeline import row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import model_cache, models
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.read import rows
-from airflow_provider_raybatch.pipeline.read.jsonl import count_requests
 from airflow_provider_raybatch.pipeline.read.rows import InputFileTooLargeError, parse_file
-from airflow_provider_raybatch.pipeline.stage.part_schema import INT64_MAX
+from airflow_provider_raybatch.shared.json_numbers import INT64_MAX
+from airflow_provider_raybatch.shared.jsonl import count_requests
+from airflow_provider_raybatch.shared.openai_endpoints import CHAT
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from tests.unit.pipeline.row_path import run_rows
-
-CHAT = openai_batch.CHAT
 
 
 def spec_of(tmp_path: Path, **params: Any) -> BatchInferenceSpec:  # Any: spec values.

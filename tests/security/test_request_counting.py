@@ -4,7 +4,7 @@
 of CPU holding the GIL in the API server (4x per doubling), and held a copy of everything read so
 far. The count now keeps only the current line's blankness: its memory does not grow with the input,
 which is what this checks (deterministically; time is for bench/, not tests). The count itself is
-the pipeline's rule (pipeline/read/jsonl.py), so the API's total is the rows the job reports.
+the pipeline's rule (shared/jsonl.py), so the API's total is the rows the job reports.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import tracemalloc
 from collections.abc import Iterator
 
-from airflow_provider_raybatch.pipeline.read.jsonl import count_requests
+from airflow_provider_raybatch.shared.jsonl import count_requests
 
 MIB = 1 << 20
 

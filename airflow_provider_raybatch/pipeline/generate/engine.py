@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.json_types import Kwargs, RuntimeEnv
-from airflow_provider_raybatch.pipeline import job_settings
+from airflow_provider_raybatch.shared import job_settings
 
 if TYPE_CHECKING:
     from ray.data.llm import Processor

@@ -66,9 +66,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.json_types import JsonObject, Kwargs
-from airflow_provider_raybatch.pipeline import job_settings
 from airflow_provider_raybatch.pipeline.generate.pool_replica import ANY_NODE, LEASE_RENEW_SECONDS
 from airflow_provider_raybatch.pipeline.stage.binding import model_digest
+from airflow_provider_raybatch.shared import job_settings
 
 if TYPE_CHECKING:
     import ray

@@ -22,11 +22,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from airflow_provider_raybatch.json_types import ArgValue, CellValue, JsonObject, JsonValue, Kwargs
-from airflow_provider_raybatch.pipeline.stage.part_schema import unsafe_number
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-EMBEDDINGS = "/v1/embeddings"
+from airflow_provider_raybatch.shared.json_numbers import unsafe_number
+from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 
 #: Body fields accepted without effect: the batch's model is the operator's, and the rest is bookkeeping.
 _IGNORED_FIELDS = frozenset({"model", "user", "metadata", "store", "service_tier", "stream"})

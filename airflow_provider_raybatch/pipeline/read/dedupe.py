@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON
-from airflow_provider_raybatch.pipeline import job_settings, row_steps
+from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.shared import job_settings
 
 if TYPE_CHECKING:
     import ray

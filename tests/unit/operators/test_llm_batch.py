@@ -33,7 +33,7 @@ from airflow_provider_raybatch.operators.llm_batch import (
     PIPELINE_MODULE,
     RayLLMBatchOperator,
 )
-from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
+from airflow_provider_raybatch.shared.job_settings import POOL_SCOPE_ENV
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
 from airflow_provider_raybatch.utils.deployment_secret import engine_pool_scope, signing_key

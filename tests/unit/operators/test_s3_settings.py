@@ -22,8 +22,8 @@ from airflow.sdk.exceptions import TaskDeferred
 import airflow_provider_raybatch
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from airflow_provider_raybatch.pipeline.credentials import UPLOAD_PREFIX
-from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
+from airflow_provider_raybatch.shared.job_settings import POOL_SCOPE_ENV
+from airflow_provider_raybatch.shared.s3_settings_upload import UPLOAD_PREFIX
 from airflow_provider_raybatch.utils.packaging import (
     JOB_MODULE,
     S3_SETTINGS_URI_FILE,

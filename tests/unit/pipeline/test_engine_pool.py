@@ -19,7 +19,7 @@ from airflow_provider_raybatch.pipeline.generate.engine_pool import (
     plan_pool,
     replica_needs,
 )
-from airflow_provider_raybatch.pipeline.job_settings import POOL_SCOPE_ENV
+from airflow_provider_raybatch.shared.job_settings import POOL_SCOPE_ENV
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 ENGINE = {

@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/job_settings.py: one rule for the job's whole-number
+"""Tests of airflow_provider_raybatch/shared/job_settings.py: one rule for the job's whole-number
 settings, checked the same way before submitting (check_env_vars) and as the job starts (whole_number)."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline import job_settings, worker_warmup
+from airflow_provider_raybatch.pipeline import worker_warmup
 from airflow_provider_raybatch.pipeline.generate import engine
 from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache
+from airflow_provider_raybatch.shared import job_settings
 
 
 def test_the_table_is_what_the_modules_read() -> None:

@@ -21,8 +21,9 @@ except ImportError:  # not importorskip: without hypothesis the property tests m
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.pipeline.openai import openai_batch
-from airflow_provider_raybatch.pipeline.openai.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS, RequestError
-from airflow_provider_raybatch.pipeline.stage.part_schema import unsafe_number
+from airflow_provider_raybatch.pipeline.openai.openai_batch import RequestError
+from airflow_provider_raybatch.shared.json_numbers import unsafe_number
+from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 

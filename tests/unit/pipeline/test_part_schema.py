@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_raybatch.pipeline.stage import part_schema
+from airflow_provider_raybatch.shared.json_numbers import unsafe_number
 
 
 def _round_trip(records: list[dict]) -> list[dict]:
@@ -130,7 +131,7 @@ def test_any_json_rows_are_written_and_read_back_as_written(records: list[dict])
 def test_unsafe_number_names_the_first_bad_number_by_its_path(
     value: object, expected: tuple[str, str]
 ) -> None:
-    path, reason = part_schema.unsafe_number(value, "p")
+    path, reason = unsafe_number(value, "p")
 
     assert (path, reason[: len(expected[1])]) == expected
 
@@ -139,7 +140,7 @@ def test_unsafe_number_names_the_first_bad_number_by_its_path(
     "value", [None, True, "text", 2**63 - 1, -(2**63), 1.5e308, {"a": [0, -1.0, "NaN"]}, [], {}]
 )
 def test_unsafe_number_passes_what_int64_and_finite_floats_hold(value: object) -> None:
-    assert part_schema.unsafe_number(value, "p") is None
+    assert unsafe_number(value, "p") is None
 
 
 def test_unsafe_number_walks_a_value_nested_past_the_recursion_limit() -> None:
@@ -149,7 +150,7 @@ def test_unsafe_number_walks_a_value_nested_past_the_recursion_limit() -> None:
         inner = inner[0]
     inner.append(2**64)
 
-    path, reason = part_schema.unsafe_number(value, "p")
+    path, reason = unsafe_number(value, "p")
 
     assert path == "p[0][0][0][0][...][0][0][0][0]" and "out of range" in reason
 
@@ -167,4 +168,4 @@ def test_unsafe_number_agrees_with_what_int64_and_finite_floats_hold(value: obje
     bad = [
         n for n in numbers(value) if not (math.isfinite(n) if isinstance(n, float) else -(2**63) <= n < 2**63)
     ]
-    assert (part_schema.unsafe_number(value, "p") is None) == (not bad)
+    assert (unsafe_number(value, "p") is None) == (not bad)

@@ -66,7 +66,7 @@ def test_crlf_line_endings() -> None:
 
 
 def test_a_bare_cr_is_part_of_its_line_not_a_line_break() -> None:
-    """Lines end at \n only, as the API counts requests (pipeline/read/jsonl.py); splitlines() split here."""
+    """Lines end at \n only, as the API counts requests (shared/jsonl.py); splitlines() split here."""
     records = rows_of(b'{"a":\r1}\n{"q": "x\ry"}\n\r\n{"b": 2}\r\n')
 
     assert [r["source"] for r in records] == ["part/in.jsonl:1", "part/in.jsonl:2", "part/in.jsonl:4"]

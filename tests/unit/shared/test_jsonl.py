@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/pipeline/read/jsonl.py: one line rule for the readers and the
+"""Tests of airflow_provider_raybatch/shared/jsonl.py: one line rule for the readers and the
 API's count."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.read.jsonl import BYTE_ORDER_MARK, count_requests, split_lines
+from airflow_provider_raybatch.shared.jsonl import BYTE_ORDER_MARK, count_requests, split_lines
 
 
 def lines_of(data: bytes) -> list[tuple[int, bytes]]:
@@ -94,7 +94,7 @@ def test_property_count_matches_split_for_any_chunking(data: bytes, cuts: list[i
 def test_module_imports_no_heavy_library() -> None:
     """The API server imports this module: no Ray, pyarrow or Airflow come with it."""
     code = (
-        "import sys, airflow_provider_raybatch.pipeline.read.jsonl\n"
+        "import sys, airflow_provider_raybatch.shared.jsonl\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pyarrow', 'airflow', 'vllm')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
