@@ -179,6 +179,7 @@ _DRIVER = """
 import json, pathlib, sys
 import ray
 from ray.experimental import internal_kv as kv
+from airflow_provider_raybatch.pipeline import credentials
 from airflow_provider_raybatch.shared.s3_settings_upload import settings_upload
 
 JOB_DIR = pathlib.Path(sys.argv[2])
@@ -209,7 +210,7 @@ report["after"] = copies()
 report["job_id"] = ray.get_runtime_context().get_job_id()
 
 # A job that starts after the cluster deleted its unread upload (the pin's expiry) says so.
-(JOB_DIR / "raybatch_job" / "s3_settings_uri").write_text(credentials.settings_upload(SETTINGS).uri)
+(JOB_DIR / "raybatch_job" / "s3_settings_uri").write_text(settings_upload(SETTINGS).uri)
 try:
     with credentials.held_for_this_job():
         pass
