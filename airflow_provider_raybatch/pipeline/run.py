@@ -18,7 +18,9 @@ import posixpath
 import re
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +56,7 @@ from airflow_provider_raybatch.pipeline.reporting.timings import (
     run_timings,
 )
 from airflow_provider_raybatch.pipeline.stage import commit, ownership, reuse
-from airflow_provider_raybatch.pipeline.stage.binding import binding_of, check_input_unchanged
+from airflow_provider_raybatch.pipeline.stage.binding import RunBinding, binding_of, check_input_unchanged
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
 from airflow_provider_raybatch.shared import openai_endpoints
@@ -417,12 +419,32 @@ def _hold_again(spec: BatchInferenceSpec, held: JsonObject) -> None:
 
 def run_batch(spec: BatchInferenceSpec) -> JsonObject:
     """Run the batch described by ``spec`` on the current Ray cluster and return its manifest."""
-    import ray
-    import ray.data
-
     started_at = datetime.now(UTC)
     clock = time.perf_counter()
     marks = RunClock(started=started_at.timestamp())
+    model_source = _preflight(spec)
+    if spec.dry_run:  # everything but the engine; commits nothing (pipeline/dry_run.py)
+        return _dry_run(spec, model_source, started_at)
+    layout = storage.OutputLayout(spec.output_uri, spec.run_key)
+    # One live job writes a run's staging: fails here, before writing, beside another (ownership.py).
+    owner = _staging_owner()
+    ownership.claim(layout, owner, ownership.ray_job_alive, job_run=ownership.ray_job_run)
+    heartbeat = ownership.Heartbeat(layout, owner).start()
+    try:
+        return _run_owned(_OwnedRun(spec, layout, owner, model_source, started_at, clock, marks))
+    finally:
+        heartbeat.stop()
+        # Committed, held or failed: no job writes this staging now (a next try claims it afresh).
+        ownership.release(layout, owner)
+
+
+def _preflight(spec: BatchInferenceSpec) -> str:
+    """Connect to Ray and check what fails the job at its start, before any row is read: Ray's
+    internals, the job's settings, the input files, the engine's keywords, the author's functions.
+    The model's source (:func:`.models.resolve_model_source`)."""
+    import ray
+    import ray.data
+
     if not ray.is_initialized():
         # Not ray.init(ignore_reinit_error=True) after __main__'s: even then it installs Ray's SIGTERM
         # handler again, over the one that deletes the job's S3 settings first (pipeline/credentials.py).
@@ -440,64 +462,138 @@ def run_batch(spec: BatchInferenceSpec) -> JsonObject:
     context.enable_progress_bars = False  # progress bars flood the job log shown in Airflow
     for dotted_path in filter(None, (spec.preprocess, spec.postprocess)):
         row_steps.user_function(dotted_path)  # fail fast, before any work, if the author's module is missing
-    model_source = models.resolve_model_source(spec.model, spec.model_cache_dir)
-
-    if spec.dry_run:  # everything but the engine; commits nothing (pipeline/dry_run.py)
-        dry = _prepared_rows(spec)
-        manifest = dry_run.run_dry(
-            spec,
-            dry.rows,
-            dry.rows_in,
-            dry.rows_repeated,
-            model_source,
-            started_at,
-            _ray_submission_id(),
-            _versions(),
-        )
-        print(manifest_log_line(manifest), flush=True)
-        return manifest
-    layout = storage.OutputLayout(spec.output_uri, spec.run_key)
-    # One live job writes a run's staging: fails here, before writing, beside another (ownership.py).
-    owner = _staging_owner()
-    ownership.claim(layout, owner, ownership.ray_job_alive, job_run=ownership.ray_job_run)
-    heartbeat = ownership.Heartbeat(layout, owner).start()
-    try:
-        return _run_owned(spec, layout, owner, model_source, started_at, clock, marks)
-    finally:
-        heartbeat.stop()
-        # Committed, held or failed: no job writes this staging now (a next try claims it afresh).
-        ownership.release(layout, owner)
+    return models.resolve_model_source(spec.model, spec.model_cache_dir)
 
 
-def _run_owned(
-    spec: BatchInferenceSpec,
-    layout: storage.OutputLayout,
-    owner: ownership.Owner,
-    model_source: str,
-    started_at: datetime,
-    clock: float,
-    marks: RunClock,
-) -> JsonObject:
-    """The run once this job owns its staging: resume, generate, commit (or hold)."""
+def _dry_run(spec: BatchInferenceSpec, model_source: str, started_at: datetime) -> JsonObject:
+    """The dry run's manifest: every row read and prepared, no engine, nothing committed."""
+    dry = _prepared_rows(spec)
+    manifest = dry_run.run_dry(
+        spec,
+        dry.rows,
+        dry.rows_in,
+        dry.rows_repeated,
+        model_source,
+        started_at,
+        _ray_submission_id(),
+        _versions(),
+    )
+    print(manifest_log_line(manifest), flush=True)
+    return manifest
+
+
+# -- once this job owns its run's staging: bind, resume, prepare, generate, commit -------------
+
+
+@dataclass(frozen=True)
+class _OwnedRun:
+    """What :func:`run_batch` hands on once this job owns its run's staging."""
+
+    spec: BatchInferenceSpec
+    layout: storage.OutputLayout
+    owner: ownership.Owner
+    model_source: str
+    started_at: datetime
+    clock: float  # time.perf_counter() at the job's start: the manifest's wall_seconds
+    marks: RunClock
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """What the run's rows must be made from, and the engine stage's spec (:func:`_bind`)."""
+
+    engine_spec: BatchInferenceSpec
+    layout_choice: default_layout.LayoutChoice
+    digest: str  # the input files' digest when this try started
+    binding: RunBinding
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """Where this try starts from in its staging (:func:`_open_staging`)."""
+
+    takes_held: bool  # taking the rows an earlier try held: every row is staged, no engine starts
+    held_try: JsonObject | None  # what generating the held rows took, when this try commits them
+    resumed: list[commit.StagedPart]  # the parts earlier tries staged
+    done_sources: set[str]  # the rows those parts hold
+    parts: PartWriter  # where this try stages its own
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The prepared input, split for the engine (:func:`_prepare`)."""
+
+    kept: PreparedRows
+    todo: int  # the prepared rows no earlier try staged, rejected ones included
+    rejected: Dataset  # rows the prompt steps turned into error rows
+    rejected_rows: int
+    accepted: Dataset  # the rows for the engine
+
+
+@dataclass(frozen=True)
+class _Generated:
+    """What this try staged (:func:`_generate`)."""
+
+    staged_now: list[commit.StagedPart]  # this try's parts, as the sink and the replicas report them
+    engine_parts: list[commit.StagedPart]  # those the engine replicas reported
+    lease: PoolLease | None  # the job's hold on a warm pool, if it ran on one
+
+
+def _run_owned(run: _OwnedRun) -> JsonObject:
+    """The run once this job owns its staging: take an earlier try's committed result, or resume,
+    generate and commit (or hold)."""
+    bound = _bind(run)
+    earlier = _take_committed(run, bound.binding)
+    if earlier is not None:
+        return earlier
+    staging = _open_staging(run, bound.binding)
+    # The build needs no rows: it starts beside the reads (None when no engine is to start).
+    building = (
+        None
+        if staging.takes_held
+        else _build_while_reading(bound.engine_spec, run.model_source, staging.parts)
+    )
+    rows = _prepare(run, bound.binding, staging.done_sources)
+    generated = _generate(run, bound.engine_spec, staging, rows, building)
+    committed, manifest = _commit(run, bound, staging, rows, generated)
+    return _publish_or_hold(run, bound.digest, rows.kept.rows_in, committed, manifest)
+
+
+def _bind(run: _OwnedRun) -> _Bound:
+    """The engine stage's spec and what the run's rows must be made from; sweeps the current version."""
     # The engine stage's spec: the job's, with the default layout made where it sets none. The job's
     # own spec stays what binds its rows and names it (its fingerprint).
-    engine_spec, layout_choice = default_layout.engine_layout(spec, model_source)
-    digest = _input_digest(spec)
-    binding = binding_of(spec, digest)  # what staged, held and kept rows must have been made from
-    commit.sweep_current_version(layout)  # before the version may be handed on again
-    if _job_metadata().get(REUSE_COMMITTED_KEY) == "true":  # reuse_earlier_result (stage/reuse.py)
-        earlier = reuse.committed_result(layout, spec, binding, reuse.airflow_run(owner.run))
-        if earlier is not None:
-            log.info(
-                "Taking version %s, which Ray job %s committed for %s from the same parameters, input "
-                "files, code, model and engine: generating nothing.",
-                earlier.get("version"),
-                earlier.get("job_id") or "unknown",
-                spec.run_key,
-            )
-            manifest = reuse.taken(earlier, _ray_submission_id())
-            print(manifest_log_line(manifest), flush=True)
-            return manifest
+    engine_spec, layout_choice = default_layout.engine_layout(run.spec, run.model_source)
+    digest = _input_digest(run.spec)
+    binding = binding_of(run.spec, digest)  # what staged, held and kept rows must have been made from
+    commit.sweep_current_version(run.layout)  # before the version may be handed on again
+    return _Bound(engine_spec, layout_choice, digest, binding)
+
+
+def _take_committed(run: _OwnedRun, binding: RunBinding) -> JsonObject | None:
+    """The manifest of the version an earlier job committed from the same parameters, input, code,
+    model and engine, taken as this job's, when the operator asks to reuse one; else None."""
+    if _job_metadata().get(REUSE_COMMITTED_KEY) != "true":  # reuse_earlier_result (stage/reuse.py)
+        return None
+    earlier = reuse.committed_result(run.layout, run.spec, binding, reuse.airflow_run(run.owner.run))
+    if earlier is None:
+        return None
+    log.info(
+        "Taking version %s, which Ray job %s committed for %s from the same parameters, input "
+        "files, code, model and engine: generating nothing.",
+        earlier.get("version"),
+        earlier.get("job_id") or "unknown",
+        run.spec.run_key,
+    )
+    manifest = reuse.taken(earlier, _ray_submission_id())
+    print(manifest_log_line(manifest), flush=True)
+    return manifest
+
+
+def _open_staging(run: _OwnedRun, binding: RunBinding) -> _Staging:
+    """The rows an earlier try held or staged, and the writer of this try's parts. A held try whose
+    rows still fail the thresholds fails this job again (:func:`_hold_again`)."""
+    spec, layout = run.spec, run.layout
     # An earlier try held for its failed rows: taken by a try of the same run (held again, or committed
     # when the thresholds now pass them), else discarded.
     held = commit.take_held(layout, spec, binding)
@@ -514,9 +610,14 @@ def _run_owned(
         openai_lines=spec.openai_endpoint is not None,
         data_uri=commit.staged_data_uri(layout),  # the version folder: commit moves nothing
     )
-    # Taking the rows a try held: every row is staged, and no engine is to start.
-    building = None if held is not None else _build_while_reading(engine_spec, model_source, parts)
-    kept = _prepared_rows_kept_for_retries(spec, layout, binding.digest())
+    return _Staging(held is not None, held_try, resumed, done_sources, parts)
+
+
+def _prepare(run: _OwnedRun, binding: RunBinding, done_sources: set[str]) -> _Rows:
+    """The input rows read and prepared (or kept from an earlier try), less those already staged,
+    split into the rejected ones and those for the engine."""
+    spec = run.spec
+    kept = _prepared_rows_kept_for_retries(spec, run.layout, binding.digest())
     prepared, rows_in, errors, repeated_ids = kept.rows, kept.rows_in, kept.errors, kept.repeated_ids
     if done_sources:
         prepared = dedupe.drop_staged(prepared, done_sources).materialize()
@@ -528,7 +629,7 @@ def _run_owned(
         len(done_sources),
         todo,
     )
-    marks.mark("rows_ready")
+    run.marks.mark("rows_ready")
 
     rejected = prepared.filter(lambda row: row["error"] is not None)
     # Without duplicates or resumed rows the scan's error count holds: no dataset pass per count.
@@ -536,35 +637,51 @@ def _run_owned(
     # No row rejected: the engine takes every prepared row, with no filter pass ahead of it (one Ray
     # Data operator fewer, its tasks and their processes, between a warm job's start and its first row).
     accepted = prepared.filter(lambda row: row["error"] is None) if rejected_rows else prepared
-    progress = ProgressReporter(storage.join(layout.staging_uri, "parts"), rows_in, len(done_sources)).start()
+    return _Rows(kept, todo, rejected, rejected_rows, accepted)
+
+
+def _generate(
+    run: _OwnedRun,
+    engine_spec: BatchInferenceSpec,
+    staging: _Staging,
+    rows: _Rows,
+    building: Future[tuple[Processor, PoolLease | RoomKeeper]] | None,
+) -> _Generated:
+    """Stage the rejected rows as error rows and have the engine generate and stage the accepted ones
+    (no engine when none is left to do); the engines' place is given back whatever happens."""
+    spec, parts = run.spec, staging.parts
+    reporting = storage.join(run.layout.staging_uri, "parts")
+    progress = ProgressReporter(reporting, rows.kept.rows_in, len(staging.done_sources)).start()
     lease: PoolLease | None = None  # the job's hold on a warm pool, if it runs on one
     room: RoomKeeper | None = None  # else, what makes room for its own engines
     staged_now: list[commit.StagedPart] = []  # this try's parts, as the sink and the replicas report them
     engine_parts: list[commit.StagedPart] = []  # those the engine replicas reported
     try:
-        if rejected_rows:
+        if rows.rejected_rows:
             sink = StagedPartsSink(parts)
-            rejected.map(row_steps.rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
+            rows.rejected.map(row_steps.rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
             staged_now += sink.written
-        if todo - rejected_rows:  # nothing left for the engine (all resumed, or all bad): do not start one
+        if (
+            rows.todo - rows.rejected_rows
+        ):  # nothing left for the engine (all resumed, or all bad): none starts
             # The engine replicas stage the rows they finish, which is what a retry resumes from (see
             # engine_actor); nothing is left to flow out of the stage.
             # One block per engine batch: a file's rows arrive as one block, and Ray Data hands the
             # stage a block at a time, so the batches of one file would otherwise queue behind each other.
-            accepted = accepted.repartition(target_num_rows_per_block=spec.batch_size)
+            accepted = rows.accepted.repartition(target_num_rows_per_block=spec.batch_size)
             parts.create_folders()  # the replicas write into them
             if building is not None:
                 processor, place = building.result()
             else:
                 fill = _fields_to_fill(accepted, spec)
-                processor, place = _engine_ready(engine_spec, model_source, parts, fill)
+                processor, place = _engine_ready(engine_spec, run.model_source, parts, fill)
             lease, room = _lease_or_room(place)
-            marks.mark("engine_started")
+            run.marks.mark("engine_started")
             try:
                 reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
             except Exception as err:  # not a row's fault: the job fails, saying where to look
                 raise EngineStageFailed(err) from err
-            marks.mark("engine_done")
+            run.marks.mark("engine_done")
             engine_parts = _reported_parts(reports)
             staged_now += engine_parts
     finally:
@@ -575,15 +692,24 @@ def _run_owned(
             lease.stop()  # the pool's keep-warm window starts once no job holds it
         if room is not None:
             room.stop()
+    return _Generated(staged_now, engine_parts, lease)
+
+
+def _commit(
+    run: _OwnedRun, bound: _Bound, staging: _Staging, rows: _Rows, generated: _Generated
+) -> tuple[commit.CommittedRun, JsonObject]:
+    """Write the version from every staged part and seal it, and the manifest that describes it (not
+    yet published or held). Fails when the input changed or another job took the staging over."""
+    spec, layout, marks, lease = run.spec, run.layout, run.marks, generated.lease
     versions = _versions()
-    layout_plan = plan_layout(engine_spec)
+    layout_plan = plan_layout(bound.engine_spec)
     # The start of the job: read from Ray here, at the end, where a miss costs a line of the report only.
     marks.submitted, marks.driver_started = job_submitted_at(_ray_submission_id()), process_started_at()
 
     pool_used = lease.describe() if lease is not None else None  # the warm pool, if any (engine_pool.py)
 
     def timings() -> JsonObject:
-        engine_sidecars = [part.sidecar for part in engine_parts]
+        engine_sidecars = [part.sidecar for part in generated.engine_parts]
         keep_warm = lease.pool.keep_warm_seconds if lease is not None else None
         return run_timings(
             marks,
@@ -595,26 +721,44 @@ def _run_owned(
             pool_used,
         )
 
-    ownership.confirm(layout, owner)  # a job taken over touches none of the new owner's parts
+    ownership.confirm(layout, run.owner)  # a job taken over touches none of the new owner's parts
     committed = commit.write_version(
         layout,
         spec,
-        rows_in,
-        rewriter=parts,
-        rows_resumed=len(done_sources),
-        started_at=started_at,
+        rows.kept.rows_in,
+        rewriter=staging.parts,
+        rows_resumed=len(staging.done_sources),
+        started_at=run.started_at,
         versions=versions,
-        known_parts=[*resumed, *staged_now],  # commit reads back only the sidecars of parts not reported
+        known_parts=[
+            *staging.resumed,
+            *generated.staged_now,
+        ],  # commit reads back only the sidecars of parts not reported
         timings=timings(),  # for the report: every phase but the commit itself
         engine_pool=pool_used,
-        held_try=held_try,
-        rows_duplicate=kept.rows_repeated,  # each id counted once, whichever of its rows failed
+        held_try=staging.held_try,
+        rows_duplicate=rows.kept.rows_repeated,  # each id counted once, whichever of its rows failed
     )
     commit.seal(layout, committed)  # no part may land in the version after its listing
     marks.mark("committed")
     # The input as it was read, and the staging still this job's: else nothing is published or held.
-    check_input_unchanged(binding, _input_digest(spec), spec.input_uri)
-    ownership.confirm(layout, owner)
+    check_input_unchanged(bound.binding, _input_digest(spec), spec.input_uri)
+    ownership.confirm(layout, run.owner)
+    return committed, _manifest(run, bound, staging, rows, committed, versions, timings, pool_used)
+
+
+def _manifest(
+    run: _OwnedRun,
+    bound: _Bound,
+    staging: _Staging,
+    rows: _Rows,
+    committed: commit.CommittedRun,
+    versions: dict[str, str],
+    timings: Callable[[], JsonObject],
+    pool_used: JsonObject | None,
+) -> JsonObject:
+    """The committed version's manifest (a data table: one line a key)."""
+    spec, kept, rows_in = run.spec, rows.kept, rows.kept.rows_in
     manifest = {
         "status": "complete",
         "version": committed.version,
@@ -628,27 +772,27 @@ def _run_owned(
         "rows_out": committed.rows_out,
         "rows_failed": committed.rows_failed,
         "rows_duplicate": committed.rows_duplicate,
-        "rows_resumed": len(done_sources),
+        "rows_resumed": len(staging.done_sources),
         # whether this try took its prepared rows from an earlier try's staging (prepared_cache.py)
         "prepared_rows_reused": kept.reused,
         "errors_by_reason": committed.errors_by_reason,
         "tokens_in": committed.tokens_in,
         "tokens_out": committed.tokens_out,
-        "started_at": started_at.isoformat(),
+        "started_at": run.started_at.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
-        "wall_seconds": round(time.perf_counter() - clock, 3),
+        "wall_seconds": round(time.perf_counter() - run.clock, 3),
         # where the wall time and the GPUs went (reporting/timings.py)
         "timings": timings(),
         # the warm pool the engine stage ran on, if any: how many replicas were warm (engine_pool.py)
         "engine_pool": pool_used,
         # how many engine replicas shared a GPU, who chose, and why (generate/default_layout.py)
-        "layout": layout_choice.as_manifest(),
+        "layout": bound.layout_choice.as_manifest(),
         "run_key": spec.run_key,
         "spec_fingerprint": spec.fingerprint(),
         # what the rows were made from, and for which Airflow run: a later try of that run takes this
         # version only if it would make them alike (stage/reuse.py)
-        "binding": binding.as_dict(),
-        reuse.AIRFLOW_RUN_KEY: reuse.airflow_run(owner.run),
+        "binding": bound.binding.as_dict(),
+        reuse.AIRFLOW_RUN_KEY: reuse.airflow_run(run.owner.run),
         "job_id": _ray_submission_id(),
         "versions": versions,
         "report_uri": committed.report_uri,
@@ -661,8 +805,8 @@ def _run_owned(
             "message": committed.failed_rows_message,
         },
     }
-    if held_try is not None:  # this job generated nothing: what the rows cost is the held try's
-        manifest["held_try"] = held_try
+    if staging.held_try is not None:  # this job generated nothing: what the rows cost is the held try's
+        manifest["held_try"] = staging.held_try
     if committed.generated_text_counts is not None:
         manifest["generated_text_counts"] = committed.generated_text_counts
     if spec.openai_endpoint is not None:  # OpenAI's names for the counts
@@ -671,6 +815,15 @@ def _run_owned(
             "completed": committed.rows_out,
             "failed": committed.rows_failed,
         }
+    return manifest
+
+
+def _publish_or_hold(
+    run: _OwnedRun, digest: str, rows_in: int, committed: commit.CommittedRun, manifest: JsonObject
+) -> JsonObject:
+    """Publish the committed version as current and return its manifest, or, when its failed rows fail
+    the run, hold it (what was current stays so) and raise :class:`RayBatchRowsFailedError`."""
+    spec, layout = run.spec, run.layout
     held_because = committed.failed_rows_message
     if held_because is not None:  # the run fails on its rows: what was current stays so (commit.hold)
         current = commit.current_version(layout)
