@@ -379,51 +379,17 @@ def write_version(
     parts = _drop_repeated_rows(layout, _sidecars(layout, data_uri, known_parts), rewriter, data_uri)
     _remove_orphans(layout, {part.name for part in parts}, data_uri)
     version = posixpath.basename(data_uri.rstrip("/"))
-    run = CommittedRun(
-        version=version,
-        outputs_uri=storage.join(layout.version_uri(version), "outputs"),
-        errors_uri=storage.join(layout.version_uri(version), "errors"),
-    )
-    if rewriter is not None:  # one schema for all parts of an output (see part_schema)
-        run.json_columns = rewriter.conform_parts(parts)
-    run.part_names = frozenset(part.name for part in parts)
-    reasons: Counter[str] = Counter()
-    labels: Counter[str] = Counter()
-    for part in parts:
-        run.rows_out += part.sidecar["rows_out"]
-        run.rows_failed += part.sidecar["rows_failed"]
-        run.tokens_in += part.sidecar["tokens_in"]
-        run.tokens_out += part.sidecar["tokens_out"]
-        reasons.update(part.sidecar["errors_by_reason"])
-        labels.update(part.sidecar.get("generated_text_counts", {}))
+    run, labels = _added_up(layout, version, parts, rewriter)
     if run.rows_out + run.rows_failed != rows_in:
         raise InvariantError(
             f"rows in {rows_in} != rows out {run.rows_out} + rows failed {run.rows_failed}; "
             f"staging kept at {layout.staging_uri} (data files at {data_uri}) for inspection, "
             "nothing committed."
         )
-    run.errors_by_reason = dict(sorted(reasons.items()))
-    run.rows_duplicate = reasons.get(DUPLICATE_ID_REASON, 0) if rows_duplicate is None else rows_duplicate
-    counts = {
-        "rows_in": rows_in,
-        "rows_out": run.rows_out,
-        "rows_failed": run.rows_failed,
-        "rows_duplicate": run.rows_duplicate,
-        "errors_by_reason": run.errors_by_reason,
-        "outputs_uri": run.outputs_uri,
-        "errors_uri": run.errors_uri,
-        "id_column": spec.id_column,
-    }
-    if failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows) is not None:
-        # Held, not published (:func:`hold`): the message says what stays current and what is kept.
-        report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
-        counts.update(
-            status=HELD_STATUS,
-            current_version=current_version(layout),
-            output_uri=layout.output_uri,
-            report_uri=report_uri,
-        )
-        run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
+    run.rows_duplicate = (
+        run.errors_by_reason.get(DUPLICATE_ID_REASON, 0) if rows_duplicate is None else rows_duplicate
+    )
+    counts = _check_failed_rows(layout, spec, run, rows_in)
     if spec.structured_choices is not None or labels:  # the operator's choice, or rows' own
         run.generated_text_counts = dict(sorted(labels.items()))
     # Rendered before anything moves: a rendering bug must not leave the parts half committed.
@@ -442,6 +408,59 @@ def write_version(
         counts["report_uri"] = None
         run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
     return run
+
+
+def _added_up(
+    layout: OutputLayout, version: str, parts: list[StagedPart], rewriter: PartRewriter | None
+) -> tuple[CommittedRun, Counter[str]]:
+    """The version's run with its parts' counts added up, and the generated texts' labels counted."""
+    run = CommittedRun(
+        version=version,
+        outputs_uri=storage.join(layout.version_uri(version), "outputs"),
+        errors_uri=storage.join(layout.version_uri(version), "errors"),
+    )
+    if rewriter is not None:  # one schema for all parts of an output (see part_schema)
+        run.json_columns = rewriter.conform_parts(parts)
+    run.part_names = frozenset(part.name for part in parts)
+    reasons: Counter[str] = Counter()
+    labels: Counter[str] = Counter()
+    for part in parts:
+        run.rows_out += part.sidecar["rows_out"]
+        run.rows_failed += part.sidecar["rows_failed"]
+        run.tokens_in += part.sidecar["tokens_in"]
+        run.tokens_out += part.sidecar["tokens_out"]
+        reasons.update(part.sidecar["errors_by_reason"])
+        labels.update(part.sidecar.get("generated_text_counts", {}))
+    run.errors_by_reason = dict(sorted(reasons.items()))
+    return run, labels
+
+
+def _check_failed_rows(
+    layout: OutputLayout, spec: BatchInferenceSpec, run: CommittedRun, rows_in: int
+) -> JsonObject:
+    """Set ``run.failed_rows_message`` when the run's failed rows fail it (it is then held); the
+    counts the verdict was made from, for :func:`write_version` to make it again without a report."""
+    counts: JsonObject = {
+        "rows_in": rows_in,
+        "rows_out": run.rows_out,
+        "rows_failed": run.rows_failed,
+        "rows_duplicate": run.rows_duplicate,
+        "errors_by_reason": run.errors_by_reason,
+        "outputs_uri": run.outputs_uri,
+        "errors_uri": run.errors_uri,
+        "id_column": spec.id_column,
+    }
+    if failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows) is not None:
+        # Held, not published (:func:`hold`): the message says what stays current and what is kept.
+        report_uri = storage.join(layout.version_uri(run.version), report.REPORT_FILE_NAME)
+        counts.update(
+            status=HELD_STATUS,
+            current_version=current_version(layout),
+            output_uri=layout.output_uri,
+            report_uri=report_uri,
+        )
+        run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
+    return counts
 
 
 def _render_report(
