@@ -547,12 +547,11 @@ def _run_owned(run: _OwnedRun) -> JsonObject:
     if earlier is not None:
         return earlier
     staging = _open_staging(run, bound.binding)
-    # The build needs no rows: it starts beside the reads (None when no engine is to start).
-    building = (
-        None
-        if staging.takes_held
-        else _build_while_reading(bound.engine_spec, run.model_source, staging.parts)
-    )
+    # The engine's build needs no rows: it starts now, beside the reads. Taking the rows a try held,
+    # every row is staged, and no engine is to start.
+    building = None
+    if not staging.takes_held:
+        building = _build_while_reading(bound.engine_spec, run.model_source, staging.parts)
     rows = _prepare(run, bound.binding, staging.done_sources)
     generated = _generate(run, bound.engine_spec, staging, rows, building)
     committed, manifest = _commit(run, bound, staging, rows, generated)
@@ -661,9 +660,8 @@ def _generate(
             sink = StagedPartsSink(parts)
             rows.rejected.map(row_steps.rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
             staged_now += sink.written
-        if (
-            rows.todo - rows.rejected_rows
-        ):  # nothing left for the engine (all resumed, or all bad): none starts
+        # Nothing left for the engine (all resumed, or all bad): none starts.
+        if rows.todo - rows.rejected_rows:
             # The engine replicas stage the rows they finish, which is what a retry resumes from (see
             # engine_actor); nothing is left to flow out of the stage.
             # One block per engine batch: a file's rows arrive as one block, and Ray Data hands the
@@ -730,10 +728,8 @@ def _commit(
         rows_resumed=len(staging.done_sources),
         started_at=run.started_at,
         versions=versions,
-        known_parts=[
-            *staging.resumed,
-            *generated.staged_now,
-        ],  # commit reads back only the sidecars of parts not reported
+        # Commit reads back only the sidecars of parts not reported.
+        known_parts=[*staging.resumed, *generated.staged_now],
         timings=timings(),  # for the report: every phase but the commit itself
         engine_pool=pool_used,
         held_try=staging.held_try,

@@ -1069,7 +1069,7 @@ def test_a_part_a_dead_writer_left_after_the_publish_goes_as_the_next_try_starts
     layout: OutputLayout,
 ) -> None:
     """A late writer stalled through the whole publish, wrote, and died: its part sits in the committed
-    version, outside the parts list, until the next try of the output sweeps it (run._run_owned)."""
+    version, outside the parts list, until the next try of the output sweeps it (run._bind)."""
     spec = spec_of(run_key=layout.run_key)
     live = _staging_writer(layout, spec)
     kept = live.write_part([_row("in.jsonl:1", "a")])
