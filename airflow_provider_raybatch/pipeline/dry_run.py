@@ -114,13 +114,21 @@ class PromptTokenCounter:
 
     :param model_source: the model folder or id the engine loads (its tokenizer and chat template).
     :param max_model_len: prompts longer than this would fail in the engine (None: the model's own).
+    :param model_copy_root: the ``model_cache_dir`` of a copy the driver fetched, checked on this
+        node before anything loads from it, as the real run's stages do (another local user could
+        have made that path here: their tokenizer would count the tokens).
     """
 
-    def __init__(self, model_source: str, max_model_len: int | None) -> None:
+    def __init__(
+        self, model_source: str, max_model_len: int | None, model_copy_root: str | None = None
+    ) -> None:
         from ray.llm._internal.batch.stages.tokenize_stage import TokenizeUDF
 
+        from airflow_provider_raybatch.pipeline.generate import models
         from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 
+        if model_copy_root is not None:
+            models.check_copy_in_replica(model_source, model_copy_root)
         self._chat = RaybatchChatTemplateUDF(
             data_column="__raybatch", expected_input_keys=["messages"], model=model_source
         )
@@ -273,11 +281,13 @@ def run_dry(
     started_at: datetime,
     job_id: str | None,
     versions: dict[str, str] | None = None,
+    model_copy_root: str | None = None,
 ) -> JsonObject:
     """Count, render and tokenize the prepared (validated, deduped) rows; write and return the manifest.
 
     :param rows_repeated: the rows whose id another row has too, less one per id (the manifest's
         ``rows_duplicate``: :func:`.read.dedupe.find_first_sources`).
+    :param model_copy_root: the ``model_cache_dir`` of a copy the driver fetched (None: no copy).
     """
     import ray
 
@@ -287,6 +297,7 @@ def run_dry(
         fn_constructor_kwargs={
             "model_source": model_source,
             "max_model_len": spec.engine_kwargs.get("max_model_len"),
+            "model_copy_root": model_copy_root,
         },
         batch_format="pyarrow",
         batch_size=1024,

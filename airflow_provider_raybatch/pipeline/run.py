@@ -207,9 +207,7 @@ def _processor(
         **extra,
     )
     staging = {**parts.settings(), "spec": spec}
-    # A copy the driver fetched (an S3 model with the job's own credentials): each replica checks it on
-    # its own node before its engine loads it (models.check_copy_in_replica).
-    model_copy_root = posixpath.expanduser(spec.model_cache_dir) if model_source != spec.model else None
+    model_copy_root = _model_copy_root(spec, model_source)
     processor = build_llm_processor(
         config,
         preprocess=functools.partial(
@@ -465,6 +463,13 @@ def _preflight(spec: BatchInferenceSpec) -> str:
     return models.resolve_model_source(spec.model, spec.model_cache_dir)
 
 
+def _model_copy_root(spec: BatchInferenceSpec, model_source: str) -> str | None:
+    """The ``model_cache_dir`` of a copy the driver fetched (an S3 model, with the job's own
+    credentials), or None: whatever loads from the copy on a node checks it there first
+    (:func:`.models.check_copy_in_replica`)."""
+    return posixpath.expanduser(spec.model_cache_dir) if model_source != spec.model else None
+
+
 def _dry_run(spec: BatchInferenceSpec, model_source: str, started_at: datetime) -> JsonObject:
     """The dry run's manifest: every row read and prepared, no engine, nothing committed."""
     dry = _prepared_rows(spec)
@@ -477,6 +482,7 @@ def _dry_run(spec: BatchInferenceSpec, model_source: str, started_at: datetime) 
         started_at,
         _ray_submission_id(),
         _versions(),
+        model_copy_root=_model_copy_root(spec, model_source),
     )
     print(manifest_log_line(manifest), flush=True)
     return manifest

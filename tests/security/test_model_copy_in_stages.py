@@ -18,7 +18,7 @@ from tests.unit.pipeline.ray_env import run_in_ray_env
 
 pytestmark = pytest.mark.usefixtures("usual_umask")  # tests/security/conftest.py
 
-_STAGES_ON_A_PLANTED_COPY = """
+_PLANTED_COPY = """
 import json, os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_MODULES_CACHE"] = os.path.join(SHARED, "own-hf-modules")
@@ -39,7 +39,9 @@ with open(os.path.join(copy, "config.json"), "w") as sink:
 for folder, _, files in os.walk(cache):  # another local user made the copy's path on this node
     for path in [folder, *(os.path.join(folder, name) for name in files)]:
         os.chown(path, 12345, 12345)
+"""
 
+_STAGES_ON_A_PLANTED_COPY = """
 kwargs = {"model": copy, "trust_remote_code": True}
 stages = {"chat": ChatTemplateStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={}),
           "tokenize": TokenizeStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={}),
@@ -67,8 +69,33 @@ def test_no_stage_loads_a_model_copy_another_user_made(tmp_path: Path) -> None:
     shared.mkdir()
     shared.chmod(0o1777)
 
-    report = run_in_ray_env(f"SHARED = {str(shared)!r}\n{_STAGES_ON_A_PLANTED_COPY}")
+    report = run_in_ray_env(f"SHARED = {str(shared)!r}\n{_PLANTED_COPY}{_STAGES_ON_A_PLANTED_COPY}")
 
     for stage, result in report.items():
         assert not result["code_ran"], (stage, result)
         assert "owned by uid 12345" in (result["refused"] or ""), (stage, result)
+
+
+_DRY_RUN_COUNTER_ON_A_PLANTED_COPY = """
+from airflow_provider_raybatch.pipeline.dry_run import PromptTokenCounter
+try:
+    PromptTokenCounter(copy, None, model_copy_root=cache)
+    refused = None
+except Exception as err:
+    refused = f"{type(err).__name__}: {err}"
+print(json.dumps({"code_ran": os.path.exists(ran), "refused": refused}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_dry_runs_token_counter_checks_the_model_copy(tmp_path: Path) -> None:
+    """The dry run's counter loads the copy's tokenizer and chat template without remote code, so a
+    planted copy runs nothing there; it would still count with another user's tokenizer."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+
+    report = run_in_ray_env(f"SHARED = {str(shared)!r}\n{_PLANTED_COPY}{_DRY_RUN_COUNTER_ON_A_PLANTED_COPY}")
+
+    assert not report["code_ran"], report
+    assert "owned by uid 12345" in (report["refused"] or ""), report
