@@ -211,42 +211,20 @@ def _is_admin(user: Any) -> bool:  # Any: the auth manager's user.
     return bool(get_auth_manager().is_authorized_connection(method="PUT", user=user))
 
 
-def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901 - one route per endpoint
-    app = FastAPI(
-        title="Ray Batch: OpenAI-compatible Batch API",
-        description="OpenAI's /v1/files and /v1/batches, run as Airflow DAG runs on a Ray cluster.",
-        # No unauthenticated /docs, /redoc or /openapi.json: the routes are OpenAI's, documented there.
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-        dependencies=[Depends(_require_bearer_token)],
-    )
-    app.add_middleware(
-        BodySizeLimit,
-        upload_path_suffix="/v1/files",
-        max_upload_bytes=config.max_upload_bytes,
-        max_body_bytes=config.max_body_bytes,
-    )
-    store = OpenAIStore(config.files_uri, config.files_conn_id)
-    dag_id = config.dag_id
-    can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=dag_id))]
-    can_write = [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=dag_id))]
+class _BatchService:
+    """What the routes share: the settings, the store, and the batch DAG's runs.
 
-    @app.exception_handler(StarletteHTTPException)  # ours, FastAPI's and the router's (404, 405)
-    async def openai_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(_error_body(exc), status_code=exc.status_code, headers=exc.headers)
+    :param config: the ``[raybatch] openai_*`` settings.
+    """
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        """A 400 in OpenAI's shape naming the first bad field, without echoing the body back."""
-        first = (exc.errors() or [{}])[0]
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
-        message = (
-            f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "Invalid request."))
-        )
-        return JSONResponse(_error_body(_openai_error(400, message[:300], where)), status_code=400)
+    def __init__(self, config: openai_settings.OpenAISettings) -> None:
+        self.config = config
+        self.store = OpenAIStore(config.files_uri, config.files_conn_id)
+        self.dag_id = config.dag_id
 
-    def owned(lookup: Any, what: str, object_id: str, user: Any) -> Any:  # Any: the lookup's result, a user.
+    def owned(
+        self, lookup: Any, what: str, object_id: str, user: Any
+    ) -> Any:  # Any: the lookup's result, a user.
         """The file or batch, if it exists and ``user`` owns it (or is an admin); else a 404 for both."""
         try:
             record = lookup(object_id)
@@ -256,97 +234,53 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             raise _openai_error(404, f"No {what} with id {object_id[:80]!r}.", code="not_found")
         return record
 
+    @staticmethod
     def listed(lister: Any, user: Any) -> list[dict[str, Any]]:  # Any: store.files or .batches, a user.
         """Everyone's records for an admin; else the user's own, read from their owner index only."""
         return lister(None) if _is_admin(user) else lister(user.get_id())
 
     # -- files ----------------------------------------------------------------------------------
 
-    def too_many_files() -> HTTPException:
+    def too_many_files(self) -> HTTPException:
         return _openai_error(
             429,
-            f"You have {config.max_files_per_user} files, the most one user may keep: delete some first.",
+            f"You have {self.config.max_files_per_user} files, the most one user may keep: "
+            "delete some first.",
             "file",
             "too_many_files",
         )
 
-    def store_upload(file: UploadFile, owner: str, owner_name: str) -> JsonObject:
+    def store_upload(self, file: UploadFile, owner: str, owner_name: str) -> JsonObject:
         """The upload, kept only within its owner's quota (quota.py): a refused one leaves nothing."""
-        limit = config.max_files_per_user
+        store, limit = self.store, self.config.max_files_per_user
         file_id = new_id("file")
         with store.reserved(owner, file_id) as mine:
             if not has_room(store.file_usage(owner), mine, limit):
-                raise too_many_files()
+                raise self.too_many_files()
             record = store.add_file(
                 _chunks(file),
                 (file.filename or "upload.jsonl")[:255],
                 "batch",
                 owner=owner,
                 owner_name=owner_name,
-                max_bytes=config.max_upload_bytes,
+                max_bytes=self.config.max_upload_bytes,
                 file_id=file_id,
             )
             if not stays_within(lambda: store.file_usage(owner), mine, limit):
                 store.delete_file(file_id)
-                raise too_many_files()
+                raise self.too_many_files()
         return record
-
-    @app.post("/v1/files", dependencies=can_write)
-    async def upload_file(request: Request, user: GetUserDep) -> dict[str, Any]:
-        """The multipart body is read here, after the token and permission checks (a declared File()
-        parameter would be spooled to disk before any check)."""
-        form = await request.form(max_files=1, max_fields=1)
-        try:
-            file, purpose = form.get("file"), form.get("purpose")
-            if not isinstance(file, UploadFile):
-                raise _openai_error(400, "Send the file as the multipart field 'file'.", "file")
-            if purpose != "batch":
-                raise _openai_error(
-                    400, f"purpose {str(purpose)[:40]!r}: this API takes 'batch' files only.", "purpose"
-                )
-            try:
-                record = await run_in_threadpool(store_upload, file, user.get_id(), user.get_name())
-            except TooLargeError as err:
-                raise _openai_error(
-                    413, f"{err} Split it into smaller files.", "file", "file_too_large"
-                ) from err
-        finally:
-            await form.close()
-        return public(record)
-
-    @app.get("/v1/files", dependencies=can_read)
-    def list_files(user: GetUserDep, purpose: str | None = None) -> dict[str, Any]:
-        records = [public(r) for r in listed(store.files, user) if purpose is None or r["purpose"] == purpose]
-        records.sort(key=lambda record: (record["created_at"], record["id"]), reverse=True)
-        return {"object": "list", "data": records, "has_more": False}
-
-    @app.get("/v1/files/{file_id}", dependencies=can_read)
-    def retrieve_file(file_id: str, user: GetUserDep) -> dict[str, Any]:
-        return public(owned(store.file, "file", file_id, user))
-
-    @app.get("/v1/files/{file_id}/content", dependencies=can_read)
-    def file_content(file_id: str, user: GetUserDep) -> StreamingResponse:
-        owned(store.file, "file", file_id, user)
-        return StreamingResponse(store.file_content(file_id), media_type="application/jsonl")
-
-    @app.delete("/v1/files/{file_id}", dependencies=can_write)
-    def delete_file(file_id: str, user: GetUserDep) -> dict[str, Any]:
-        owned(store.file, "file", file_id, user)
-        try:
-            store.delete_file(file_id)
-        except NotFoundError as err:
-            raise _openai_error(404, f"No file with id {file_id!r}.", code="not_found") from err
-        return {"id": file_id, "object": "file", "deleted": True}
 
     # -- batches --------------------------------------------------------------------------------
 
-    def batch_object(record: dict[str, Any], session: Any) -> dict[str, Any]:  # Any: JSON, a session.
+    def batch_object(self, record: dict[str, Any], session: Any) -> dict[str, Any]:  # Any: JSON, a session.
         """The OpenAI batch object, read only: a GET never writes to the store or changes the run (an
         expired batch is stopped by its own task, whose deadline is the completion window)."""
-        run = _run_state(session, dag_id, record["id"])
+        store = self.store
+        run = _run_state(session, self.dag_id, record["id"])
         status, times = batch_status(record, run, now=time.time())
         manifest = store.read_json(f"{record['output_uri']}/manifest.json") if status == "completed" else None
-        counts = _staged_counts(record)
+        counts = self._staged_counts(record)
         if manifest is not None:
             counts = {key: int(manifest["request_counts"][key]) for key in ("completed", "failed")}
         output_file_id = error_file_id = None
@@ -370,14 +304,15 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             "metadata": record.get("metadata"),
         }
 
-    def _staged_counts(record: JsonObject) -> dict[str, int]:
+    def _staged_counts(self, record: JsonObject) -> dict[str, int]:
         """Requests done so far: the staged parts' sidecars (pipeline/stage/parts.py) of the running job."""
         done = {"completed": 0, "failed": 0}
-        for sidecar in store.staged_sidecars(record["id"]):
+        for sidecar in self.store.staged_sidecars(record["id"]):
             done["completed"] += int(sidecar.get("rows_out", 0))
             done["failed"] += int(sidecar.get("rows_failed", 0))
         return done
 
+    @staticmethod
     def too_many_batches(count: int) -> HTTPException:
         return _openai_error(
             429,
@@ -385,22 +320,24 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             code="too_many_open_batches",
         )
 
-    def batch_usage(owner: str, session: Any, creating: str) -> Usage:  # Any: a SQLAlchemy session.
+    def batch_usage(self, owner: str, session: Any, creating: str) -> Usage:  # Any: a SQLAlchemy session.
         """``owner``'s batches for their open-batch quota (quota.py). ``creating`` is the request's own
         batch: it has no run yet, so its run is not looked up (nor is it counted: it is the one asking)."""
-        reservations = store.reservations(owner, BATCH_ID)  # first: see OpenAIStore.reservations
-        records = store.batches(owner)
+        reservations = self.store.reservations(owner, BATCH_ID)  # first: see OpenAIStore.reservations
+        records = self.store.batches(owner)
         now = time.time()
         counted = [
             record["id"]
             for record in records
             if record["id"] != creating
-            and _holds_a_slot(record, _run_state(session, dag_id, record["id"]), now)
+            and _holds_a_slot(record, _run_state(session, self.dag_id, record["id"]), now)
         ]
         existing = frozenset(record["id"] for record in records)
         return Usage(counted=frozenset(counted), existing=existing, reservations=reservations)
 
-    def start_run(record: dict[str, Any], session: Any, user: Any) -> None:  # Any: JSON, a session, a user.
+    def start_run(
+        self, record: dict[str, Any], session: Any, user: Any
+    ) -> None:  # Any: JSON, a session, a user.
         """The batch's DAG run (its run id is the batch id); a 503 if it cannot start, keeping nothing."""
         from airflow.api.common.trigger_dag import trigger_dag
         from airflow.utils.types import DagRunTriggeredByType
@@ -408,7 +345,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         try:
             # No conf: the run's task reads this record (its id is the run id) for its paths.
             trigger_dag(
-                dag_id,
+                self.dag_id,
                 run_id=record["id"],
                 conf={},
                 triggered_by=DagRunTriggeredByType.REST_API,
@@ -416,42 +353,33 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
                 session=session,
             )
         except Exception as err:  # DagNotFound, a DAG that refuses manual runs: log it, keep nothing
-            store.delete_batch(record["id"])
-            log.exception("Could not start a run of the batch DAG %r for %s.", dag_id, record["id"])
+            self.store.delete_batch(record["id"])
+            log.exception("Could not start a run of the batch DAG %r for %s.", self.dag_id, record["id"])
             raise _openai_error(
                 503,
-                f"Could not start the batch DAG {dag_id!r} ({type(err).__name__}); see the API server's log.",
+                f"Could not start the batch DAG {self.dag_id!r} ({type(err).__name__}); "
+                "see the API server's log.",
             ) from err
 
-    @app.post("/v1/batches", dependencies=can_write)
-    def create_batch(body: CreateBatchRequest, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
-        if body.endpoint not in ENDPOINTS:
-            raise _openai_error(
-                400, f"endpoint {body.endpoint[:60]!r}: supported are {list(ENDPOINTS)}.", "endpoint"
-            )
-        window = completion_window_seconds(body.completion_window)
-        if window is None:
-            raise _openai_error(
-                400,
-                f"completion_window {body.completion_window[:20]!r}: use '24h' "
-                "(or a duration such as '90m').",
-                "completion_window",
-            )
-        _check_metadata(body.metadata, config)
-        input_file = owned(store.file, "file", body.input_file_id, user)
-        owner, limit = user.get_id(), config.max_open_batches_per_user
+    def create_batch(
+        self, body: CreateBatchRequest, session: Any, user: Any
+    ) -> dict[str, Any]:  # Any: a session, a user.
+        """The new batch's object, its record saved and its run started within its owner's quota."""
+        window = _checked_window(body, self.config)
+        input_file = self.owned(self.store.file, "file", body.input_file_id, user)
+        owner, limit = user.get_id(), self.config.max_open_batches_per_user
         batch_id = new_id("batch")
-        with store.reserved(owner, batch_id) as mine:
-            usage = batch_usage(owner, session, batch_id)
+        with self.store.reserved(owner, batch_id) as mine:
+            usage = self.batch_usage(owner, session, batch_id)
             if not has_room(usage, mine, limit):
-                raise too_many_batches(usage.in_use(mine))
+                raise self.too_many_batches(usage.in_use(mine))
             if input_file["purpose"] != "batch":
                 raise _openai_error(
                     400,
                     f"file {body.input_file_id!r} has purpose {input_file['purpose']!r}, not 'batch'.",
                     "input_file_id",
                 )
-            total = count_requests(store.file_content(body.input_file_id))
+            total = count_requests(self.store.file_content(body.input_file_id))
             created_at = int(time.time())
             record = {
                 "id": batch_id,
@@ -462,20 +390,146 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
                 "expires_at": created_at + window,
                 "metadata": body.metadata,
                 "request_total": total,
-                "output_uri": store.output_uri(batch_id),
+                "output_uri": self.store.output_uri(batch_id),
                 "owner": owner,
                 "owner_name": user.get_name(),
             }
-            store.save_batch(record)
-            if not stays_within(lambda: batch_usage(owner, session, batch_id), mine, limit):
-                store.delete_batch(batch_id)  # before its run starts: a refused batch runs nothing
-                raise too_many_batches(limit)
-            start_run(record, session, user)
-        return batch_object(record, session)
+            self.store.save_batch(record)
+            if not stays_within(lambda: self.batch_usage(owner, session, batch_id), mine, limit):
+                self.store.delete_batch(batch_id)  # before its run starts: a refused batch runs nothing
+                raise self.too_many_batches(limit)
+            self.start_run(record, session, user)
+        return self.batch_object(record, session)
+
+
+def _checked_window(body: CreateBatchRequest, config: openai_settings.OpenAISettings) -> int:
+    """The batch's completion window in seconds, once its endpoint, window and metadata are taken."""
+    if body.endpoint not in ENDPOINTS:
+        raise _openai_error(
+            400, f"endpoint {body.endpoint[:60]!r}: supported are {list(ENDPOINTS)}.", "endpoint"
+        )
+    window = completion_window_seconds(body.completion_window)
+    if window is None:
+        raise _openai_error(
+            400,
+            f"completion_window {body.completion_window[:20]!r}: use '24h' (or a duration such as '90m').",
+            "completion_window",
+        )
+    _check_metadata(body.metadata, config)
+    return window
+
+
+def create_app(config: openai_settings.OpenAISettings) -> FastAPI:
+    app = FastAPI(
+        title="Ray Batch: OpenAI-compatible Batch API",
+        description="OpenAI's /v1/files and /v1/batches, run as Airflow DAG runs on a Ray cluster.",
+        # No unauthenticated /docs, /redoc or /openapi.json: the routes are OpenAI's, documented there.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        dependencies=[Depends(_require_bearer_token)],
+    )
+    app.add_middleware(
+        BodySizeLimit,
+        upload_path_suffix="/v1/files",
+        max_upload_bytes=config.max_upload_bytes,
+        max_body_bytes=config.max_body_bytes,
+    )
+    _add_error_handlers(app)
+    service = _BatchService(config)
+    can_read = [Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=config.dag_id))]
+    can_write = [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=config.dag_id))]
+    _add_file_routes(app, service, can_read, can_write)
+    _add_batch_routes(app, service, can_read, can_write)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape, which the OpenAI clients read."""
+
+    @app.exception_handler(StarletteHTTPException)  # ours, FastAPI's and the router's (404, 405)
+    async def openai_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(_error_body(exc), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A 400 in OpenAI's shape naming the first bad field, without echoing the body back."""
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        message = (
+            f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "Invalid request."))
+        )
+        return JSONResponse(_error_body(_openai_error(400, message[:300], where)), status_code=400)
+
+
+def _add_file_routes(app: FastAPI, service: _BatchService, can_read: list[Any], can_write: list[Any]) -> None:
+    """``/v1/files``: upload, list, retrieve, content, delete. ``can_read``/``can_write``: the routes'
+    Airflow permission dependencies (Any: FastAPI's ``Depends`` objects)."""
+    store = service.store
+
+    @app.post("/v1/files", dependencies=can_write)
+    async def upload_file(request: Request, user: GetUserDep) -> dict[str, Any]:
+        """The multipart body is read here, after the token and permission checks (a declared File()
+        parameter would be spooled to disk before any check)."""
+        form = await request.form(max_files=1, max_fields=1)
+        try:
+            file, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(file, UploadFile):
+                raise _openai_error(400, "Send the file as the multipart field 'file'.", "file")
+            if purpose != "batch":
+                raise _openai_error(
+                    400, f"purpose {str(purpose)[:40]!r}: this API takes 'batch' files only.", "purpose"
+                )
+            try:
+                record = await run_in_threadpool(service.store_upload, file, user.get_id(), user.get_name())
+            except TooLargeError as err:
+                raise _openai_error(
+                    413, f"{err} Split it into smaller files.", "file", "file_too_large"
+                ) from err
+        finally:
+            await form.close()
+        return public(record)
+
+    @app.get("/v1/files", dependencies=can_read)
+    def list_files(user: GetUserDep, purpose: str | None = None) -> dict[str, Any]:
+        records = [
+            public(r) for r in service.listed(store.files, user) if purpose is None or r["purpose"] == purpose
+        ]
+        records.sort(key=lambda record: (record["created_at"], record["id"]), reverse=True)
+        return {"object": "list", "data": records, "has_more": False}
+
+    @app.get("/v1/files/{file_id}", dependencies=can_read)
+    def retrieve_file(file_id: str, user: GetUserDep) -> dict[str, Any]:
+        return public(service.owned(store.file, "file", file_id, user))
+
+    @app.get("/v1/files/{file_id}/content", dependencies=can_read)
+    def file_content(file_id: str, user: GetUserDep) -> StreamingResponse:
+        service.owned(store.file, "file", file_id, user)
+        return StreamingResponse(store.file_content(file_id), media_type="application/jsonl")
+
+    @app.delete("/v1/files/{file_id}", dependencies=can_write)
+    def delete_file(file_id: str, user: GetUserDep) -> dict[str, Any]:
+        service.owned(store.file, "file", file_id, user)
+        try:
+            store.delete_file(file_id)
+        except NotFoundError as err:
+            raise _openai_error(404, f"No file with id {file_id!r}.", code="not_found") from err
+        return {"id": file_id, "object": "file", "deleted": True}
+
+
+def _add_batch_routes(
+    app: FastAPI, service: _BatchService, can_read: list[Any], can_write: list[Any]
+) -> None:
+    """``/v1/batches``: create, retrieve, list, cancel (Any: FastAPI's ``Depends`` objects)."""
+    store, dag_id = service.store, service.dag_id
+
+    @app.post("/v1/batches", dependencies=can_write)
+    def create_batch(body: CreateBatchRequest, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
+        return service.create_batch(body, session, user)
 
     @app.get("/v1/batches/{batch_id}", dependencies=can_read)
     def retrieve_batch(batch_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
-        return batch_object(owned(store.batch, "batch", batch_id, user), session)
+        return service.batch_object(service.owned(store.batch, "batch", batch_id, user), session)
 
     @app.get("/v1/batches", dependencies=can_read)
     def list_batches(
@@ -484,11 +538,11 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
         after: str | None = None,
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
     ) -> dict[str, Any]:
-        records = listed(store.batches, user)
+        records = service.listed(store.batches, user)
         if after is not None:
             ids = [record["id"] for record in records]
             records = records[ids.index(after) + 1 :] if after in ids else []
-        page = [batch_object(record, session) for record in records[:limit]]
+        page = [service.batch_object(record, session) for record in records[:limit]]
         return {
             "object": "list",
             "data": page,
@@ -499,7 +553,7 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
 
     @app.post("/v1/batches/{batch_id}/cancel", dependencies=can_write)
     def cancel_batch(batch_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
-        record = owned(store.batch, "batch", batch_id, user)
+        record = service.owned(store.batch, "batch", batch_id, user)
         status, _ = batch_status(record, _run_state(session, dag_id, batch_id), now=time.time())
         if status in TERMINAL_STATUSES:
             raise _openai_error(409, f"Batch {batch_id!r} is already {status}.", code="batch_not_cancellable")
@@ -507,6 +561,4 @@ def create_app(config: openai_settings.OpenAISettings) -> FastAPI:  # noqa: C901
             record = {**record, "cancelling_at": int(time.time())}
             store.save_batch(record)
             _stop_run(session, dag_id, batch_id)
-        return batch_object(record, session)
-
-    return app
+        return service.batch_object(record, session)

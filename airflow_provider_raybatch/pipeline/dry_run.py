@@ -272,6 +272,29 @@ def engine_estimate(
     }
 
 
+def _counted(
+    spec: BatchInferenceSpec, prepared: Dataset, model_source: str, model_copy_root: str | None
+) -> TokenSummary:
+    """The good rows' prompt tokens, and every failed row's reason."""
+    import ray
+
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    counted = prepared.map_batches(  # good rows only: the counter drops the failed ones per batch
+        PromptTokenCounter,
+        fn_constructor_kwargs={
+            "model_source": model_source,
+            "max_model_len": spec.engine_kwargs.get("max_model_len"),
+            "model_copy_root": model_copy_root,
+        },
+        batch_format="pyarrow",
+        batch_size=1024,
+        concurrency=(1, cpus),
+    )
+    total = _total(counted)
+    total.add(_total(prepared.map_batches(reasons_in_batch, batch_format="pyarrow")))
+    return total
+
+
 def run_dry(
     spec: BatchInferenceSpec,
     prepared: Dataset,
@@ -289,22 +312,7 @@ def run_dry(
         ``rows_duplicate``: :func:`.read.dedupe.find_first_sources`).
     :param model_copy_root: the ``model_cache_dir`` of a copy the driver fetched (None: no copy).
     """
-    import ray
-
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    counted = prepared.map_batches(  # good rows only: the counter drops the failed ones per batch
-        PromptTokenCounter,
-        fn_constructor_kwargs={
-            "model_source": model_source,
-            "max_model_len": spec.engine_kwargs.get("max_model_len"),
-            "model_copy_root": model_copy_root,
-        },
-        batch_format="pyarrow",
-        batch_size=1024,
-        concurrency=(1, cpus),
-    )
-    total = _total(counted)
-    total.add(_total(prepared.map_batches(reasons_in_batch, batch_format="pyarrow")))
+    total = _counted(spec, prepared, model_source, model_copy_root)
     rows_failed = sum(total.reasons.values())
     if total.rows + rows_failed != rows_in:
         raise RuntimeError(f"dry run counted {total.rows} good and {rows_failed} failed rows of {rows_in}")
