@@ -727,6 +727,15 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         if spec.dry_run:
             return self._dry_run_complete(manifest, spec, job_id)
         ti.xcom_push(key="output_uri", value=manifest["output_uri"])
+        self._log_result(manifest, spec, job_id)
+        job_results.check_failed_rows(manifest, spec, job_id)
+        if self.output_asset is not None:
+            context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
+        return manifest["output_uri"]
+
+    def _log_result(self, manifest: JsonObject, spec: BatchInferenceSpec, job_id: str) -> None:
+        """The task log's account of a committed result: its counts, a replaced version, where the
+        time went, the warm pool it ran on, and the held try whose rows it committed."""
         duplicates = int(manifest.get("rows_duplicate") or 0)
         self.log.info(
             "Ray job %s done: %d rows in, %d out, %d failed%s; output at %s.",
@@ -758,10 +767,6 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 f"Ray job {held['job_id']}" if held.get("job_id") else "an earlier try",
                 f", which took: {spent}" if spent else "",
             )
-        job_results.check_failed_rows(manifest, spec, job_id)
-        if self.output_asset is not None:
-            context["outlet_events"][self.output_asset].extra = job_results.asset_extra(manifest, job_id)
-        return manifest["output_uri"]
 
     def _dry_run_complete(self, manifest: JsonObject, spec: BatchInferenceSpec, job_id: str) -> str:
         """Log what the dry run found and return its folder; fail when the real run would fail its
