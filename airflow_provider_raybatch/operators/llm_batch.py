@@ -331,12 +331,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         self.compile_cache_dir = compile_cache_dir
         self.keep_warm_seconds = keep_warm_seconds
         self.check_layout = check_layout
-        self.output_asset = Asset(output_asset) if isinstance(output_asset, str) else output_asset
-        self.input_asset = Asset(input_asset) if isinstance(input_asset, str) else input_asset
-        if self.output_asset is not None and not dry_run:  # a dry run writes no output to announce
-            self.outlets = [*self.outlets, self.output_asset]
-        if self.input_asset is not None:
-            self.inlets = [*self.inlets, self.input_asset]
+        self._set_assets(output_asset, input_asset, dry_run)
         self.runtime_env = runtime_env or {}
         self.entrypoint_resources = entrypoint_resources
         self.deferrable = deferrable
@@ -351,9 +346,33 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         self.job_id: str | None = None
         #: The committed run's manifest, once execute_complete has read it (for lineage).
         self.manifest: JsonObject | None = None
-        # Values written as is are checked now, as the DAG is parsed: a mistake is an import error in
-        # the UI, not a task that fails when it runs. Templated ones are checked when rendered, or by
-        # validate(). Airflow's check of a mapped task's arguments passes placeholders: nothing to check.
+        self._check_as_written(
+            reuse_earlier_result, runtime_env, entrypoint_resources, input_uri, mapped_validation
+        )
+
+    def _set_assets(
+        self, output_asset: Asset | str | None, input_asset: Asset | str | None, dry_run: bool
+    ) -> None:
+        """The task's output and input assets, added to its outlets and inlets."""
+        self.output_asset = Asset(output_asset) if isinstance(output_asset, str) else output_asset
+        self.input_asset = Asset(input_asset) if isinstance(input_asset, str) else input_asset
+        if self.output_asset is not None and not dry_run:  # a dry run writes no output to announce
+            self.outlets = [*self.outlets, self.output_asset]
+        if self.input_asset is not None:
+            self.inlets = [*self.inlets, self.input_asset]
+
+    def _check_as_written(
+        self,
+        reuse_earlier_result: bool | str | None,
+        runtime_env: RuntimeEnv | None,
+        entrypoint_resources: dict[str, float] | None,
+        input_uri: str,
+        mapped_validation: bool,
+    ) -> None:
+        """Values written as is are checked now, as the DAG is parsed: a mistake is an import error in
+        the UI, not a task that fails when it runs. Templated ones are checked when rendered, or by
+        validate(). Airflow's check of a mapped task's arguments passes placeholders: nothing to check.
+        Warnings name the DAG file's line that built the operator (``stacklevel`` 3: past __init__)."""
         task = f"{type(self).__name__} (task_id: {self.task_id})"
         values = {name: getattr(self, name) for name in SPEC_PARAMETERS}
         #: The parameters written as templates (or XComs): their rendered values are text to read back.
@@ -368,11 +387,11 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 complete=True,
             )
             extra = {"runtime_env": runtime_env, "entrypoint_resources": entrypoint_resources}
-            written_values.warn_of_likely_mistakes(task, {**values, **extra}, stacklevel=2)
+            written_values.warn_of_likely_mistakes(task, {**values, **extra}, stacklevel=3)
         if self.has_dag() and (
             reads_today := partition_dates.todays_partition_warning(self.dag.timetable, input_uri)
         ):
-            warnings.warn(f"{task}: {reads_today}", stacklevel=2)
+            warnings.warn(f"{task}: {reads_today}", stacklevel=3)
 
     @classmethod
     def partial(cls, **kwargs: ArgValue) -> OperatorPartial:
