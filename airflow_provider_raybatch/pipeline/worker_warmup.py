@@ -52,7 +52,7 @@ def configured_workers(replicas: int = 1) -> int:
 def replicas_of(spec: BatchInferenceSpec) -> int:
     """How many engine replicas the spec asks for at most (``concurrency``: n, or (min, max)); 1 where
     it leaves them to the default layout, which is chosen later, as the run starts."""
-    from airflow_provider_raybatch.pipeline.generate.engine import fixed_pool
+    from airflow_provider_raybatch.pipeline.generate.stage_swap import fixed_pool
 
     return fixed_pool(spec.concurrency or 1)[1]
 

@@ -267,7 +267,7 @@ def test_completions_batch_with_logprobs(ray_connection, tiny_model, tmp_path) -
 @pytest.mark.cold_engine  # an embedding engine, built with the forkserver off: no other test makes either
 def test_embeddings_batch(ray_connection, tiny_model, tmp_path) -> None:
     """Also: the engine started with the forkserver off (its EngineCore spawned by the replica itself;
-    our engine-stage UDF serves the stage either way, pipeline/generate/engine.py)."""
+    our engine-stage UDF serves the stage either way, pipeline/generate/stage_swap.py)."""
     lines = [request(f"e-{i}", EMBEDDINGS, {"input": f"document number {i}"}) for i in range(8)]
     # Three inputs in one line, in the same block as one-input lines; two of them also sent alone.
     lines.insert(

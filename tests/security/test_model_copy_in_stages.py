@@ -22,7 +22,7 @@ _PLANTED_COPY = """
 import json, os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_MODULES_CACHE"] = os.path.join(SHARED, "own-hf-modules")
-from airflow_provider_raybatch.pipeline.generate import engine
+from airflow_provider_raybatch.pipeline.generate.stage_swap import StageSwap, swap_stages
 from ray.llm._internal.batch.stages import ChatTemplateStage, DetokenizeStage, TokenizeStage
 
 cache = os.path.join(SHARED, "raybatch-models")
@@ -43,11 +43,10 @@ for folder, _, files in os.walk(cache):  # another local user made the copy's pa
 
 _STAGES_ON_A_PLANTED_COPY = """
 kwargs = {"model": copy, "trust_remote_code": True}
-stages = {"chat": ChatTemplateStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={}),
-          "tokenize": TokenizeStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={}),
-          "detokenize": DetokenizeStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={})}
-processor = type("Processor", (), {"stages": stages})()
-engine.use_our_engine_stage(processor, {}, os.path.join(SHARED, "compile"), model_copy_root=cache)
+stages = {"ChatTemplateStage": ChatTemplateStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={}),
+          "TokenizeStage": TokenizeStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={}),
+          "DetokenizeStage": DetokenizeStage(fn_constructor_kwargs=dict(kwargs), map_batches_kwargs={})}
+swap_stages(stages, StageSwap({}, os.path.join(SHARED, "compile"), model_copy_root=cache))
 
 report = {}
 for name, stage in stages.items():

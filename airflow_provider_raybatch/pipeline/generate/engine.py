@@ -1,22 +1,20 @@
-"""The engine replicas: a fixed pool, our engine-stage UDF, and the EngineCore from a preloaded forkserver.
+"""The engine replica's runtime: its EngineCore from a preloaded forkserver, raw vLLM's batch sizes,
+how often it is restarted, and the error its EngineCore dies of.
 
-Kept apart from :mod:`~airflow_provider_raybatch.pipeline.run` so that the start-up tuning of Ray Data
-LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module import.
+What the replica (:mod:`.engine_actor`) and a warm pool's stage (:mod:`.pooled_stage`) run on; how
+Ray Data LLM's processor is made to run them is :mod:`.stage_swap`'s. Nothing here imports Ray or
+vLLM at module import, nor any other module of the engine's.
 
-* **Fixed pool.** Ray Data LLM turns an int ``concurrency=n`` of the engine stage into an autoscaling
-  pool of 1..n replicas (``get_concurrency(autoscaling_enabled=True)``): the second replica starts
-  only once the first is busy, ~57 s late on 2 x H200. A batch job wants all of them from the start,
-  so an int becomes ``(n, n)``; a ``(min, max)`` tuple stays an autoscaling pool.
 * **EngineCore from a forkserver.** vLLM's async engine (what Ray Data LLM's stage runs) always puts
   its EngineCore in a child process, and inside a Ray actor vLLM forces ``spawn``: the child imports
   torch and vLLM again from scratch (~15 s on the GPU machine, after the actor's own ~15 s of the same
-  imports; raw ``LLM()`` forks in < 1 s). The replica's UDF here starts a multiprocessing forkserver
+  imports; raw ``LLM()`` forks in < 1 s). The replica's UDF starts a multiprocessing forkserver
   that preloads those modules *while* the actor imports them itself, and hands vLLM that context, so
   the EngineCore is forked from an already-importing clean process (no Ray threads, no CUDA). The
   child gets the parent's environment as it is at ``Process.start()``, as with spawn.
-  ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off. Forked so, the
-  EngineCore is the replica's grandchild, which Ray does not always reach: it ends itself once its
-  replica is gone (:mod:`.engine_lifetime`).
+  ``RAYBATCH_ENGINE_FORKSERVER=0`` in the cluster's environment turns it off (the replica still runs
+  our UDF). Forked so, the EngineCore is the replica's grandchild, which Ray does not always reach: it
+  ends itself once its replica is gone (:mod:`.engine_lifetime`).
 * **One Triton cache folder for every run.** torch's Inductor points ``TRITON_CACHE_DIR`` at its own
   folder when it compiles and the variable is unset (``triton_heuristics.py``), so on a node's first
   run vLLM's warm-up kernels land there too; a later run loads the compiled graphs, compiles nothing,
@@ -29,10 +27,6 @@ LLM's vLLM stage lives in one place. Nothing here imports Ray or vLLM at module 
   gets (``EngineArgs.get_batch_defaults``: 4,096 / 256 on a CPU, 16,384 / 1,024 on an H100): on the
   CPU engine a step admitted ~29 prompts of ~70 tokens while 170 waited. Where the author set
   neither, the replica asks vLLM for its ``LLM()`` defaults (:func:`with_llm_class_batch_defaults`).
-* **Our UDF, forkserver on or off.** The vLLM stage runs our UDF
-  (:mod:`~airflow_provider_raybatch.pipeline.generate.engine_actor`) either way; the switch decides the
-  forkserver only. The UDF also returns what Ray Data LLM's drops: an OpenAI line's choices after the
-  first, and the embeddings of its inputs after the first.
 """
 
 from __future__ import annotations
@@ -48,22 +42,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from multiprocessing import context as mp_context
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow_provider_raybatch.json_types import Kwargs, RuntimeEnv
+from airflow_provider_raybatch.json_types import Kwargs
 from airflow_provider_raybatch.shared import job_settings
-
-if TYPE_CHECKING:
-    from ray.data.llm import Processor
-    from ray.llm._internal.batch.stages.base import StatefulStage
-
-    from airflow_provider_raybatch.pipeline.generate.engine_pool import EnginePool
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
-# What the EngineCore process imports before it runs (vllm.v1.engine.core pulls torch and the model
-# executor); "ray": the child re-runs the Ray worker's main module, as a spawned child does.
 #: How many times Ray restarts one engine replica that died before the job fails. Ray Data's own
 #: default is forever: an engine that crashes on every start, or on a batch it is handed again after
 #: each restart (vLLM's "Fatal engine error, exiting actor to trigger restart"), kept the job running
@@ -72,19 +58,9 @@ FORKSERVER_ENV = "RAYBATCH_ENGINE_FORKSERVER"
 ENGINE_MAX_RESTARTS = 3
 ENGINE_MAX_RESTARTS_ENV = "RAYBATCH_ENGINE_MAX_RESTARTS"
 ENGINE_MAX_RESTARTS_LIMIT = 1000
+# What the EngineCore process imports before it runs (vllm.v1.engine.core pulls torch and the model
+# executor); "ray": the child re-runs the Ray worker's main module, as a spawned child does.
 _PRELOAD = ("ray", "vllm.v1.engine.core")
-_ENGINE_STAGE = "vLLMEngineStage"
-_CHAT_TEMPLATE_STAGE = "ChatTemplateStage"
-_TOKENIZE_STAGE = "TokenizeStage"
-#: The pooled stage's constructor keyword: whether the pool's replicas render this job's prompts.
-RENDER_IN_POOL_KWARG = "raybatch_render_in_pool"
-
-
-def fixed_pool(concurrency: int | tuple[int, int]) -> tuple[int, int]:
-    """An int n -> (n, n): n replicas from the start; (min, max) as given."""
-    if isinstance(concurrency, int):
-        return (concurrency, concurrency)
-    return (concurrency[0], concurrency[1])
 
 
 def with_llm_class_batch_defaults(engine_kwargs: Kwargs) -> Kwargs:
@@ -116,181 +92,9 @@ def forkserver_enabled() -> bool:
     return os.environ.get(FORKSERVER_ENV, "1") not in ("0", "false", "False", "")
 
 
-#: Our UDF's constructor keyword: what its replica needs to stage its finished rows itself.
-STAGING_KWARG = "raybatch_staging"
-#: Our UDF's constructor keyword: the spec's ``compile_cache_dir``.
-COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
-#: Our UDF's constructor keyword: the ``model_cache_dir`` of a model copy the driver fetched (the
-#: stages that load the tokenizer take it too: :mod:`.checked_stages`).
-MODEL_COPY_KWARG = "raybatch_model_copy_root"
-
-
-def use_our_engine_stage(
-    processor: Processor,
-    staging: Kwargs,
-    compile_cache_dir: str | None = None,
-    model_copy_root: str | None = None,
-) -> Processor:
-    """Swap the processor's vLLM stage UDF for ours (:mod:`.engine_actor`), forkserver on or off, and
-    its chat-template stage UDF for ours (:mod:`.chat_template`).
-
-    :param staging: the keywords of :class:`.parts.PartWriter` plus ``spec``: the replica then
-        stages the rows it finishes as they finish (:mod:`.replica_staging`).
-    :param compile_cache_dir: where the replica keeps compiled graphs and kernels (:mod:`.engine_caches`).
-    :param model_copy_root: the ``model_cache_dir`` of a model copy the driver fetched, which the replica
-        checks on its node before its engine loads it (:func:`.models.check_copy_in_replica`).
-    """
-    all_stages = list(getattr(processor, "stages", {}).values())
-    _use_our_chat_template_stage(all_stages)
-    if model_copy_root is not None:
-        _check_model_copy_in_stages(all_stages, model_copy_root)
-    stages = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
-    if not stages:
-        return processor
-    from airflow_provider_raybatch.pipeline.generate.engine_actor import RaybatchvLLMEngineStageUDF
-
-    for stage in stages:
-        stage.map_batches_kwargs["max_restarts"] = engine_max_restarts()  # the dict itself: no validator
-        if stage.fn is RaybatchvLLMEngineStageUDF.RAY_UDF:
-            # Not `stage.fn = ...`: the stage validates assignments, and its validator, run twice, loses
-            # the placement group it popped the first time (the replica then asks for a GPU on a CPU cluster).
-            stage.__dict__["fn"] = RaybatchvLLMEngineStageUDF
-            stage.fn_constructor_kwargs[COMPILE_CACHE_KWARG] = compile_cache_dir
-            if model_copy_root is not None:
-                stage.fn_constructor_kwargs[MODEL_COPY_KWARG] = model_copy_root
-            stage.fn_constructor_kwargs[STAGING_KWARG] = staging  # the dict itself: no validator runs
-    return processor
-
-
-#: The pooled stage's constructor keyword: the job's :class:`.engine_pool.EnginePool`.
-POOL_KWARG = "raybatch_pool"
-
-
-def use_engine_pool(
-    processor: Processor,
-    staging: Kwargs,
-    replicas: int,
-    keep_warm_seconds: float,
-    compile_cache_dir: str | None,
-    job_runtime_env: RuntimeEnv,
-    render_prompts_in_pool: bool = True,
-    model_copy_root: str | None = None,
-) -> EnginePool:
-    """Put the processor's vLLM stage on a warm pool (:mod:`.engine_pool`); returns the pool.
-
-    The stage then runs :class:`.pooled_stage.RaybatchPooledEngineStageUDF`, which reserves no
-    resources and sends its rows to the pool's replicas; the resources the stage would have reserved
-    go to the replicas, with its engine keywords.
-
-    :param render_prompts_in_pool: the replicas apply the chat template and the engine tokenizes, so
-        the job starts no chat-template and tokenize actors: each would start a process, import
-        transformers and load the tokenizer (seconds per job on a GPU host, the bulk of a warm job's
-        wait for its first row), which the warm replica already holds. False (a batch with images):
-        the job keeps Ray Data LLM's stages, ours for the chat template as in :func:`use_our_engine_stage`.
-        Either way the pool is the model's and the engine settings', not the chat template's: a job that
-        renders its own prompts, one that does not and a completions job (no chat template), on the same
-        model and engine settings, share one pool (two would hold two engines of one model on the GPU);
-        the replicas render each job's rows with that job's chat template.
-    """
-    from airflow_provider_raybatch.pipeline.generate.engine_pool import (
-        RESOURCE_KWARGS,
-        live_replica_names,
-        plan_pool,
-        ray_is_up,
-    )
-    from airflow_provider_raybatch.pipeline.generate.pooled_stage import RaybatchPooledEngineStageUDF
-
-    chat_template: Kwargs | None = None
-    for key, other in list(processor.stages.items()):
-        if type(other).__name__ == _CHAT_TEMPLATE_STAGE:
-            chat_template = dict(other.fn_constructor_kwargs)
-        if render_prompts_in_pool and type(other).__name__ in (_CHAT_TEMPLATE_STAGE, _TOKENIZE_STAGE):
-            del processor.stages[key]
-    all_stages = list(getattr(processor, "stages", {}).values())
-    _use_our_chat_template_stage(all_stages)
-    [stage] = [stage for stage in all_stages if type(stage).__name__ == _ENGINE_STAGE]
-    # Ray Data LLM's keywords for its UDF, without ours (use_our_engine_stage may have added them).
-    engine_kwargs = {
-        key: value for key, value in stage.fn_constructor_kwargs.items() if not key.startswith("raybatch_")
-    }
-    pool = plan_pool(
-        engine_kwargs,
-        stage.map_batches_kwargs,
-        replicas,
-        keep_warm_seconds,
-        compile_cache_dir,
-        job_runtime_env,
-        chat_template,
-        model_copy_root,
-    )
-    if ray_is_up():  # in a job: take the pool's live replicas first (engine_pool.EnginePool.preferring_live)
-        pool = pool.preferring_live(live_replica_names())
-    for name in RESOURCE_KWARGS:
-        stage.map_batches_kwargs.pop(name, None)  # the dict itself: no validator runs
-    stage.map_batches_kwargs["num_cpus"] = 0  # it waits on the pool; the pool's replicas hold the resources
-    stage.map_batches_kwargs["max_restarts"] = engine_max_restarts()
-    stage.__dict__["fn"] = RaybatchPooledEngineStageUDF  # as in use_our_engine_stage: no validator run
-    stage.fn_constructor_kwargs.clear()
-    stage.fn_constructor_kwargs.update(
-        {
-            "task_type": engine_kwargs.get("task_type"),
-            POOL_KWARG: pool,
-            STAGING_KWARG: staging,
-            RENDER_IN_POOL_KWARG: render_prompts_in_pool and chat_template is not None,
-        }
-    )
-    return pool
-
-
-def own_replica_needs(processor: Processor) -> dict[str, float]:
-    """What one of the job's own engine replicas reserves (its engine stage's resources), as
-    ``ray.available_resources()`` names them; {} where the stage places them itself (tensor or
-    pipeline parallel engines, through placement groups)."""
-    from airflow_provider_raybatch.pipeline.generate.engine_pool import RESOURCE_KWARGS, replica_needs
-
-    for stage in getattr(processor, "stages", {}).values():
-        if type(stage).__name__ == _ENGINE_STAGE and "ray_remote_args_fn" not in stage.map_batches_kwargs:
-            kwargs = stage.map_batches_kwargs
-            return replica_needs({key: kwargs[key] for key in RESOURCE_KWARGS if kwargs.get(key)})
-    return {}
-
-
-def pool_of(processor: Processor) -> EnginePool | None:
-    """The warm pool the processor's engine stage runs on (:func:`use_engine_pool`); None: its own engines."""
-    for stage in getattr(processor, "stages", {}).values():
-        pool = getattr(stage, "fn_constructor_kwargs", {}).get(POOL_KWARG)
-        if pool is not None:
-            return pool
-    return None
-
-
 def engine_max_restarts() -> int:
     """:data:`ENGINE_MAX_RESTARTS`, or the job's ``RAYBATCH_ENGINE_MAX_RESTARTS`` (a whole number >= 0)."""
     return job_settings.whole_number(ENGINE_MAX_RESTARTS_ENV, ENGINE_MAX_RESTARTS, ENGINE_MAX_RESTARTS_LIMIT)
-
-
-def _use_our_chat_template_stage(stages: list[StatefulStage]) -> None:
-    """Swap the chat-template stage's UDF for ours, which renders row by row (:mod:`.chat_template`)."""
-    stages = [stage for stage in stages if type(stage).__name__ == _CHAT_TEMPLATE_STAGE]
-    if not stages:
-        return
-    from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
-
-    for stage in stages:
-        if stage.fn is RaybatchChatTemplateUDF.__mro__[1]:
-            stage.__dict__["fn"] = RaybatchChatTemplateUDF  # as for the engine stage: no validator run
-
-
-def _check_model_copy_in_stages(stages: list[StatefulStage], model_copy_root: str) -> None:
-    """Swap the UDF of each stage that loads from the model's path (chat template, tokenize,
-    detokenize) for one that checks the fetched copy first (:mod:`.checked_stages`)."""
-    from airflow_provider_raybatch.pipeline.generate.checked_stages import CHECKED, MODEL_COPY_KWARG
-
-    for stage in stages:
-        checked = CHECKED.get(stage.fn)
-        if checked is not None:
-            stage.__dict__["fn"] = checked  # as for the engine stage: no validator run
-            stage.fn_constructor_kwargs[MODEL_COPY_KWARG] = model_copy_root
 
 
 #: A line naming an error (``ValueError: ...``, ``ray.exceptions.RayTaskError: ...``) in a traceback.

@@ -1,5 +1,5 @@
 """The vLLM stage's UDF: a faster start (see :mod:`~airflow_provider_raybatch.pipeline.generate.engine`),
-and the choices and embeddings that Ray Data LLM's own UDF leaves out.
+and the choices and embeddings that Ray Data LLM's own UDF leaves out (swapped in by :mod:`.stage_swap`).
 
 Imported only where Ray Data LLM is (the job's driver and the engine actors): it subclasses Ray Data
 LLM's own UDF. The name keeps ``vLLMEngineStage`` in it, as Ray's task names and the benches expect.
@@ -72,7 +72,7 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
     first staged copy of each row (:func:`.commit._drop_repeated_rows`).
     """
 
-    #: The Ray Data LLM UDF this one takes the place of (engine.use_our_engine_stage).
+    #: The Ray Data LLM UDF this one takes the place of (stage_swap.swap_stages).
     RAY_UDF = vLLMEngineStageUDF
     #: The folders its engine loads compiled code from, checked before the engine was built; a warm
     #: pool's replica checks them again at each attach (:mod:`.pool_replica`).
@@ -85,7 +85,7 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         raybatch_compile_cache_dir: str | None = None,
         raybatch_model_copy_root: str | None = None,
         **kwargs: ArgValue,
-    ) -> None:  # Ray Data LLM's UDF arguments; ours come from engine.use_our_engine_stage.
+    ) -> None:  # Ray Data LLM's UDF arguments; ours come from stage_swap.swap_stages.
         """:param raybatch_staging: where to stage finished rows; None in a warm pool's replica
         (:mod:`.pool_replica`), which returns its rows to the job's stage instead."""
         init_started_at = time.time()

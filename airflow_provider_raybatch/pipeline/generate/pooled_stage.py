@@ -1,6 +1,6 @@
 """The engine stage of a job on a warm pool: sends its rows to the pool's replicas, stages what returns.
 
-It takes the place of the vLLM stage's UDF in Ray Data LLM's processor (:func:`.engine.use_engine_pool`)
+It takes the place of the vLLM stage's UDF in Ray Data LLM's processor (:func:`.stage_swap.swap_stages`)
 and reserves no GPU: the pool's replicas hold the engines (:mod:`.engine_pool`). Like a job's own
 replica it stages each row as it finishes (:class:`.StagesFinishedRows`), so a retry resumes from the
 same parts. It never imports vLLM or torch, which is what lets a warm job's first row come seconds
@@ -102,7 +102,7 @@ class _PoolClient(StatefulStageUDF):
     ) -> None:
         super().__init__(data_column, expected_input_keys)
         self._pool = raybatch_pool
-        # False: this job's own chat-template stage rendered its rows (engine.use_engine_pool).
+        # False: this job's own chat-template stage rendered its rows (stage_swap.WarmPool).
         self._render_in_pool = raybatch_render_in_pool
         self._job_id = ray.get_runtime_context().get_job_id()
         self._handles: dict[int, ActorHandle] = {}

@@ -29,9 +29,10 @@ So, while :func:`build_llm_processor` builds, and only in this process:
 * The telemetry report is sent to Ray's telemetry actor without waiting for that actor to start
   (:func:`_telemetry_report_not_awaited`).
 
-Everything is put back when the build returns. The processor and its stages are Ray's own, built by
-Ray's own ``build_processor``; the replicas run exactly as before. If a Ray upgrade makes the build
-*use* torch or transformers, the stand-ins load them (slow, still correct), and
+Everything is put back when the build returns. The stages are Ray's own, built by Ray's own
+``build_processor``, with our UDFs swapped in (:mod:`.stage_swap`), and the processor is made from
+them by Ray's public ``Processor`` constructor; the replicas run exactly as before. If a Ray upgrade
+makes the build *use* torch or transformers, the stand-ins load them (slow, still correct), and
 ``tests/unit/pipeline/test_processor.py`` (which checks the driver's imports) fails.
 """
 
@@ -50,7 +51,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.json_types import ArgValue, CellValue, Kwargs
-from airflow_provider_raybatch.pipeline.generate import engine
+from airflow_provider_raybatch.pipeline.generate.stage_swap import StageSwap, swap_stages
 
 if TYPE_CHECKING:
     from ray.data.llm import Processor
@@ -72,30 +73,26 @@ def build_llm_processor(
     config_kwargs: Kwargs,
     preprocess: Callable[[Kwargs], Kwargs],
     postprocess: Callable[[Kwargs], Kwargs],
-    staging: Kwargs,
-    compile_cache_dir: str | None = None,
-    model_copy_root: str | None = None,
+    swap: StageSwap,
 ) -> Processor:
-    """``build_processor(vLLMEngineProcessorConfig(**config_kwargs), ...)`` with our engine stage.
+    """``build_processor(vLLMEngineProcessorConfig(**config_kwargs), ...)`` with our stages.
 
     :param config_kwargs: ``vLLMEngineProcessorConfig`` keywords (built in ``run._processor``).
     :param preprocess: row -> the engine request (``messages``/``prompt``, ``sampling_params``, ...).
     :param postprocess: the engine's row -> the pipeline's row.
-    :param staging: where the replicas stage the rows they finish (``engine.use_our_engine_stage``).
-    :param compile_cache_dir: where the replicas keep compiled graphs and kernels
-        (``engine_caches``).
-    :param model_copy_root: the ``model_cache_dir`` of a model copy the driver fetched, which each
-        replica checks before its engine loads it; None for any other model source.
+    :param swap: what our stages need: where the replicas stage the rows they finish, their compile
+        cache, a model copy the driver fetched, a warm pool (:class:`.stage_swap.StageSwap`).
     """
     with engine_libraries_held_back():
         _answer_the_telemetry_probe_locally()
         _telemetry_report_not_awaited()
-        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+        from ray.data.llm import Processor, build_processor, vLLMEngineProcessorConfig
 
         config = vLLMEngineProcessorConfig(**config_kwargs)
-        processor = build_processor(config, preprocess=preprocess, postprocess=postprocess)
-        # Imports Ray's engine stage module (already loaded by the build, with the stand-ins).
-        return engine.use_our_engine_stage(processor, staging, compile_cache_dir, model_copy_root)
+        built = build_processor(config, preprocess=preprocess, postprocess=postprocess)
+        # Imports our stages' modules, which import Ray's (already loaded by the build, with the stand-ins).
+        stages = swap_stages(built.stages, swap)
+        return Processor(config, stages, preprocess=preprocess, postprocess=postprocess)
 
 
 @contextlib.contextmanager

@@ -2,13 +2,13 @@
 
 Our engine stage subclasses Ray's ``vLLMEngineStageUDF`` and calls into its engine wrapper
 (:mod:`.engine_actor`), our chat-template stage subclasses ``ChatTemplateUDF``
-(:mod:`..prompt.chat_template`), the dry run tokenizes with ``TokenizeUDF``, the driver swaps stage
-UDFs by the stages' class names and fields (:func:`.engine.use_our_engine_stage`) and patches
-``download_model_files`` while it builds (:mod:`.processor`), and a staging's owner check reads Ray's
-job table (:mod:`..stage.ownership`). None of that is Ray's public API, so a
-Ray release may rename or reshape it. Checked before a single row is read, such a change fails the
-job at once, naming the Ray version and what changed, instead of in a replica minutes later, or
-worse, by our engine stage being skipped without a word.
+(:mod:`..prompt.chat_template`), the dry run tokenizes with ``TokenizeUDF``, the driver swaps the UDFs
+of the stages Ray's processor names after their classes, through the stages' fields
+(:mod:`.stage_swap`), and patches ``download_model_files`` while it builds (:mod:`.processor`), and a
+staging's owner check reads Ray's job table (:mod:`..stage.ownership`). None of that is Ray's public
+API, so a Ray release may rename or reshape it. Checked before a single row is read, such a change
+fails the job at once, naming the Ray version and what changed, instead of in a replica minutes
+later, or worse, by our engine stage being skipped without a word.
 
 The same names are in Ray 2.57.0, 2.58.0 and 2.60.0 (compared from their released packages).
 """

@@ -1,4 +1,5 @@
-"""pipeline/generate/engine.py: the fixed engine pool, and the forkserver that starts vLLM's EngineCore."""
+"""pipeline/generate/engine.py: the forkserver that starts vLLM's EngineCore, the error it dies of, the
+replica's restarts and its batch sizes."""
 
 from __future__ import annotations
 
@@ -15,11 +16,6 @@ from airflow_provider_raybatch.pipeline.generate import engine
 
 def _write_env(path: str, name: str) -> None:  # runs in the forked child
     Path(path).write_text(os.environ.get(name, "<unset>"))
-
-
-@pytest.mark.parametrize(("given", "pool"), [(1, (1, 1)), (2, (2, 2)), ((1, 4), (1, 4)), ([2, 3], (2, 3))])
-def test_an_int_concurrency_is_a_fixed_pool(given: int | tuple[int, int], pool: tuple[int, int]) -> None:
-    assert engine.fixed_pool(given) == pool  # type: ignore[arg-type]
 
 
 def test_the_forkserver_child_gets_the_environment_of_start_not_of_the_server(
@@ -96,55 +92,6 @@ def test_vllm_gets_the_forkserver_context_and_keeps_its_own_side_effects(
 def test_without_vllm_it_leaves_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm... raises ImportError
     assert engine.patch_vllm_process_context() is False
-
-
-def test_a_processor_without_an_engine_stage_is_left_alone() -> None:
-    processor = object()
-    assert engine.use_our_engine_stage(processor, staging={}) is processor
-
-
-@pytest.mark.parametrize("forkserver", ["1", "0"])
-def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
-    forkserver: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The switch turns the forkserver off, not our UDF (which also serves an OpenAI line's n choices)."""
-
-    class RayUDF:  # stands in for Ray Data LLM's vLLMEngineStageUDF (no Ray in the unit-test env)
-        pass
-
-    class OurUDF(RayUDF):
-        RAY_UDF = RayUDF
-
-    class vLLMEngineStage:  # noqa: N801 - matched by class name, as Ray Data LLM's is
-        fn = RayUDF
-
-    actor_module = types.ModuleType("airflow_provider_raybatch.pipeline.generate.engine_actor")
-    actor_module.RaybatchvLLMEngineStageUDF = OurUDF  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, actor_module.__name__, actor_module)
-    monkeypatch.setenv(engine.FORKSERVER_ENV, forkserver)
-    stage, other = vLLMEngineStage(), types.SimpleNamespace(fn=RayUDF)
-    stage.fn_constructor_kwargs = {"model": "m"}
-    stage.map_batches_kwargs = {"concurrency": (1, 1)}
-    processor = types.SimpleNamespace(stages={"vllm_engine_stage": stage, "tokenize_stage": other})
-    staging = {"staging_uri": "/out/_staging/k", "spec": "the spec"}
-    assert engine.use_our_engine_stage(processor, staging, "/mnt/compile") is processor
-    assert stage.fn is OurUDF and other.fn is RayUDF
-    # The replica gets what it needs to stage its batches and keep its kernels, beside Ray's arguments.
-    assert stage.fn_constructor_kwargs == {
-        "model": "m",
-        engine.STAGING_KWARG: staging,
-        engine.COMPILE_CACHE_KWARG: "/mnt/compile",
-    }
-    # A copy the driver fetched: the replica is told where its cache is, to check it on its node (as
-    # are the stages that load the tokenizer, tests/security/test_model_copy_in_stages.py).
-    checked = types.ModuleType("airflow_provider_raybatch.pipeline.generate.checked_stages")
-    checked.CHECKED, checked.MODEL_COPY_KWARG = {}, engine.MODEL_COPY_KWARG  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, checked.__name__, checked)
-    stage.fn = RayUDF  # a processor built afresh
-    engine.use_our_engine_stage(processor, staging, "/mnt/compile", model_copy_root="/mnt/models")
-    assert stage.fn_constructor_kwargs[engine.MODEL_COPY_KWARG] == "/mnt/models"
-    # Ray Data restarts a dead replica forever unless told otherwise (map_batches' ray_remote_args).
-    assert stage.map_batches_kwargs == {"concurrency": (1, 1), "max_restarts": engine.ENGINE_MAX_RESTARTS}
 
 
 @pytest.mark.parametrize(("value", "restarts"), [(None, 3), ("", 3), ("0", 0), (" 7 ", 7)])

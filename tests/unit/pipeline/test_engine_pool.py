@@ -915,9 +915,9 @@ def test_a_lease_reports_each_replicas_start_and_makes_room_only_for_a_replica_t
 
 
 def test_the_needs_of_a_jobs_own_replica_come_from_its_engine_stage() -> None:
-    from airflow_provider_raybatch.pipeline.generate.engine import own_replica_needs
+    from airflow_provider_raybatch.pipeline.generate.stage_swap import own_replica_needs
 
-    class vLLMEngineStage:  # noqa: N801 - Ray Data LLM's class name is what the code finds
+    class vLLMEngineStage:  # noqa: N801 - Ray Data LLM's, which its processor names its stage after
         def __init__(self, kwargs):
             self.map_batches_kwargs = kwargs
 

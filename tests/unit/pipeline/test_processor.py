@@ -38,8 +38,8 @@ architectures = [report["model_architecture"] for report in reports]
 # and resources go to the pool's replicas (built the same way, without the engine libraries).
 warm = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0}), MODEL, parts)
 warm_stage = warm.stages["vLLMEngineStage"]
-from airflow_provider_raybatch.pipeline.generate import engine
-pool = engine.pool_of(warm)
+from airflow_provider_raybatch.pipeline.generate import stage_swap
+pool = stage_swap.pool_of(warm)
 # A job of the same model whose rows carry messages renders its own prompts (they may hold images).
 messages = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0, "user_template": None,
                                                   "messages_column": "messages"}), MODEL, parts)
@@ -66,10 +66,10 @@ print(json.dumps({
     "render_in_pool": warm_stage.fn_constructor_kwargs["raybatch_render_in_pool"],
     "messages": {"stages": list(messages.stages),
                  "render_in_pool": messages_stage.fn_constructor_kwargs["raybatch_render_in_pool"],
-                 "same_pool": engine.pool_of(messages).fingerprint == pool.fingerprint},
+                 "same_pool": stage_swap.pool_of(messages).fingerprint == pool.fingerprint},
     "completions": {"stages": list(completions.stages),
-                    "chat_template": engine.pool_of(completions).chat_template,
-                    "same_pool": engine.pool_of(completions).fingerprint == pool.fingerprint},
+                    "chat_template": stage_swap.pool_of(completions).chat_template,
+                    "same_pool": stage_swap.pool_of(completions).fingerprint == pool.fingerprint},
     "architectures": architectures,
     "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, parts) is not None,
 }))
