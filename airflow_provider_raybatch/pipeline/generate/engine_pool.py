@@ -66,7 +66,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.json_types import JsonObject, Kwargs
-from airflow_provider_raybatch.pipeline.generate.pool_replica import ANY_NODE, LEASE_RENEW_SECONDS
+from airflow_provider_raybatch.pipeline.generate.pool_replica import (
+    ANY_NODE,
+    CONTROL_CALLS,
+    CONTROL_GROUP,
+    LEASE_RENEW_SECONDS,
+    EngineReplica,
+)
 from airflow_provider_raybatch.pipeline.stage.binding import model_digest
 from airflow_provider_raybatch.shared import job_settings
 
@@ -141,12 +147,6 @@ class EnginePool:
     def replica(self, index: int) -> ActorHandle:
         """Replica ``index``: the live one, or a new one (its engine starts building now)."""
         import ray
-
-        from airflow_provider_raybatch.pipeline.generate.pool_replica import (
-            CONTROL_CALLS,
-            CONTROL_GROUP,
-            EngineReplica,
-        )
 
         return (
             # Control calls never wait behind rows (a class setting: .options takes no concurrency_groups).
