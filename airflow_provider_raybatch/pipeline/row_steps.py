@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
@@ -31,6 +31,7 @@ from airflow_provider_raybatch.pipeline.prompt.prompts import (
 )
 from airflow_provider_raybatch.pipeline.read import images
 from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
@@ -44,16 +45,12 @@ from airflow_provider_raybatch.specs import (
     check_sampling_params,
 )
 
-INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_continue_on_error=True
 #: The columns of a prepared row (:func:`prepare_row`), all text or null, so Ray's blocks stay uniform.
 _PREPARED_COLUMNS = ("id", "source", "row", "messages", "prompt", "sampling", "request", "error")
 #: A preprocess's column of per-row sampling parameters (Ray Data LLM's name).
 ROW_SAMPLING_PARAMS = "sampling_params"
 #: The kind of a row's error that no step foresaw (the row firewall's).
 UNEXPECTED_ROW_ERROR = "unexpected row error"
-#: Marks a reason of ours in ray.data.llm's error column (set by our steps after prepare: the engine
-#: request, the chat template), so that it is not reported as the engine's ("inference failed: ...").
-ROW_REASON_MARK = "raybatch row error: "
 #: Fields of a prepared row that hold JSON text (re-encoded with escapes if they hold lone surrogates).
 _JSON_TEXT_COLUMNS = ("row", "messages", "sampling", "request")
 EXTRA_COLUMNS = (
@@ -248,49 +245,6 @@ def _returned_row(value: CellValue) -> Row:
 def user_function(dotted_path: str) -> RowFunction:
     """The author's function, imported once per process."""
     return load_callable(dotted_path)
-
-
-def source_order(source: str) -> tuple[str, int]:
-    name, _, number = source.rpartition(":")
-    return name, int(number) if number.isdigit() else 0
-
-
-def first_sources_of_duplicates(
-    rows: Iterable[tuple[str, str, str | None]],
-) -> tuple[dict[str, str], int, int]:
-    """For each id that occurs more than once among good rows: the source of its first occurrence
-    (in file order); the number of rows that already carry an error; and the number of rows whose id
-    another row has too, good or not, less one per id (``rows_in`` less the distinct rows: what
-    ``rows_duplicate`` counts, so a repeated id is never a failure of its own, whichever of its rows
-    failed and why).
-
-    A row in error whose id is its own source (no id column, a missing id, a line that is no row) has
-    no id of its own: it is a distinct row, never matched with a row whose id reads the same.
-
-    :param rows: each prepared row's ``(id, source, error)``.
-    """
-    first: dict[str, str] = {}
-    repeated: set[str] = set()
-    failed_ids: set[str] = set()  # ids of rows in error that no good row had when they were read
-    errors = repeats = 0
-    for row_id_, source, error in rows:
-        if error is not None:
-            errors += 1
-            if row_id_ != source:
-                if row_id_ in first or row_id_ in failed_ids:
-                    repeats += 1
-                else:
-                    failed_ids.add(row_id_)
-            continue
-        if row_id_ in first:
-            repeats += 1
-            repeated.add(row_id_)
-            if source_order(source) < source_order(first[row_id_]):
-                first[row_id_] = source
-        else:
-            repeats += row_id_ in failed_ids
-            first[row_id_] = source
-    return {row_id_: first[row_id_] for row_id_ in repeated}, errors, repeats
 
 
 def engine_request(

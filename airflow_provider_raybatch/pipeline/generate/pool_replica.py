@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow_provider_raybatch.json_types import JsonObject, Kwargs, Row
 from airflow_provider_raybatch.pipeline.generate import engine_caches
 from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
+from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
@@ -277,7 +278,6 @@ class EngineReplica:
             CHAT_TEMPLATE_FAILED,
             conversation_of,
         )
-        from airflow_provider_raybatch.pipeline.row_steps import INFERENCE_ERROR, ROW_REASON_MARK
 
         try:
             row["prompt"] = template._render(conversation_of(row.pop("messages")))

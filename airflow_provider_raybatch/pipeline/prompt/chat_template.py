@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
 
 from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
-from airflow_provider_raybatch.pipeline.row_steps import INFERENCE_ERROR, ROW_REASON_MARK
+from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 
 CHAT_TEMPLATE_FAILED = "chat template failed"
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON
-from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.pipeline import row_marks
 from airflow_provider_raybatch.shared import job_settings
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def find_first_sources(
     prepared: Dataset, rows_in: int, driver_scan_max_rows: int | None = None
 ) -> tuple[pa.Table, int, int]:
     """The repeated ids among good rows with the first source of each, the rows already in error, and
-    the rows whose id another row has too, less one per id (:func:`.row_steps.first_sources_of_duplicates`).
+    the rows whose id another row has too, less one per id (:func:`.row_marks.first_sources_of_duplicates`).
 
     :param prepared: the materialized prepared rows (``id``, ``source``, ``error`` columns).
     :param rows_in: how many they are (chooses the driver scan or the cluster's shuffle).
@@ -80,7 +80,7 @@ def configured_driver_scan_max_rows() -> int:
 
 
 def first_sources_table(first_sources: dict[str, str]) -> pa.Table:
-    """:func:`.row_steps.first_sources_of_duplicates`' mapping as the table :func:`mark_duplicates` takes."""
+    """:func:`.row_marks.first_sources_of_duplicates`' mapping as the table :func:`mark_duplicates` takes."""
     columns = {"id": list(first_sources), "first_source": list(first_sources.values())}
     return pa.table(columns, schema=FIRST_SOURCES_SCHEMA)
 
@@ -89,7 +89,7 @@ def _scan_in_driver(prepared: Dataset) -> tuple[dict[str, str], int, int]:
     columns = prepared.select_columns(["id", "source", "error"])
     batches = columns.iter_batches(batch_format="pyarrow", batch_size=65536)
     names = ("id", "source", "error")
-    return row_steps.first_sources_of_duplicates(
+    return row_marks.first_sources_of_duplicates(
         triple
         for batch in batches
         for triple in zip(*(batch.column(c).to_pylist() for c in names), strict=True)
@@ -154,8 +154,8 @@ def repeated_ids_in_partition(partition: pa.Table) -> pa.Table:
 
 def _order_keys(batch: pa.Table) -> pa.Table:
     """Each row's id, whether it is good, and for a good row a key that sorts like
-    :func:`.row_steps.source_order` and ends in the source. A row in error whose id is its own source
-    has no id of its own (:func:`.row_steps.first_sources_of_duplicates`): it is left out."""
+    :func:`.row_marks.source_order` and ends in the source. A row in error whose id is its own source
+    has no id of its own (:func:`.row_marks.first_sources_of_duplicates`): it is left out."""
     source = pc.cast(batch["source"], pa.string())
     row_id = pc.cast(batch["id"], pa.string())
     good = pc.is_null(batch["error"])

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline import row_steps, storage
+from airflow_provider_raybatch.pipeline import row_marks, row_steps, storage
 from airflow_provider_raybatch.pipeline.read import dedupe
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
@@ -51,20 +51,20 @@ def _through_arrow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:  # Any: 
 
 def _failed(row: dict[str, Any]) -> bool:  # Any: row values.
     """Ray Data LLM's own test (stages/base.py): a row whose error column is not "" failed earlier."""
-    return row.get(row_steps.INFERENCE_ERROR, "") != ""
+    return row.get(row_marks.INFERENCE_ERROR, "") != ""
 
 
 def _render(row: dict[str, Any]) -> dict[str, Any]:  # Any: row values.
     """The chat-template step's contract (pipeline/prompt/chat_template.py): JSON messages -> one prompt, ""
     in the error column; a conversation whose roles do not alternate is rejected, as strict templates do."""
-    good = {row_steps.INFERENCE_ERROR: ""}
+    good = {row_marks.INFERENCE_ERROR: ""}
     if row.get("messages") is None:
         return {"prompt": row.get("prompt"), **good}
     conversation = json.loads(row["messages"])
     roles = [message["role"] for message in conversation]
     if any(a == b for a, b in zip(roles, roles[1:], strict=False)):
         reason = "chat template failed: TemplateError: Conversation roles must alternate"
-        return {"prompt": "", row_steps.INFERENCE_ERROR: row_steps.ROW_REASON_MARK + reason}
+        return {"prompt": "", row_marks.INFERENCE_ERROR: row_marks.ROW_REASON_MARK + reason}
     parts = []
     for message in conversation:
         content = message["content"]
@@ -79,7 +79,7 @@ def _generate(row: dict[str, Any], requests: list[dict[str, Any]]) -> dict[str, 
     params = json.loads(row["sampling_params"])
     requests.append({"prompt": row["prompt"], "sampling_params": params, "source": row["source"]})
     if FAIL_ROW in (row["prompt"] or ""):
-        return {row_steps.INFERENCE_ERROR: "stand-in engine: asked to fail"}
+        return {row_marks.INFERENCE_ERROR: "stand-in engine: asked to fail"}
     structured = params.get("structured_outputs") or {}
     choices = structured.get("choice")
     if choices:
@@ -116,7 +116,7 @@ def run_rows(files: dict[str, bytes], spec: BatchInferenceSpec, tmp_path: Path) 
     prepared = _through_arrow([row_steps.prepare_row(record, spec) for record in records])
     rows_in = len(prepared)
     triples = ((r["id"], r["source"], r["error"]) for r in prepared)
-    first, _, rows_repeated = row_steps.first_sources_of_duplicates(triples)
+    first, _, rows_repeated = row_marks.first_sources_of_duplicates(triples)
     prepared = dedupe.mark_duplicates_in_batch(
         pa.Table.from_pylist(prepared), dedupe.first_sources_table(first)
     ).to_pylist()

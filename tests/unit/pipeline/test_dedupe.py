@@ -12,7 +12,7 @@ try:
 except ImportError:  # not importorskip: without hypothesis these tests must fail, not vanish
     given = settings = st = None  # type: ignore[assignment]
 
-from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.pipeline import row_marks
 from airflow_provider_raybatch.pipeline.read import dedupe
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
@@ -21,7 +21,7 @@ PREPARED_SCHEMA = pa.schema([(name, pa.string()) for name in ("id", "source", "e
 
 def _reference_marks(rows: list[dict]) -> list[str | None]:
     """The row-by-row rule the pipeline had before: each later copy of a good row's id is an error."""
-    first, _, _ = row_steps.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
+    first, _, _ = row_marks.first_sources_of_duplicates((r["id"], r["source"], r["error"]) for r in rows)
     marked = []
     for row in rows:
         source = first.get(row["id"])
@@ -91,7 +91,7 @@ if st is not None:
         """Any split into batches, either way of finding the first sources: the same errors, row by row."""
         expected = _reference_marks(rows)
         table = pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA)
-        first, errors, repeats = row_steps.first_sources_of_duplicates(
+        first, errors, repeats = row_marks.first_sources_of_duplicates(
             (r["id"], r["source"], r["error"]) for r in rows
         )
         assert errors == sum(r["error"] is not None for r in rows)
@@ -162,7 +162,7 @@ def test_only_hash_shuffles_take_the_partitioned_path(strategy: object, hashed: 
 _ON_RAY = """
 import json, random
 import ray, ray.data
-from airflow_provider_raybatch.pipeline import row_steps
+from airflow_provider_raybatch.pipeline import row_marks
 from airflow_provider_raybatch.pipeline.read import dedupe
 ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
 ray.data.DataContext.get_current().enable_progress_bars = False
@@ -189,7 +189,7 @@ for name, limit in (("driver", 10**9), ("cluster", 0), ("cluster_sort_shuffle", 
                      "marked": sorted((r["source"], r["error"]) for r in marked.take_all()),
                      "todo": sorted(r["source"] for r in todo.take_all())}
 triples = ((r["id"], r["source"], r["error"]) for r in rows)
-reference, ref_errors, ref_repeats = row_steps.first_sources_of_duplicates(triples)
+reference, ref_errors, ref_repeats = row_marks.first_sources_of_duplicates(triples)
 print(json.dumps({"results": results, "reference": reference, "ref_errors": ref_errors, "staged": staged,
                   "ref_repeats": ref_repeats, "sources": sorted(r["source"] for r in rows)}))
 """
