@@ -110,8 +110,10 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: utils/user_functions.py).
 _USER_FUNCTION_CHECKS = (
     "Its function too, then and by `validate()`, read from its module's source (never imported): where the "
-    "module is found, it must define the function at its top level (a def, a class, an assignment or an "
-    "import of that name), else the error gives the likely name; a module not found there, or one that "
+    "module is found (on `sys.path`, else beside the DAG file: a DAG's own test that parses the DAGs "
+    "folder with `DagBag` finds it too), it must define the function at its top level (a def, a class, "
+    "an assignment or an import of that name), else the error gives the likely name; a module not found "
+    "there, or one that "
     "binds names as it runs (`from x import *`, `globals()`), is left to the job. Then, when the task "
     "submits the job: its module must import where the task runs (it is shipped with the job); the job's "
     "driver imports the function before any row is read."

@@ -58,14 +58,16 @@ def top_level_module_path(field: str, dotted_path: str) -> Path:
     return Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
 
 
-def check_user_functions(**named: object) -> None:
+def check_user_functions(dag_file: str | None, **named: object) -> None:
     """Raise BatchSpecError for a pre/postprocess dotted path whose module, found here without
     importing it, plainly defines no such function (:func:`.user_functions.missing_function`).
 
+    :param dag_file: the task's DAG file, if it has one: a module beside it is found too, where a
+        DAG's own test has not put the DAGs folder on ``sys.path`` as Airflow does.
     :param named: the parameters' values by name; one that is not text is left to the spec's checks.
     """
     for field, dotted_path in named.items():
-        problem = missing_function(dotted_path) if isinstance(dotted_path, str) else None
+        problem = missing_function(dotted_path, dag_file) if isinstance(dotted_path, str) else None
         if problem is not None:
             raise BatchSpecError(f"{field}={dotted_path!r}: {problem}")
 

@@ -34,10 +34,12 @@ _RUNTIME_ENV_FIELDS = frozenset(
 _PROMPT_KEYS = ("messages", "prompt")
 
 
-def likely_mistakes(values: Mapping[str, ArgValue]) -> list[str]:
+def likely_mistakes(values: Mapping[str, ArgValue], dag_file: str | None = None) -> list[str]:
     """What to warn of in these parameter values (those known: written as is, or rendered).
 
     :param values: some of the operator's parameters by name; a parameter left out is not looked at.
+    :param dag_file: the task's DAG file, if known: a preprocess module beside it is read too
+        (:func:`.user_functions.keys_set_by`).
     """
     found = []
     engine_kwargs = values.get("engine_kwargs")
@@ -50,7 +52,7 @@ def likely_mistakes(values: Mapping[str, ArgValue]) -> list[str]:
     runtime_env = values.get("runtime_env")
     if isinstance(runtime_env, dict):
         found += [_runtime_env_field(key) for key in runtime_env if _runtime_env_field(key)]
-    if (ignored := _ignored_prompt(values)) is not None:
+    if (ignored := _ignored_prompt(values, dag_file)) is not None:
         found.append(ignored)
     return found
 
@@ -94,14 +96,14 @@ def _runtime_env_field(key: object) -> str:
     )
 
 
-def _ignored_prompt(values: Mapping[str, ArgValue]) -> str | None:
+def _ignored_prompt(values: Mapping[str, ArgValue], dag_file: str | None) -> str | None:
     """A preprocess that returns the row's prompt beside user_template or messages_column, which
     the job uses instead: the preprocess's prompt is never seen by the model."""
     preprocess = values.get("preprocess")
     template, column = values.get("user_template"), values.get("messages_column")
     if not isinstance(preprocess, str) or (template is None and column is None):
         return None
-    keys = keys_set_by(preprocess) or frozenset()
+    keys = keys_set_by(preprocess, dag_file) or frozenset()
     ignored = [key for key in _PROMPT_KEYS if key in keys and key != column]
     if not ignored:
         return None

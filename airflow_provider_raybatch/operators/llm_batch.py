@@ -385,9 +385,12 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 {**values, "reuse_earlier_result": reuse_earlier_result},
                 template_fields=self.template_fields,
                 complete=True,
+                dag_file=self._dag_file,
             )
             extra = {"runtime_env": runtime_env, "entrypoint_resources": entrypoint_resources}
-            written_values.warn_of_likely_mistakes(task, {**values, **extra}, stacklevel=3)
+            written_values.warn_of_likely_mistakes(
+                task, {**values, **extra}, stacklevel=3, dag_file=self._dag_file
+            )
         if self.has_dag() and (
             reads_today := partition_dates.todays_partition_warning(self.dag.timetable, input_uri)
         ):
@@ -473,16 +476,25 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
             ) from None
         try:
             spec = rendered.build_spec()
-            job_shipping.check_user_functions(**dict(job_shipping.user_functions(spec)))
+            job_shipping.check_user_functions(self._dag_file, **dict(job_shipping.user_functions(spec)))
             rendered_flag("reuse_earlier_result", rendered.reuse_earlier_result, default=True)
         except BatchSpecError as err:
             raise BatchSpecError(f"{task}: {err}") from None
         if self._templated_parameters:  # what was written as is was warned of as the DAG was parsed
             rendered_values = {name: getattr(spec, name) for name in self._templated_parameters}
             written_values.warn_of_likely_mistakes(
-                task, {**rendered_values, "preprocess": spec.preprocess}, stacklevel=2
+                task,
+                {**rendered_values, "preprocess": spec.preprocess},
+                stacklevel=2,
+                dag_file=self._dag_file,
             )
         return spec
+
+    @property
+    def _dag_file(self) -> str | None:
+        """The DAG file this task is in, if it is in a DAG: pre/postprocess modules beside it are found
+        even where its DAGs folder is not on ``sys.path`` (a DAG's own test; Airflow puts it there)."""
+        return self.dag.fileloc if self.has_dag() else None
 
     # -- shipping (operators/job_shipping.py) ----------------------------------------------------
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
+from airflow.sdk.definitions._internal.contextmanager import DagContext
 from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
 
 from airflow_provider_raybatch.exceptions import BatchSpecError
@@ -77,11 +78,14 @@ def check_partial(operator_class: type[RayLLMBatchOperator], kwargs: Kwargs) -> 
         postprocess=kwargs.get("postprocess"),
     )
     checked = {*SPEC_PARAMETERS, *written_values.FLAGS}
+    # The DAG partial() is called in, as Airflow's own partial() finds it.
+    dag = kwargs.get("dag") or DagContext.get_current()
     written_values.check_as_written(
         task,
         {name: value for name, value in kwargs.items() if name in checked},
         template_fields=operator_class.template_fields,
         complete=False,
+        dag_file=getattr(dag, "fileloc", None),
     )
 
 

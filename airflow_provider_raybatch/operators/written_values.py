@@ -31,6 +31,7 @@ def check_as_written(
     *,
     template_fields: Collection[str],
     complete: bool,
+    dag_file: str | None,
 ) -> frozenset[str]:
     """Raise BatchSpecError, naming ``task``, for the mistakes in the spec parameters ``values`` as
     written; return the names of those written as templates or XComs (known only when a run renders
@@ -40,6 +41,7 @@ def check_as_written(
     :param values: spec parameters by name, and any of :data:`FLAGS`.
     :param complete: ``values`` holds every spec parameter (a task built alone); otherwise the others
         wait, as templated ones do (a ``partial(...)`` whose map indexes give them).
+    :param dag_file: the task's DAG file, if known (:func:`.job_shipping.check_user_functions`).
     """
     flags = {name: values[name] for name in FLAGS if name in values}
     spec_values = {name: value for name, value in values.items() if name not in FLAGS}
@@ -57,7 +59,7 @@ def check_as_written(
             check_literal_params(literal)
         # Read from the modules' source, never imported here.
         job_shipping.check_user_functions(
-            preprocess=literal.get("preprocess"), postprocess=literal.get("postprocess")
+            dag_file, preprocess=literal.get("preprocess"), postprocess=literal.get("postprocess")
         )
         for name, value in flags.items():
             if arguments.is_literal(value):
@@ -84,11 +86,14 @@ def _refuse_unparsable_templates(templated: Mapping[str, ArgValue]) -> None:
         ) from None
 
 
-def warn_of_likely_mistakes(task: str, values: Mapping[str, ArgValue], stacklevel: int) -> None:
+def warn_of_likely_mistakes(
+    task: str, values: Mapping[str, ArgValue], stacklevel: int, dag_file: str | None
+) -> None:
     """Warn of what :func:`.likely_mistakes.likely_mistakes` finds in ``values`` (a dict parameter's
     keys are as written even where its values are templates; a templated dict is text, not looked at).
 
     :param stacklevel: as for :func:`warnings.warn`, counted from the caller of this function.
+    :param dag_file: the task's DAG file, if known: a preprocess module beside it is read too.
     """
-    for message in likely_mistakes(values):
+    for message in likely_mistakes(values, dag_file):
         warnings.warn(f"{task}: {message}", UserWarning, stacklevel=stacklevel + 1)

@@ -7,6 +7,11 @@ never imported here: its file is found as the import system would find it, and i
 Only a module whose source is plainly there and plainly binds no such name is refused; a module not
 found here (it may be on the cluster's path only), one without a Python source file, or one that
 binds names at run time (``from x import *``, ``globals()``, a module ``__getattr__``) is taken on trust.
+
+A module is looked for on ``sys.path``, then beside the DAG file. Airflow puts the DAGs folder on
+``sys.path`` as it parses and runs DAGs, but a DAG's own test (``DagBag(dag_folder="dags/")``, then
+``validate()``) does not: there, a module beside the DAG file or a package in the DAGs folder was not
+found, and a misspelled function in it passed the test to fail the job.
 """
 
 from __future__ import annotations
@@ -35,14 +40,18 @@ def split_dotted_path(dotted_path: str) -> tuple[str, str]:
     return module_name, attribute
 
 
-def missing_function(dotted_path: str) -> str | None:
+def missing_function(dotted_path: str, dag_file: str | None = None) -> str | None:
     """Why ``dotted_path``'s module plainly lacks its function, with the likely names; None when it
-    defines it or when that cannot be told without running the module (see the module docstring)."""
+    defines it or when that cannot be told without running the module (see the module docstring).
+
+    :param dag_file: the DAG file that names the function, if known: its folder is looked in for the
+        module when ``sys.path`` does not have it.
+    """
     module_name, attribute = split_dotted_path(dotted_path)
     parts = module_name.split(".")
     if not attribute.isidentifier() or not all(part.isidentifier() for part in parts):
         return None  # not a dotted path: the spec's own check says so
-    specs = _module_specs(parts)
+    specs = _module_specs(parts, dag_file)
     if specs is None:
         return None
     source = _source_file(specs[-1])
@@ -76,18 +85,21 @@ def missing_function(dotted_path: str) -> str | None:
     return f"{where} defines no {attribute!r} at its top level{hint}."
 
 
-def _module_specs(parts: list[str]) -> list[importlib.machinery.ModuleSpec] | None:
+def _module_specs(parts: list[str], dag_file: str | None) -> list[importlib.machinery.ModuleSpec] | None:
     """The specs of ``a``, ``a.b``, ... found without importing any of them, or None where one is not
-    found. (``importlib.util.find_spec('a.b')`` would import, so run, package ``a``.)"""
+    found. (``importlib.util.find_spec('a.b')`` would import, so run, package ``a``.) ``a`` is looked
+    for on ``sys.path``, then in ``dag_file``'s folder."""
     specs: list[importlib.machinery.ModuleSpec] = []
     for index in range(len(parts)):
         name = ".".join(parts[: index + 1])
         spec: importlib.machinery.ModuleSpec | None
         try:
             if index == 0 or name in sys.modules:
-                spec = importlib.util.find_spec(
-                    name
-                )  # a top-level name, or one imported already: runs nothing
+                # A top-level name, or one imported already: runs nothing.
+                spec = importlib.util.find_spec(name)
+                if spec is None and index == 0 and dag_file:
+                    beside = str(Path(dag_file).resolve().parent)
+                    spec = importlib.machinery.PathFinder.find_spec(name, [beside])
             else:
                 parent = sys.modules.get(specs[-1].name)
                 locations = getattr(parent, "__path__", None) or specs[-1].submodule_search_locations
@@ -209,19 +221,21 @@ def _assigns_attribute(path: Path, attribute: str) -> bool:
     )
 
 
-def keys_set_by(dotted_path: str) -> frozenset[str] | None:
+def keys_set_by(dotted_path: str, dag_file: str | None = None) -> frozenset[str] | None:
     """The text keys a row function plainly puts in a dict it builds (``{"messages": ...}``,
     ``dict(prompt=...)``, ``row["messages"] = ...``, ``row.update(prompt=...)``), read from its
     module's source; None where the function's source is not found here (see :func:`missing_function`).
 
     A key written only in a comprehension or under another name is not seen: what this finds is
     certain to be set on some path, not every key the function may set.
+
+    :param dag_file: as for :func:`missing_function`.
     """
     module_name, attribute = split_dotted_path(dotted_path)
     parts = module_name.split(".")
     if not attribute.isidentifier() or not all(part.isidentifier() for part in parts):
         return None
-    specs = _module_specs(parts)
+    specs = _module_specs(parts, dag_file)
     source = _source_file(specs[-1]) if specs else None
     tree = _parsed(source) if source is not None else None
     if tree is None:

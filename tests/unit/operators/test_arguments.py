@@ -452,6 +452,110 @@ def test_validate_checks_the_function_against_the_module_as_it_is_now(row_module
     assert "(did you mean 'clean_companies'?)" in str(info.value)
 
 
+#: A DAG author's layouts of a DAGs folder: (module files, the preprocess the DAG names, the file
+#: that defines it). Airflow puts the DAGs folder on sys.path as it parses; a DAG's own test does not.
+ROW_FUNCTIONS = "def preprocess(row):\n    return row\n\n\ndef tidy(row):\n    return row\n"
+DAG_FOLDER_LAYOUTS = {
+    "a module beside the DAG file": (
+        {"raybatch_dagdir_rows.py": ROW_FUNCTIONS},
+        "raybatch_dagdir_rows.preprocesss",
+        "raybatch_dagdir_rows.py",
+    ),
+    "a package in the DAGs folder": (
+        {"raybatch_dagdir_pkg/__init__.py": "", "raybatch_dagdir_pkg/rows.py": ROW_FUNCTIONS},
+        "raybatch_dagdir_pkg.rows.preprocesss",
+        "raybatch_dagdir_pkg/rows.py",
+    ),
+}
+_LAYOUT_DAG = """
+from datetime import datetime
+
+from airflow.sdk import dag
+
+from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+
+
+@dag(schedule=None, start_date=datetime(2026, 1, 1))
+def raybatch_dagdir():
+    RayLLMBatchOperator(
+        task_id="classify",
+        model="m",
+        input_uri="s3://b/in.jsonl",
+        output_uri="s3://b/out",
+        user_template="{text}",
+        {written}
+    )
+    RayLLMBatchOperator.partial(
+        task_id="classify_each", model="m", output_uri="s3://b/each", user_template="{text}", {partial}
+    ).expand(input_uri=["s3://b/a.jsonl", "s3://b/b.jsonl"])
+
+
+raybatch_dagdir()
+"""
+
+
+def _dag_folder(folder: Path, modules: dict[str, str], written: str, partial: str) -> Path:
+    for name, source in modules.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(source)
+    dag_file = _LAYOUT_DAG.replace("{written}", written).replace("{partial}", partial)
+    (folder / "raybatch_dagdir_dag.py").write_text(dag_file)
+    return folder
+
+
+def _parse(folder: Path) -> Any:  # Any: Airflow's DagBag.
+    from airflow.dag_processing.dagbag import DagBag
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")  # Airflow 3.2 adds its own examples
+        return DagBag(dag_folder=str(folder), safe_mode=False)
+
+
+@pytest.mark.parametrize(("where", "argument"), [("written", "preprocess"), ("partial", "postprocess")])
+@pytest.mark.parametrize("layout", DAG_FOLDER_LAYOUTS.values(), ids=DAG_FOLDER_LAYOUTS.keys())
+def test_a_misspelled_function_in_the_dags_folder_fails_a_dags_own_test_as_it_parses(
+    tmp_path: Path, layout: tuple[dict[str, str], str, str], where: str, argument: str
+) -> None:
+    """``DagBag(dag_folder="dags/")`` in a DAG's own test, as the README shows: the DAGs folder is not on
+    sys.path there, but a module beside the DAG file, or a package in its folder, is found all the same."""
+    modules, dotted_path, defined_in = layout
+    good = f"{argument}={dotted_path.removesuffix('s')!r},"
+    bad = f"{argument}={dotted_path!r},"
+    folder = _dag_folder(tmp_path, modules, *((bad, good) if where == "written" else (good, bad)))
+    assert str(tmp_path) not in sys.path
+
+    bag = _parse(folder)
+
+    (error,) = bag.import_errors.values()
+    assert f"{argument}={dotted_path!r}: module " in error, error
+    assert (
+        f"({folder / defined_in}) defines no 'preprocesss' at its top level (did you mean 'preprocess'?)."
+        in error
+    )
+    assert not [name for name in sys.modules if name.startswith("raybatch_dagdir_")]  # read, not imported
+
+
+@pytest.mark.parametrize("layout", DAG_FOLDER_LAYOUTS.values(), ids=DAG_FOLDER_LAYOUTS.keys())
+def test_validate_finds_the_function_in_the_dags_folder(
+    tmp_path: Path, layout: tuple[dict[str, str], str, str]
+) -> None:
+    """The function is found where the DAG names it right; validate() reads the module again, so a
+    function renamed since the DAG was parsed fails it, naming the module's functions."""
+    modules, dotted_path, defined_in = layout
+    good = f"preprocess={dotted_path.removesuffix('s')!r},"
+    folder = _dag_folder(tmp_path, modules, good, good)
+    bag = _parse(folder)
+    assert bag.import_errors == {}
+    task = bag.dags["raybatch_dagdir"].get_task("classify")
+    task.validate()
+
+    (folder / defined_in).write_text("def clean(row):\n    return row\n\ndef tidy(row):\n    return row\n")
+    with pytest.raises(
+        BatchSpecError, match=r"defines no 'preprocess' at its top level \(its functions: clean, tidy\)"
+    ):
+        task.validate()
+
+
 @pytest.mark.parametrize("value", ["sometimes", "Flase"])
 def test_a_reuse_earlier_result_that_is_no_flag_fails_as_the_task_is_built(value: str) -> None:
     with pytest.raises(

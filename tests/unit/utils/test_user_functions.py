@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.utils.user_functions import missing_function, split_dotted_path
+from airflow_provider_raybatch.utils.user_functions import keys_set_by, missing_function, split_dotted_path
 
 PREFIX = "raybatch_uf_"
 
@@ -223,3 +223,35 @@ def test_a_module_already_imported_is_read_from_its_file(code: Path) -> None:
     assert missing_function(f"{PREFIX}loaded.clean") is None
     path.write_text("def renamed(row):\n    return row\n")  # edited since: the file is what ships
     assert "defines no 'clean'" in (missing_function(f"{PREFIX}loaded.clean") or "")
+
+
+def test_a_module_beside_the_dag_file_is_found_where_sys_path_lacks_it(tmp_path: Path) -> None:
+    """A DAG's own test parses its DAGs folder without putting it on sys.path, as Airflow does."""
+    dags = tmp_path / "dags"
+    rows = write(dags, f"{PREFIX}beside.py", "def clean(row):\n    return {'messages': []}\n")
+    write(dags, f"{PREFIX}beside_pkg/__init__.py", "")
+    post = write(dags, f"{PREFIX}beside_pkg/post.py", "def tidy(row):\n    return row\n")
+    dag_file = str(dags / "my_dag.py")
+    assert str(dags) not in sys.path
+
+    assert missing_function(f"{PREFIX}beside.claen") is None  # not found: taken on trust
+    assert missing_function(f"{PREFIX}beside.claen", dag_file) == (
+        f"module '{PREFIX}beside' ({rows}) defines no 'claen' at its top level (did you mean 'clean'?)."
+    )
+    assert missing_function(f"{PREFIX}beside_pkg.post.tidyy", dag_file) == (
+        f"module '{PREFIX}beside_pkg.post' ({post}) defines no 'tidyy' at its top level "
+        "(did you mean 'tidy'?)."
+    )
+    assert missing_function(f"{PREFIX}beside.clean", dag_file) is None
+    assert missing_function(f"{PREFIX}beside_pkg.post:tidy", dag_file) is None
+    assert keys_set_by(f"{PREFIX}beside.clean", dag_file) == {"messages"}
+    assert not [name for name in sys.modules if name.startswith(PREFIX)]
+
+
+def test_a_module_on_sys_path_comes_before_one_beside_the_dag_file(code: Path, tmp_path: Path) -> None:
+    """The module the job ships is the one ``import`` finds: sys.path's, as Airflow's own import."""
+    write(code, f"{PREFIX}twice.py", "def clean(row):\n    return row\n")
+    dags = tmp_path / "dags"
+    write(dags, f"{PREFIX}twice.py", "def other(row):\n    return row\n")
+
+    assert missing_function(f"{PREFIX}twice.clean", str(dags / "my_dag.py")) is None
