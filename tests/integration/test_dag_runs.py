@@ -1,4 +1,5 @@
-"""The example DAG through real Airflow (`airflow dags test`, deferrable path) on the local cluster."""
+"""The example DAGs through real Airflow (`airflow dags test`, deferrable path) on the local cluster: the
+README's first DAG and the fuller daily one."""
 
 from __future__ import annotations
 
@@ -117,6 +118,33 @@ def test_daily_dag_classifies_every_customer(airflow_env, ray_cluster, tiny_mode
     assert "No row has a value in id_column='Customer Id': is that the input's id column?" in rerun_log
     assert json.loads((Path(output_uri) / "manifest.json").read_text())["version"] == manifest["version"]
     assert len(pq.read_table(manifest["outputs_uri"])) == rows
+
+
+def test_the_readmes_first_dag_labels_a_days_reviews(airflow_env, tiny_model, tmp_path) -> None:
+    """dags/daily_review_sentiment.py, the README's first DAG, as a user runs it: its Params' defaults
+    are a GPU's, so the run's conf gives vLLM's CPU build (keep_warm_seconds is the home's policy's)."""
+    day, rows = "2026-09-21", 12
+    reviews = tmp_path / "reviews" / day / "reviews.jsonl"
+    reviews.parent.mkdir(parents=True)
+    texts = ["Works as promised.", "Broke after a day.", "Fast delivery, poor fit."]
+    reviews.write_text("".join(json.dumps({"text": texts[n % 3]}) + "\n" for n in range(rows)))
+    conf = {
+        "model": str(tiny_model),
+        "data_root": str(tmp_path),
+        "engine_kwargs": CPU_ENGINE_KWARGS,
+        "replica_resources": CPU_REPLICA,
+    }
+
+    result = airflow_env.dags_test("daily_review_sentiment", run_date(day), conf, timeout=600)
+
+    log = result.stdout + result.stderr
+    assert result.returncode == 0 and "state=success" in log, log[-4000:]
+    assert "RayJobTrigger" in log  # deferred
+    manifest = airflow_env.xcoms("daily_review_sentiment", run_date(day))[("label_reviews", "manifest")]
+    assert (manifest["rows_in"], manifest["rows_out"], manifest["rows_failed"]) == (rows, rows, 0)
+    labels = [row["generated_text"] for row in pq.read_table(manifest["outputs_uri"]).to_pylist()]
+    assert len(labels) == rows and set(labels) <= {"positive", "negative", "mixed"}, labels
+    assert manifest["outputs_uri"].startswith(f"{tmp_path}/review_sentiment/{day}/versions/")
 
 
 def test_a_date_without_its_input_fails_the_task_naming_it(airflow_env, tiny_model, tmp_path) -> None:

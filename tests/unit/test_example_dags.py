@@ -1,7 +1,7 @@
-"""The example DAGs and the README's DAG, parsed as Airflow parses a DAGs folder: each defines its DAG
+"""The example DAGs and the README's DAGs, parsed as Airflow parses a DAGs folder: each defines its DAG
 with no import error, and each daily example's run reads the day before it (the scheduler's run at
-midnight, a backfill's dates, a manual run of a date). tests/integration/test_airflow_ui.py runs one
-of them on the real scheduler."""
+midnight, a backfill's dates, a manual run of a date). The README's first screen holds a whole DAG.
+tests/integration/test_airflow_ui.py runs one of them on the real scheduler."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from airflow_provider_raybatch.operators.spec_params import rendered_flag
 ROOT = Path(__file__).resolve().parents[2]
 #: The daily examples: (DAG id, task id, input folder, output folder).
 DAILY = [
+    ("daily_review_sentiment", "label_reviews", "reviews", "review_sentiment"),
     ("daily_company_industry", "classify_industry", "customers", "company_industry"),
     ("daily_support_ticket_summary", "summarise_tickets", "tickets", "ticket_summaries"),
     ("daily_image_captions", "caption_images", "images", "image_captions"),
@@ -99,11 +100,18 @@ def test_a_runs_conf_turns_reuse_earlier_result_off_without_editing_the_dag(
     assert rendered_flag("reuse_earlier_result", task.reuse_earlier_result, default=True) is reuse
 
 
-def _readme_dag() -> str:
-    """The README's first ```python block that defines a DAG, as a user copies it."""
+#: The README's DAGs, in its order: the first screen's, then the fuller one.
+README_DAGS = ["daily_review_sentiment", "daily_company_industry"]
+#: How many lines of the README a reader sees first: what it is, the pip install line, the ``ray``
+#: connection and the first DAG, whole, are within them.
+FIRST_SCREEN_LINES = 70
+
+
+def _readme_dags() -> dict[str, str]:
+    """The README's ```python blocks that define a DAG, as a user copies them, by their @dag function."""
     readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    return next(block for block in blocks if "@dag(" in block)
+    blocks = [block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "@dag(" in block]
+    return {re.findall(r"^def (\w+)\(", block, flags=re.M)[-1]: block for block in blocks}
 
 
 def _without_module_docstring(source: str) -> str:
@@ -112,30 +120,47 @@ def _without_module_docstring(source: str) -> str:
     return "".join(source.splitlines(keepends=True)[docstring.end_lineno :]).lstrip("\n")
 
 
-def test_the_readme_dag_is_the_example_file() -> None:
-    """The README shows dags/daily_company_industry.py without its module docstring, so the DAG a
-    user copies is the one these tests parse and the integration tests run: the two cannot drift."""
-    example = (ROOT / "dags" / "daily_company_industry.py").read_text()
-    assert _readme_dag() == _without_module_docstring(example), (
-        "README.md's DAG differs from dags/daily_company_industry.py (less its docstring): paste the file "
-        "into the README's first ```python block again."
+def test_the_readme_shows_its_dags_in_order() -> None:
+    assert list(_readme_dags()) == README_DAGS
+
+
+@pytest.mark.parametrize("name", README_DAGS)
+def test_a_readme_dag_is_its_example_file(name: str) -> None:
+    """The README shows dags/<name>.py without its module docstring, so the DAG a user copies is the one
+    these tests parse and the integration tests run: the two cannot drift."""
+    example = (ROOT / "dags" / f"{name}.py").read_text()
+    assert _readme_dags()[name] == _without_module_docstring(example), (
+        f"README.md's DAG {name} differs from dags/{name}.py (less its docstring): paste the file into "
+        "the README's ```python block again."
     )
 
 
-def test_the_readme_dag_parses_and_reads_the_day_before(tmp_path: Path) -> None:
-    """The README's first DAG, as a user pastes it into a DAGs folder."""
-    (tmp_path / "readme_dag.py").write_text(_readme_dag())
+def test_the_readmes_first_screen_has_the_install_the_connection_and_a_whole_dag() -> None:
+    """A reader's first screen: what it is, `pip install`, the `ray` connection, and a complete DAG."""
+    first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:FIRST_SCREEN_LINES])
+    assert "Ray Data + vLLM" in first_screen
+    assert "\npip install airflow-provider-raybatch" in first_screen
+    assert '\nexport AIRFLOW_CONN_RAY_DEFAULT=\'{"conn_type": "ray"' in first_screen
+    assert f"```python\n{_readme_dags()[README_DAGS[0]]}```" in first_screen, (
+        f"the README's first DAG does not end within its first {FIRST_SCREEN_LINES} lines"
+    )
+
+
+@pytest.mark.parametrize(("dag_id", "task_id", "inputs", "outputs"), DAILY[:2])
+def test_a_readme_dag_parses_and_reads_the_day_before(
+    tmp_path: Path, dag_id: str, task_id: str, inputs: str, outputs: str
+) -> None:
+    """The README's DAG, as a user pastes it into a DAGs folder."""
+    (tmp_path / "readme_dag.py").write_text(_readme_dags()[dag_id])
     bag = _parsed(tmp_path)
-    assert [dag_id for dag_id, dag in bag.dags.items() if Path(dag.fileloc).parent == tmp_path] == [
-        "daily_company_industry"
-    ]
-    dag = bag.dags["daily_company_industry"]
+    assert [dag_id for dag_id, dag in bag.dags.items() if Path(dag.fileloc).parent == tmp_path] == [dag_id]
+    dag = bag.dags[dag_id]
     interval = _scheduler_timetable(dag).infer_manual_data_interval(
         run_after=datetime(2026, 11, 21, tzinfo=UTC)
     )
-    input_uri, output_uri = _paths_read(dag, "classify_industry", interval.start)
-    assert input_uri == "s3://bucket/root/customers/2026-11-20/customers.csv"
-    assert output_uri == "s3://bucket/root/company_industry/2026-11-20"
+    input_uri, output_uri = _paths_read(dag, task_id, interval.start)
+    assert input_uri.startswith(f"s3://bucket/root/{inputs}/2026-11-20/")
+    assert output_uri == f"s3://bucket/root/{outputs}/2026-11-20"
 
 
 def test_the_readmes_validate_example_checks_the_readme_dag(tmp_path: Path) -> None:
@@ -146,7 +171,7 @@ def test_the_readmes_validate_example_checks_the_readme_dag(tmp_path: Path) -> N
     from airflow_provider_raybatch.exceptions import BatchSpecError
 
     (tmp_path / "dags").mkdir()
-    (tmp_path / "dags" / "readme_dag.py").write_text(_readme_dag())
+    (tmp_path / "dags" / "readme_dag.py").write_text(_readme_dags()[README_DAGS[0]])
     snippet = next(
         block
         for block in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
@@ -161,8 +186,8 @@ def test_the_readmes_validate_example_checks_the_readme_dag(tmp_path: Path) -> N
     dag = scope["dag"]
     spec = scope["spec"]
     assert spec.model == "my-model"
-    assert spec.input_uri.endswith("/customers/2026-11-20/customers.csv")
+    assert spec.input_uri.endswith("/reviews/2026-11-20/reviews.jsonl")
     with pytest.raises(BatchSpecError, match="model"):
-        dag.get_task("classify_industry").validate(
+        dag.get_task("label_reviews").validate(
             {"data_interval_start": pendulum.datetime(2026, 11, 20, tz="UTC"), "params": {"model": ""}}
         )
