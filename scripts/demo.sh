@@ -6,19 +6,34 @@
 #   Then the day before runs too, on the engine the first day left warm (keep_warm_seconds,
 #   docs/warm-engines.md): its engine start to first row is seconds, not the first day's build.
 # usage: scripts/demo.sh [YYYY-MM-DD]   (default: yesterday)
+# Settings, all optional:
+#   KEEP_RAY=1       leave the Ray head running afterwards (dashboard on 127.0.0.1:8265); a head that
+#                    was up before the demo started is left running anyway
+#   RAYBATCH_STATE   the demo's folder (.demo): its data, Airflow home, logs, and the Ray head's token;
+#                    with RAYBATCH_DASHBOARD_PORT, RAYBATCH_GCS_PORT and RAYBATCH_CLIENT_PORT, the
+#                    head's (scripts/local_ray_cluster.sh): a head up on those ports with that token is used
+#   RAYBATCH_DEMO_MODEL   a model folder to run instead of making the tiny random-weight Llama
+#   RAYBATCH_DEMO_KEEP_WARM_SECONDS   how long each date leaves its engines warm (120)
+#   SKIP_SETUP=1     the virtualenvs are made already: skip scripts/setup_envs.sh
+# tests/integration/test_demo_script.py runs the demo with these on the tests' Ray head and warm engines.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DAY=${1:-$(date -u -d yesterday +%F)}
 STATE=${RAYBATCH_STATE:-$ROOT/.demo}
 export RAYBATCH_STATE=$STATE
+MODEL=${RAYBATCH_DEMO_MODEL:-$STATE/tiny-llama}
+KEEP_WARM_SECONDS=${RAYBATCH_DEMO_KEEP_WARM_SECONDS:-120}
 START=$(date +%s)
 
-scripts/setup_envs.sh
-.venvs/ray/bin/python scripts/make_tiny_model.py "$STATE/tiny-llama"
+[ "${SKIP_SETUP:-0}" = 1 ] || scripts/setup_envs.sh
+[ -n "${RAYBATCH_DEMO_MODEL:-}" ] || .venvs/ray/bin/python scripts/make_tiny_model.py "$MODEL"
 .venvs/ray/bin/python scripts/make_sample_customers.py "$STATE/data/customers/$DAY/customers.csv" --date "$DAY" --rows 250
+# A head already up (on these ports) is used and left running: only one this demo starts is stopped.
+HEAD_WAS_UP=0
+[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${RAYBATCH_DASHBOARD_PORT:-8265}/api/version")" = 000 ] || HEAD_WAS_UP=1
 scripts/local_ray_cluster.sh start
-trap '[ "${KEEP_RAY:-0}" = 1 ] || scripts/local_ray_cluster.sh stop' EXIT
+trap '[ "${KEEP_RAY:-0}" = 1 ] || [ "$HEAD_WAS_UP" = 1 ] || scripts/local_ray_cluster.sh stop' EXIT
 
 export AIRFLOW_HOME=$STATE/airflow
 export AIRFLOW__CORE__DAGS_FOLDER=$ROOT/dags
@@ -33,10 +48,13 @@ print(json.dumps({"conn_type": "ray", "host": "127.0.0.1", "port": int(sys.argv[
 export AIRFLOW_CONN_RAY_DEFAULT
 .venvs/airflow/bin/airflow db migrate > "$STATE/airflow_db_migrate.log" 2>&1
 
+# vLLM's CPU build on a small machine; the tests' engine settings (tests/conftest.py CPU_ENGINE_KWARGS),
+# so that the demo's test runs on the tests' warm engines instead of building its own.
 CONF=$(cat <<JSON
-{"model": "$STATE/tiny-llama", "data_root": "$STATE/data",
- "engine_kwargs": {"max_model_len": 512, "gpu_memory_utilization": 0.3, "enforce_eager": true, "kv_cache_memory_bytes": 1073741824},
- "replica_resources": {"CPU": 1}, "keep_warm_seconds": 120}
+{"model": "$MODEL", "data_root": "$STATE/data",
+ "engine_kwargs": {"max_model_len": 512, "gpu_memory_utilization": 0.3, "enforce_eager": true, "kv_cache_memory_bytes": 1073741824,
+                   "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": true}},
+ "replica_resources": {"CPU": 1}, "keep_warm_seconds": $KEEP_WARM_SECONDS}
 JSON
 )
 DAG_START=$(date +%s)
@@ -68,10 +86,10 @@ PREV=$(date -u -d "$DAY - 1 day" +%F)
 .venvs/ray/bin/python scripts/make_sample_customers.py "$STATE/data/customers/$PREV/customers.csv" --date "$PREV" --rows 250
 .venvs/airflow/bin/airflow dags test daily_company_industry "$DAY" --conf "$CONF" > "$STATE/dags_test_prev.log" 2>&1
 grep -q "DagRun Finished.*state=success" "$STATE/dags_test_prev.log" || { echo "DAG run of $PREV failed; see $STATE/dags_test_prev.log" >&2; exit 1; }
-.venvs/ray/bin/python - "$STATE/data/company_industry" "$DAY" "$PREV" <<'PY'
+.venvs/ray/bin/python - "$STATE/data/company_industry" "$KEEP_WARM_SECONDS" "$DAY" "$PREV" <<'PY'
 import json, sys
-root, days = sys.argv[1], sys.argv[2:]
-print("\nTwo dates on one warm engine pool (keep_warm_seconds=120):")
+root, keep_warm, days = sys.argv[1], sys.argv[2], sys.argv[3:]
+print(f"\nTwo dates on one warm engine pool (keep_warm_seconds={keep_warm}):")
 for day in days:
     manifest = json.load(open(f"{root}/{day}/manifest.json"))
     pool, timings = manifest["engine_pool"], manifest["timings"]
