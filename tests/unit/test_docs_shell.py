@@ -2,7 +2,7 @@
 command in it is one Airflow's own command line takes (its subcommand and flags, parsed by Airflow's
 parser, nothing run), every JSON it passes (a connection, a run's conf) is JSON, and every file of
 this repository it names is there. Commands of other tools (docker, kubectl, pip) are checked for
-bash syntax and the repository paths they name only.
+bash syntax and the repository paths they name only. tests/unit/test_docs_commands.py runs the blocks.
 """
 
 from __future__ import annotations
@@ -24,15 +24,22 @@ from tests.unit.doc_blocks import ROOT, fenced_blocks
 REPO_FOLDERS = ("scripts", "docker", "deploy", "dags", "docs", "bench", "tests")
 
 
-def _commands(source: str) -> list[list[str]]:
-    """Each command of a block as its words: continuation lines joined, comments dropped."""
+def commands_of(source: str) -> list[list[str]]:
+    """Each command of a block as its words: continuation lines joined, and a line whose quote closes
+    on a later line (a JSON value written over two lines) joined with those; comments dropped."""
     joined = re.sub(r"\\\n", " ", source)
     commands = []
+    pending = ""
     for line in joined.splitlines():
-        with contextlib.suppress(ValueError):  # a quote closed on a later line: not a command we check
-            words = shlex.split(line, comments=True)
-            if words:
-                commands.append(words)
+        pending = f"{pending}\n{line}" if pending else line
+        try:
+            words = shlex.split(pending, comments=True)
+        except ValueError:  # a quote still open: the command goes on
+            continue
+        pending = ""
+        if words:
+            commands.append(words)
+    assert not pending, f"a quote never closes: {pending!r}"
     return commands
 
 
@@ -50,7 +57,7 @@ BLOCKS = fenced_blocks("bash")
 AIRFLOW_COMMANDS = [
     (where, command)
     for where, source in BLOCKS
-    for words in _commands(source)
+    for words in commands_of(source)
     if (command := _airflow_command(words)) is not None
 ]
 
@@ -73,8 +80,13 @@ def test_every_repository_file_a_block_names_is_there(where: str, source: str) -
 
 
 def _json_arguments(words: list[str]) -> list[str]:
-    """The values given as JSON: a connection in AIRFLOW_CONN_*, a --conf or --dag-run-conf."""
-    values = [word.split("=", 1)[1] for word in words if re.match(r"AIRFLOW_CONN_\w+=", word)]
+    """The values given as JSON: a connection in AIRFLOW_CONN_*, an OpenLineage transport, a --conf or
+    --dag-run-conf."""
+    values = [
+        word.split("=", 1)[1]
+        for word in words
+        if re.match(r"AIRFLOW_CONN_\w+=|AIRFLOW__OPENLINEAGE__TRANSPORT=", word)
+    ]
     values += [
         after for flag, after in zip(words, words[1:], strict=False) if flag in ("--conf", "--dag-run-conf")
     ]
@@ -83,7 +95,7 @@ def _json_arguments(words: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(("where", "source"), BLOCKS, ids=[where for where, _ in BLOCKS])
 def test_every_json_a_block_passes_is_json(where: str, source: str) -> None:
-    for words in _commands(source):
+    for words in commands_of(source):
         for value in _json_arguments(words):
             try:
                 json.loads(value)
