@@ -31,7 +31,8 @@ from openlineage.client.generated.input_statistics_input_dataset import InputSta
 from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
 from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
 
-from airflow_provider_raybatch.json_types import JsonObject, Kwargs
+from airflow_provider_raybatch.json_types import Kwargs
+from airflow_provider_raybatch.shared.run_manifest import ManifestJson, RunManifest
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 #: ExternalQueryRunFacet's ``source`` for a Ray job.
@@ -119,21 +120,22 @@ def job_facet(spec: BatchInferenceSpec) -> RayBatchJobFacet:
     )
 
 
-def run_facet(manifest: JsonObject, job_id: str | None) -> RayBatchRunFacet:
+def run_facet(manifest: ManifestJson, job_id: str | None) -> RayBatchRunFacet:
+    run = RunManifest.of(manifest)
     return RayBatchRunFacet(
         jobId=job_id,
-        specFingerprint=manifest.get("spec_fingerprint"),
-        version=manifest.get("version"),
-        rowsIn=manifest.get("rows_in"),
-        rowsOut=manifest.get("rows_out"),
-        rowsFailed=manifest.get("rows_failed"),
-        rowsDuplicate=manifest.get("rows_duplicate"),
-        rowsResumed=manifest.get("rows_resumed"),
-        tokensIn=manifest.get("tokens_in"),
-        tokensOut=manifest.get("tokens_out"),
-        wallSeconds=manifest.get("wall_seconds"),
-        errorsByReason=dict(manifest.get("errors_by_reason") or {}),
-        versions=dict(manifest.get("versions") or {}),
+        specFingerprint=run.spec_fingerprint,
+        version=run.version,
+        rowsIn=run.rows_in,
+        rowsOut=run.rows_out,
+        rowsFailed=run.rows_failed,
+        rowsDuplicate=run.rows_duplicate,
+        rowsResumed=run.rows_resumed,
+        tokensIn=run.tokens_in,
+        tokensOut=run.tokens_out,
+        wallSeconds=run.wall_seconds,
+        errorsByReason=dict(run.errors_by_reason),
+        versions=dict(run.versions or {}),
     )
 
 
@@ -141,7 +143,7 @@ def operator_lineage(
     input_uri: str,
     output_uri: str,
     spec: BatchInferenceSpec | None = None,
-    manifest: JsonObject | None = None,
+    manifest: ManifestJson | None = None,
     job_id: str | None = None,
 ) -> OperatorLineage:
     """The task's lineage: before the run (no manifest) the datasets it reads and writes; after a
@@ -151,28 +153,27 @@ def operator_lineage(
     :param manifest: the run manifest the job printed; None before or without a committed run.
     :param job_id: the Ray job's submission id, as ``externalQuery``.
     """
-    manifest = manifest or {}
+    run = RunManifest.of(manifest) if manifest else None
     input_namespace, input_name = dataset_name(input_uri)
     output_namespace, output_name = dataset_name(output_uri)
     input_facets: dict[str, InputDatasetFacet] = {}
     output_facets: dict[str, OutputDatasetFacet] = {}
     output_dataset_facets: dict[str, DatasetFacet] = {}
-    if manifest.get("rows_in") is not None:
-        input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(rowCount=manifest["rows_in"])
-    if manifest.get("rows_out") is not None:
-        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=manifest["rows_out"])
-    if manifest.get("version"):
-        output_dataset_facets["version"] = DatasetVersionDatasetFacet(datasetVersion=str(manifest["version"]))
-    if manifest.get("outputs_uri"):
-        namespace, name = dataset_name(str(manifest["outputs_uri"]))
+    if run is not None:  # every run manifest counts its rows
+        input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(rowCount=run.rows_in)
+        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=run.rows_out)
+    if run is not None and run.version:
+        output_dataset_facets["version"] = DatasetVersionDatasetFacet(datasetVersion=run.version)
+    if run is not None and run.outputs_uri:
+        namespace, name = dataset_name(run.outputs_uri)
         output_dataset_facets["symlinks"] = SymlinksDatasetFacet(
             identifiers=[Identifier(namespace=namespace, name=name, type="LOCATION")]
         )
     run_facets: dict[str, BaseFacet] = {}
     if job_id:
         run_facets["externalQuery"] = ExternalQueryRunFacet(externalQueryId=job_id, source=RAY_SOURCE)
-    if manifest:
-        run_facets[RUN_FACET_KEY] = run_facet(manifest, job_id)
+    if run is not None:
+        run_facets[RUN_FACET_KEY] = run_facet(run, job_id)
     return OperatorLineage(
         inputs=[InputDataset(namespace=input_namespace, name=input_name, inputFacets=input_facets)],
         outputs=[

@@ -13,6 +13,11 @@ import json
 
 from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 
+# The manifest's model and statuses, named here too: DAGs read a manifest with them.
+from airflow_provider_raybatch.shared.run_manifest import DRY_RUN_STATUS as DRY_RUN_STATUS
+from airflow_provider_raybatch.shared.run_manifest import HELD_STATUS, ManifestJson, RunManifest
+from airflow_provider_raybatch.shared.run_manifest import DryRunManifest as DryRunManifest
+
 MANIFEST_FILE_NAME = "manifest.json"
 MANIFEST_LOG_MARKER = "RAYBATCH_MANIFEST_JSON="
 PROGRESS_LOG_MARKER = "RAYBATCH_PROGRESS_JSON="
@@ -24,13 +29,9 @@ MISSING_ID_REASON = "missing id"
 VERDICT_REASONS = 3
 #: Under ``output_uri``: one folder per run key with a dry run's manifest and report.
 DRY_RUNS_FOLDER = "_dry_runs"
-#: A dry run's manifest ``status`` (a real run's committed manifest says ``complete``).
-DRY_RUN_STATUS = "dry_run"
-#: The ``status`` of a run that failed its failed-row check: written, but not made current (it is
-#: printed in the driver log and kept in its staging; ``current_version`` names what stays current).
-HELD_STATUS = "held"
 #: The key of the manifest a job prints when it took the version an earlier try of its run committed
-#: (``reuse_earlier_result``, pipeline/stage/reuse.py): that try's job id, version and costs.
+#: (``reuse_earlier_result``, pipeline/stage/reuse.py): that try's job id, version and costs
+#: (:attr:`.RunManifest.reused_result`).
 REUSED_RESULT_KEY = "reused_result"
 
 
@@ -39,9 +40,10 @@ def dry_run_uri(output_uri: str, run_key: str) -> str:
     return f"{output_uri.rstrip('/')}/{DRY_RUNS_FOLDER}/{run_key}"
 
 
-def manifest_log_line(manifest: JsonObject) -> str:
+def manifest_log_line(manifest: ManifestJson) -> str:
     """The single log line that carries the manifest."""
-    return MANIFEST_LOG_MARKER + json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    written = manifest.to_json() if isinstance(manifest, RunManifest) else manifest
+    return MANIFEST_LOG_MARKER + json.dumps(written, sort_keys=True, separators=(",", ":"))
 
 
 def progress_log_line(progress: JsonObject) -> str:
@@ -72,7 +74,8 @@ def _last_marked(log: str, marker: str) -> JsonObject | None:
 
 
 def manifest_from_log(log: str) -> JsonObject | None:
-    """The last manifest printed in a driver log, or None when the job printed none."""
+    """The last manifest printed in a driver log (as printed: :meth:`.RunManifest.of` reads it), or None
+    when the job printed none."""
     return _last_marked(log, MANIFEST_LOG_MARKER)
 
 
@@ -81,13 +84,14 @@ def progress_from_log(log: str) -> JsonObject | None:
     return _last_marked(log, PROGRESS_LOG_MARKER)
 
 
-def failed_rows(manifest: JsonObject) -> int:
+def failed_rows(manifest: ManifestJson) -> int:
     """The run's failed rows as the thresholds count them: error rows less duplicate ids."""
-    return max(int(manifest.get("rows_failed") or 0) - int(manifest.get("rows_duplicate") or 0), 0)
+    run = RunManifest.of(manifest)
+    return max(run.rows_failed - (run.rows_duplicate or 0), 0)
 
 
 def failed_rows_verdict(
-    manifest: JsonObject,
+    manifest: ManifestJson,
     max_failed_fraction: float,
     max_failed_rows: int | None,
 ) -> str | None:
@@ -104,11 +108,12 @@ def failed_rows_verdict(
     and errors are, e.g. ``2,400 of 3,000 rows failed (80.0%, duplicate ids not counted), over
     max_failed_fraction=0.1. Most common reasons: 'missing id' 1,200; ...``.
     """
-    rows_in, rows_out = int(manifest.get("rows_in") or 0), int(manifest.get("rows_out") or 0)
+    run = RunManifest.of(manifest)
+    rows_in, rows_out = run.rows_in, run.rows_out
     if rows_in <= 0:
         return None
-    failed = failed_rows(manifest)
-    distinct = max(rows_in - int(manifest.get("rows_duplicate") or 0), 1)  # the first of each id counts
+    failed = failed_rows(run)
+    distinct = max(rows_in - (run.rows_duplicate or 0), 1)  # the first of each id counts
     share = failed / distinct  # compared as a quotient: 29 of 100 is exactly at 0.29, not over it
     over = []
     if share > max_failed_fraction:
@@ -124,39 +129,39 @@ def failed_rows_verdict(
         message += "; no row has an output, which fails a run whatever the thresholds"
     message += "."
     reasons = {
-        str(kind): int(count)
-        for kind, count in (manifest.get("errors_by_reason") or {}).items()
-        if kind != DUPLICATE_ID_REASON and int(count) > 0
+        kind: count
+        for kind, count in run.errors_by_reason.items()
+        if kind != DUPLICATE_ID_REASON and count > 0
     }
     if reasons:
         common = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))[:VERDICT_REASONS]
         message += " Most common reasons: " + "; ".join(f"{kind!r} {count:,}" for kind, count in common) + "."
-        if rows_out == 0 and common[0][0] == MISSING_ID_REASON and manifest.get("id_column"):
+        if rows_out == 0 and common[0][0] == MISSING_ID_REASON and run.id_column:
             # Else a misspelled id_column reads as a list of row errors.
-            column = manifest["id_column"]
+            column = run.id_column
             message += f" No row has a value in id_column={column!r}: is that the input's id column?"
-    written = [str(manifest[key]) for key in ("outputs_uri", "errors_uri") if manifest.get(key)]
-    if manifest.get("status") == HELD_STATUS:
-        message += " " + _held_sentence(manifest, written)
+    written = [uri for uri in (run.outputs_uri, run.errors_uri) if uri]
+    if run.status == HELD_STATUS:
+        message += " " + _held_sentence(run, written)
     elif written:
         message += f" Outputs and errors are committed: {', '.join(written)}."
     return message
 
 
-def _held_sentence(manifest: JsonObject, written: list[str]) -> str:
+def _held_sentence(manifest: RunManifest, written: list[str]) -> str:
     """What a held run (:data:`HELD_STATUS`) left where, and how to commit it without paying again."""
-    current = manifest.get("current_version")
+    current = manifest.current_version
     kept = f"version {current} stays current" if current else "it has no version yet"
-    sentence = f"Nothing was committed: {manifest.get('output_uri')} is as it was ({kept})."
-    if int(manifest.get("rows_out") or 0) == 0:  # no outputs to look at, and no threshold passes it
-        written = [str(manifest["errors_uri"])] if manifest.get("errors_uri") else []
+    sentence = f"Nothing was committed: {manifest.output_uri} is as it was ({kept})."
+    if manifest.rows_out == 0:  # no outputs to look at, and no threshold passes it
+        written = [manifest.errors_uri] if manifest.errors_uri else []
     if written:
         # until the next try of this run, which takes them or deletes them (a message must not
         # point at a folder the retry has deleted)
         sentence += f" This run's {'outputs and errors are' if len(written) > 1 else 'errors are'} kept"
         sentence += f" until its next try, for a look at {', '.join(written)}"
-        sentence += f", its report at {manifest['report_uri']}." if manifest.get("report_uri") else "."
-    if int(manifest.get("rows_out") or 0) == 0:
+        sentence += f", its report at {manifest.report_uri}." if manifest.report_uri else "."
+    if manifest.rows_out == 0:
         return sentence + " Fix the input or the parameters: a retry then starts afresh."
     return sentence + (
         " A retry with looser max_failed_fraction / max_failed_rows (and the same input and parameters) "

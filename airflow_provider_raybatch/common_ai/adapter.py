@@ -41,6 +41,7 @@ from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayConnectio
 from airflow_provider_raybatch.json_types import ArgValue, JsonObject, RuntimeEnv
 from airflow_provider_raybatch.operators import job_shipping
 from airflow_provider_raybatch.operators.task_tries import task_try_of
+from airflow_provider_raybatch.shared.run_manifest import RunManifest
 from airflow_provider_raybatch.triggers.ray import ProgressRelay
 from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
 from airflow_provider_raybatch.utils.deployment_secret import deployment_key, engine_pool_scope
@@ -273,7 +274,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         manifest = self._committed(self._own_job(batch_id))
         if manifest is None:
             return iter(())
-        return self._parsed(batch_id, iter_result_lines(manifest["outputs_uri"], manifest["errors_uri"]))
+        return self._parsed(batch_id, iter_result_lines(str(manifest.outputs_uri), str(manifest.errors_uri)))
 
     def _own_job(self, batch_id: str) -> JobInfo:
         """The Ray job ``batch_id`` names, once its id proves it this deployment's; else Ray's 404.
@@ -321,7 +322,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
                 # As common.ai's OpenAI adapter: one bad line becomes a "missing" request, not a lost batch.
                 log.warning("Skipping unparsable result line %s of Ray job %s: %s", where, batch_id, err)
 
-    def _committed(self, info: JobInfo) -> JsonObject | None:
+    def _committed(self, info: JobInfo) -> RunManifest | None:
         """The manifest committed at the job's output folder, when this job committed it."""
         output_uri = info.metadata.get(OUTPUT_META)
         if not output_uri:
@@ -329,8 +330,9 @@ class RayBatchAdapter(OpenAIBatchAdapter):
                 f"Ray job {info.job_id} was not submitted by the raybatch common.ai adapter (no "
                 f"{OUTPUT_META!r} in its metadata); common.ai's recorded batch id points elsewhere."
             )
-        manifest = read_committed_manifest(output_uri).manifest
-        if manifest is None or manifest.get("job_id") != info.job_id:
+        found = read_committed_manifest(output_uri).manifest
+        manifest = RunManifest.of(found) if found is not None else None
+        if manifest is None or manifest.job_id != info.job_id:
             # Its own job id, never the run-key fallback of a manifest without one: the folder is under
             # result_path, which common.ai names with no secret, and anyone who can write there could
             # plant a manifest naming no job.
@@ -421,11 +423,11 @@ def _settings(api_key: str | None, base_url: str | None) -> RayConnectionSetting
     )
 
 
-def _results_inside(manifest: JsonObject, output_uri: str) -> bool:
+def _results_inside(manifest: RunManifest, output_uri: str) -> bool:
     """Whether the manifest's outputs and errors are in the job's own output folder: the results are
     read from where the manifest says, and a planted one could point anywhere the worker can read."""
     folder = output_uri.rstrip("/") + "/"
-    uris = (manifest.get("outputs_uri"), manifest.get("errors_uri"))
+    uris = (manifest.outputs_uri, manifest.errors_uri)
     return all(
         isinstance(uri, str) and uri.startswith(folder) and ".." not in uri[len(folder) :].split("/")
         for uri in uris

@@ -15,29 +15,30 @@ from airflow_provider_raybatch.manifest import (
     DRY_RUN_STATUS,
     HELD_STATUS,
     MANIFEST_FILE_NAME,
-    REUSED_RESULT_KEY,
     dry_run_uri,
     failed_rows,
     failed_rows_verdict,
     manifest_from_log,
 )
+from airflow_provider_raybatch.shared.run_manifest import DryRunManifest, ManifestJson, RunManifest
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.committed_manifest import exists as committed_exists
 from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
 from airflow_provider_raybatch.utils.events import job_event, job_failed_error
 
 
-def asset_extra(manifest: JsonObject, job_id: str) -> JsonObject:
+def asset_extra(manifest: ManifestJson, job_id: str) -> JsonObject:
     """What a downstream DAG needs from the output Asset event to read this run's output."""
-    output_uri = str(manifest["output_uri"])
+    run = RunManifest.of(manifest)
+    output_uri = str(run.output_uri)
     return {
         "output_uri": output_uri,
         "manifest_uri": f"{output_uri.rstrip('/')}/{MANIFEST_FILE_NAME}",
-        "outputs_uri": manifest.get("outputs_uri"),
-        "rows_in": manifest["rows_in"],
-        "rows_out": manifest["rows_out"],
-        "rows_failed": manifest["rows_failed"],
-        "version": manifest.get("version"),
+        "outputs_uri": run.outputs_uri,
+        "rows_in": run.rows_in,
+        "rows_out": run.rows_out,
+        "rows_failed": run.rows_failed,
+        "version": run.version,
         "job_id": job_id,
     }
 
@@ -85,15 +86,15 @@ def job_result(
         )
         tail = "\n".join(driver_log.rstrip("\n").splitlines()[-40:])
         raise job_failed_error(job_event("error", job_id, message, "succeeded"), tail)
-    if isinstance(
-        reused := manifest.get(REUSED_RESULT_KEY), dict
-    ):  # the committed manifest names the other job
+    if (
+        reused := RunManifest.of(manifest).reused_result
+    ) is not None:  # the committed manifest names the other job
         log.info(
             "Ray job %s took version %s, which Ray job %s committed for this run from the same input "
             "files, code and model: nothing was generated again (the numbers below are that job's).",
             job_id,
-            reused.get("version"),
-            reused.get("job_id") or "unknown",
+            reused.version,
+            reused.job_id or "unknown",
         )
         return manifest
     log.info("Result of Ray job %s read from its driver log (%s).", job_id, why_not)
@@ -102,9 +103,13 @@ def job_result(
 
 def _is_result(manifest: JsonObject, job_id: str, spec: BatchInferenceSpec) -> bool:
     """Whether the manifest found is ``job_id``'s: a dry run's names its job, a commit is checked in full."""
+    try:
+        found = RunManifest.of(manifest)
+    except (TypeError, ValueError):  # not an object, or values of other types: not a manifest of ours
+        return False
     if spec.dry_run:
-        return manifest.get("status") == DRY_RUN_STATUS and manifest.get("job_id") == job_id
-    return is_result_of(manifest, job_id, spec.run_key, spec.fingerprint())
+        return found.status == DRY_RUN_STATUS and found.job_id == job_id
+    return is_result_of(found, job_id, spec.run_key, spec.fingerprint())
 
 
 def committed_result_of(job_id: str, spec: BatchInferenceSpec, conn_id: str | None) -> JsonObject | None:
@@ -126,9 +131,13 @@ def held_result_of(hook: RayHook, job_id: str, spec: BatchInferenceSpec) -> Json
         manifest = manifest_from_log(hook.get_job_logs(job_id))
     except RayHookError:
         return None
-    if manifest is None or manifest.get("status") != HELD_STATUS or manifest.get("job_id") != job_id:
+    try:
+        held = RunManifest.of(manifest) if manifest is not None else None
+    except (TypeError, ValueError):  # not an object, or values of other types: not a manifest of ours
         return None
-    if manifest.get("run_key") != spec.run_key or manifest.get("spec_fingerprint") != spec.fingerprint():
+    if held is None or held.status != HELD_STATUS or held.job_id != job_id:
+        return None
+    if held.run_key != spec.run_key or held.spec_fingerprint != spec.fingerprint():
         return None
     return manifest
 
@@ -144,31 +153,32 @@ def check_not_superseded(
     Two runs writing one ``output_uri`` (two runs of one date, two deployments) replace each
     other's versions unless ``keep_versions``: this job's manifest would point at nothing.
     """
-    outputs_uri = manifest.get("outputs_uri")
-    if not outputs_uri or manifest.get("version") == committed.get("version"):
+    mine, current = RunManifest.of(manifest), RunManifest.of(committed)
+    if not mine.outputs_uri or mine.version == current.version:
         return
-    if committed_exists(str(outputs_uri), conn_id) is False:
+    if committed_exists(mine.outputs_uri, conn_id) is False:
         raise RayJobFailedError(
-            f"Ray job {job_id} committed version {manifest.get('version')} at {manifest.get('output_uri')}, "
-            f"but a later commit there (version {committed.get('version')}, job "
-            f"{committed.get('job_id') or 'unknown'}) replaced it and its outputs are gone. Two runs "
+            f"Ray job {job_id} committed version {mine.version} at {mine.output_uri}, "
+            f"but a later commit there (version {current.version}, job "
+            f"{current.job_id or 'unknown'}) replaced it and its outputs are gone. Two runs "
             "write to one output_uri: give each its own, or set keep_versions=True.",
             job_id=job_id,
             status="superseded",
         )
 
 
-def check_failed_rows(manifest: JsonObject, spec: BatchInferenceSpec, job_id: str) -> None:
+def check_failed_rows(manifest: ManifestJson, spec: BatchInferenceSpec, job_id: str) -> None:
     """Fail the task (RayBatchRowsFailedError) when more rows failed than the spec's thresholds allow.
 
     Judged here from the counts, with the thresholds as they are now, rather than read from the
     manifest's own ``failed_rows_check``: a result taken from an earlier job may predate that
     key, and a retry with loosened thresholds must pass on the same committed result.
     """
-    verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows)
+    run = DryRunManifest.of(manifest)
+    verdict = failed_rows_verdict(run, spec.max_failed_fraction, spec.max_failed_rows)
     if verdict is not None and spec.dry_run:
-        verdict = f"Dry run: the real run would fail: {verdict} Report: {manifest.get('dry_run_uri')}"
+        verdict = f"Dry run: the real run would fail: {verdict} Report: {run.dry_run_uri}"
     if verdict is not None:
         raise RayBatchRowsFailedError(
-            verdict, rows_in=int(manifest["rows_in"]), rows_failed=failed_rows(manifest), job_id=job_id
+            verdict, rows_in=run.rows_in, rows_failed=failed_rows(run), job_id=job_id
         )

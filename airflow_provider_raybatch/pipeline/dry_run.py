@@ -40,6 +40,7 @@ from airflow_provider_raybatch.manifest import (
 )
 from airflow_provider_raybatch.pipeline import row_steps, storage
 from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
+from airflow_provider_raybatch.shared.run_manifest import DryRunManifest, RunManifest
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.layout import LayoutPlan, plan_layout
 
@@ -221,21 +222,21 @@ def _measured_rate(output_uri: str) -> MeasuredRate | None:
     try:
         if not storage.exists(uri):
             return None
-        manifest = json.loads(storage.read_text(uri))
-        timings = manifest.get("timings") or {}
-        resumed = int(manifest.get("rows_resumed") or 0)
-        held = manifest.get("held_try")
-        if not timings.get("generating_s") and isinstance(held, dict):
+        manifest = RunManifest.model_validate_json(storage.read_text(uri))
+        timings = manifest.timings or {}
+        resumed = manifest.rows_resumed or 0
+        held = manifest.held_try
+        if not timings.get("generating_s") and held is not None:
             # It committed a held try's rows and started no engine: that try generated them.
-            timings = held.get("timings") or {}
+            timings = held.timings or {}
             resumed = 0  # this try's resumed rows are the held ones; what that try resumed is unrecorded
         generating = float(timings.get("generating_s") or 0)
-        generated = _rows_generated(timings, int(manifest.get("rows_out") or 0) - resumed)
+        generated = _rows_generated(timings, manifest.rows_out - resumed)
         if generated > 0 and generating > 0:
             startup = float(timings.get("engine_start_to_first_row_s") or 0)
             return MeasuredRate(generated / generating, startup, "last run, while generating")
-        rows = int(manifest.get("rows_in") or 0) - int(manifest.get("rows_resumed") or 0)
-        seconds = float(manifest.get("wall_seconds") or 0)
+        rows = manifest.rows_in - (manifest.rows_resumed or 0)
+        seconds = manifest.wall_seconds or 0.0
     except (OSError, ValueError, TypeError):
         return None
     return MeasuredRate(rows / seconds, 0.0, "last run") if rows > 0 and seconds > 0 else None
@@ -322,36 +323,34 @@ def run_dry(
     rate = stated or (measured.rows_per_second if measured else None)
     startup = measured.startup_seconds if measured else 0.0
     folder = dry_run_uri(spec.output_uri, spec.run_key)
-    manifest = {
-        "status": DRY_RUN_STATUS,
-        "dry_run": True,
-        "model": spec.model,
-        "input_uri": spec.input_uri,
-        "output_uri": spec.output_uri,
-        "dry_run_uri": folder,
-        "rows_in": rows_in,
-        "rows_out": total.rows,  # rows that would reach the engine with a prompt it takes
-        "rows_failed": rows_failed,
-        "rows_duplicate": rows_repeated,
-        "errors_by_reason": dict(sorted(total.reasons.items())),
-        "prompt_tokens": total.tokens,
-        "prompt_tokens_longest": total.longest,
-        "prompt_tokens_histogram": _histogram(total.histogram),
-        "output_tokens_at_most": total.rows * int(max_tokens) if isinstance(max_tokens, int) else None,
-        "rows_per_second": round(rate, 3) if rate else None,
-        "rows_per_second_from": "dry_run_rows_per_second"
-        if stated
-        else (measured.source if measured else None),
+    manifest = DryRunManifest(
+        status=DRY_RUN_STATUS,
+        dry_run=True,
+        model=spec.model,
+        input_uri=spec.input_uri,
+        output_uri=spec.output_uri,
+        dry_run_uri=folder,
+        rows_in=rows_in,
+        rows_out=total.rows,  # rows that would reach the engine with a prompt it takes
+        rows_failed=rows_failed,
+        rows_duplicate=rows_repeated,
+        errors_by_reason=dict(sorted(total.reasons.items())),
+        prompt_tokens=total.tokens,
+        prompt_tokens_longest=total.longest,
+        prompt_tokens_histogram=_histogram(total.histogram),
+        output_tokens_at_most=total.rows * int(max_tokens) if isinstance(max_tokens, int) else None,
+        rows_per_second=round(rate, 3) if rate else None,
+        rows_per_second_from="dry_run_rows_per_second" if stated else (measured.source if measured else None),
         # the engine's start-up as the last run measured it, counted once (0: stated rate, or not measured)
-        "estimated_startup_seconds": round(startup, 1),
+        estimated_startup_seconds=round(startup, 1),
         **engine_estimate(total.rows, rate, startup, plan_layout(spec)),
-        "started_at": started_at.isoformat(),
-        "finished_at": datetime.now(UTC).isoformat(),
-        "run_key": spec.run_key,
-        "spec_fingerprint": spec.fingerprint(),
-        "job_id": job_id,
-        "versions": dict(versions or {}),
-    }
+        started_at=started_at.isoformat(),
+        finished_at=datetime.now(UTC).isoformat(),
+        run_key=spec.run_key,
+        spec_fingerprint=spec.fingerprint(),
+        job_id=job_id,
+        versions=dict(versions or {}),
+    ).to_json()
     storage.write_text(storage.join(folder, REPORT_FILE_NAME), render_report(manifest))
     storage.write_text(storage.join(folder, MANIFEST_FILE_NAME), json.dumps(manifest, indent=2))
     log.info(

@@ -61,6 +61,13 @@ from airflow_provider_raybatch.pipeline.stage.binding import RunBinding, binding
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
 from airflow_provider_raybatch.shared import openai_endpoints
+from airflow_provider_raybatch.shared.run_manifest import (
+    COMPLETE_STATUS,
+    EarlierJob,
+    FailedRowsCheck,
+    RequestCounts,
+    RunManifest,
+)
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
 from airflow_provider_raybatch.utils.layout import plan_layout
@@ -399,14 +406,14 @@ def _staging_owner() -> ownership.Owner:
 def _hold_again(spec: BatchInferenceSpec, held: JsonObject) -> None:
     """Fail as the earlier try did, on the rows it held, generating nothing (:func:`commit.take_held`):
     its manifest again, as this job's (:func:`commit.held_again`), then :class:`RayBatchRowsFailedError`."""
-    manifest = commit.held_again(held, _ray_submission_id())
+    manifest = RunManifest.of(commit.held_again(held, _ray_submission_id()))
     print(manifest_log_line(manifest), flush=True)
     verdict = failed_rows_verdict(manifest, spec.max_failed_fraction, spec.max_failed_rows) or ""
     raise RayBatchRowsFailedError(
         verdict,
-        rows_in=int(manifest["rows_in"]),
+        rows_in=manifest.rows_in,
         rows_failed=failed_rows(manifest),
-        job_id=manifest["job_id"] or "",
+        job_id=manifest.job_id or "",
     )
 
 
@@ -556,7 +563,7 @@ def _run_owned(run: _OwnedRun) -> JsonObject:
     rows = _prepare(run, bound.binding, staging.done_sources)
     generated = _generate(run, bound.engine_spec, staging, rows, building)
     committed, manifest = _commit(run, bound, staging, rows, generated)
-    return _publish_or_hold(run, bound.digest, rows.kept.rows_in, committed, manifest)
+    return _publish_or_hold(run, bound.digest, committed, manifest)
 
 
 def _bind(run: _OwnedRun) -> _Bound:
@@ -578,11 +585,12 @@ def _take_committed(run: _OwnedRun, binding: RunBinding) -> JsonObject | None:
     earlier = reuse.committed_result(run.layout, run.spec, binding, reuse.airflow_run(run.owner.run))
     if earlier is None:
         return None
+    committed = RunManifest.of(earlier)
     log.info(
         "Taking version %s, which Ray job %s committed for %s from the same parameters, input "
         "files, code, model and engine: generating nothing.",
-        earlier.get("version"),
-        earlier.get("job_id") or "unknown",
+        committed.version,
+        committed.job_id or "unknown",
         run.spec.run_key,
     )
     manifest = reuse.taken(earlier, _ray_submission_id())
@@ -696,7 +704,7 @@ def _generate(
 
 def _commit(
     run: _OwnedRun, bound: _Bound, staging: _Staging, rows: _Rows, generated: _Generated
-) -> tuple[commit.CommittedRun, JsonObject]:
+) -> tuple[commit.CommittedRun, RunManifest]:
     """Write the version from every staged part and seal it, and the manifest that describes it (not
     yet published or held). Fails when the input changed or another job took the staging over."""
     spec, layout, marks, lease = run.spec, run.layout, run.marks, generated.lease
@@ -753,85 +761,85 @@ def _manifest(
     versions: dict[str, str],
     timings: Callable[[], JsonObject],
     pool_used: JsonObject | None,
-) -> JsonObject:
-    """The committed version's manifest (a data table: one line a key)."""
+) -> RunManifest:
+    """The committed version's manifest (a data table: one line a field)."""
     spec, kept, rows_in = run.spec, rows.kept, rows.kept.rows_in
-    manifest = {
-        "status": "complete",
-        "version": committed.version,
-        "model": spec.model,
-        "input_uri": spec.input_uri,
-        "output_uri": spec.output_uri,
-        "outputs_uri": committed.outputs_uri,
-        "errors_uri": committed.errors_uri,
-        "output_format": spec.output_format,
-        "rows_in": rows_in,
-        "rows_out": committed.rows_out,
-        "rows_failed": committed.rows_failed,
-        "rows_duplicate": committed.rows_duplicate,
-        "rows_resumed": len(staging.done_sources),
+    manifest = RunManifest(
+        status=COMPLETE_STATUS,
+        version=committed.version,
+        model=spec.model,
+        input_uri=spec.input_uri,
+        output_uri=spec.output_uri,
+        outputs_uri=committed.outputs_uri,
+        errors_uri=committed.errors_uri,
+        output_format=spec.output_format,
+        rows_in=rows_in,
+        rows_out=committed.rows_out,
+        rows_failed=committed.rows_failed,
+        rows_duplicate=committed.rows_duplicate,
+        rows_resumed=len(staging.done_sources),
         # whether this try took its prepared rows from an earlier try's staging (prepared_cache.py)
-        "prepared_rows_reused": kept.reused,
-        "errors_by_reason": committed.errors_by_reason,
-        "tokens_in": committed.tokens_in,
-        "tokens_out": committed.tokens_out,
-        "started_at": run.started_at.isoformat(),
-        "finished_at": datetime.now(UTC).isoformat(),
-        "wall_seconds": round(time.perf_counter() - run.clock, 3),
+        prepared_rows_reused=kept.reused,
+        errors_by_reason=committed.errors_by_reason,
+        tokens_in=committed.tokens_in,
+        tokens_out=committed.tokens_out,
+        started_at=run.started_at.isoformat(),
+        finished_at=datetime.now(UTC).isoformat(),
+        wall_seconds=round(time.perf_counter() - run.clock, 3),
         # where the wall time and the GPUs went (reporting/timings.py)
-        "timings": timings(),
+        timings=timings(),
         # the warm pool the engine stage ran on, if any: how many replicas were warm (engine_pool.py)
-        "engine_pool": pool_used,
+        engine_pool=pool_used,
         # how many engine replicas shared a GPU, who chose, and why (generate/default_layout.py)
-        "layout": bound.layout_choice.as_manifest(),
-        "run_key": spec.run_key,
-        "spec_fingerprint": spec.fingerprint(),
+        layout=bound.layout_choice.as_manifest(),
+        run_key=spec.run_key,
+        spec_fingerprint=spec.fingerprint(),
         # what the rows were made from, and for which Airflow run: a later try of that run takes this
         # version only if it would make them alike (stage/reuse.py)
-        "binding": bound.binding.as_dict(),
-        reuse.AIRFLOW_RUN_KEY: reuse.airflow_run(run.owner.run),
-        "job_id": _ray_submission_id(),
-        "versions": versions,
-        "report_uri": committed.report_uri,
-        "json_columns": committed.json_columns,
-        "max_failed_fraction": spec.max_failed_fraction,
-        "max_failed_rows": spec.max_failed_rows,
-        "id_column": spec.id_column,  # named by the failed-rows verdict when no row has it
-        "failed_rows_check": {
-            "passed": committed.failed_rows_message is None,
-            "message": committed.failed_rows_message,
-        },
-    }
+        binding=bound.binding.as_dict(),
+        airflow_run=reuse.airflow_run(run.owner.run),
+        job_id=_ray_submission_id(),
+        versions=versions,
+        report_uri=committed.report_uri,
+        json_columns=committed.json_columns,
+        max_failed_fraction=spec.max_failed_fraction,
+        max_failed_rows=spec.max_failed_rows,
+        id_column=spec.id_column,  # named by the failed-rows verdict when no row has it
+        failed_rows_check=FailedRowsCheck(
+            passed=committed.failed_rows_message is None, message=committed.failed_rows_message
+        ),
+    )
     if staging.held_try is not None:  # this job generated nothing: what the rows cost is the held try's
-        manifest["held_try"] = staging.held_try
+        manifest.held_try = EarlierJob.model_validate(staging.held_try)
     if committed.generated_text_counts is not None:
-        manifest["generated_text_counts"] = committed.generated_text_counts
+        manifest.generated_text_counts = committed.generated_text_counts
     if spec.openai_endpoint is not None:  # OpenAI's names for the counts
-        manifest["request_counts"] = {
-            "total": rows_in,
-            "completed": committed.rows_out,
-            "failed": committed.rows_failed,
-        }
+        manifest.request_counts = RequestCounts(
+            total=rows_in, completed=committed.rows_out, failed=committed.rows_failed
+        )
     return manifest
 
 
 def _publish_or_hold(
-    run: _OwnedRun, digest: str, rows_in: int, committed: commit.CommittedRun, manifest: JsonObject
+    run: _OwnedRun, digest: str, committed: commit.CommittedRun, manifest: RunManifest
 ) -> JsonObject:
     """Publish the committed version as current and return its manifest, or, when its failed rows fail
     the run, hold it (what was current stays so) and raise :class:`RayBatchRowsFailedError`."""
     spec, layout = run.spec, run.layout
     held_because = committed.failed_rows_message
     if held_because is not None:  # the run fails on its rows: what was current stays so (commit.hold)
-        current = commit.current_version(layout)
-        manifest.update(status=HELD_STATUS, current_version=current, input_digest=digest)
-        commit.hold(layout, manifest)
+        manifest.status = HELD_STATUS
+        manifest.current_version = commit.current_version(layout)
+        manifest.input_digest = digest
+        commit.hold(layout, manifest.to_json())
         print(manifest_log_line(manifest), flush=True)
         job_id = _ray_submission_id() or ""
         raise RayBatchRowsFailedError(
-            held_because, rows_in=rows_in, rows_failed=failed_rows(manifest), job_id=job_id
+            held_because, rows_in=manifest.rows_in, rows_failed=failed_rows(manifest), job_id=job_id
         )
-    commit.publish(layout, manifest, keep_versions=spec.keep_versions, committed_parts=committed.part_names)
+    # As written: the publish adds the version it replaced (``replaced_version``).
+    written = manifest.to_json()
+    commit.publish(layout, written, keep_versions=spec.keep_versions, committed_parts=committed.part_names)
     if (current := commit.current_version(layout)) != committed.version:  # another run published after it
         log.warning(
             "Version %s was replaced at once by version %s, which another run of %s published at "
@@ -840,5 +848,5 @@ def _publish_or_hold(
             current,
             spec.output_uri,
         )
-    print(manifest_log_line(manifest), flush=True)
-    return manifest
+    print(manifest_log_line(written), flush=True)
+    return written

@@ -23,8 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
 from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
+from airflow_provider_raybatch.shared.run_manifest import COMPLETE_STATUS, ManifestJson, RunManifest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,7 +37,8 @@ MAX_MANIFEST_BYTES = 16 << 20
 #: The longest a read may take (an object store that does not answer, a credential lookup that
 #: hangs); past it the driver log is read instead.
 READ_TIMEOUT_SECONDS = 60.0
-#: Keys every committed manifest has (pipeline/run.py); one without them is not a run's manifest.
+#: Keys every committed manifest has (pipeline/run.py); one without them, or whose values are not of
+#: :class:`.RunManifest`'s types, is not a run's manifest.
 _REQUIRED_KEYS = ("status", "output_uri", "rows_in", "rows_out", "rows_failed")
 
 
@@ -108,6 +112,12 @@ def read_committed_manifest(output_uri: str, conn_id: str | None = None) -> Comm
         return CommittedManifest(None, f"{uri} is not JSON ({err})")
     if not isinstance(manifest, dict) or any(key not in manifest for key in _REQUIRED_KEYS):
         return CommittedManifest(None, f"{uri} is not a run manifest (keys {', '.join(_REQUIRED_KEYS)})")
+    try:
+        RunManifest.of(manifest)
+    except ValidationError as err:
+        return CommittedManifest(
+            None, f"{uri} is not a run manifest ({err.error_count()} values of a wrong type)"
+        )
     return CommittedManifest(manifest)
 
 
@@ -119,10 +129,11 @@ def exists(uri: str, conn_id: str | None = None) -> bool | None:
         return None
 
 
-def is_result_of(manifest: JsonObject, job_id: str, run_key: str, fingerprint: str) -> bool:
+def is_result_of(manifest: ManifestJson, job_id: str, run_key: str, fingerprint: str) -> bool:
     """Whether a committed manifest is the result of Ray job ``job_id`` (see the module docstring)."""
-    if manifest.get("status") != "complete":
+    committed = RunManifest.of(manifest)
+    if committed.status != COMPLETE_STATUS:
         return False
-    if manifest.get("job_id") is not None:
-        return manifest["job_id"] == job_id
-    return manifest.get("run_key") == run_key and manifest.get("spec_fingerprint") == fingerprint
+    if committed.job_id is not None:
+        return committed.job_id == job_id
+    return committed.run_key == run_key and committed.spec_fingerprint == fingerprint

@@ -38,6 +38,7 @@ from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting import report
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.shared.run_manifest import EarlierJob, RunManifest
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
@@ -98,7 +99,7 @@ def staged_data_uri(layout: OutputLayout) -> str:
 
 def current_version(layout: OutputLayout) -> str | None:
     """The version ``manifest.json`` names now, or None before the first commit."""
-    return (current_manifest(layout) or {}).get("version")
+    return RunManifest.of(current_manifest(layout) or {}).version
 
 
 def current_manifest(layout: OutputLayout) -> JsonObject | None:
@@ -405,7 +406,7 @@ def write_version(
         run.report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
         storage.write_text(run.report_uri, page)
     elif run.held:  # the message named the report it would have
-        counts["report_uri"] = None
+        counts.report_uri = None
         run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
     return run
 
@@ -437,28 +438,25 @@ def _added_up(
 
 def _check_failed_rows(
     layout: OutputLayout, spec: BatchInferenceSpec, run: CommittedRun, rows_in: int
-) -> JsonObject:
+) -> RunManifest:
     """Set ``run.failed_rows_message`` when the run's failed rows fail it (it is then held); the
     counts the verdict was made from, for :func:`write_version` to make it again without a report."""
-    counts: JsonObject = {
-        "rows_in": rows_in,
-        "rows_out": run.rows_out,
-        "rows_failed": run.rows_failed,
-        "rows_duplicate": run.rows_duplicate,
-        "errors_by_reason": run.errors_by_reason,
-        "outputs_uri": run.outputs_uri,
-        "errors_uri": run.errors_uri,
-        "id_column": spec.id_column,
-    }
+    counts = RunManifest(
+        rows_in=rows_in,
+        rows_out=run.rows_out,
+        rows_failed=run.rows_failed,
+        rows_duplicate=run.rows_duplicate,
+        errors_by_reason=run.errors_by_reason,
+        outputs_uri=run.outputs_uri,
+        errors_uri=run.errors_uri,
+        id_column=spec.id_column,
+    )
     if failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows) is not None:
         # Held, not published (:func:`hold`): the message says what stays current and what is kept.
-        report_uri = storage.join(layout.version_uri(run.version), report.REPORT_FILE_NAME)
-        counts.update(
-            status=HELD_STATUS,
-            current_version=current_version(layout),
-            output_uri=layout.output_uri,
-            report_uri=report_uri,
-        )
+        counts.status = HELD_STATUS
+        counts.current_version = current_version(layout)
+        counts.output_uri = layout.output_uri
+        counts.report_uri = storage.join(layout.version_uri(run.version), report.REPORT_FILE_NAME)
         run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
     return counts
 
@@ -553,7 +551,7 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBindin
     if not storage.exists(held_manifest_uri(layout)):
         return None
     held: JsonObject = json.loads(storage.read_text(held_manifest_uri(layout)))
-    changes = binding.changes_from(RunBinding.from_dict(held.get(BINDING_KEY)))
+    changes = binding.changes_from(RunBinding.from_dict(RunManifest.of(held).binding))
     if changes:
         log.warning(
             "An earlier try of %s held its rows; changed since: %s: discarding them and starting afresh.",
@@ -566,7 +564,7 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBindin
     if passes:
         log.info(
             "Committing the %s rows an earlier try of %s held, as the thresholds now pass them.",
-            held.get("rows_in"),
+            RunManifest.of(held).rows_in,
             layout.run_key,
         )
     else:
@@ -582,15 +580,22 @@ def held_try(held: Mapping[str, JsonValue]) -> JsonObject:
     """What the try that generated and held the rows a later try committed paid for them: the committed
     manifest's ``held_try`` (that later job started no engine: its own timings show none, and the run
     read as free)."""
-    return {key: held.get(key) for key in ("job_id", "version", "timings", "engine_pool")}
+    return _held_try(RunManifest.of(held)).to_json()
+
+
+def _held_try(held: RunManifest) -> EarlierJob:
+    return EarlierJob(
+        job_id=held.job_id, version=held.version, timings=held.timings, engine_pool=held.engine_pool
+    )
 
 
 def held_again(held: Mapping[str, JsonValue], job_id: str | None) -> JsonObject:
     """The manifest of a try held again on the rows an earlier try held (:func:`take_held`): the held
     try's, as ``job_id``'s, with what generating the rows took under ``held_try``. This job started no
     engine: the held try's timings as its own read as a second run paid for."""
-    own = {key: value for key, value in held.items() if key not in ("timings", "engine_pool")}
-    return {**own, "job_id": job_id, "timings": None, "engine_pool": None, "held_try": held_try(held)}
+    manifest = RunManifest.of(held)
+    again = {"job_id": job_id, "timings": None, "engine_pool": None, "held_try": _held_try(manifest)}
+    return manifest.model_copy(update=again).to_json()
 
 
 def seal(layout: OutputLayout, run: CommittedRun) -> None:
@@ -645,15 +650,17 @@ def publish(
         other file in its folders, a late writer's that :func:`seal` could not see yet, is removed
         once the manifest names the version, before the staging (the writers' fence) goes.
     """
-    previous = current_manifest(layout) or {}
-    version = manifest["version"]
-    replaced = previous.get("version") if previous.get("version") != version else None
+    previous = RunManifest.of(current_manifest(layout) or {})
+    version = RunManifest.of(manifest).version
+    if version is None:
+        raise InvariantError("the manifest to publish names no version.")
+    replaced = previous.version if previous.version != version else None
     manifest["replaced_version"] = replaced
     # The version replaced is listed before the manifest that replaces it: a publish that dies between
     # its manifest and its own listing leaves its version for the next publish to list here, and the
     # one it replaced listed already (a manifest named it: current until then, so never collected early).
     if replaced and not keep_versions and not storage.exists(_published_entry(layout, replaced)):
-        _list_published(layout, replaced, previous.get("run_key"))
+        _list_published(layout, replaced, previous.run_key)
     if committed_parts is not None:
         storage.write_text(parts_uri(layout, version), json.dumps(sorted(committed_parts)))
     storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))

@@ -32,6 +32,7 @@ from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.shared.run_manifest import COMPLETE_STATUS, EarlierJob, RunManifest
 from airflow_provider_raybatch.specs import BatchInferenceSpec
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
@@ -62,29 +63,30 @@ def committed_result(
     """
     try:
         manifest = commit.current_manifest(layout)
-    except ValueError:  # not JSON, not UTF-8: no version this try could take
+        current = RunManifest.of(manifest) if isinstance(manifest, dict) else None
+    except ValueError:  # not JSON, not UTF-8, not a manifest: no version this try could take
         return None
-    if not isinstance(manifest, dict) or manifest.get("status") != "complete":
+    if manifest is None or current is None or current.status != COMPLETE_STATUS:  # None: not an object
         return None
-    if run is None or manifest.get("run_key") != spec.run_key or manifest.get(AIRFLOW_RUN_KEY) != run:
+    if run is None or current.run_key != spec.run_key or current.airflow_run != run:
         # No version of this run is current: another run of the date published since, or the run
         # was deleted and triggered again (another run_after).
         return None
-    if manifest.get("spec_fingerprint") != spec.fingerprint():
+    if current.spec_fingerprint != spec.fingerprint():
         return None  # another spec's: the operator stops at other parameters, and says so
-    version = manifest.get("version")
+    version = current.version
     if storage.exists(commit.held_manifest_uri(layout)) or (
         storage.exists(layout.staged_spec_uri)
         and isinstance(version, str)
         and commit.staged_data_uri(layout) != layout.version_uri(version)
     ):
         return None  # a later try of the run staged or held rows: this try resumes or takes them
-    changes = binding.changes_from(RunBinding.from_dict(manifest.get(BINDING_KEY)))
+    changes = binding.changes_from(RunBinding.from_dict(current.binding))
     if changes:
         log.warning(
             "Not taking version %s, which Ray job %s committed for %s: changed since: %s. Generating again.",
             version,
-            manifest.get("job_id") or "unknown",
+            current.job_id or "unknown",
             layout.run_key,
             ", ".join(changes),
         )
@@ -96,13 +98,15 @@ def taken(manifest: JsonObject, job_id: str | None) -> JsonObject:
     """The manifest of a job that took ``manifest``'s committed version, as ``job_id``'s result: the
     version's counts and places, with what it cost under :data:`REUSED_RESULT_KEY` (this job generated
     nothing: the committing job's timings as its own would read as a second run paid for)."""
-    reused = {
-        key: manifest.get(key) for key in ("job_id", "version", "finished_at", "timings", "engine_pool")
-    }
+    earlier = RunManifest.of(manifest)
+    reused = EarlierJob(
+        job_id=earlier.job_id,
+        version=earlier.version,
+        finished_at=earlier.finished_at,
+        timings=earlier.timings,
+        engine_pool=earlier.engine_pool,
+    )
+    again = {"job_id": job_id, "timings": None, "engine_pool": None, REUSED_RESULT_KEY: reused}
+    own = earlier.model_copy(update=again)
     # Nor did it replace a version: the committing job did, and said so.
-    own = {
-        key: value
-        for key, value in manifest.items()
-        if key not in ("timings", "engine_pool", "replaced_version")
-    }
-    return {**own, "job_id": job_id, "timings": None, "engine_pool": None, REUSED_RESULT_KEY: reused}
+    return own.model_dump(mode="json", exclude={"replaced_version"})

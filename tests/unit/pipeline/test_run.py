@@ -74,7 +74,7 @@ def manifest(openai):
     pool = {"fingerprint": "8f26a2bb2cf787aa", "warm_replicas": 1, "replicas": 2} if openai else None
     versions = {"ray": "2.60.0", "vllm": "0.32.0"}
     made = run._manifest(owned, bound, staging, rows, committed, versions, lambda: timings, pool)
-    return json.loads(json.dumps(made))
+    return made.model_dump(mode="json")
 
 print(json.dumps({"plain": manifest(False), "held_try_labels_openai": manifest(True)}))
 """

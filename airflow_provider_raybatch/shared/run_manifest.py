@@ -1,0 +1,163 @@
+"""The run manifest: what a job says it did, as both sides write and read it.
+
+The pipeline (the cluster side) builds a :class:`RunManifest` when it commits, holds, takes an earlier
+try's version or finishes a dry run, and writes it as JSON (:meth:`RunManifest.to_json`): as
+``manifest.json`` beside the outputs and on one marked line of the driver log. The operator (the Airflow
+side) parses what it finds there with the same class (:meth:`RunManifest.of`) and reads its fields by
+name. Downstream readers open ``manifest.json`` itself (docs/downstream-contract.md): its keys are a
+contract, so the JSON is exactly the keys a manifest was given, no more.
+
+Every field but the three counts may be missing: a manifest written by an older provider lacks the keys
+added since, a dry run's lacks a version's, a committed one's lacks a held run's. A key this class does
+not name is kept as it was (``extra="allow"``), so a manifest from a newer job, read here and handed on
+(the ``manifest`` XCom), loses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Self, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue
+
+#: A committed run's ``status``.
+COMPLETE_STATUS = "complete"
+#: A dry run's ``status`` (pipeline/dry_run.py).
+DRY_RUN_STATUS = "dry_run"
+#: The ``status`` of a run that failed its failed-row check: written, but not made current (it is
+#: printed in the driver log and kept in its staging; ``current_version`` names what stays current).
+HELD_STATUS = "held"
+
+
+class _Part(BaseModel):
+    """A manifest or one of its objects: the keys it was given, and any this class does not name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _keys_given(self, serialize: SerializerFunctionWrapHandler) -> JsonObject:
+        """Dumped, it has the keys it was given or set (None too), never a field's default: a manifest
+        says what its job wrote, and one read from an older job is handed on as it was."""
+        dumped: JsonObject = serialize(self)
+        return {key: value for key, value in dumped.items() if key in self.model_fields_set}
+
+    def to_json(self) -> JsonObject:
+        """The JSON object it is written as (``manifest.json``, the driver log's line, the XCom)."""
+        return self.model_dump(mode="json")
+
+
+class FailedRowsCheck(_Part):
+    """The committing job's verdict on its failed rows (``manifest.failed_rows_verdict``)."""
+
+    passed: bool
+    message: str | None = None
+
+
+class RequestCounts(_Part):
+    """An OpenAI batch's counts under OpenAI's names (``request_counts`` of a Batch object)."""
+
+    total: int
+    completed: int
+    failed: int
+
+
+class EarlierJob(_Part):
+    """The job that generated the rows a later job handed on: what they cost, and where.
+
+    Under ``held_try`` (a job that committed the rows an earlier try held) and ``reused_result`` (a job
+    that took the version an earlier try committed): this job started no engine, and its own timings
+    would read as a second run paid for.
+    """
+
+    job_id: str | None = None
+    version: str | None = None
+    finished_at: str | None = None
+    timings: JsonObject | None = None
+    engine_pool: JsonObject | None = None
+
+
+class RunManifest(_Part):
+    """One run's manifest (see the module docstring). Field order is the order a committed run writes."""
+
+    status: str | None = Field(default=None, description="complete, held or dry_run.")
+    version: str | None = Field(default=None, description="The version committed (or held).")
+    model: str | None = None
+    input_uri: str | None = None
+    output_uri: str | None = None
+    outputs_uri: str | None = Field(default=None, description="The version's outputs folder.")
+    errors_uri: str | None = Field(default=None, description="The version's errors folder.")
+    output_format: str | None = None
+    rows_in: int = Field(default=0, description="Every input row.")
+    rows_out: int = Field(default=0, description="Rows with an output.")
+    rows_failed: int = Field(default=0, description="Error rows, duplicate ids among them.")
+    rows_duplicate: int | None = Field(
+        default=None, description="Rows whose id another row has too, less one per id."
+    )
+    rows_resumed: int | None = Field(default=None, description="Rows an earlier try staged.")
+    prepared_rows_reused: bool | None = None
+    errors_by_reason: dict[str, int] = Field(default_factory=dict)
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    wall_seconds: float | None = None
+    timings: JsonObject | None = Field(default=None, description="pipeline/reporting/timings.py.")
+    engine_pool: JsonObject | None = Field(default=None, description="The warm pool, if any.")
+    layout: JsonObject | None = Field(default=None, description="The replicas per GPU, and who chose.")
+    run_key: str | None = None
+    spec_fingerprint: str | None = None
+    binding: JsonObject | None = Field(default=None, description="What the rows were made from.")
+    airflow_run: dict[str, str] | None = Field(default=None, description="The Airflow run of the job.")
+    job_id: str | None = Field(default=None, description="The Ray job's submission id.")
+    versions: dict[str, str] | None = None
+    report_uri: str | None = None
+    json_columns: dict[str, list[str]] | None = None
+    max_failed_fraction: float | None = None
+    max_failed_rows: int | None = None
+    id_column: str | None = None
+    failed_rows_check: FailedRowsCheck | None = None
+    # Written only where they apply:
+    held_try: EarlierJob | None = None
+    generated_text_counts: dict[str, int] | None = None
+    request_counts: RequestCounts | None = None
+    #: Set by the publish: the version this one replaced, or None.
+    replaced_version: str | None = None
+    #: A held run's: the version that stays current, and the input files' digest.
+    current_version: str | None = None
+    input_digest: str | None = None
+    #: A job that took an earlier try's committed version as its result.
+    reused_result: EarlierJob | None = None
+
+    @classmethod
+    def of(cls, manifest: ManifestJson) -> Self:
+        """``manifest`` as a model: itself, or parsed from its JSON object.
+
+        :raises pydantic.ValidationError: a field's value is not of its type (a ``ValueError``).
+        """
+        if isinstance(manifest, cls):
+            return manifest
+        return cls.model_validate(manifest.to_json() if isinstance(manifest, RunManifest) else dict(manifest))
+
+
+class DryRunManifest(RunManifest):
+    """A dry run's manifest (pipeline/dry_run.py): the input's rows counted, rendered and tokenized, and
+    the engine time they would take; nothing generated, nothing committed. ``rows_out`` is the rows that
+    would reach the engine with a prompt it takes."""
+
+    dry_run: bool | None = None
+    dry_run_uri: str | None = Field(default=None, description="Where its manifest and report are.")
+    prompt_tokens: int | None = None
+    prompt_tokens_longest: int | None = None
+    prompt_tokens_histogram: list[JsonObject] | None = None
+    output_tokens_at_most: int | None = None
+    rows_per_second: float | None = None
+    rows_per_second_from: str | None = None
+    estimated_startup_seconds: float | None = None
+    estimated_engine_seconds: int | None = None
+    estimated_gpu_seconds: int | None = None
+
+
+#: A manifest as a model, or as the JSON object it is written as.
+ManifestJson: TypeAlias = "RunManifest | Mapping[str, JsonValue]"

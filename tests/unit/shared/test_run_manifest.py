@@ -1,0 +1,63 @@
+"""Tests of airflow_provider_raybatch/shared/run_manifest.py: the manifest's model writes the keys it was
+given and reads what an older or a newer job wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from airflow_provider_raybatch.shared.run_manifest import (
+    DryRunManifest,
+    EarlierJob,
+    FailedRowsCheck,
+    RunManifest,
+)
+
+#: A manifest as a provider before ``binding``, ``layout`` and ``failed_rows_check`` wrote it, with a key
+#: this provider does not know (a newer job's).
+OLDER = {
+    "status": "complete",
+    "version": "v1",
+    "output_uri": "s3://b/out",
+    "rows_in": 3,
+    "rows_out": 2,
+    "rows_failed": 1,
+    "timings": None,
+    "from_a_newer_job": {"kept": [1, 2]},
+}
+
+
+def test_a_manifest_read_and_written_again_is_the_same_json() -> None:
+    manifest = RunManifest.of(OLDER)
+
+    assert (manifest.version, manifest.rows_in, manifest.rows_duplicate) == ("v1", 3, None)
+    assert manifest.to_json() == OLDER
+    assert json.loads(manifest.model_dump_json()) == OLDER
+
+
+def test_only_the_keys_given_or_set_are_written() -> None:
+    manifest = RunManifest(status="complete", rows_in=1, engine_pool=None)
+    manifest.held_try = EarlierJob(job_id="j0", timings=None)
+    manifest.failed_rows_check = FailedRowsCheck(passed=True, message=None)
+
+    assert manifest.to_json() == {
+        "status": "complete",
+        "rows_in": 1,
+        "engine_pool": None,
+        "held_try": {"job_id": "j0", "timings": None},
+        "failed_rows_check": {"passed": True, "message": None},
+    }
+
+
+def test_a_value_of_another_type_is_refused() -> None:
+    with pytest.raises(ValidationError, match="rows_in"):
+        RunManifest.of({**OLDER, "rows_in": "three"})
+
+
+def test_a_dry_run_manifest_reads_its_own_keys_and_a_run_manifest_as_one() -> None:
+    dry = DryRunManifest.of({"status": "dry_run", "rows_in": 4, "prompt_tokens": 40, "rows_per_second": 2.5})
+    assert (dry.prompt_tokens, dry.rows_per_second, dry.estimated_engine_seconds) == (40, 2.5, None)
+    assert DryRunManifest.of(RunManifest.of(OLDER)).to_json() == OLDER
+    assert RunManifest.of(dry) is dry
