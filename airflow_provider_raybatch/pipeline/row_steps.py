@@ -17,7 +17,7 @@ import functools
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.pipeline import storage
@@ -32,6 +32,13 @@ from airflow_provider_raybatch.pipeline.prompt.prompts import (
 from airflow_provider_raybatch.pipeline.read import images
 from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file, row_to_json
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
+from airflow_provider_raybatch.pipeline.row_types import (
+    EngineOutput,
+    EngineRequest,
+    EngineRow,
+    PreparedRow,
+    StagedRow,
+)
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
@@ -45,20 +52,24 @@ from airflow_provider_raybatch.specs import (
     check_sampling_params,
 )
 
-#: The columns of a prepared row (:func:`prepare_row`), all text or null, so Ray's blocks stay uniform.
-_PREPARED_COLUMNS = ("id", "source", "row", "messages", "prompt", "sampling", "request", "error")
 #: A preprocess's column of per-row sampling parameters (Ray Data LLM's name).
 ROW_SAMPLING_PARAMS = "sampling_params"
 #: The kind of a row's error that no step foresaw (the row firewall's).
 UNEXPECTED_ROW_ERROR = "unexpected row error"
-#: Fields of a prepared row that hold JSON text (re-encoded with escapes if they hold lone surrogates).
-_JSON_TEXT_COLUMNS = ("row", "messages", "sampling", "request")
-EXTRA_COLUMNS = (
-    openai_batch.EXTRA_INPUTS,
-    openai_batch.EXTRA_CHOICES,
-    openai_batch.EXTRA_EMBEDDINGS,
-    openai_batch.FINISH_REASON,
+_TextColumn = Literal["id", "source", "row", "messages", "prompt", "sampling", "request", "error"]
+#: The text columns of a prepared row (:class:`.PreparedRow`; ``id`` and ``source`` never null).
+_TEXT_COLUMNS: tuple[_TextColumn, ...] = (
+    "id",
+    "source",
+    "row",
+    "messages",
+    "prompt",
+    "sampling",
+    "request",
+    "error",
 )
+#: Fields of a prepared row that hold JSON text (re-encoded with escapes if they hold lone surrogates).
+_JSON_TEXT_COLUMNS: tuple[_TextColumn, ...] = ("row", "messages", "sampling", "request")
 
 
 def parse_file_row(
@@ -80,7 +91,7 @@ def parse_file_row(
     yield from parse_file(name, data, input_format, binary_columns, id_column=id_column)
 
 
-def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+def prepare_row(record: Row, spec: BatchInferenceSpec) -> PreparedRow:
     """Record -> {id, source, row, messages, prompt, sampling, request, error}; a row that cannot be
     prompted gets its reason.
 
@@ -90,7 +101,16 @@ def prepare_row(record: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
     one row raises becomes that row's error, never the job's.
     """
     source = record["source"]
-    prepared = dict.fromkeys(_PREPARED_COLUMNS) | {"id": source, "source": source, "row": record["row"]}
+    prepared = PreparedRow(
+        id=source,
+        source=source,
+        row=record["row"],
+        messages=None,
+        prompt=None,
+        sampling=None,
+        request=None,
+        error=None,
+    )
     if record["error"] is not None:
         return {**prepared, "error": record["error"]}
     try:
@@ -116,11 +136,12 @@ def _prompt_text_only(value: CellValue) -> CellValue:
     return value
 
 
-def _utf8_safe(prepared: Row) -> Row:
+def _utf8_safe(prepared: PreparedRow) -> PreparedRow:
     """The prepared row with no lone surrogate left (JSON's ``"\ud800"`` decodes to one): Arrow, and so
     Ray's blocks, take UTF-8 only, and one such row would fail the whole block. JSON text is written
     again with escapes (the same JSON); other text gets ``\ud800`` spelt out."""
-    for key, value in prepared.items():
+    for key in _TEXT_COLUMNS:
+        value = prepared[key]
         if not isinstance(value, str):
             continue
         try:
@@ -133,8 +154,8 @@ def _utf8_safe(prepared: Row) -> Row:
     return prepared
 
 
-def _prepare_user_row(prepared: JsonObject, spec: BatchInferenceSpec) -> JsonObject:
-    row = json.loads(prepared["row"])
+def _prepare_user_row(prepared: PreparedRow, spec: BatchInferenceSpec) -> PreparedRow:
+    row = json.loads(prepared["row"] or "")  # a record without an error has its row
     prepared["row"] = _shown_row(row, spec)
     id_from_input = True
     try:  # named by its id even when the preprocess fails
@@ -153,7 +174,7 @@ def _prepare_user_row(prepared: JsonObject, spec: BatchInferenceSpec) -> JsonObj
         if not id_from_input:
             prepared["id"] = row_id(spec, row, prepared["source"])
         prepared["sampling"] = json.dumps(_sampling_params(row, spec), ensure_ascii=False)
-        prepared.update(_prompt(row, spec, prepared["source"]))
+        prepared["messages"], prepared["prompt"] = _prompt(row, spec, prepared["source"])
     except ValueError as err:  # the reasons prompts.py and images.py give, e.g. "empty prompt: ..."
         return {**prepared, "error": str(err)}
     return prepared
@@ -177,9 +198,9 @@ def _sampling_params(row: JsonObject, spec: BatchInferenceSpec) -> JsonObject:
     return {**spec.sampling_params, **own}
 
 
-def _prompt(row: JsonObject, spec: BatchInferenceSpec, source: str) -> JsonObject:
-    """``{"messages": <JSON>}`` or ``{"prompt": <text>}``: from the spec's template or messages column,
-    else (a preprocess in Ray Data LLM's manner) from the row's own ``messages`` or ``prompt``."""
+def _prompt(row: JsonObject, spec: BatchInferenceSpec, source: str) -> tuple[str | None, str | None]:
+    """The messages as JSON, or the prompt text (the other None): from the spec's template or messages
+    column, else (a preprocess in Ray Data LLM's manner) from the row's own ``messages`` or ``prompt``."""
     folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
     options = images.options_for(spec)
     if spec.user_template is not None or spec.messages_column is not None:
@@ -188,7 +209,7 @@ def _prompt(row: JsonObject, spec: BatchInferenceSpec, source: str) -> JsonObjec
     elif row.get("messages") is not None:
         messages = messages_from_column("messages", row)
     elif isinstance(row.get("prompt"), str) and row["prompt"].strip():
-        return {"prompt": _prompt_text_only(row["prompt"])}
+        return None, _prompt_text_only(row["prompt"])
     else:
         raise ValueError(
             f"no prompt: {spec.preprocess} returned neither 'messages' nor a non-empty 'prompt' "
@@ -198,11 +219,11 @@ def _prompt(row: JsonObject, spec: BatchInferenceSpec, source: str) -> JsonObjec
     if not spec.image_column and any(isinstance(message.get("content"), list) for message in messages):
         # Content parts: images a preprocess or the messages column put in the messages.
         messages = images.normalize_message_images(messages, options, relative_to=folder)
-    return {"messages": json.dumps(messages, ensure_ascii=False)}
+    return json.dumps(messages, ensure_ascii=False), None
 
 
-def _prepare_openai_line(prepared: JsonObject, spec: BatchInferenceSpec) -> JsonObject:
-    line = json.loads(prepared["row"])
+def _prepare_openai_line(prepared: PreparedRow, spec: BatchInferenceSpec) -> PreparedRow:
+    line = json.loads(prepared["row"] or "")
     try:
         prepared["id"] = openai_batch.custom_id_of(line)  # duplicates are found by custom_id
         request = openai_batch.parse_request(line, spec.openai_endpoint or "", spec.sampling_params)
@@ -248,10 +269,10 @@ def user_function(dotted_path: str) -> RowFunction:
 
 
 def engine_request(
-    row: Row,
+    row: PreparedRow,
     with_images: bool,
     fill: frozenset[str] = frozenset(),
-) -> Row:
+) -> EngineRequest:
     """The row as ray.data.llm's stages take it.
 
     ``messages`` and ``sampling_params`` travel as JSON text, decoded by our chat-template and engine
@@ -270,29 +291,21 @@ def engine_request(
     Every row gets the engine stage's extra columns (:mod:`.engine_actor`), None where unused, so that
     the blocks' schemas agree, error rows' too.
     """
-    extras = dict.fromkeys(EXTRA_COLUMNS)
     if row["request"] is not None:  # an OpenAI batch line: its own prompt and sampling parameters
-        request = json.loads(row["request"])
-        if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
-            params = request["sampling_params"]
-            filled = openai_batch.filled_sampling_params(params, fill, row["source"])
-            request["sampling_params"] = json.dumps(filled, ensure_ascii=False)
-        if openai_batch.EXTRA_INPUTS in request:
-            extras[openai_batch.EXTRA_INPUTS] = json.dumps(request[openai_batch.EXTRA_INPUTS])
-        prompt = {key: request[key] for key in ("messages", "prompt", "sampling_params") if key in request}
-        if "messages" in prompt:
-            prompt["messages"] = json.dumps(prompt["messages"], ensure_ascii=False)
-        return {**extras, **prompt}
-    engine_row = {
-        **extras,
+        return _openai_engine_request(json.loads(row["request"]), row["source"], fill)
+    engine_row = EngineRequest(
+        extra_inputs=None,
+        extra_choices=None,
+        extra_embeddings=None,
+        finish_reason=None,
         # "" and not None on a good row: the stages after this one take a row whose error column is
         # not "" for a failed one (Ray Data LLM's test), and in a block where some row carries a
         # reason, Arrow gives the others None.
-        INFERENCE_ERROR: "",
-        "messages": row["messages"],
-        "prompt": row["prompt"],
-        "sampling_params": row["sampling"],
-    }
+        __inference_error__="",
+        messages=row["messages"],
+        prompt=row["prompt"],
+        sampling_params=row["sampling"],
+    )
     if with_images:
         engine_row["multimodal_data"] = None
         if row["messages"] is not None:
@@ -308,31 +321,54 @@ def engine_request(
     return engine_row
 
 
+def _openai_engine_request(request: JsonObject, source: str, fill: frozenset[str]) -> EngineRequest:
+    """An OpenAI batch line's engine request (:func:`.openai_batch.parse_request`) as the stages take it:
+    only the prompt keys it has, and its ``extra_inputs`` as JSON."""
+    engine_row = EngineRequest(
+        extra_inputs=None, extra_choices=None, extra_embeddings=None, finish_reason=None
+    )
+    if openai_batch.EXTRA_INPUTS in request:
+        engine_row["extra_inputs"] = json.dumps(request[openai_batch.EXTRA_INPUTS])
+    if "messages" in request:
+        engine_row["messages"] = json.dumps(request["messages"], ensure_ascii=False)
+    if "prompt" in request:
+        engine_row["prompt"] = request["prompt"]
+    if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
+        filled = openai_batch.filled_sampling_params(request["sampling_params"], fill, source)
+        engine_row["sampling_params"] = json.dumps(filled, ensure_ascii=False)
+    return engine_row
+
+
 def may_carry_images(spec: BatchInferenceSpec) -> bool:
     """Rows may hold images: from the image column, or in messages (a messages column, a preprocess)."""
     return (spec.openai_endpoint is None and spec.user_template is None) or spec.image_column is not None
 
 
-def _engine_output(row: dict[str, Any]) -> dict[str, Any]:
-    output = {
-        "id": row["id"],
-        "source": row["source"],
-        "row": row["row"],
-        "request": row["request"],
-        "sampling": row.get("sampling"),
-        "generated_text": row["generated_text"],
-        "num_input_tokens": int(row["num_input_tokens"]),
-        "num_generated_tokens": int(row["num_generated_tokens"]),
-    }
+def _engine_output(row: EngineRow) -> EngineOutput:
+    output = EngineOutput(
+        id=row["id"],
+        source=row["source"],
+        row=row["row"],
+        request=row["request"],
+        sampling=row.get("sampling"),
+        generated_text=row["generated_text"],
+        num_input_tokens=int(row["num_input_tokens"]),
+        num_generated_tokens=int(row["num_generated_tokens"]),
+    )
     if row["request"] is not None:  # what an OpenAI response line may carry besides the text
         logprobs, embeddings = row.get("logprobs"), row.get("embeddings")
         output["logprobs"] = None
         if logprobs is not None and len(logprobs):
             output["logprobs"] = json.dumps(openai_batch.token_logprobs(logprobs, row["generated_tokens"]))
         output["embeddings"] = None if embeddings is None else [float(value) for value in embeddings]
-        for column in (openai_batch.EXTRA_CHOICES, openai_batch.EXTRA_EMBEDDINGS, openai_batch.FINISH_REASON):
-            output[column] = row[column] if isinstance(row.get(column), str) else None
+        output["extra_choices"] = _text_or_none(row.get("extra_choices"))
+        output["extra_embeddings"] = _text_or_none(row.get("extra_embeddings"))
+        output["finish_reason"] = _text_or_none(row.get("finish_reason"))
     return output
+
+
+def _text_or_none(value: CellValue) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def source_only(row: Row) -> Row:
@@ -341,16 +377,19 @@ def source_only(row: Row) -> Row:
     return {"source": row["source"], REPORTED_PARTS: row.get(REPORTED_PARTS)}
 
 
-def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
-    """Engine result -> the staged row: the user's output row, or an error row with its reason."""
-    if row.get(INFERENCE_ERROR):
-        reason = str(row[INFERENCE_ERROR])
-        if reason.startswith(ROW_REASON_MARK):
-            return _staged_error(row, reason.removeprefix(ROW_REASON_MARK), spec)
-        return _staged_error(row, f"inference failed: {reason}", spec)
+def _staged_failed(row: EngineRow, spec: BatchInferenceSpec) -> StagedRow:
+    """A row that failed in the engine (or before it, :data:`INFERENCE_ERROR`) -> its error row."""
+    reason = str(row[INFERENCE_ERROR])
+    if reason.startswith(ROW_REASON_MARK):
+        return _staged_error(row, reason.removeprefix(ROW_REASON_MARK), spec)
+    return _staged_error(row, f"inference failed: {reason}", spec)
+
+
+def _staged_result(row: EngineOutput, spec: BatchInferenceSpec) -> StagedRow:
+    """A good engine result -> the staged row: the user's output row, or an error row with its reason."""
     if spec.openai_endpoint is not None:
         line = openai_batch.response_line(row, spec.openai_endpoint, spec.model, spec.run_key)
-        return {"source": row["source"], "ok": True, "record": json.dumps(line, ensure_ascii=False)}
+        return StagedRow(source=row["source"], ok=True, record=json.dumps(line, ensure_ascii=False))
     structured = _structured_outputs(row, spec)
     choices = list(structured["choice"]) if "choice" in structured else None
     if choices is not None and row["generated_text"] not in choices:
@@ -369,12 +408,15 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
             reason=f"output not JSON: {_shortened(row['generated_text'])!r} after "
             f"{row['num_generated_tokens']} tokens; raise sampling_params['max_tokens']",
         )
-    output = _output_row(json.loads(row["row"]), row, spec)
-    engine_counts = {
+    output = _output_row(json.loads(row["row"] or ""), row, spec)  # a good row has its input row
+    staged = StagedRow(
+        source=row["source"],
+        ok=True,
+        record="",  # the output row, once a postprocess made it
         # whatever postprocess returns
-        "tokens": [int(row["num_input_tokens"]), int(row["num_generated_tokens"])],
-        "label": row["generated_text"] if choices is not None else None,  # counted only for a choice
-    }
+        tokens=[int(row["num_input_tokens"]), int(row["num_generated_tokens"])],
+        label=row["generated_text"] if choices is not None else None,  # counted only for a choice
+    )
     if spec.postprocess:
         try:
             output = _returned_row(user_function(spec.postprocess)(output))
@@ -383,15 +425,17 @@ def _staged_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, A
         except Exception as err:  # noqa: BLE001 - reported on the row, as any bad row is.
             reason = f"postprocess failed: {spec.postprocess}: {type(err).__name__}: {err}"
             return _staged_error(row, reason, spec)
-    return {"source": row["source"], "ok": True, "record": row_to_json(output), **engine_counts}
+    staged["record"] = row_to_json(output)
+    return staged
 
 
-def _structured_outputs(row: Row, spec: BatchInferenceSpec) -> JsonObject:
+def _structured_outputs(row: EngineOutput, spec: BatchInferenceSpec) -> JsonObject:
     """The structured output the row's own sampling parameters constrain it to (a preprocess may set
     them), else the spec's; empty for free text."""
-    if not row.get("sampling"):
+    sampling = row.get("sampling")
+    if not sampling:
         return dict(spec.sampling_params.get("structured_outputs") or {})
-    return dict(json.loads(row["sampling"]).get("structured_outputs") or {})
+    return dict(json.loads(sampling).get("structured_outputs") or {})
 
 
 def _wants_json(structured: JsonObject) -> bool:
@@ -411,31 +455,36 @@ def _shortened(text: str, chars: int = 80) -> str:
     return text if len(text) <= chars else text[:chars] + "..."
 
 
-def _output_row(source_row: dict[str, Any], row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
+def _output_row(source_row: Row, row: EngineOutput, spec: BatchInferenceSpec) -> Row:
     """The id, the kept columns, then the generated ones. An input column named like a column this
     pipeline writes (``generated_text``, ``row_id`` without an id column, ...) is kept as ``input_<name>``
     rather than replaced or replacing."""
     id_name = spec.id_column or DERIVED_ID_COLUMN
     ours = {id_name, *GENERATED_COLUMNS}
     columns = spec.keep_columns if spec.keep_columns is not None else list(source_row)
-    output = {id_name: row["id"]}
+    output: Row = {id_name: row["id"]}
     for column in columns:
         if column in (spec.id_column, spec.image_column):  # the id is first; never the image
             continue
         output[f"input_{column}" if column in ours else column] = source_row.get(column)
-    output.update({column: row[column] for column in GENERATED_COLUMNS})
+    generated: Row = dict(row)
+    output.update({column: generated[column] for column in GENERATED_COLUMNS})
     return output
 
 
-def _staged_safely(row: Row, spec: BatchInferenceSpec) -> Row:
+def _staged_safely(row: EngineRow, spec: BatchInferenceSpec) -> StagedRow:
     """:func:`_staged_result`, with the row firewall: whatever one row raises fails that row only."""
     try:
-        return _staged_result(row if row.get(INFERENCE_ERROR) else _engine_output(row), spec)
+        if row.get(INFERENCE_ERROR):
+            return _staged_failed(row, spec)
+        return _staged_result(_engine_output(row), spec)
     except Exception as err:  # noqa: BLE001 - a row's fault fails the row, never the job
         return _staged_error(row, f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}", spec)
 
 
-def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) -> dict[str, Any]:
+def _staged_error(
+    row: PreparedRow | EngineRow | EngineOutput, reason: str, spec: BatchInferenceSpec
+) -> StagedRow:
     if spec.openai_endpoint is not None:
         line = json.loads(row["row"]) if row["row"] is not None else {}
         line = line if isinstance(line, dict) else {}
@@ -448,7 +497,7 @@ def _staged_error(row: dict[str, Any], reason: str, spec: BatchInferenceSpec) ->
             ERROR_COLUMN: reason,
             "input": _strict_json(row["row"]),
         }
-    return {"source": row["source"], "ok": False, "record": json.dumps(record, ensure_ascii=False)}
+    return StagedRow(source=row["source"], ok=False, record=json.dumps(record, ensure_ascii=False))
 
 
 def _strict_json(text: str | None) -> str | None:
@@ -458,11 +507,11 @@ def _strict_json(text: str | None) -> str | None:
     return json.dumps(strict_json_value(json.loads(text)), ensure_ascii=False)
 
 
-def rejected_result(row: dict[str, Any], spec: BatchInferenceSpec) -> dict[str, Any]:
-    return _staged_error(row, row["error"], spec)
+def rejected_result(row: PreparedRow, spec: BatchInferenceSpec) -> StagedRow:
+    return _staged_error(row, row["error"] or "", spec)
 
 
-def stage_engine_rows(rows: list[dict[str, Any]], spec: BatchInferenceSpec, parts: PartWriter) -> StagedPart:
+def stage_engine_rows(rows: list[EngineRow], spec: BatchInferenceSpec, parts: PartWriter) -> StagedPart:
     """In an engine replica: finished rows (as they leave the stage, all columns) -> one staged part.
 
     Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError
 from airflow_provider_raybatch.json_types import JsonObject, Kwargs, RuntimeEnv
@@ -228,10 +228,12 @@ def _processor(
         )
     return build_llm_processor(
         config,
-        preprocess=functools.partial(
-            row_steps.engine_request,
-            with_images=row_steps.may_carry_images(spec),
-            fill=fill,
+        # A plain dict to Ray Data LLM: the engine request is one (row_types.EngineRequest), typed.
+        preprocess=cast(
+            "Callable[[Kwargs], Kwargs]",
+            functools.partial(
+                row_steps.engine_request, with_images=row_steps.may_carry_images(spec), fill=fill
+            ),
         ),
         postprocess=row_steps.source_only,  # the replicas staged the results (stage_engine_rows)
         swap=stage_swap.StageSwap(staging, spec.compile_cache_dir, model_copy_root, pool),

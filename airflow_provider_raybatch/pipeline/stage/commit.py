@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue, Row
+from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, HELD_STATUS, failed_rows_verdict
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting import report
+from airflow_provider_raybatch.pipeline.row_types import StagedRow
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.shared.run_manifest import EarlierJob, RunManifest
@@ -252,9 +253,9 @@ def open_staging_parts(
 class PartRewriter(Protocol):
     """What commit needs to stage a part again without some of its rows (:class:`.parts.PartWriter`)."""
 
-    def read_part(self, part: StagedPart) -> list[Row]: ...
+    def read_part(self, part: StagedPart) -> list[StagedRow]: ...
 
-    def write_part(self, rows: list[Row]) -> StagedPart: ...
+    def write_part(self, rows: list[StagedRow]) -> StagedPart: ...
 
     def conform_parts(self, parts: list[StagedPart]) -> dict[str, list[str]]: ...
 

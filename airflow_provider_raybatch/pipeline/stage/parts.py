@@ -39,6 +39,7 @@ from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY, REPLICA_KEY
+from airflow_provider_raybatch.pipeline.row_types import StagedRow
 from airflow_provider_raybatch.pipeline.stage import part_schema
 from airflow_provider_raybatch.pipeline.stage.commit import (
     PART_FOLDERS,
@@ -149,7 +150,7 @@ class PartWriter:
             filesystem, path = storage.filesystem(storage.join(root, folder))
             filesystem.create_dir(path, recursive=True)
 
-    def write_part(self, rows: list[Row]) -> StagedPart:
+    def write_part(self, rows: list[StagedRow]) -> StagedPart:
         """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last.
 
         :raises StagingTakenError: the staging is no longer this writer's (:meth:`check_still_staging`).
@@ -161,7 +162,7 @@ class PartWriter:
         # The engine's counts where the row carries them (a postprocess may drop or rename the
         # token columns), else what the written row says.
         tokens = [
-            tuple(row["tokens"]) if row.get("tokens") else self.tokens_of(record)
+            _token_pair(row["tokens"]) if row.get("tokens") else self.tokens_of(record)
             for row, record in zip((row for row in rows if row["ok"]), outputs, strict=True)
         ]
         in_file_order = [row for row in rows if row["ok"]] + [row for row in rows if not row["ok"]]
@@ -251,7 +252,7 @@ class PartWriter:
                 "its to write. The job that made this writer has ended; its rows are not staged."
             )
 
-    def read_part(self, part: StagedPart) -> list[Row]:
+    def read_part(self, part: StagedPart) -> list[StagedRow]:
         """A part's rows as :meth:`write_part` took them (each output row with its ``label``, and its
         engine ``tokens`` where the sidecar has them); its sidecar must list them in file order."""
         if not part.sidecar.get(SOURCES_IN_FILE_ORDER):
@@ -269,7 +270,7 @@ class PartWriter:
         labels = part.sidecar.get(LABELS_KEY) or [None] * len(records["outputs"])
         tokens = part.sidecar.get(TOKENS_KEY) or [None] * len(records["outputs"])
         rows = [
-            {"source": source, "ok": flag, "record": json.dumps(record, ensure_ascii=False)}
+            StagedRow(source=source, ok=flag, record=json.dumps(record, ensure_ascii=False))
             for source, flag, record in zip(
                 part.sidecar["sources"], ok, records["outputs"] + records["errors"], strict=True
             )
@@ -320,3 +321,9 @@ class PartWriter:
             schema = part_schema.read_parquet_schema(data, part_file)
             found.update({name: schema.field(name).type for name in missing})
         return found
+
+
+def _token_pair(tokens: list[int]) -> tuple[int, int]:
+    """A staged row's engine ``tokens`` (input, generated) as the part's counts take them."""
+    tokens_in, tokens_out = tokens
+    return tokens_in, tokens_out
