@@ -7,7 +7,7 @@ The custom fields are stored under these names in the connection's extra.
 
 from __future__ import annotations
 
-from airflow_provider_raybatch.json_types import JsonObject
+from airflow_provider_raybatch.shared.json_types import JsonObject
 
 DEFAULT_PORT = 8265
 

@@ -31,9 +31,9 @@ from openlineage.client.generated.input_statistics_input_dataset import InputSta
 from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
 from openlineage.client.generated.symlinks_dataset import Identifier, SymlinksDatasetFacet
 
-from airflow_provider_raybatch.json_types import Kwargs
+from airflow_provider_raybatch.shared.json_types import Kwargs
 from airflow_provider_raybatch.shared.run_manifest import ManifestJson, RunManifest
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: ExternalQueryRunFacet's ``source`` for a Ray job.
 RAY_SOURCE = "ray"

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_provider_raybatch.json_types import JsonValue
+from airflow_provider_raybatch.shared.json_types import JsonValue
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator

@@ -97,7 +97,7 @@ def main() -> None:
     from airflow_provider_raybatch.pipeline import storage
     from airflow_provider_raybatch.pipeline.stage import commit
     from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     server = start_moto(args.port)
     try:

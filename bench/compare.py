@@ -118,9 +118,9 @@ def run_ours(
 ) -> dict[str, Any]:  # Any
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_provider_raybatch.manifest import manifest_from_log
     from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-    from airflow_provider_raybatch.utils.job_ids import TaskTry
+    from airflow_provider_raybatch.shared.job_ids import TaskTry
+    from airflow_provider_raybatch.shared.manifest import manifest_from_log
 
     log("(b) our pipeline: submitting through RayLLMBatchOperator.execute")
     operator = RayLLMBatchOperator(task_id="generate", **op_kwargs)

@@ -132,8 +132,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from airflow_provider_raybatch.hooks.ray import RayHook
-    from airflow_provider_raybatch.manifest import manifest_from_log
     from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+    from airflow_provider_raybatch.shared.manifest import manifest_from_log
 
     input_dir = args.data / f"in-{args.rows}"
     t0 = time.time()

@@ -57,7 +57,7 @@ _worker: dict[str, Any] = {}  # Any: the worker's spec and tokenizer
 def _init_worker(spec_json: str) -> None:
     from transformers import AutoTokenizer
 
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     spec = BatchInferenceSpec.from_json(spec_json)
     _worker["spec"] = spec
@@ -191,7 +191,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from airflow_provider_raybatch.pipeline import storage
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     spec_json = args.spec_file.read_text()
     spec = BatchInferenceSpec.from_json(spec_json)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from airflow_provider_raybatch.operators.llm_batch import SPEC_PARAMETERS, RayLLMBatchOperator
 from airflow_provider_raybatch.operators.ray_data_llm_settings import RAY_DATA_LLM_SETTINGS
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "parameters.md"
 COMMAND = ".venvs/airflow/bin/python scripts/make_parameter_reference.py"
@@ -106,8 +106,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 
-#: The checks of a pre/postprocess dotted path after the spec's (operators/job_shipping.py,
-#: utils/user_functions.py).
+#: The checks of a pre/postprocess dotted path after the spec's (jobs/job_shipping.py,
+#: shared/user_functions.py).
 _USER_FUNCTION_CHECKS = (
     "Its function too, then and by `validate()`, read from its module's source (never imported): where the "
     "module is found (on `sys.path`, else beside the DAG file: a DAG's own test that parses the DAGs "
@@ -259,7 +259,9 @@ def _type_aliases() -> dict[str, ast.expr]:
     """The package's named types (json_types.py: ``Kwargs = dict[str, ArgValue]``, ``ArgValue = Any``),
     so a parameter annotated with one reads as the type it stands for."""
     tree = ast.parse(
-        (Path(__file__).resolve().parents[1] / "airflow_provider_raybatch" / "json_types.py").read_text()
+        (
+            Path(__file__).resolve().parents[1] / "airflow_provider_raybatch" / "shared" / "json_types.py"
+        ).read_text()
     )
     return {
         node.target.id: node.value

@@ -683,7 +683,7 @@ def s3_server() -> Iterator[S3Server]:
         server.stop()
 
 
-#: Where Airflow finds each secret that may sign this deployment's jobs (utils/deployment_secret.py).
+#: Where Airflow finds each secret that may sign this deployment's jobs (jobs/deployment_secret.py).
 SECRET_OPTIONS = {
     "raybatch": "AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET",
     "fernet": "AIRFLOW__CORE__FERNET_KEY",

@@ -36,29 +36,33 @@ from airflow.sdk import BaseHook, Connection
 
 from airflow_provider_raybatch.common_ai import settings as job
 from airflow_provider_raybatch.common_ai.files import iter_result_lines, write_lines
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError, RayJobNotFoundError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayConnectionSettings, RayHook
-from airflow_provider_raybatch.json_types import ArgValue, JsonObject, RuntimeEnv
-from airflow_provider_raybatch.operators import job_shipping
-from airflow_provider_raybatch.operators.task_tries import task_try_of
-from airflow_provider_raybatch.shared.run_manifest import RunManifest
-from airflow_provider_raybatch.triggers.ray import ProgressRelay
-from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
-from airflow_provider_raybatch.utils.deployment_secret import deployment_key, engine_pool_scope
-from airflow_provider_raybatch.utils.events import without_log_tail
-from airflow_provider_raybatch.utils.job_ids import (
+from airflow_provider_raybatch.jobs import job_shipping
+from airflow_provider_raybatch.jobs.committed_manifest import is_result_of, read_committed_manifest
+from airflow_provider_raybatch.jobs.deployment_secret import deployment_key, engine_pool_scope
+from airflow_provider_raybatch.jobs.task_tries import task_try_of
+from airflow_provider_raybatch.shared.exceptions import (
+    BatchSpecError,
+    RayJobAlreadyExistsError,
+    RayJobNotFoundError,
+)
+from airflow_provider_raybatch.shared.job_ids import (
     MAX_SUBMISSION_ATTEMPTS,
     TaskTry,
     is_submission_id,
     issued_by,
 )
+from airflow_provider_raybatch.shared.json_types import ArgValue, JsonObject, RuntimeEnv
+from airflow_provider_raybatch.shared.run_manifest import RunManifest
+from airflow_provider_raybatch.triggers.ray import ProgressRelay
+from airflow_provider_raybatch.utils.events import without_log_tail
 
 if TYPE_CHECKING:
     from airflow.providers.common.ai.batch.base import BatchRequest
     from airflow.providers.common.ai.batch.output_schema import OutputSpec
     from airflow.sdk import Context
 
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 log = logging.getLogger(__name__)
 

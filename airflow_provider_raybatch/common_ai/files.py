@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from airflow_provider_raybatch.json_types import JsonObject
+from airflow_provider_raybatch.shared.json_types import JsonObject
 
 
 def _path(uri: str) -> Path | Any:  # Any: Airflow's ObjectStoragePath.

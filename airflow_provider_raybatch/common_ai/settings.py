@@ -17,9 +17,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue, Kwargs
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue, Kwargs
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: The key of ``request_params`` and of the connection's extras that holds the job's settings.
 SETTINGS_KEY = "raybatch"

@@ -3,7 +3,7 @@
 Both twins of :class:`~airflow_provider_raybatch.hooks.ray.RayHook` build a :class:`_Request`, read
 the reply whole into an :class:`_Answer`, and hand it to the code here: status codes become the
 narrowest provider exception, a redirect or a page that is not JSON (an SSO proxy's login) becomes
-:class:`~airflow_provider_raybatch.exceptions.RayUnexpectedResponseError`, the JSON body becomes
+:class:`~airflow_provider_raybatch.shared.exceptions.RayUnexpectedResponseError`, the JSON body becomes
 :class:`~airflow_provider_raybatch.hooks.jobs.JobInfo`, and a transport failure (no answer at all)
 becomes an error that says whether retrying can help. Kept out of the hook so that everything after
 the I/O is one piece of code, which the two twins cannot each get slightly different.
@@ -21,7 +21,8 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import aiohttp
 import httpx
 
-from airflow_provider_raybatch.exceptions import (
+from airflow_provider_raybatch.hooks.jobs import JobInfo
+from airflow_provider_raybatch.shared.exceptions import (
     RayAuthError,
     RayHookError,
     RayJobAlreadyExistsError,
@@ -29,8 +30,7 @@ from airflow_provider_raybatch.exceptions import (
     RayUnavailableError,
     RayUnexpectedResponseError,
 )
-from airflow_provider_raybatch.hooks.jobs import JobInfo
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.hooks.connection_settings import RayConnectionSettings

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from airflow_provider_raybatch.hooks.connection_settings import RayConnectionSettings, _ssl_context
-from airflow_provider_raybatch.json_types import Kwargs
+from airflow_provider_raybatch.shared.json_types import Kwargs
 
 #: Most calls one shared async client has on the wire at once; the rest wait their turn.
 MAX_CONCURRENT_ASYNC_CALLS = 8

@@ -24,8 +24,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 
 from airflow_provider_raybatch.connection_form import DEFAULT_PORT
-from airflow_provider_raybatch.exceptions import RayHookError
-from airflow_provider_raybatch.json_types import JsonObject, Kwargs
+from airflow_provider_raybatch.shared.exceptions import RayHookError
+from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

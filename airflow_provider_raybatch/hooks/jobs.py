@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from airflow_provider_raybatch.json_types import JsonObject
+from airflow_provider_raybatch.shared.json_types import JsonObject
 
 
 class JobStatus(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() and format() of a status

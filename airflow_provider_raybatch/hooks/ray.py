@@ -27,7 +27,6 @@ from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception
 from tenacity.wait import wait_exponential_jitter
 
 from airflow_provider_raybatch.connection_form import ui_field_behaviour
-from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.answers import (
     _PROXY_ADVICE,
     _Answer,
@@ -49,13 +48,14 @@ from airflow_provider_raybatch.hooks.connection_settings import (
 )
 from airflow_provider_raybatch.hooks.jobs import JobInfo as JobInfo
 from airflow_provider_raybatch.hooks.jobs import JobStatus as JobStatus
-from airflow_provider_raybatch.json_types import ArgValue, JsonObject, RuntimeEnv
-from airflow_provider_raybatch.utils.layout import (
+from airflow_provider_raybatch.shared.exceptions import RayHookError
+from airflow_provider_raybatch.shared.json_types import ArgValue, JsonObject, RuntimeEnv
+from airflow_provider_raybatch.shared.layout import (
     CLUSTER_NODES_ENDPOINT,
     ClusterResources,
     cluster_resources_from_api,
 )
-from airflow_provider_raybatch.utils.packaging import RayPackage
+from airflow_provider_raybatch.shared.packaging import RayPackage
 
 #: First and longest pause between two retries (exponential backoff with jitter in between).
 FIRST_RETRY_WAIT_SECONDS = 1.0
@@ -100,7 +100,7 @@ class RayHook(BaseHook):
     cluster's auth token, sent as ``Authorization: Bearer``.
     Extras: ``headers`` (dict), ``cookies`` (dict), ``verify`` (true, false or a CA bundle path),
     ``timeout_seconds``. A redirect or a non-JSON page (an SSO proxy's login) raises
-    :class:`~airflow_provider_raybatch.exceptions.RayUnexpectedResponseError`.
+    :class:`~airflow_provider_raybatch.shared.exceptions.RayUnexpectedResponseError`.
 
     :param ray_conn_id: Airflow connection id of type ``ray``. Default ``ray_default``.
     """

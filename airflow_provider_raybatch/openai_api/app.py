@@ -40,7 +40,6 @@ from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.openai_api import settings as openai_settings
 from airflow_provider_raybatch.openai_api.body_limit import BodySizeLimit
 from airflow_provider_raybatch.openai_api.dag import BATCH_TASK_ID
@@ -54,6 +53,7 @@ from airflow_provider_raybatch.openai_api.store import (
     new_id,
     public,
 )
+from airflow_provider_raybatch.shared.json_types import JsonObject
 from airflow_provider_raybatch.shared.jsonl import count_requests
 from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 

@@ -17,9 +17,9 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.openai_api.settings import DEFAULT_DAG_ID
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.shared.json_types import ArgValue
 
 if TYPE_CHECKING:
     import jinja2

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
 
-from airflow_provider_raybatch.json_types import JsonObject
+from airflow_provider_raybatch.shared.json_types import JsonObject
 
 BatchStatus = Literal[
     "validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled", "expired"

@@ -38,8 +38,8 @@ from contextlib import contextmanager
 
 from airflow.sdk import ObjectStoragePath
 
-from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.openai_api.quota import Reservation, Usage
+from airflow_provider_raybatch.shared.json_types import JsonObject
 
 #: The shapes of the ids this store issues; anything else is no file or batch of ours.
 FILE_ID = re.compile(r"file-[0-9a-f]{32}")

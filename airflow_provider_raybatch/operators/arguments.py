@@ -20,10 +20,10 @@ import jinja2
 from airflow.sdk import BaseOperator
 from airflow.sdk.bases.operator import BaseOperatorMeta
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.json_types import Kwargs
 from airflow_provider_raybatch.operators.ray_data_llm_settings import RAY_DATA_LLM_SETTINGS
-from airflow_provider_raybatch.specs import VLLM_SAMPLING_PARAMS, did_you_mean
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.json_types import Kwargs
+from airflow_provider_raybatch.shared.specs import VLLM_SAMPLING_PARAMS, did_you_mean
 
 #: vLLM engine arguments a notebook passes where this operator takes them in ``engine_kwargs`` (the
 #: common ones: the job's driver checks every key of engine_kwargs against the cluster's vLLM); a key

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from airflow_provider_raybatch.hooks.ray import JobInfo
-from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
+from airflow_provider_raybatch.jobs.job_shipping import FINGERPRINT_KEY
 
 
 class Start(enum.Enum):

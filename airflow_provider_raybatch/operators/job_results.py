@@ -8,22 +8,30 @@ apart from the operator. Plain functions that take the spec, the storage connect
 
 from __future__ import annotations
 
-from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError, RayHookError, RayJobFailedError
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.json_types import JsonObject, TaskLog
-from airflow_provider_raybatch.manifest import (
-    DRY_RUN_STATUS,
-    HELD_STATUS,
+from airflow_provider_raybatch.jobs.committed_manifest import exists as committed_exists
+from airflow_provider_raybatch.jobs.committed_manifest import is_result_of, read_committed_manifest
+from airflow_provider_raybatch.shared.exceptions import (
+    RayBatchRowsFailedError,
+    RayHookError,
+    RayJobFailedError,
+)
+from airflow_provider_raybatch.shared.json_types import JsonObject, TaskLog
+from airflow_provider_raybatch.shared.manifest import (
     MANIFEST_FILE_NAME,
     dry_run_uri,
     failed_rows,
     failed_rows_verdict,
     manifest_from_log,
 )
-from airflow_provider_raybatch.shared.run_manifest import DryRunManifest, ManifestJson, RunManifest
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.committed_manifest import exists as committed_exists
-from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
+from airflow_provider_raybatch.shared.run_manifest import (
+    DRY_RUN_STATUS,
+    HELD_STATUS,
+    DryRunManifest,
+    ManifestJson,
+    RunManifest,
+)
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from airflow_provider_raybatch.utils.events import job_event, job_failed_error
 
 

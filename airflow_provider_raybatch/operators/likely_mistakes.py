@@ -12,9 +12,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 
-from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.operators.arguments import ENGINE_ARGUMENTS
-from airflow_provider_raybatch.utils.user_functions import keys_set_by
+from airflow_provider_raybatch.shared.json_types import ArgValue
+from airflow_provider_raybatch.shared.user_functions import keys_set_by
 
 #: How alike an unknown engine_kwargs key must be to a common engine argument to be named as its
 #: misspelling. No engine argument of vLLM 0.32 that is missing from ENGINE_ARGUMENTS comes this close

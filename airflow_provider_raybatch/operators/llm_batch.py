@@ -13,13 +13,11 @@ import jinja2
 import pendulum
 from airflow.sdk import Asset, BaseOperator, conf
 
-from airflow_provider_raybatch.exceptions import (
-    BatchSpecError,
-    RayHookError,
-    RayJobNotFoundError,
-)
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
-from airflow_provider_raybatch.json_types import ArgValue, JsonObject, Kwargs, RuntimeEnv
+from airflow_provider_raybatch.jobs import job_shipping
+from airflow_provider_raybatch.jobs.deployment_secret import deployment_key, engine_pool_scope
+from airflow_provider_raybatch.jobs.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
+from airflow_provider_raybatch.jobs.task_tries import submission_order, task_try_of, try_number_of
 from airflow_provider_raybatch.links import (
     DASHBOARD_URL_XCOM_KEY,
     JOB_ID_XCOM_KEY,
@@ -27,22 +25,26 @@ from airflow_provider_raybatch.links import (
     RayJobLink,
     RunReportLink,
 )
-from airflow_provider_raybatch.manifest import describe_engine_pool, describe_timings
 from airflow_provider_raybatch.operators import (
     arguments,
     job_results,
-    job_shipping,
     mapped_tasks,
     partition_dates,
     written_values,
 )
 from airflow_provider_raybatch.operators.job_choice import Start, choose_start
-from airflow_provider_raybatch.operators.job_shipping import PIPELINE_MODULE as PIPELINE_MODULE  # re-exported
 from airflow_provider_raybatch.operators.spec_params import SPEC_PARAMETERS as SPEC_PARAMETERS  # re-exported
 from airflow_provider_raybatch.operators.spec_params import rendered_flag, spec_from_params
-from airflow_provider_raybatch.operators.task_tries import submission_order, task_try_of, try_number_of
+from airflow_provider_raybatch.shared.exceptions import (
+    BatchSpecError,
+    RayHookError,
+    RayJobNotFoundError,
+)
+from airflow_provider_raybatch.shared.job_ids import TaskTry
+from airflow_provider_raybatch.shared.json_types import ArgValue, JsonObject, Kwargs, RuntimeEnv
+from airflow_provider_raybatch.shared.manifest import describe_engine_pool, describe_timings
 from airflow_provider_raybatch.shared.run_manifest import DryRunManifest, RunManifest
-from airflow_provider_raybatch.specs import (
+from airflow_provider_raybatch.shared.specs import (
     DEFAULT_MAX_FAILED_FRACTION,
     DEFAULT_MODEL_CACHE_DIR,
     BatchInferenceSpec,
@@ -56,9 +58,7 @@ from airflow_provider_raybatch.triggers.ray import (
     event_for_job,
     settle_deadline,
 )
-from airflow_provider_raybatch.utils.deployment_secret import deployment_key, engine_pool_scope
 from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
-from airflow_provider_raybatch.utils.job_ids import TaskTry
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -116,7 +116,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
     ``accelerator_type``,
     ``replica_resources``, ``id_column``, ``keep_columns``, ``max_failed_fraction``, ``max_failed_rows``)
     are the fields of
-    :class:`~airflow_provider_raybatch.specs.BatchInferenceSpec`, whose descriptions document them;
+    :class:`~airflow_provider_raybatch.shared.specs.BatchInferenceSpec`, whose descriptions document them;
     they are validated together before anything is submitted. Dict and list parameters may be given as
     JSON text, so they can come from templates such as ``"{{ params.engine_kwargs | tojson }}"``.
 
@@ -497,7 +497,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         even where its DAGs folder is not on ``sys.path`` (a DAG's own test; Airflow puts it there)."""
         return self.dag.fileloc if self.has_dag() else None
 
-    # -- shipping (operators/job_shipping.py) ----------------------------------------------------
+    # -- shipping (jobs/job_shipping.py) ----------------------------------------------------
 
     def entrypoint(self, spec: BatchInferenceSpec) -> str:
         """A few words whatever the spec's size: the spec travels in the job package (_runtime_env)."""

@@ -24,16 +24,16 @@ import attrs
 from airflow.sdk.definitions._internal.contextmanager import DagContext
 from airflow.sdk.definitions.mappedoperator import MappedOperator, OperatorPartial
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.json_types import ArgValue, Kwargs
 from airflow_provider_raybatch.operators import arguments, written_values
 from airflow_provider_raybatch.operators.spec_params import SPEC_PARAMETERS
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.json_types import ArgValue, Kwargs
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
 
     from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: The most map indexes built as the DAG is parsed (0.2 ms each); past it, every listed value is
 #: still built once, in the map indexes that pair the lists' n-th values.

@@ -13,9 +13,9 @@ import json
 import re
 from collections.abc import Collection
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.json_types import Kwargs
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.json_types import Kwargs
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: The operator's parameters that are the job spec's fields (all but the run key, which a run gives).
 SPEC_PARAMETERS = tuple(name for name in BatchInferenceSpec.model_fields if name != "run_key")

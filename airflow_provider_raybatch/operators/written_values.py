@@ -11,15 +11,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Collection, Mapping
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.json_types import ArgValue
-from airflow_provider_raybatch.operators import arguments, job_shipping
+from airflow_provider_raybatch.jobs import job_shipping
+from airflow_provider_raybatch.operators import arguments
 from airflow_provider_raybatch.operators.likely_mistakes import likely_mistakes
 from airflow_provider_raybatch.operators.spec_params import (
     check_literal_params,
     rendered_flag,
     spec_from_params,
 )
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.json_types import ArgValue
 
 #: Templated yes/no parameters that are not spec fields, and their defaults.
 FLAGS = {"reuse_earlier_result": True}

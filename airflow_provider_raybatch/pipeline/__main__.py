@@ -1,6 +1,6 @@
 """Entry point of the Ray job: ``python -m airflow_provider_raybatch.pipeline --spec-fingerprint <fp>``.
 
-The spec itself travels in the job package (``raybatch_job/spec.json``, utils/packaging.py), which
+The spec itself travels in the job package (``raybatch_job/spec.json``, shared/packaging.py), which
 Ray puts on the driver's path: as the entrypoint's argument, a spec past 128 KiB (a long system
 prompt, a large JSON schema) could not start (``[Errno 7] Argument list too long``). The entrypoint
 names the spec's fingerprint, so the Ray dashboard still tells one batch's jobs from another's, and
@@ -14,9 +14,9 @@ import logging
 import os
 import sys
 
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.packaging import JOB_MODULE, SPEC_FILE, read_job_file
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError, RayBatchRowsFailedError
+from airflow_provider_raybatch.shared.packaging import JOB_MODULE, SPEC_FILE, read_job_file
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 
 def shipped_spec(fingerprint: str) -> BatchInferenceSpec:

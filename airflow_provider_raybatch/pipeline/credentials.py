@@ -10,7 +10,7 @@ the head's memory. So:
 1. The operator uploads the settings through the Jobs API's package route under a random name
    (``shared/s3_settings_upload.py``: ``gcs://raybatch_s3_settings_<128 random bits>.json``) and names that
    upload in no runtime_env field, so no node downloads or unpacks it. Its name is written only in
-   the job package (``raybatch_job/s3_settings_uri``, utils/packaging.py), which the dashboard does
+   the job package (``raybatch_job/s3_settings_uri``, shared/packaging.py), which the dashboard does
    not show; the entrypoint, runtime_env and metadata carry neither the name nor the keys.
 2. The hook's probe before the upload pins the name for ``RAY_RUNTIME_ENV_TEMPORARY_REFERENCE_EXPIRATION_S``
    (default 600 s). No job references it, so the GCS deletes it when the pin expires: a job that
@@ -47,9 +47,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.json_types import JsonObject
+from airflow_provider_raybatch.shared.json_types import JsonObject
+from airflow_provider_raybatch.shared.packaging import S3_SETTINGS_URI_FILE, read_job_file
 from airflow_provider_raybatch.shared.s3_settings_upload import UPLOAD_PREFIX
-from airflow_provider_raybatch.utils.packaging import S3_SETTINGS_URI_FILE, read_job_file
 
 if TYPE_CHECKING:
     from types import FrameType

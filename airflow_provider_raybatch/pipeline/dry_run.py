@@ -32,17 +32,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue, Row
-from airflow_provider_raybatch.manifest import (
-    DRY_RUN_STATUS,
+from airflow_provider_raybatch.pipeline import row_steps, storage
+from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue, Row
+from airflow_provider_raybatch.shared.layout import LayoutPlan, plan_layout
+from airflow_provider_raybatch.shared.manifest import (
     MANIFEST_FILE_NAME,
     dry_run_uri,
 )
-from airflow_provider_raybatch.pipeline import row_steps, storage
-from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
-from airflow_provider_raybatch.shared.run_manifest import DryRunManifest, RunManifest
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.layout import LayoutPlan, plan_layout
+from airflow_provider_raybatch.shared.run_manifest import DRY_RUN_STATUS, DryRunManifest, RunManifest
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 if TYPE_CHECKING:
     from ray.data import Dataset

@@ -9,8 +9,10 @@ what they import and them too.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
-INFERENCE_ERROR = "__inference_error__"  # ray.data.llm's column when should_continue_on_error=True
+#: Ray Data LLM's error column (with ``should_continue_on_error=True``): "" for a good row, else why not.
+INFERENCE_ERROR: Final = "__inference_error__"
 #: Marks a reason of ours in ray.data.llm's error column (set by our steps after prepare: the engine
 #: request, the chat template), so that it is not reported as the engine's ("inference failed: ...").
 ROW_REASON_MARK = "raybatch row error: "

@@ -19,7 +19,6 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.prompt.prompts import (
@@ -43,7 +42,8 @@ from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS
-from airflow_provider_raybatch.specs import (
+from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
+from airflow_provider_raybatch.shared.specs import (
     DERIVED_ID_COLUMN,
     ERROR_COLUMN,
     GENERATED_COLUMNS,

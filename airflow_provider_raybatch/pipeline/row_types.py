@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
-from airflow_provider_raybatch.json_types import CellValue
+from airflow_provider_raybatch.shared.json_types import CellValue
 
 
 class PreparedRow(TypedDict):

@@ -24,14 +24,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError
-from airflow_provider_raybatch.json_types import JsonObject, Kwargs, RuntimeEnv
-from airflow_provider_raybatch.manifest import (
-    HELD_STATUS,
-    failed_rows,
-    failed_rows_verdict,
-    manifest_log_line,
-)
 from airflow_provider_raybatch.pipeline import dry_run, row_steps, storage
 from airflow_provider_raybatch.pipeline.generate import (
     default_layout,
@@ -61,6 +53,16 @@ from airflow_provider_raybatch.pipeline.stage.binding import RunBinding, binding
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.sink import StagedPartsSink
 from airflow_provider_raybatch.shared import openai_endpoints
+from airflow_provider_raybatch.shared.exceptions import RayBatchRowsFailedError
+from airflow_provider_raybatch.shared.job_ids import REUSE_COMMITTED_KEY
+from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, RuntimeEnv
+from airflow_provider_raybatch.shared.layout import plan_layout
+from airflow_provider_raybatch.shared.manifest import (
+    HELD_STATUS,
+    failed_rows,
+    failed_rows_verdict,
+    manifest_log_line,
+)
 from airflow_provider_raybatch.shared.run_manifest import (
     COMPLETE_STATUS,
     EarlierJob,
@@ -68,9 +70,7 @@ from airflow_provider_raybatch.shared.run_manifest import (
     RequestCounts,
     RunManifest,
 )
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
-from airflow_provider_raybatch.utils.layout import plan_layout
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 if TYPE_CHECKING:
     from ray.data import Dataset

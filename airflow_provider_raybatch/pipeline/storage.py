@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
-from airflow_provider_raybatch.json_types import Kwargs
-from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
-from airflow_provider_raybatch.specs import InputFormat, OutputFormat
+from airflow_provider_raybatch.shared.json_types import Kwargs
+from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
+from airflow_provider_raybatch.shared.specs import InputFormat, OutputFormat
 
 if TYPE_CHECKING:
     import pyarrow.fs

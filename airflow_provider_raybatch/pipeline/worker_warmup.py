@@ -27,7 +27,7 @@ from airflow_provider_raybatch.shared import job_settings
 if TYPE_CHECKING:
     import ray
 
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: How many workers to start: the engine dataset's first operators (filter, batching, preprocess, the
 #: engine stage's actor, the reports) each want one at once. Fewer on a small machine (a quarter of

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import (
 )
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from airflow_provider_raybatch.json_types import ArgValue
+from airflow_provider_raybatch.shared.json_types import ArgValue
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger, event_for_job, settle_deadline
 from airflow_provider_raybatch.utils.events import job_failed_error, validate_event
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from airflow_provider_raybatch.json_types import ArgValue
+from airflow_provider_raybatch.shared.json_types import ArgValue
 
 #: Every such setting, with the largest value it takes. The modules that read one pass its maximum
 #: here (tests/unit/pipeline/test_job_settings.py keeps them in step); the operator checks those a DAG

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from airflow_provider_raybatch.json_types import JsonValue
+from airflow_provider_raybatch.shared.json_types import JsonValue
 
 #: The integers a number column or an engine parameter can hold (Arrow's int64; vLLM's and torch's seeds).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -20,7 +20,7 @@ from typing import Self, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 #: A committed run's ``status``.
 COMPLETE_STATUS = "complete"

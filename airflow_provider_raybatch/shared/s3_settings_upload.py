@@ -1,6 +1,6 @@
 """The S3 settings of one job as an upload for the Jobs API's package store, under a random name.
 
-The operator ships them this way (``operators/job_shipping.py``); the driver takes them from the
+The operator ships them this way (``jobs/job_shipping.py``); the driver takes them from the
 cluster's store and deletes them (``pipeline/credentials.py``, whose docstring says why this shape).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 
-from airflow_provider_raybatch.utils.packaging import RayPackage
+from airflow_provider_raybatch.shared.packaging import RayPackage
 
 S3_SETTING_NAMES = ("endpoint_url", "region", "access_key", "secret_key", "session_token")
 UPLOAD_PREFIX = "gcs://raybatch_s3_settings_"

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raybatch.exceptions import RayHookError
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus, RayHook
-from airflow_provider_raybatch.json_types import JsonObject, TaskLog
-from airflow_provider_raybatch.manifest import describe_progress, progress_from_log
+from airflow_provider_raybatch.shared.exceptions import RayHookError
+from airflow_provider_raybatch.shared.json_types import JsonObject, TaskLog
+from airflow_provider_raybatch.shared.manifest import describe_progress, progress_from_log
 from airflow_provider_raybatch.triggers import poll_pace
 from airflow_provider_raybatch.utils.events import job_event
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEventError
-from airflow_provider_raybatch.json_types import JsonValue
+from airflow_provider_raybatch.shared.exceptions import RayJobFailedError, RayTriggerEventError
+from airflow_provider_raybatch.shared.json_types import JsonValue
 
 EVENT_STATUSES = frozenset({"success", "error", "cancelled"})
 EVENT_KEYS = ("status", "job_id", "message", "termination_reason")

@@ -57,11 +57,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import workload  # noqa: E402
 
-from airflow_provider_raybatch.operators import job_shipping  # noqa: E402
+from airflow_provider_raybatch.jobs import job_shipping  # noqa: E402
+from airflow_provider_raybatch.jobs.deployment_secret import signing_key  # noqa: E402
 from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, RayLLMBatchOperator  # noqa: E402
-from airflow_provider_raybatch.utils.deployment_secret import signing_key  # noqa: E402
-from airflow_provider_raybatch.utils.job_ids import TaskTry  # noqa: E402
-from airflow_provider_raybatch.utils.packaging import RayPackage  # noqa: E402
+from airflow_provider_raybatch.shared.job_ids import TaskTry  # noqa: E402
+from airflow_provider_raybatch.shared.packaging import RayPackage  # noqa: E402
 
 MODEL = "/tmp/llama8b_dummy"  # bench/gpu/make_model.py writes it there (the shared recipe's path)
 DATA = "/tmp/gpu_data"

@@ -48,8 +48,8 @@ import httpx  # noqa: E402
 import phases  # noqa: E402
 from procmon import ProcMonitor  # noqa: E402
 
-from airflow_provider_raybatch.manifest import manifest_from_log  # noqa: E402
-from airflow_provider_raybatch.utils.packaging import (  # noqa: E402
+from airflow_provider_raybatch.shared.manifest import manifest_from_log  # noqa: E402
+from airflow_provider_raybatch.shared.packaging import (  # noqa: E402
     build_provider_package,
     build_py_module_package,
 )

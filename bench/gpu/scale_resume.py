@@ -35,7 +35,7 @@ import phases  # noqa: E402
 import scale_check  # noqa: E402
 from procmon import ProcMonitor  # noqa: E402
 
-from airflow_provider_raybatch.manifest import manifest_from_log  # noqa: E402
+from airflow_provider_raybatch.shared.manifest import manifest_from_log  # noqa: E402
 
 
 def wait_gpu_free(limit_s: float = 90, below_mib: int = 3000) -> float:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from airflow_provider_raybatch.exceptions import ClusterLayoutError
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.layout import ClusterResources, NodeResources, plan_layout
+from airflow_provider_raybatch.shared.exceptions import ClusterLayoutError
+from airflow_provider_raybatch.shared.layout import ClusterResources, NodeResources, plan_layout
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 import airflow_provider_raybatch
-from airflow_provider_raybatch.operators.job_shipping import local_modules
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.packaging import build_provider_package
+from airflow_provider_raybatch.jobs.job_shipping import local_modules
+from airflow_provider_raybatch.shared.packaging import build_provider_package
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.conftest import ROOT, WHEEL_MODE, site_packages
 
 DISTRIBUTION = "airflow-provider-raybatch"

@@ -65,7 +65,7 @@ def test_a_commit_of_many_parts_on_s3_keeps_every_row_once_in_place(s3_storage: 
     from airflow_provider_raybatch.pipeline import storage
     from airflow_provider_raybatch.pipeline.stage import commit
     from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     spec = BatchInferenceSpec.build(
         model="m",

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.shared.manifest import manifest_from_log
 from tests.conftest import ROOT, submit_pipeline, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY, manifest_from_log
-from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY, TaskTry
+from airflow_provider_raybatch.shared.job_ids import REUSE_COMMITTED_KEY, TaskTry
+from airflow_provider_raybatch.shared.manifest import REUSED_RESULT_KEY, manifest_from_log
 from tests.conftest import free_cpus_held, submit_pipeline, wait_for_job, warm_conf
 from tests.integration.test_pipeline_job import make_operator
 

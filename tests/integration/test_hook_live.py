@@ -7,9 +7,13 @@ import uuid
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import RayAuthError, RayJobAlreadyExistsError, RayJobFailedError
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
 from airflow_provider_raybatch.sensors.ray import RayJobSensor
+from airflow_provider_raybatch.shared.exceptions import (
+    RayAuthError,
+    RayJobAlreadyExistsError,
+    RayJobFailedError,
+)
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from tests.conftest import cluster_ray_version
 

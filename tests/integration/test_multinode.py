@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import RayHook, _Request
-from airflow_provider_raybatch.manifest import manifest_from_log
+from airflow_provider_raybatch.shared.manifest import manifest_from_log
 from tests.conftest import CPU_ENGINE_KWARGS, REPLICA_SLOT, submit_pipeline, wait_for_job
 from tests.integration.test_pipeline_job import make_operator
 

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from airflow_provider_raybatch.manifest import manifest_from_log
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.shared.manifest import manifest_from_log
 from tests.conftest import (
     CPU_ENGINE_KWARGS,
     CPU_REPLICA,

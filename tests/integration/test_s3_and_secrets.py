@@ -213,7 +213,7 @@ def test_model_from_a_hugging_face_id_with_a_spec_over_128_kib(
     status = wait_for_job(job_id)
 
     from airflow_provider_raybatch.hooks.ray import RayHook
-    from airflow_provider_raybatch.manifest import manifest_from_log
+    from airflow_provider_raybatch.shared.manifest import manifest_from_log
 
     log = RayHook().get_job_logs(job_id)
     assert status.value == "SUCCEEDED", log[-3000:]

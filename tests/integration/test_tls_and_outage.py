@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import RayHookError, RayUnavailableError
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.shared.exceptions import RayHookError, RayUnavailableError
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
 from tests.conftest import DASHBOARD_PORT, cluster_ray_version
 from tests.integration.proxy import TcpProxy, make_tls_files

@@ -4,7 +4,7 @@ common.ai reads a batch id back from ``<result_path>/_airflow_batch_state/<key>.
 hash of dag, task, run and map index with no secret in it: dev and prod running one DAG against a
 shared result store read each other's file, and anyone who can write it can put any id there. So
 every adapter call on a batch id (``get_batch``, ``cancel_batch``, ``iter_results``) first proves the
-id this deployment's, as ``find_orphaned_batch`` does: its HMAC (utils/job_ids.py) under this
+id this deployment's, as ``find_orphaned_batch`` does: its HMAC (shared/job_ids.py) under this
 deployment's key. Any other id reads as not found (Ray's 404, which common.ai answers by submitting
 a batch of its own), and is never stopped nor read. Fast tests on a fake cluster; the real one runs
 this deployment's own ids in tests/integration/test_common_ai.py.
@@ -35,10 +35,10 @@ from airflow_provider_raybatch.common_ai.adapter import (  # noqa: E402
     OUTPUT_META,
     RayBatchAdapter,
 )
-from airflow_provider_raybatch.exceptions import RayJobNotFoundError  # noqa: E402
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus  # noqa: E402
-from airflow_provider_raybatch.utils.deployment_secret import signing_key  # noqa: E402
-from airflow_provider_raybatch.utils.job_ids import TaskTry  # noqa: E402
+from airflow_provider_raybatch.jobs.deployment_secret import signing_key  # noqa: E402
+from airflow_provider_raybatch.shared.exceptions import RayJobNotFoundError  # noqa: E402
+from airflow_provider_raybatch.shared.job_ids import TaskTry  # noqa: E402
 from tests.unit.common_ai.test_adapter import HOST, TOKEN, FakeRay, _commit, _ok  # noqa: E402
 
 PROD_SECRET = "prod-deployment-secret"

@@ -296,7 +296,7 @@ def test_a_compile_cache_folder_set_through_engine_kwargs_is_refused_at_parse(va
     replica never checked."""
     from pydantic import ValidationError
 
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     with pytest.raises(
         ValidationError,
@@ -329,7 +329,7 @@ def test_a_cache_path_that_is_checked_as_one_folder_and_used_as_another_is_refus
     first. A relative path depends on the replica's working folder. Refused when the spec is built."""
     from pydantic import ValidationError
 
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     with pytest.raises(ValidationError, match=rf"{field}=.* must be an absolute path .*no '\.\.' step"):
         BatchInferenceSpec(

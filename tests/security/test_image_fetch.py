@@ -40,7 +40,7 @@ from airflow_provider_raybatch.pipeline.read.image_sources import (
 )
 from airflow_provider_raybatch.pipeline.read.images import ImageOptions, load_image, read_image_bytes
 from airflow_provider_raybatch.pipeline.stage.commit import reason_kind
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 
 def _png() -> bytes:

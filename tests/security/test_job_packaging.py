@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.operators.llm_batch import PIPELINE_MODULE, RayLLMBatchOperator
 from airflow_provider_raybatch.pipeline.__main__ import shipped_spec
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.packaging import JOB_MODULE, MAX_MODULE_BYTES, RayPackage
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.packaging import JOB_MODULE, MAX_MODULE_BYTES, RayPackage
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: The kernel's limit on one argument (MAX_ARG_STRLEN: 32 pages of 4 KiB).
 MAX_ARG_STRLEN = 128 * 1024
@@ -247,7 +247,7 @@ def test_a_link_ships_only_what_would_ship_itself_and_secret_names_are_left_out(
     """``envcopy -> .env`` shipped the .env under the link's name, and
     ``prod.env``, ``credentials``, ``service-account.json``, ``keystore.jks``, ``putty.ppk``,
     ``secrets.toml`` and a conda environment shipped."""
-    from airflow_provider_raybatch.utils.packaging import build_py_module_package
+    from airflow_provider_raybatch.shared.packaging import build_py_module_package
 
     package = tmp_path / "mypre"
     (package / ".aws").mkdir(parents=True)

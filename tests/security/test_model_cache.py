@@ -34,7 +34,7 @@ import pytest
 from airflow_provider_raybatch.pipeline import credentials, storage
 from airflow_provider_raybatch.pipeline.generate import model_cache, models
 from airflow_provider_raybatch.pipeline.generate.engine_pool import pool_fingerprint
-from airflow_provider_raybatch.specs import DEFAULT_MODEL_CACHE_DIR
+from airflow_provider_raybatch.shared.specs import DEFAULT_MODEL_CACHE_DIR
 
 pytestmark = pytest.mark.usefixtures("usual_umask")  # tests/security/conftest.py
 

@@ -34,7 +34,7 @@ from airflow_provider_raybatch.pipeline.read.rows import InputFileTooLargeError,
 from airflow_provider_raybatch.shared.json_numbers import INT64_MAX
 from airflow_provider_raybatch.shared.jsonl import count_requests
 from airflow_provider_raybatch.shared.openai_endpoints import CHAT
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.unit.pipeline.row_path import run_rows
 
 
@@ -406,8 +406,8 @@ def test_a_large_jsonl_file_is_parsed_one_record_at_a_time() -> None:
 def test_the_operators_own_sampling_params_refuse_numbers_the_engine_cannot_take(sampling_params) -> None:
     """Not a row's value but the DAG's: refused when the spec is built, naming the field, before any
     job starts (it would otherwise reach vLLM on every row)."""
-    from airflow_provider_raybatch.exceptions import BatchSpecError
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     with pytest.raises(BatchSpecError, match=r"sampling_params\.\S+: .*(out of range|not a finite number)"):
         BatchInferenceSpec.build(

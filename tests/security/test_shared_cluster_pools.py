@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import RayBatchConfigError
-from airflow_provider_raybatch.utils.deployment_secret import engine_pool_scope
+from airflow_provider_raybatch.jobs.deployment_secret import engine_pool_scope
+from airflow_provider_raybatch.shared.exceptions import RayBatchConfigError
 
 SCOPE = "AIRFLOW__RAYBATCH__ENGINE_POOL_SCOPE"
 

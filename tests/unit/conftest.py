@@ -28,14 +28,14 @@ RAY_CONN_ID = "ray_unit"
 RAY_TOKEN = "s3cr3t-t0ken-value"
 
 
-#: The deployment secret the unit tests' operators sign their job ids with (utils/deployment_secret.py).
+#: The deployment secret the unit tests' operators sign their job ids with (jobs/deployment_secret.py).
 TEST_DEPLOYMENT_SECRET = "unit-tests-deployment-secret"
 
 
 @pytest.fixture(autouse=True)
 def deployment_secret(monkeypatch: pytest.MonkeyPatch) -> bytes:
     """Airflow's unit-test configuration has no fernet key: give the deployment a secret; returns its key."""
-    from airflow_provider_raybatch.utils.deployment_secret import signing_key
+    from airflow_provider_raybatch.jobs.deployment_secret import signing_key
 
     monkeypatch.setenv("AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET", TEST_DEPLOYMENT_SECRET)
     return signing_key(TEST_DEPLOYMENT_SECRET)
@@ -46,8 +46,8 @@ def no_object_storage_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """The unit tests' ``s3://`` outputs exist nowhere: the operator's read of a committed manifest
     says so at once instead of asking AWS for credentials (seconds each). Local paths are read for
     real; tests/integration reads S3 for real."""
+    from airflow_provider_raybatch.jobs.committed_manifest import CommittedManifest, read_committed_manifest
     from airflow_provider_raybatch.operators import job_results
-    from airflow_provider_raybatch.utils.committed_manifest import CommittedManifest, read_committed_manifest
 
     def read(output_uri: str, conn_id: str | None = None) -> CommittedManifest:
         if "://" in output_uri and not output_uri.startswith("file://"):

@@ -168,7 +168,7 @@ def test_the_readmes_validate_example_checks_the_readme_dag(tmp_path: Path) -> N
     and returns the spec; a bad templated value fails it naming the parameter."""
     import pendulum
 
-    from airflow_provider_raybatch.exceptions import BatchSpecError
+    from airflow_provider_raybatch.shared.exceptions import BatchSpecError
 
     (tmp_path / "dags").mkdir()
     (tmp_path / "dags" / "readme_dag.py").write_text(_readme_dags()[README_DAGS[0]])

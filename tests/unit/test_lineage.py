@@ -12,9 +12,9 @@ from airflow.providers.openlineage.extractors.base import DefaultExtractor
 from airflow.providers.openlineage.extractors.manager import ExtractorManager
 from openlineage.client.serde import Serde
 
-from airflow_provider_raybatch.exceptions import RayJobFailedError
 from airflow_provider_raybatch.lineage import dataset_name
-from airflow_provider_raybatch.manifest import manifest_log_line
+from airflow_provider_raybatch.shared.exceptions import RayJobFailedError
+from airflow_provider_raybatch.shared.manifest import manifest_log_line
 from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.conftest import RAY_TOKEN
 from tests.unit.operators.test_llm_batch import FakeTI, make_operator

@@ -18,7 +18,7 @@ from airflow_provider_raybatch.links import (
     output_location_url,
     ray_job_url,
 )
-from airflow_provider_raybatch.manifest import manifest_log_line
+from airflow_provider_raybatch.shared.manifest import manifest_log_line
 from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.operators.test_llm_batch import FakeTI, make_operator
 

@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 from airflow_provider_raybatch.operators.llm_batch import SPEC_PARAMETERS, RayLLMBatchOperator
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,13 @@ import pytest
 import respx
 
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayHook
-from airflow_provider_raybatch.manifest import (
+from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
+from airflow_provider_raybatch.shared.manifest import (
     describe_progress,
     manifest_log_line,
     progress_from_log,
     progress_log_line,
 )
-from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
 from airflow_provider_raybatch.triggers.ray import ProgressRelay
 
 

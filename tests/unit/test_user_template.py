@@ -15,10 +15,10 @@ from airflow.sdk import DAG
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 from airflow_provider_raybatch.pipeline.prompt.prompts import build_messages
-from airflow_provider_raybatch.specs import BatchInferenceSpec, parse_user_template, template_fields
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec, parse_user_template, template_fields
 
 REQUIRED = {"model": "m", "input_uri": "s3://b/in/data.jsonl", "output_uri": "s3://b/out/"}
 

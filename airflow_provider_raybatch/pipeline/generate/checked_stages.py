@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from ray.llm._internal.batch.stages.tokenize_stage import DetokenizeUDF, TokenizeUDF
 
-from airflow_provider_raybatch.json_types import ArgValue
 from airflow_provider_raybatch.pipeline.generate import models
 from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
+from airflow_provider_raybatch.shared.json_types import ArgValue
 
 #: The stages' constructor keyword: the ``model_cache_dir`` of the copy (unset: no copy to check).
 MODEL_COPY_KWARG = "raybatch_model_copy_root"

@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Literal
 
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 

@@ -44,8 +44,8 @@ from multiprocessing import context as mp_context
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raybatch.json_types import Kwargs
 from airflow_provider_raybatch.shared import job_settings
+from airflow_provider_raybatch.shared.json_types import Kwargs
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.json_types import ArgValue, Kwargs, Row
+from airflow_provider_raybatch.shared.json_types import ArgValue, Kwargs, Row
 
 #: When a replica's process imported this module (Ray unpickling the UDF class): its start-up clock.
 _LOADED_AT = time.time()

@@ -21,8 +21,8 @@ import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 
-from airflow_provider_raybatch.json_types import ArgValue
-from airflow_provider_raybatch.specs import did_you_mean
+from airflow_provider_raybatch.shared.json_types import ArgValue
+from airflow_provider_raybatch.shared.specs import did_you_mean
 
 #: The classes whose fields are vLLM's engine arguments (Ray Data LLM builds ``AsyncEngineArgs``).
 _ARG_CLASSES = ("EngineArgs", "AsyncEngineArgs")

@@ -65,7 +65,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.json_types import JsonObject, Kwargs
 from airflow_provider_raybatch.pipeline.generate.pool_replica import (
     ANY_NODE,
     CONTROL_CALLS,
@@ -75,6 +74,7 @@ from airflow_provider_raybatch.pipeline.generate.pool_replica import (
 )
 from airflow_provider_raybatch.pipeline.stage.binding import model_digest
 from airflow_provider_raybatch.shared import job_settings
+from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs
 
 if TYPE_CHECKING:
     import ray

@@ -21,10 +21,10 @@ import shutil
 import tempfile
 import uuid
 
-from airflow_provider_raybatch.json_types import JsonValue
 from airflow_provider_raybatch.pipeline import private_folders, storage
 from airflow_provider_raybatch.pipeline.generate import model_cache
 from airflow_provider_raybatch.pipeline.generate.model_cache import ModelCacheError, ModelObject
+from airflow_provider_raybatch.shared.json_types import JsonValue
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 #: A copy's folder name in a source's folder (model_cache.objects_digest).

@@ -33,10 +33,10 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow_provider_raybatch.json_types import JsonObject, Kwargs, Row
 from airflow_provider_raybatch.pipeline.generate import engine_caches
 from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
+from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF

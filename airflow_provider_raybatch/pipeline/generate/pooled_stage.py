@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 import ray
 from ray.llm._internal.batch.stages.base import StatefulStageUDF
 
-from airflow_provider_raybatch.json_types import ArgValue, JsonObject, Kwargs, Row
 from airflow_provider_raybatch.pipeline.generate import engine
 from airflow_provider_raybatch.pipeline.generate.engine_pool import UP_ANSWER_SECONDS, EnginePool
 from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows
+from airflow_provider_raybatch.shared.json_types import ArgValue, JsonObject, Kwargs, Row
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle

@@ -50,8 +50,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.json_types import ArgValue, CellValue, Kwargs
 from airflow_provider_raybatch.pipeline.generate.stage_swap import StageSwap, swap_stages
+from airflow_provider_raybatch.shared.json_types import ArgValue, CellValue, Kwargs
 
 if TYPE_CHECKING:
     from ray.data.llm import Processor

@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.json_types import Kwargs, RuntimeEnv
 from airflow_provider_raybatch.pipeline.generate import engine
 from airflow_provider_raybatch.pipeline.generate.engine_pool import (
     RESOURCE_KWARGS,
@@ -40,6 +39,7 @@ from airflow_provider_raybatch.pipeline.generate.engine_pool import (
     ray_is_up,
     replica_needs,
 )
+from airflow_provider_raybatch.shared.json_types import Kwargs, RuntimeEnv
 
 if TYPE_CHECKING:
     from ray.data.llm import Processor

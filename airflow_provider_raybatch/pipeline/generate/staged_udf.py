@@ -18,8 +18,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.json_types import JsonObject, Kwargs, Row
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS, RowStager, flush_rows_for
+from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.pipeline.stage.parts import PartWriter

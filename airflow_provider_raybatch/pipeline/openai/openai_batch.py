@@ -21,8 +21,8 @@ import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from airflow_provider_raybatch.json_types import ArgValue, CellValue, JsonObject, JsonValue, Kwargs
 from airflow_provider_raybatch.shared.json_numbers import unsafe_number
+from airflow_provider_raybatch.shared.json_types import ArgValue, CellValue, JsonObject, JsonValue, Kwargs
 from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 
 #: Body fields accepted without effect: the batch's model is the operator's, and the rest is bookkeeping.

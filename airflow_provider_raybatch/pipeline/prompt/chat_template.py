@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 
 from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
 
-from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
+from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 
 CHAT_TEMPLATE_FAILED = "chat template failed"
 

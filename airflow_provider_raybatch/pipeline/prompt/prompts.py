@@ -11,9 +11,9 @@ import math
 import string
 from collections.abc import Callable
 
-from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
-from airflow_provider_raybatch.specs import BatchInferenceSpec, parse_user_template
-from airflow_provider_raybatch.utils.user_functions import split_dotted_path
+from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec, parse_user_template
+from airflow_provider_raybatch.shared.user_functions import split_dotted_path
 
 RowFunction = Callable[[Row], Row]
 

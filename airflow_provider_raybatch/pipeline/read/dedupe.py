@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON
 from airflow_provider_raybatch.pipeline import row_marks
 from airflow_provider_raybatch.shared import job_settings
+from airflow_provider_raybatch.shared.manifest import DUPLICATE_ID_REASON
 
 if TYPE_CHECKING:
     import ray

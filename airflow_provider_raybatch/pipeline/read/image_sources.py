@@ -48,15 +48,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.json_types import CellValue
-from airflow_provider_raybatch.specs import (
+from airflow_provider_raybatch.shared.json_types import CellValue
+from airflow_provider_raybatch.shared.specs import (
     check_allowed_local_path,
     parse_allowed_host_entry,
     parse_s3_prefix,
 )
 
 if TYPE_CHECKING:
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

@@ -49,8 +49,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.json_types import CellValue, JsonObject, JsonValue
-
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
 # too, beside the kinds of decoding, for the readers of rows' reasons (TOO_LARGE_KIND also covers
 # pixels and the engine's encoding here).
@@ -69,11 +67,12 @@ from airflow_provider_raybatch.pipeline.read.image_sources import briefly as _de
 from airflow_provider_raybatch.pipeline.read.image_sources import decode_data_url as _decode_data_url
 from airflow_provider_raybatch.pipeline.read.image_sources import reason as _reason
 from airflow_provider_raybatch.pipeline.read.image_sources import shorten as _short
+from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: A side is under ``min_side``: nothing there for a caption to describe.
 TOO_SMALL_KIND = "image too small"

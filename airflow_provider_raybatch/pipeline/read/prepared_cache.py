@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.json_types import JsonValue
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.read import arrow_types
 from airflow_provider_raybatch.shared import job_settings
+from airflow_provider_raybatch.shared.json_types import JsonValue
 
 if TYPE_CHECKING:
     import pyarrow.fs

@@ -27,10 +27,10 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.pipeline.read import arrow_types
+from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.jsonl import BYTE_ORDER_MARK, split_lines
-from airflow_provider_raybatch.specs import InputFormat
+from airflow_provider_raybatch.shared.specs import InputFormat
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -2,7 +2,7 @@
 
 The staged parts' sidecars (parts.py) are the truth about what is done: a background thread reads
 the ones that appeared since its last look, every ``interval`` seconds, and prints one marked line
-(:func:`airflow_provider_raybatch.manifest.progress_log_line`). Reading only new sidecars keeps each
+(:func:`airflow_provider_raybatch.shared.manifest.progress_log_line`). Reading only new sidecars keeps each
 look cheap however long the run.
 """
 
@@ -12,10 +12,10 @@ import json
 import threading
 import time
 
-from airflow_provider_raybatch.json_types import JsonObject
-from airflow_provider_raybatch.manifest import progress_log_line
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY
+from airflow_provider_raybatch.shared.json_types import JsonObject
+from airflow_provider_raybatch.shared.manifest import progress_log_line
 
 DEFAULT_INTERVAL_SECONDS = 30.0
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from airflow_provider_raybatch.json_types import CellValue, JsonObject, JsonValue, Row
+from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, JsonValue, Row
 
 #: The report's file name inside ``versions/<version>/``.
 REPORT_FILE_NAME = "report.html"

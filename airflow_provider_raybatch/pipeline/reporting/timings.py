@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 from airflow_provider_raybatch.pipeline.reporting.report import epoch_seconds
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 log = logging.getLogger(__name__)
 

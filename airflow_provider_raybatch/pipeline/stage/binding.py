@@ -25,9 +25,9 @@ from pathlib import Path
 
 import airflow_provider_raybatch
 from airflow_provider_raybatch.pipeline import storage
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.packaging import module_files
-from airflow_provider_raybatch.utils.user_functions import split_dotted_path
+from airflow_provider_raybatch.shared.packaging import module_files
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.user_functions import split_dotted_path
 
 #: What each field is, as a log line names a change.
 _WHAT = {
@@ -101,7 +101,7 @@ def binding_of(spec: BatchInferenceSpec, input_digest: str) -> RunBinding:
 def code_digest(spec: BatchInferenceSpec) -> str:
     """The provider's version and the content of its package and of the author's modules
     (``preprocess``, ``postprocess``) as this process imports them: what the job shipped. Of an author's
-    package, every file it ships (utils/packaging.py: a prompt template or a label list beside the
+    package, every file it ships (shared/packaging.py: a prompt template or a label list beside the
     code changes the answers as the code does); of ours, its Python files, all it ships."""
     provider = Path(airflow_provider_raybatch.__file__).parent
     files = [

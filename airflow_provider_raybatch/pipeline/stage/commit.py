@@ -32,15 +32,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue
-from airflow_provider_raybatch.manifest import DUPLICATE_ID_REASON, HELD_STATUS, failed_rows_verdict
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.reporting import report
 from airflow_provider_raybatch.pipeline.row_types import StagedRow
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
+from airflow_provider_raybatch.shared.manifest import DUPLICATE_ID_REASON, HELD_STATUS, failed_rows_verdict
 from airflow_provider_raybatch.shared.run_manifest import EarlierJob, RunManifest
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 

@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.shared.json_types import JsonObject
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 

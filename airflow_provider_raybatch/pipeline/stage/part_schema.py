@@ -28,8 +28,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue
 from airflow_provider_raybatch.pipeline.read import arrow_types
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     import pyarrow as pa

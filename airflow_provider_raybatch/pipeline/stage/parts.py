@@ -33,8 +33,6 @@ import uuid
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.json_types import JsonObject, Kwargs, Row
-from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
@@ -49,7 +47,9 @@ from airflow_provider_raybatch.pipeline.stage.commit import (
     StagedPart,
     reason_kind,
 )
-from airflow_provider_raybatch.specs import ERROR_COLUMN, OutputFormat
+from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
+from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
+from airflow_provider_raybatch.shared.specs import ERROR_COLUMN, OutputFormat
 
 if TYPE_CHECKING:
     import pyarrow as pa

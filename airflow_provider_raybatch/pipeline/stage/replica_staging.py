@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.json_types import Row
+from airflow_provider_raybatch.shared.json_types import Row
 
 if TYPE_CHECKING:
     from typing import TextIO

@@ -26,14 +26,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from airflow_provider_raybatch.json_types import JsonObject
-from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.shared.json_types import JsonObject
+from airflow_provider_raybatch.shared.manifest import REUSED_RESULT_KEY
 from airflow_provider_raybatch.shared.run_manifest import COMPLETE_STATUS, EarlierJob, RunManifest
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
 

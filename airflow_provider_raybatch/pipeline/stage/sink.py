@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
-from airflow_provider_raybatch.json_types import JsonObject
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.shared.json_types import JsonObject
 
 if TYPE_CHECKING:
     import pyarrow as pa

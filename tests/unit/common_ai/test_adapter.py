@@ -27,10 +27,10 @@ from airflow.sdk import Connection  # noqa: E402
 
 from airflow_provider_raybatch.common_ai import adapter as adapter_module  # noqa: E402
 from airflow_provider_raybatch.common_ai.adapter import RayBatchAdapter, batch_status  # noqa: E402
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError  # noqa: E402
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus  # noqa: E402
-from airflow_provider_raybatch.utils.deployment_secret import signing_key  # noqa: E402
-from airflow_provider_raybatch.utils.job_ids import TaskTry  # noqa: E402
+from airflow_provider_raybatch.jobs.deployment_secret import signing_key  # noqa: E402
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError, RayJobAlreadyExistsError  # noqa: E402
+from airflow_provider_raybatch.shared.job_ids import TaskTry  # noqa: E402
 from tests.unit.conftest import TEST_DEPLOYMENT_SECRET  # noqa: E402
 
 TOKEN = "ray-t0ken-never-logged"
@@ -413,7 +413,7 @@ def test_cancel_stops_the_ray_job(adapter: RayBatchAdapter, fake: FakeRay, tmp_p
 def test_progress_lines_go_to_the_task_log(
     adapter: RayBatchAdapter, fake: FakeRay, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from airflow_provider_raybatch.manifest import PROGRESS_LOG_MARKER
+    from airflow_provider_raybatch.shared.manifest import PROGRESS_LOG_MARKER
 
     caplog.set_level("INFO")
     fake.logs = (
@@ -445,7 +445,7 @@ def test_a_job_the_cluster_forgot_is_a_404_so_common_ai_submits_again(adapter: R
     ``status_code == 404``, and then it submits a new job (which resumes from our staging)."""
     from airflow.providers.common.ai.operators.llm_batch import LLMBatchOperator
 
-    from airflow_provider_raybatch.exceptions import RayJobNotFoundError
+    from airflow_provider_raybatch.shared.exceptions import RayJobNotFoundError
 
     class Forgetful(FakeRay):
         def get_job_info(self, job_id: str) -> JobInfo:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_raybatch.common_ai import settings as job
-from airflow_provider_raybatch.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
 
 
 def test_request_params_split_into_body_and_job_settings() -> None:

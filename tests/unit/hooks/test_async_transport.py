@@ -17,8 +17,12 @@ import pytest
 import respx
 
 import airflow_provider_raybatch.hooks.ray as ray_hook_module
-from airflow_provider_raybatch.exceptions import RayHookError, RayUnavailableError, RayUnexpectedResponseError
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.shared.exceptions import (
+    RayHookError,
+    RayUnavailableError,
+    RayUnexpectedResponseError,
+)
 
 from ..conftest import RAY_TOKEN, RespxBridge
 

@@ -18,11 +18,15 @@ import pytest
 import respx
 from airflow.sdk import Connection
 
-from airflow_provider_raybatch.exceptions import RayHookError, RayUnavailableError, RayUnexpectedResponseError
 from airflow_provider_raybatch.hooks.ray import JobStatus, RayConnectionSettings, RayHook
 from airflow_provider_raybatch.links import ray_job_url
+from airflow_provider_raybatch.shared.exceptions import (
+    RayHookError,
+    RayUnavailableError,
+    RayUnexpectedResponseError,
+)
+from airflow_provider_raybatch.shared.packaging import RayPackage
 from airflow_provider_raybatch.triggers.ray import RayJobTrigger
-from airflow_provider_raybatch.utils.packaging import RayPackage
 
 from ..conftest import RAY_TOKEN, RAY_URL, RespxBridge, _BridgeResolver, nodes_payload
 from .test_ray import connection

@@ -14,12 +14,6 @@ import respx
 from airflow.sdk import Connection
 
 import airflow_provider_raybatch.hooks.ray as ray_hook_module
-from airflow_provider_raybatch.exceptions import (
-    RayAuthError,
-    RayHookError,
-    RayJobAlreadyExistsError,
-    RayJobNotFoundError,
-)
 from airflow_provider_raybatch.hooks.ray import (
     DEFAULT_TIMEOUT_SECONDS,
     JobInfo,
@@ -27,7 +21,13 @@ from airflow_provider_raybatch.hooks.ray import (
     RayConnectionSettings,
     RayHook,
 )
-from airflow_provider_raybatch.utils.packaging import RayPackage
+from airflow_provider_raybatch.shared.exceptions import (
+    RayAuthError,
+    RayHookError,
+    RayJobAlreadyExistsError,
+    RayJobNotFoundError,
+)
+from airflow_provider_raybatch.shared.packaging import RayPackage
 
 from ..conftest import RAY_TOKEN, RAY_URL
 

@@ -11,8 +11,8 @@ import pytest
 import respx
 
 import airflow_provider_raybatch.hooks.ray as ray_hook_module
-from airflow_provider_raybatch.exceptions import RayAuthError, RayHookError, RayUnavailableError
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.shared.exceptions import RayAuthError, RayHookError, RayUnavailableError
 
 JOB = "raybatch-job-1"
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.operators import arguments
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
 
 REQUIRED = {"task_id": "classify", "model": "m", "input_uri": "s3://b/in.jsonl", "output_uri": "s3://b/out"}
 

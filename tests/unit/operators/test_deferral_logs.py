@@ -36,8 +36,8 @@ except ImportError:  # Airflow 3.2: the supervisor answered inline (supervisor.p
         return XComResult.from_xcom_response(xcom), {}
 
 
-from airflow_provider_raybatch.manifest import manifest_log_line
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.shared.manifest import manifest_log_line
 from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.operators.test_llm_batch import MANIFEST, FakeCluster, FakeStateStore, FakeTI, make_operator
 

@@ -13,8 +13,8 @@ import pytest
 import respx
 import structlog
 
-from airflow_provider_raybatch.exceptions import RayBatchRowsFailedError
-from airflow_provider_raybatch.manifest import dry_run_uri, manifest_log_line
+from airflow_provider_raybatch.shared.exceptions import RayBatchRowsFailedError
+from airflow_provider_raybatch.shared.manifest import dry_run_uri, manifest_log_line
 from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.operators.test_failed_rows import OUTPUT_ASSET, complete
 from tests.unit.operators.test_llm_batch import FakeTI, make_operator

@@ -2,7 +2,7 @@
 
 The job succeeded and committed outputs and errors either way; the operator pushes the XComs, then
 judges the manifest with its own ``max_failed_fraction`` / ``max_failed_rows`` (the verdict itself is
-tested in tests/unit/test_manifest.py), on each path that reads a manifest: ``execute_complete``
+tested in tests/unit/shared/test_manifest.py), on each path that reads a manifest: ``execute_complete``
 after deferral, the worker's poll (``deferrable=False``), and a retry taking an earlier job's result.
 """
 
@@ -19,11 +19,15 @@ from airflow.sdk import Asset
 from airflow.sdk.exceptions import TaskDeferred
 from structlog.testing import capture_logs
 
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchRowsFailedError, RayJobFailedError
-from airflow_provider_raybatch.manifest import failed_rows_verdict, manifest_log_line
 from airflow_provider_raybatch.operators import llm_batch as operator_module
 from airflow_provider_raybatch.operators.llm_batch import JOB_ID_STATE_KEY, RayLLMBatchOperator
-from airflow_provider_raybatch.specs import DEFAULT_MAX_FAILED_FRACTION
+from airflow_provider_raybatch.shared.exceptions import (
+    BatchSpecError,
+    RayBatchRowsFailedError,
+    RayJobFailedError,
+)
+from airflow_provider_raybatch.shared.manifest import failed_rows_verdict, manifest_log_line
+from airflow_provider_raybatch.shared.specs import DEFAULT_MAX_FAILED_FRACTION
 from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.operators.test_llm_batch import (
     KEY,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus
+from airflow_provider_raybatch.jobs.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.job_choice import Start, choose_start
-from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 
 THIS_SPEC = "f" * 16
 

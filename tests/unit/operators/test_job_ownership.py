@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferralError, TaskDeferralTimeout, TaskDeferred
 
-from airflow_provider_raybatch.exceptions import (
+from airflow_provider_raybatch.jobs.deployment_secret import signing_key
+from airflow_provider_raybatch.jobs.job_shipping import FINGERPRINT_KEY
+from airflow_provider_raybatch.operators.llm_batch import JOB_ID_STATE_KEY
+from airflow_provider_raybatch.shared.exceptions import (
     RayBatchConfigError,
     RayJobAlreadyExistsError,
     RayJobFailedError,
 )
-from airflow_provider_raybatch.manifest import manifest_log_line
-from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
-from airflow_provider_raybatch.operators.llm_batch import JOB_ID_STATE_KEY
-from airflow_provider_raybatch.utils.deployment_secret import signing_key
+from airflow_provider_raybatch.shared.job_ids import REUSE_COMMITTED_KEY
+from airflow_provider_raybatch.shared.manifest import manifest_log_line
 from airflow_provider_raybatch.utils.events import job_event
-from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY
 from tests.unit.operators.test_llm_batch import (
     FINGERPRINT,
     KEY,
@@ -161,7 +161,7 @@ def test_a_scheduled_run_created_again_submits_under_the_next_free_id(
 def test_when_every_id_of_a_try_is_taken_the_error_says_why(
     ray_conn: str, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("airflow_provider_raybatch.operators.job_shipping.MAX_SUBMISSION_ATTEMPTS", 2)
+    monkeypatch.setattr("airflow_provider_raybatch.jobs.job_shipping.MAX_SUBMISSION_ATTEMPTS", 2)
     ti = FakeTI()
     for attempt in (1, 2):
         taken = replace(task_try_of(ti), attempt=attempt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import respx
 
-from airflow_provider_raybatch.exceptions import ClusterLayoutError
+from airflow_provider_raybatch.shared.exceptions import ClusterLayoutError
 from tests.unit.conftest import nodes_payload
 from tests.unit.operators.test_llm_batch import FakeTI, make_operator
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from airflow.dag_processing.dagbag import DagBag
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
-from airflow_provider_raybatch.utils.user_functions import keys_set_by
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.user_functions import keys_set_by
 
 REQUIRED = {"task_id": "classify", "model": "m", "input_uri": "s3://b/in.jsonl", "output_uri": "s3://b/out"}
 MODULE = "raybatch_lm_rows"

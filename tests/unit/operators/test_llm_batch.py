@@ -22,30 +22,34 @@ import structlog
 from airflow.sdk.exceptions import TaskDeferred
 
 import airflow_provider_raybatch
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY, manifest_log_line
+from airflow_provider_raybatch.jobs.deployment_secret import engine_pool_scope, signing_key
+from airflow_provider_raybatch.jobs.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators import llm_batch as operator_module
-from airflow_provider_raybatch.operators.job_shipping import FINGERPRINT_KEY
 from airflow_provider_raybatch.operators.llm_batch import (
     CLEANUP_RACE_SECONDS,
     JOB_ID_STATE_KEY,
     PIPELINE_MODULE,
     RayLLMBatchOperator,
 )
+from airflow_provider_raybatch.shared.exceptions import (
+    BatchSpecError,
+    RayJobFailedError,
+    RayTriggerEventError,
+)
+from airflow_provider_raybatch.shared.job_ids import REUSE_COMMITTED_KEY, TaskTry
 from airflow_provider_raybatch.shared.job_settings import POOL_SCOPE_ENV
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
-from airflow_provider_raybatch.utils.deployment_secret import engine_pool_scope, signing_key
-from airflow_provider_raybatch.utils.events import job_event
-from airflow_provider_raybatch.utils.job_ids import REUSE_COMMITTED_KEY, TaskTry
-from airflow_provider_raybatch.utils.packaging import (
+from airflow_provider_raybatch.shared.manifest import REUSED_RESULT_KEY, manifest_log_line
+from airflow_provider_raybatch.shared.packaging import (
     JOB_MODULE,
     SPEC_FILE,
     build_job_package,
     build_provider_package,
     build_py_module_package,
 )
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
+from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
+from airflow_provider_raybatch.utils.events import job_event
 from tests.unit.conftest import RAY_URL, TEST_DEPLOYMENT_SECRET
 
 PROVIDER_DIR = Path(airflow_provider_raybatch.__file__).parent

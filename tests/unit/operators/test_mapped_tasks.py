@@ -14,9 +14,9 @@ import pytest
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.definitions._internal.expandinput import DictOfListsExpandInput
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.operators import mapped_tasks
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
 
 DAY = pendulum.datetime(2026, 11, 20, tz="UTC")
 

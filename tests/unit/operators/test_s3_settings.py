@@ -23,12 +23,12 @@ import airflow_provider_raybatch
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator
 from airflow_provider_raybatch.shared.job_settings import POOL_SCOPE_ENV
-from airflow_provider_raybatch.shared.s3_settings_upload import UPLOAD_PREFIX
-from airflow_provider_raybatch.utils.packaging import (
+from airflow_provider_raybatch.shared.packaging import (
     JOB_MODULE,
     S3_SETTINGS_URI_FILE,
     build_provider_package,
 )
+from airflow_provider_raybatch.shared.s3_settings_upload import UPLOAD_PREFIX
 from tests.conftest import POOL_SCOPE
 from tests.unit.operators.test_llm_batch import FakeTI
 

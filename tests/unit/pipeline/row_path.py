@@ -27,7 +27,7 @@ from airflow_provider_raybatch.pipeline.read import dedupe
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 #: A prompt holding this word makes the stand-in engine fail that row.
 FAIL_ROW = "FAIL_ROW"

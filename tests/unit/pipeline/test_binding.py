@@ -14,7 +14,7 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.stage import binding
 from airflow_provider_raybatch.pipeline.stage.binding import InputChangedError, RunBinding
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.unit.pipeline.test_prepared_cache import _listed, _rewrite_keeping_size_and_mtime, use_s3_server
 
 
@@ -57,7 +57,7 @@ def test_the_code_digest_follows_the_content_of_the_authors_module(tmp_path: Pat
 
 def test_the_code_digest_follows_every_file_the_authors_package_ships(tmp_path: Path, monkeypatch) -> None:
     """A prompt template beside the code is shipped with it and changes the answers as the code does;
-    byte code and a secret-named file are not shipped (utils/packaging.py), so they change nothing."""
+    byte code and a secret-named file are not shipped (shared/packaging.py), so they change nothing."""
     package = tmp_path / "team_prompts"
     package.mkdir()
     (package / "__init__.py").write_text("")

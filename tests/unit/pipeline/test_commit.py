@@ -27,7 +27,7 @@ from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter, StagingTakenError
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.unit.pipeline.interleave import interleave
 
 RUN_KEY = "classify-m-1-0123456789abcdef"

@@ -48,7 +48,6 @@ import hypothesis.strategies as st
 from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from airflow_provider_raybatch.manifest import HELD_STATUS
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.read import prepared_cache
 from airflow_provider_raybatch.pipeline.stage import commit, ownership, reuse
@@ -59,7 +58,8 @@ from airflow_provider_raybatch.pipeline.stage.binding import (
 )
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter, StagingTakenError
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.manifest import HELD_STATUS
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.unit.pipeline.interleave import GATED, interleave
 
 RUN_KEY = "daily-2026-11-20"

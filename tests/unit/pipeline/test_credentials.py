@@ -27,12 +27,12 @@ from pyarrow import fs as pa_fs
 from airflow_provider_raybatch.pipeline import credentials, storage
 from airflow_provider_raybatch.pipeline.credentials import held_for_this_job, shipped_s3_settings
 from airflow_provider_raybatch.pipeline.storage import S3Options
+from airflow_provider_raybatch.shared.packaging import JOB_MODULE, build_job_package
 from airflow_provider_raybatch.shared.s3_settings_upload import (
     S3_SETTING_NAMES,
     UPLOAD_PREFIX,
     settings_upload,
 )
-from airflow_provider_raybatch.utils.packaging import JOB_MODULE, build_job_package
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSECRET"
 SETTINGS: dict[str, str | None] = {

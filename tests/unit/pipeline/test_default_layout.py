@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.generate import default_layout
 from airflow_provider_raybatch.pipeline.generate.default_layout import GIB, GpuNode, ModelSize
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 #: The measured machine (bench/RESULTS.md 18b): one H200 (143,771 MiB) on a 16-core node.
@@ -211,7 +211,7 @@ def test_the_probe_reads_the_gpu_node_through_ray(tmp_path: Path) -> None:
     facts = run_in_ray_env(f"""
 import dataclasses, json, ray
 from airflow_provider_raybatch.pipeline.generate import default_layout
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 spec = BatchInferenceSpec(
     model={str(tmp_path)!r}, input_uri="/in.csv", output_uri="/out", user_template="{{x}}"
 )

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from airflow_provider_raybatch.pipeline import dry_run
 from airflow_provider_raybatch.pipeline.reporting.timings import RunClock, run_timings
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.layout import plan_layout
+from airflow_provider_raybatch.shared.layout import plan_layout
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 
 def _commit(folder: Path, **manifest: object) -> str:

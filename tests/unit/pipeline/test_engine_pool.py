@@ -56,7 +56,7 @@ def test_jobs_with_the_same_engine_share_a_pool_whatever_their_batches_and_keep_
         {"resources": {"num_cpus": 1, "accelerator_type": "H100"}},
         {"runtime_env": {**JOB_ENV, "py_modules": ["gcs://_ray_pkg_newer_provider.zip"]}},
         {"runtime_env": {**JOB_ENV, "env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}}},
-        # Another Airflow deployment's job (operators/job_shipping.py sets the scope in every job).
+        # Another Airflow deployment's job (jobs/job_shipping.py sets the scope in every job).
         {"runtime_env": {**JOB_ENV, "env_vars": {**JOB_ENV["env_vars"], POOL_SCOPE_ENV: "dev"}}},
     ],
 )

@@ -19,12 +19,12 @@ try:
 except ImportError:  # not importorskip: without hypothesis the property tests must fail, not vanish
     given = settings = st = HealthCheck = None  # type: ignore[assignment]
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.openai.openai_batch import RequestError
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
 from airflow_provider_raybatch.shared.json_numbers import unsafe_number
 from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 
 def chat_line(custom_id: str = "req-1", **body) -> dict:

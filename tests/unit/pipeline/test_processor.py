@@ -26,7 +26,7 @@ from ray.llm._internal.batch.observability.usage_telemetry import usage
 usage.TelemetryAgent.push_telemetry_report = lambda self, report: reports.append(report.model_dump())
 reports = []
 from airflow_provider_raybatch.pipeline import run
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/out/", user_template="{text}",
                           replica_resources={"CPU": 1})
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
@@ -175,7 +175,7 @@ class Options:
         return Actor()
 usage._TelemetryAgent.options = lambda **options: Options()  # as if the cluster made the actor
 from airflow_provider_raybatch.pipeline import run
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/out/", user_template="{text}",
                           replica_resources={"CPU": 1})

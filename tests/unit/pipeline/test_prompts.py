@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_raybatch.pipeline.prompt.prompts import build_messages, load_callable, row_id
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 
 def spec_of(**params: Any) -> BatchInferenceSpec:  # Any: spec parameter values.

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.manifest import REUSED_RESULT_KEY
 from airflow_provider_raybatch.pipeline.stage import commit, reuse
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.manifest import REUSED_RESULT_KEY
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 RUN_KEY = "daily-2026-11-20"
 #: The Airflow run the jobs below were submitted for (their metadata, without ``airflow_``).

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.manifest import failed_rows
 from airflow_provider_raybatch.pipeline import row_steps
 from airflow_provider_raybatch.pipeline.read import rows as rows_module
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.manifest import failed_rows
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.unit.pipeline.row_path import FAIL_ROW, run_rows
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "integration" / "dags"

@@ -26,7 +26,7 @@ from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
 from airflow_provider_raybatch.pipeline.reporting.timings import RunClock
 from airflow_provider_raybatch.pipeline.stage import commit, ownership
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = json.dumps({"metadata": {"job_submission_id": "raybatch-job-1"}})
 run.time.perf_counter = lambda: 112.5

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_raybatch.pipeline import worker_warmup
-from airflow_provider_raybatch.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
 _ON_RAY = """

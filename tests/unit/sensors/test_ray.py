@@ -13,8 +13,8 @@ import respx
 from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
-from airflow_provider_raybatch.exceptions import RayHookError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.sensors.ray import RayJobSensor
+from airflow_provider_raybatch.shared.exceptions import RayHookError, RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.triggers import ray as trigger_module
 from airflow_provider_raybatch.triggers.ray import DEFER_SETTLE_SECONDS, RayJobTrigger
 from airflow_provider_raybatch.utils.events import job_event

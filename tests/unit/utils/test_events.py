@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import RayJobFailedError, RayTriggerEventError
+from airflow_provider_raybatch.shared.exceptions import RayJobFailedError, RayTriggerEventError
 from airflow_provider_raybatch.utils.events import (
     EVENT_KEYS,
     EVENT_STATUSES,

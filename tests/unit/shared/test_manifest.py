@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from airflow_provider_raybatch.manifest import (
+from airflow_provider_raybatch.shared.manifest import (
     MANIFEST_LOG_MARKER,
     describe_engine_pool,
     describe_timings,

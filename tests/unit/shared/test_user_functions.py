@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.utils.user_functions import keys_set_by, missing_function, split_dotted_path
+from airflow_provider_raybatch.shared.user_functions import keys_set_by, missing_function, split_dotted_path
 
 PREFIX = "raybatch_uf_"
 

@@ -14,7 +14,7 @@ import json
 import reprlib
 from collections.abc import Iterator
 
-from airflow_provider_raybatch.json_types import JsonObject, JsonValue
+from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 #: JSON Schema's keywords that shape what is valid (drafts 7 to 2020-12).
 _CONSTRAINING = frozenset(

@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/utils/packaging.py: content-addressed py_modules zips, what a
+"""Tests of airflow_provider_raybatch/shared/packaging.py: content-addressed py_modules zips, what a
 module folder ships (and what never), and the generated job package with its cluster-side reader."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.utils import packaging
-from airflow_provider_raybatch.utils.packaging import (
+from airflow_provider_raybatch.shared import packaging
+from airflow_provider_raybatch.shared.packaging import (
     JOB_MODULE,
     MAX_MODULE_BYTES,
     S3_SETTINGS_URI_FILE,
@@ -308,8 +308,8 @@ def test_the_provider_package_ships_every_module_of_ours_whatever_its_name() -> 
     import zipfile
 
     import airflow_provider_raybatch
-    from airflow_provider_raybatch.operators import job_shipping
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.jobs import job_shipping
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     root = Path(airflow_provider_raybatch.__file__).parent
     ours = {

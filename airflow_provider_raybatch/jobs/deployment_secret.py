@@ -1,4 +1,4 @@
-"""The secret that makes this Airflow deployment's Ray jobs its own (utils/job_ids.py signs with it).
+"""The secret that makes this Airflow deployment's Ray jobs its own (shared/job_ids.py signs with it).
 
 Two Airflow deployments (dev and prod) running the same DAG against one Ray cluster give their jobs
 the same names; anyone who can submit to the cluster can copy a job's metadata. Only a secret that
@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import re
 
-from airflow_provider_raybatch.exceptions import RayBatchConfigError
+from airflow_provider_raybatch.shared.exceptions import RayBatchConfigError
 
 #: (section, option) where the secret is looked for, in order.
 SECRET_OPTIONS = (("raybatch", "job_identity_secret"), ("core", "fernet_key"), ("api_auth", "jwt_secret"))

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayBatchError
-from airflow_provider_raybatch.specs import BatchInferenceSpec, infer_input_format, template_fields
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError, RayBatchError
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec, infer_input_format, template_fields
 
 BASE: dict[str, Any] = {  # Any: spec parameter values.
     "model": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -621,7 +621,7 @@ def test_an_image_size_past_what_an_image_part_holds_is_refused() -> None:
 
 def test_the_spec_and_the_images_agree_on_the_largest_image() -> None:
     from airflow_provider_raybatch.pipeline.read import images
-    from airflow_provider_raybatch.specs import MAX_IMAGE_PIXELS
+    from airflow_provider_raybatch.shared.specs import MAX_IMAGE_PIXELS
 
     assert MAX_IMAGE_PIXELS == images.PART_MAX_PIXELS
 

@@ -1,4 +1,5 @@
-"""Tests of airflow_provider_raybatch/utils/layout.py: the replica layout, its fit check, the nodes parser."""
+"""Tests of airflow_provider_raybatch/shared/layout.py: the replica layout, its fit check, the nodes
+parser."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import ClusterLayoutError, RayHookError
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.layout import (
+from airflow_provider_raybatch.shared.exceptions import ClusterLayoutError, RayHookError
+from airflow_provider_raybatch.shared.layout import (
     CLUSTER_NODES_ENDPOINT,
     ClusterResources,
     LayoutPlan,
@@ -20,6 +20,7 @@ from airflow_provider_raybatch.utils.layout import (
     cluster_resources_from_api,
     plan_layout,
 )
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 # The body of GET /api/v0/nodes as Ray 2.60 writes it, produced without a cluster by Ray's own code:
 # GcsNodeInfo protobufs -> StateAPIManager.list_nodes (state_aggregator.py) -> do_reply/rest_response.
@@ -364,7 +365,7 @@ def test_an_unexpected_shape_raises_a_hook_error(payload: Any) -> None:  # Any: 
 
 def test_importing_the_layout_loads_no_ray() -> None:
     code = (
-        "import sys, airflow_provider_raybatch.utils.layout\n"
+        "import sys, airflow_provider_raybatch.shared.layout\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch', 'pyarrow')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

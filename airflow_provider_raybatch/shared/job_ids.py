@@ -1,7 +1,7 @@
 """Ray submission ids and job metadata derived from an Airflow task-instance try.
 
 A submission id is deterministic, so a retried submit finds its job instead of starting a second
-one, and it carries an HMAC under this Airflow deployment's secret (utils/deployment_secret.py), so
+one, and it carries an HMAC under this Airflow deployment's secret (jobs/deployment_secret.py), so
 nobody else can make one: a job on a shared cluster is adopted or stopped only when its id proves
 it ours. Metadata on its own proves nothing: any cluster user can copy it.
 """

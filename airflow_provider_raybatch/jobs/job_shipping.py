@@ -18,21 +18,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import airflow_provider_raybatch
-from airflow_provider_raybatch.exceptions import BatchSpecError, RayJobAlreadyExistsError
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.json_types import RuntimeEnv, TaskLog
 from airflow_provider_raybatch.shared import job_settings
-from airflow_provider_raybatch.shared.s3_settings_upload import settings_upload
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.job_ids import MAX_SUBMISSION_ATTEMPTS, REUSE_COMMITTED_KEY, TaskTry
-from airflow_provider_raybatch.utils.layout import plan_layout
-from airflow_provider_raybatch.utils.packaging import (
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError, RayJobAlreadyExistsError
+from airflow_provider_raybatch.shared.job_ids import MAX_SUBMISSION_ATTEMPTS, REUSE_COMMITTED_KEY, TaskTry
+from airflow_provider_raybatch.shared.json_types import RuntimeEnv, TaskLog
+from airflow_provider_raybatch.shared.layout import plan_layout
+from airflow_provider_raybatch.shared.packaging import (
     RayPackage,
     build_job_package,
     build_provider_package,
     build_py_module_package,
 )
-from airflow_provider_raybatch.utils.user_functions import missing_function, split_dotted_path
+from airflow_provider_raybatch.shared.s3_settings_upload import settings_upload
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.user_functions import missing_function, split_dotted_path
 
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 #: Ray job metadata key holding the spec fingerprint the job was submitted with.
@@ -146,7 +146,7 @@ def upload_runtime_env(
 
     :param extra_runtime_env: the operator's own ``runtime_env``; not modified.
     :param pool_scope: the deployment's engine pool scope
-        (:func:`~airflow_provider_raybatch.utils.deployment_secret.engine_pool_scope`), set as the job's
+        (:func:`~airflow_provider_raybatch.jobs.deployment_secret.engine_pool_scope`), set as the job's
         :data:`~airflow_provider_raybatch.shared.job_settings.POOL_SCOPE_ENV` over any value the DAG
         gave: a warm pool is shared only within its scope.
     :raises BatchSpecError: for a job setting in its ``env_vars`` that the job would refuse as it

@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/utils/committed_manifest.py: reading a committed manifest from
+"""Tests of airflow_provider_raybatch/jobs/committed_manifest.py: reading a committed manifest from
 Airflow."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.utils import committed_manifest
-from airflow_provider_raybatch.utils.committed_manifest import is_result_of, read_committed_manifest
+from airflow_provider_raybatch.jobs import committed_manifest
+from airflow_provider_raybatch.jobs.committed_manifest import is_result_of, read_committed_manifest
 
 GOOD = {"status": "complete", "output_uri": "x", "rows_in": 1, "rows_out": 1, "rows_failed": 0}
 

@@ -1,12 +1,12 @@
-"""Tests of airflow_provider_raybatch/utils/deployment_secret.py: which secret signs this
+"""Tests of airflow_provider_raybatch/jobs/deployment_secret.py: which secret signs this
 deployment's jobs."""
 
 from __future__ import annotations
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import RayBatchConfigError
-from airflow_provider_raybatch.utils.deployment_secret import deployment_key, signing_key
+from airflow_provider_raybatch.jobs.deployment_secret import deployment_key, signing_key
+from airflow_provider_raybatch.shared.exceptions import RayBatchConfigError
 
 
 def test_the_raybatch_option_wins(only_secrets) -> None:

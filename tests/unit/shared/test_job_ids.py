@@ -1,4 +1,4 @@
-"""Tests of airflow_provider_raybatch/utils/job_ids.py: submission ids, run keys, metadata, ownership."""
+"""Tests of airflow_provider_raybatch/shared/job_ids.py: submission ids, run keys, metadata, ownership."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ from airflow.sdk.definitions._internal.node import validate_key
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.deployment_secret import signing_key
-from airflow_provider_raybatch.utils.job_ids import SUBMISSION_ID_PREFIX, TaskTry, is_submission_id, issued_by
+from airflow_provider_raybatch.jobs.deployment_secret import signing_key
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.job_ids import (
+    SUBMISSION_ID_PREFIX,
+    TaskTry,
+    is_submission_id,
+    issued_by,
+)
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 TRY = TaskTry(
     dag_id="daily_company_industry",
@@ -159,7 +164,7 @@ def test_run_key_does_not_collide_across_fields() -> None:
     ],
 )
 def test_run_key_matches_the_spec_pattern(task_try: TaskTry) -> None:
-    from airflow_provider_raybatch.specs import BatchInferenceSpec
+    from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
     run_key = task_try.run_key()
 

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from airflow_provider_raybatch.json_types import JsonObject
-from airflow_provider_raybatch.manifest import MANIFEST_FILE_NAME
+from airflow_provider_raybatch.shared.json_types import JsonObject
+from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.shared.run_manifest import COMPLETE_STATUS, ManifestJson, RunManifest
 
 log = logging.getLogger(__name__)

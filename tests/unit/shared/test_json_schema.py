@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_raybatch.exceptions import BatchSpecError
-from airflow_provider_raybatch.specs import BatchInferenceSpec
-from airflow_provider_raybatch.utils.json_schema import schema_problem
+from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.json_schema import schema_problem
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 WHERE = "sampling_params['structured_outputs']['json']"
 PROFILE = {

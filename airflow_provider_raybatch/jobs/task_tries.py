@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.hooks.ray import JobInfo
-from airflow_provider_raybatch.utils.job_ids import ATTEMPT_KEY, TRY_NUMBER_KEY, TaskTry
+from airflow_provider_raybatch.shared.job_ids import ATTEMPT_KEY, TRY_NUMBER_KEY, TaskTry
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
