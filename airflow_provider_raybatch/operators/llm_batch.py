@@ -164,7 +164,7 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         up from zero, where the nodes appear only once the job asks for them.
     :param runtime_env: Extra Ray runtime_env for the job (``env_vars``, ``pip``, more ``py_modules``).
         The pipeline module, the packages of ``preprocess`` / ``postprocess`` (without hidden files,
-        private keys or dependency folders: utils/packaging.py) and the job package holding the spec
+        private keys or dependency folders: shared/packaging.py) and the job package holding the spec
         (``raybatch_job``) are added to it.
     :param entrypoint_resources: Custom resources the job's driver needs, e.g. ``{"head": 1}``.
     :param keep_versions: Keep earlier committed versions of ``output_uri`` (default: a rerun replaces them).

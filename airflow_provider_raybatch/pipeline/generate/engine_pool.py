@@ -236,7 +236,7 @@ def plan_pool(
     :param engine_kwargs: the stage's UDF constructor keywords.
     :param map_batches_kwargs: the stage's ``map_batches`` keywords (its replicas' resources).
     :param job_runtime_env: the job's runtime env: the replica keeps our code's package (the first
-        ``py_modules`` entry, see ``operators.job_shipping.upload_runtime_env``) and the rest but the
+        ``py_modules`` entry, see ``jobs.job_shipping.upload_runtime_env``) and the rest but the
         other packages.
     :param chat_template: the job's chat-template stage's keywords (None: it has none), for the
         replicas to render its prompts with; not part of the fingerprint.
