@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -56,6 +56,10 @@ from airflow_provider_raybatch.openai_api.store import (
 from airflow_provider_raybatch.shared.json_types import JsonObject
 from airflow_provider_raybatch.shared.jsonl import count_requests
 from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+    from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +109,7 @@ def _error_body(exc: StarletteHTTPException) -> JsonObject:
     }
 
 
-def _run_state(session: Any, dag_id: str, run_id: str) -> RunState:  # Any: a SQLAlchemy session.
+def _run_state(session: Session, dag_id: str, run_id: str) -> RunState:
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy import select
@@ -134,7 +138,7 @@ def _value(state: Any) -> str | None:  # Any: an Airflow state enum, text or Non
     return getattr(state, "value", state)
 
 
-def _stop_run(session: Any, dag_id: str, run_id: str) -> None:  # Any: a SQLAlchemy session.
+def _stop_run(session: Session, dag_id: str, run_id: str) -> None:
     """Mark the run failed, as the UI's "mark failed" does: the task's job is then stopped (a
     deferred task's trigger stops it on cleanup, a running task's ``on_kill`` does)."""
     from airflow.api.common.mark_tasks import set_dag_run_state_to_failed
@@ -200,7 +204,7 @@ def _check_metadata(metadata: dict[str, str] | None, config: openai_settings.Ope
             )
 
 
-def _is_admin(user: Any) -> bool:  # Any: the auth manager's user.
+def _is_admin(user: BaseUser) -> bool:
     """Whether ``user`` sees everyone's files and batches: one who may edit Airflow connections.
 
     Such a user can already change the credentials the batch job uses, so the store's data is no
@@ -223,8 +227,8 @@ class _BatchService:
         self.dag_id = config.dag_id
 
     def owned(
-        self, lookup: Any, what: str, object_id: str, user: Any
-    ) -> Any:  # Any: the lookup's result, a user.
+        self, lookup: Callable[[str], JsonObject], what: str, object_id: str, user: BaseUser
+    ) -> JsonObject:
         """The file or batch, if it exists and ``user`` owns it (or is an admin); else a 404 for both."""
         try:
             record = lookup(object_id)
@@ -235,7 +239,7 @@ class _BatchService:
         return record
 
     @staticmethod
-    def listed(lister: Any, user: Any) -> list[dict[str, Any]]:  # Any: store.files or .batches, a user.
+    def listed(lister: Callable[[str | None], list[JsonObject]], user: BaseUser) -> list[JsonObject]:
         """Everyone's records for an admin; else the user's own, read from their owner index only."""
         return lister(None) if _is_admin(user) else lister(user.get_id())
 
@@ -273,7 +277,7 @@ class _BatchService:
 
     # -- batches --------------------------------------------------------------------------------
 
-    def batch_object(self, record: dict[str, Any], session: Any) -> dict[str, Any]:  # Any: JSON, a session.
+    def batch_object(self, record: JsonObject, session: Session) -> JsonObject:
         """The OpenAI batch object, read only: a GET never writes to the store or changes the run (an
         expired batch is stopped by its own task, whose deadline is the completion window)."""
         store = self.store
@@ -320,7 +324,7 @@ class _BatchService:
             code="too_many_open_batches",
         )
 
-    def batch_usage(self, owner: str, session: Any, creating: str) -> Usage:  # Any: a SQLAlchemy session.
+    def batch_usage(self, owner: str, session: Session, creating: str) -> Usage:
         """``owner``'s batches for their open-batch quota (quota.py). ``creating`` is the request's own
         batch: it has no run yet, so its run is not looked up (nor is it counted: it is the one asking)."""
         reservations = self.store.reservations(owner, BATCH_ID)  # first: see OpenAIStore.reservations
@@ -335,9 +339,7 @@ class _BatchService:
         existing = frozenset(record["id"] for record in records)
         return Usage(counted=frozenset(counted), existing=existing, reservations=reservations)
 
-    def start_run(
-        self, record: dict[str, Any], session: Any, user: Any
-    ) -> None:  # Any: JSON, a session, a user.
+    def start_run(self, record: JsonObject, session: Session, user: BaseUser) -> None:
         """The batch's DAG run (its run id is the batch id); a 503 if it cannot start, keeping nothing."""
         from airflow.api.common.trigger_dag import trigger_dag
         from airflow.utils.types import DagRunTriggeredByType
@@ -361,9 +363,7 @@ class _BatchService:
                 "see the API server's log.",
             ) from err
 
-    def create_batch(
-        self, body: CreateBatchRequest, session: Any, user: Any
-    ) -> dict[str, Any]:  # Any: a session, a user.
+    def create_batch(self, body: CreateBatchRequest, session: Session, user: BaseUser) -> JsonObject:
         """The new batch's object, its record saved and its run started within its owner's quota."""
         window = _checked_window(body, self.config)
         input_file = self.owned(self.store.file, "file", body.input_file_id, user)
