@@ -6,7 +6,7 @@ table and turning every cell into a Python object at once took a worker to about
 the same ratio lets a file far under the cap take a node's memory (the Ray worker, and whatever else
 Ray's OOM killer picks on that node: other tenants' tasks too). Row data is untrusted
 (docs/security.md): the reader decodes a batch of rows at a time and hands each row on as it goes
-(pipeline/read/rows.py ``PARQUET_BATCH_ROWS``), so what a worker holds is one batch, whatever the file
+(pipeline/read/parquet_plan.py), so what a worker holds is one batch, whatever the file
 decodes to.
 """
 
@@ -58,24 +58,31 @@ def test_a_small_parquet_file_that_decodes_to_gigabytes_is_read_a_batch_at_a_tim
     assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report
 
 
-@pytest.mark.parametrize("limit", ["MAX_INPUT_FILE_ROWS", "MAX_INPUT_DECODED_BYTES"])
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [
+        ("MAX_INPUT_FILE_ROWS", "declares 20 rows"),
+        ("MAX_INPUT_DECODED_BYTES", "its pages decompress to more than 10 bytes"),
+    ],
+)
 def test_a_parquet_file_that_declares_more_than_a_file_may_hold_is_its_error_row(
-    limit: str, monkeypatch: pytest.MonkeyPatch
+    limit: str, reason: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A few bytes of Parquet can declare a hundred million rows (a null column) or gigabytes of pages;
-    the footer says so before anything is decoded (the limits lowered here to keep the file small)."""
+    the footer and the page headers say so before anything is decoded (the limits lowered here to keep
+    the file small)."""
     import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_raybatch.pipeline.read import rows
+    from airflow_provider_raybatch.pipeline.read import parquet_plan, rows
 
     sink = io.BytesIO()
     pq.write_table(pa.table({"prompt": [f"row {index}" for index in range(20)]}), sink)
-    monkeypatch.setattr(rows, limit, 10)
+    monkeypatch.setattr(parquet_plan, limit, 10)
 
     records = list(rows.parse_file("big.parquet", sink.getvalue(), "parquet"))
 
     assert [record["source"] for record in records] == ["big.parquet:0"]
-    assert "declares 20 rows" in records[0]["error"] and "split it into several files" in records[0]["error"]
+    assert reason in records[0]["error"] and "split it into several files" in records[0]["error"]

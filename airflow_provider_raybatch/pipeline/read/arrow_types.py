@@ -127,11 +127,30 @@ def checked_parquet_schema(file: bytes | pa.NativeFile) -> pa.Schema:
     :raises RefusedArrowTypeError: a column is, or holds, a type that is not allowed.
     :raises ValueError: the file has no Parquet footer that can be read (pyarrow's errors too).
     """
+    return checked_parquet_footer(file)[0]
+
+
+def checked_parquet_footer(
+    file: bytes | pa.NativeFile, most_bytes: int | None = None
+) -> tuple[pa.Schema, pq.FileMetaData]:
+    """:func:`checked_parquet_schema`, and the footer parsed (pyarrow's ``metadata=`` takes it, so
+    that a reader parses it once: parsed, a footer takes about 12 times its bytes).
+
+    :param most_bytes: the longest footer read; a longer one is refused before pyarrow parses it.
+        Default: any.
+    :raises FooterTooLongError: the footer is longer than ``most_bytes``.
+    """
     import pyarrow as pa
     import pyarrow.ipc
     import pyarrow.parquet as pq
 
     footer, tail = _footer(pa.BufferReader(file) if isinstance(file, bytes) else file)
+    if most_bytes is not None and len(footer) > most_bytes:
+        raise FooterTooLongError(
+            f"its footer is {len(footer):,} bytes, more than a file's may be ({most_bytes:,}); such a "
+            "footer describes many small row groups: write it with fewer, larger row groups or split it "
+            "into several files"
+        )
     # Opening a reader resolves the stored Arrow schema, so the first one opens the footer with the key
     # renamed wherever its bytes stand, however its length is spelled (the same length: the Thrift
     # stays valid); it sees Parquet's own types only.
@@ -141,8 +160,9 @@ def checked_parquet_schema(file: bytes | pa.NativeFile) -> pa.Schema:
     # the last, which then would be the one checked.
     if sum(hidden_footer.count(field) for field in _HIDDEN_ARROW_SCHEMA_KEY_FIELDS) > 1:
         raise RefusedArrowTypeError("its footer holds more than one Arrow schema")
-    parquet_only = pq.ParquetFile(pa.BufferReader(_MAGIC + hidden_footer + tail))
-    stored = (parquet_only.metadata.metadata or {}).get(_HIDDEN_ARROW_SCHEMA_KEY)
+    stored = (pq.ParquetFile(pa.BufferReader(_MAGIC + hidden_footer + tail)).metadata.metadata or {}).get(
+        _HIDDEN_ARROW_SCHEMA_KEY
+    )  # that parse is dropped here, before the next
     if stored is not None:
         try:  # strict: a lenient decoder could read other bytes than Arrow's does
             serialized = base64.b64decode(stored, validate=True)
@@ -151,25 +171,36 @@ def checked_parquet_schema(file: bytes | pa.NativeFile) -> pa.Schema:
         hidden = serialized.replace(EXTENSION_NAME_KEY, _HIDDEN_EXTENSION_NAME_KEY)
         check_schema(pyarrow.ipc.read_schema(pa.py_buffer(hidden)))
     # The stored schema names no extension type: the schema the reader will use, resolved in full.
-    schema = open_parquet(pa.BufferReader(_MAGIC + footer + tail)).schema_arrow
+    parquet = open_parquet(pa.BufferReader(_MAGIC + footer + tail))
+    schema = parquet.schema_arrow
     check_schema(schema)
-    return schema
+    return schema, parquet.metadata
+
+
+class FooterTooLongError(ValueError):
+    """A Parquet footer longer than its reader takes; the message says so and what to do."""
 
 
 def open_parquet(
-    source: BinaryIO | pa.NativeFile, read_dictionary: list[str] | None = None
+    source: BinaryIO | pa.NativeFile,
+    read_dictionary: list[str] | None = None,
+    metadata: pq.FileMetaData | None = None,
 ) -> pq.ParquetFile:
     """A Parquet reader that reads Parquet's own UUID and JSON columns (Spark's, DuckDB's) as their
     storage types, fixed-size binary and string: pyarrow 18+ makes them the extension types
     ``arrow.uuid`` and ``arrow.json`` by default, which the allowlist refuses like any extension type.
 
     :param read_dictionary: columns to read as Arrow dictionaries (pyarrow's ``read_dictionary``).
+    :param metadata: the file's footer, already parsed (:func:`checked_parquet_footer`); default:
+        parsed from ``source``.
     """
     import pyarrow.parquet as pq
 
     if _reader_takes_extension_switch():
-        return pq.ParquetFile(source, read_dictionary=read_dictionary, arrow_extensions_enabled=False)
-    return pq.ParquetFile(source, read_dictionary=read_dictionary)
+        return pq.ParquetFile(
+            source, metadata=metadata, read_dictionary=read_dictionary, arrow_extensions_enabled=False
+        )
+    return pq.ParquetFile(source, metadata=metadata, read_dictionary=read_dictionary)
 
 
 @functools.cache

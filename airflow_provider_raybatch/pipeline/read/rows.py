@@ -27,7 +27,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.pipeline.read import arrow_types
+from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.jsonl import BYTE_ORDER_MARK, split_lines
 from airflow_provider_raybatch.shared.specs import InputFormat
@@ -234,27 +234,6 @@ def _table_rows(table: pa.Table) -> list[Row]:
     return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
-#: Rows of a Parquet file decoded at a time. A file's size bounds its bytes, not what they decode to:
-#: a column of one value repeated (dictionary-encoded, or compressed) is a few hundred bytes on disk
-#: and gigabytes in memory. So a text or bytes column dictionary-encoded through (its dictionary, then
-#: indices only) is read as an Arrow dictionary (each value held once), rows become Python a slice at
-#: a time, each slice's values
-#: at most :data:`PARQUET_DECODE_BYTES` (one larger row alone), and they leave as they are made (Ray
-#: Data cuts the stream into blocks). Other columns decode as stored, a batch at a time, and the file
-#: may declare at most :data:`MAX_INPUT_DECODED_BYTES` in all.
-PARQUET_BATCH_ROWS = 1024
-#: The same for a file with text or bytes inside lists or structs, which pyarrow decodes whole per
-#: batch: fewer rows a batch bound what one batch can hold.
-PARQUET_NESTED_BATCH_ROWS = 64
-PARQUET_DECODE_BYTES = 64 << 20
-_INDEX_BYTES_A_VALUE = 4
-_PAGE_HEADERS_BYTES = 64 << 10
-#: The most a file may declare its pages hold once decompressed (4x the file cap: text compresses
-#: about that much), and the most rows: a few bytes of Parquet can declare a hundred million.
-MAX_INPUT_DECODED_BYTES = 4 << 30
-MAX_INPUT_FILE_ROWS = 50_000_000
-
-
 def _is_bytes(data_type: pa.DataType) -> bool:
     """Text or bytes (of any width), dictionary-encoded or not."""
     import pyarrow as pa
@@ -272,47 +251,6 @@ def _is_bytes(data_type: pa.DataType) -> bool:
     )
 
 
-def _holds_bytes(data_type: pa.DataType) -> bool:
-    """Text or bytes, or a list, struct or map that holds some."""
-    if _is_bytes(data_type):
-        return True
-    return any(_holds_bytes(data_type.field(index).type) for index in range(data_type.num_fields))
-
-
-def _check_declared_size(metadata: pq.FileMetaData) -> None:
-    """Refuse a file that declares more rows, or more decompressed bytes, than a file may hold."""
-    declared = sum(
-        metadata.row_group(group).column(column).total_uncompressed_size
-        for group in range(metadata.num_row_groups)
-        for column in range(metadata.num_columns)
-    )
-    if metadata.num_rows > MAX_INPUT_FILE_ROWS or declared > MAX_INPUT_DECODED_BYTES:
-        raise ValueError(
-            f"it declares {metadata.num_rows:,} rows of {declared:,} bytes decompressed, more than a file "
-            f"may hold ({MAX_INPUT_FILE_ROWS:,} rows, {MAX_INPUT_DECODED_BYTES:,} bytes); split it into "
-            "several files"
-        )
-
-
-def _made_of_its_dictionary(metadata: pq.FileMetaData, column: str) -> bool:
-    """Whether a top-level column is dictionary-encoded through in every row group: past its
-    dictionary page, only indices (at most 4 bytes a value as stored). pyarrow then reads it as a
-    dictionary at no cost; a column that fell back to plain pages would have to be hashed again."""
-    paths = [metadata.schema.column(leaf).path for leaf in range(metadata.num_columns)]
-    if paths.count(column) != 1:
-        return False
-    for group in range(metadata.num_row_groups):
-        chunk = metadata.row_group(group).column(paths.index(column))
-        if not chunk.has_dictionary_page or chunk.dictionary_page_offset is None:
-            return False
-        past_dictionary = chunk.total_compressed_size - (
-            chunk.data_page_offset - chunk.dictionary_page_offset
-        )
-        if past_dictionary > _INDEX_BYTES_A_VALUE * chunk.num_values + _PAGE_HEADERS_BYTES:
-            return False
-    return True
-
-
 def _dictionaries_decoded(table: pa.Table) -> pa.Table:
     """The table with its dictionary columns as plain ones (a slice bounded in bytes: cheap to turn
     into Python, where a dictionary column goes cell by cell)."""
@@ -325,69 +263,124 @@ def _dictionaries_decoded(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, names=table.column_names)
 
 
-def _slices_of(table: pa.Table, budget: int) -> Iterator[tuple[int, int]]:
-    """(start, stop) of consecutive rows of ``table`` whose values, once decoded, take about ``budget``
-    bytes at most (a larger row alone): a dictionary column's values counted at each row that uses
-    them (not once, as Arrow holds them), other columns by their share of the table's buffers."""
+def _row_sizes(table: pa.Table) -> list[int]:
+    """Each row's values' bytes once decoded: a dictionary column's values counted at each row that
+    uses them (not once, as Arrow holds them), text and bytes by their lengths, others as sliced."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    share, repeated = 0, []
+    sizes = [0] * table.num_rows
     for column in table.columns:
         chunk = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         if pa.types.is_dictionary(chunk.type) and _is_bytes(chunk.type):
-            lengths = pc.binary_length(chunk.dictionary).cast(pa.int64())
-            repeated.append(pc.take(lengths, chunk.indices).fill_null(0))
-        elif len(chunk):
-            share += chunk.nbytes // len(chunk)
-    total = share * table.num_rows + sum(pc.sum(lengths).as_py() or 0 for lengths in repeated)
+            lengths = pc.take(pc.binary_length(chunk.dictionary).cast(pa.int64()), chunk.indices)
+        elif _is_bytes(chunk.type):
+            lengths = pc.binary_length(chunk).cast(pa.int64())
+        elif pa.types.is_primitive(chunk.type):
+            lengths = None
+        else:  # lists, structs and maps: what each row's slice references
+            sizes = [size + chunk.slice(row, 1).nbytes for row, size in enumerate(sizes)]
+            continue
+        if lengths is None:
+            width = chunk.nbytes // len(chunk) if len(chunk) else 0
+            sizes = [size + width for size in sizes]
+        else:
+            sizes = [
+                size + length for size, length in zip(sizes, lengths.fill_null(0).to_pylist(), strict=True)
+            ]
+    return sizes
+
+
+def _table_bytes(table: pa.Table) -> int:
+    """About what the table's values take once decoded (a dictionary's values at each row that uses them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    for column in table.columns:
+        for chunk in column.chunks:
+            if pa.types.is_dictionary(chunk.type) and _is_bytes(chunk.type):
+                lengths = pc.binary_length(chunk.dictionary).cast(pa.int64())
+                total += pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0
+            else:
+                total += chunk.nbytes
+    return total
+
+
+def _slices_of(table: pa.Table, budget: int) -> Iterator[tuple[int, int, int]]:
+    """(start, stop, bytes) of consecutive rows of ``table`` whose values, once decoded, take at most
+    ``budget`` bytes; a row over ``budget`` alone is a slice of its own (:func:`_row_sizes`)."""
+    total = _table_bytes(table)
     if total <= budget:  # the usual batch: one slice
-        yield 0, table.num_rows
+        yield 0, table.num_rows, total
         return
-    sizes = [share] * table.num_rows
-    for lengths in repeated:
-        sizes = [size + length for size, length in zip(sizes, lengths.to_pylist(), strict=True)]
     start, held = 0, 0
-    for index, size in enumerate(sizes):
-        if index > start and held + size > budget:
-            yield start, index
+    for index, size in enumerate(_row_sizes(table)):
+        if index > start and (held + size > budget or size > budget):
+            yield start, index, held
             start, held = index, 0
         held += size
-    if start < len(sizes):
-        yield start, len(sizes)
+    if start < table.num_rows:
+        yield start, table.num_rows, held
 
 
 def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) -> Iterator[Record]:
+    """A Parquet file's records, read within :mod:`.parquet_plan`'s bounds: a batch of rows at a time
+    as its plan sizes it, each turned into Python a slice of at most ``PARQUET_DECODE_BYTES`` at a time."""
     import pyarrow as pa
 
     number = 0
     try:
         # Before pyarrow opens the file: a type off the allowlist may run the file's code (arrow_types).
-        schema = arrow_types.checked_parquet_schema(data)
-        nested = any(_holds_bytes(field.type) and not _is_bytes(field.type) for field in schema)
-        # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name.
-        metadata = arrow_types.open_parquet(io.BytesIO(data)).metadata
-        _check_declared_size(metadata)
-        repeated = [
-            field.name
-            for field in schema
-            if _is_bytes(field.type)
-            and schema.names.count(field.name) == 1
-            and _made_of_its_dictionary(metadata, field.name)
-        ]
-        parquet = arrow_types.open_parquet(io.BytesIO(data), read_dictionary=repeated)
-        rows_a_batch = PARQUET_NESTED_BATCH_ROWS if nested else PARQUET_BATCH_ROWS
-        for batch in parquet.iter_batches(batch_size=rows_a_batch):
-            table = pa.Table.from_batches([batch])
-            for start, stop in _slices_of(table, PARQUET_DECODE_BYTES):
+        schema, metadata = arrow_types.checked_parquet_footer(data, parquet_plan.MAX_FOOTER_BYTES)
+        plan = parquet_plan.plan_reading(data, metadata, schema)
+        # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name. A
+        # BufferReader: pyarrow reads the file's pages in place, where a Python file would copy them.
+        parquet = arrow_types.open_parquet(
+            pa.BufferReader(data), read_dictionary=plan.dictionary_columns, metadata=metadata
+        )
+        for table in _planned_batches(parquet, plan):
+            for start, stop, size in _slices_of(table, parquet_plan.PARQUET_DECODE_BYTES):
+                if size > parquet_plan.PARQUET_DECODE_BYTES:  # one row, alone over the budget
+                    number += 1
+                    yield _bad(f"{name}:{number}", _row_too_large(size))
+                    continue
                 for row in _table_rows(_dictionaries_decoded(table.slice(start, stop - start))):
                     number += 1
                     yield _ok(f"{name}:{number}", row, binary_columns)
-    except arrow_types.RefusedArrowTypeError as err:
+    except (
+        arrow_types.RefusedArrowTypeError,
+        arrow_types.FooterTooLongError,
+        parquet_plan.ParquetBoundError,
+    ) as err:
         yield _unreadable(name, "parquet", str(err))
     except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
         after = f" after its row {number}" if number else ""
         yield _unreadable(name, "parquet", f"{type(err).__name__}{after}: {err}")
+
+
+def _planned_batches(parquet: pq.ParquetFile, plan: parquet_plan.ParquetPlan) -> Iterator[pa.Table]:
+    """The file's batches, each of the rows its plan says: pyarrow's reader takes a new batch size
+    before each batch. A batch of other rows than planned fails the file rather than be used."""
+    import pyarrow as pa
+
+    if not plan.batches:
+        return
+    batches = parquet.iter_batches(batch_size=plan.batches[0])
+    for rows in plan.batches:
+        parquet.reader.set_batch_size(rows)
+        batch = next(batches, None)
+        if batch is None or batch.num_rows != rows:
+            got = 0 if batch is None else batch.num_rows
+            raise ValueError(f"its reader read a batch of {got:,} rows where {rows:,} were planned")
+        yield pa.Table.from_batches([batch])
+
+
+def _row_too_large(size: int) -> str:
+    return (
+        f"row too large: its values take {size:,} bytes once decoded, more than a row may "
+        f"({parquet_plan.PARQUET_DECODE_BYTES:,}); keep each row's values (text, images) under that"
+    )
 
 
 # -- CSV ------------------------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""What an input Parquet file makes the reader hold is bounded by its pages, whatever its footer says.
+
+Row data is untrusted (docs/security.md). pyarrow decompresses each page to the size its own header
+states and decodes a whole batch of rows before the reader sees one; the footer's totals are the
+writer's word only. Each file here is a few KiB to a few MiB written by hand (``parquet_forge``, its
+footer declaring little) and decodes to hundreds of MiB:
+
+* plain (not dictionary) pages of long values: 1,024 rows of 1 MiB each in one page, and a struct
+  of 16 MiB strings, decoded a whole batch at a time, grew a reader by about twice their size;
+* one large dictionary page of distinct values, each used once, read as an Arrow dictionary,
+  grew it by about five times its size;
+* a footer of many one-row row groups costs pyarrow about 12x its bytes each time it is parsed (the
+  reader parsed it four times over).
+
+Now a page past ``PARQUET_PAGE_BYTES`` or a footer past ``MAX_FOOTER_BYTES`` makes the file its
+one error row, and the rows of pages within the bounds are read in batches sized by their pages' bytes
+(pipeline/read/parquet_plan.py): the reader grows by under :data:`PEAK_GROWTH_LIMIT_MIB` either way.
+The sizes here are half or a quarter of those found (the same ratios), to keep the test's own memory
+and time small.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.security import parquet_forge as forge
+
+#: As tests/security/test_input_decoded_size.py.
+PEAK_GROWTH_LIMIT_MIB = 300
+_MIB = 1 << 20
+
+_MEASURE = """
+import json, resource, sys
+import pyarrow, pyarrow.parquet, pyarrow.compute  # imported before the baseline: not the file's cost
+from airflow_provider_raybatch.pipeline.read import rows
+
+with open(sys.argv[1], "rb") as source:
+    data = source.read()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+count, errors = 0, []
+for record in rows.parse_file("hostile.parquet", data, "parquet"):  # as Ray Data takes them: one by one
+    count += 1
+    if record["error"]:
+        errors.append(record["error"][:400])
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
+print(json.dumps({"file_bytes": len(data), "records": count, "errors": errors[:3], "grown_mib": grown}))
+"""
+
+
+def _read_in_a_fresh_process(tmp_path: Path, data: bytes) -> dict[str, object]:
+    """Parse ``data`` in a new interpreter (its peak memory is the reader's alone); what it reports."""
+    path = tmp_path / "hostile.parquet"
+    path.write_bytes(data)
+    result = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, timeout=280
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+def _refused(report: dict[str, object], reason: str) -> None:
+    errors = report["errors"]
+    assert report["records"] == 1 and isinstance(errors, list) and len(errors) == 1, report
+    assert errors[0].startswith("unreadable file: not valid parquet: ") and reason in errors[0], errors[0]
+    assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report
+
+
+@pytest.mark.timeout(300)
+def test_a_plain_page_of_long_values_is_refused_by_its_header_not_decoded(tmp_path: Path) -> None:
+    # 512 rows of 1 MiB in one zstd page: 512 MiB decompressed from 25 KB, the footer declaring 25 KB.
+    column = forge.ForgedColumn(["prompt"], [forge.plain_page(b"A" * _MIB, 512)], declared_uncompressed=1)
+
+    report = _read_in_a_fresh_process(tmp_path, forge.parquet([column], rows=512))
+
+    assert report["file_bytes"] < 100_000
+    _refused(report, "column 'prompt' has a page of 536,872,960 bytes decompressed, more than a page may")
+
+
+@pytest.mark.timeout(300)
+def test_a_struct_of_long_strings_in_one_page_is_refused(tmp_path: Path) -> None:
+    # 32 rows of a struct holding a 16 MiB string: one 512 MiB page.
+    column = forge.ForgedColumn(["message", "content"], [forge.plain_page(b"B" * (16 * _MIB), 32)])
+
+    report = _read_in_a_fresh_process(tmp_path, forge.parquet([column], rows=32))
+
+    _refused(report, "column 'message.content' has a page of 536,871,040 bytes decompressed")
+
+
+@pytest.mark.timeout(300)
+def test_long_values_in_small_pages_are_all_read_a_few_pages_at_a_time(tmp_path: Path) -> None:
+    # 1,024 rows of 1 MiB in pages of 16: each page within the cap, the batch of 1,024 rows 1 GiB.
+    pages = [forge.plain_page(bytes([65 + index % 26]) * _MIB, 16) for index in range(64)]
+    column = forge.ForgedColumn(["prompt"], pages, declared_uncompressed=1)
+
+    report = _read_in_a_fresh_process(tmp_path, forge.parquet([column], rows=1024))
+
+    assert (report["records"], report["errors"]) == (1024, []), report
+    assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report
+
+
+@pytest.mark.timeout(300)
+def test_a_large_dictionary_page_of_distinct_values_is_refused(tmp_path: Path) -> None:
+    # 65,536 distinct 4 KiB values, each used once: a 256 MiB dictionary page from 400 KB.
+    column = forge.ForgedColumn(["prompt"], forge.dictionary_pages(65_536, 4096), declared_uncompressed=1)
+
+    report = _read_in_a_fresh_process(tmp_path, forge.parquet([column], rows=65_536))
+
+    assert report["file_bytes"] < 1_000_000
+    _refused(report, "column 'prompt' has a dictionary page of 268,697,600 bytes decompressed")
+
+
+@pytest.mark.timeout(300)
+def test_a_footer_of_many_one_row_row_groups_is_refused_before_pyarrow_parses_it(tmp_path: Path) -> None:
+    # 300,000 one-row row groups (all the same chunk): an 11 MB footer.
+    column = forge.ForgedColumn(["prompt"], [forge.plain_page(b"x", 1)])
+
+    report = _read_in_a_fresh_process(tmp_path, forge.parquet([column], rows=1, row_groups=300_000))
+
+    _refused(report, "its footer is 11,100,047 bytes, more than a file's may be (8,388,608)")
