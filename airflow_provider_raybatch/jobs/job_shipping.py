@@ -50,12 +50,27 @@ def top_level_module_path(field: str, dotted_path: str) -> Path:
     try:
         importlib.import_module(module_name)
     except ImportError as err:
+        likely = _likely_module(module_name.split(".")[0])
+        advice = (
+            f"did you mean {likely!r}?"
+            if likely is not None
+            else "put it beside the DAG file or in the DAGs folder so it can be shipped with the job."
+        )
         raise BatchSpecError(
-            f"{field}={dotted_path!r}: module {module_name!r} cannot be imported here ({err}); "
-            "put it beside the DAG file or in the DAGs folder so it can be shipped with the job."
+            f"{field}={dotted_path!r}: module {module_name!r} cannot be imported here ({err}); {advice}"
         ) from err
     top = sys.modules[module_name.split(".")[0]]
     return Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
+
+
+def _likely_module(name: str) -> str | None:
+    """The importable top-level module whose name is closest to a misspelled ``name``, if one is close."""
+    import difflib
+    import pkgutil
+
+    names = {module.name for module in pkgutil.iter_modules()}
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def check_user_functions(dag_file: str | None, **named: object) -> None:
