@@ -22,6 +22,14 @@ vLLM at module import, nor any other module of the engine's.
   and only the third run finds them. The replica sets the variable before its engine starts,
   optionally under a configurable folder (``compile_cache_dir``), beside vLLM's and Inductor's, once
   it checked that each is the Ray user's alone (:mod:`.engine_caches`).
+* **The model's class inspected in a forkserver child.** Building its config, vLLM inspects the model's
+  class (``ModelRegistry.inspect_model_cls``) in a fresh interpreter (``python -m
+  vllm.model_executor.models.registry``, so that the parent never initializes CUDA), unless a node's
+  earlier engine left the answer in ``VLLM_CACHE_ROOT/modelinfos``. That interpreter imports torch and
+  vLLM from scratch while the replica waits: on a fresh GPU node the first job's replica idled ~17 s
+  there. The forkserver has them loaded already, so the inspection runs in a child forked from it
+  (:func:`patch_vllm_model_inspection`): no CUDA either, and only the model's own module is imported.
+  vLLM's subprocess stays where the forkserver is off or the child fails.
 * **Raw vLLM's batch sizes.** Ray Data LLM builds its engine config without a usage context, which
   gets vLLM's generic 2,048 tokens and 128 sequences per scheduler step instead of what ``LLM()``
   gets (``EngineArgs.get_batch_defaults``: 4,096 / 256 on a CPU, 16,384 / 1,024 on an H100): on the
@@ -36,6 +44,7 @@ import functools
 import itertools
 import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -250,4 +259,54 @@ def patch_vllm_process_context() -> bool:
 
     get_mp_context.__raybatch__ = True  # type: ignore[attr-defined]  # our mark on a function
     engine_utils.get_mp_context = get_mp_context
+    return True
+
+
+def _inspect_in_child(environ: dict[str, str], payload: bytes, result_path: str) -> None:
+    """In a forkserver child: vLLM's inspection function (``payload``, cloudpickled), its result
+    pickled to ``result_path``, as vLLM's ``registry._run`` does in its subprocess."""
+    os.environ.clear()
+    os.environ.update(environ)
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    result = pickle.loads(payload)()
+    with open(result_path, "wb") as file:
+        pickle.dump(result, file)
+
+
+def patch_vllm_model_inspection() -> bool:
+    """Have vLLM inspect a model's class in a child of the preloaded forkserver instead of a fresh
+    interpreter (see the module doc); False (vLLM's subprocess) where it cannot."""
+    try:
+        from vllm.model_executor.models import registry
+
+        original = registry._run_in_subprocess
+        _forkserver_context()
+    except Exception:  # noqa: BLE001 - another vLLM layout, or no forkserver: keep vLLM's subprocess
+        log.warning("vLLM inspects the model's class in a subprocess of its own.", exc_info=True)
+        return False
+    if getattr(original, "__raybatch__", False):
+        return True
+
+    def run_in_subprocess(fn: Callable[[], object]) -> object:
+        import multiprocessing
+
+        from ray import cloudpickle  # vLLM's function is a lambda: by value, as its own subprocess gets it
+
+        with tempfile.TemporaryDirectory(prefix="raybatch-modelinfo-") as folder:  # 0700, ours alone
+            result_path = os.path.join(folder, "result.pkl")
+            child = multiprocessing.get_context("forkserver").Process(
+                target=_inspect_in_child, args=(dict(os.environ), cloudpickle.dumps(fn), result_path)
+            )
+            child.start()
+            child.join()
+            if child.exitcode == 0 and os.path.exists(result_path):
+                with open(result_path, "rb") as file:
+                    return pickle.load(file)
+        log.warning("Inspecting the model's class in a forkserver child failed: vLLM's subprocess does it.")
+        return original(fn)  # with vLLM's own error, if it fails there too
+
+    run_in_subprocess.__raybatch__ = True  # type: ignore[attr-defined]  # our mark on a function
+    registry._run_in_subprocess = run_in_subprocess
     return True

@@ -99,6 +99,7 @@ class RaybatchvLLMEngineStageUDF(StagesFinishedRows, vLLMEngineStageUDF):
         if engine.forkserver_enabled():
             engine.start_forkserver()
             engine.patch_vllm_process_context()
+            engine.patch_vllm_model_inspection()
         with engine.engine_core_errors() as engine_core_error:
             try:
                 super().__init__(*args, **kwargs)

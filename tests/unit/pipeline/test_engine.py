@@ -136,3 +136,28 @@ def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none() -> N
         {"max_num_batched_tokens": 100, "max_num_seqs": 2, **quiet},
         {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "disable_log_stats": False},
     ]
+
+
+def test_vllm_inspects_the_model_class_in_a_forkserver_child_not_a_fresh_interpreter(tmp_path: Path) -> None:
+    """On a node whose vLLM cache has no answer for the model's class yet, vLLM inspects it in a fresh
+    interpreter that imports torch and vLLM again while the replica waits; the forkserver has them."""
+    from tests.unit.pipeline.ray_env import run_in_ray_env
+
+    out = run_in_ray_env(
+        "import json, os, sys\n"
+        f"os.environ['VLLM_CACHE_ROOT'] = {str(tmp_path)!r}  # no cached answer\n"
+        "from airflow_provider_raybatch.pipeline.generate import engine\n"
+        "from vllm.model_executor.models import registry\n"
+        "assert engine.patch_vllm_model_inspection()\n"
+        "assert engine.patch_vllm_model_inspection()  # a second replica in the same process: patched once\n"
+        "child = registry._run_in_subprocess(lambda: 'vllm.v1.engine.core' in sys.modules)\n"
+        "model = registry._LazyRegisteredModel('vllm.model_executor.models.llama', 'LlamaForCausalLM')\n"
+        "info = model.inspect_model_cls()\n"
+        "print(json.dumps({'preloaded': child, 'generates': info.is_text_generation_model,\n"
+        f"                  'cached': os.listdir(os.path.join({str(tmp_path)!r}, 'modelinfos'))}}))"
+    )
+    assert out == {
+        "preloaded": True,  # the forkserver's modules: vLLM's own subprocess starts with none of them
+        "generates": True,
+        "cached": ["vllm-model_executor-models-llama-LlamaForCausalLM.json"],  # as vLLM's own path leaves it
+    }
