@@ -42,6 +42,18 @@
 #   diag        list the Triton / compile cache folders and their sizes
 #   spy         the next b: stage samples the EngineCore processes with py-spy dump every ~1 s
 #               (spy-NAME.txt): where the engine's start-up time goes
+#   vlogms      vLLM's log lines with milliseconds, and the model registry's debug lines (how long
+#               it inspected the model's class), in every process started after it (before "ray
+#               start": the replicas inherit it); raw vLLM too
+#   mon         the next a: or b: stage samples every process's CPU time every 0.25 s and py-spy dumps
+#               the replica, its forkserver, the EngineCore and vLLM's registry subprocess every ~1 s
+#               (bench/gpu/startmon.py: mon-a/b-NAME-procs.json, -spy.txt); a b: stage also keeps the
+#               engine actor's whole worker log (logs/wlog-b-NAME.txt): where a cold start waits
+#   tree:DIR    the b: stages after it run DIR's ours_job.py and jobs (DIR relative to this tree, e.g.
+#               ../wtfix: a copy with a fix), so one runner measures two versions of the code
+#   purge       ray stop, and every cache a node's first engine fills deleted (vLLM's whole cache root:
+#               compiled graphs and the model-class answers in modelinfos/; Triton's; Inductor's): the
+#               next job starts as on a fresh machine, but for the OS's file cache
 # Results: /tmp/keep/*.json and /tmp/keep/logs/ (kept between calls); at the end of every call all of it
 # in $OUT/results.tgz (the device tool returns at most 8 files).
 set -u
@@ -54,7 +66,10 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_
 # rpg jobs generate for 30-130 s. Exported before "ray start", so the replicas inherit it too.
 export VLLM_LOG_STATS_INTERVAL=${VLLM_LOG_STATS_INTERVAL:-5}
 export PATH=/tmp/site/bin:$PATH  # ray; the job entrypoint `python` is the image venv's
-K=${KEEP:-/tmp/keep}; L=$K/logs; mkdir -p $K $L /tmp/bin; SPY=0
+K=${KEEP:-/tmp/keep}; L=$K/logs; mkdir -p $K $L /tmp/bin; SPY=0; MON=0
+# What "mon" dumps with py-spy: the replica actor, its forkserver, the EngineCore, vLLM's registry
+# subprocess, raw vLLM's process.
+MONSPY=${MONSPY:-"vLLMEngineStage|EngineCore|models\\.registry|vllm\\.v1\\.engine\\.core|raw_vllm"}
 RUNNER=${RUNNER:-0}  # 1: the detached runner of "bg" (never packs results: the calls do)
 FINAL=${OUT:-/tmp/out}; [ "$RUNNER" = 1 ] && FINAL=/tmp/bgout; mkdir -p "$FINAL"
 rm -f /tmp/bin/python  # the image has python in its venv; a symlink elsewhere would lose the venv
@@ -183,8 +198,9 @@ PY
     rm -rf /tmp/gpu_out/raw-$n; t=$(date +%s.%N)
     python3 "$HERE/procmon.py" $K/a-$n-rss.json & pm=$!
     python3 "$HERE/gpumon.py" $K/gpu-a-$n.json & gm=$!
+    sm=; [ $MON = 1 ] && { python3 "$HERE/startmon.py" "$L/mon-a-$n" --spy "$MONSPY" & sm=$!; }
     timeout $(stagelimit) python3 "$REPO/bench/raw_vllm.py" /tmp/spec-$n.json /tmp/gpu_out/raw-$n > "$L/a-$n.log" 2>&1; rc=$?
-    kill -TERM $pm $gm; wait $pm $gm
+    kill -TERM $pm $gm $sm; wait $pm $gm $sm; MON=0
     cp "/tmp/gpu_out/raw-$n/raw_result.json" "$K/a-$n-raw.json" 2>/dev/null
     python3 - "$t" "$(date +%s.%N)" "/tmp/gpu_out/raw-$n/raw_result.json" "$K/a-$n.json" "$K/a-$n-rss.json" <<'PY'
 import json, sys
@@ -212,8 +228,13 @@ PY
       spy=$!
     fi
     python3 "$HERE/gpumon.py" $K/gpu-b-$name.json & gm=$!
+    sm=; [ $MON = 1 ] && { python3 "$HERE/startmon.py" "$L/mon-b-$name" --spy "$MONSPY" & sm=$!; }
     timeout $(stagelimit) python3 "$HERE/ours_job.py" "$HERE/jobs/$name.json" "$K/b-$name.json" $mode > "$L/b-$name.out" 2>&1; rc=$?
-    kill -TERM $gm; wait $gm
+    kill -TERM $gm $sm; wait $gm $sm
+    if [ $MON = 1 ]; then  # the engine actor's worker log, whole (the job log dedupes and prefixes lines)
+      for f in $(grep -l "RaybatchvLLMEngineStage\|EngineCore" /tmp/ray/session_latest/logs/worker-*.out /tmp/ray/session_latest/logs/worker-*.err 2>/dev/null); do
+        echo "==== $f"; head -c 3000000 "$f"; done > "$L/wlog-b-$name.txt"; MON=0
+    fi
     [ $SPY = 1 ] && { kill $spy 2>/dev/null; SPY=0; }
     # vLLM's stats lines of the replicas (jobs with disable_log_stats=False), whole: the job log may dedupe them
     grep -H "Avg prompt throughput" /tmp/ray/session_latest/logs/worker-*.out /tmp/ray/session_latest/logs/worker-*.err \
@@ -269,6 +290,22 @@ os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' env RUNNER=1 LIMIT=100000 RUN
   cold) rm -rf ~/.cache/vllm/torch_compile_cache /tmp/torchinductor_$(whoami) ~/.triton/cache; echo "compile caches cleared";;
   stop) ray stop --force > /dev/null 2>&1; echo "ray stopped";;
   spy) SPY=1;;
+  mon) MON=1;;
+  vlogms)  # vLLM's own format with milliseconds; the registry's debug lines through the same handler
+    cat > /tmp/vllm_logging.json <<'JSON'
+{"version": 1, "disable_existing_loggers": false,
+ "formatters": {"vllm": {"class": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
+                         "format": "%(levelname)s %(asctime)s.%(msecs)03d [%(fileinfo)s:%(lineno)d] %(message)s"}},
+ "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": "DEBUG", "stream": "ext://sys.stdout"}},
+ "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": false},
+             "vllm.model_executor.models.registry": {"level": "DEBUG"}}}
+JSON
+    export VLLM_LOGGING_CONFIG_PATH=/tmp/vllm_logging.json; echo "vLLM logs with ms from here";;
+  tree:*) HERE=$(cd "$REPO/${s#tree:}/bench/gpu" && pwd) || exit 1; echo "b: stages from $HERE";;
+  purge)
+    ray stop --force > /dev/null 2>&1
+    rm -rf ~/.cache/vllm ~/.triton/cache /tmp/torchinductor_$(whoami) ~/.cache/torch/kernels
+    echo "ray stopped, vLLM / Triton / Inductor caches deleted";;
   diag)  # where the Triton kernels went: vLLM points TRITON_CACHE_DIR into its compile-cache folder
     for d in ~/.triton/cache ~/.cache/vllm/torch_compile_cache/*/rank_0_0/triton_cache /tmp/torchinductor_$(whoami)/triton; do
       [ -d "$d" ] && echo "diag $d: $(find "$d" -type f | wc -l) files, $(du -sm "$d" | cut -f1) MiB"; done
