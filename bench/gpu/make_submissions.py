@@ -59,7 +59,8 @@ import workload  # noqa: E402
 
 from airflow_provider_raybatch.jobs import job_shipping  # noqa: E402
 from airflow_provider_raybatch.jobs.deployment_secret import signing_key  # noqa: E402
-from airflow_provider_raybatch.operators.llm_batch import FINGERPRINT_KEY, RayLLMBatchOperator  # noqa: E402
+from airflow_provider_raybatch.jobs.job_shipping import FINGERPRINT_KEY  # noqa: E402
+from airflow_provider_raybatch.operators.llm_batch import RayLLMBatchOperator  # noqa: E402
 from airflow_provider_raybatch.shared.job_ids import TaskTry  # noqa: E402
 from airflow_provider_raybatch.shared.packaging import RayPackage  # noqa: E402
 
