@@ -393,7 +393,9 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
                 task, {**values, **extra}, stacklevel=3, dag_file=self._dag_file
             )
         if self.has_dag() and (
-            reads_today := partition_dates.todays_partition_warning(self.dag.timetable, input_uri)
+            reads_today := partition_dates.todays_partition_warning(
+                self.dag.timetable, input_uri, self.dag.schedule
+            )
         ):
             warnings.warn(f"{task}: {reads_today}", stacklevel=3)
 

@@ -21,11 +21,13 @@ _DS_FILTER = re.compile(r"\|\s*ds(_nodash)?\b")
 _SHIFTED = re.compile(r"ds_add|timedelta|subtract|\.add\(|prev_|yesterday")
 
 
-def todays_partition_warning(timetable: object, input_uri: object) -> str | None:
+def todays_partition_warning(timetable: object, input_uri: object, schedule: object = None) -> str | None:
     """What to say when ``input_uri`` reads a run's own date under a cron trigger timetable; None when
     it does not, or may not (another timetable, no date in it, a date moved in the template).
 
     :param timetable: the DAG's ``timetable``.
+    :param schedule: the DAG's ``schedule`` as its author wrote it (``"@daily"``), named in the
+        message; unset or not text, the timetable's cron is.
     """
     if type(timetable).__name__ != "CronTriggerTimetable" or not isinstance(input_uri, str):
         return None
@@ -38,14 +40,24 @@ def todays_partition_warning(timetable: object, input_uri: object) -> str | None
     interval = getattr(timetable, "interval", None) or getattr(timetable, "_interval", None)
     if used <= {"data_interval_start"} and interval:
         return None
-    schedule = getattr(timetable, "expression", None) or getattr(timetable, "summary", None) or "a cron"
+    written = _written_schedule(timetable, schedule)
     timezone = str(getattr(timetable, "timezone", None) or "UTC")
     dates = ", ".join(sorted(used))
     return (
-        f"input_uri={input_uri!r} reads the run's own date ({dates}). Under schedule {schedule!r} (a cron "
+        f"input_uri={input_uri!r} reads the run's own date ({dates}). Under schedule {written!r} (a cron "
         "trigger on Airflow 3: a run's logical date and data interval are the moment it runs) a run "
         "reads the period just starting, not the one that ended. To read the period that ended, "
-        f"schedule with CronDataIntervalTimetable({schedule!r}, timezone={timezone!r}) and write "
+        f"schedule with CronDataIntervalTimetable({written!r}, timezone={timezone!r}) and write "
         "{{ data_interval_start | ds }}, or move the date in the template ({{ macros.ds_add(ds, -1) }} "
         "for a day; docs/howto-daily-run.md, 'Read the day that ended')."
     )
+
+
+def _written_schedule(timetable: object, schedule: object) -> str:
+    """The schedule as the DAG's author wrote it. Airflow 3.3's timetable resolves a preset to its
+    cron in place (``"@daily"`` becomes ``"0 0 * * *"``: the SDK's ``CronMixin``) and keeps no other
+    copy, so a DAG that wrote ``"@daily"`` would be told of a cron it never wrote; the DAG's own
+    ``schedule`` keeps the text. A timetable passed as ``schedule`` is named by its cron."""
+    if isinstance(schedule, str) and schedule.strip():
+        return schedule
+    return str(getattr(timetable, "expression", None) or getattr(timetable, "summary", None) or "a cron")
