@@ -113,8 +113,9 @@ _USER_FUNCTION_CHECKS = (
     "module is found (on `sys.path`, else beside the DAG file: a DAG's own test that parses the DAGs "
     "folder with `DagBag` finds it too), it must define the function at its top level (a def, a class, "
     "an assignment or an import of that name), else the error gives the likely name; a module not found "
-    "there, or one that "
-    "binds names as it runs (`from x import *`, `globals()`), is left to the job. Then, when the task "
+    "there fails as misspelled where one of a close name lies beside the DAG file or in the DAGs folder "
+    "(`did you mean 'review_prep'?`), and is otherwise left to the job, as is one that "
+    "binds names as it runs (`from x import *`, `globals()`). Then, when the task "
     "submits the job: its module must import where the task runs (it is shipped with the job); the job's "
     "driver imports the function before any row is read."
 )

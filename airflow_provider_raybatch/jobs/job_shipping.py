@@ -32,7 +32,7 @@ from airflow_provider_raybatch.shared.packaging import (
 )
 from airflow_provider_raybatch.shared.s3_settings_upload import settings_upload
 from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
-from airflow_provider_raybatch.shared.user_functions import missing_function, split_dotted_path
+from airflow_provider_raybatch.shared.user_functions import likely_module, missing_function, split_dotted_path
 
 PIPELINE_MODULE = "airflow_provider_raybatch.pipeline"
 #: Ray job metadata key holding the spec fingerprint the job was submitted with.
@@ -50,7 +50,7 @@ def top_level_module_path(field: str, dotted_path: str) -> Path:
     try:
         importlib.import_module(module_name)
     except ImportError as err:
-        likely = _likely_module(module_name.split(".")[0])
+        likely = likely_module(module_name.split(".")[0])
         advice = (
             f"did you mean {likely!r}?"
             if likely is not None
@@ -61,16 +61,6 @@ def top_level_module_path(field: str, dotted_path: str) -> Path:
         ) from err
     top = sys.modules[module_name.split(".")[0]]
     return Path(top.__path__[0]) if hasattr(top, "__path__") else Path(top.__file__ or "")
-
-
-def _likely_module(name: str) -> str | None:
-    """The importable top-level module whose name is closest to a misspelled ``name``, if one is close."""
-    import difflib
-    import pkgutil
-
-    names = {module.name for module in pkgutil.iter_modules()}
-    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.8)
-    return close[0] if close else None
 
 
 def check_user_functions(dag_file: str | None, **named: object) -> None:

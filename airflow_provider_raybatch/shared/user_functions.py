@@ -4,9 +4,12 @@ that module defines it, read from the source without running it.
 The job imports the function on the cluster; a misspelled name used to pass every check on the
 Airflow side and fail the job. The module may import heavy libraries (torch, a tokenizer), so it is
 never imported here: its file is found as the import system would find it, and its source is parsed.
-Only a module whose source is plainly there and plainly binds no such name is refused; a module not
-found here (it may be on the cluster's path only), one without a Python source file, or one that
-binds names at run time (``from x import *``, ``globals()``, a module ``__getattr__``) is taken on trust.
+Only a module whose source is plainly there and plainly binds no such name is refused, and a module
+found nowhere here while one of a close name lies beside the DAG file or in the DAGs folder
+(``reviewprep`` beside ``review_prep.py``: the task could not ship it either). A module not found
+here and like none of those (it may be on the cluster's path only), one without a Python source file,
+or one that binds names at run time (``from x import *``, ``globals()``, a module ``__getattr__``) is
+taken on trust.
 
 A module is looked for on ``sys.path``, then beside the DAG file. Airflow puts the DAGs folder on
 ``sys.path`` as it parses and runs DAGs, but a DAG's own test (``DagBag(dag_folder="dags/")``, then
@@ -21,6 +24,7 @@ import difflib
 import functools
 import importlib.machinery
 import importlib.util
+import pkgutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,8 +45,9 @@ def split_dotted_path(dotted_path: str) -> tuple[str, str]:
 
 
 def missing_function(dotted_path: str, dag_file: str | None = None) -> str | None:
-    """Why ``dotted_path``'s module plainly lacks its function, with the likely names; None when it
-    defines it or when that cannot be told without running the module (see the module docstring).
+    """Why ``dotted_path``'s module plainly lacks its function, or is likely misspelled, with the likely
+    names; None when it defines it or when that cannot be told without running the module (see the
+    module docstring).
 
     :param dag_file: the DAG file that names the function, if known: its folder is looked in for the
         module when ``sys.path`` does not have it.
@@ -53,7 +58,7 @@ def missing_function(dotted_path: str, dag_file: str | None = None) -> str | Non
         return None  # not a dotted path: the spec's own check says so
     specs = _module_specs(parts, dag_file)
     if specs is None:
-        return None
+        return _misspelled_module(parts[0], dag_file)
     source = _source_file(specs[-1])
     if source is None:
         return None
@@ -83,6 +88,35 @@ def missing_function(dotted_path: str, dag_file: str | None = None) -> str | Non
         hint = f" (its functions: {', '.join(functions[:8])}{', ...' if len(functions) > 8 else ''})"
         hint = hint if functions else ""
     return f"{where} defines no {attribute!r} at its top level{hint}."
+
+
+def likely_module(name: str, folders: list[str] | None = None) -> str | None:
+    """The top-level module in ``folders`` (default: all of ``sys.path``) whose name is closest to a
+    misspelled ``name``, if one is close (``review_prep`` for ``reviewprep``)."""
+    names = {module.name for module in pkgutil.iter_modules(folders)}
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _misspelled_module(name: str, dag_file: str | None) -> str | None:
+    """Why top-level module ``name``, found neither on ``sys.path`` nor beside the DAG file, is likely
+    misspelled: a module of a close name beside the DAG file or in the DAGs folder; None otherwise
+    (found after all, or nothing close: it may be on the cluster's path only, taken on trust)."""
+    if not dag_file:
+        return None
+    beside = Path(dag_file).resolve().parent
+    try:
+        if importlib.util.find_spec(name) or importlib.machinery.PathFinder.find_spec(name, [str(beside)]):
+            return None  # found: the None came from a submodule, which the import reports
+    except (ImportError, ValueError):
+        return None
+    # The DAGs folder is on sys.path where Airflow parses: the entries the DAG file lies under.
+    dags_folders = [entry for entry in sys.path if entry and beside.is_relative_to(Path(entry).resolve())]
+    folders = [str(beside), *dict.fromkeys(dags_folders)]
+    likely = likely_module(name, folders)
+    if likely is None:
+        return None
+    return f"no module {name!r} is on sys.path or beside the DAG file ({beside}); did you mean {likely!r}?"
 
 
 def _module_specs(parts: list[str], dag_file: str | None) -> list[importlib.machinery.ModuleSpec] | None:

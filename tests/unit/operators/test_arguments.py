@@ -556,6 +556,40 @@ def test_validate_finds_the_function_in_the_dags_folder(
         task.validate()
 
 
+@pytest.mark.parametrize("on_sys_path", [False, True], ids=["a DAG's own test", "Airflow's parse"])
+@pytest.mark.parametrize(("where", "argument"), [("written", "preprocess"), ("partial", "postprocess")])
+def test_a_misspelled_module_beside_the_dag_file_fails_the_parse_with_the_likely_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, argument: str, on_sys_path: bool
+) -> None:
+    """'reviewprep.prepare_review' beside review_prep.py: found nowhere, so the job would fail as the
+    task ships it; the parse says so, with the module it likely meant, read and not imported."""
+    good = f"{argument}='raybatch_dagdir_rows.preprocess',"
+    bad = f"{argument}='raybatch_dagdirrows.preprocess',"
+    modules = {"raybatch_dagdir_rows.py": ROW_FUNCTIONS}
+    folder = _dag_folder(tmp_path, modules, *((bad, good) if where == "written" else (good, bad)))
+    if on_sys_path:
+        monkeypatch.syspath_prepend(str(folder))  # as Airflow puts the DAGs folder on sys.path
+
+    bag = _parse(folder)
+
+    (error,) = bag.import_errors.values()
+    assert (
+        f"{argument}='raybatch_dagdirrows.preprocess': no module 'raybatch_dagdirrows' is on sys.path "
+        f"or beside the DAG file ({folder}); did you mean 'raybatch_dagdir_rows'?"
+    ) in error, error
+    assert not [name for name in sys.modules if name.startswith("raybatch_dagdir")]
+
+
+def test_a_module_like_none_beside_the_dag_file_is_taken_on_trust(tmp_path: Path) -> None:
+    """A module found nowhere here and like none beside the DAG file may be on the cluster's path."""
+    good = "preprocess='raybatch_dagdir_rows.preprocess',"
+    folder = _dag_folder(tmp_path, {"raybatch_dagdir_rows.py": ROW_FUNCTIONS}, good, good)
+    dag_file = folder / "raybatch_dagdir_dag.py"
+    dag_file.write_text(dag_file.read_text().replace("raybatch_dagdir_rows.", "qqzz_elsewhere_rows.", 1))
+
+    assert _parse(folder).import_errors == {}
+
+
 @pytest.mark.parametrize("value", ["sometimes", "Flase"])
 def test_a_reuse_earlier_result_that_is_no_flag_fails_as_the_task_is_built(value: str) -> None:
     with pytest.raises(

@@ -255,3 +255,34 @@ def test_a_module_on_sys_path_comes_before_one_beside_the_dag_file(code: Path, t
     write(dags, f"{PREFIX}twice.py", "def other(row):\n    return row\n")
 
     assert missing_function(f"{PREFIX}twice.clean", str(dags / "my_dag.py")) is None
+
+
+def test_a_misspelled_module_beside_the_dag_file_names_the_likely_one(tmp_path: Path) -> None:
+    """Found neither on sys.path nor beside the DAG file, with a close name there: the likely one."""
+    dags = tmp_path / "dags"
+    write(dags, f"{PREFIX}review_prep.py", "def prepare_review(row):\n    return row\n")
+    dag_file = str(dags / "my_dag.py")
+
+    assert missing_function(f"{PREFIX}reviewprep.prepare_review", dag_file) == (
+        f"no module '{PREFIX}reviewprep' is on sys.path or beside the DAG file ({dags}); "
+        f"did you mean '{PREFIX}review_prep'?"
+    )
+    assert missing_function(f"{PREFIX}reviewprep.prepare_review") is None  # no DAG file: on trust
+    assert missing_function(f"{PREFIX}nothing_like_it.prepare", dag_file) is None  # on trust
+    assert missing_function(f"{PREFIX}review_prep.prepare_review", dag_file) is None
+    assert not [name for name in sys.modules if name.startswith(PREFIX)]
+
+
+def test_a_misspelled_module_in_the_dags_folder_of_a_dag_in_a_subfolder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DAG in a subfolder names a module of the DAGs folder, which Airflow puts on sys.path."""
+    dags = tmp_path / "dags"
+    write(dags, f"{PREFIX}review_prep.py", "def prepare_review(row):\n    return row\n")
+    dag_file = str(dags / "team" / "my_dag.py")
+    monkeypatch.syspath_prepend(str(dags))
+
+    assert missing_function(f"{PREFIX}reviewprep.prepare_review", dag_file) == (
+        f"no module '{PREFIX}reviewprep' is on sys.path or beside the DAG file ({dags / 'team'}); "
+        f"did you mean '{PREFIX}review_prep'?"
+    )
