@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import warnings
 from datetime import datetime, timedelta
+from typing import Any
 
+import pendulum
 import pytest
 from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable
 
@@ -83,3 +85,73 @@ def test_the_warning_names_the_schedule_as_the_dag_wrote_it(schedule: str) -> No
     [message] = _warnings(schedule, TODAY)
     assert f"Under schedule {schedule!r} (a cron trigger" in message
     assert f"schedule with CronDataIntervalTimetable({schedule!r}, timezone='UTC')" in message
+
+
+# -- the month a monthly DAG reads (docs/howto-daily-run.md, 'Read the day that ended') -------------
+
+
+def _scheduler_dag(schedule: object) -> Any:  # Any: Airflow's SerializedDAG, as the scheduler has it.
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    with DAG("monthly", schedule=schedule, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+        pass
+    return DagSerialization.from_dict(DagSerialization.to_dict(dag))
+
+
+def _utc(*day: int) -> pendulum.DateTime:
+    return pendulum.datetime(*day, tz="UTC")
+
+
+def _scheduled_at(dag: Any, run_after: pendulum.DateTime) -> Any:  # Any: Airflow's DataInterval.
+    """The data interval of the scheduled run made at ``run_after``, the run before it made."""
+    from airflow.timetables.base import DataInterval, TimeRestriction
+
+    before = dag.timetable.next_dagrun_info(
+        last_automated_data_interval=None,
+        restriction=TimeRestriction(earliest=run_after.subtract(months=2), latest=None, catchup=True),
+    )
+    info = before
+    while info.run_after < run_after:
+        info = dag.timetable.next_dagrun_info(
+            last_automated_data_interval=DataInterval(*info.data_interval),
+            restriction=TimeRestriction(earliest=_utc(2026, 1, 1), latest=None, catchup=True),
+        )
+    assert info.run_after == run_after
+    return info.data_interval
+
+
+def test_a_monthly_cron_trigger_reads_the_month_just_starting() -> None:
+    """schedule="@monthly": the run made at midnight of 2026-12-01 has the interval 12-01 to 12-01,
+    so its {{ ds }} and {{ data_interval_start }} are the first day of December, not November."""
+    dag = _scheduler_dag("@monthly")
+    assert type(dag.timetable).__name__ == "CronTriggerTimetable"
+    assert _scheduled_at(dag, _utc(2026, 12, 1)) == (_utc(2026, 12, 1), _utc(2026, 12, 1))
+
+
+def test_a_monthly_data_interval_timetable_reads_the_month_that_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CronDataIntervalTimetable("0 0 1 * *"): the run at midnight of 2026-12-01 covers November; a
+    manual run covers the last month ended by its date; a backfill makes one run per month whose
+    first day lies in the range, and none for a month not ended yet."""
+    from airflow.models import backfill
+
+    dag = _scheduler_dag(CronDataIntervalTimetable("0 0 1 * *", timezone="UTC"))
+
+    assert _scheduled_at(dag, _utc(2026, 12, 1)) == (_utc(2026, 11, 1), _utc(2026, 12, 1))
+    for manual in (_utc(2026, 12, 1), _utc(2026, 12, 15)):
+        assert dag.timetable.infer_manual_data_interval(run_after=manual) == (
+            _utc(2026, 11, 1),
+            _utc(2026, 12, 1),
+        )
+
+    monkeypatch.setattr(backfill.timezone, "utcnow", lambda: _utc(2026, 12, 15))
+
+    def backfilled(from_date: pendulum.DateTime, to_date: pendulum.DateTime) -> list[str]:
+        """The months ``airflow backfill create --from-date --to-date`` runs (Airflow's own list)."""
+        infos = backfill._get_info_list(from_date=from_date, to_date=to_date, reverse=False, dag=dag)
+        return [info.data_interval.start.format("YYYY-MM") for info in infos]
+
+    assert backfilled(_utc(2026, 1, 1), _utc(2026, 3, 31)) == ["2026-01", "2026-02", "2026-03"]
+    assert backfilled(_utc(2026, 1, 15), _utc(2026, 3, 15)) == ["2026-02", "2026-03"]
+    assert backfilled(_utc(2026, 11, 1), _utc(2026, 12, 31)) == ["2026-11"]  # December has not ended
