@@ -232,6 +232,10 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
     operator_extra_links = (RayJobLink(), BatchOutputLink(), RunReportLink())
     template_fields_renderers = {"sampling_params": "json", "engine_kwargs": "json", "user_template": "jinja"}
     ui_color = "#cfe6ff"
+    #: The Ray job of this task, once it has submitted or found one.
+    job_id: str | None = None
+    #: The committed run's manifest, once execute_complete has read it (for lineage).
+    manifest: JsonObject | None = None
     #: The job this operator asked Ray to stop (its own kill or timeout), so that a stop it sees is said
     #: to be its own, and a second cleanup path does not ask again.
     _stop_requested_for: str | None = None
@@ -286,75 +290,43 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         progress_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL_SECONDS,
         **kwargs: ArgValue,
     ) -> None:
-        arguments.refuse_unknown(type(self).__name__, kwargs, RayLLMBatchOperator.__init__)
-        mapped_validation = bool(kwargs.get("_airflow_mapped_validation_only"))
+        operator = type(self).__name__
+        arguments.refuse_unknown(operator, kwargs, RayLLMBatchOperator.__init__)
         super().__init__(**kwargs)
-        self.model = model
-        self.input_uri = input_uri
-        self.output_uri = output_uri
-        self.input_format = input_format
-        self.output_format = output_format
-        self.openai_endpoint = openai_endpoint
-        self.messages_column = messages_column
-        self.system_prompt = system_prompt
-        self.user_template = user_template
-        self.image_column = image_column
-        self.image_size = image_size
-        self.image_max_side = image_max_side
+        self.model, self.input_uri = model, input_uri
+        self.output_uri, self.input_format, self.output_format = output_uri, input_format, output_format
+        self.openai_endpoint, self.messages_column = openai_endpoint, messages_column
+        self.system_prompt, self.user_template = system_prompt, user_template
+        self.image_column, self.image_size, self.image_max_side = image_column, image_size, image_max_side
         self.image_allowed_hosts = image_allowed_hosts or []
         self.image_allowed_local_path = image_allowed_local_path
         self.image_allowed_s3_prefixes = image_allowed_s3_prefixes or []
-        arguments.refuse_functions(
-            type(self).__name__, self.task_id, preprocess=preprocess, postprocess=postprocess
-        )
-        self.preprocess = preprocess
-        self.postprocess = postprocess
+        arguments.refuse_functions(operator, self.task_id, preprocess=preprocess, postprocess=postprocess)
+        self.preprocess, self.postprocess = preprocess, postprocess
         self.sampling_params = sampling_params or {}
         self.engine_kwargs = engine_kwargs or {}
-        self.batch_size = batch_size
-        self.concurrency = concurrency
-        self.max_concurrent_batches = max_concurrent_batches
-        self.accelerator_type = accelerator_type
-        self.replica_resources = replica_resources
-        self.id_column = id_column
-        self.keep_columns = keep_columns
-        self.max_failed_fraction = max_failed_fraction
-        self.max_failed_rows = max_failed_rows
-        self.keep_versions = keep_versions
+        self.batch_size, self.concurrency = batch_size, concurrency
+        self.max_concurrent_batches, self.accelerator_type = max_concurrent_batches, accelerator_type
+        self.replica_resources, self.id_column, self.keep_columns = replica_resources, id_column, keep_columns
+        self.max_failed_fraction, self.max_failed_rows = max_failed_fraction, max_failed_rows
+        self.keep_versions, self.dry_run_rows_per_second = keep_versions, dry_run_rows_per_second
+        self.reuse_earlier_result = reuse_earlier_result
+        self.ray_conn_id, self.aws_conn_id = ray_conn_id, aws_conn_id
+        self.model_cache_dir, self.compile_cache_dir = model_cache_dir, compile_cache_dir
+        self.keep_warm_seconds, self.check_layout = keep_warm_seconds, check_layout
+        self._set_outputs(dry_run, output_asset, input_asset)
+        self.runtime_env, self.entrypoint_resources = runtime_env or {}, entrypoint_resources
+        self._set_waiting(deferrable, poll_interval_seconds, progress_interval_seconds)
+        self._check_as_written(runtime_env, kwargs)
+
+    def _set_outputs(
+        self, dry_run: bool, output_asset: Asset | str | None, input_asset: Asset | str | None
+    ) -> None:
+        """The batch's ``dry_run`` flag, and the task's output and input assets added to its outlets and
+        inlets (a dry run's output is not announced)."""
         # The batch's dry_run flag (a documented parameter) shadows BaseOperator.dry_run(), a method that
         # renders the template fields and that nothing in Airflow calls.
         self.dry_run = dry_run  # type: ignore[method-assign,assignment]
-        self.dry_run_rows_per_second = dry_run_rows_per_second
-        self.reuse_earlier_result = reuse_earlier_result
-        self.ray_conn_id = ray_conn_id
-        self.aws_conn_id = aws_conn_id
-        self.model_cache_dir = model_cache_dir
-        self.compile_cache_dir = compile_cache_dir
-        self.keep_warm_seconds = keep_warm_seconds
-        self.check_layout = check_layout
-        self._set_assets(output_asset, input_asset, dry_run)
-        self.runtime_env = runtime_env or {}
-        self.entrypoint_resources = entrypoint_resources
-        self.deferrable = deferrable
-        if poll_interval_seconds is not None and not poll_interval_seconds > 0:
-            # Here, not only in the trigger: a deferred task builds its trigger after the job is submitted.
-            raise ValueError(
-                f"{type(self).__name__} (task_id: {self.task_id}): poll_interval_seconds="
-                f"{poll_interval_seconds!r} must be > 0 (or None: paced)."
-            )
-        self.poll_interval_seconds = poll_interval_seconds
-        self.progress_interval_seconds = progress_interval_seconds
-        self.job_id: str | None = None
-        #: The committed run's manifest, once execute_complete has read it (for lineage).
-        self.manifest: JsonObject | None = None
-        self._check_as_written(
-            reuse_earlier_result, runtime_env, entrypoint_resources, input_uri, mapped_validation
-        )
-
-    def _set_assets(
-        self, output_asset: Asset | str | None, input_asset: Asset | str | None, dry_run: bool
-    ) -> None:
-        """The task's output and input assets, added to its outlets and inlets."""
         self.output_asset = Asset(output_asset) if isinstance(output_asset, str) else output_asset
         self.input_asset = Asset(input_asset) if isinstance(input_asset, str) else input_asset
         if self.output_asset is not None and not dry_run:  # a dry run writes no output to announce
@@ -362,18 +334,30 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         if self.input_asset is not None:
             self.inlets = [*self.inlets, self.input_asset]
 
-    def _check_as_written(
-        self,
-        reuse_earlier_result: bool | str | None,
-        runtime_env: RuntimeEnv | None,
-        entrypoint_resources: dict[str, float] | None,
-        input_uri: str,
-        mapped_validation: bool,
+    def _set_waiting(
+        self, deferrable: bool, poll_interval_seconds: float | None, progress_interval_seconds: float
     ) -> None:
+        """How the task waits on its job: in the triggerer or the worker, how often it polls and logs."""
+        if poll_interval_seconds is not None and not poll_interval_seconds > 0:
+            # Here, not only in the trigger: a deferred task builds its trigger after the job is submitted.
+            raise ValueError(
+                f"{type(self).__name__} (task_id: {self.task_id}): poll_interval_seconds="
+                f"{poll_interval_seconds!r} must be > 0 (or None: paced)."
+            )
+        self.deferrable = deferrable
+        self.poll_interval_seconds = poll_interval_seconds
+        self.progress_interval_seconds = progress_interval_seconds
+
+    def _check_as_written(self, runtime_env: RuntimeEnv | None, kwargs: Kwargs) -> None:
         """Values written as is are checked now, as the DAG is parsed: a mistake is an import error in
         the UI, not a task that fails when it runs. Templated ones are checked when rendered, or by
         validate(). Airflow's check of a mapped task's arguments passes placeholders: nothing to check.
-        Warnings name the DAG file's line that built the operator (``stacklevel`` 3: past __init__)."""
+        Warnings name the DAG file's line that built the operator (``stacklevel`` 3: past __init__).
+
+        :param kwargs: ``__init__``'s own ``**kwargs`` (BaseOperator took a copy), where Airflow's check
+            of a mapped task's arguments sets its flag.
+        """
+        mapped_validation = bool(kwargs.get("_airflow_mapped_validation_only"))
         task = f"{type(self).__name__} (task_id: {self.task_id})"
         values = {name: getattr(self, name) for name in SPEC_PARAMETERS}
         #: The parameters written as templates (or XComs): their rendered values are text to read back.
@@ -383,18 +367,18 @@ class RayLLMBatchOperator(BaseOperator, metaclass=arguments.NamesMissingArgument
         if not mapped_validation:
             written_values.check_as_written(
                 task,
-                {**values, "reuse_earlier_result": reuse_earlier_result},
+                {**values, "reuse_earlier_result": self.reuse_earlier_result},
                 template_fields=self.template_fields,
                 complete=True,
                 dag_file=self._dag_file,
             )
-            extra = {"runtime_env": runtime_env, "entrypoint_resources": entrypoint_resources}
+            extra = {"runtime_env": runtime_env, "entrypoint_resources": self.entrypoint_resources}
             written_values.warn_of_likely_mistakes(
                 task, {**values, **extra}, stacklevel=3, dag_file=self._dag_file
             )
         if self.has_dag() and (
             reads_today := partition_dates.todays_partition_warning(
-                self.dag.timetable, input_uri, self.dag.schedule
+                self.dag.timetable, self.input_uri, self.dag.schedule
             )
         ):
             warnings.warn(f"{task}: {reads_today}", stacklevel=3)
