@@ -37,8 +37,8 @@ MAX_MANIFEST_BYTES = 16 << 20
 #: The longest a read may take (an object store that does not answer, a credential lookup that
 #: hangs); past it the driver log is read instead.
 READ_TIMEOUT_SECONDS = 60.0
-#: Keys every committed manifest has (pipeline/run.py); one without them, or whose values are not of
-#: :class:`.RunManifest`'s types, is not a run's manifest.
+#: Keys every committed manifest has (pipeline/run.py); one without them, or with a value of another type
+#: in a field a reader decides by (:data:`.DECIDING_FIELDS`), is not a run's manifest.
 _REQUIRED_KEYS = ("status", "output_uri", "rows_in", "rows_out", "rows_failed")
 
 

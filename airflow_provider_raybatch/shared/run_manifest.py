@@ -18,7 +18,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Self, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
@@ -29,6 +37,15 @@ DRY_RUN_STATUS = "dry_run"
 #: The ``status`` of a run that failed its failed-row check: written, but not made current (it is
 #: printed in the driver log and kept in its staging; ``current_version`` names what stays current).
 HELD_STATUS = "held"
+#: The fields a reader decides by: whose result the manifest is, where its output is, its counts and
+#: the failed-row verdict. A value of another type in one of them makes it no run manifest of ours; in
+#: any other field, the value is handed on as written and read as unset (:meth:`RunManifest.of`).
+DECIDING_FIELDS = frozenset(
+    """
+    status job_id run_key spec_fingerprint output_uri rows_in rows_out rows_failed rows_duplicate
+    errors_by_reason
+    """.split()
+)
 
 
 class _Part(BaseModel):
@@ -130,15 +147,37 @@ class RunManifest(_Part):
     #: A job that took an earlier try's committed version as its result.
     reused_result: EarlierJob | None = None
 
+    #: The values given of another type than their field's, outside :data:`DECIDING_FIELDS`: read as
+    #: unset, written back as they were (:meth:`to_json`).
+    _unread: JsonObject = PrivateAttr(default_factory=dict)
+
     @classmethod
     def of(cls, manifest: ManifestJson) -> Self:
         """``manifest`` as a model: itself, or parsed from its JSON object.
 
-        :raises pydantic.ValidationError: a field's value is not of its type (a ``ValueError``).
+        A value of another type than its field's (a newer or an older job's, a hand-edited file) is
+        read as unset and handed on as written, as long as the manifest still says whose result it is
+        and what it counted: the task takes such a result as it took it before the manifest had a model.
+
+        :raises pydantic.ValidationError: a value of :data:`DECIDING_FIELDS` is not of its field's type
+            (a ``ValueError``).
         """
         if isinstance(manifest, cls):
             return manifest
-        return cls.model_validate(manifest.to_json() if isinstance(manifest, RunManifest) else dict(manifest))
+        given = manifest.to_json() if isinstance(manifest, RunManifest) else dict(manifest)
+        try:
+            return cls.model_validate(given)
+        except ValidationError as err:
+            wrong = {str(error["loc"][0]) if error["loc"] else "" for error in err.errors()}
+            if "" in wrong or wrong & DECIDING_FIELDS:
+                raise
+        run = cls.model_validate({key: value for key, value in given.items() if key not in wrong})
+        run._unread = {key: given[key] for key in wrong}
+        return run
+
+    def to_json(self) -> JsonObject:
+        """The JSON object it is written as, with any value read as unset (:meth:`of`) as it was given."""
+        return {**super().to_json(), **self._unread}
 
 
 class DryRunManifest(RunManifest):

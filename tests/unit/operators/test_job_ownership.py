@@ -357,6 +357,40 @@ def test_another_jobs_committed_manifest_is_not_this_jobs_result(
     assert ti.xcoms["manifest"] == {**from_log, "job_id": job}
 
 
+@pytest.mark.parametrize("other_type", [{"version": 3}, {"wall_seconds": "fast"}])
+def test_a_committed_manifest_with_a_value_of_another_type_is_still_this_jobs_result(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path, other_type: dict
+) -> None:
+    """A value the task does not decide by, of another type than this provider writes (a newer job's):
+    the result is the committed manifest, handed on as written, not a failure for want of one."""
+    ti = FakeTI()
+    op = make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out"))
+    job = cluster.add_try(ti, 1, "SUCCEEDED", fingerprint=op.build_spec().fingerprint())
+    manifest = committed(tmp_path / "out", job_id=job, **other_type)
+
+    assert op.execute_complete({"ti": ti}, job_event("success", job, "ok", "succeeded")) == str(
+        tmp_path / "out"
+    )
+
+    assert ti.xcoms["manifest"] == manifest
+
+
+def test_a_committed_manifest_whose_counts_are_not_numbers_is_not_taken(
+    ray_conn: str, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    """Its counts decide the failed-row verdict: the result is the driver log's."""
+    ti = FakeTI()
+    from_log = {**MANIFEST, "output_uri": str(tmp_path / "out")}
+    job = cluster.add_try(ti, 1, "SUCCEEDED", manifest=from_log)
+    committed(tmp_path / "out", job_id=job, rows_failed="one")
+
+    make_operator(ray_conn_id=ray_conn, output_uri=str(tmp_path / "out")).execute_complete(
+        {"ti": ti}, job_event("success", job, "ok", "succeeded")
+    )
+
+    assert ti.xcoms["manifest"] == {**from_log, "job_id": job}
+
+
 def test_a_manifest_from_before_job_ids_counts_when_run_and_spec_match(
     ray_conn: str, cluster: FakeCluster, tmp_path: Path
 ) -> None:

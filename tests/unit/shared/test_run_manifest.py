@@ -56,6 +56,31 @@ def test_a_value_of_another_type_is_refused() -> None:
         RunManifest.of({**OLDER, "rows_in": "three"})
 
 
+@pytest.mark.parametrize(
+    "other_type",
+    [{"version": 3}, {"wall_seconds": "fast"}, {"airflow_run": {"try_number": 1}}, {"held_try": "j0"}],
+)
+def test_a_value_of_another_type_outside_the_deciding_fields_is_read_as_unset_and_handed_on(
+    other_type: dict,
+) -> None:
+    """Before the manifest had a model, the task read such a manifest key by key and took it; so it
+    still does: the value reads as unset, and is written back as it came."""
+    manifest = RunManifest.of({**OLDER, **other_type})
+    (key,) = other_type
+
+    assert getattr(manifest, key) is None and manifest.rows_in == 3
+    assert manifest.to_json() == {**OLDER, **other_type}
+    assert DryRunManifest.of(manifest).to_json() == {**OLDER, **other_type}
+
+
+@pytest.mark.parametrize(
+    "other_type", [{"status": 1}, {"job_id": 7}, {"rows_failed": "one"}, {"errors_by_reason": []}]
+)
+def test_a_value_of_another_type_in_a_deciding_field_is_refused(other_type: dict) -> None:
+    with pytest.raises(ValidationError, match=next(iter(other_type))):
+        RunManifest.of({**OLDER, **other_type})
+
+
 def test_a_dry_run_manifest_reads_its_own_keys_and_a_run_manifest_as_one() -> None:
     dry = DryRunManifest.of({"status": "dry_run", "rows_in": 4, "prompt_tokens": 40, "rows_per_second": 2.5})
     assert (dry.prompt_tokens, dry.rows_per_second, dry.estimated_engine_seconds) == (40, 2.5, None)
