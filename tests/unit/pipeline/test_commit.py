@@ -895,6 +895,20 @@ def test_publish_writes_the_manifest_and_clears_staging(layout: OutputLayout) ->
     assert first.exists()
 
 
+@pytest.mark.parametrize("manifest", [{"rows_in": 1}, {"version": None, "rows_in": 1}])
+def test_publish_of_a_manifest_that_names_no_version_refuses_and_writes_nothing(
+    layout: OutputLayout, manifest: dict
+) -> None:
+    """A manifest with no version (missing or null) is a bug of the caller: made current, it would name
+    no outputs, and the next publish would take it for no version at all. The run refuses to commit."""
+    commit.publish(layout, {"version": "v1"}, keep_versions=False)
+
+    with pytest.raises(commit.InvariantError, match="names no version"):
+        commit.publish(layout, dict(manifest), keep_versions=False)
+
+    assert json.loads(storage.read_text(layout.manifest_uri))["version"] == "v1"
+
+
 def test_publish_leaves_other_runs_staging_alone(tmp_path: Path) -> None:
     mine = OutputLayout(str(tmp_path / "out"), "run-a")
     other = OutputLayout(str(tmp_path / "out"), "run-b")
