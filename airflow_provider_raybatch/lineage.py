@@ -120,15 +120,20 @@ def job_facet(spec: BatchInferenceSpec) -> RayBatchJobFacet:
     )
 
 
+def _count(run: RunManifest, field: str) -> int | None:
+    """A count the manifest names, or None: a manifest without it does not say, which is not 0 rows."""
+    return getattr(run, field) if field in run.model_fields_set else None
+
+
 def run_facet(manifest: ManifestJson, job_id: str | None) -> RayBatchRunFacet:
     run = RunManifest.of(manifest)
     return RayBatchRunFacet(
         jobId=job_id,
         specFingerprint=run.spec_fingerprint,
         version=run.version,
-        rowsIn=run.rows_in,
-        rowsOut=run.rows_out,
-        rowsFailed=run.rows_failed,
+        rowsIn=_count(run, "rows_in"),
+        rowsOut=_count(run, "rows_out"),
+        rowsFailed=_count(run, "rows_failed"),
         rowsDuplicate=run.rows_duplicate,
         rowsResumed=run.rows_resumed,
         tokensIn=run.tokens_in,
@@ -159,9 +164,10 @@ def operator_lineage(
     input_facets: dict[str, InputDatasetFacet] = {}
     output_facets: dict[str, OutputDatasetFacet] = {}
     output_dataset_facets: dict[str, DatasetFacet] = {}
-    if run is not None:  # every run manifest counts its rows
-        input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(rowCount=run.rows_in)
-        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=run.rows_out)
+    if run is not None and (rows_in := _count(run, "rows_in")) is not None:
+        input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(rowCount=rows_in)
+    if run is not None and (rows_out := _count(run, "rows_out")) is not None:
+        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=rows_out)
     if run is not None and run.version:
         output_dataset_facets["version"] = DatasetVersionDatasetFacet(datasetVersion=run.version)
     if run is not None and run.outputs_uri:

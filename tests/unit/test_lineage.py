@@ -12,7 +12,7 @@ from airflow.providers.openlineage.extractors.base import DefaultExtractor
 from airflow.providers.openlineage.extractors.manager import ExtractorManager
 from openlineage.client.serde import Serde
 
-from airflow_provider_raybatch.lineage import dataset_name
+from airflow_provider_raybatch.lineage import dataset_name, operator_lineage
 from airflow_provider_raybatch.shared.exceptions import RayJobFailedError
 from airflow_provider_raybatch.shared.manifest import manifest_log_line
 from airflow_provider_raybatch.utils.events import job_event
@@ -134,6 +134,18 @@ def test_on_complete_carries_the_counts_version_and_ray_job(ray_conn: str, ray_a
         "errorsByReason": {"duplicate id": 1, "missing column": 2},
         "versions": {"ray": "2.60.0", "vllm": "0.32.0"},
     }
+
+
+def test_a_manifest_without_counts_gives_no_row_counts() -> None:
+    """A count the manifest does not name is unknown, not 0 rows: no statistics facet, and no count in
+    the run facet."""
+    lineage = operator_lineage("s3://b/in", "s3://b/out", manifest={"status": "complete", "version": "v1"})
+
+    ((input_dataset,), (output_dataset,)) = (lineage.inputs, lineage.outputs)
+    assert input_dataset.inputFacets == {} and output_dataset.outputFacets == {}
+    assert output_dataset.facets["version"].datasetVersion == "v1"
+    run = lineage.run_facets["raybatch_run"]
+    assert (run.rowsIn, run.rowsOut, run.rowsFailed, run.version) == (None, None, None, "v1")
 
 
 def test_the_provider_extracts_through_the_operator_methods(ray_conn: str, ray_api: respx.MockRouter) -> None:
