@@ -30,8 +30,9 @@ So, while :func:`build_llm_processor` builds, and only in this process:
   (:func:`_telemetry_report_not_awaited`).
 
 Everything is put back when the build returns. The stages are Ray's own, built by Ray's own
-``build_processor``, with our UDFs swapped in (:mod:`.stage_swap`), and the processor is made from
-them by Ray's public ``Processor`` constructor; the replicas run exactly as before. If a Ray upgrade
+``build_processor``, with our UDFs swapped in (:mod:`.stage_swap`): the processor is Ray's own, or,
+where the warm pool leaves stages out, made from the rest by Ray's public ``Processor`` constructor;
+the replicas run exactly as before. If a Ray upgrade
 makes the build *use* torch or transformers, the stand-ins load them (slow, still correct), and
 ``tests/unit/pipeline/test_processor.py`` (which checks the driver's imports) fails.
 """
@@ -50,7 +51,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.pipeline.generate.stage_swap import StageSwap, swap_stages
+from airflow_provider_raybatch.pipeline.generate.stage_swap import StageSwap, use_our_stages
 from airflow_provider_raybatch.shared.json_types import ArgValue, CellValue, Kwargs
 
 if TYPE_CHECKING:
@@ -91,8 +92,11 @@ def build_llm_processor(
         config = vLLMEngineProcessorConfig(**config_kwargs)
         built = build_processor(config, preprocess=preprocess, postprocess=postprocess)
         # Imports our stages' modules, which import Ray's (already loaded by the build, with the stand-ins).
-        stages = swap_stages(built.stages, swap)
-        return Processor(config, stages, preprocess=preprocess, postprocess=postprocess)
+        return use_our_stages(
+            built,
+            swap,
+            lambda stages: Processor(config, stages, preprocess=preprocess, postprocess=postprocess),
+        )
 
 
 @contextlib.contextmanager

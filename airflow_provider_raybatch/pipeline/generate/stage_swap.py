@@ -1,8 +1,9 @@
 """Our UDFs in Ray Data LLM's stages: the one place where the processor Ray builds is changed.
 
 Ray Data LLM's ``build_processor`` builds its stages and their settings (resources, the engine's
-keywords, placement); the driver keeps them and builds the processor it runs from them with Ray's
-public constructor, ``Processor(config, stages, ...)`` (:func:`.processor.build_llm_processor`).
+keywords, placement); the driver changes them in place and runs that processor, or, where the warm
+pool leaves stages out, one built from the rest with Ray's public constructor,
+``Processor(config, stages, ...)`` (:func:`use_our_stages`, :func:`.processor.build_llm_processor`).
 Each stage is addressed by the name Ray's processor gives it (``Processor.list_stage_names()``: its
 stage class's name, in Ray 2.57 as in 2.60). What changes:
 
@@ -26,7 +27,7 @@ imported in the functions that swap them in, while the driver holds those librar
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -127,6 +128,19 @@ def swap_stages(stages: Mapping[str, StatefulStage], swap: StageSwap) -> list[St
     if swap.pool is not None:
         _use_engine_pool(ours, swap, swap.pool)
     return list(ours.values())
+
+
+def use_our_stages(
+    processor: Processor, swap: StageSwap, rebuilt: Callable[[list[StatefulStage]], Processor]
+) -> Processor:
+    """The processor Ray Data LLM built, with our UDFs (:func:`swap_stages`): the same processor, whose
+    stages were changed in place, unless the warm pool left stages out (its replicas render the
+    prompts); then ``rebuilt(stages)``, made from the stages left by Ray's public ``Processor``."""
+    stages = getattr(processor, "stages", {})
+    ours = swap_stages(stages, swap)
+    if len(ours) == len(stages) and all(mine is ray for mine, ray in zip(ours, stages.values(), strict=True)):
+        return processor
+    return rebuilt(ours)
 
 
 def pool_of(processor: Processor) -> EnginePool | None:

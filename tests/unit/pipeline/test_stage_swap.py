@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import NoReturn
 
 import pytest
 
@@ -16,9 +17,13 @@ def test_an_int_concurrency_is_a_fixed_pool(given: int | tuple[int, int], pool: 
     assert stage_swap.fixed_pool(given) == pool  # type: ignore[arg-type]
 
 
+def _not_rebuilt(stages: list) -> NoReturn:
+    raise AssertionError(f"a new processor was built from {stages}: no stage was left out")
+
+
 def test_a_processor_without_an_engine_stage_is_left_alone() -> None:
-    stages = {"TokenizeStage": types.SimpleNamespace(fn=object)}
-    assert stage_swap.swap_stages(stages, StageSwap(staging={})) == list(stages.values())
+    processor = object()
+    assert stage_swap.use_our_stages(processor, StageSwap(staging={}), _not_rebuilt) is processor
 
 
 @pytest.mark.parametrize("forkserver", ["1", "0"])
@@ -44,8 +49,9 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     stage.fn_constructor_kwargs = {"model": "m"}
     stage.map_batches_kwargs = {"concurrency": (1, 1)}
     stages = {"vLLMEngineStage": stage, "TokenizeStage": other}  # as Ray Data LLM's processor names them
+    processor = types.SimpleNamespace(stages=stages)
     staging = {"staging_uri": "/out/_staging/k", "spec": "the spec"}
-    assert stage_swap.swap_stages(stages, StageSwap(staging, "/mnt/compile")) == [stage, other]
+    assert stage_swap.use_our_stages(processor, StageSwap(staging, "/mnt/compile"), _not_rebuilt) is processor
     assert stage.fn is OurUDF and other.fn is RayUDF
     # The replica gets what it needs to stage its batches and keep its kernels, beside Ray's arguments.
     assert stage.fn_constructor_kwargs == {
@@ -59,7 +65,9 @@ def test_our_udf_replaces_ray_s_with_the_forkserver_on_or_off(
     checked.CHECKED, checked.MODEL_COPY_KWARG = {}, stage_swap.MODEL_COPY_KWARG  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, checked.__name__, checked)
     stage.fn = RayUDF  # a processor built afresh
-    stage_swap.swap_stages(stages, StageSwap(staging, "/mnt/compile", model_copy_root="/mnt/models"))
+    stage_swap.use_our_stages(
+        processor, StageSwap(staging, "/mnt/compile", model_copy_root="/mnt/models"), _not_rebuilt
+    )
     assert stage.fn_constructor_kwargs[stage_swap.MODEL_COPY_KWARG] == "/mnt/models"
     # Ray Data restarts a dead replica forever unless told otherwise (map_batches' ray_remote_args).
     assert stage.map_batches_kwargs == {"concurrency": (1, 1), "max_restarts": engine.ENGINE_MAX_RESTARTS}
