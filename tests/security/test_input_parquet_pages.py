@@ -123,3 +123,39 @@ def test_a_footer_of_many_one_row_row_groups_is_refused_before_pyarrow_parses_it
     report = _read_in_a_fresh_process(tmp_path, forge.parquet([column], rows=1, row_groups=300_000))
 
     _refused(report, "its footer is 11,100,047 bytes, more than a file's may be (8,388,608)")
+
+
+def _list_of_structs(items: int, depth: int) -> bytes:
+    """One row: a list of ``items`` structs nested ``depth`` deep around a bool, in a few hundred bytes."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values: pa.Array = pa.repeat(False, items)
+    for level in range(depth):
+        values = pa.StructArray.from_arrays([values], names=[f"s{level}"])
+    column = pa.ListArray.from_arrays(pa.array([0, items], pa.int32()), values)
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"x": column}), sink, compression="zstd", data_page_size=64 * _MIB)
+    return sink.getvalue()
+
+
+@pytest.mark.timeout(300)
+def test_a_row_of_a_million_nested_structs_is_refused_by_what_python_makes_of_it(tmp_path: Path) -> None:
+    # A bool leaf is a few bytes in Arrow, but each struct around it is a dict (about 210 B) once the
+    # row is Python: 1M items two structs deep grew the reader by about 450 MiB from a 650-byte file.
+    data = _list_of_structs(1_000_000, 2)
+
+    report = _read_in_a_fresh_process(tmp_path, data)
+
+    assert report["file_bytes"] < 2_000
+    _refused(report, "row 1 of its row group 0 is in pages that decode to")
+
+
+@pytest.mark.timeout(300)
+def test_a_row_of_many_nested_structs_within_the_bound_is_read(tmp_path: Path) -> None:
+    report = _read_in_a_fresh_process(tmp_path, _list_of_structs(100_000, 2))
+
+    assert (report["records"], report["errors"]) == (1, []), report
+    assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report

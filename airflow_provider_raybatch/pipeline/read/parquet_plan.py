@@ -7,7 +7,8 @@ What one input file makes the reader hold is bounded by a fixed budget, whatever
 * each page, data or dictionary, decompresses to at most :data:`PARQUET_PAGE_BYTES`, and the pages
   that one row group's column readers hold at once (each column's largest page, and its
   dictionary decoded) to at most :data:`PARQUET_HELD_BYTES`;
-* each batch of rows decodes to at most :data:`PARQUET_DECODE_BYTES` of values, or to what the pages
+* each batch of rows decodes to at most :data:`PARQUET_DECODE_BYTES` of values (in Arrow, and the
+  Python objects and JSON text each value becomes: a nested value a dict per struct), or to what the pages
   of its first row decode to where that is more (a batch of images, each page 1,024 of them), and
   one row's pages to at most :data:`PARQUET_HELD_BYTES`; rows are turned into Python a slice of at
   most :data:`PARQUET_DECODE_BYTES` at a time, and a row whose values alone are more is its error row.
@@ -59,6 +60,17 @@ MAX_INPUT_FILE_ROWS = 50_000_000
 MAX_FILE_PAGES = 200_000
 #: What a decoded value takes besides its own bytes: its offset, its levels, its validity bit.
 _VALUE_OVERHEAD = 16
+#: What a value costs once it is Python, beside what Arrow holds: ``to_pylist`` makes an object of
+#: each and the row's JSON text holds each again. Measured through ``rows.parse_file`` (peak growth per
+#: item of one row's list, Python 3.11): a bool 34 B, an int 69, a float 77, an 8-character string 108,
+#: a timestamp 119 (a datetime and its ISO text), so a value is charged the most of them.
+_PY_VALUE = 128
+#: ... and a dict per struct value: 210 B a level of one-field structs (a dict of 184 B and its key
+#: in the JSON text), charged to the struct's first leaf so a wide struct pays it once. A map's entry
+#: (a tuple, 131 B with its two values) is charged as one.
+_PY_DICT = 256
+#: ... and a list per value of a list inside a list: 100 B an empty inner list.
+_PY_LIST = 128
 #: A value's own bytes, by physical type, where it has a fixed width (FIXED_LEN_BYTE_ARRAY: the column's).
 _WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 #: The encodings of byte-array values whose decoded bytes a page's decompressed size bounds.
@@ -97,6 +109,7 @@ class _Leaf:
     path: str
     width: int | None  # a fixed-width value's bytes; None for byte arrays
     max_repetition_level: int  # over 0: repeated somewhere above, so a row may span many pages
+    python: int  # what each of its values costs in Python (its object, the dicts and lists it opens)
 
 
 @dataclass(slots=True)
@@ -177,7 +190,8 @@ def plan_reading(data: bytes, metadata: pq.FileMetaData, schema: pa.Schema) -> P
             f"it declares {metadata.num_rows:,} rows, more than a file may hold ({MAX_INPUT_FILE_ROWS:,}); "
             "split it into several files"
         )
-    leaves = [_leaf(metadata.schema.column(index)) for index in range(metadata.num_columns)]
+    python = _python_costs(schema, metadata)
+    leaves = [_leaf(metadata.schema.column(index), python[index]) for index in range(metadata.num_columns)]
     walk = _Walk(data)
     groups = [
         _group_chunks(walk, metadata.row_group(group), group, leaves)
@@ -189,7 +203,8 @@ def plan_reading(data: bytes, metadata: pq.FileMetaData, schema: pa.Schema) -> P
         longest = {}
         for index, chunk in enumerate(chunks):
             if chunk.leaf.path in dictionary_columns:
-                chunk.per_row = 4 + _VALUE_OVERHEAD  # an index; its value is held once, in the dictionary
+                # an index; its value is held once in Arrow, in the dictionary
+                chunk.per_row = 4 + _VALUE_OVERHEAD + chunk.leaf.python
             elif chunk.from_dictionary and chunk.leaf.width is None:
                 longest[index] = _longest_value(data, metadata, group, chunk)
                 if not chunk.leaf.max_repetition_level:
@@ -198,10 +213,47 @@ def plan_reading(data: bytes, metadata: pq.FileMetaData, schema: pa.Schema) -> P
     return ParquetPlan(dictionary_columns=sorted(dictionary_columns), batches=batches)
 
 
-def _leaf(column: pq.ColumnSchema) -> _Leaf:
+def _leaf(column: pq.ColumnSchema, python: int) -> _Leaf:
     physical = column.physical_type
     width = column.length if physical == "FIXED_LEN_BYTE_ARRAY" else _WIDTHS.get(physical)
-    return _Leaf(path=column.path, width=width, max_repetition_level=column.max_repetition_level)
+    return _Leaf(
+        path=column.path, width=width, max_repetition_level=column.max_repetition_level, python=python
+    )
+
+
+def _python_costs(schema: pa.Schema, metadata: pq.FileMetaData) -> list[int]:
+    """What each value of each leaf column (in the file's order) costs once it is Python: the value
+    itself, and the dicts and lists it is the first leaf of (a list's items each open one only inside
+    another list; a row's own list is one a row). A schema whose leaves do not line up with the
+    file's is charged as if each level above a leaf were a struct, and each repeated one a list too."""
+    import pyarrow as pa
+
+    costs: list[int] = []
+
+    def walk(data_type: pa.DataType, in_list: bool, owed: int) -> None:
+        if pa.types.is_struct(data_type):
+            for index in range(data_type.num_fields):
+                walk(data_type.field(index).type, in_list, owed + _PY_DICT if index == 0 else 0)
+        elif pa.types.is_map(data_type):
+            opened = owed + (_PY_LIST if in_list else 0) + _PY_DICT
+            walk(data_type.key_type, True, opened)
+            walk(data_type.item_type, True, 0)
+        elif isinstance(data_type, pa.ListType | pa.LargeListType | pa.FixedSizeListType) or (
+            pa.types.is_list_view(data_type) or pa.types.is_large_list_view(data_type)
+        ):
+            walk(data_type.value_type, True, owed + (_PY_LIST if in_list else 0))
+        else:
+            costs.append(_PY_VALUE + owed)
+
+    for column in schema:
+        walk(column.type, False, 0)
+    if len(costs) == metadata.num_columns:
+        return costs
+    columns = [metadata.schema.column(index) for index in range(metadata.num_columns)]
+    return [
+        _PY_VALUE + column.path.count(".") * _PY_DICT + column.max_repetition_level * _PY_LIST
+        for column in columns
+    ]
 
 
 def _group_chunks(
@@ -254,9 +306,9 @@ def _chunk(walk: _Walk, column: pq.ColumnChunkMetaData, leaf: _Leaf, rows: int) 
     if leaf.max_repetition_level:
         _charge_nested(walk.data, chunk, data_pages, rows)
     elif leaf.width is not None:
-        chunk.per_row = leaf.width + _VALUE_OVERHEAD
+        chunk.per_row = leaf.width + _VALUE_OVERHEAD + leaf.python
     else:
-        chunk.per_row = _VALUE_OVERHEAD
+        chunk.per_row = _VALUE_OVERHEAD + leaf.python
         row = 0
         for page in data_pages:  # a flat column: a value a row
             if page.encoding not in parquet_pages.DICTIONARY_ENCODINGS:
@@ -280,14 +332,15 @@ def _charge_nested(data: bytes, chunk: _Chunk, pages: list[Page], rows: int) -> 
         first = max(row - 1, 0) if inside else row  # a page that starts inside a row covers its end
         row += count
         found.append((first, max(row, first + 1)))
+    each = _VALUE_OVERHEAD + chunk.leaf.python  # a value (a level: maybe an empty list) in Arrow and Python
     for index, page in enumerate(pages):
         first, end = (0, max(rows, 1)) if spans is None else spans[index]
         if chunk.leaf.width is not None:
-            chunk.charge(first, end, page.values * (chunk.leaf.width + _VALUE_OVERHEAD))
+            chunk.charge(first, end, page.values * (chunk.leaf.width + each))
         elif page.encoding in parquet_pages.DICTIONARY_ENCODINGS:
-            chunk.charge(first, end, page.values * _VALUE_OVERHEAD, dictionary_values=page.values)
+            chunk.charge(first, end, page.values * each, dictionary_values=page.values)
         else:
-            chunk.charge(first, end, page.uncompressed + page.values * _VALUE_OVERHEAD)
+            chunk.charge(first, end, page.uncompressed + page.values * each)
 
 
 def _read_as_dictionaries(groups: list[list[_Chunk]], leaves: list[_Leaf], schema: pa.Schema) -> set[str]:
