@@ -213,3 +213,22 @@ def dictionary_pages(values: int, value_bytes: int) -> list[ForgedPage]:
     indices = bit_packed_indices(values)
     data = ForgedPage(body=zstd([indices]), uncompressed=len(indices), values=values, encoding=RLE_DICTIONARY)
     return [dictionary, data]
+
+
+def rewritten_footer(data: bytes, chunk_bytes: int, created_by: bytes | None = None) -> bytes:
+    """A pyarrow-written file of one column chunk, its footer saying the chunk is ``chunk_bytes`` long
+    (``total_compressed_size``) and, given ``created_by``, that this writer wrote it."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+    footer_length = struct.unpack("<I", data[-8:-4])[0]
+    body, footer = data[: -8 - footer_length], data[-8 - footer_length : -8]
+    # total_compressed_size, an i64 field one after the last in ColumnMetaData (and in RowGroup: both go)
+    old = bytes([1 << 4 | _I64]) + _varint(_zigzag(metadata.row_group(0).column(0).total_compressed_size))
+    if old not in footer:
+        raise ValueError("the footer's chunk size is not found; write a file of one column chunk")
+    footer = footer.replace(old, bytes([1 << 4 | _I64]) + _varint(_zigzag(chunk_bytes)))
+    if created_by is not None:
+        written = metadata.created_by.encode()
+        footer = footer.replace(_varint(len(written)) + written, _varint(len(created_by)) + created_by)
+    return body + footer + struct.pack("<I", len(footer)) + b"PAR1"

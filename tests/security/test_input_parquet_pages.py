@@ -159,3 +159,61 @@ def test_a_row_of_many_nested_structs_within_the_bound_is_read(tmp_path: Path) -
 
     assert (report["records"], report["errors"]) == (1, []), report
     assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report
+
+
+def _list_in_a_hidden_page(items: int, created_by: bytes | None) -> bytes:
+    """One row, a list of ``items`` structs, dictionary-encoded: a dictionary page, then a data page of
+    a few dozen bytes; the footer says the column chunk is its dictionary page alone."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = pa.StructArray.from_arrays([pa.repeat(pa.scalar(7, pa.int8()), items)], names=["s0"])
+    column = pa.ListArray.from_arrays(pa.array([0, items], pa.int32()), values)
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"x": column}), sink, compression="zstd", write_statistics=False)
+    data = sink.getvalue()
+    chunk = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).column(0)
+    return forge.rewritten_footer(data, chunk.data_page_offset - chunk.dictionary_page_offset, created_by)
+
+
+@pytest.mark.timeout(300)
+def test_a_page_in_the_padding_pyarrow_reads_past_an_old_parquet_mr_chunk_is_charged(tmp_path: Path) -> None:
+    # For parquet-mr 1.2.8 and older, pyarrow reads up to 100 bytes past each chunk (PARQUET-816): a
+    # data page hidden there was decoded and never charged (3M items grew the reader by about 700 MiB).
+    data = _list_in_a_hidden_page(3_000_000, created_by=b"parquet-mr version 1.2.8")
+
+    report = _read_in_a_fresh_process(tmp_path, data)
+
+    assert report["file_bytes"] < 1_000
+    _refused(report, "row 1 of its row group 0 is in pages that decode to")
+
+
+@pytest.mark.timeout(300)
+def test_a_chunk_whose_pages_hold_fewer_values_than_its_footer_states_is_refused(tmp_path: Path) -> None:
+    report = _read_in_a_fresh_process(tmp_path, _list_in_a_hidden_page(1_000, created_by=None))
+
+    _refused(report, "whose pages hold 0 values where its footer states 1,000")
+
+
+def test_an_old_parquet_mr_chunk_that_leaves_out_its_dictionary_header_is_read_as_pyarrow_reads_it() -> None:
+    """parquet-mr 1.2.8 left the dictionary page's header out of a chunk's size; pyarrow's padding
+    reads the chunk's last bytes all the same, and so does the walk."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_raybatch.pipeline.read import rows
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"x": [["a", "b"], ["a"]] * 50}), sink, write_statistics=False)
+    data = sink.getvalue()
+    chunk = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).column(0)
+    short = forge.rewritten_footer(data, chunk.total_compressed_size - 20, b"parquet-mr version 1.2.8")
+
+    records = list(rows.parse_file("old.parquet", short, "parquet"))
+
+    assert [record["error"] for record in records] == [None] * 100
+    assert [json.loads(str(record["row"])) for record in records[:2]] == [{"x": ["a", "b"]}, {"x": ["a"]}]

@@ -16,7 +16,8 @@ What one input file makes the reader hold is bounded by a fixed budget, whatever
 So a reader holds at most about 12x :data:`PARQUET_DECODE_BYTES` for one file (the footer parsed, the
 pages held, a batch decoded, a slice in Python), however small the file is and however far its
 values expand. The checks read what the decompressor and the decoder obey: each page's own header
-(:mod:`.parquet_pages`: its decompressed size and its value count; the footer's totals can lie), a
+(:mod:`.parquet_pages`: its decompressed size and its value count; the footer's totals can lie; each
+chunk walked over the bytes pyarrow reads, and holding the values its footer states), a
 nested column's repetition levels (the rows each page covers) and a dictionary's longest value
 (:mod:`.parquet_levels`). A file that cannot be read within these bounds is that file's error row,
 saying which bound and what to do (smaller pages, smaller row groups, or several files), never a
@@ -30,6 +31,7 @@ make 60 MiB pages) and their dictionary pages (1 MiB, or the first 1,024 values)
 from __future__ import annotations
 
 import bisect
+import re
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -140,11 +142,28 @@ class _Chunk:
         self.dictionary_values.append(dictionary_values)
 
 
+#: pyarrow reads up to this many bytes past each column chunk of a file written by parquet-mr 1.2.8
+#: or older (``kMaxDictHeaderSize``, its PARQUET-816 workaround: that writer left the dictionary page's
+#: header out of the chunk's size), so a page hidden there is decoded: the walk reads them too.
+PARQUET_816_PADDING = 100
+_PARQUET_MR_VERSION = re.compile(r"parquet-mr\s+version\s+(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
+
+
+def _padded_chunks(created_by: str | None) -> bool:
+    """Whether pyarrow reads past each chunk's end for a file its ``created_by`` says parquet-mr wrote
+    before 1.2.9. A version it cannot parse counts as old: walking the padding where pyarrow does not
+    only charges pages it never reads, and a walk short of the footer's values fails the file anyway."""
+    if not created_by or "parquet-mr" not in created_by.lower():
+        return False
+    found = _PARQUET_MR_VERSION.search(created_by)
+    return found is None or tuple(int(part) for part in found.groups()) < (1, 2, 9)
+
+
 class _Walk:
     """The file's bytes, and what its pages add up to so far."""
 
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pages, self.decompressed = data, 0, 0
+    def __init__(self, data: bytes, padded: bool) -> None:
+        self.data, self.padded, self.pages, self.decompressed = data, padded, 0, 0
 
     def pages_of(self, column: pq.ColumnChunkMetaData) -> list[Page]:
         start = column.data_page_offset
@@ -152,15 +171,24 @@ class _Walk:
         offset = column.dictionary_page_offset if column.has_dictionary_page else None
         if offset and offset < start:
             start = offset
+        length = column.total_compressed_size
+        if self.padded and 0 <= start + length < len(self.data):
+            length += min(PARQUET_816_PADDING, len(self.data) - (start + length))
         left = MAX_FILE_PAGES - self.pages
-        pages = parquet_pages.chunk_pages(
-            self.data, start, column.total_compressed_size, column.num_values, left
-        )
+        pages = parquet_pages.chunk_pages(self.data, start, length, column.num_values, left)
         self.pages += len(pages)
         if self.pages > MAX_FILE_PAGES:
             raise ParquetBoundError(
                 f"it has more than {MAX_FILE_PAGES:,} pages, more than a file may; "
                 "split it into several files"
+            )
+        # pyarrow reads pages until they hold the footer's count: fewer here means its reader goes on
+        # past the bytes walked (and charged), into what it reads beyond them.
+        held = sum(page.values for page in pages if page.kind in _DATA_PAGES)
+        if held < column.num_values:
+            raise ParquetBoundError(
+                f"column {column.path_in_schema!r} has a column chunk whose pages hold {held:,} values "
+                f"where its footer states {column.num_values:,}; write the file again"
             )
         self.decompressed += sum(page.uncompressed for page in pages if page.kind in _READ_PAGES)
         if self.decompressed > MAX_INPUT_DECODED_BYTES:
@@ -192,7 +220,7 @@ def plan_reading(data: bytes, metadata: pq.FileMetaData, schema: pa.Schema) -> P
         )
     python = _python_costs(schema, metadata)
     leaves = [_leaf(metadata.schema.column(index), python[index]) for index in range(metadata.num_columns)]
-    walk = _Walk(data)
+    walk = _Walk(data, _padded_chunks(metadata.created_by))
     groups = [
         _group_chunks(walk, metadata.row_group(group), group, leaves)
         for group in range(metadata.num_row_groups)
