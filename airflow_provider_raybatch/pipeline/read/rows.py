@@ -12,12 +12,14 @@ CSV is read twice over: Python's ``csv`` module decides the structure (quoted ne
 field, and it hands us each record so a ragged one fails alone), then pyarrow reads the good records
 again to infer each column's type as Ray Data's ``read_csv`` would, wherever that keeps what users
 wrote: the id column, numbers with leading zeros or too many digits (``02134`` is not ``2134``), and
-dates and times stay the text as written.
+dates and times stay the text as written. Both read a chunk of records at a time (``CSV_CHUNK_BYTES``):
+the file's records are never all Python at once, and each column's type is the one over all chunks.
 """
 
 from __future__ import annotations
 
 import base64
+import codecs
 import csv
 import io
 import json
@@ -25,11 +27,11 @@ import re
 from collections.abc import Iterator
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
-from airflow_provider_raybatch.shared.jsonl import BYTE_ORDER_MARK, split_lines
+from airflow_provider_raybatch.shared.jsonl import split_lines
 from airflow_provider_raybatch.shared.specs import InputFormat
 
 if TYPE_CHECKING:
@@ -419,22 +421,81 @@ def _csv_entries(reader: Iterator[list[str]], header: list[str], undecodable: bo
             yield number, cells, _csv_row_error(cells, header, number, undecodable)
 
 
-def _csv_structure(text: str) -> tuple[list[str], list[_CsvEntry]] | str:
-    """The header (repeats renamed) and the data records of a CSV text, or why the file is unreadable."""
-    # The limit (128 KiB a field by default) guards against runaway memory; the whole file is
-    # already in memory here, and a long document in one cell is a row, not an error.
-    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
-    reader = csv.reader(io.StringIO(text, newline=""), strict=False)
+def _csv_reader(data: bytes) -> Iterator[list[str]]:
+    """Python's ``csv`` reader over the file, decoded as it goes (a byte order mark dropped, bytes that
+    are not UTF-8 kept as surrogates): never the whole file as text at once."""
+    # The limit (128 KiB a field by default) guards against runaway memory; the file is in memory
+    # already, and a long document in one cell is a row (over the row bound: its error row).
+    csv.field_size_limit(max(csv.field_size_limit(), len(data) + 1))
+    stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", errors="surrogateescape", newline="")
+    return csv.reader(stream, strict=False)
+
+
+def _is_utf8(data: bytes) -> bool:
+    """Whether the file is valid UTF-8, decoded a piece at a time and the text let go."""
+    if data.isascii():
+        return True
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        for start in range(0, len(data), _UTF8_PIECE_BYTES):
+            decoder.decode(data[start : start + _UTF8_PIECE_BYTES])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _csv_header(reader: Iterator[list[str]]) -> list[str] | str:
+    """The header (repeats renamed; none: an empty file), or why the file is unreadable."""
     try:
         header = next((cells for cells in reader if cells), None)
     except csv.Error as err:
         return f"its header cannot be read: {err}"
     if header is None:
-        return [], []  # an empty file: no rows
+        return []
     if any(_UNDECODABLE.search(column) for column in header):
         return "its header is not valid UTF-8"
-    header = _unique_names(header)
-    return header, list(_csv_entries(reader, header, _UNDECODABLE.search(text) is not None))
+    return _unique_names(header)
+
+
+#: What a CSV chunk may cost in Python at once: its records' cells, the typed rows made of them and
+#: their JSON text (:func:`_csv_cost`). A file is read a chunk at a time, so a file of many short rows
+#: (2M one-character rows grew a reader by 888 MiB read whole) holds one chunk's rows, not all.
+CSV_CHUNK_BYTES = 32 << 20
+#: What a record costs in Python beside its cells (measured: about 450 B a row of one short cell read
+#: whole: its list of cells, the list pyarrow reads again, the row's dict and its JSON text), and what
+#: each cell adds beside twice its text (the cell, and its typed value or JSON text).
+_CSV_ROW_COST, _CSV_CELL_COST = 512, 160
+#: A record that costs more is its error row, as a Parquet row of more values is.
+_CSV_ROW_BYTES = parquet_plan.PARQUET_DECODE_BYTES
+_UTF8_PIECE_BYTES = 1 << 20
+
+
+def _csv_cost(cells: list[str]) -> int:
+    return _CSV_ROW_COST + sum(_CSV_CELL_COST + 2 * len(cell) for cell in cells)
+
+
+def _csv_opened(data: bytes) -> tuple[list[str], Iterator[list[str]]] | str:
+    """The file's header and a reader at its first data record, or why the file is unreadable."""
+    reader = _csv_reader(data)
+    header = _csv_header(reader)
+    return header if isinstance(header, str) else (header, reader)
+
+
+def _csv_chunks(reader: Iterator[list[str]], header: list[str], utf8: bool) -> Iterator[list[_CsvEntry]]:
+    """The data records in chunks of at most :data:`CSV_CHUNK_BYTES` (a record over that alone is a
+    chunk of its own); ``utf8``: the file is valid UTF-8 (no cell needs a look for bad bytes)."""
+    chunk: list[_CsvEntry] = []
+    held = 0
+    for entry in _csv_entries(reader, header, not utf8):
+        cost = _csv_cost(entry[1])
+        if chunk and held + cost > CSV_CHUNK_BYTES:
+            yield chunk
+            chunk, held = [], 0
+        chunk.append(entry)
+        held += cost
+    if chunk:
+        yield chunk
 
 
 #: A number whose text carries more than its value: leading zeros (``02134``, ``007``), or an integer
@@ -476,49 +537,108 @@ def _read_typed(buffer: bytes, header: list[str], text_columns: set[str]) -> pa.
     )
 
 
-def _typed_csv_rows(header: list[str], rows: list[list[str]], id_column: str | None) -> list[dict[str, Any]]:
-    """Rows with each column's type inferred by pyarrow (as Ray Data's ``read_csv``) where that keeps
-    what users wrote (:func:`_columns_to_keep_as_text`); the id, always, as the text written.
+def _too_large(chunk: list[_CsvEntry]) -> int:
+    """What the chunk's one record costs where that is over :data:`_CSV_ROW_BYTES`, else 0 (such a
+    record, over :data:`CSV_CHUNK_BYTES` too, is always a chunk alone)."""
+    cost = _csv_cost(chunk[0][1]) if len(chunk) == 1 else 0
+    return cost if cost > _CSV_ROW_BYTES else 0
 
-    The good records are written out again (every field quoted) and read by pyarrow with the
-    header's names, so quoting and newlines mean the same to both readers. pyarrow's one-shot reader
-    widens a column's type over the whole file (ints, then a word: text); if it fails all the same,
-    every column stays the text as written rather than failing the file.
-    """
+
+def _good_rows(chunk: list[_CsvEntry]) -> list[list[str]]:
+    return [] if _too_large(chunk) else [cells for _, cells, reason in chunk if reason is None]
+
+
+def _quoted(rows: list[list[str]]) -> bytes:
+    """Records written out again, every field quoted, so quoting and newlines mean the same to pyarrow."""
     buffer = io.StringIO()
     csv.writer(buffer, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows)
-    data = buffer.getvalue().encode("utf-8")
+    return buffer.getvalue().encode("utf-8", "surrogateescape")
+
+
+def _chunk_types(header: list[str], rows: list[list[str]], id_column: str | None) -> dict[str, pa.DataType]:
+    """Each column's type as pyarrow infers it over one chunk's records, the id and the columns whose
+    inferred type would change what users wrote as text (:func:`_columns_to_keep_as_text`)."""
+    import pyarrow as pa
+
+    data = _quoted(rows)
     text_columns = set(header) & {id_column}  # the header first: a set[str], as id_column may be None
-    try:
-        table = _read_typed(data, header, text_columns)
-        more_text = _columns_to_keep_as_text(table, header, rows) - text_columns
-        if more_text:
-            table = _read_typed(data, header, text_columns | more_text)
-        typed = _table_rows(table)
-    except Exception:  # noqa: BLE001 - type inference is a nicety; the rows themselves are already read
-        typed = []
+    table = _read_typed(data, header, text_columns)
+    text_columns |= _columns_to_keep_as_text(table, header, rows)
+    return {name: pa.string() if name in text_columns else table.schema.field(name).type for name in header}
+
+
+def _file_types(header: list[str], chunk_types: list[dict[str, pa.DataType]]) -> dict[str, pa.DataType]:
+    """One type a column over the whole file, as pyarrow's reader widens it over all of it: a column
+    of ints in one chunk and floats in another is floats; of two other types (or text in any), text."""
+    import pyarrow as pa
+
+    types = {}
+    for name in header:
+        found = {types_[name] for types_ in chunk_types} - {pa.null()}
+        if len(found) > 1 and found <= {pa.int64(), pa.float64()}:
+            found = {pa.float64()}
+        types[name] = found.pop() if len(found) == 1 else pa.string() if found else pa.null()
+    return types
+
+
+def _typed_csv_rows(
+    header: list[str], rows: list[list[str]], types: dict[str, pa.DataType] | None
+) -> list[Row]:
+    """Rows with each column's type as the whole file's (:func:`_file_types`; the id, always, as the
+    text written), or, where pyarrow cannot read them so (``types`` None: it could not infer the
+    file's), every column the text as written rather than failing the file."""
+    import pyarrow.csv as pa_csv
+
+    typed: list[Row] = []
+    if types is not None:
+        try:
+            table = pa_csv.read_csv(
+                io.BytesIO(_quoted(rows)),
+                read_options=pa_csv.ReadOptions(column_names=header),
+                parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+                convert_options=pa_csv.ConvertOptions(column_types=types),
+            )
+            typed = _table_rows(table)
+        except Exception:  # noqa: BLE001 - type inference is a nicety; the rows themselves are already read
+            typed = []
     if len(typed) != len(rows):
         return [dict(zip(header, cells, strict=True)) for cells in rows]
     return typed
 
 
 def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Record]:
-    text = data.removeprefix(BYTE_ORDER_MARK).decode("utf-8", errors="surrogateescape")
-    structure = _csv_structure(text)
-    if isinstance(structure, str):
-        yield _unreadable(name, "csv", structure)
+    """A CSV file's records, read twice over a chunk at a time (:data:`CSV_CHUNK_BYTES`): first to
+    infer each column's type over the whole file, then to turn each chunk's records into rows."""
+    opened = _csv_opened(data)
+    if isinstance(opened, str):
+        yield _unreadable(name, "csv", opened)
         return
-    header, entries = structure
-    good = [cells for _, cells, reason in entries if reason is None]
-    typed = iter(_typed_csv_rows(header, good, id_column) if good else [])
-    for number, cells, reason in entries:
-        source = f"{name}:{number}"
-        if reason is None:
-            yield _ok(source, next(typed))
-        else:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
-            yield _bad(
-                source, reason, raw=_csv_line(cells).encode("utf-8", "surrogateescape") if cells else None
-            )
+    header, reader = opened
+    if not header:  # an empty file: no rows
+        return
+    utf8 = _is_utf8(data)
+    types: dict[str, pa.DataType] | None
+    try:
+        chunks = _csv_chunks(reader, header, utf8)
+        found = [_chunk_types(header, rows, id_column) for chunk in chunks if (rows := _good_rows(chunk))]
+        types = _file_types(header, found)
+    except Exception:  # noqa: BLE001 - type inference is a nicety: every column stays the text written
+        types = None
+    again = _csv_opened(data)  # the same header, read again: the records from the first
+    if isinstance(again, str):  # it was read the first time; never so
+        return
+    for chunk in _csv_chunks(again[1], header, utf8):
+        typed = iter(_typed_csv_rows(header, rows, types) if (rows := _good_rows(chunk)) else [])
+        too_large = _too_large(chunk)
+        for number, cells, reason in chunk:
+            source = f"{name}:{number}"
+            if reason is None and too_large:
+                yield _bad(source, _row_too_large(too_large))
+            elif reason is None:
+                yield _ok(source, next(typed))
+            else:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
+                raw = _csv_line(cells).encode("utf-8", "surrogateescape") if cells else None
+                yield _bad(source, reason, raw=raw)
 
 
 def _csv_line(cells: list[str]) -> str:

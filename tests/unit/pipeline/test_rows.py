@@ -835,3 +835,40 @@ def test_check_input_file_size_names_the_file_and_the_cap() -> None:
     check_input_file_size("a/b.csv", 10, limit=10)
     with pytest.raises(InputFileTooLargeError, match="over the 10 bytes"):
         check_input_file_size("a/b.csv", 11, limit=10)
+
+
+def test_csv_read_in_chunks_types_each_column_over_the_whole_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file is read a chunk at a time (a few records here), and each column keeps one type over
+    all of them, as pyarrow's reader widens it over the whole file."""
+    pytest.importorskip("pyarrow")
+    from airflow_provider_raybatch.pipeline.read import rows
+
+    monkeypatch.setattr(rows, "CSV_CHUNK_BYTES", 2_000)
+    lines = [f"{index},{index},{index},0{index}" for index in range(20)]
+    lines[15] = "15,1.5,word,015"
+    data = ("n,num,text,zip\n" + "\n".join(lines) + "\n").encode()
+
+    records = list(parse_file("f.csv", data, "csv"))
+
+    assert [record["error"] for record in records] == [None] * 20
+    first, late = (json.loads(str(records[index]["row"])) for index in (0, 15))
+    assert first == {"n": 0, "num": 0.0, "text": "0", "zip": "00"}
+    assert late == {"n": 15, "num": 1.5, "text": "word", "zip": "015"}
+
+
+def test_a_csv_record_over_the_row_bound_is_its_error_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pyarrow")
+    from airflow_provider_raybatch.pipeline.read import rows
+
+    monkeypatch.setattr(rows, "CSV_CHUNK_BYTES", 2_000)
+    monkeypatch.setattr(rows, "_CSV_ROW_BYTES", 5_000)
+    data = b"a,b\n1,x\n2," + b"y" * 5_000 + b"\n3,z\n"
+
+    records = list(parse_file("f.csv", data, "csv"))
+
+    assert [record["source"] for record in records] == ["f.csv:1", "f.csv:2", "f.csv:3"]
+    assert records[1]["error"] is not None and records[1]["error"].startswith("row too large: ")
+    assert [json.loads(str(records[index]["row"])) for index in (0, 2)] == [
+        {"a": 1, "b": "x"},
+        {"a": 3, "b": "z"},
+    ]
