@@ -125,12 +125,18 @@ def _count(run: RunManifest, field: str) -> int | None:
     return getattr(run, field) if field in run.model_fields_set else None
 
 
+def _version(run: RunManifest) -> str | None:
+    """The version the manifest names, as text: a value of another type (``3``) is still the version."""
+    written = run.to_json().get("version")
+    return None if written is None else str(written)
+
+
 def run_facet(manifest: ManifestJson, job_id: str | None) -> RayBatchRunFacet:
-    run = RunManifest.of(manifest)
+    run = RunManifest.of(manifest, lenient=True)
     return RayBatchRunFacet(
         jobId=job_id,
         specFingerprint=run.spec_fingerprint,
-        version=run.version,
+        version=_version(run),
         rowsIn=_count(run, "rows_in"),
         rowsOut=_count(run, "rows_out"),
         rowsFailed=_count(run, "rows_failed"),
@@ -158,7 +164,7 @@ def operator_lineage(
     :param manifest: the run manifest the job printed; None before or without a committed run.
     :param job_id: the Ray job's submission id, as ``externalQuery``.
     """
-    run = RunManifest.of(manifest) if manifest else None
+    run = RunManifest.of(manifest, lenient=True) if manifest else None
     input_namespace, input_name = dataset_name(input_uri)
     output_namespace, output_name = dataset_name(output_uri)
     input_facets: dict[str, InputDatasetFacet] = {}
@@ -168,8 +174,8 @@ def operator_lineage(
         input_facets["inputStatistics"] = InputStatisticsInputDatasetFacet(rowCount=rows_in)
     if run is not None and (rows_out := _count(run, "rows_out")) is not None:
         output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=rows_out)
-    if run is not None and run.version:
-        output_dataset_facets["version"] = DatasetVersionDatasetFacet(datasetVersion=run.version)
+    if run is not None and (version := _version(run)):
+        output_dataset_facets["version"] = DatasetVersionDatasetFacet(datasetVersion=version)
     if run is not None and run.outputs_uri:
         namespace, name = dataset_name(run.outputs_uri)
         output_dataset_facets["symlinks"] = SymlinksDatasetFacet(

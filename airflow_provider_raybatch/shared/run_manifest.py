@@ -48,6 +48,10 @@ DECIDING_FIELDS = frozenset(
 )
 
 
+#: A value no manifest holds: a key not written now.
+_GONE = object()
+
+
 class _Part(BaseModel):
     """A manifest or one of its objects: the keys it was given, and any this class does not name."""
 
@@ -150,34 +154,47 @@ class RunManifest(_Part):
     #: The values given of another type than their field's, outside :data:`DECIDING_FIELDS`: read as
     #: unset, written back as they were (:meth:`to_json`).
     _unread: JsonObject = PrivateAttr(default_factory=dict)
+    #: The JSON object it was read from (:meth:`of`), and what it dumped to then: a value not set since
+    #: is written back as it was given (``"12"``, not the 12 it reads as), in the order it was given.
+    _given: JsonObject = PrivateAttr(default_factory=dict)
+    _as_read: JsonObject = PrivateAttr(default_factory=dict)
 
     @classmethod
-    def of(cls, manifest: ManifestJson) -> Self:
+    def of(cls, manifest: ManifestJson, *, lenient: bool = False) -> Self:
         """``manifest`` as a model: itself, or parsed from its JSON object.
 
         A value of another type than its field's (a newer or an older job's, a hand-edited file) is
         read as unset and handed on as written, as long as the manifest still says whose result it is
         and what it counted: the task takes such a result as it took it before the manifest had a model.
 
+        :param lenient: a value of :data:`DECIDING_FIELDS` of another type reads as unset too, for a
+            reader that decides nothing by it (lineage), so never fails the task.
         :raises pydantic.ValidationError: a value of :data:`DECIDING_FIELDS` is not of its field's type
-            (a ``ValueError``).
+            (a ``ValueError``), unless ``lenient``.
         """
         if isinstance(manifest, cls):
             return manifest
         given = manifest.to_json() if isinstance(manifest, RunManifest) else dict(manifest)
         try:
-            return cls.model_validate(given)
+            run = cls.model_validate(given)
         except ValidationError as err:
             wrong = {str(error["loc"][0]) if error["loc"] else "" for error in err.errors()}
-            if "" in wrong or wrong & DECIDING_FIELDS:
+            if "" in wrong or (wrong & DECIDING_FIELDS and not lenient):
                 raise
-        run = cls.model_validate({key: value for key, value in given.items() if key not in wrong})
-        run._unread = {key: given[key] for key in wrong}
+            run = cls.model_validate({key: value for key, value in given.items() if key not in wrong})
+            run._unread = {key: given[key] for key in wrong}
+        run._as_read, run._given = run.to_json(), given
         return run
 
     def to_json(self) -> JsonObject:
-        """The JSON object it is written as, with any value read as unset (:meth:`of`) as it was given."""
-        return {**super().to_json(), **self._unread}
+        """The JSON object it is written as: a manifest read (:meth:`of`) as it was given, in its order,
+        but for the fields set since; any value read as unset as it was given."""
+        dumped = {**super().to_json(), **self._unread}
+        unchanged = {key for key, value in self._as_read.items() if dumped.get(key, _GONE) == value}
+        as_given = {
+            key: self._given[key] if key in unchanged else dumped[key] for key in self._given if key in dumped
+        }
+        return as_given | {key: value for key, value in dumped.items() if key not in as_given}
 
 
 class DryRunManifest(RunManifest):

@@ -206,3 +206,16 @@ def test_without_openlineage_the_operator_runs_and_only_lineage_is_unavailable(
     assert operator.manifest == MANIFEST
     with pytest.raises(ImportError):
         operator.get_openlineage_facets_on_complete(FakeTI())
+
+
+def test_an_odd_manifest_gives_what_it_can_and_never_fails_the_task() -> None:
+    """Lineage decides nothing: a count of another type is no count, a version of another type is
+    still the version (as text)."""
+    manifest = {"status": "complete", "version": 3, "rows_in": None, "rows_out": "many"}
+    lineage = operator_lineage("s3://b/in", "s3://b/out", manifest=manifest)
+
+    ((input_dataset,), (output_dataset,)) = (lineage.inputs, lineage.outputs)
+    assert input_dataset.inputFacets == {} and output_dataset.outputFacets == {}
+    assert output_dataset.facets["version"].datasetVersion == "3"
+    run = lineage.run_facets["raybatch_run"]
+    assert (run.rowsIn, run.rowsOut, run.version) == (None, None, "3")

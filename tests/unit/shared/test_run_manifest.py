@@ -86,3 +86,25 @@ def test_a_dry_run_manifest_reads_its_own_keys_and_a_run_manifest_as_one() -> No
     assert (dry.prompt_tokens, dry.rows_per_second, dry.estimated_engine_seconds) == (40, 2.5, None)
     assert DryRunManifest.of(RunManifest.of(OLDER)).to_json() == OLDER
     assert RunManifest.of(dry) is dry
+
+
+def test_a_manifest_read_is_handed_on_as_written_in_its_order_unless_set_since() -> None:
+    """Values pydantic reads into their field's type (``"12"`` as 12, ``3`` as 3.0, ``"yes"`` as True)
+    and keys out of the model's order are handed on as the job wrote them; a field set since is not."""
+    written = {
+        "rows_failed": 0,
+        "wall_seconds": 3,
+        "from_a_newer_job": 1,
+        "rows_in": "12",
+        "prepared_rows_reused": "yes",
+        "errors_by_reason": {"engine": "1"},
+        "status": "complete",
+        "rows_out": 12,
+    }
+    manifest = RunManifest.of(written)
+
+    assert (manifest.rows_in, manifest.wall_seconds, manifest.prepared_rows_reused) == (12, 3.0, True)
+    assert list(manifest.to_json().items()) == list(written.items())
+    assert list(DryRunManifest.of(manifest).to_json().items()) == list(written.items())
+    manifest.rows_in, manifest.replaced_version = 13, "v0"
+    assert manifest.to_json() == {**written, "rows_in": 13, "replaced_version": "v0"}
