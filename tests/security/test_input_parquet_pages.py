@@ -217,3 +217,30 @@ def test_an_old_parquet_mr_chunk_that_leaves_out_its_dictionary_header_is_read_a
 
     assert [record["error"] for record in records] == [None] * 100
     assert [json.loads(str(record["row"])) for record in records[:2]] == [{"x": ["a", "b"]}, {"x": ["a"]}]
+
+
+def test_a_dictionary_value_repeated_past_what_a_file_may_decode_to_ends_the_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 2.5 KB file of one 40 MiB value used by 200 rows decoded to 8 GB of rows (437 MiB of reader
+    # and 75 s): its pages are within every bound, its rows are not. The file's bound, lowered here.
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_raybatch.pipeline.read import parquet_plan, rows
+
+    monkeypatch.setattr(parquet_plan, "MAX_INPUT_DECODED_BYTES", 8 * _MIB)
+    value = "x" * _MIB
+    indices = pa.array([0] * 20, pa.int32())
+    sink = io.BytesIO()
+    table = pa.table({"prompt": pa.DictionaryArray.from_arrays(indices, pa.array([value]))})
+    pq.write_table(table, sink, compression="zstd")
+    assert len(sink.getvalue()) < 16_000
+
+    records = list(rows.parse_file("repeated.parquet", sink.getvalue(), "parquet"))
+
+    assert [record["source"] for record in records] == ["repeated.parquet:0"]
+    assert "decode to more than 8,388,608 bytes" in records[0]["error"]
+    assert "only its first 0 rows were read; split it" in records[0]["error"]

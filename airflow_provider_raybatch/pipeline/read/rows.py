@@ -341,8 +341,15 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
         parquet = arrow_types.open_parquet(
             pa.BufferReader(data), read_dictionary=plan.dictionary_columns, metadata=metadata
         )
+        decoded = 0
         for table in _planned_batches(parquet, plan):
             for start, stop, size in _slices_of(table, parquet_plan.PARQUET_DECODE_BYTES):
+                # A dictionary's value counts at each row that uses it: a few KiB of indices can
+                # stand for gigabytes of rows, which the file's pages alone do not bound.
+                decoded += size
+                if decoded > parquet_plan.MAX_INPUT_DECODED_BYTES:
+                    yield _unreadable(name, "parquet", _decodes_past_bound(number))
+                    return
                 if size > parquet_plan.PARQUET_DECODE_BYTES:  # one row, alone over the budget
                     number += 1
                     yield _bad(f"{name}:{number}", _row_too_large(size))
@@ -376,6 +383,14 @@ def _planned_batches(parquet: pq.ParquetFile, plan: parquet_plan.ParquetPlan) ->
             got = 0 if batch is None else batch.num_rows
             raise ValueError(f"its reader read a batch of {got:,} rows where {rows:,} were planned")
         yield pa.Table.from_batches([batch])
+
+
+def _decodes_past_bound(rows_read: int) -> str:
+    return (
+        f"its values decode to more than {parquet_plan.MAX_INPUT_DECODED_BYTES:,} bytes (a dictionary's "
+        f"value counted at each row that uses it), more than a file may, and only its first {rows_read:,} "
+        "rows were read; split it into several files"
+    )
 
 
 def _row_too_large(size: int) -> str:
