@@ -242,5 +242,5 @@ def test_a_dictionary_value_repeated_past_what_a_file_may_decode_to_ends_the_fil
     records = list(rows.parse_file("repeated.parquet", sink.getvalue(), "parquet"))
 
     assert [record["source"] for record in records] == ["repeated.parquet:0"]
-    assert "decode to more than 8,388,608 bytes" in records[0]["error"]
+    assert "takes more than 8,388,608 bytes" in records[0]["error"]
     assert "only its first 0 rows were read; split it" in records[0]["error"]

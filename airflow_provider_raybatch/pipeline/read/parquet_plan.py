@@ -66,13 +66,13 @@ _VALUE_OVERHEAD = 16
 #: each and the row's JSON text holds each again. Measured through ``rows.parse_file`` (peak growth per
 #: item of one row's list, Python 3.11): a bool 34 B, an int 69, a float 77, an 8-character string 108,
 #: a timestamp 119 (a datetime and its ISO text), so a value is charged the most of them.
-_PY_VALUE = 128
+PY_VALUE_BYTES = 128
 #: ... and a dict per struct value: 210 B a level of one-field structs (a dict of 184 B and its key
 #: in the JSON text), charged to the struct's first leaf so a wide struct pays it once. A map's entry
 #: (a tuple, 131 B with its two values) is charged as one.
-_PY_DICT = 256
+PY_DICT_BYTES = 256
 #: ... and a list per value of a list inside a list: 100 B an empty inner list.
-_PY_LIST = 128
+PY_LIST_BYTES = 128
 #: A value's own bytes, by physical type, where it has a fixed width (FIXED_LEN_BYTE_ARRAY: the column's).
 _WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 #: The encodings of byte-array values whose decoded bytes a page's decompressed size bounds.
@@ -261,17 +261,17 @@ def _python_costs(schema: pa.Schema, metadata: pq.FileMetaData) -> list[int]:
     def walk(data_type: pa.DataType, in_list: bool, owed: int) -> None:
         if pa.types.is_struct(data_type):
             for index in range(data_type.num_fields):
-                walk(data_type.field(index).type, in_list, owed + _PY_DICT if index == 0 else 0)
+                walk(data_type.field(index).type, in_list, owed + PY_DICT_BYTES if index == 0 else 0)
         elif pa.types.is_map(data_type):
-            opened = owed + (_PY_LIST if in_list else 0) + _PY_DICT
+            opened = owed + (PY_LIST_BYTES if in_list else 0) + PY_DICT_BYTES
             walk(data_type.key_type, True, opened)
             walk(data_type.item_type, True, 0)
         elif isinstance(data_type, pa.ListType | pa.LargeListType | pa.FixedSizeListType) or (
             pa.types.is_list_view(data_type) or pa.types.is_large_list_view(data_type)
         ):
-            walk(data_type.value_type, True, owed + (_PY_LIST if in_list else 0))
+            walk(data_type.value_type, True, owed + (PY_LIST_BYTES if in_list else 0))
         else:
-            costs.append(_PY_VALUE + owed)
+            costs.append(PY_VALUE_BYTES + owed)
 
     for column in schema:
         walk(column.type, False, 0)
@@ -279,7 +279,7 @@ def _python_costs(schema: pa.Schema, metadata: pq.FileMetaData) -> list[int]:
         return costs
     columns = [metadata.schema.column(index) for index in range(metadata.num_columns)]
     return [
-        _PY_VALUE + column.path.count(".") * _PY_DICT + column.max_repetition_level * _PY_LIST
+        PY_VALUE_BYTES + column.path.count(".") * PY_DICT_BYTES + column.max_repetition_level * PY_LIST_BYTES
         for column in columns
     ]
 

@@ -29,7 +29,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan
+from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, row_costs
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.jsonl import split_lines
 from airflow_provider_raybatch.shared.specs import InputFormat
@@ -265,70 +265,30 @@ def _dictionaries_decoded(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, names=table.column_names)
 
 
-def _row_sizes(table: pa.Table) -> list[int]:
-    """Each row's values' bytes once decoded: a dictionary column's values counted at each row that
-    uses them (not once, as Arrow holds them), text and bytes by their lengths, others as sliced."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    sizes = [0] * table.num_rows
-    for column in table.columns:
-        chunk = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        if pa.types.is_dictionary(chunk.type) and _is_bytes(chunk.type):
-            lengths = pc.take(pc.binary_length(chunk.dictionary).cast(pa.int64()), chunk.indices)
-        elif _is_bytes(chunk.type):
-            lengths = pc.binary_length(chunk).cast(pa.int64())
-        elif pa.types.is_primitive(chunk.type):
-            lengths = None
-        else:  # lists, structs and maps: what each row's slice references
-            sizes = [size + chunk.slice(row, 1).nbytes for row, size in enumerate(sizes)]
-            continue
-        if lengths is None:
-            width = chunk.nbytes // len(chunk) if len(chunk) else 0
-            sizes = [size + width for size in sizes]
-        else:
-            sizes = [
-                size + length for size, length in zip(sizes, lengths.fill_null(0).to_pylist(), strict=True)
-            ]
-    return sizes
-
-
-def _table_bytes(table: pa.Table) -> int:
-    """About what the table's values take once decoded (a dictionary's values at each row that uses them)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    total = 0
-    for column in table.columns:
-        for chunk in column.chunks:
-            if pa.types.is_dictionary(chunk.type) and _is_bytes(chunk.type):
-                lengths = pc.binary_length(chunk.dictionary).cast(pa.int64())
-                total += pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0
-            else:
-                total += chunk.nbytes
-    return total
-
-
-def _slices_of(table: pa.Table, budget: int) -> Iterator[tuple[int, int, int]]:
-    """(start, stop, bytes) of consecutive rows of ``table`` whose values, once decoded, take at most
-    ``budget`` bytes; a row over ``budget`` alone is a slice of its own (:func:`_row_sizes`)."""
-    total = _table_bytes(table)
-    if total <= budget:  # the usual batch: one slice
-        yield 0, table.num_rows, total
+def _slices_of(table: pa.Table, budget: int) -> Iterator[tuple[int, int, int, int]]:
+    """(start, stop, held, text) of consecutive rows of ``table`` that hold at most ``budget`` bytes
+    once records (:mod:`.row_costs`), and the bytes of their JSON text; a row over ``budget`` alone
+    is a slice of its own."""
+    costs = row_costs.row_costs(table)
+    held_total = int(costs.held.sum())
+    if held_total <= budget:  # the usual batch: one slice
+        yield 0, table.num_rows, held_total, int(costs.text.sum())
         return
-    start, held = 0, 0
-    for index, size in enumerate(_row_sizes(table)):
+    start, held, text = 0, 0, 0
+    for index, (size, length) in enumerate(zip(costs.held.tolist(), costs.text.tolist(), strict=True)):
         if index > start and (held + size > budget or size > budget):
-            yield start, index, held
-            start, held = index, 0
+            yield start, index, held, text
+            start, held, text = index, 0, 0
         held += size
+        text += length
     if start < table.num_rows:
-        yield start, table.num_rows, held
+        yield start, table.num_rows, held, text
 
 
 def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) -> Iterator[Record]:
     """A Parquet file's records, read within :mod:`.parquet_plan`'s bounds: a batch of rows at a time
-    as its plan sizes it, each turned into Python a slice of at most ``PARQUET_DECODE_BYTES`` at a time."""
+    as its plan sizes it, each turned into Python a slice of rows at a time, a slice costing at most
+    ``row_costs.ROW_COST_BYTES`` once records."""
     import pyarrow as pa
 
     number = 0
@@ -343,16 +303,16 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
         )
         decoded = 0
         for table in _planned_batches(parquet, plan):
-            for start, stop, size in _slices_of(table, parquet_plan.PARQUET_DECODE_BYTES):
-                # A dictionary's value counts at each row that uses it: a few KiB of indices can
-                # stand for gigabytes of rows, which the file's pages alone do not bound.
-                decoded += size
+            for start, stop, held, text in _slices_of(table, row_costs.ROW_COST_BYTES):
+                # A dictionary's value, or a column's name, counts at each row that uses it: a few
+                # KiB of indices can stand for gigabytes of rows, which the file's pages do not bound.
+                decoded += text
                 if decoded > parquet_plan.MAX_INPUT_DECODED_BYTES:
                     yield _unreadable(name, "parquet", _decodes_past_bound(number))
                     return
-                if size > parquet_plan.PARQUET_DECODE_BYTES:  # one row, alone over the budget
+                if held > row_costs.ROW_COST_BYTES:  # one row, alone over the budget
                     number += 1
-                    yield _bad(f"{name}:{number}", _row_too_large(size))
+                    yield _bad(f"{name}:{number}", _row_too_large(held))
                     continue
                 for row in _table_rows(_dictionaries_decoded(table.slice(start, stop - start))):
                     number += 1
@@ -387,16 +347,17 @@ def _planned_batches(parquet: pq.ParquetFile, plan: parquet_plan.ParquetPlan) ->
 
 def _decodes_past_bound(rows_read: int) -> str:
     return (
-        f"its values decode to more than {parquet_plan.MAX_INPUT_DECODED_BYTES:,} bytes (a dictionary's "
-        f"value counted at each row that uses it), more than a file may, and only its first {rows_read:,} "
-        "rows were read; split it into several files"
+        f"its rows' JSON text takes more than {parquet_plan.MAX_INPUT_DECODED_BYTES:,} bytes (a "
+        "dictionary's value and each column's name counted at each row), more than a file may, and only "
+        f"its first {rows_read:,} rows were read; split it into several files"
     )
 
 
 def _row_too_large(size: int) -> str:
     return (
-        f"row too large: its values take {size:,} bytes once decoded, more than a row may "
-        f"({parquet_plan.PARQUET_DECODE_BYTES:,}); keep each row's values (text, images) under that"
+        f"row too large: it takes up to {size:,} bytes once read (its values in Arrow, in Python and "
+        f"as JSON text), more than a row may ({row_costs.ROW_COST_BYTES:,}, 64 MiB of plain text); "
+        "keep each row's values (text, images) under that"
     )
 
 
