@@ -46,7 +46,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
@@ -91,6 +91,10 @@ PART_MAX_BYTES = 64 * 1024 * 1024
 PART_MAX_PIXELS = 64 * 1024 * 1024
 #: Image parts one row's messages may hold: each is a fetch and megabytes in the row.
 DEFAULT_MAX_IMAGES = 16
+#: What decoding one image may hold at once, every copy counted (the decoder's buffers, the pixels as
+#: Pillow stores them, the EXIF rotation's copy, the composite over white, the RGB conversion and the
+#: resize's passes): a row costs the worker a bounded amount however few bytes its file has.
+DEFAULT_MAX_DECODE_BYTES = 192 * 1024 * 1024
 
 _DATA_URL_PREFIX = "data:"
 _ENCODE_MIME = {"PNG": "image/png", "JPEG": "image/jpeg"}
@@ -111,6 +115,10 @@ class ImageOptions:
     :param max_pixels: refuse an image of more pixels than this, before decoding it (default 64 Mi,
         below Pillow's own decompression-bomb threshold of ~89 M).
     :param max_bytes: refuse an encoded image of more bytes than this (default 32 MiB).
+    :param max_decode_bytes: refuse an image whose decoding would hold more memory than this at once,
+        counted from its header before a pixel is decoded (default ``DEFAULT_MAX_DECODE_BYTES``,
+        192 MiB). A JPEG larger than its output is decoded at 1/2, 1/4 or 1/8 scale, and another image
+        shrunk before it is rotated and converted, where that keeps it within the bound.
     :param timeout_seconds: deadline for reading one URL, the whole fetch (default 20 s).
     :param encode_format: how images are encoded for the engine: ``"auto"`` (default: a JPEG stays a
         JPEG, anything else becomes PNG, or JPEG where the PNG is over ``max_output_bytes``),
@@ -129,6 +137,7 @@ class ImageOptions:
     min_side: int = 8
     max_pixels: int = 64 * 1024 * 1024
     max_bytes: int = 32 * 1024 * 1024
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES
     timeout_seconds: float = 20.0
     encode_format: str = "auto"
     jpeg_quality: int = 95
@@ -149,6 +158,7 @@ class ImageOptions:
             "min_side",
             "max_pixels",
             "max_bytes",
+            "max_decode_bytes",
             "max_output_pixels",
             "max_output_bytes",
         ):
@@ -260,13 +270,11 @@ def _read_struct(value: dict[CellValue, CellValue], options: ImageOptions, relat
 
 def decode_image(data: bytes, options: ImageOptions = DEFAULT_OPTIONS) -> Image:
     """Check encoded bytes with Pillow and return the decoded RGB image; raises ValueError."""
-    return _decode(data, options)[0]
+    return _decode(data, options, resize=False)[0]
 
 
-def _decode(data: bytes, options: ImageOptions) -> tuple[Image, str | None]:
-    """The decoded RGB image and the format it was stored in (which :func:`image_data_url` keeps)."""
-    from PIL import ImageOps
-
+def _decode(data: bytes, options: ImageOptions, *, resize: bool) -> tuple[Image, str | None]:
+    """The decoded RGB image (at the size asked, with ``resize``) and the format it was stored in."""
     if not data:
         raise _reason(BAD_IMAGE_KIND, "empty bytes")
     with _pillow_errors(), _open(data) as probe:  # reads the header only
@@ -276,22 +284,16 @@ def _decode(data: bytes, options: ImageOptions) -> tuple[Image, str | None]:
         with _open(data) as probe:
             probe.verify()  # structure and checksums, without decoding the pixels
         image = _open(data)  # verify() leaves an image unusable: reopen
-        image.load()  # decodes the pixels: truncated data fails here
-        image = ImageOps.exif_transpose(image)  # phone photos carry their rotation in EXIF
-        return _to_rgb(image), source_format
+    return _converted(image, options, resize=resize, pinned=False), source_format
 
 
 def _from_pil(image: Image, options: ImageOptions) -> tuple[Image, str | None]:
-    """A PIL image a preprocess made, held to the same checks as decoded bytes."""
-    from PIL import ImageOps
-
+    """A PIL image a preprocess made, held to the same checks as decoded bytes, at the size asked."""
     source_format = image.format
     with _pillow_errors():
         size = image.size
     _check_dimensions(size, options)
-    with _pillow_errors():
-        image.load()  # an image opened lazily from a file decodes here
-        return _to_rgb(ImageOps.exif_transpose(image)), source_format
+    return _converted(image, options, resize=True, pinned=True), source_format
 
 
 def _open(data: bytes) -> Image:
@@ -334,11 +336,16 @@ def _to_rgb(image: Image) -> Image:
 
     if image.mode == "RGB":
         return image
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        rgba = image.convert("RGBA")
-        background = PILImage.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return PILImage.alpha_composite(background, rgba).convert("RGB")
+    if _has_alpha(image):
+        rgba = image if image.mode == "RGBA" else image.convert("RGBA")
+        composite = PILImage.alpha_composite(PILImage.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+        del rgba  # the conversion needs only the composite: one full-size copy fewer held
+        return composite.convert("RGB")
     return image.convert("RGB")
+
+
+def _has_alpha(image: Image) -> bool:
+    return image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
 
 
 def _target_size(size: tuple[int, int], options: ImageOptions) -> tuple[int, int]:
@@ -362,21 +369,21 @@ def _target_size(size: tuple[int, int], options: ImageOptions) -> tuple[int, int
 
 def resize_image(image: Image, options: ImageOptions = DEFAULT_OPTIONS) -> Image:
     """Resize to ``options.size``, or shrink to ``options.max_side``, or else to ``max_output_pixels``."""
+    return _resized(image, _target_size(image.size, options))
+
+
+def _resized(image: Image, size: tuple[int, int]) -> Image:
     from PIL import Image as PILImage
 
-    target = _target_size(image.size, options)
-    if target == image.size:
+    if size == image.size:
         return image
-    return image.resize(target, PILImage.Resampling.BICUBIC)
+    return image.resize(size, PILImage.Resampling.BICUBIC)
 
 
 def _load(value: CellValue, options: ImageOptions, relative_to: str | None) -> tuple[Image, str | None]:
     if _is_pil_image(value):
-        image, source_format = _from_pil(value, options)
-    else:
-        image, source_format = _decode(read_image_bytes(value, options, relative_to), options)
-    with _pillow_errors():
-        return resize_image(image, options), source_format
+        return _from_pil(value, options)
+    return _decode(read_image_bytes(value, options, relative_to), options, resize=True)
 
 
 def load_image(
@@ -384,6 +391,210 @@ def load_image(
 ) -> Image:
     """A row's image value (or a PIL image) -> a checked, RGB, resized PIL image; raises ValueError."""
     return _load(value, options, relative_to)[0]
+
+
+# -- what decoding holds -------------------------------------------------------------------------
+#
+# A file of a few hundred KB may declare 64 Mi pixels, and each step after the decoder (the EXIF
+# rotation, the composite over white, the RGB conversion, the resize) makes a full-size copy: checked
+# against max_pixels alone, an 8192x8192 RGBA PNG of 260 KB grew a worker by 1 GiB. So the bytes
+# every step holds are counted from the header, before a pixel is decoded, and the order is chosen
+# that fits max_decode_bytes: first the one that has always given these pixels (rotate, convert,
+# resize); then a JPEG decoded at a reduced scale (libjpeg's DCT scaling, never below the output
+# size); then shrinking first, before the rotation and the conversion, where the output is smaller;
+# else the image is refused, with the size that would fit.
+
+#: Bytes a pixel takes in Pillow's memory, by mode; any other mode takes 4 (Pillow stores RGB, LA,
+#: CMYK and 32-bit modes in 4 bytes a pixel, not packed).
+_STORED_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2}
+#: Modes Pillow resizes with the filter asked (it resizes "P" and "1" with NEAREST): others are
+#: converted to RGB(A) before a shrink-first resize.
+_RESIZABLE = ("L", "RGB", "RGBA", "LA")
+#: Pillow opens a JPEG that carries multi-picture data as "MPO": the same decoder.
+_JPEG_FORMATS = ("JPEG", "MPO")
+#: EXIF orientations that exif_transpose applies, and those that swap width and height.
+_ROTATED = frozenset(range(2, 9))
+_SWAPPED = frozenset(range(5, 9))
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What an opened image's header tells about the memory decoding it takes."""
+
+    size: tuple[int, int]
+    mode: str
+    alpha: bool
+    orientation: int | None  # EXIF orientation; None: only decoding would tell (see _orientation)
+    decoder_bytes: int  # what the decoder holds beside the pixels while it decodes
+    pinned: bool  # the caller holds the image (a preprocess's), so its pixels are never freed here
+
+    @property
+    def oriented(self) -> tuple[int, int]:
+        return _oriented(self.size, self.orientation)
+
+
+def _facts(image: Image, pinned: bool) -> _Facts:
+    width, height = image.size
+    source = width * height * _STORED_BYTES.get(image.mode, 4)
+    decoder_bytes = 0
+    if not _is_decoded(image):
+        if image.format in _JPEG_FORMATS and image.info.get("progressive"):
+            decoder_bytes = 2 * _jpeg_samples(image)  # every coefficient, held whole at any scale
+        elif image.format == "TIFF":
+            decoder_bytes = source  # a whole strip or tile is decoded to a buffer, then copied
+        elif image.format == "WEBP":
+            decoder_bytes = 13 * width * height  # libwebp's canvases and YUV planes, and Pillow's copy
+    return _Facts(image.size, image.mode, _has_alpha(image), _orientation(image), decoder_bytes, pinned)
+
+
+def _is_decoded(image: Image) -> bool:
+    # Pillow keeps the pixels in ``_im``, None until they are decoded (a WebP sets no ``tile`` before).
+    return getattr(image, "_im", None) is not None
+
+
+def _jpeg_samples(image: Image) -> int:
+    """The DCT samples of a JPEG's components at full size, with a margin for its padded MCUs."""
+    width, height = image.size
+    layers = getattr(image, "layer", None) or [("", 1, 1, 0)] * 4
+    h_max, v_max = max(layer[1] for layer in layers), max(layer[2] for layer in layers)
+    padded = (width + 16 * h_max) * (height + 16 * v_max)
+    return sum(padded * layer[1] * layer[2] // (h_max * v_max) for layer in layers)
+
+
+def _orientation(image: Image) -> int | None:
+    """The EXIF orientation (1 upright), or None where only decoding would tell it.
+
+    Pillow finds a PNG's eXIf chunk after the pixels by decoding them: asking before the decode would
+    decode the image before its size is checked.
+    """
+    if not _is_decoded(image) and image.format == "PNG" and "exif" not in image.info:
+        return None
+    orientation = image.getexif().get(0x0112, 1)
+    return orientation if isinstance(orientation, int) else 1
+
+
+def _oriented(size: tuple[int, int], orientation: int | None) -> tuple[int, int]:
+    return (size[1], size[0]) if orientation in _SWAPPED else size
+
+
+def _peak_bytes(facts: _Facts, target: tuple[int, int], shrink_first: bool) -> int:
+    """The most bytes the steps hold at once for an image of ``facts`` made ``target`` (upright)."""
+    width, height = facts.size
+    pixels = width * height
+    source = pixels * _STORED_BYTES.get(facts.mode, 4)
+    full, out = 4 * pixels, 4 * target[0] * target[1]  # an RGB or RGBA copy, the input's and the output's
+    between = 4 * max(
+        target[0] * height, target[1] * width
+    )  # resize's first pass (output width x input height)
+    steps: list[tuple[int, int]] = []  # (what a step makes, what it holds only while it runs)
+    if shrink_first:
+        premultiplied = source if facts.mode in ("RGBA", "LA") else 0  # Pillow resizes alpha premultiplied
+        if facts.mode not in _RESIZABLE:
+            steps.append((full, 0))
+            premultiplied = full if facts.alpha else 0
+        steps.append((out, premultiplied + between + out))
+        steps.append((out, 3 * out))  # rotated and composited over white at the output's size
+    else:
+        if facts.orientation is None or facts.orientation in _ROTATED:
+            # A preprocess's image is copied; ours is rotated in place, its old pixels freed after.
+            steps.append((source, 0) if facts.pinned else (0, source))
+        if facts.alpha:
+            steps.append((full, (0 if facts.mode == "RGBA" else full) + full))  # RGBA, white, composite
+        elif facts.mode != "RGB":
+            steps.append((full, 0))
+        if target != facts.oriented:
+            steps.append((out, between))
+    # The source stays until the end (the callers hold it); a step holds the copy it works on, its
+    # scratch and what it makes, and then only what it made.
+    peak, held = source + facts.decoder_bytes, 0
+    for made, scratch in steps:
+        peak = max(peak, source + held + scratch + made)
+        held = made or held
+    return peak
+
+
+def _order(facts: _Facts, target: tuple[int, int], options: ImageOptions) -> bool | None:
+    """False: the usual order fits max_decode_bytes; True: only shrinking first does; None: neither."""
+    if _peak_bytes(facts, target, shrink_first=False) <= options.max_decode_bytes:
+        return False
+    smaller = target[0] * target[1] < facts.size[0] * facts.size[1]
+    if smaller and _peak_bytes(facts, target, shrink_first=True) <= options.max_decode_bytes:
+        return True
+    return None
+
+
+def _target(
+    size: tuple[int, int], orientation: int | None, options: ImageOptions, resize: bool
+) -> tuple[int, int]:
+    """The upright output size: what ``options`` ask, or the upright size itself without ``resize``."""
+    upright = _oriented(size, orientation)
+    return _target_size(upright, options) if resize else upright
+
+
+def _too_large(facts: _Facts, target: tuple[int, int], options: ImageOptions) -> ImageError:
+    width, height = facts.size
+    peak = min(_peak_bytes(facts, target, shrink_first) for shrink_first in (False, True))
+    fits = int(width * height * options.max_decode_bytes / peak)
+    return _reason(
+        TOO_LARGE_KIND,
+        f"{width}x{height} {facts.mode} pixels need about {peak >> 20} MiB to decode, over "
+        f"max_decode_bytes={options.max_decode_bytes >> 20} MiB; shrink it to at most about {fits} pixels",
+    )
+
+
+def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: bool) -> Image:
+    """``image`` (opened, decoded or not) decoded, upright, RGB and, with ``resize``, at the size asked.
+
+    Raises ``image too large`` before decoding where no order of the steps fits ``max_decode_bytes``.
+    """
+    with _pillow_errors():
+        facts = _facts(image, pinned)
+        target = _target(image.size, facts.orientation, options, resize)
+        shrink_first = _order(facts, target, options)
+        if shrink_first is None and _drafted(image, facts, target):
+            # The decoder's coefficients stay as counted: a progressive JPEG holds them at full size.
+            shrink_first = _order(replace(facts, size=image.size), target, options)
+        if shrink_first is None:
+            raise _too_large(facts, target, options)
+        image.load()  # decodes the pixels: truncated data fails here
+        # Decoded, the image tells its mode and orientation for sure (a PNG's eXIf after its pixels).
+        facts = replace(_facts(image, pinned), decoder_bytes=0)
+        target = _target(image.size, facts.orientation, options, resize)
+        shrink_first = _order(facts, target, options)
+        if shrink_first is None:
+            raise _too_large(facts, target, options)
+        return _steps(image, facts, target, shrink_first)
+
+
+def _drafted(image: Image, facts: _Facts, target: tuple[int, int]) -> bool:
+    """Have libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale, never under ``target``; False if it will not."""
+    if image.format not in _JPEG_FORMATS or _is_decoded(image):
+        return False
+    stored_target = _oriented(target, facts.orientation)
+    if stored_target[0] >= image.size[0] or stored_target[1] >= image.size[1]:
+        return False
+    image.draft(None, stored_target)
+    return image.size != facts.size
+
+
+def _steps(image: Image, facts: _Facts, target: tuple[int, int], shrink_first: bool) -> Image:
+    from PIL import ImageOps
+
+    rotated = facts.orientation in _ROTATED
+    # Each step rebinds ``image``, so that a copy is freed as soon as the next one is made.
+    if shrink_first:
+        if image.mode not in _RESIZABLE:  # P and 1 would be resized with NEAREST
+            image = image.convert("RGBA" if facts.alpha else "RGB")
+        image = _resized(image, _oriented(target, facts.orientation))
+        if rotated:
+            ImageOps.exif_transpose(image, in_place=True)  # the shrunk image is ours to change
+        return _to_rgb(image)
+    if rotated and facts.pinned:
+        image = ImageOps.exif_transpose(image)  # a preprocess's image is not ours to change
+    elif rotated:
+        ImageOps.exif_transpose(image, in_place=True)  # phone photos carry their rotation in EXIF
+    image = _to_rgb(image)
+    return _resized(image, target)
 
 
 def describe_image_value(value: CellValue) -> JsonValue:
