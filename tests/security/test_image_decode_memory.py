@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -136,7 +137,7 @@ def test_a_small_png_of_64_mi_pixels_is_refused_before_it_is_decoded(tmp_path: P
 
     assert result["grown_mib"] < 50, result
     assert result.get("reason", "").startswith(f"image too large: 8192x8192 {mode} pixels need about ")
-    assert "over max_decode_bytes=192 MiB; shrink it to at most about " in result["reason"]
+    assert re.search(r"over max_decode_bytes=192 MiB; shrink it to at most about \d+x\d+$", result["reason"])
 
 
 @pytest.mark.parametrize(

@@ -534,12 +534,19 @@ def _target(
 def _too_large(facts: _Facts, target: tuple[int, int], options: ImageOptions) -> ImageError:
     width, height = facts.size
     peak = min(_peak_bytes(facts, target, shrink_first) for shrink_first in (False, True))
-    fits = int(width * height * options.max_decode_bytes / peak)
+    fits = facts
+    while fits.size != (1, 1) and _order(fits, _smaller(target, fits.size), options) is None:
+        fits = replace(fits, size=_smaller(fits.size, (fits.size[0] * 31 // 32, fits.size[1] * 31 // 32)))
     return _reason(
         TOO_LARGE_KIND,
         f"{width}x{height} {facts.mode} pixels need about {peak >> 20} MiB to decode, over "
-        f"max_decode_bytes={options.max_decode_bytes >> 20} MiB; shrink it to at most about {fits} pixels",
+        f"max_decode_bytes={options.max_decode_bytes >> 20} MiB; shrink it to at most about "
+        f"{fits.size[0]}x{fits.size[1]}",
     )
+
+
+def _smaller(size: tuple[int, int], bound: tuple[int, int]) -> tuple[int, int]:
+    return (max(1, min(size[0], bound[0])), max(1, min(size[1], bound[1])))
 
 
 def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: bool) -> Image:
