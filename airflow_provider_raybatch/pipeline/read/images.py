@@ -52,6 +52,18 @@ from typing import TYPE_CHECKING
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
 # too, beside the kinds of decoding, for the readers of rows' reasons (TOO_LARGE_KIND also covers
 # pixels and the engine's encoding here).
+from airflow_provider_raybatch.pipeline.read.image_decode_memory import (
+    JPEG_FORMATS,
+    RESIZABLE,
+    ROTATED,
+    DecodeFacts,
+    decode_facts,
+    has_alpha,
+    is_decoded,
+    oriented,
+    peak_bytes,
+    smaller,
+)
 from airflow_provider_raybatch.pipeline.read.image_sources import (  # noqa: F401 - re-exported
     BAD_VALUE_KIND,
     DEFAULT_SOURCES,
@@ -336,16 +348,12 @@ def _to_rgb(image: Image) -> Image:
 
     if image.mode == "RGB":
         return image
-    if _has_alpha(image):
+    if has_alpha(image):
         rgba = image if image.mode == "RGBA" else image.convert("RGBA")
         composite = PILImage.alpha_composite(PILImage.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
         del rgba  # the conversion needs only the composite: one full-size copy fewer held
         return composite.convert("RGB")
     return image.convert("RGB")
-
-
-def _has_alpha(image: Image) -> bool:
-    return image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
 
 
 def _target_size(size: tuple[int, int], options: ImageOptions) -> tuple[int, int]:
@@ -393,132 +401,15 @@ def load_image(
     return _load(value, options, relative_to)[0]
 
 
-# -- what decoding holds -------------------------------------------------------------------------
-#
-# A file of a few hundred KB may declare 64 Mi pixels, and each step after the decoder (the EXIF
-# rotation, the composite over white, the RGB conversion, the resize) makes a full-size copy: checked
-# against max_pixels alone, an 8192x8192 RGBA PNG of 260 KB grew a worker by 1 GiB. So the bytes
-# every step holds are counted from the header, before a pixel is decoded, and the order is chosen
-# that fits max_decode_bytes: first the one that has always given these pixels (rotate, convert,
-# resize); then a JPEG decoded at a reduced scale (libjpeg's DCT scaling, never below the output
-# size); then shrinking first, before the rotation and the conversion, where the output is smaller;
-# else the image is refused, with the size that would fit.
-
-#: Bytes a pixel takes in Pillow's memory, by mode; any other mode takes 4 (Pillow stores RGB, LA,
-#: CMYK and 32-bit modes in 4 bytes a pixel, not packed).
-_STORED_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2}
-#: Modes Pillow resizes with the filter asked (it resizes "P" and "1" with NEAREST): others are
-#: converted to RGB(A) before a shrink-first resize.
-_RESIZABLE = ("L", "RGB", "RGBA", "LA")
-#: Pillow opens a JPEG that carries multi-picture data as "MPO": the same decoder.
-_JPEG_FORMATS = ("JPEG", "MPO")
-#: EXIF orientations that exif_transpose applies, and those that swap width and height.
-_ROTATED = frozenset(range(2, 9))
-_SWAPPED = frozenset(range(5, 9))
+# -- decoding within max_decode_bytes (what each order holds: :mod:`.image_decode_memory`) ------
 
 
-@dataclass(frozen=True)
-class _Facts:
-    """What an opened image's header tells about the memory decoding it takes."""
-
-    size: tuple[int, int]
-    mode: str
-    alpha: bool
-    orientation: int | None  # EXIF orientation; None: only decoding would tell (see _orientation)
-    decoder_bytes: int  # what the decoder holds beside the pixels while it decodes
-    pinned: bool  # the caller holds the image (a preprocess's), so its pixels are never freed here
-
-    @property
-    def oriented(self) -> tuple[int, int]:
-        return _oriented(self.size, self.orientation)
-
-
-def _facts(image: Image, pinned: bool) -> _Facts:
-    width, height = image.size
-    source = width * height * _STORED_BYTES.get(image.mode, 4)
-    decoder_bytes = 0
-    if not _is_decoded(image):
-        if image.format in _JPEG_FORMATS and image.info.get("progressive"):
-            decoder_bytes = 2 * _jpeg_samples(image)  # every coefficient, held whole at any scale
-        elif image.format == "TIFF":
-            decoder_bytes = source  # a whole strip or tile is decoded to a buffer, then copied
-        elif image.format == "WEBP":
-            decoder_bytes = 13 * width * height  # libwebp's canvases and YUV planes, and Pillow's copy
-    return _Facts(image.size, image.mode, _has_alpha(image), _orientation(image), decoder_bytes, pinned)
-
-
-def _is_decoded(image: Image) -> bool:
-    # Pillow keeps the pixels in ``_im``, None until they are decoded (a WebP sets no ``tile`` before).
-    return getattr(image, "_im", None) is not None
-
-
-def _jpeg_samples(image: Image) -> int:
-    """The DCT samples of a JPEG's components at full size, with a margin for its padded MCUs."""
-    width, height = image.size
-    layers = getattr(image, "layer", None) or [("", 1, 1, 0)] * 4
-    h_max, v_max = max(layer[1] for layer in layers), max(layer[2] for layer in layers)
-    padded = (width + 16 * h_max) * (height + 16 * v_max)
-    return sum(padded * layer[1] * layer[2] // (h_max * v_max) for layer in layers)
-
-
-def _orientation(image: Image) -> int | None:
-    """The EXIF orientation (1 upright), or None where only decoding would tell it.
-
-    Pillow finds a PNG's eXIf chunk after the pixels by decoding them: asking before the decode would
-    decode the image before its size is checked.
-    """
-    if not _is_decoded(image) and image.format == "PNG" and "exif" not in image.info:
-        return None
-    orientation = image.getexif().get(0x0112, 1)
-    return orientation if isinstance(orientation, int) else 1
-
-
-def _oriented(size: tuple[int, int], orientation: int | None) -> tuple[int, int]:
-    return (size[1], size[0]) if orientation in _SWAPPED else size
-
-
-def _peak_bytes(facts: _Facts, target: tuple[int, int], shrink_first: bool) -> int:
-    """The most bytes the steps hold at once for an image of ``facts`` made ``target`` (upright)."""
-    width, height = facts.size
-    pixels = width * height
-    source = pixels * _STORED_BYTES.get(facts.mode, 4)
-    full, out = 4 * pixels, 4 * target[0] * target[1]  # an RGB or RGBA copy, the input's and the output's
-    between = 4 * max(
-        target[0] * height, target[1] * width
-    )  # resize's first pass (output width x input height)
-    steps: list[tuple[int, int]] = []  # (what a step makes, what it holds only while it runs)
-    if shrink_first:
-        premultiplied = source if facts.mode in ("RGBA", "LA") else 0  # Pillow resizes alpha premultiplied
-        if facts.mode not in _RESIZABLE:
-            steps.append((full, 0))
-            premultiplied = full if facts.alpha else 0
-        steps.append((out, premultiplied + between + out))
-        steps.append((out, 3 * out))  # rotated and composited over white at the output's size
-    else:
-        if facts.orientation is None or facts.orientation in _ROTATED:
-            # A preprocess's image is copied; ours is rotated in place, its old pixels freed after.
-            steps.append((source, 0) if facts.pinned else (0, source))
-        if facts.alpha:
-            steps.append((full, (0 if facts.mode == "RGBA" else full) + full))  # RGBA, white, composite
-        elif facts.mode != "RGB":
-            steps.append((full, 0))
-        if target != facts.oriented:
-            steps.append((out, between))
-    # The source stays until the end (the callers hold it); a step holds the copy it works on, its
-    # scratch and what it makes, and then only what it made.
-    peak, held = source + facts.decoder_bytes, 0
-    for made, scratch in steps:
-        peak = max(peak, source + held + scratch + made)
-        held = made or held
-    return peak
-
-
-def _order(facts: _Facts, target: tuple[int, int], options: ImageOptions) -> bool | None:
+def _order(facts: DecodeFacts, target: tuple[int, int], options: ImageOptions) -> bool | None:
     """False: the usual order fits max_decode_bytes; True: only shrinking first does; None: neither."""
-    if _peak_bytes(facts, target, shrink_first=False) <= options.max_decode_bytes:
+    if peak_bytes(facts, target, shrink_first=False) <= options.max_decode_bytes:
         return False
     smaller = target[0] * target[1] < facts.size[0] * facts.size[1]
-    if smaller and _peak_bytes(facts, target, shrink_first=True) <= options.max_decode_bytes:
+    if smaller and peak_bytes(facts, target, shrink_first=True) <= options.max_decode_bytes:
         return True
     return None
 
@@ -527,16 +418,16 @@ def _target(
     size: tuple[int, int], orientation: int | None, options: ImageOptions, resize: bool
 ) -> tuple[int, int]:
     """The upright output size: what ``options`` ask, or the upright size itself without ``resize``."""
-    upright = _oriented(size, orientation)
+    upright = oriented(size, orientation)
     return _target_size(upright, options) if resize else upright
 
 
-def _too_large(facts: _Facts, target: tuple[int, int], options: ImageOptions) -> ImageError:
+def _too_large(facts: DecodeFacts, target: tuple[int, int], options: ImageOptions) -> ImageError:
     width, height = facts.size
-    peak = min(_peak_bytes(facts, target, shrink_first) for shrink_first in (False, True))
+    peak = min(peak_bytes(facts, target, shrink_first) for shrink_first in (False, True))
     fits = facts
-    while fits.size != (1, 1) and _order(fits, _smaller(target, fits.size), options) is None:
-        fits = replace(fits, size=_smaller(fits.size, (fits.size[0] * 31 // 32, fits.size[1] * 31 // 32)))
+    while fits.size != (1, 1) and _order(fits, smaller(target, fits.size), options) is None:
+        fits = replace(fits, size=smaller(fits.size, (fits.size[0] * 31 // 32, fits.size[1] * 31 // 32)))
     return _reason(
         TOO_LARGE_KIND,
         f"{width}x{height} {facts.mode} pixels need about {peak >> 20} MiB to decode, over "
@@ -545,17 +436,13 @@ def _too_large(facts: _Facts, target: tuple[int, int], options: ImageOptions) ->
     )
 
 
-def _smaller(size: tuple[int, int], bound: tuple[int, int]) -> tuple[int, int]:
-    return (max(1, min(size[0], bound[0])), max(1, min(size[1], bound[1])))
-
-
 def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: bool) -> Image:
     """``image`` (opened, decoded or not) decoded, upright, RGB and, with ``resize``, at the size asked.
 
     Raises ``image too large`` before decoding where no order of the steps fits ``max_decode_bytes``.
     """
     with _pillow_errors():
-        facts = _facts(image, pinned)
+        facts = decode_facts(image, pinned)
         target = _target(image.size, facts.orientation, options, resize)
         shrink_first = _order(facts, target, options)
         if shrink_first is None and _drafted(image, facts, target):
@@ -565,7 +452,7 @@ def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: boo
             raise _too_large(facts, target, options)
         image.load()  # decodes the pixels: truncated data fails here
         # Decoded, the image tells its mode and orientation for sure (a PNG's eXIf after its pixels).
-        facts = replace(_facts(image, pinned), decoder_bytes=0)
+        facts = replace(decode_facts(image, pinned), decoder_bytes=0)
         target = _target(image.size, facts.orientation, options, resize)
         shrink_first = _order(facts, target, options)
         if shrink_first is None:
@@ -573,26 +460,26 @@ def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: boo
         return _steps(image, facts, target, shrink_first)
 
 
-def _drafted(image: Image, facts: _Facts, target: tuple[int, int]) -> bool:
+def _drafted(image: Image, facts: DecodeFacts, target: tuple[int, int]) -> bool:
     """Have libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale, never under ``target``; False if it will not."""
-    if image.format not in _JPEG_FORMATS or _is_decoded(image):
+    if image.format not in JPEG_FORMATS or is_decoded(image):
         return False
-    stored_target = _oriented(target, facts.orientation)
+    stored_target = oriented(target, facts.orientation)
     if stored_target[0] >= image.size[0] or stored_target[1] >= image.size[1]:
         return False
     image.draft(None, stored_target)
     return image.size != facts.size
 
 
-def _steps(image: Image, facts: _Facts, target: tuple[int, int], shrink_first: bool) -> Image:
+def _steps(image: Image, facts: DecodeFacts, target: tuple[int, int], shrink_first: bool) -> Image:
     from PIL import ImageOps
 
-    rotated = facts.orientation in _ROTATED
+    rotated = facts.orientation in ROTATED
     # Each step rebinds ``image``, so that a copy is freed as soon as the next one is made.
     if shrink_first:
-        if image.mode not in _RESIZABLE:  # P and 1 would be resized with NEAREST
+        if image.mode not in RESIZABLE:  # P and 1 would be resized with NEAREST
             image = image.convert("RGBA" if facts.alpha else "RGB")
-        image = _resized(image, _oriented(target, facts.orientation))
+        image = _resized(image, oriented(target, facts.orientation))
         if rotated:
             ImageOps.exif_transpose(image, in_place=True)  # the shrunk image is ours to change
         return _to_rgb(image)
