@@ -22,12 +22,13 @@ and time small.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import RAY_PYTHON, ROOT
 from tests.security import parquet_forge as forge
 
 #: As tests/security/test_input_decoded_size.py.
@@ -53,11 +54,17 @@ print(json.dumps({"file_bytes": len(data), "records": count, "errors": errors[:3
 
 
 def _read_in_a_fresh_process(tmp_path: Path, data: bytes) -> dict[str, object]:
-    """Parse ``data`` in a new interpreter (its peak memory is the reader's alone); what it reports."""
+    """Parse ``data`` in a new interpreter of the cluster side (its peak memory is the reader's alone);
+    what it reports."""
     path = tmp_path / "hostile.parquet"
     path.write_bytes(data)
+    # The cluster side's interpreter: its pandas makes some values other Python objects than without.
     result = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, timeout=280
+        [str(RAY_PYTHON), "-c", _MEASURE, str(path)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])

@@ -8,7 +8,8 @@ the columns' names in every row. Files of a few KiB to a few MiB that used each 
 reader by 3 GiB (one 60 MiB value after an emoji: 1.4 GiB of JSON text; 4,000 structs whose field
 name is 64 KiB of control characters) or made terabytes of rows (a column named 1 MiB of them, a
 million rows). ``pipeline/read/row_costs.py`` charges each row what it will cost before it is made.
-The sizes here are a third of those found, to keep the test's own memory and time small.
+The sizes here are a third of those found, to keep the test's own memory and time small. Each file
+is read by the cluster side's interpreter, whose pandas makes nanosecond times pandas objects.
 """
 
 from __future__ import annotations
@@ -102,3 +103,22 @@ def test_ordinary_rows_are_charged_at_least_what_they_become() -> None:
         width = max(1, *(1 if ord(char) < 0x100 else 2 if ord(char) < 0x10000 else 4 for char in text))
         assert length >= len(text) * width and held >= 2 * len(text) * width, (text, length, held)
     assert json.loads(texts[0])["text"] == "plain"
+
+
+@pytest.mark.timeout(300)
+def test_nanosecond_durations_are_charged_what_pandas_makes_of_them(tmp_path: Path) -> None:
+    # Where pandas is installed (Ray's workers), each becomes a pandas Timedelta: 641 bytes of file
+    # grew a reader by 453 to 543 MiB when a duration was charged as a plain number.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.array([[123_456_789_012_345] * 800] * 2048, pa.list_(pa.duration("ns")))
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"d": column}), sink, compression="zstd")  # its Arrow schema stored: durations
+    data = sink.getvalue()
+    assert len(data) < 2_000
+
+    report = _read_in_a_fresh_process(tmp_path, data)
+
+    assert report["records"] == 2048 and report["errors"] == [], report
+    assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report

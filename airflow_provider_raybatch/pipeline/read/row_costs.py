@@ -34,8 +34,13 @@ if TYPE_CHECKING:
 _PY_VALUE = parquet_plan.PY_VALUE_BYTES
 _PY_DICT = parquet_plan.PY_DICT_BYTES
 _PY_LIST = parquet_plan.PY_LIST_BYTES
-#: The longest JSON text of a number, date, time or duration (a 76-digit decimal, its sign and point).
-_SCALAR_JSON = 80
+#: What a date, time, timestamp or duration takes in Python: where pandas is installed (as on Ray's
+#: workers), pyarrow makes a nanosecond one a pandas ``Timestamp`` or ``Timedelta``, measured at up
+#: to 375 B each with their ISO text.
+_PY_TEMPORAL = 512
+#: The longest JSON text of a number, date, time or duration (a 76-digit decimal with its sign and
+#: point, in exponent form: 92 characters measured).
+_SCALAR_JSON = 100
 _DATA_URL_PREFIX = len("data:application/octet-stream;base64,") + 2
 
 
@@ -117,8 +122,9 @@ def _array_costs(array: pa.Array) -> _Costs:
     if pa.types.is_map(data_type) or _is_list(data_type):
         return _list_costs(array)
     # a number, boolean, date, time, duration or null
+    held = _PY_TEMPORAL if pa.types.is_temporal(data_type) else _PY_VALUE + 16
     return _Costs(
-        np.full(rows, _PY_VALUE + 16, np.int64),
+        np.full(rows, held, np.int64),
         np.full(rows, _SCALAR_JSON, np.int64),
         np.ones(rows, np.int64),
     )
