@@ -29,7 +29,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, row_costs
+from airflow_provider_raybatch.pipeline.read import arrow_types, json_text_cost, parquet_plan, row_costs
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.jsonl import split_lines
 from airflow_provider_raybatch.shared.specs import InputFormat
@@ -99,10 +99,18 @@ def _keep_bytes(value: CellValue) -> CellValue:
     return value
 
 
-def _ok(source: str, row: Row, binary_columns: tuple[str, ...] = ()) -> Record:
+def _ok(source: str, row: Row, binary_columns: tuple[str, ...] = (), raw_size: int | None = None) -> Record:
+    """A row's record; ``raw_size``: the bytes (or characters) of the line or record it was read from,
+    if known, 0 where its cost was checked already."""
     for column in binary_columns:
         if column in row:
             row = {**row, column: _keep_bytes(row[column])}
+    if raw_size != 0 and (too_large := json_text_cost.json_text_too_large(row, raw_size)):
+        return _bad(
+            source,
+            f"row too large: its JSON text would take up to {too_large:,} bytes, more than a row's may "
+            f"({json_text_cost.MAX_JSON_TEXT_BYTES:,}); keep each row's values under 64 MiB of plain text",
+        )
     try:
         text = row_to_json(row)
     except Exception as err:  # noqa: BLE001 - e.g. RecursionError on a deep value: the row fails, not the job
@@ -154,7 +162,11 @@ def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
     for number, line in split_lines(data):
         value = _json_object(line, number)
         source = f"{name}:{number}"
-        yield _bad(source, value, raw=line) if isinstance(value, str) else _ok(source, value)
+        yield (
+            _bad(source, value, raw=line)
+            if isinstance(value, str)
+            else _ok(source, value, raw_size=len(line))
+        )
 
 
 # -- Arrow tables (Parquet, and CSV after type inference) -------------------------------------------
@@ -316,7 +328,7 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
                     continue
                 for row in _table_rows(_dictionaries_decoded(table.slice(start, stop - start))):
                     number += 1
-                    yield _ok(f"{name}:{number}", row, binary_columns)
+                    yield _ok(f"{name}:{number}", row, binary_columns, raw_size=0)  # costed: row_costs
     except (
         arrow_types.RefusedArrowTypeError,
         arrow_types.FooterTooLongError,
@@ -603,6 +615,7 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
     again = _csv_opened(data)  # the same header, read again: the records from the first
     if isinstance(again, str):  # it was read the first time; never so
         return
+    header_size = sum(map(len, header))  # each name is in every row's JSON text
     for chunk in _csv_chunks(again[1], header, utf8):
         typed = iter(_typed_csv_rows(header, rows, types) if (rows := _good_rows(chunk)) else [])
         too_large = _too_large(chunk)
@@ -611,7 +624,7 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
             if reason is None and too_large:
                 yield _bad(source, _row_too_large(too_large))
             elif reason is None:
-                yield _ok(source, next(typed))
+                yield _ok(source, next(typed), raw_size=header_size + sum(map(len, cells)))
             else:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
                 raw = _csv_line(cells).encode("utf-8", "surrogateescape") if cells else None
                 yield _bad(source, reason, raw=raw)
