@@ -20,7 +20,7 @@ from airflow_provider_raybatch.pipeline.generate.engine_pool import (
     replica_needs,
 )
 from airflow_provider_raybatch.shared.job_settings import POOL_SCOPE_ENV
-from tests.unit.pipeline.ray_env import run_in_ray_env
+from tests.unit.pipeline.ray_env import part_report, run_parts_in_ray_env
 
 ENGINE = {
     "model": "/models/tiny",
@@ -252,12 +252,14 @@ report.update({"short_of_a_slot": asyncio.run(asked_for({"node-a": ["replica_slo
                "short_of_cpus": asyncio.run(asked_for({"node-a": ["CPU"]})),
                "short_of_cpus_elsewhere": asyncio.run(asked_for({"node-b": ["CPU"]})),
                "short_of_anything": asyncio.run(asked_for(None))})
-print(json.dumps(report))
+part_done(report)
 """
 
 
-def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_after_keep_warm() -> None:
-    report = run_in_ray_env(_REPLICA)
+def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_after_keep_warm(
+    without_cluster: dict,
+) -> None:
+    report = part_report(without_cluster, "replica")
     assert report["before"]["jobs_served"] == 0 and report["answer"]["generated_text"] == "out a:1"
     assert (report["busy"]["leases"], report["busy"]["in_flight"], report["busy"]["rows_done"]) == (2, 1, 1)
     assert report["idle_refused"] is False  # a replica with leases is never ended for room
@@ -420,7 +422,7 @@ def stage_failed(error, name="pooled_stage.PoolReplicaLost"):  # run_batch's err
 
 alike_report = asyncio.run(run(["build"] * 8))
 too_many_report = asyncio.run(run([1] * 8))
-print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": too_many_report,
+part_done(({"one_death": asyncio.run(run([1])), "too_many": too_many_report,
                   "build_fails_alike": alike_report,
                   "stage_failed": stage_failed(alike_report["error"]),
                   "stage_died": stage_failed(too_many_report["error"]),
@@ -439,10 +441,30 @@ print(json.dumps({"one_death": asyncio.run(run([1])), "too_many": too_many_repor
 
 
 @pytest.fixture(scope="module")
-def stage_report() -> dict:
-    """The stage snippet's report, run once for the tests that read it (a Ray import each time, which a
-    loaded machine takes half a minute over)."""
-    return run_in_ray_env(_STAGE)
+def without_cluster() -> dict:
+    """The snippets that need Ray's modules but no cluster, run in one interpreter: a Ray import each
+    time costs seconds of CPU, half a minute on a loaded machine."""
+    return run_parts_in_ray_env({"stage": _STAGE, "replica": _REPLICA, "render": _RENDER})
+
+
+@pytest.fixture(scope="module")
+def on_cluster() -> dict:
+    """The snippets that need a cluster, on one local Ray cluster (a start costs ~5 s of CPU): each finds
+    the pool's namespace empty (run_parts_in_ray_env ends what the one before left)."""
+    parts = {"health": _HEALTH, "routing": _ROUTING, "control": _CONTROL_CALLS_BESIDE_ROWS, "lease": _LEASE}
+    cluster = {
+        "address": "local",
+        "num_cpus": 2,
+        "resources": {"slot": 3},
+        "include_dashboard": False,
+        "logging_level": "ERROR",
+    }
+    return run_parts_in_ray_env(parts, ray_init=cluster)
+
+
+@pytest.fixture
+def stage_report(without_cluster: dict) -> dict:
+    return part_report(without_cluster, "stage")
 
 
 _CONTROL_CALLS_BESIDE_ROWS = """
@@ -474,7 +496,6 @@ class HeldReplica(EngineReplica):  # the replica's own methods, its engine a sta
     def rows_thread(self):
         return self._rows_thread
 
-ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
 ROW_SLOTS = 4
 groups = {pool_replica.CONTROL_GROUP: pool_replica.CONTROL_CALLS}  # as engine_pool makes a replica
 replica = ray.remote(concurrency_groups=groups)(HeldReplica).options(max_concurrency=ROW_SLOTS).remote()
@@ -496,7 +517,8 @@ for row in rows:
         cancelled += 1
     except ray.exceptions.RayTaskError as err:
         cancelled += "CancelledError" in str(err)
-print(json.dumps({"in_flight_when_attached": attached["in_flight"], "leases_when_healthy": healthy["leases"],
+ray.kill(replica)
+part_done(({"in_flight_when_attached": attached["in_flight"], "leases_when_healthy": healthy["leases"],
                   "released": released, "cancelled": cancelled, "seconds": seconds}))
 """
 
@@ -507,11 +529,11 @@ def test_a_stage_actor_keeps_a_bounded_number_of_rows_waiting_on_the_replicas(st
     assert stage_report["capped"] == {"rows": 9, "most": 2}
 
 
-def test_a_job_with_every_row_slot_taken_leaves_the_control_calls_free() -> None:
+def test_a_job_with_every_row_slot_taken_leaves_the_control_calls_free(on_cluster: dict) -> None:
     """A replica whose rows hold all its slots (a job with thousands of rows in flight) still answers
     another job's attach, a driver's health check and a release at once: they have a concurrency group of
     their own, and run on the rows' loop, where the replica's state and engine are."""
-    report = run_in_ray_env(_CONTROL_CALLS_BESIDE_ROWS)
+    report = part_report(on_cluster, "control")
     assert report["in_flight_when_attached"] == 4  # every slot was taken when the attach came
     assert report["leases_when_healthy"] == 2
     assert max(report["seconds"].values()) < 10, report["seconds"]
@@ -613,7 +635,6 @@ class Replica:  # EngineReplica's health check: answers, fails, or Ray cannot re
             raise RuntimeError("EngineCore died")
         return True
 
-ray.init(address="local", num_cpus=2, logging_level="ERROR", include_dashboard=False)
 modes = {"raybatch-engine-h-0": "healthy", "raybatch-engine-h-1": "unreachable",
          "raybatch-engine-h-2": "sick"}
 handles = [Replica.options(name=name, namespace=NAMESPACE, lifetime="detached").remote(mode)
@@ -623,7 +644,7 @@ lease = object.__new__(PoolLease)
 lease.__dict__.update(_warm=sorted(modes), _replaced=[])
 lease._replace_unhealthy()
 named = {entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)}
-print(json.dumps({"warm": lease._warm, "replaced": lease._replaced, "alive": sorted(named & set(modes))}))
+part_done(({"warm": lease._warm, "replaced": lease._replaced, "alive": sorted(named & set(modes))}))
 """
 
 
@@ -642,10 +663,10 @@ def test_rows_cancelled_by_a_lapsed_lease_are_sent_again_after_attaching_again(s
     assert keeps["made"] == 1
 
 
-def test_the_health_check_kills_a_sick_replica_but_not_one_ray_cannot_reach_for_now() -> None:
+def test_the_health_check_kills_a_sick_replica_but_not_one_ray_cannot_reach_for_now(on_cluster: dict) -> None:
     """A replica Ray called unavailable at the lease's health check was killed,
     though it may be live and serving other jobs' rows."""
-    report = run_in_ray_env(_HEALTH)
+    report = part_report(on_cluster, "health")
     assert report["warm"] == ["raybatch-engine-h-0"]  # only the one that answered counts warm
     assert report["replaced"] == ["raybatch-engine-h-2"]  # the sick one is killed and replaced
     assert report["alive"] == ["raybatch-engine-h-0", "raybatch-engine-h-1"]  # the unreachable one lives
@@ -690,7 +711,6 @@ async def served(pool, first, batches, heard_from_all=False, together=False):
         return sorted(await asyncio.gather(*(one(number) for number in range(batches))))
     return [await one(number) for number in range(batches)]
 
-ray.init(address="local", num_cpus=2, logging_level="ERROR", include_dashboard=False)
 # Half warm: replica 0 is built, replica 1 builds for 600 s. Each batch, from replica 1's turn on,
 # goes to replica 0 (none waits for the build).
 half = Pool("half", 2, {"build": [0, 600]}, {}, None, 0.0)
@@ -710,16 +730,16 @@ cold_first = asyncio.run(served(cold, 0, 2))
 warm_together = asyncio.run(served(both, 0, 4, together=True))
 close = Pool("close", 2, {"build": [4, 4.3]}, {}, None, 0.0)
 cold_together = asyncio.run(served(close, 0, 4, together=True))
-print(json.dumps({"half_warm": half_warm, "still_building": building, "both_built": both_built,
+part_done(({"half_warm": half_warm, "still_building": building, "both_built": both_built,
                   "cold_first": cold_first, "warm_together": warm_together,
                   "cold_together": cold_together}))
 """
 
 
-def test_a_batch_goes_to_a_built_replica_never_to_one_still_building() -> None:
+def test_a_batch_goes_to_a_built_replica_never_to_one_still_building(on_cluster: dict) -> None:
     """A half-warm pool: rows sent to the replica still building waited out its build.
     A small job: one replica took every batch that a stage actor ran at once."""
-    report = run_in_ray_env(_ROUTING)
+    report = part_report(on_cluster, "routing")
     assert report["still_building"] is True
     assert report["half_warm"] == [["replica-0"]] * 4  # replica 1's turns went to replica 0
     assert report["both_built"] == [["replica-1"], ["replica-0"], ["replica-1"], ["replica-0"]]  # turns
@@ -770,13 +790,15 @@ by_the_job = {"__idx_in_batch": 3, "messages": json.dumps([{"role": "user", "con
               "prompt": "job's"}
 import asyncio
 report["by_the_job"] = asyncio.run(replica.generate(by_the_job, "job", render=False))
-print(json.dumps({**report, "own": [replica._render(own, "job"), own]}))
+part_done(({**report, "own": [replica._render(own, "job"), own]}))
 """
 
 
-def test_a_replica_renders_the_chat_template_and_a_bad_conversation_is_the_rows_error() -> None:
+def test_a_replica_renders_the_chat_template_and_a_bad_conversation_is_the_rows_error(
+    without_cluster: dict,
+) -> None:
     """On a warm pool the replica applies the chat template (the job starts no chat-template actor)."""
-    report = run_in_ray_env(_RENDER)
+    report = part_report(without_cluster, "render")
     assert report["good"] == [
         None,
         {"__idx_in_batch": 0, "prompt": "user:hi"},
@@ -850,9 +872,6 @@ def alive():
     named = ray.util.list_named_actors(all_namespaces=True)
     return sorted(e["name"] for e in named if e["namespace"] == NAMESPACE)
 
-port = socket.socket(); port.bind(("127.0.0.1", 0)); dashboard = port.getsockname()[1]; port.close()
-ray.init(address="local", num_cpus=2, resources={"slot": 3}, include_dashboard=True, dashboard_port=dashboard,
-         logging_level="ERROR")
 idle = pool("other", 1, 0.0)
 ray.get(idle.replica(0).attach.remote("earlier-job", 0.0))
 ray.get(ray.get_actor(idle.names[0], namespace=NAMESPACE).release.remote("earlier-job"))
@@ -876,14 +895,16 @@ lease = PoolLease(half).start()
 ray.get(lease._attaching[0])
 lease.stop()
 building_after_stop = not engine_pool._is_up(ray.get_actor(half.names[1], namespace=NAMESPACE))
-print(json.dumps({"placed": placed, "after_placed": after_placed, "crowded": crowded,
+part_done(({"placed": placed, "after_placed": after_placed, "crowded": crowded,
                   "after_crowded": after_crowded, "half": lease.describe(),
                   "building_after_stop": building_after_stop}))
 """
 
 
-def test_a_lease_reports_each_replicas_start_and_makes_room_only_for_a_replica_that_waits() -> None:
-    report = run_in_ray_env(_LEASE)
+def test_a_lease_reports_each_replicas_start_and_makes_room_only_for_a_replica_that_waits(
+    on_cluster: dict,
+) -> None:
+    report = part_report(on_cluster, "lease")
     placed = report["placed"]
     # Both replicas were built for this job, side by side: their readiness is timed and compared.
     assert [entry["replica"] for entry in placed["replica_timings"]] == [0, 1]
