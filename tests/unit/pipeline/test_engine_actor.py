@@ -9,7 +9,18 @@ from __future__ import annotations
 
 import json
 
-from tests.unit.pipeline.ray_env import run_in_ray_env
+import pytest
+
+from tests.unit.pipeline.ray_env import part_report, run_parts_in_ray_env
+
+_FINAL_ONLY = """
+from vllm import PoolingParams, SamplingParams
+from airflow_provider_raybatch.pipeline.generate.engine_actor import _final_output_only
+one, several, pooling = SamplingParams(max_tokens=4), SamplingParams(n=3), PoolingParams()
+for params in (one, several, pooling):
+    _final_output_only(params)
+part_done([one.output_kind.name, several.output_kind.name, pooling == PoolingParams()])
+"""
 
 _RUN = """
 import asyncio, json, types
@@ -42,12 +53,18 @@ async def main():
     yielded = [[{k: v for k, v in r.items()} for r in out["__data"]] for out in (a[0], b[0])]
     return {"parts": parts, "yielded": yielded}
 
-print(json.dumps(asyncio.run(main())))
+part_done(asyncio.run(main()))
 """
 
 
-def test_each_row_is_staged_once_as_it_finishes_and_the_batch_leaves_unchanged() -> None:
-    report = run_in_ray_env(_RUN)
+@pytest.fixture(scope="module")
+def snippets() -> dict:
+    """Both snippets in one interpreter: each imports vLLM (and torch), ~10 s of CPU."""
+    return run_parts_in_ray_env({"run": _RUN, "final_only": _FINAL_ONLY})
+
+
+def test_each_row_is_staged_once_as_it_finishes_and_the_batch_leaves_unchanged(snippets: dict) -> None:
+    report = part_report(snippets, "run")
 
     # Every row once, as the engine finished them: batch a's first two make a part at once (half of
     # a batch of 4); b's row, b's row that came in failed (staged when b ends) and a's last row
@@ -73,17 +90,9 @@ def test_each_row_is_staged_once_as_it_finishes_and_the_batch_leaves_unchanged()
     assert by_name == {"part-1": ["a:3", "a:2"], "part-2": ["b:2", "b:1", "a:1"]}
 
 
-def test_the_engine_returns_each_generation_once_when_it_ends() -> None:
+def test_the_engine_returns_each_generation_once_when_it_ends(snippets: dict) -> None:
     """Ray Data LLM reads only a request's final output, yet asked for vLLM's default stream: one output
     per generated token, each a copy of the text so far, in the one process that feeds the engine.
     Every generation request is final-only now, as LLM.generate's; pooling requests are left alone."""
-    out = run_in_ray_env(
-        "import json\n"
-        "from vllm import PoolingParams, SamplingParams\n"
-        "from airflow_provider_raybatch.pipeline.generate.engine_actor import _final_output_only\n"
-        "one, several, pooling = SamplingParams(max_tokens=4), SamplingParams(n=3), PoolingParams()\n"
-        "for params in (one, several, pooling):\n"
-        "    _final_output_only(params)\n"
-        "print(json.dumps([one.output_kind.name, several.output_kind.name, pooling == PoolingParams()]))"
-    )
+    out = part_report(snippets, "final_only")
     assert out == ["FINAL_ONLY", "FINAL_ONLY", True]  # the pooling request untouched
