@@ -34,6 +34,9 @@ from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 from airflow_provider_raybatch.pipeline.generate import engine, engine_actor
 
 os.environ[engine.FORKSERVER_ENV] = "0"
+# Compile in this process: Inductor's default pool of compile workers starts interpreters that each
+# import torch (seconds of CPU apiece) for one kernel. Where the header goes is decided the same way.
+os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
 
 def build(self, *args, **kwargs):
     self.llm = type("Engine", (), {})()
