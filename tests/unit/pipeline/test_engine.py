@@ -8,6 +8,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,18 +117,49 @@ def test_a_restart_count_that_is_not_a_whole_number_is_refused_naming_the_settin
         engine.engine_max_restarts()
 
 
-def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none() -> None:
+_BATCH_DEFAULTS = """
+from airflow_provider_raybatch.pipeline.generate.engine import with_llm_class_batch_defaults as d
+part_done([d({}), d({'max_num_seqs': 8}), d({'tensor_parallel_size': 2}),
+           d({'max_num_batched_tokens': 100, 'max_num_seqs': 2}), d({'disable_log_stats': False})])
+"""
+
+_INSPECTION = """
+import os, sys
+os.environ['VLLM_CACHE_ROOT'] = CACHE_ROOT  # no cached answer
+from airflow_provider_raybatch.pipeline.generate import engine
+from vllm.model_executor.models import registry
+assert engine.patch_vllm_model_inspection()
+assert engine.patch_vllm_model_inspection()  # a second replica in the same process: patched once
+child = registry._run_in_subprocess(lambda: 'vllm.v1.engine.core' in sys.modules)
+model = registry._LazyRegisteredModel('vllm.model_executor.models.llama', 'LlamaForCausalLM')
+info = model.inspect_model_cls()
+part_done({'preloaded': child, 'generates': info.is_text_generation_model,
+           'cached': os.listdir(os.path.join(CACHE_ROOT, 'modelinfos'))})
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:  # Any: each part's JSON
+    """The snippets that import vLLM, in one interpreter of the cluster's environment: one import."""
+    from tests.unit.pipeline.ray_env import run_parts_in_ray_env
+
+    cache_root = str(tmp_path_factory.mktemp("vllm_cache"))
+    return run_parts_in_ray_env(
+        {
+            "batch_defaults": _BATCH_DEFAULTS,
+            "inspection": f"CACHE_ROOT = {cache_root!r}\n" + _INSPECTION,
+        }
+    )
+
+
+def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none(
+    vllm_reports: dict[str, Any],
+) -> None:
     """Ray Data LLM's engine config has no usage context: vLLM's generic 2,048 tokens and 128 sequences
     per step, half of what LLM() gets on this CPU (the engine then ran ~29 prompts a step, 170 waiting)."""
-    from tests.unit.pipeline.ray_env import run_in_ray_env
+    from tests.unit.pipeline.ray_env import part_report
 
-    out = run_in_ray_env(
-        "import json\n"
-        "from airflow_provider_raybatch.pipeline.generate.engine import with_llm_class_batch_defaults as d\n"
-        "print(json.dumps([d({}), d({'max_num_seqs': 8}), d({'tensor_parallel_size': 2}),\n"
-        "                  d({'max_num_batched_tokens': 100, 'max_num_seqs': 2}),\n"
-        "                  d({'disable_log_stats': False})]))"
-    )
+    out = part_report(vllm_reports, "batch_defaults")
     quiet = {"disable_log_stats": True}  # LLM()'s default too: no per-step statistics in the replica
     assert out == [
         {"max_num_batched_tokens": 4096, "max_num_seqs": 256, **quiet},  # vLLM's LLM() on a CPU
@@ -138,25 +170,14 @@ def test_the_replica_gets_raw_vllms_batch_sizes_where_the_author_set_none() -> N
     ]
 
 
-def test_vllm_inspects_the_model_class_in_a_forkserver_child_not_a_fresh_interpreter(tmp_path: Path) -> None:
+def test_vllm_inspects_the_model_class_in_a_forkserver_child_not_a_fresh_interpreter(
+    vllm_reports: dict[str, Any],
+) -> None:
     """On a node whose vLLM cache has no answer for the model's class yet, vLLM inspects it in a fresh
     interpreter that imports torch and vLLM again while the replica waits; the forkserver has them."""
-    from tests.unit.pipeline.ray_env import run_in_ray_env
+    from tests.unit.pipeline.ray_env import part_report
 
-    out = run_in_ray_env(
-        "import json, os, sys\n"
-        f"os.environ['VLLM_CACHE_ROOT'] = {str(tmp_path)!r}  # no cached answer\n"
-        "from airflow_provider_raybatch.pipeline.generate import engine\n"
-        "from vllm.model_executor.models import registry\n"
-        "assert engine.patch_vllm_model_inspection()\n"
-        "assert engine.patch_vllm_model_inspection()  # a second replica in the same process: patched once\n"
-        "child = registry._run_in_subprocess(lambda: 'vllm.v1.engine.core' in sys.modules)\n"
-        "model = registry._LazyRegisteredModel('vllm.model_executor.models.llama', 'LlamaForCausalLM')\n"
-        "info = model.inspect_model_cls()\n"
-        "print(json.dumps({'preloaded': child, 'generates': info.is_text_generation_model,\n"
-        f"                  'cached': os.listdir(os.path.join({str(tmp_path)!r}, 'modelinfos'))}}))"
-    )
-    assert out == {
+    assert part_report(vllm_reports, "inspection") == {
         "preloaded": True,  # the forkserver's modules: vLLM's own subprocess starts with none of them
         "generates": True,
         "cached": ["vllm-model_executor-models-llama-LlamaForCausalLM.json"],  # as vLLM's own path leaves it
