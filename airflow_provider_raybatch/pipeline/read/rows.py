@@ -29,9 +29,15 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline.read import arrow_types, json_text_cost, parquet_plan, row_costs
+from airflow_provider_raybatch.pipeline.read import (
+    arrow_types,
+    json_text_cost,
+    parquet_plan,
+    raw_records,
+    row_costs,
+)
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
-from airflow_provider_raybatch.shared.jsonl import split_lines
+from airflow_provider_raybatch.shared.jsonl import BYTE_ORDER_MARK, split_lines
 from airflow_provider_raybatch.shared.specs import InputFormat
 
 if TYPE_CHECKING:
@@ -139,8 +145,26 @@ def _unreadable(name: str, input_format: str, why: str) -> Record:
 # -- JSONL ----------------------------------------------------------------------------------------
 
 
+#: The most a JSONL line or a CSV record may cost once Python holds its values (raw_records: its text
+#: at the width Python holds it, and what each value or cell adds): a line or record over it is its
+#: error row, unparsed, as a Parquet row of more values is (``PARQUET_DECODE_BYTES``).
+RECORD_BYTES = parquet_plan.PARQUET_DECODE_BYTES
+
+
+def _record_too_large(what: str) -> str:
+    return (
+        f"row too large: {what} would take more than a row may once read ({RECORD_BYTES:,} bytes: its "
+        "text, and what each value adds); keep each row's values (text, images) under that"
+    )
+
+
 def _json_object(line: bytes, number: int) -> JsonObject | str:
-    """One JSONL line's object, or the reason it is not one."""
+    """One JSONL line's object, or the reason it is not one; a line that would cost more than
+    :data:`RECORD_BYTES` is not parsed (its bytes first: a 500 MB line is never counted)."""
+    if (len(line) + 1) * raw_records.JSON_BYTE_COST_AT_MOST > RECORD_BYTES:  # long enough to count
+        cost = len(line) if len(line) > RECORD_BYTES else raw_records.json_line_cost(line, RECORD_BYTES)
+        if cost > RECORD_BYTES:
+            return _record_too_large(f"line {number} ({len(line):,} bytes)")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -156,17 +180,30 @@ def _json_object(line: bytes, number: int) -> JsonObject | str:
     return value
 
 
+def _utf8_text(record: Record, value: JsonObject) -> Record:
+    """The record with its row's JSON text escaped (``\\ud800``, the same JSON) where it holds a lone
+    surrogate, which a ``\\ud800`` escape without its pair decodes to: it has no UTF-8 form, so an
+    Arrow block of records (Ray Data's) could not hold it and the whole block would fail. The row
+    steps read it back and handle it (row_steps._utf8_safe)."""
+    try:
+        (record["row"] or "").encode("utf-8")
+    except UnicodeEncodeError:
+        return {**record, "row": json.dumps(value, ensure_ascii=True)}
+    return record
+
+
 def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
     # Lines end at \n only, the rule the API counts requests by (jsonl.py): a bare \r stays in its
     # line, and U+2028 or U+0085 inside a string (UTF-8 bytes without \n) too, as JSON Lines requires.
     for number, line in split_lines(data):
         value = _json_object(line, number)
         source = f"{name}:{number}"
-        yield (
-            _bad(source, value, raw=line)
-            if isinstance(value, str)
-            else _ok(source, value, raw_size=len(line))
-        )
+        if isinstance(value, str):  # its error row shows the line's start, never 500 MB decoded
+            yield _bad(source, value, raw=line[: 4 * RAW_LINE_KEPT_CHARS])
+        elif b"\\u" in line and raw_records.JSON_SURROGATE_ESCAPE.search(line):  # only such can hold one
+            yield _utf8_text(_ok(source, value, raw_size=len(line)), value)
+        else:
+            yield _ok(source, value, raw_size=len(line))
 
 
 # -- Arrow tables (Parquet, and CSV after type inference) -------------------------------------------
@@ -375,8 +412,9 @@ def _row_too_large(size: int) -> str:
 
 # -- CSV ------------------------------------------------------------------------------------------
 
-#: One CSV data record: its row number and its cells, or the reason it cannot be a row.
-_CsvEntry = tuple[int, list[str], str | None]  # (data record number, its cells, why it is bad or None)
+#: One CSV data record: its row number, its cells, the reason it cannot be a row (or None), and for a
+#: record refused unread the start of its bytes, shown in its error row.
+_CsvEntry = tuple[int, list[str], str | None, bytes | None]
 
 
 def _csv_row_error(cells: list[str], header: list[str], number: int, undecodable: bool) -> str | None:
@@ -391,31 +429,13 @@ def _csv_row_error(cells: list[str], header: list[str], number: int, undecodable
     return None
 
 
-def _csv_entries(reader: Iterator[list[str]], header: list[str], undecodable: bool) -> Iterator[_CsvEntry]:
-    """The data records after the header, numbered from 1; blank lines are skipped and not counted,
-    as pyarrow and Ray Data's ``read_csv`` skip them."""
-    number = 0
-    while True:
-        try:
-            cells = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as err:  # the reader moves past the bad line, so the next call goes on
-            number += 1
-            yield number, [], f"malformed CSV: row {number}: {err}"
-            continue
-        if cells:
-            number += 1
-            yield number, cells, _csv_row_error(cells, header, number, undecodable)
-
-
 def _csv_reader(data: bytes) -> Iterator[list[str]]:
-    """Python's ``csv`` reader over the file, decoded as it goes (a byte order mark dropped, bytes that
-    are not UTF-8 kept as surrogates): never the whole file as text at once."""
-    # The limit (128 KiB a field by default) guards against runaway memory; the file is in memory
-    # already, and a long document in one cell is a row (over the row bound: its error row).
+    """Python's ``csv`` reader over whole records (raw_records found where they end), decoded as it
+    goes (bytes that are not UTF-8 kept as surrogates): never a piece of text at 4 bytes a character."""
+    # The limit (128 KiB a field by default) guards against runaway memory: a record here is within
+    # RECORD_BYTES already, and a long document in one cell is a row.
     csv.field_size_limit(max(csv.field_size_limit(), len(data) + 1))
-    stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", errors="surrogateescape", newline="")
+    stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape", newline="")
     return csv.reader(stream, strict=False)
 
 
@@ -433,57 +453,148 @@ def _is_utf8(data: bytes) -> bool:
     return True
 
 
-def _csv_header(reader: Iterator[list[str]]) -> list[str] | str:
-    """The header (repeats renamed; none: an empty file), or why the file is unreadable."""
-    try:
-        header = next((cells for cells in reader if cells), None)
-    except csv.Error as err:
-        return f"its header cannot be read: {err}"
-    if header is None:
-        return []
-    if any(_UNDECODABLE.search(column) for column in header):
-        return "its header is not valid UTF-8"
-    return _unique_names(header)
-
-
 #: What a CSV chunk may cost in Python at once: its records' cells, the typed rows made of them and
-#: their JSON text (:func:`_csv_cost`). A file is read a chunk at a time, so a file of many short rows
+#: their JSON text (:func:`_csv_refusal`). A file is read a chunk at a time, so a file of many short rows
 #: (2M one-character rows grew a reader by 888 MiB read whole) holds one chunk's rows, not all.
 CSV_CHUNK_BYTES = 32 << 20
 #: What a record costs in Python beside its cells (measured: about 450 B a row of one short cell read
 #: whole: its list of cells, the list pyarrow reads again, the row's dict and its JSON text), and what
-#: each cell adds beside twice its text (the cell, and its typed value or JSON text).
+#: each cell adds beside its text.
 _CSV_ROW_COST, _CSV_CELL_COST = 512, 160
-#: A record that costs more is its error row, as a Parquet row of more values is.
-_CSV_ROW_BYTES = parquet_plan.PARQUET_DECODE_BYTES
 _UTF8_PIECE_BYTES = 1 << 20
 
 
-def _csv_cost(cells: list[str]) -> int:
-    return _CSV_ROW_COST + sum(_CSV_CELL_COST + 2 * len(cell) for cell in cells)
+def _csv_text(data: bytes, start: int, end: int, ascii_file: bool = False) -> int:
+    """What a record's text takes as Python holds it: its bytes at their width (raw_records)."""
+    return (end - start) * (1 if ascii_file else raw_records.char_width(data[start:end]))
 
 
-def _csv_opened(data: bytes) -> tuple[list[str], Iterator[list[str]]] | str:
-    """The file's header and a reader at its first data record, or why the file is unreadable."""
+def _csv_size(text: int, cells: int) -> int:
+    """What a record's values take once read, as a row is bounded (:data:`RECORD_BYTES`)."""
+    return _CSV_ROW_COST + _CSV_CELL_COST * cells + text
+
+
+def _csv_refusal(data: bytes, start: int, end: int, header: list[str], number: int) -> tuple[str | None, int]:
+    """Why a record cannot be read within :data:`RECORD_BYTES`, or None, and what it costs in a chunk
+    (its size and its text again: the cells, and the typed rows' JSON text). Its cells are counted
+    from its bytes, so a line of 50M commas is never 50M cells."""
+    if end - start > RECORD_BYTES:
+        return _record_too_large(f"row {number} ({end - start:,} bytes)"), 0
+    text = _csv_text(data, start, end)
+    size = _csv_size(text, raw_records.csv_cells_at_most(data, start, end))
+    if size > RECORD_BYTES:  # it may be: its commas in quotes counted as cells too
+        cells = raw_records.csv_cells(data, start, end, len(header))
+        if cells > len(header):
+            return (
+                f"malformed CSV: row {number} has over {len(header)} fields, the header has {len(header)}",
+                0,
+            )
+        size = _csv_size(text, cells)
+        if size > RECORD_BYTES:
+            return _record_too_large(f"row {number} ({end - start:,} bytes, {cells:,} fields)"), 0
+    return None, size + text
+
+
+def _csv_header(data: bytes) -> tuple[list[str], int] | str:
+    """The header (repeats renamed; none: an empty file) and where the data records start, or why the
+    file is unreadable. A byte order mark before it is no part of it."""
+    start = len(BYTE_ORDER_MARK) if data.startswith(BYTE_ORDER_MARK) else 0
+    for begin, end in raw_records.csv_records(data, start):
+        if raw_records.is_blank(data, begin, end):
+            continue
+        cells = raw_records.csv_cells_at_most(data, begin, end)
+        if end - begin > RECORD_BYTES or _csv_size(_csv_text(data, begin, end), cells) > RECORD_BYTES:
+            return f"its header takes {end - begin:,} bytes ({cells:,} fields at most), more than a row may"
+        header = next(_csv_reader(data[begin:end]))
+        if any(_UNDECODABLE.search(column) for column in header):
+            return "its header is not valid UTF-8"
+        return _unique_names(header), end
+    return [], len(data)
+
+
+def _csv_entries(data: bytes, header: list[str], undecodable: bool, numbered: int) -> Iterator[_CsvEntry]:
+    """The records of ``data`` (whole records, within the bound), numbered after ``numbered``; blank
+    lines are skipped and not counted, as pyarrow and Ray Data's ``read_csv`` skip them."""
     reader = _csv_reader(data)
-    header = _csv_header(reader)
-    return header if isinstance(header, str) else (header, reader)
+    number = numbered
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:  # the reader moves past the bad line, so the next call goes on
+            number += 1
+            yield number, [], f"malformed CSV: row {number}: {err}", None
+            continue
+        if cells:
+            number += 1
+            yield number, cells, _csv_row_error(cells, header, number, undecodable), None
 
 
-def _csv_chunks(reader: Iterator[list[str]], header: list[str], utf8: bool) -> Iterator[list[_CsvEntry]]:
-    """The data records in chunks of at most :data:`CSV_CHUNK_BYTES` (a record over that alone is a
-    chunk of its own); ``utf8``: the file is valid UTF-8 (no cell needs a look for bad bytes)."""
-    chunk: list[_CsvEntry] = []
+#: Records are sized a span of about this many bytes at a time (each record alone only in a span
+#: over the bound: wide or ragged ones), so that a file of short records costs a few C passes.
+_CSV_SPAN_BYTES = 1 << 20
+
+
+def _csv_pieces(data: bytes, start: int, header: list[str]) -> Iterator[tuple[int, int, int]]:
+    """(start, end, cost in a chunk) of runs of records that can be read, and (start, end, -1) of each
+    record that cannot (:func:`_csv_refusal`), in the file's order."""
+    ascii_file = data.isascii()
+    for begin, end in raw_records.csv_spans(data, start, _CSV_SPAN_BYTES):
+        text = _csv_text(data, begin, end, ascii_file)
+        lines = raw_records.line_ends(data, begin, end)  # at least its records
+        cells = data.count(b",", begin, end) + lines  # at least their cells
+        size = _CSV_ROW_COST * lines + _CSV_CELL_COST * cells + text
+        if size <= RECORD_BYTES:  # the usual span: no record in it can be over the bound
+            yield begin, end, size + text
+            continue
+        for first, last in raw_records.csv_records(data, begin, end):
+            if not raw_records.is_blank(data, first, last):
+                refusal, cost = _csv_refusal(data, first, last, header, 0)
+                yield first, last, -1 if refusal else cost
+
+
+#: Where a file's chunks lie: (start, end, refused) of a run of records read as one chunk, or of one
+#: record that cannot be read (:func:`_csv_refusal`).
+_CsvPlan = list[tuple[int, int, bool]]
+
+
+def _csv_plan(data: bytes, start: int, header: list[str]) -> _CsvPlan:
+    """The chunks of the data records from ``start``: at most :data:`CSV_CHUNK_BYTES` each (a record
+    over that alone is a chunk of its own), each record sized from its bytes before it is read.
+    Found once: both readings of the file read the same chunks."""
+    plan: _CsvPlan = []
+    first = last = start  # the chunk's bytes
     held = 0
-    for entry in _csv_entries(reader, header, not utf8):
-        cost = _csv_cost(entry[1])
-        if chunk and held + cost > CSV_CHUNK_BYTES:
-            yield chunk
-            chunk, held = [], 0
-        chunk.append(entry)
-        held += cost
-    if chunk:
-        yield chunk
+    for begin, end, cost in _csv_pieces(data, start, header):
+        if last > first and (cost < 0 or held + cost > CSV_CHUNK_BYTES):
+            plan.append((first, last, False))
+            first, held = begin, 0
+        if cost < 0:
+            plan.append((begin, end, True))
+            first = last = end
+            continue
+        if last == first:
+            first = begin
+        last, held = end, held + cost
+    if last > first:
+        plan.append((first, last, False))
+    return plan
+
+
+def _csv_chunks(data: bytes, plan: _CsvPlan, header: list[str], utf8: bool) -> Iterator[list[_CsvEntry]]:
+    """Each chunk's records, numbered; a refused record its error alone, unread. ``utf8``: the file is
+    valid UTF-8 (no cell needs a look for bad bytes)."""
+    number = 0  # the last record's (blank lines are none)
+    for start, end, refused in plan:
+        if refused:
+            number += 1
+            refusal, _ = _csv_refusal(data, start, end, header, number)
+            yield [(number, [], refusal, data[start : min(end, start + 4 * RAW_LINE_KEPT_CHARS)])]
+            continue
+        entries = list(_csv_entries(data[start:end], header, not utf8, number))
+        number = entries[-1][0] if entries else number
+        yield entries
 
 
 #: A number whose text carries more than its value: leading zeros (``02134``, ``007``), or an integer
@@ -525,15 +636,8 @@ def _read_typed(buffer: bytes, header: list[str], text_columns: set[str]) -> pa.
     )
 
 
-def _too_large(chunk: list[_CsvEntry]) -> int:
-    """What the chunk's one record costs where that is over :data:`_CSV_ROW_BYTES`, else 0 (such a
-    record, over :data:`CSV_CHUNK_BYTES` too, is always a chunk alone)."""
-    cost = _csv_cost(chunk[0][1]) if len(chunk) == 1 else 0
-    return cost if cost > _CSV_ROW_BYTES else 0
-
-
 def _good_rows(chunk: list[_CsvEntry]) -> list[list[str]]:
-    return [] if _too_large(chunk) else [cells for _, cells, reason in chunk if reason is None]
+    return [cells for _, cells, reason, _ in chunk if reason is None]
 
 
 def _quoted(rows: list[list[str]]) -> bytes:
@@ -597,37 +701,33 @@ def _typed_csv_rows(
 def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Record]:
     """A CSV file's records, read twice over a chunk at a time (:data:`CSV_CHUNK_BYTES`): first to
     infer each column's type over the whole file, then to turn each chunk's records into rows."""
-    opened = _csv_opened(data)
+    opened = _csv_header(data)
     if isinstance(opened, str):
         yield _unreadable(name, "csv", opened)
         return
-    header, reader = opened
+    header, start = opened
     if not header:  # an empty file: no rows
         return
     utf8 = _is_utf8(data)
+    plan = _csv_plan(data, start, header)
     types: dict[str, pa.DataType] | None
     try:
-        chunks = _csv_chunks(reader, header, utf8)
+        chunks = _csv_chunks(data, plan, header, utf8)
         found = [_chunk_types(header, rows, id_column) for chunk in chunks if (rows := _good_rows(chunk))]
         types = _file_types(header, found)
     except Exception:  # noqa: BLE001 - type inference is a nicety: every column stays the text written
         types = None
-    again = _csv_opened(data)  # the same header, read again: the records from the first
-    if isinstance(again, str):  # it was read the first time; never so
-        return
     header_size = sum(map(len, header))  # each name is in every row's JSON text
-    for chunk in _csv_chunks(again[1], header, utf8):
+    for chunk in _csv_chunks(data, plan, header, utf8):
         typed = iter(_typed_csv_rows(header, rows, types) if (rows := _good_rows(chunk)) else [])
-        too_large = _too_large(chunk)
-        for number, cells, reason in chunk:
+        for number, cells, reason, raw in chunk:
             source = f"{name}:{number}"
-            if reason is None and too_large:
-                yield _bad(source, _row_too_large(too_large))
-            elif reason is None:
+            if reason is None:
                 yield _ok(source, next(typed), raw_size=header_size + sum(map(len, cells)))
-            else:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
-                raw = _csv_line(cells).encode("utf-8", "surrogateescape") if cells else None
-                yield _bad(source, reason, raw=raw)
+            elif cells:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
+                yield _bad(source, reason, raw=_csv_line(cells).encode("utf-8", "surrogateescape"))
+            else:  # refused unread: the start of its bytes
+                yield _bad(source, reason, raw=raw.rstrip(b"\r\n") if raw else None)
 
 
 def _csv_line(cells: list[str]) -> str:

@@ -861,7 +861,7 @@ def test_a_csv_record_over_the_row_bound_is_its_error_row(monkeypatch: pytest.Mo
     from airflow_provider_raybatch.pipeline.read import rows
 
     monkeypatch.setattr(rows, "CSV_CHUNK_BYTES", 2_000)
-    monkeypatch.setattr(rows, "_CSV_ROW_BYTES", 5_000)
+    monkeypatch.setattr(rows, "RECORD_BYTES", 5_000)
     data = b"a,b\n1,x\n2," + b"y" * 5_000 + b"\n3,z\n"
 
     records = list(parse_file("f.csv", data, "csv"))
