@@ -122,11 +122,16 @@ def csv_spans(data: bytes, start: int, span_bytes: int) -> Iterator[tuple[int, i
     cut after its ``\\r`` leaves a blank line, which reads as none."""
     end = len(data)
     while start < end:
-        stop = _CSV_WHOLE_RECORDS.match(data, start, start + span_bytes).end()
+        stop = _end_of(_CSV_WHOLE_RECORDS.match(data, start, start + span_bytes), start)
         if stop == start:  # a record longer than a span, or the last one, without a line end
-            stop = _CSV_RECORD.match(data, start).end()
+            stop = _end_of(_CSV_RECORD.match(data, start), end)
         yield start, stop
         start = stop
+
+
+def _end_of(match: re.Match[bytes] | None, default: int) -> int:
+    """Where ``match`` ends (both patterns match at any start, if only nothing), else ``default``."""
+    return default if match is None else match.end()
 
 
 def is_blank(data: bytes, start: int, end: int) -> bool:
