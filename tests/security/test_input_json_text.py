@@ -35,7 +35,8 @@ def test_a_jsonl_line_whose_text_is_wide_and_escaped_is_its_error_row() -> None:
 
     records = list(rows.parse_file("lines.jsonl", line.encode(), "jsonl"))
 
-    assert str(records[0]["error"]).startswith(_TOO_LARGE), records[0]["error"]
+    # refused before it is parsed (raw_records charges its escapes' width), or else by its JSON text
+    assert str(records[0]["error"]).startswith("row too large: "), records[0]["error"]
     assert records[1]["error"] is None
 
 
