@@ -33,8 +33,15 @@ def json_text_too_large(row: Mapping[str, object], raw_bytes: int | None) -> int
         return None
     characters, width = 0, 1
     pending: list[object] = [row]
+    # A container met again is counted once: a cycle (json.dumps refuses it itself), or one shared,
+    # which no reader makes (json.loads, csv and pyarrow make each value anew).
+    walked: set[int] = set()
     while pending:
         value = pending.pop()
+        if isinstance(value, Mapping | list | tuple):
+            if id(value) in walked:
+                continue
+            walked.add(id(value))
         if isinstance(value, str):
             length, text_width = _text(value)
             characters += length
