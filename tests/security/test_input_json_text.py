@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,3 +78,28 @@ def _too_large(row: dict[str, object], bound: int) -> int | None:
         return json_text_cost.json_text_too_large(row, None)
     finally:
         json_text_cost.MAX_JSON_TEXT_BYTES = saved
+
+
+def test_a_long_csv_header_counts_at_every_row_toward_what_a_file_may_carry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_provider_raybatch.pipeline.read import parquet_plan
+
+    monkeypatch.setattr(parquet_plan, "MAX_INPUT_DECODED_BYTES", 8 * _MIB)
+    data = b"h" * _MIB + b"\n" + b"1\n" * 100  # a 1 MiB file of 100 rows of 1 MiB of JSON text each
+
+    records = list(rows.parse_file("header.csv", data, "csv"))
+
+    assert [record["error"] for record in records[:-1]] == [None] * 7
+    assert records[-1]["source"] == "header.csv:0"
+    assert "only its first 7 rows were read" in str(records[-1]["error"])
+
+
+def test_a_lone_surrogate_is_escaped_alone_not_the_rest_of_its_row() -> None:
+    line = '{"prompt": "\\udc00' + "é" * 1_000 + '"}\n'  # escaping every é would make 6,000 characters
+
+    [record] = rows.parse_file("surrogate.jsonl", line.encode(), "jsonl")
+
+    assert record["error"] is None and len(str(record["row"])) < 1_100
+    assert json.loads(str(record["row"])) == json.loads(line)
+    str(record["row"]).encode("utf-8")  # an Arrow block can hold it

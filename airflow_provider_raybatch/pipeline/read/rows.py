@@ -180,16 +180,19 @@ def _json_object(line: bytes, number: int) -> JsonObject | str:
     return value
 
 
-def _utf8_text(record: Record, value: JsonObject) -> Record:
-    """The record with its row's JSON text escaped (``\\ud800``, the same JSON) where it holds a lone
-    surrogate, which a ``\\ud800`` escape without its pair decodes to: it has no UTF-8 form, so an
-    Arrow block of records (Ray Data's) could not hold it and the whole block would fail. The row
-    steps read it back and handle it (row_steps._utf8_safe)."""
-    try:
-        (record["row"] or "").encode("utf-8")
-    except UnicodeEncodeError:
-        return {**record, "row": json.dumps(value, ensure_ascii=True)}
-    return record
+#: A lone surrogate (what a ``\ud800`` escape without its pair decodes to): it has no UTF-8 form.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf8_text(record: Record) -> Record:
+    """The record with each lone surrogate in its row's JSON text written as its escape (the same
+    JSON), so that an Arrow block of records (Ray Data's) can hold it: the whole block would fail on
+    it. Nothing else is escaped, so the text is as long as checked, but for five characters a
+    surrogate. The row steps read it back and handle it (row_steps._utf8_safe)."""
+    text = record["row"]
+    if text is None or not _SURROGATE.search(text):
+        return record
+    return {**record, "row": _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)}
 
 
 def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
@@ -201,7 +204,7 @@ def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
         if isinstance(value, str):  # its error row shows the line's start, never 500 MB decoded
             yield _bad(source, value, raw=line[: 4 * RAW_LINE_KEPT_CHARS])
         elif b"\\u" in line and raw_records.JSON_SURROGATE_ESCAPE.search(line):  # only such can hold one
-            yield _utf8_text(_ok(source, value, raw_size=len(line)), value)
+            yield _utf8_text(_ok(source, value, raw_size=len(line)))
         else:
             yield _ok(source, value, raw_size=len(line))
 
@@ -395,10 +398,13 @@ def _planned_batches(parquet: pq.ParquetFile, plan: parquet_plan.ParquetPlan) ->
 
 
 def _decodes_past_bound(rows_read: int) -> str:
+    return _writes_past_bound(rows_read, "a dictionary's value and each column's name counted at each row")
+
+
+def _writes_past_bound(rows_read: int, how: str = "each column's name counted at each row") -> str:
     return (
-        f"its rows' JSON text takes more than {parquet_plan.MAX_INPUT_DECODED_BYTES:,} bytes (a "
-        "dictionary's value and each column's name counted at each row), more than a file may, and only "
-        f"its first {rows_read:,} rows were read; split it into several files"
+        f"its rows' JSON text takes more than {parquet_plan.MAX_INPUT_DECODED_BYTES:,} bytes ({how}), "
+        f"more than a file may, and only its first {rows_read:,} rows were read; split it into several files"
     )
 
 
@@ -718,12 +724,18 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
     except Exception:  # noqa: BLE001 - type inference is a nicety: every column stays the text written
         types = None
     header_size = sum(map(len, header))  # each name is in every row's JSON text
+    written = 0  # the rows' JSON text so far: a long header makes far more of it than the file holds
     for chunk in _csv_chunks(data, plan, header, utf8):
         typed = iter(_typed_csv_rows(header, rows, types) if (rows := _good_rows(chunk)) else [])
         for number, cells, reason, raw in chunk:
             source = f"{name}:{number}"
             if reason is None:
-                yield _ok(source, next(typed), raw_size=header_size + sum(map(len, cells)))
+                record = _ok(source, next(typed), raw_size=header_size + sum(map(len, cells)))
+                written += len(record["row"] or "")
+                if written > parquet_plan.MAX_INPUT_DECODED_BYTES:
+                    yield _unreadable(name, "csv", _writes_past_bound(number - 1))
+                    return
+                yield record
             elif cells:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
                 yield _bad(source, reason, raw=_csv_line(cells).encode("utf-8", "surrogateescape"))
             else:  # refused unread: the start of its bytes
