@@ -17,6 +17,7 @@ No Ray, pyarrow or Airflow here: the API server imports it too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 #: The UTF-8 byte order mark some editors write at the start of a file.
@@ -27,12 +28,15 @@ _BLANK_BUT_NEWLINE = b" \t\r\x0b\x0c"
 #: makes stay small however large a chunk is.
 _COUNT_PIECE_BYTES = 1 << 20
 _NEWLINE = 0x0A
+_NOT_BLANK = re.compile(rb"[^ \t\r\n\x0b\x0c]")
 
 
-def split_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+def split_lines(data: bytes, max_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
     """Each request line of ``data`` with its line number, blank lines left out (see the module docstring).
 
     Lazy and one line at a time: a file's lines are never all in memory at once beside ``data``.
+    ``max_bytes``: a line longer is yielded as its first ``max_bytes + 1`` bytes, not copied whole
+    (its length tells it is too long; the caller refuses it).
     """
     start = len(BYTE_ORDER_MARK) if data.startswith(BYTE_ORDER_MARK) else 0
     end = len(data)
@@ -42,6 +46,11 @@ def split_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
         if stop < 0:
             stop = end
         number += 1
+        if max_bytes is not None and stop - start > max_bytes + 1:
+            line_start, start = start, stop + 1
+            if _NOT_BLANK.search(data, line_start, stop):  # a long line is blank only if all whitespace
+                yield number, data[line_start : line_start + max_bytes + 1]
+            continue
         line = data[start:stop]
         start = stop + 1
         # isspace(): the same ASCII whitespace as strip(), without copying a long line.

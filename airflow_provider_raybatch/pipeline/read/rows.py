@@ -24,7 +24,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING
@@ -164,7 +164,8 @@ def _json_object(line: bytes, number: int) -> JsonObject | str:
     if (len(line) + 1) * raw_records.JSON_BYTE_COST_AT_MOST > RECORD_BYTES:  # long enough to count
         cost = len(line) if len(line) > RECORD_BYTES else raw_records.json_line_cost(line, RECORD_BYTES)
         if cost > RECORD_BYTES:
-            return _record_too_large(f"line {number} ({len(line):,} bytes)")
+            size = f"over {RECORD_BYTES:,}" if len(line) > RECORD_BYTES else f"{len(line):,}"  # cut if over
+            return _record_too_large(f"line {number} ({size} bytes)")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -198,7 +199,7 @@ def _utf8_text(record: Record) -> Record:
 def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
     # Lines end at \n only, the rule the API counts requests by (jsonl.py): a bare \r stays in its
     # line, and U+2028 or U+0085 inside a string (UTF-8 bytes without \n) too, as JSON Lines requires.
-    for number, line in split_lines(data):
+    for number, line in split_lines(data, max_bytes=RECORD_BYTES):  # a longer line is cut, refused
         value = _json_object(line, number)
         source = f"{name}:{number}"
         if isinstance(value, str):  # its error row shows the line's start, never 500 MB decoded
@@ -665,14 +666,19 @@ def _chunk_types(header: list[str], rows: list[list[str]], id_column: str | None
     return {name: pa.string() if name in text_columns else table.schema.field(name).type for name in header}
 
 
-def _file_types(header: list[str], chunk_types: list[dict[str, pa.DataType]]) -> dict[str, pa.DataType]:
+def _file_types(header: list[str], chunk_types: Iterable[dict[str, pa.DataType]]) -> dict[str, pa.DataType]:
     """One type a column over the whole file, as pyarrow's reader widens it over all of it: a column
-    of ints in one chunk and floats in another is floats; of two other types (or text in any), text."""
+    of ints in one chunk and floats in another is floats; of two other types (or text in any), text.
+    Each chunk's types are folded in as they come: a wide file's are never all held at once."""
     import pyarrow as pa
 
+    seen: dict[str, set[pa.DataType]] = {name: set() for name in header}
+    for types_ in chunk_types:
+        for name in header:
+            seen[name].add(types_[name])
     types = {}
     for name in header:
-        found = {types_[name] for types_ in chunk_types} - {pa.null()}
+        found = seen[name] - {pa.null()}
         if len(found) > 1 and found <= {pa.int64(), pa.float64()}:
             found = {pa.float64()}
         types[name] = found.pop() if len(found) == 1 else pa.string() if found else pa.null()
@@ -719,7 +725,7 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
     types: dict[str, pa.DataType] | None
     try:
         chunks = _csv_chunks(data, plan, header, utf8)
-        found = [_chunk_types(header, rows, id_column) for chunk in chunks if (rows := _good_rows(chunk))]
+        found = (_chunk_types(header, rows, id_column) for chunk in chunks if (rows := _good_rows(chunk)))
         types = _file_types(header, found)
     except Exception:  # noqa: BLE001 - type inference is a nicety: every column stays the text written
         types = None
