@@ -20,8 +20,8 @@ ENGINE_BUILT = "init engine (profile, create kv cache, warmup model) took"
 
 
 def run_in_ray_env(code: str) -> Any:  # Any: the JSON the snippet printed last.
-    """Run ``code`` with the repository on its path and no Ray cluster; return its last printed line,
-    parsed."""
+    """Run ``code`` with the repository on its path and no Ray cluster (its ``ray.init()`` starts one of its
+    own, whatever else runs on the machine); return its last printed line, parsed."""
     if not RAY_PYTHON.exists():
         pytest.skip(f"{RAY_PYTHON} is missing (scripts/setup_envs.sh makes .venvs/ray)")
     result = subprocess.run(
@@ -30,7 +30,14 @@ def run_in_ray_env(code: str) -> Any:  # Any: the JSON the snippet printed last.
         text=True,
         timeout=300,
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0", "PATH": "/usr/bin:/bin"},
+        # RAY_ADDRESS=local: a bare ray.init() starts a cluster of its own. Without it Ray joins the cluster
+        # named in /tmp/ray/ray_current_cluster, whichever `ray start` on the machine wrote it last.
+        env={
+            "PYTHONPATH": str(ROOT),
+            "RAY_ENABLE_AUTO_CONNECT": "0",
+            "RAY_ADDRESS": "local",
+            "PATH": "/usr/bin:/bin",
+        },
     )
     # An engine built here, outside any Ray cluster, counts among the run's cold engine starts.
     if builds := (result.stdout + result.stderr).count(ENGINE_BUILT):
