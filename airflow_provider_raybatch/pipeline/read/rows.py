@@ -402,7 +402,9 @@ def _decodes_past_bound(rows_read: int) -> str:
     return _writes_past_bound(rows_read, "a dictionary's value and each column's name counted at each row")
 
 
-def _writes_past_bound(rows_read: int, how: str = "each column's name counted at each row") -> str:
+def _writes_past_bound(
+    rows_read: int, how: str = "each column's name counted at each row, and each error row's reason"
+) -> str:
     return (
         f"its rows' JSON text takes more than {parquet_plan.MAX_INPUT_DECODED_BYTES:,} bytes ({how}), "
         f"more than a file may, and only its first {rows_read:,} rows were read; split it into several files"
@@ -730,18 +732,12 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
     except Exception:  # noqa: BLE001 - type inference is a nicety: every column stays the text written
         types = None
     header_size = sum(map(len, header))  # each name is in every row's JSON text
-    written = 0  # the rows' JSON text so far: a long header makes far more of it than the file holds
     for chunk in _csv_chunks(data, plan, header, utf8):
         typed = iter(_typed_csv_rows(header, rows, types) if (rows := _good_rows(chunk)) else [])
         for number, cells, reason, raw in chunk:
             source = f"{name}:{number}"
             if reason is None:
-                record = _ok(source, next(typed), raw_size=header_size + sum(map(len, cells)))
-                written += len(record["row"] or "")
-                if written > parquet_plan.MAX_INPUT_DECODED_BYTES:
-                    yield _unreadable(name, "csv", _writes_past_bound(number - 1))
-                    return
-                yield record
+                yield _ok(source, next(typed), raw_size=header_size + sum(map(len, cells)))
             elif cells:  # the record as read, written back as one CSV line (bad bytes shown as U+FFFD)
                 yield _bad(source, reason, raw=_csv_line(cells).encode("utf-8", "surrogateescape"))
             else:  # refused unread: the start of its bytes
@@ -803,8 +799,23 @@ def parse_file(
         JSONL and Parquet carry their own types. Default: none.
     """
     if input_format == "jsonl":
-        yield from _jsonl_records(name, data)
+        records = _jsonl_records(name, data)
     elif input_format == "csv":
-        yield from _csv_records(name, data, id_column)
+        records = _csv_records(name, data, id_column)
     else:
-        yield from _parquet_records(name, data, binary_columns)
+        records = _parquet_records(name, data, binary_columns)
+    yield from _within_file_bound(name, input_format, records)
+
+
+def _within_file_bound(name: str, input_format: InputFormat, records: Iterator[Record]) -> Iterator[Record]:
+    """``records`` while their text (source, row and reason) stays within what a file may carry
+    (``MAX_INPUT_DECODED_BYTES``), then the file's error record: error rows count as rows do, so a file
+    of one-byte bad lines (each a reason forty times its size) is bounded as one of good ones is."""
+    written = 0
+    whole_file = f"{name}:0"  # the file's own error record, its last: always shown
+    for count, record in enumerate(records):
+        written += sum(len(text) for text in record.values() if text is not None)
+        if written > parquet_plan.MAX_INPUT_DECODED_BYTES and record["source"] != whole_file:
+            yield _unreadable(name, input_format, _writes_past_bound(count))
+            return
+        yield record
