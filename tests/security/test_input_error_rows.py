@@ -75,3 +75,37 @@ def test_property_a_file_s_records_never_carry_more_than_the_bound_and_end_sayin
     if len(whole) < sum(1 for line in lines if line):  # rows left unread: the file says so
         assert records[-1]["source"] == "any.jsonl:0"
         assert f"only its first {len(whole):,} rows were read" in str(records[-1]["error"])
+
+
+@pytest.mark.parametrize(
+    ("limit", "name", "input_format", "data", "reason"),
+    [
+        (
+            "MAX_INPUT_FILE_ROWS",
+            "lines.jsonl",
+            "jsonl",
+            b'{"p": 1}\n' * 30,
+            "it has 30 lines, more than a file",
+        ),
+        ("MAX_INPUT_FILE_ROWS", "lines.csv", "csv", b"a\n" + b"1\n" * 29, "it has 30 lines, more than"),
+        ("MAX_INPUT_FILE_CELLS", "wide.csv", "csv", b"a,b,c\n" + b"1,2,3\n" * 9, "it has up to 30 cells"),
+    ],
+)
+def test_a_file_of_more_lines_or_cells_than_a_file_may_have_is_refused_before_a_row_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+    limit: str,
+    name: str,
+    input_format: rows.InputFormat,
+    data: bytes,
+    reason: str,
+) -> None:
+    """Each line or cell costs microseconds of Python: a 1 GiB CSV of lines ``1`` would have read for
+    hours, and one 20,000 columns wide spent 5 us a cell (the bounds lowered here to keep files small)."""
+    monkeypatch.setattr(parquet_plan if limit == "MAX_INPUT_FILE_ROWS" else rows, limit, 29)
+
+    records = list(rows.parse_file(name, data, input_format))
+
+    assert [record["source"] for record in records] == [f"{name}:0"]
+    assert reason in str(records[0]["error"]) and "split it into several files" in str(records[0]["error"])
+    monkeypatch.undo()
+    assert all(record["error"] is None for record in rows.parse_file(name, data, input_format))

@@ -87,9 +87,14 @@ def _json_default(value: CellValue) -> CellValue:
     return str(value)
 
 
+#: One encoder for every row: ``json.dumps`` given any option makes a new one at each call, a fifth
+#: of the time a short row takes to write.
+_ROW_ENCODER = json.JSONEncoder(default=_json_default, ensure_ascii=False)
+
+
 def row_to_json(row: Row) -> str:
     """A row as JSON text; read back with ``json.loads`` (NaN and Infinity tokens may appear)."""
-    return json.dumps(row, default=_json_default, ensure_ascii=False)
+    return _ROW_ENCODER.encode(row)
 
 
 #: Prefix of the data URL that carries a binary column's bytes through a row's JSON unchanged.
@@ -606,14 +611,19 @@ def _csv_chunks(data: bytes, plan: _CsvPlan, header: list[str], utf8: bool) -> I
         yield entries
 
 
-#: A number whose text carries more than its value: leading zeros (``02134``, ``007``), or an integer
-#: too long for a float to hold exactly. Its column stays text, as written.
-_LEADING_ZERO = re.compile(r"\s*[+-]?0\d")
-_LONG_INTEGER = re.compile(r"\s*[+-]?\d{16,}\s*")
+#: A number whose text carries more than its value: leading zeros (``02134``, ``007``: a cell that starts
+#: ``\s*[+-]?0\d``), or an integer too long for a float to hold exactly (the whole cell
+#: ``\s*[+-]?\d{16,}\s*``). Its column stays text, as written. Searched in a column's cells joined by
+#: NUL: one search a column, not one a cell (a file 20,000 columns wide spent a third of its read on
+#: those). ``\s`` and ``\d`` never match NUL, and no cell of a column pyarrow reads as numbers holds one,
+#: so a match is one cell's, at its start or as the whole cell.
+_LOSSY_CELL = re.compile(r"(?:\A|\x00)\s*[+-]?(?:0\d|\d{16,}\s*(?=\x00|\Z))")
+_CELL_SEPARATOR = "\x00"
 
 
-def _lossy_number_text(text: str) -> bool:
-    return bool(_LEADING_ZERO.match(text) or _LONG_INTEGER.fullmatch(text))
+def _has_lossy_number_text(cells: Iterable[str]) -> bool:
+    """Whether any of a numeric column's cells holds a number whose text carries more than its value."""
+    return _LOSSY_CELL.search(_CELL_SEPARATOR.join(cells)) is not None
 
 
 def _columns_to_keep_as_text(table: pa.Table, header: list[str], rows: list[list[str]]) -> set[str]:
@@ -623,12 +633,11 @@ def _columns_to_keep_as_text(table: pa.Table, header: list[str], rows: list[list
     import pyarrow as pa
 
     keep = set()
+    columns = list(zip(*rows, strict=True))  # one C pass; a wide chunk's columns are looked at one by one
     for index, field in enumerate(table.schema):
         kind = field.type
-        lossy_number = (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and any(
-            _lossy_number_text(cells[index]) for cells in rows
-        )
-        if pa.types.is_temporal(kind) or lossy_number:
+        numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+        if pa.types.is_temporal(kind) or (numeric and _has_lossy_number_text(columns[index])):
             keep.add(header[index])
     return keep
 
@@ -798,6 +807,9 @@ def parse_file(
         and an empty cell stay as they are) while the other columns get pyarrow's inferred types.
         JSONL and Parquet carry their own types. Default: none.
     """
+    if too_many := _too_many_values(data, input_format):
+        yield _unreadable(name, input_format, too_many)
+        return
     if input_format == "jsonl":
         records = _jsonl_records(name, data)
     elif input_format == "csv":
@@ -807,6 +819,31 @@ def parse_file(
     yield from _within_file_bound(name, input_format, records)
 
 
+#: The most cells a CSV file may have, counted from its bytes (each comma a cell, quoted ones too):
+#: about 4 us of one core each to read (a file 20,000 columns wide), so at most a few minutes a file,
+#: as its rows are (``parquet_plan.MAX_INPUT_FILE_ROWS``).
+MAX_INPUT_FILE_CELLS = 100_000_000
+
+
+def _too_many_values(data: bytes, input_format: InputFormat) -> str | None:
+    """Why a JSONL or CSV file has more lines or cells than a file may (each costs microseconds of
+    Python: a 1 GiB file of one-character lines would have taken hours), or None; counted in C."""
+    if input_format == "parquet":  # its plan bounds the rows it declares
+        return None
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    if lines > parquet_plan.MAX_INPUT_FILE_ROWS:
+        return (
+            f"it has {lines:,} lines, more than a file may have ({parquet_plan.MAX_INPUT_FILE_ROWS:,}); "
+            "split it into several files"
+        )
+    if input_format == "csv" and (cells := data.count(b",") + lines) > MAX_INPUT_FILE_CELLS:
+        return (
+            f"it has up to {cells:,} cells (its commas and lines), more than a file may have "
+            f"({MAX_INPUT_FILE_CELLS:,}); split it into several files"
+        )
+    return None
+
+
 def _within_file_bound(name: str, input_format: InputFormat, records: Iterator[Record]) -> Iterator[Record]:
     """``records`` while their text (source, row and reason) stays within what a file may carry
     (``MAX_INPUT_DECODED_BYTES``), then the file's error record: error rows count as rows do, so a file
@@ -814,7 +851,7 @@ def _within_file_bound(name: str, input_format: InputFormat, records: Iterator[R
     written = 0
     whole_file = f"{name}:0"  # the file's own error record, its last: always shown
     for count, record in enumerate(records):
-        written += sum(len(text) for text in record.values() if text is not None)
+        written += len(record["source"] or "") + len(record["row"] or "") + len(record["error"] or "")
         if written > parquet_plan.MAX_INPUT_DECODED_BYTES and record["source"] != whole_file:
             yield _unreadable(name, input_format, _writes_past_bound(count))
             return

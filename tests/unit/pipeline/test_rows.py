@@ -872,3 +872,21 @@ def test_a_csv_record_over_the_row_bound_is_its_error_row(monkeypatch: pytest.Mo
         {"a": 1, "b": "x"},
         {"a": 3, "b": "z"},
     ]
+
+
+def _lossy_cell(cell: str) -> bool:
+    """The rule cell by cell: a number with leading zeros, or an integer past a float's digits."""
+    return bool(re.match(r"\s*[+-]?0\d", cell) or re.fullmatch(r"\s*[+-]?\d{16,}\s*", cell))
+
+
+_NUMBERISH = st.text(alphabet=st.sampled_from(list("0123456789+-. eE\t\u3000\u0661x")), max_size=24)
+
+
+@settings(max_examples=500, deadline=None)
+@given(cells=st.lists(_NUMBERISH, max_size=8))
+def test_property_a_column_searched_at_once_finds_a_lossy_number_where_a_cell_by_cell_look_does(
+    cells: list[str],
+) -> None:
+    from airflow_provider_raybatch.pipeline.read.rows import _has_lossy_number_text
+
+    assert _has_lossy_number_text(cells) == any(_lossy_cell(cell) for cell in cells)
