@@ -79,6 +79,7 @@ from airflow_provider_raybatch.pipeline.read.image_sources import briefly as _de
 from airflow_provider_raybatch.pipeline.read.image_sources import decode_data_url as _decode_data_url
 from airflow_provider_raybatch.pipeline.read.image_sources import reason as _reason
 from airflow_provider_raybatch.pipeline.read.image_sources import shorten as _short
+from airflow_provider_raybatch.pipeline.read.tiff_layout import tiff_layout_problem
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, JsonValue
 
 if TYPE_CHECKING:
@@ -289,6 +290,9 @@ def _decode(data: bytes, options: ImageOptions, *, resize: bool) -> tuple[Image,
     """The decoded RGB image (at the size asked, with ``resize``) and the format it was stored in."""
     if not data:
         raise _reason(BAD_IMAGE_KIND, "empty bytes")
+    problem = tiff_layout_problem(data)  # before Pillow holds a TIFF's every strip as an object
+    if problem:
+        raise _reason(BAD_IMAGE_KIND, problem)
     with _pillow_errors(), _open(data) as probe:  # reads the header only
         size, source_format = probe.size, probe.format
     _check_dimensions(size, options)  # before decoding a single pixel: bombs stop here
