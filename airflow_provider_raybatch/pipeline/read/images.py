@@ -104,6 +104,10 @@ PART_MAX_BYTES = 64 * 1024 * 1024
 PART_MAX_PIXELS = 64 * 1024 * 1024
 #: Image parts one row's messages may hold: each is a fetch and megabytes in the row.
 DEFAULT_MAX_IMAGES = 16
+#: What one row's images may encode to for the engine, all together: two images at
+#: ``DEFAULT_MAX_OUTPUT_BYTES``, or sixteen photos of 2 MB. Without it, sixteen parts naming one
+#: 12.6 MB PNG made a 256 MiB prompt, held twice over while it became the row's JSON.
+DEFAULT_MAX_ROW_OUTPUT_BYTES = 2 * DEFAULT_MAX_OUTPUT_BYTES
 #: What decoding one image may hold at once, every copy counted (the decoder's buffers, the pixels as
 #: Pillow stores them, the EXIF rotation's copy, the composite over white, the RGB conversion and the
 #: resize's passes): a row costs the worker a bounded amount however few bytes its file has.
@@ -141,6 +145,9 @@ class ImageOptions:
         most this many pixels, keeping the aspect ratio (default ``DEFAULT_MAX_OUTPUT_PIXELS``, 4 Mi).
     :param max_output_bytes: refuse an image whose encoding for the engine is over this (default
         ``DEFAULT_MAX_OUTPUT_BYTES``, 16 MiB; at most ``PART_MAX_BYTES``).
+    :param max_row_output_bytes: refuse a row whose images' encodings for the engine add up to more
+        than this, checked after each image so that no more is read (default
+        ``DEFAULT_MAX_ROW_OUTPUT_BYTES``, 32 MiB; at least ``max_output_bytes``).
     :param sources: where paths and URLs may be read from (:class:`.image_sources.ImageSources`);
         default: public http(s) addresses, and local paths or s3:// objects under ``relative_to``.
     """
@@ -156,6 +163,7 @@ class ImageOptions:
     jpeg_quality: int = 95
     max_output_pixels: int = DEFAULT_MAX_OUTPUT_PIXELS
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    max_row_output_bytes: int = DEFAULT_MAX_ROW_OUTPUT_BYTES
     sources: ImageSources = DEFAULT_SOURCES
 
     def __post_init__(self) -> None:
@@ -174,6 +182,7 @@ class ImageOptions:
             "max_decode_bytes",
             "max_output_pixels",
             "max_output_bytes",
+            "max_row_output_bytes",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -181,6 +190,11 @@ class ImageOptions:
         for name, limit in (("max_output_pixels", PART_MAX_PIXELS), ("max_output_bytes", PART_MAX_BYTES)):
             if getattr(self, name) > limit:
                 raise TypeError(f"{name}={getattr(self, name)!r} is invalid: at most {limit}.")
+        if self.max_row_output_bytes < self.max_output_bytes:
+            raise TypeError(
+                f"max_row_output_bytes={self.max_row_output_bytes!r} is invalid: a row must hold one image, "
+                f"so at least max_output_bytes={self.max_output_bytes!r}."
+            )
         if self.timeout_seconds <= 0:
             raise TypeError(f"timeout_seconds={self.timeout_seconds!r} is invalid: it must be > 0.")
         if self.encode_format not in _ENCODE_FORMATS:
@@ -520,9 +534,15 @@ def _described_value(value: CellValue, depth: int) -> JsonValue:
     return _describe(value)
 
 
+def _data_url_bytes(url: str) -> int:
+    """The size of what a base64 data URL's payload decodes to, without decoding it."""
+    payload = url.partition(",")[2]
+    return len(payload) * 3 // 4 - len(payload) + len(payload.rstrip("="))
+
+
 def _described_data_url(url: str) -> str:
-    header, _, payload = url.partition(",")
-    size = len(payload) * 3 // 4 - len(payload) + len(payload.rstrip("="))  # the decoded size
+    header = url.partition(",")[0]
+    size = _data_url_bytes(url)
     mime = _short(header.removeprefix(_DATA_URL_PREFIX).split(";", 1)[0], 60)
     # application/octet-stream: bytes the pipeline itself carried as a data URL (pipeline/read/rows.py)
     if mime in ("", "application/octet-stream"):
@@ -676,12 +696,36 @@ def normalize_message_images(
     :param relative_to: folder that relative paths are resolved against (the input file's).
     :param max_images: image parts allowed in one row's messages; more fail the row before any is read.
     :raises ValueError: ``bad messages: message 0 part 1: ...`` for what is not a message or a part;
-        an image's own reason with its place, e.g. ``bad image: message 0 part 1: ...``.
+        an image's own reason with its place, e.g. ``bad image: message 0 part 1: ...``;
+        ``image too large: message 0 part 3: ...`` once the row's images encode to more than
+        ``options.max_row_output_bytes`` together.
     """
     _check_messages(messages, max_images)  # before any image is read: a bad part fails fast
+    made = _RowOutput(options.max_row_output_bytes)
     return [
-        _normalized_message(index, message, options, relative_to) for index, message in enumerate(messages)
+        _normalized_message(index, message, options, relative_to, made)
+        for index, message in enumerate(messages)
     ]
+
+
+@dataclass
+class _RowOutput:
+    """What a row's images have encoded to so far, against ``max_row_output_bytes``."""
+
+    limit: int
+    total: int = 0
+
+    def add(self, where: str, part: JsonObject) -> None:
+        """Count an image part just made; refuse the row before the next image is read."""
+        image_url = part.get("image_url")
+        url = image_url.get("url") if isinstance(image_url, dict) else None
+        self.total += _data_url_bytes(url) if isinstance(url, str) else 0
+        if self.total > self.limit:
+            raise _reason(
+                TOO_LARGE_KIND,
+                f"{where}: the row's images encode to {self.total} bytes for the engine so far, over "
+                f"max_row_output_bytes={self.limit}; use fewer or smaller images (image_max_side)",
+            )
 
 
 def _check_messages(messages: CellValue, max_images: int) -> None:
@@ -740,25 +784,27 @@ def _image_value(where: str, part: JsonValue) -> CellValue:
 
 
 def _normalized_message(
-    index: int, message: JsonObject, options: ImageOptions, relative_to: str | None
+    index: int, message: JsonObject, options: ImageOptions, relative_to: str | None, made: _RowOutput
 ) -> JsonObject:
     parts = _content_parts(index, message)
     if not parts:
         return dict(message)
-    content = [_normalized_part(where, part, options, relative_to) for where, part in parts]
+    content = [_normalized_part(where, part, options, relative_to, made) for where, part in parts]
     return {**message, "content": content}
 
 
 def _normalized_part(
-    where: str, part: JsonObject, options: ImageOptions, relative_to: str | None
+    where: str, part: JsonObject, options: ImageOptions, relative_to: str | None, made: _RowOutput
 ) -> JsonObject:
     value = _image_value(where, part)
     if value is _TEXT:
         return dict(part)
     try:
-        return content_part_for(value, options, relative_to)
+        normalized = content_part_for(value, options, relative_to)
     except ValueError as err:
         raise _located(err, where) from err
+    made.add(where, normalized)
+    return normalized
 
 
 def describe_message_images(messages: CellValue) -> JsonValue:
