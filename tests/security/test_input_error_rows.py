@@ -88,6 +88,8 @@ def test_property_a_file_s_records_never_carry_more_than_the_bound_and_end_sayin
             "it has 30 lines, more than a file",
         ),
         ("MAX_INPUT_FILE_ROWS", "lines.csv", "csv", b"a\n" + b"1\n" * 29, "it has 30 lines, more than"),
+        ("MAX_INPUT_FILE_ROWS", "cr.csv", "csv", b"a\r" + b"1\r" * 29, "it has 30 lines, more than"),
+        ("MAX_INPUT_FILE_ROWS", "crlf.csv", "csv", b"a\r\n" + b"1\r\n" * 29, "it has 30 lines, more than"),
         ("MAX_INPUT_FILE_CELLS", "wide.csv", "csv", b"a,b,c\n" + b"1,2,3\n" * 9, "it has up to 30 cells"),
     ],
 )

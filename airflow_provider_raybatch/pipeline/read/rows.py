@@ -831,6 +831,8 @@ def _too_many_values(data: bytes, input_format: InputFormat) -> str | None:
     if input_format == "parquet":  # its plan bounds the rows it declares
         return None
     lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    if input_format == "csv":  # a bare CR ends a CSV record too (not a JSONL line)
+        lines += data.count(b"\r") - data.count(b"\r\n") - data.endswith(b"\r")
     if lines > parquet_plan.MAX_INPUT_FILE_ROWS:
         return (
             f"it has {lines:,} lines, more than a file may have ({parquet_plan.MAX_INPUT_FILE_ROWS:,}); "
