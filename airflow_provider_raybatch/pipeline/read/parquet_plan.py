@@ -241,6 +241,25 @@ def plan_reading(data: bytes, metadata: pq.FileMetaData, schema: pa.Schema) -> P
     return ParquetPlan(dictionary_columns=sorted(dictionary_columns), batches=batches)
 
 
+def planned_batches(parquet: pq.ParquetFile, plan: ParquetPlan) -> Iterator[pa.RecordBatch]:
+    """The file's batches, each of the rows its plan says: pyarrow's reader takes a new batch size
+    before each batch. A batch of other rows than planned fails the file rather than be used.
+
+    :param parquet: the file opened with the plan's ``dictionary_columns`` as ``read_dictionary``.
+    :raises ValueError: the reader read a batch of other rows than planned.
+    """
+    if not plan.batches:
+        return
+    batches = parquet.iter_batches(batch_size=plan.batches[0])
+    for rows in plan.batches:
+        parquet.reader.set_batch_size(rows)
+        batch = next(batches, None)
+        if batch is None or batch.num_rows != rows:
+            got = 0 if batch is None else batch.num_rows
+            raise ValueError(f"its reader read a batch of {got:,} rows where {rows:,} were planned")
+        yield batch
+
+
 def _leaf(column: pq.ColumnSchema, python: int) -> _Leaf:
     physical = column.physical_type
     width = column.length if physical == "FIXED_LEN_BYTE_ARRAY" else _WIDTHS.get(physical)

@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline.read import arrow_types
+from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, staged_parquet
 from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
@@ -214,24 +214,70 @@ def encode_parquet(table: pa.Table) -> bytes:
 
 
 def read_parquet_schema(data: bytes, name: str) -> pa.Schema:
-    """A staged part's Arrow schema, once every type in it is allowed (:mod:`..read.arrow_types`):
-    whoever can write the output's staging folder could plant a part whose values run code when read.
+    """A staged part's Arrow schema, once every type in it is allowed (:mod:`..read.arrow_types`) and
+    its footer is no longer than a reader parses: whoever can write the output's staging folder could
+    plant a part whose values run code when read, or whose footer takes gigabytes parsed.
 
     :param name: the part's file, as the error names it.
-    :raises ValueError: a column is, or holds, a type off the allowlist; the message names it.
+    :raises ValueError: a column is, or holds, a type off the allowlist, or the footer is too long;
+        the message names the part and the column.
     """
     try:
-        return arrow_types.checked_parquet_schema(data)
-    except arrow_types.RefusedArrowTypeError as err:
-        raise arrow_types.RefusedArrowTypeError(f"staged part {name}: {err}") from err
+        schema, _ = arrow_types.checked_parquet_footer(data, parquet_plan.MAX_FOOTER_BYTES)
+    except ValueError as err:
+        raise _refused(err, name) from err
+    return schema
 
 
 def read_parquet(data: bytes, name: str) -> pa.Table:
-    """A staged part's table, its types checked first (:func:`read_parquet_schema`)."""
-    read_parquet_schema(data, name)
-    # The reader the check used: with pyarrow's default, a Parquet UUID column checked as 16 bytes
-    # would be read as the extension type arrow.uuid.
-    return arrow_types.open_parquet(io.BytesIO(data)).read()
+    """A staged part's table, read within the bounds of :mod:`..read.staged_parquet` (its types
+    checked first, then its pages, then what its rows cost once read, before any value is Python).
+
+    A part that passes no bound is refused, and the commit fails naming it, as for a part of a type
+    off the allowlist or whose rows disagree with its sidecar: its sidecar makes it one of the run's
+    parts, and its rows are counted in the run's totals, so skipping it as foreign would commit a
+    version short of rows its manifest counts (or fail the row count anyway). The staging is kept as
+    it is, for whoever can write the output to look at; no row is at fault.
+
+    :param name: the part's file, as the error names it.
+    :raises ValueError: the part cannot be read within the bounds; the message names it and the bound.
+    """
+    try:
+        return staged_parquet.read_table(data)
+    except ValueError as err:
+        raise _refused(err, name) from err
+
+
+def check_file_size(size: int, name: str) -> None:
+    """Refuse a staged part's file, unread, whose bytes alone are more than its rows may cost once read
+    (:data:`..read.staged_parquet.FILE_COST_BYTES`): its rows cost at least its bytes.
+
+    :raises ValueError: the file is too large; the message names it and says what to do.
+    """
+    if size > staged_parquet.FILE_COST_BYTES:
+        too_large = staged_parquet.StagedParquetTooLargeError(
+            f"it is {size:,} bytes, more than a file read back from the staging may take once read "
+            f"({staged_parquet.FILE_COST_BYTES:,})"
+        )
+        raise _refused(too_large, name)
+
+
+#: Refusals whose type the caller may tell apart: each keeps its type, with the part named first.
+_REFUSALS = (arrow_types.RefusedArrowTypeError, arrow_types.FooterTooLongError)
+#: ... and those of a part too large to read back, which also say what to do.
+_TOO_LARGE = (staged_parquet.StagedParquetTooLargeError, parquet_plan.ParquetBoundError)
+
+
+def _refused(err: ValueError, name: str) -> ValueError:
+    """The reader's refusal of a staged part, naming the part first."""
+    if isinstance(err, _TOO_LARGE):
+        return type(err)(
+            f"staged part {name}: {err}. The commit refuses it: a part this job stages holds one engine "
+            "flush of rows (batch_size // 2), so lower batch_size if your rows are this large; if the "
+            "job did not write it, delete the file and a retry redoes its rows"
+        )
+    refusal = type(err) if isinstance(err, _REFUSALS) else ValueError
+    return refusal(f"staged part {name}: {err}")
 
 
 def decode_parquet(data: bytes, name: str = "part") -> list[JsonObject]:

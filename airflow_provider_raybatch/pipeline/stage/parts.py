@@ -259,8 +259,8 @@ class PartWriter:
             raise ValueError(f"staged part {part.name} does not list its rows in file order.")
         records: dict[str, list[Row]] = {"outputs": [], "errors": []}
         for folder, name in part.sidecar["files"].items():
-            data = storage.read_bytes(storage.join(self.data_uri, folder, name))
-            records[folder] = _decode(data, self.output_format, f"{folder}/{name}")
+            part_file = f"{folder}/{name}"
+            records[folder] = _decode(self._read_file(part_file), self.output_format, part_file)
         ok = [True] * len(records["outputs"]) + [False] * len(records["errors"])
         if len(ok) != len(part.sidecar["sources"]):
             raise ValueError(
@@ -297,12 +297,21 @@ class PartWriter:
                     continue
                 part_file = f"{folder}/{part.sidecar['files'][folder]}"
                 uri = storage.join(self.data_uri, part_file)
-                table = part_schema.read_parquet(storage.read_bytes(uri), part_file)
+                table = part_schema.read_parquet(self._read_file(part_file), part_file)
                 storage.write_bytes(
                     uri, part_schema.encode_parquet(part_schema.conform(table, target, arrow_types))
                 )
             json_columns[folder] = [name for name, kind in target.items() if kind == part_schema.JSON_TYPE]
         return json_columns
+
+    def _read_file(self, part_file: str) -> bytes:
+        """A part's data file (``outputs/<part>.<ext>``), refused unread where it is larger than a part
+        may be (:func:`.part_schema.check_file_size`): the staging is writable by whoever can write
+        the output, and the committing process reads its parts."""
+        filesystem, path = storage.filesystem(storage.join(self.data_uri, part_file))
+        with filesystem.open_input_file(path) as file:  # its size first: nothing read yet
+            part_schema.check_file_size(file.size(), part_file)
+            return file.read()
 
     def _arrow_types(self, folder: str, parts: list[StagedPart], target: dict[str, str]) -> dict[str, Any]:
         """The Arrow type of each concrete target column, read from the footer of a part that has it."""
@@ -317,8 +326,7 @@ class PartWriter:
             if not missing:
                 continue
             part_file = f"{folder}/{part.sidecar['files'][folder]}"
-            data = storage.read_bytes(storage.join(self.data_uri, part_file))
-            schema = part_schema.read_parquet_schema(data, part_file)
+            schema = part_schema.read_parquet_schema(self._read_file(part_file), part_file)
             found.update({name: schema.field(name).type for name in missing})
         return found
 
