@@ -20,8 +20,9 @@ A cache is used only when it is certainly this input's:
 - a try that died while writing leaves no ``prepared.json`` (it is written last, and removed before a
   write starts): such a cache is ignored and written again;
 - the row count in ``prepared.json`` must be the Parquet's own;
-- every Parquet file's Arrow types are on :mod:`.arrow_types`' allowlist: the staging is writable by
-  whoever can write the output, and a planted file's values must not run code when read.
+- every Parquet file's Arrow types are on :mod:`.arrow_types`' allowlist, and its rows are read
+  within the input reader's bounds (:mod:`.staged_parquet`): the staging is writable by whoever can
+  write the output, and a planted file's values must not run code, nor decode to gigabytes, when read.
 
 The cache goes with the staging when the run commits (:func:`..stage.commit.publish`). It is an
 optimisation only: failing to write or read it is logged and the job goes on from the input.
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from airflow_provider_raybatch.pipeline import storage
-from airflow_provider_raybatch.pipeline.read import arrow_types
+from airflow_provider_raybatch.pipeline.read import staged_parquet
 from airflow_provider_raybatch.shared import job_settings
 from airflow_provider_raybatch.shared.json_types import JsonValue
 
@@ -139,22 +140,33 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
 
 
 def _checked_files(filesystem: pyarrow.fs.FileSystem, path: str) -> list[str]:
-    """Every file of the cache folder, once each one's Arrow types are allowed (:mod:`.arrow_types`).
+    """Every file of the cache folder, once each one is known to be read within bounds
+    (:mod:`.staged_parquet`: its Arrow types allowed, its pages and what its rows cost once read).
 
     The folder is in the output's staging, which whoever can write the output can write too: a planted
-    file could hold a type whose values run code when read. Ray reads exactly the files checked.
+    file could hold a type whose values run code when read, or a few KiB that decode to gigabytes in
+    the workers that read it. Ray reads exactly the files checked. Each is read here a batch at a time,
+    keeping none; one whose bytes alone pass the bound is not read at all.
+
+    :raises ValueError: a file passes a bound; the message names it and the bound.
     """
     from pyarrow import fs
 
     infos = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
-    files = sorted(info.path for info in infos if info.type == fs.FileType.File)
-    for file in files:
-        with filesystem.open_input_file(file) as stream:  # its footer only
-            try:
-                arrow_types.checked_parquet_schema(stream)
-            except arrow_types.RefusedArrowTypeError as err:
-                raise arrow_types.RefusedArrowTypeError(f"{file}: {err}") from err
-    return files
+    files = sorted((info for info in infos if info.type == fs.FileType.File), key=lambda info: info.path)
+    for info in files:
+        if info.size is not None and info.size > staged_parquet.FILE_COST_BYTES:
+            raise staged_parquet.StagedParquetTooLargeError(
+                f"{info.path}: {info.size:,} bytes, more than a file read back from the staging may take "
+                f"once read ({staged_parquet.FILE_COST_BYTES:,})"
+            )
+        with filesystem.open_input_file(info.path) as stream:
+            data = stream.read()
+        try:
+            staged_parquet.check_cost(data)
+        except ValueError as err:
+            raise ValueError(f"{info.path}: {err}") from err
+    return [info.path for info in files]
 
 
 def _counts(record: JsonValue, digest: str) -> dict[str, int] | None:
