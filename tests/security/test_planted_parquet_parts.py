@@ -29,7 +29,7 @@ from airflow_provider_raybatch.pipeline.row_types import StagedRow
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
-from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec, OutputFormat
 
 RUN_KEY = "classify-m-1-0123456789abcdef"
 #: What the committing process may grow by while it refuses the planted part (it grew by ~1 GiB).
@@ -57,11 +57,11 @@ def _row(source: str, record: dict[str, Any]) -> StagedRow:  # Any: row values
     return StagedRow(source=source, ok=True, record=json.dumps(record))
 
 
-def _staging(tmp_path: Path) -> tuple[OutputLayout, PartWriter]:
+def _staging(tmp_path: Path, output_format: OutputFormat = "parquet") -> tuple[OutputLayout, PartWriter]:
     layout = OutputLayout(str(tmp_path / "out"), RUN_KEY)
     commit.open_staging(layout, _spec())
     writer = PartWriter(
-        layout.staging_uri, "parquet", count_labels=False, data_uri=commit.staged_data_uri(layout)
+        layout.staging_uri, output_format, count_labels=False, data_uri=commit.staged_data_uri(layout)
     )
     writer.create_folders()
     return layout, writer
@@ -86,7 +86,7 @@ layout = OutputLayout(os.environ["OUT"], os.environ["RUN_KEY"])
 spec = BatchInferenceSpec.build(model="m", input_uri="in.jsonl", output_uri="out", user_template="{x}",
                                 run_key=os.environ["RUN_KEY"])
 data_uri = commit.staged_data_uri(layout)
-writer = PartWriter(layout.staging_uri, "parquet", count_labels=False, data_uri=data_uri)
+writer = PartWriter(layout.staging_uri, os.environ["FORMAT"], count_labels=False, data_uri=data_uri)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     commit.write_version(layout, spec, int(os.environ["ROWS_IN"]), rewriter=writer)
@@ -98,8 +98,11 @@ print(json.dumps({"raised": raised, "grown_mib": grown}))
 """
 
 
-def _commit_in_a_subprocess(layout: OutputLayout, rows_in: int) -> dict[str, Any]:  # Any: its JSON
-    env = {"OUT": layout.output_uri, "RUN_KEY": RUN_KEY, "ROWS_IN": str(rows_in), "PATH": "/usr/bin:/bin"}
+def _commit_in_a_subprocess(
+    layout: OutputLayout, rows_in: int, output_format: OutputFormat = "parquet"
+) -> dict[str, Any]:  # Any: its JSON
+    env = {"OUT": layout.output_uri, "RUN_KEY": RUN_KEY, "ROWS_IN": str(rows_in), "FORMAT": output_format}
+    env["PATH"] = "/usr/bin:/bin"
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, "-c", _COMMIT],
@@ -114,10 +117,10 @@ def _commit_in_a_subprocess(layout: OutputLayout, rows_in: int) -> dict[str, Any
     return report
 
 
-def _assert_refused_naming(report: dict[str, Any], name: str) -> None:
+def _assert_refused_naming(report: dict[str, Any], name: str, bound: str = "bytes once read") -> None:
     raised = report["raised"] or ""
     assert raised.startswith(f"StagedParquetTooLargeError: staged part {name}: "), report
-    assert "more than 1,073,741,824 bytes once read" in raised, report
+    assert f"more than 1,073,741,824 {bound}" in raised, report
     assert "The commit refuses it" in raised and "delete the file and a retry redoes its rows" in raised
     assert report["grown_mib"] < PEAK_GROWTH_LIMIT_MIB, report
 
@@ -159,6 +162,46 @@ def test_a_planted_part_that_decodes_to_a_gigabyte_fails_the_commit_when_its_row
     report = _commit_in_a_subprocess(layout, rows_in=3)
 
     _assert_refused_naming(report, name)
+    assert not storage.exists(layout.manifest_uri)
+
+
+#: A JSON value of 14M empty objects: 42 MiB of text, about 1 GiB of dicts once parsed.
+_EMPTY_OBJECTS = 14_000_000
+
+
+def _json_text_bomb() -> bytes:
+    """Parquet of one row whose JSON text column ``x`` holds ``[{},{},...]``."""
+    text = "[" + "{}," * _EMPTY_OBJECTS + "{}]"
+    x = pa.field("x", pa.string(), metadata={b"raybatch.encoding": b"json"})
+    table = pa.table(
+        [pa.array([2], pa.int64()), pa.array([text])], schema=pa.schema([pa.field("id", pa.int64()), x])
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("output_format", ["parquet", "jsonl"])
+def test_a_planted_part_of_json_values_that_parse_to_a_gigabyte_fails_the_commit(
+    tmp_path: Path, output_format: OutputFormat
+) -> None:
+    """A part's JSON text (a Parquet part's JSON text column, a JSONL part's lines) is parsed when
+    commit stages its rows again: ``{},`` is 3 bytes of text and about 80 of Python."""
+    layout, writer = _staging(tmp_path, output_format)
+    one = writer.write_part(
+        [_row("in.jsonl:1", {"id": 1, "x": "a"}), _row("in.jsonl:3", {"id": 3, "x": "c"})]
+    )
+    two = writer.write_part(
+        [_row("in.jsonl:1", {"id": 1, "x": "a"}), _row("in.jsonl:2", {"id": 2, "x": "b"})]
+    )
+    jsonl = b'{"id": 2, "x": [' + b"{}," * _EMPTY_OBJECTS + b"{}]}\n"
+    bomb = _json_text_bomb() if output_format == "parquet" else jsonl
+    name = _plant(writer, max(one, two, key=lambda part: part.name), bomb)
+
+    report = _commit_in_a_subprocess(layout, rows_in=3, output_format=output_format)
+
+    _assert_refused_naming(report, name, bound="bytes once parsed")
     assert not storage.exists(layout.manifest_uri)
 
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, staged_parquet
+from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, raw_records, staged_parquet
 from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
@@ -262,6 +262,37 @@ def check_file_size(size: int, name: str) -> None:
         raise _refused(too_large, name)
 
 
+def check_json_cost(texts: Iterable[bytes], name: str) -> None:
+    """Refuse a staged part whose JSON texts (a JSONL part's lines, a Parquet part's JSON text cells)
+    would cost more than :data:`..read.staged_parquet.FILE_COST_BYTES` once parsed, before any is:
+    their text does not bound it (``[{},{},...]`` is about 80 B of Python a 3-byte ``{},``), so each
+    is charged as the input reader charges a JSONL line (:func:`..read.raw_records.json_line_cost`).
+
+    :raises ValueError: they cost too much; the message names the part and says what to do.
+    """
+    budget = staged_parquet.FILE_COST_BYTES
+    cost = 0
+    for text in texts:
+        cost += raw_records.json_line_cost(text, budget - cost)
+        if cost > budget:
+            too_large = staged_parquet.StagedParquetTooLargeError(
+                f"its JSON values take more than {budget:,} bytes once parsed ({raw_records.JSON_VALUE_COST} "
+                "bytes a value, and their text), more than a file read back from the staging may"
+            )
+            raise _refused(too_large, name)
+
+
+def _json_cells(table: pa.Table, columns: list[str]) -> Iterator[bytes]:
+    """The JSON text of each cell of ``columns`` that is not null, one at a time."""
+    import pyarrow as pa
+
+    for name in columns:
+        for chunk in table.column(name).chunks:
+            for cell in chunk.cast(pa.binary()):
+                if cell.is_valid:
+                    yield cell.as_py()
+
+
 #: Refusals whose type the caller may tell apart: each keeps its type, with the part named first.
 _REFUSALS = (arrow_types.RefusedArrowTypeError, arrow_types.FooterTooLongError)
 #: ... and those of a part too large to read back, which also say what to do.
@@ -287,6 +318,7 @@ def decode_parquet(data: bytes, name: str = "part") -> list[JsonObject]:
     """
     table = read_parquet(data, name)
     json_columns = [field.name for field in table.schema if is_json_field(field)]
+    check_json_cost(_json_cells(table, json_columns), name)
     rows = table.to_pylist()
     for row in rows:
         for name in json_columns:
