@@ -138,3 +138,63 @@ def test_an_ordinary_cache_file_is_still_read_by_ray(tmp_path: Path) -> None:
 
     assert report["kept"] and report["warnings"] == [], report
     assert [Path(path).name for path in report["given"]] == ["part-0.parquet"]
+
+
+class _Rows:
+    """A dataset of one table that writes Parquet as Ray Data's ``write_parquet`` does
+    (``pyarrow.dataset.write_dataset`` with its keywords as Parquet write options)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def map_batches(self, fn: Any, batch_format: str) -> _Rows:  # Any: the cache's batch function
+        return _Rows(fn(self.table))
+
+    def write_parquet(self, path: str, filesystem: Any, **options: Any) -> None:  # Any: as Ray's
+        import pyarrow.dataset as ds
+
+        write_options = ds.ParquetFileFormat().make_write_options(**options)
+        ds.write_dataset(
+            self.table, path, filesystem=filesystem, format="parquet", file_options=write_options
+        )
+
+
+def test_a_cache_of_long_rows_the_job_writes_is_within_the_bounds_it_is_read_back_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,024 prepared rows of 80 KiB: with pyarrow's default batches, one 84 MB dictionary page, which
+    a retry would refuse to read back (it would read the input again every time)."""
+    import types
+
+    from airflow_provider_raybatch.pipeline.read import prepared_cache
+
+    given: list[str] = []
+
+    def read_parquet(files: list[str], **_: Any) -> _Counted:  # Any: Ray's keywords
+        given.extend(files)
+        return _Counted(len(files))
+
+    ray = types.ModuleType("ray")
+    ray.data = types.SimpleNamespace(read_parquet=read_parquet)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.data", ray.data)
+    text = "".join(chr(ord("a") + (n * 7919) % 26) for n in range(80 << 10))
+    rows = _prepared_rows(1024, pa.array([text[n:] + text[:n] for n in range(1024)]))
+    staging = str(tmp_path / "_staging" / "run-1")
+
+    kept = prepared_cache.write(staging, prepared_cache.PreparedRows(_Rows(rows), 1024, 0, 0, 0), "d1")
+
+    assert kept
+    assert prepared_cache.read(staging, "d1") is not None
+    assert len(given) == 1
+
+
+class _Counted:
+    def __init__(self, files: int) -> None:
+        self.files = files
+
+    def materialize(self) -> _Counted:
+        return self
+
+    def count(self) -> int:
+        return 1024 * self.files

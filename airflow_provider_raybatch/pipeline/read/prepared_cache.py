@@ -204,7 +204,9 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:
         filesystem, path = storage.filesystem(folder)
         filesystem.create_dir(path, recursive=True)
         text_columns = prepared.rows.map_batches(_nulls_as_text, batch_format="pyarrow")
-        text_columns.write_parquet(path, filesystem=filesystem)
+        # A page closed after each value, not each 1,024 (pyarrow's default): long rows would make pages
+        # past what a retry reads back (staged_parquet), and the cache would never be used.
+        text_columns.write_parquet(path, filesystem=filesystem, write_batch_size=1)
         record = {"format": _RECORD_FORMAT, "input_digest": digest}
         record |= {
             "rows_in": prepared.rows_in,

@@ -169,3 +169,14 @@ def test_unsafe_number_agrees_with_what_int64_and_finite_floats_hold(value: obje
         n for n in numbers(value) if not (math.isfinite(n) if isinstance(n, float) else -(2**63) <= n < 2**63)
     ]
     assert (unsafe_number(value, "p") is None) == (not bad)
+
+
+def test_a_part_of_long_texts_is_written_in_pages_commit_reads_back() -> None:
+    """1,024 rows of 80 KiB of text (an engine flush of long documents): written with pyarrow's
+    default batches, one 84 MB dictionary page, over the 64 MiB a page read back may be."""
+    text = "".join(chr(ord("a") + (n * 7919) % 26) for n in range(80 << 10))
+    records = [{"id": n, "text": text[n:] + text[:n]} for n in range(1024)]
+
+    rows = part_schema.decode_parquet(part_schema.encode_parquet(part_schema.table_of(records)), "p")
+
+    assert rows == records
