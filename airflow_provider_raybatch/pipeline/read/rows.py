@@ -42,7 +42,6 @@ from airflow_provider_raybatch.shared.specs import InputFormat
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
 Record = dict[str, str | None]
 
@@ -360,7 +359,8 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
             pa.BufferReader(data), read_dictionary=plan.dictionary_columns, metadata=metadata
         )
         decoded = 0
-        for table in _planned_batches(parquet, plan):
+        for batch in parquet_plan.planned_batches(parquet, plan):
+            table = pa.Table.from_batches([batch])
             for start, stop, held, text in _slices_of(table, row_costs.ROW_COST_BYTES):
                 # A dictionary's value, or a column's name, counts at each row that uses it: a few
                 # KiB of indices can stand for gigabytes of rows, which the file's pages do not bound.
@@ -384,23 +384,6 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
     except Exception as err:  # noqa: BLE001 - any reader failure is reported as the file's error row.
         after = f" after its row {number}" if number else ""
         yield _unreadable(name, "parquet", f"{type(err).__name__}{after}: {err}")
-
-
-def _planned_batches(parquet: pq.ParquetFile, plan: parquet_plan.ParquetPlan) -> Iterator[pa.Table]:
-    """The file's batches, each of the rows its plan says: pyarrow's reader takes a new batch size
-    before each batch. A batch of other rows than planned fails the file rather than be used."""
-    import pyarrow as pa
-
-    if not plan.batches:
-        return
-    batches = parquet.iter_batches(batch_size=plan.batches[0])
-    for rows in plan.batches:
-        parquet.reader.set_batch_size(rows)
-        batch = next(batches, None)
-        if batch is None or batch.num_rows != rows:
-            got = 0 if batch is None else batch.num_rows
-            raise ValueError(f"its reader read a batch of {got:,} rows where {rows:,} were planned")
-        yield pa.Table.from_batches([batch])
 
 
 def _decodes_past_bound(rows_read: int) -> str:
