@@ -108,3 +108,29 @@ def test_what_the_writes_return_is_handed_out_once() -> None:
 
     assert asyncio.run(run()) == (["part-1"], ["part-2"], [])
     assert written == [["a", "b"], ["c"]]
+
+
+def test_rows_of_long_text_are_staged_in_parts_the_commit_can_read_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A part is read back within a bound (read/staged_parquet.py): rows of images or long documents,
+    half a batch of them or a burst, are cut into parts of at most PART_TEXT_BYTES of text, in order;
+    a row over it alone is a part of its own."""
+    from airflow_provider_raybatch.pipeline.stage import replica_staging
+
+    monkeypatch.setattr(replica_staging, "PART_TEXT_BYTES", 1_000)
+    parts: list[list[str]] = []
+    stager = RowStager(lambda rows: parts.append([row["source"] for row in rows]), flush_rows=100)
+    sizes = [300, 300, 300, 300, 2_500, 100, 100]
+
+    async def finish() -> list[bool]:
+        due = [
+            stager.finished({"source": str(n), "generated_text": "x" * size}) for n, size in enumerate(sizes)
+        ]
+        await stager.flush()  # a burst: all of them at once
+        return due
+
+    due = asyncio.run(finish())
+
+    assert parts == [["0", "1", "2"], ["3"], ["4"], ["5", "6"]]
+    assert due == [False, False, False, True, True, True, True]  # due once the buffer holds the bound
