@@ -122,6 +122,9 @@ def prepare_row(record: Row, spec: BatchInferenceSpec) -> PreparedRow:
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+#: JSON text as rows carry it (UTF-8 kept, not escaped): one encoder for every row, where ``json.dumps``
+#: given an option makes one a call.
+_JSON_TEXT = json.JSONEncoder(ensure_ascii=False)
 
 
 def _prompt_text_only(value: CellValue) -> CellValue:
@@ -173,7 +176,7 @@ def _prepare_user_row(prepared: PreparedRow, spec: BatchInferenceSpec) -> Prepar
     try:
         if not id_from_input:
             prepared["id"] = row_id(spec, row, prepared["source"])
-        prepared["sampling"] = json.dumps(_sampling_params(row, spec), ensure_ascii=False)
+        prepared["sampling"] = _JSON_TEXT.encode(_sampling_params(row, spec))
         prepared["messages"], prepared["prompt"] = _prompt(row, spec, prepared["source"])
     except ValueError as err:  # the reasons prompts.py and images.py give, e.g. "empty prompt: ..."
         return {**prepared, "error": str(err)}
@@ -201,8 +204,6 @@ def _sampling_params(row: JsonObject, spec: BatchInferenceSpec) -> JsonObject:
 def _prompt(row: JsonObject, spec: BatchInferenceSpec, source: str) -> tuple[str | None, str | None]:
     """The messages as JSON, or the prompt text (the other None): from the spec's template or messages
     column, else (a preprocess in Ray Data LLM's manner) from the row's own ``messages`` or ``prompt``."""
-    folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
-    options = images.options_for(spec)
     if spec.user_template is not None or spec.messages_column is not None:
         image_part = _image_part(row, spec, source) if spec.image_column else None
         messages = build_messages(spec, row, image_part)
@@ -215,11 +216,17 @@ def _prompt(row: JsonObject, spec: BatchInferenceSpec, source: str) -> tuple[str
             f"no prompt: {spec.preprocess} returned neither 'messages' nor a non-empty 'prompt' "
             f"(its columns: {sorted(row)[:20]})"
         )
-    messages = _prompt_text_only(messages)
     if not spec.image_column and any(isinstance(message.get("content"), list) for message in messages):
         # Content parts: images a preprocess or the messages column put in the messages.
-        messages = images.normalize_message_images(messages, options, relative_to=folder)
-    return json.dumps(messages, ensure_ascii=False), None
+        folder = storage.input_folder(spec.input_uri, source.rpartition(":")[0])  # relative paths start here
+        messages = images.normalize_message_images(
+            _prompt_text_only(messages), images.options_for(spec), relative_to=folder
+        )
+        return _JSON_TEXT.encode(messages), None
+    text = _JSON_TEXT.encode(messages)
+    if _LONE_SURROGATE.search(text):  # seldom: only then are the messages walked
+        text = _JSON_TEXT.encode(_prompt_text_only(messages))
+    return text, None
 
 
 def _prepare_openai_line(prepared: PreparedRow, spec: BatchInferenceSpec) -> PreparedRow:
@@ -229,7 +236,7 @@ def _prepare_openai_line(prepared: PreparedRow, spec: BatchInferenceSpec) -> Pre
         request = openai_batch.parse_request(line, spec.openai_endpoint or "", spec.sampling_params)
     except openai_batch.RequestError as err:
         return {**prepared, "error": str(err)}
-    return {**prepared, "request": json.dumps(request, ensure_ascii=False), "error": None}
+    return {**prepared, "request": _JSON_TEXT.encode(request), "error": None}
 
 
 def _shown_row(row: Row, spec: BatchInferenceSpec) -> str:
@@ -316,7 +323,7 @@ def engine_request(
             except Exception as err:  # noqa: BLE001 - this row's images, not the job's
                 reason = f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}"
                 return {**engine_row, INFERENCE_ERROR: ROW_REASON_MARK + reason}
-            engine_row["messages"] = json.dumps(messages, ensure_ascii=False)
+            engine_row["messages"] = _JSON_TEXT.encode(messages)
             engine_row["multimodal_data"] = {"image": decoded} if decoded else None
     return engine_row
 
@@ -330,12 +337,12 @@ def _openai_engine_request(request: JsonObject, source: str, fill: frozenset[str
     if openai_batch.EXTRA_INPUTS in request:
         engine_row["extra_inputs"] = json.dumps(request[openai_batch.EXTRA_INPUTS])
     if "messages" in request:
-        engine_row["messages"] = json.dumps(request["messages"], ensure_ascii=False)
+        engine_row["messages"] = _JSON_TEXT.encode(request["messages"])
     if "prompt" in request:
         engine_row["prompt"] = request["prompt"]
     if "sampling_params" in request:  # (fill: see openai_batch.NULLABLE_INT_FIELDS)
         filled = openai_batch.filled_sampling_params(request["sampling_params"], fill, source)
-        engine_row["sampling_params"] = json.dumps(filled, ensure_ascii=False)
+        engine_row["sampling_params"] = _JSON_TEXT.encode(filled)
     return engine_row
 
 
@@ -389,7 +396,7 @@ def _staged_result(row: EngineOutput, spec: BatchInferenceSpec) -> StagedRow:
     """A good engine result -> the staged row: the user's output row, or an error row with its reason."""
     if spec.openai_endpoint is not None:
         line = openai_batch.response_line(row, spec.openai_endpoint, spec.model, spec.run_key)
-        return StagedRow(source=row["source"], ok=True, record=json.dumps(line, ensure_ascii=False))
+        return StagedRow(source=row["source"], ok=True, record=_JSON_TEXT.encode(line))
     structured = _structured_outputs(row, spec)
     choices = list(structured["choice"]) if "choice" in structured else None
     if choices is not None and row["generated_text"] not in choices:
@@ -497,14 +504,14 @@ def _staged_error(
             ERROR_COLUMN: reason,
             "input": _strict_json(row["row"]),
         }
-    return StagedRow(source=row["source"], ok=False, record=json.dumps(record, ensure_ascii=False))
+    return StagedRow(source=row["source"], ok=False, record=_JSON_TEXT.encode(record))
 
 
 def _strict_json(text: str | None) -> str | None:
     """JSON text as strict JSON: NaN and Infinity (which Python's json reads and writes) as null."""
     if text is None or not any(word in text for word in ("NaN", "Infinity")):
         return text
-    return json.dumps(strict_json_value(json.loads(text)), ensure_ascii=False)
+    return _JSON_TEXT.encode(strict_json_value(json.loads(text)))
 
 
 def rejected_result(row: PreparedRow, spec: BatchInferenceSpec) -> StagedRow:

@@ -5,6 +5,7 @@ Pure functions of a record and the spec, so they are unit-tested without Ray.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -12,7 +13,7 @@ import string
 from collections.abc import Callable
 
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
-from airflow_provider_raybatch.shared.specs import BatchInferenceSpec, parse_user_template
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec, TemplateField, parse_user_template
 from airflow_provider_raybatch.shared.user_functions import split_dotted_path
 
 RowFunction = Callable[[Row], Row]
@@ -32,13 +33,19 @@ def _is_missing(value: CellValue) -> bool:
     return value is None or (isinstance(value, float) and value != value)  # NaN != NaN
 
 
+@functools.lru_cache(maxsize=16)
+def _template_pieces(template: str) -> tuple[str | TemplateField, ...]:
+    """:func:`parse_user_template`, once a template rather than once a row."""
+    return tuple(parse_user_template(template))
+
+
 def _render_user_message(spec: BatchInferenceSpec, row: Row) -> str:
     """``user_template`` filled with the row's columns (``specs.parse_user_template``: only ``{Column}``
     is a field, every other brace is literal text), each field formatted alone so that a reason names
     its column (``{score:.1f}`` on a list is that row's error, not the job's)."""
     formatter = string.Formatter()
     pieces = []
-    for piece in parse_user_template(spec.user_template or ""):
+    for piece in _template_pieces(spec.user_template or ""):
         if isinstance(piece, str):
             pieces.append(piece)
             continue
