@@ -18,6 +18,12 @@ INFERENCE_ERROR: Final = "__inference_error__"
 ROW_REASON_MARK = "raybatch row error: "
 
 
+#: The longest id a row may have (its id column's text, an OpenAI line's ``custom_id``): the driver
+#: holds every row's id at once to find repeats (:mod:`.read.dedupe`), so 200,000 rows of 4 KiB ids grew
+#: it by 1.6 GiB, and a million rows of longer ones would run it out of memory.
+MAX_ID_CHARS = 1024
+
+
 def source_order(source: str) -> tuple[str, int]:
     """A row's source (``file:line``) as a sort key: its file, then its line as a number."""
     name, _, number = source.rpartition(":")

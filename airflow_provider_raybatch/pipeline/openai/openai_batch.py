@@ -21,6 +21,7 @@ import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from airflow_provider_raybatch.pipeline.row_marks import MAX_ID_CHARS
 from airflow_provider_raybatch.shared.json_numbers import unsafe_number
 from airflow_provider_raybatch.shared.json_types import ArgValue, CellValue, JsonObject, JsonValue, Kwargs
 from airflow_provider_raybatch.shared.openai_endpoints import CHAT, COMPLETIONS, EMBEDDINGS
@@ -115,6 +116,10 @@ def custom_id_of(line: Mapping[str, JsonValue]) -> str:
     custom_id = _line_object(line).get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise RequestError("missing id", "custom_id must be a non-empty string", "custom_id")
+    if len(custom_id) > MAX_ID_CHARS:  # the driver holds every id at once (read/dedupe.py)
+        raise RequestError(
+            "bad id", f"custom_id has {len(custom_id):,} characters, over {MAX_ID_CHARS:,}", "custom_id"
+        )
     return custom_id
 
 

@@ -12,6 +12,7 @@ import math
 import string
 from collections.abc import Callable
 
+from airflow_provider_raybatch.pipeline.row_marks import MAX_ID_CHARS
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.specs import BatchInferenceSpec, TemplateField, parse_user_template
 from airflow_provider_raybatch.shared.user_functions import split_dotted_path
@@ -112,9 +113,14 @@ def build_messages(spec: BatchInferenceSpec, row: Row, image_part: Row | None = 
 
 def id_text(value: CellValue, column: str) -> str:
     """An id cell's one canonical text: text as it is; JSON numbers as JSON writes them (``7``,
-    ``7.5``, ``1e+300``); ``true``/``false``. Raises ValueError for a missing, empty or nested id
-    (NaN and Infinity count as missing: they identify nothing)."""
+    ``7.5``, ``1e+300``); ``true``/``false``. Raises ValueError for a missing, empty, nested or too long
+    id (NaN and Infinity count as missing: they identify nothing)."""
     if isinstance(value, str) and value != "":
+        if len(value) > MAX_ID_CHARS:
+            raise ValueError(
+                f"bad id: id column {column!r} holds {len(value):,} characters, more than an id may "
+                f"({MAX_ID_CHARS:,})"
+            )
         return value
     if isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value)):
         return json.dumps(value)
