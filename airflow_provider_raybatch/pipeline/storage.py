@@ -23,10 +23,11 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 from urllib.parse import urlsplit
 
 from airflow_provider_raybatch.shared.json_types import Kwargs
@@ -77,9 +78,26 @@ class OutputLayout:
         """The folder that lists the versions which have been current (stage/commit.py)."""
         return join(self.output_uri, "_published")
 
+    def version_uri_of(self, version: str) -> str | None:
+        """:meth:`version_uri` of a name read from the output (a manifest, a ``_published/`` entry), or
+        None when it is no name this provider issues: whoever can write the output could plant ``..``,
+        and the folder it named would be swept or deleted."""
+        return self.version_uri(version) if is_folder_name(version) else None
+
     def new_version(self) -> str:
         """A version name that sorts by when its staging opened (the run started) and never repeats."""
         return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{self.run_key[-12:]}-{uuid.uuid4().hex[:6]}"
+
+
+#: A version's or run key's name as this provider issues them (:meth:`OutputLayout.new_version`,
+#: ``TaskTry.run_key``): one path segment of letters, digits, ``_``, ``.`` and ``-``, never starting
+#: with a dot, so never ``.`` or ``..``.
+_FOLDER_NAME = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
+
+
+def is_folder_name(name: object) -> TypeGuard[str]:
+    """Whether ``name`` (read from the output) is a version or run key's folder name we issue."""
+    return isinstance(name, str) and _FOLDER_NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)

@@ -85,10 +85,22 @@ class StagedPart:
 
 
 def _pointer(layout: OutputLayout) -> JsonObject | None:
-    """The staging's ``spec.json`` (its spec's fingerprint, the version it stages into), or None."""
+    """The staging's ``spec.json`` (its spec's fingerprint, the version it stages into), or None.
+
+    :raises InvariantError: it names no version this provider writes (``..``: the output itself, which
+        a discarded staging's version folder would delete).
+    """
     if not storage.exists(layout.staged_spec_uri):
         return None
-    return json.loads(storage.read_text(layout.staged_spec_uri))
+    pointer: JsonObject = json.loads(storage.read_text(layout.staged_spec_uri))
+    version = pointer.get(STAGED_VERSION_KEY)
+    if version is not None and not storage.is_folder_name(version):
+        raise InvariantError(
+            f"{layout.staged_spec_uri} names version {str(version)[:200]!r}, which this provider never "
+            "writes: something else wrote the run's staging. Delete that staging folder for the run to "
+            "start again."
+        )
+    return pointer
 
 
 def staged_data_uri(layout: OutputLayout) -> str:
@@ -99,8 +111,21 @@ def staged_data_uri(layout: OutputLayout) -> str:
 
 
 def current_version(layout: OutputLayout) -> str | None:
-    """The version ``manifest.json`` names now, or None before the first commit."""
-    return RunManifest.of(current_manifest(layout) or {}).version
+    """The version ``manifest.json`` names now, or None before the first commit.
+
+    :raises InvariantError: the manifest names no version this provider writes (``..``): whoever wrote
+        it is not this provider, and its name would be swept as a folder of the output's.
+    """
+    return _checked_version(RunManifest.of(current_manifest(layout) or {}).version)
+
+
+def _checked_version(version: str | None) -> str | None:
+    if version is not None and not storage.is_folder_name(version):
+        raise InvariantError(
+            f"manifest.json names version {version[:200]!r}, which this provider never writes: something "
+            "else wrote the output's manifest. Restore it, or write this run to another output_uri."
+        )
+    return version
 
 
 def current_manifest(layout: OutputLayout) -> JsonObject | None:
@@ -652,6 +677,7 @@ def publish(
         once the manifest names the version, before the staging (the writers' fence) goes.
     """
     previous = RunManifest.of(current_manifest(layout) or {})
+    _checked_version(previous.version)
     version = RunManifest.of(manifest).version
     if version is None:
         raise InvariantError("the manifest to publish names no version.")
@@ -726,15 +752,24 @@ def collect_superseded(layout: OutputLayout) -> None:
     current = current_version(layout)
     for path in listed:
         version = posixpath.basename(path).removesuffix(".json")
+        folder = layout.version_uri_of(version)
         if version == current:
+            continue
+        if folder is None:  # planted (``...json`` names ``..``: the output itself): never ours to delete
+            log.warning("Left %s alone: it lists %r, no version this provider writes.", path, version[:200])
             continue
         uri = path if "://" not in layout.output_uri else _uri_of(layout, path)
         try:
-            run_key = json.loads(storage.read_text(uri)).get("run_key")
-            staged = _pointer(OutputLayout(layout.output_uri, run_key)) if run_key else None
+            entry = json.loads(storage.read_text(uri))
+            run_key = entry.get("run_key") if isinstance(entry, dict) else None
+            staging = OutputLayout(layout.output_uri, run_key) if storage.is_folder_name(run_key) else None
+            staged = _pointer(staging) if staging else None
         except OSError:  # its entry or that staging deleted meanwhile: by a collection or commit beside
+            continue
+        except ValueError:  # no entry this provider wrote: its version is not known to be superseded
+            log.warning("Left %s alone: it is not JSON.", path)
             continue
         if (staged or {}).get(STAGED_VERSION_KEY) == version:
             continue
-        storage.delete_tree(layout.version_uri(version))
+        storage.delete_tree(folder)
         storage.delete_file(uri)
