@@ -8,6 +8,7 @@ name to any file the Ray user can write."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,3 +53,24 @@ def test_an_engine_core_dying_after_its_build_writes_through_no_planted_link(tmp
         for path in folder.iterdir():
             path.unlink()
         folder.rmdir()
+
+
+def test_an_engine_core_starting_after_its_build_uses_no_folder_another_user_made_at_the_name(
+    tmp_path: Path,
+) -> None:
+    """An EngineCore that opens the error folder only after the build ended may find another local user's
+    folder at the name (a plain one this time, no link): it is not mkdtemp's, so nothing is written."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    if os.geteuid() == 0:  # root can give it away; otherwise the mode alone tells it from mkdtemp's
+        os.chown(theirs, 65534, 65534)
+    else:
+        theirs.chmod(0o777)
+    ours = Path(tempfile.mkdtemp(dir=tmp_path))
+
+    refused = engine._open_error_folder(str(theirs / "000000.error"))
+    opened = engine._open_error_folder(str(ours / "000000.error"))
+
+    assert refused is None
+    assert opened is not None
+    os.close(opened)

@@ -184,13 +184,20 @@ def _open_error_folder(error_path: str | None) -> int | None:
     The folder is removed when the build ends, but a warm EngineCore lives for hours and may die any
     time: writing by its path then would write into whatever another local user made at that name
     since (a folder of their own, a link to any file the Ray user can write). Through the descriptor,
-    a write after the build finds the folder deleted and writes nothing."""
+    a write after the build finds the folder deleted and writes nothing. An EngineCore that starts
+    after the build ended may find such a folder at the name: one not ``mkdtemp``'s (ours, private) is
+    not used."""
     if error_path is None:
         return None
     try:
-        return os.open(os.path.dirname(error_path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        folder = os.open(os.path.dirname(error_path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:  # the build already ended: nothing to report to
         return None
+    facts = os.fstat(folder)
+    if facts.st_uid != os.geteuid() or facts.st_mode & 0o077:
+        os.close(folder)
+        return None
+    return folder
 
 
 def _write_error(folder: int, name: str, text: str) -> None:
