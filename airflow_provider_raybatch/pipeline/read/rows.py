@@ -471,6 +471,10 @@ def _csv_reader(data: bytes) -> Iterator[list[str]]:
     return csv.reader(stream, strict=False)
 
 
+def _csv_reader_of(text: str) -> Iterator[list[str]]:
+    return csv.reader(io.StringIO(text, newline=""), strict=False)
+
+
 def _is_utf8(data: bytes) -> bool:
     """Whether the file is valid UTF-8, decoded a piece at a time and the text let go."""
     if data.isascii():
@@ -625,8 +629,38 @@ def _csv_chunks(data: bytes, plan: _CsvPlan, header: list[str], utf8: bool) -> I
             yield [(number, [], refusal, data[start : min(end, start + 4 * RAW_LINE_KEPT_CHARS)])]
             continue
         entries = list(_csv_entries(data[start:end], header, not utf8, number))
+        if entries and end == len(data):
+            entries[-1] = _open_quote_checked(data, start, entries[-1])
         number = entries[-1][0] if entries else number
         yield entries
+
+
+#: A line no file holds, put after a file's last record to see whether a quoted field is still open
+#: there: a reader still in it reads the line into that field.
+_END_PROBE = "\x1eraybatch: the end of the file\x1e"
+
+
+def _open_quote_checked(data: bytes, start: int, last: _CsvEntry) -> _CsvEntry:
+    """The file's last record (``last``, of the chunk from ``start``), with the reason it cannot be a row
+    when a quoted field in it never closes: Python's ``csv`` (not strict) then reads the rest of the
+    file into that field, and a stray quote at a cell's start made every later row silently part of
+    one."""
+    begin = start
+    for first, stop in raw_records.csv_records(data, start):
+        if not raw_records.is_blank(data, first, stop):
+            begin = first
+    text = data[begin:].decode("utf-8", "surrogateescape") + "\n" + _END_PROBE + "\n"
+    *_, final = _csv_reader_of(text)
+    if final == [_END_PROBE]:
+        return last
+    number, cells, _, raw = last
+    lines = raw_records.line_ends(data, begin, len(data))
+    reason = (
+        f"malformed CSV: row {number} opens a quoted field that never closes, so the rest of the file "
+        f"({lines:,} line{'s' * (lines != 1)}) would be in that field; close the quote, or write a quote "
+        'in a cell as ""'
+    )
+    return number, cells, reason, raw
 
 
 #: A number whose text carries more than its value: leading zeros (``02134``, ``007``: a cell that starts

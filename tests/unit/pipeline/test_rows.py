@@ -890,3 +890,30 @@ def test_property_a_column_searched_at_once_finds_a_lossy_number_where_a_cell_by
     from airflow_provider_raybatch.pipeline.read.rows import _has_lossy_number_text
 
     assert _has_lossy_number_text(cells) == any(_lossy_cell(cell) for cell in cells)
+
+
+_NEVER_CLOSES = "opens a quoted field that never closes, so the rest of the file"
+
+
+@pytest.mark.parametrize(
+    ("data", "open_row"),
+    [
+        (b'id,text\n1,"oops\n2,fine\n3,fine\n', 1),  # a stray quote at a cell's start: rows 2 and 3 in it
+        (b'id,text\n1,x\n2,"a""', 2),  # a doubled quote is a quote in the field, which stays open
+        (b'id,text\n1,"ok"\n2,"line\nbreak"\n3,x\n', None),  # quoted line breaks, every field closed
+        (b'id,text\n1,"a,"', None),  # closed at the end of the file, no line end
+        (b'id,text\n1,5" screen\n', None),  # a quote inside an unquoted field is a character
+        (b"id,text\n1,x\n\n\n", None),
+    ],
+)
+def test_a_quoted_field_that_never_closes_is_its_row_s_error_not_the_rest_of_the_file_silently(
+    data: bytes, open_row: int | None
+) -> None:
+    records = list(parse_file("q.csv", data, "csv"))
+
+    errors = {record["source"]: record["error"] for record in records if record["error"]}
+    if open_row is None:
+        assert errors == {}
+    else:
+        assert list(errors) == [f"q.csv:{open_row}"] and _NEVER_CLOSES in errors[f"q.csv:{open_row}"]
+        assert records[-1]["source"] == f"q.csv:{open_row}"  # the rows it swallowed are in its error row
