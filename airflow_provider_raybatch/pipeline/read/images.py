@@ -80,6 +80,7 @@ from airflow_provider_raybatch.pipeline.read.image_sources import decode_data_ur
 from airflow_provider_raybatch.pipeline.read.image_sources import reason as _reason
 from airflow_provider_raybatch.pipeline.read.image_sources import shorten as _short
 from airflow_provider_raybatch.pipeline.read.jpeg_layout import jpeg_layout_problem
+from airflow_provider_raybatch.pipeline.read.png_layout import png_layout_problem
 from airflow_provider_raybatch.pipeline.read.tiff_layout import tiff_layout_problem
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, JsonValue
 
@@ -305,9 +306,9 @@ def _decode(data: bytes, options: ImageOptions, *, resize: bool) -> tuple[Image,
     """The decoded RGB image (at the size asked, with ``resize``) and the format it was stored in."""
     if not data:
         raise _reason(BAD_IMAGE_KIND, "empty bytes")
-    # Before Pillow holds a TIFF's every strip as an object, or libjpeg folds in a JPEG's every scan:
-    # each walk reads only lengths and markers.
-    problem = tiff_layout_problem(data) or jpeg_layout_problem(data)
+    # Before Pillow holds a TIFF's every strip as an object, libjpeg folds in a JPEG's every scan, or
+    # Pillow handles a PNG's every chunk: each walk reads only lengths and markers.
+    problem = tiff_layout_problem(data) or jpeg_layout_problem(data) or png_layout_problem(data)
     if problem:
         raise _reason(BAD_IMAGE_KIND, problem)
     with _pillow_errors(), _open(data) as probe:  # reads the header only
