@@ -47,8 +47,8 @@ def png_layout_problem(data: bytes) -> str | None:
             pixel_chunks += 1
             if pixel_chunks > most_pixel_chunks:
                 return (
-                    f"PNG has {pixel_chunks} image data chunks or more, over the bound of {most_pixel_chunks} "
-                    f"(one for every {MIN_DATA_CHUNK_BYTES} bytes of the file)"
+                    f"PNG has {pixel_chunks} image data chunks or more, over the bound of "
+                    f"{most_pixel_chunks} (one for every {MIN_DATA_CHUNK_BYTES} bytes of the file)"
                 )
             continue
         if kind == b"IEND":
