@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.pipeline.read import (
     arrow_types,
+    column_bound,
     json_text_cost,
     parquet_plan,
     raw_records,
@@ -155,35 +156,6 @@ def _unreadable(name: str, input_format: str, why: str) -> Record:
 RECORD_BYTES = parquet_plan.PARQUET_DECODE_BYTES
 
 
-#: The most columns a file's rows may name, each row and all of them together: each becomes a column of
-#: the output (unless ``keep_columns`` picks some), and a staged part costs about 7 KiB a column for its
-#: rows (a JSONL line of 150,000 keys, 1.9 MiB, made a part that took 1 GiB to write), and the commit
-#: gives every part the columns of all (rows of 20 keys of their own each made it quadratic).
-MAX_FILE_COLUMNS = 4096
-
-
-def _too_many_columns(what: str, count: int) -> str:
-    return (
-        f"too many columns: {what} {count:,} columns, more than a file's rows may name together "
-        f"({MAX_FILE_COLUMNS:,}: each becomes a column of the output); split the file's rows by the "
-        "columns they have, or put what varies in one column of JSON"
-    )
-
-
-def _new_columns_refusal(columns: set[str], row: JsonObject) -> str | None:
-    """Why a row's keys cannot join the names a file's rows have so far (``columns``, which they join
-    if they can), or None."""
-    if columns.issuperset(row):
-        return None
-    if len(row) > MAX_FILE_COLUMNS:
-        return _too_many_columns("its row alone has", len(row))
-    new = row.keys() - columns
-    if len(columns) + len(new) > MAX_FILE_COLUMNS:
-        return _too_many_columns("with this row, the file's rows would name", len(columns) + len(new))
-    columns |= new
-    return None
-
-
 def _record_too_large(what: str) -> str:
     return (
         f"row too large: {what} would take more than a row may once read ({RECORD_BYTES:,} bytes: its "
@@ -232,12 +204,12 @@ def _utf8_text(record: Record) -> Record:
 def _jsonl_records(name: str, data: bytes) -> Iterator[Record]:
     # Lines end at \n only, the rule the API counts requests by (jsonl.py): a bare \r stays in its
     # line, and U+2028 or U+0085 inside a string (UTF-8 bytes without \n) too, as JSON Lines requires.
-    columns: set[str] = set()  # the names the file's rows so far have
+    columns = column_bound.FileColumns()
     for number, line in split_lines(data, max_bytes=RECORD_BYTES):  # a longer line is cut, refused
         value = _json_object(line, number)
         source = f"{name}:{number}"
         if not isinstance(value, str):
-            value = _new_columns_refusal(columns, value) or value
+            value = columns.refusal(value) or value
         if isinstance(value, str):  # its error row shows the line's start, never 500 MB decoded
             yield _bad(source, value, raw=line[: 4 * RAW_LINE_KEPT_CHARS])
         elif b"\\u" in line and raw_records.JSON_SURROGATE_ESCAPE.search(line):  # only such can hold one
@@ -384,8 +356,8 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
     try:
         # Before pyarrow opens the file: a type off the allowlist may run the file's code (arrow_types).
         schema, metadata = arrow_types.checked_parquet_footer(data, parquet_plan.MAX_FOOTER_BYTES)
-        if len(schema.names) > MAX_FILE_COLUMNS:
-            yield _unreadable(name, "parquet", _too_many_columns("its schema has", len(schema.names)))
+        if (columns := column_bound.schema_columns(schema)) > column_bound.MAX_FILE_COLUMNS:
+            yield _unreadable(name, "parquet", column_bound.too_many_columns("its schema has", columns))
             return
         plan = parquet_plan.plan_reading(data, metadata, schema)
         # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name. A
@@ -783,8 +755,8 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
     header, start = opened
     if not header:  # an empty file: no rows
         return
-    if len(header) > MAX_FILE_COLUMNS:
-        yield _unreadable(name, "csv", _too_many_columns("its header names", len(header)))
+    if len(header) > column_bound.MAX_FILE_COLUMNS:
+        yield _unreadable(name, "csv", column_bound.too_many_columns("its header names", len(header)))
         return
     utf8 = _is_utf8(data)
     plan = _csv_plan(data, start, header)
