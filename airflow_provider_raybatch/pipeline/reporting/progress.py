@@ -12,7 +12,7 @@ import json
 import threading
 import time
 
-from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline import sidecars, storage
 from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY
 from airflow_provider_raybatch.shared.json_types import JsonObject
 from airflow_provider_raybatch.shared.manifest import progress_log_line
@@ -87,9 +87,15 @@ class ProgressReporter:
         for path in storage.list_files(self.parts_uri):
             if path in self._seen or not path.endswith(".json"):
                 continue
-            with filesystem.open_input_stream(path) as stream:
-                sidecar = json.loads(stream.read())
             self._seen.add(path)
+            with filesystem.open_input_stream(path) as stream:
+                text = stream.read(sidecars.MAX_SIDECAR_BYTES + 1)
+            try:
+                sidecar = json.loads(text)
+            except ValueError:
+                continue
+            if len(text) > sidecars.MAX_SIDECAR_BYTES or sidecars.sidecar_problem(sidecar):
+                continue  # none of ours: the commit refuses it, naming it
             self._rows_done += len(sidecar.get("sources", []))
             first_row_in_engine_at = sidecar.get(FIRST_ROW_IN_ENGINE_KEY)
             if isinstance(first_row_in_engine_at, int | float) and not isinstance(

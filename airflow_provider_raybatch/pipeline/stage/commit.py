@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.pipeline import sidecars, storage
 from airflow_provider_raybatch.pipeline.reporting import report
 from airflow_provider_raybatch.pipeline.row_types import StagedRow
 from airflow_provider_raybatch.pipeline.stage.binding import RunBinding
@@ -161,7 +161,7 @@ def _sidecars(
         if name in known_by_name:
             return known_by_name[name]
         uri = path if "://" not in layout.staging_uri else _uri_of(layout, path)
-        return StagedPart(name, json.loads(storage.read_text(uri)))
+        return StagedPart(name, sidecars.read_sidecar(uri, name))  # believed: checked first
 
     with ThreadPoolExecutor(max_workers=SIDECAR_READERS, thread_name_prefix="raybatch-sidecars") as pool:
         staged = list(pool.map(read, paths))
