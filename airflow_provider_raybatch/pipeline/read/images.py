@@ -49,6 +49,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from airflow_provider_raybatch.pipeline.read.gif_layout import gif_layout_problem
+
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
 # too, beside the kinds of decoding, for the readers of rows' reasons (TOO_LARGE_KIND also covers
 # pixels and the engine's encoding here).
@@ -306,9 +308,15 @@ def _decode(data: bytes, options: ImageOptions, *, resize: bool) -> tuple[Image,
     """The decoded RGB image (at the size asked, with ``resize``) and the format it was stored in."""
     if not data:
         raise _reason(BAD_IMAGE_KIND, "empty bytes")
-    # Before Pillow holds a TIFF's every strip as an object, libjpeg folds in a JPEG's every scan, or
-    # Pillow handles a PNG's every chunk: each walk reads only lengths and markers.
-    problem = tiff_layout_problem(data) or jpeg_layout_problem(data) or png_layout_problem(data)
+    # Before Pillow holds a TIFF's every strip as an object, libjpeg folds in a JPEG's every scan,
+    # Pillow handles a PNG's every chunk or a GIF's every block before its first image: each walk
+    # reads only lengths and markers.
+    problem = (
+        tiff_layout_problem(data)
+        or jpeg_layout_problem(data)
+        or png_layout_problem(data)
+        or gif_layout_problem(data)
+    )
     if problem:
         raise _reason(BAD_IMAGE_KIND, problem)
     with _pillow_errors(), _open(data) as probe:  # reads the header only
