@@ -84,6 +84,7 @@ from airflow_provider_raybatch.pipeline.read.image_sources import shorten as _sh
 from airflow_provider_raybatch.pipeline.read.jpeg_layout import jpeg_layout_problem
 from airflow_provider_raybatch.pipeline.read.png_layout import png_layout_problem
 from airflow_provider_raybatch.pipeline.read.tiff_layout import tiff_layout_problem
+from airflow_provider_raybatch.pipeline.read.webp_layout import webp_layout_problem
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, JsonValue
 
 if TYPE_CHECKING:
@@ -309,13 +310,14 @@ def _decode(data: bytes, options: ImageOptions, *, resize: bool) -> tuple[Image,
     if not data:
         raise _reason(BAD_IMAGE_KIND, "empty bytes")
     # Before Pillow holds a TIFF's every strip as an object, libjpeg folds in a JPEG's every scan,
-    # Pillow handles a PNG's every chunk or a GIF's every block before its first image: each walk
-    # reads only lengths and markers.
+    # Pillow handles a PNG's every chunk or a GIF's every block before its first image, or libwebp
+    # keeps a WebP's every chunk: each walk reads only lengths and markers.
     problem = (
         tiff_layout_problem(data)
         or jpeg_layout_problem(data)
         or png_layout_problem(data)
         or gif_layout_problem(data)
+        or webp_layout_problem(data)
     )
     if problem:
         raise _reason(BAD_IMAGE_KIND, problem)
