@@ -62,7 +62,9 @@ def test_a_planted_sidecar_no_writer_of_ours_makes_fails_the_commit_naming_it(
 ) -> None:
     _plant(layout, document)
 
-    with pytest.raises(sidecars.ForeignSidecarError, match="staged part part-0's sidecar is not one") as raised:
+    with pytest.raises(
+        sidecars.ForeignSidecarError, match="staged part part-0's sidecar is not one"
+    ) as raised:
         commit.write_version(layout, spec_of(run_key=RUN_KEY), rows_in=3)
 
     assert problem in str(raised.value) and "delete parts/part-0.json" in str(raised.value)
