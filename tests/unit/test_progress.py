@@ -168,10 +168,30 @@ def test_interval_zero_turns_the_relay_off(hook: RayHook, ray_api: respx.MockRou
 
 
 def _sidecar(folder: Path, name: str, rows: int, tokens_out: int, **fields: float) -> None:
+    """A part's sidecar as the part writer makes it (the reporter skips any other: the commit refuses it)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(
-        json.dumps({"sources": [f"{name}:{i}" for i in range(rows)], "tokens_out": tokens_out, **fields})
-    )
+    sidecar = {
+        "sources": [f"{name}:{i}" for i in range(rows)],
+        "files": {"outputs": f"{name}.parquet"},
+        "rows_out": rows,
+        "rows_failed": 0,
+        "tokens_in": 0,
+        "tokens_out": tokens_out,
+        "errors_by_reason": {},
+        **fields,
+    }
+    (folder / f"{name}.json").write_text(json.dumps(sidecar))
+
+
+def test_a_sidecar_no_writer_of_ours_makes_is_not_counted(tmp_path: Path) -> None:
+    parts = tmp_path / "parts"
+    _sidecar(parts, "part-a", rows=3, tokens_out=5)
+    (parts / "part-b.json").write_text(json.dumps({"sources": ["x"] * 1000, "tokens_out": 10**9}))
+    (parts / "part-c.json").write_text("not JSON")
+
+    snapshot = ProgressReporter(str(parts), rows_total=2000, rows_resumed=0).snapshot()
+
+    assert (snapshot["rows_done"], snapshot["tokens_out"]) == (3, 5)
 
 
 def test_reporter_counts_staged_parts_and_only_this_runs_tokens(
