@@ -18,9 +18,6 @@ are measured in a fresh interpreter.
 from __future__ import annotations
 
 import io
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,42 +32,10 @@ from airflow_provider_raybatch.pipeline.read.gif_layout import (  # noqa: E402 -
     gif_layout_problem,
 )
 from airflow_provider_raybatch.pipeline.read.images import load_image  # noqa: E402
+from tests.security.image_measure import REFUSED_CPU_SECONDS, SLACK_MIB, measure  # noqa: E402
 
-#: What the interpreter adds to a measure beside the file's own cost (allocator, plugins imported).
-SLACK_MIB = 12
-#: CPU a refused file may cost: the walk reads length bytes and stops at the bound.
-REFUSED_CPU_SECONDS = 0.5
 #: Hostile files are this big: before the walk, Pillow took 2-3 s of CPU for each.
 FLOOD_BYTES = 8 << 20
-
-_MEASURE = """
-import json, resource, sys
-from PIL import Image, ImageOps, GifImagePlugin  # not the image's cost
-from airflow_provider_raybatch.pipeline.read.images import load_image
-
-data = open(sys.argv[1], "rb").read()
-before = resource.getrusage(resource.RUSAGE_SELF)
-try:
-    result = {"size": list(load_image(data).size)}
-except ValueError as err:
-    result = {"reason": str(err)}
-after = resource.getrusage(resource.RUSAGE_SELF)
-result["cpu_seconds"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-result["grown_mib"] = (after.ru_maxrss - before.ru_maxrss) / 1024
-print(json.dumps(result))
-"""
-
-
-def measure(path: Path) -> dict[str, Any]:  # Any: JSON from the child.
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
 
 
 def gif(size: tuple[int, int] = (64, 64), frames: int = 1, **save: Any) -> bytes:  # Any: save options.
@@ -125,7 +90,7 @@ def test_a_flood_of_blocks_before_the_first_image_is_refused(
 ) -> None:
     path = tmp_path / "flood.gif"
     path.write_bytes(before_first_image(flood))
-    result = measure(path)
+    result = measure(path, "GifImagePlugin")
     assert result.get("reason") == reason, result
     assert result["cpu_seconds"] < REFUSED_CPU_SECONDS, result
     assert result["grown_mib"] < SLACK_MIB, result
@@ -137,7 +102,7 @@ def test_blocks_after_the_first_image_are_not_walked(tmp_path: Path) -> None:
     path = tmp_path / "after.gif"
     path.write_bytes(data[:-1] + repeated(b"\x21\xfe\x01x\x00") + b";")
     assert gif_layout_problem(path.read_bytes()) is None
-    result = measure(path)
+    result = measure(path, "GifImagePlugin")
     assert result.get("size") == [64, 64], result
     assert result["cpu_seconds"] < REFUSED_CPU_SECONDS, result
 

@@ -17,9 +17,6 @@ CPU and growth are measured in a fresh interpreter.
 from __future__ import annotations
 
 import io
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,40 +32,7 @@ from airflow_provider_raybatch.pipeline.read.jpeg_layout import (  # noqa: E402
     MAX_JPEG_STRAY_BYTES,
     jpeg_layout_problem,
 )
-
-#: What the interpreter adds to a measure beside the file's own cost (allocator, plugins imported).
-SLACK_MIB = 12
-#: CPU a refused file may cost: the walk is a search in C and a Python step per segment.
-REFUSED_CPU_SECONDS = 0.5
-
-_MEASURE = """
-import json, resource, sys
-from PIL import Image, ImageOps, JpegImagePlugin  # not the image's cost
-from airflow_provider_raybatch.pipeline.read.images import load_image
-
-data = open(sys.argv[1], "rb").read()
-before = resource.getrusage(resource.RUSAGE_SELF)
-try:
-    result = {"size": list(load_image(data).size)}
-except ValueError as err:
-    result = {"reason": str(err)}
-after = resource.getrusage(resource.RUSAGE_SELF)
-result["cpu_seconds"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-result["grown_mib"] = (after.ru_maxrss - before.ru_maxrss) / 1024
-print(json.dumps(result))
-"""
-
-
-def measure(path: Path) -> dict[str, Any]:  # Any: JSON from the child.
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+from tests.security.image_measure import REFUSED_CPU_SECONDS, SLACK_MIB, measure  # noqa: E402
 
 
 def jpeg(size: tuple[int, int] = (64, 64), **save: Any) -> bytes:  # Any: Pillow's save options.
@@ -92,7 +56,7 @@ def after_first_segment(data: bytes, inserted: bytes) -> bytes:
 def test_a_thousand_repeated_scans_are_refused_before_libjpeg_decodes_them(tmp_path: Path) -> None:
     path = tmp_path / "scans.jpg"
     path.write_bytes(repeated_last_scan(jpeg((2048, 2048), progressive=True), 1000))
-    result = measure(path)
+    result = measure(path, "JpegImagePlugin")
     assert result.get("reason") == (
         f"bad image: JPEG has {MAX_JPEG_SCANS + 1} scans (SOS markers) or more, "
         f"over the bound of {MAX_JPEG_SCANS}"
@@ -103,7 +67,7 @@ def test_a_thousand_repeated_scans_are_refused_before_libjpeg_decodes_them(tmp_p
 def test_a_flood_of_empty_app_segments_is_refused_before_pillow_lists_them(tmp_path: Path) -> None:
     path = tmp_path / "app.jpg"
     path.write_bytes(after_first_segment(jpeg(), b"\xff\xe1\x00\x02" * (1 << 20)))  # 4 MiB
-    result = measure(path)
+    result = measure(path, "JpegImagePlugin")
     assert result.get("reason") == (
         f"bad image: JPEG has {MAX_JPEG_MARKERS + 1} markers or more, over the bound of {MAX_JPEG_MARKERS}"
     ), result
@@ -116,7 +80,7 @@ def test_stray_bytes_between_segments_are_refused(tmp_path: Path, stray: bytes) 
     path = tmp_path / "stray.jpg"
     nbytes = 1 << 20
     path.write_bytes(after_first_segment(jpeg(), stray * (nbytes // len(stray))))
-    result = measure(path)
+    result = measure(path, "JpegImagePlugin")
     assert result.get("reason", "").startswith(f"bad image: JPEG has {nbytes} stray bytes"), result
     assert result["reason"].endswith(f"over the bound of {MAX_JPEG_STRAY_BYTES}"), result
     assert result["cpu_seconds"] < REFUSED_CPU_SECONDS, result

@@ -16,10 +16,7 @@ Pillow wrote; CPU and growth are measured in a fresh interpreter.
 from __future__ import annotations
 
 import io
-import json
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -35,40 +32,7 @@ from airflow_provider_raybatch.pipeline.read.png_layout import (  # noqa: E402
     MAX_PNG_ICCP,
     png_layout_problem,
 )
-
-#: What the interpreter adds to a measure beside the file's own cost (allocator, plugins imported).
-SLACK_MIB = 12
-#: CPU a refused file may cost: the walk reads a chunk's length and type and stops at the bound.
-REFUSED_CPU_SECONDS = 0.5
-
-_MEASURE = """
-import json, resource, sys
-from PIL import Image, ImageOps, PngImagePlugin  # not the image's cost
-from airflow_provider_raybatch.pipeline.read.images import load_image
-
-data = open(sys.argv[1], "rb").read()
-before = resource.getrusage(resource.RUSAGE_SELF)
-try:
-    result = {"size": list(load_image(data).size)}
-except ValueError as err:
-    result = {"reason": str(err)}
-after = resource.getrusage(resource.RUSAGE_SELF)
-result["cpu_seconds"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-result["grown_mib"] = (after.ru_maxrss - before.ru_maxrss) / 1024
-print(json.dumps(result))
-"""
-
-
-def measure(path: Path) -> dict[str, Any]:  # Any: JSON from the child.
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+from tests.security.image_measure import REFUSED_CPU_SECONDS, SLACK_MIB, measure  # noqa: E402
 
 
 def chunk(kind: bytes, body: bytes = b"") -> bytes:
@@ -95,7 +59,7 @@ INFLATING_ICCP = chunk(b"iCCP", b"p\0\0" + zlib.compress(bytes((1 << 20) - 1), 9
 def test_a_flood_of_inflating_iccp_chunks_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "iccp.png"
     path.write_bytes(before_image_data(INFLATING_ICCP * 300))
-    result = measure(path)
+    result = measure(path, "PngImagePlugin")
     assert result.get("reason") == (
         f"bad image: PNG has {MAX_PNG_ICCP + 1} iCCP chunks or more, over the bound of {MAX_PNG_ICCP}"
     ), result
@@ -110,7 +74,7 @@ def test_a_flood_of_inflating_iccp_chunks_is_refused(tmp_path: Path) -> None:
 def test_a_flood_of_small_chunks_is_refused(tmp_path: Path, flood: bytes, nbytes: int) -> None:
     path = tmp_path / "flood.png"
     path.write_bytes(before_image_data(flood * (nbytes // len(flood))))
-    result = measure(path)
+    result = measure(path, "PngImagePlugin")
     assert result.get("reason") == (
         f"bad image: PNG has {MAX_PNG_CHUNKS + 1} chunks or more besides its image data, "
         f"over the bound of {MAX_PNG_CHUNKS}"

@@ -13,15 +13,11 @@ The hostile files are written here with struct.pack; the growth is measured in a
 from __future__ import annotations
 
 import io
-import json
 import math
 import struct
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,36 +29,7 @@ from airflow_provider_raybatch.pipeline.read.tiff_layout import (  # noqa: E402
     MAX_TIFF_VALUES,
     tiff_layout_problem,
 )
-
-#: What the interpreter adds to a measure beside the file's own cost (allocator, plugins imported).
-SLACK_MIB = 12
-
-_MEASURE = """
-import json, resource, sys
-from PIL import Image, ImageOps, TiffImagePlugin  # not the image's cost
-from airflow_provider_raybatch.pipeline.read.images import load_image
-
-data = open(sys.argv[1], "rb").read()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-try:
-    result = {"size": list(load_image(data).size)}
-except ValueError as err:
-    result = {"reason": str(err)}
-result["grown_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-print(json.dumps(result))
-"""
-
-
-def measure(path: Path) -> dict[str, Any]:  # Any: JSON from the child.
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+from tests.security.image_measure import SLACK_MIB, measure  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -132,7 +99,7 @@ def test_a_million_one_row_strips_are_refused_before_pillow_opens_the_file(tmp_p
     path = tmp_path / "strips.tif"
     path.write_bytes(forged_tiff(MILLION_STRIPS))
     started = time.monotonic()
-    result = measure(path)
+    result = measure(path, "TiffImagePlugin")
     assert result.get("reason") == (
         f"bad image: TIFF page 0: StripOffsets holds 1000000 values, over the bound of {MAX_TIFF_VALUES}"
     ), result

@@ -17,10 +17,7 @@ in a fresh interpreter.
 from __future__ import annotations
 
 import io
-import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,42 +34,10 @@ from airflow_provider_raybatch.pipeline.read.webp_layout import (  # noqa: E402
     MAX_WEBP_FRAMES,
     webp_layout_problem,
 )
+from tests.security.image_measure import REFUSED_CPU_SECONDS, SLACK_MIB, measure  # noqa: E402
 
-#: What the interpreter adds to a measure beside the file's own cost (allocator, plugins imported).
-SLACK_MIB = 12
-#: CPU a refused file may cost: the walk reads a chunk's fourcc and size and stops at the bound.
-REFUSED_CPU_SECONDS = 0.5
 #: Hostile files are this big: before the walk, libwebp's demuxer grew the process by 90-230 MiB.
 FLOOD_BYTES = 30 << 20
-
-_MEASURE = """
-import json, resource, sys
-from PIL import Image, ImageOps, WebPImagePlugin  # not the image's cost
-from airflow_provider_raybatch.pipeline.read.images import load_image
-
-data = open(sys.argv[1], "rb").read()
-before = resource.getrusage(resource.RUSAGE_SELF)
-try:
-    result = {"size": list(load_image(data).size)}
-except ValueError as err:
-    result = {"reason": str(err)}
-after = resource.getrusage(resource.RUSAGE_SELF)
-result["cpu_seconds"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-result["grown_mib"] = (after.ru_maxrss - before.ru_maxrss) / 1024
-print(json.dumps(result))
-"""
-
-
-def measure(path: Path) -> dict[str, Any]:  # Any: JSON from the child.
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
 
 
 def webp(size: tuple[int, int] = (64, 64), frames: int = 1, **save: Any) -> bytes:  # Any: save options.
@@ -132,7 +97,7 @@ CHUNKS_REASON = (
 def test_a_flood_of_chunks_is_refused(tmp_path: Path, data: bytes, reason: str) -> None:
     path = tmp_path / "flood.webp"
     path.write_bytes(data)
-    result = measure(path)
+    result = measure(path, "WebPImagePlugin")
     assert result.get("reason") == reason, result
     assert result["cpu_seconds"] < REFUSED_CPU_SECONDS, result
     assert result["grown_mib"] < SLACK_MIB, result
