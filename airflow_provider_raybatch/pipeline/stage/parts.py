@@ -31,7 +31,6 @@ import json
 import posixpath
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.pipeline import storage
@@ -49,6 +48,7 @@ from airflow_provider_raybatch.pipeline.stage.commit import (
     reason_kind,
 )
 from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
+from airflow_provider_raybatch.shared.jsonl import split_lines
 from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.shared.specs import ERROR_COLUMN, OutputFormat
 
@@ -103,20 +103,11 @@ def _escape_line_breaks(line: str) -> str:
 
 def _decode(data: bytes, output_format: OutputFormat, part_file: str) -> list[Row]:
     if output_format == "jsonl":
-        part_schema.check_json_cost(_lines(data), part_file)  # before any is parsed
+        part_schema.check_json_cost(
+            (line for _, line in split_lines(data)), part_file
+        )  # before any is parsed
         return [json.loads(line) for line in data.decode().split("\n") if line]
     return part_schema.decode_parquet(data, part_file)
-
-
-def _lines(data: bytes) -> Iterator[bytes]:
-    """The lines of a JSONL part that are not empty, one at a time (no list of them all)."""
-    start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end
-        if end > start:
-            yield data[start:end]
-        start = end + 1
 
 
 class PartWriter:
