@@ -92,18 +92,25 @@ running() {
   done
   return 0
 }
-# SIGTERM the given pids (one word), then SIGKILL those still running after 10 s.
+# Wait until none of the given pids (one word) runs, polling $2 times every $3 s.
+wait_ended() {
+  for _ in $(seq "$2"); do
+    [ -z "$(running $1)" ] && return 0
+    sleep "$3"
+  done
+  return 0
+}
+# SIGTERM the given pids (one word), then SIGKILL those still running after 10 s, and wait for them:
+# a killed process holds its ports until the kernel has ended it, and the caller may bind them next.
 stop_processes() {
   local pids=$1 left
   [ -n "$pids" ] || return 0
   kill -TERM $pids 2> /dev/null
-  for _ in $(seq 20); do
-    [ -z "$(running $pids)" ] && break
-    sleep 0.5
-  done
+  wait_ended "$pids" 20 0.5
   left=$(running $pids)
-  [ -n "$left" ] && kill -KILL $left 2> /dev/null
-  return 0
+  [ -n "$left" ] || return 0
+  kill -KILL $left 2> /dev/null
+  wait_ended "$left" 20 0.25
 }
 ancestors() {
   local pid=$PPID

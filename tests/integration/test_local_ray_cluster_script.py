@@ -11,7 +11,6 @@ the wrong GCS).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -63,18 +62,16 @@ def _answers(port: int) -> bool:
 
 
 def _port_free(port: int) -> bool:
-    """No process listens on ``port``.
+    """No process listens on ``port`` (TCP, any address).
 
-    SO_REUSEADDR, as a server sets it: a killed agent's accepted connections linger in TIME_WAIT on
-    its port for a minute, and a plain bind fails on them though nothing listens there any more.
+    Asked of the kernel's socket table, not by binding the port: a bind also fails on an outgoing
+    connection that happens to have the port as its ephemeral source (52422 is in Linux's ephemeral
+    range), and on a killed agent's accepted connections lingering in TIME_WAIT.
     """
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
+    listening = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout
+    return not listening.strip()
 
 
 def _agents() -> str:
