@@ -116,7 +116,7 @@ def test_a_job_on_engines_of_its_own_ends_idle_pool_replicas_while_its_replicas_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A pool kept warm for a day must not hold its resources against a job that does not use it."""
-    from airflow_provider_raybatch.pipeline.generate import engine_pool
+    from airflow_provider_raybatch.pipeline.generate import cluster_demand, engine_pool
 
     waits: list[bool | None] = []  # what Ray's scheduler says in each round (None: it cannot say)
     room_calls: list[tuple] = []
@@ -125,7 +125,7 @@ def test_a_job_on_engines_of_its_own_ends_idle_pool_replicas_while_its_replicas_
         answer = waits.pop(0)
         return when_unknown if answer is None else answer
 
-    monkeypatch.setattr(engine_pool, "_actor_waits_for", actor_waits_for)
+    monkeypatch.setattr(cluster_demand, "actor_waits_for", actor_waits_for)
     monkeypatch.setattr(
         engine_pool, "make_room", lambda *args: room_calls.append(args) or ["raybatch-engine-x-0"]
     )

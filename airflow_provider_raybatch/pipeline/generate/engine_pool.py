@@ -65,8 +65,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.pipeline.generate import cluster_demand
 from airflow_provider_raybatch.pipeline.generate.pool_replica import (
-    ANY_NODE,
     CONTROL_CALLS,
     CONTROL_GROUP,
     LEASE_RENEW_SECONDS,
@@ -277,7 +277,7 @@ def plan_pool(
 
 def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seconds: float) -> list[str]:
     """End idle replicas of other pools until a node that could host a replica needing ``needs`` has
-    them free (:func:`_lacking_by_node`); the names ended.
+    them free (:func:`.cluster_demand.lacking_by_node`); the names ended.
 
     A replica that holds a lease or has rows in flight says no; one still building its engine does not
     answer in time and is left alone. It gives up after about ``within_seconds`` (the lease's thread
@@ -296,7 +296,7 @@ def make_room(needs: dict[str, float], keep_fingerprint: str | None, within_seco
             continue
         if time.monotonic() >= deadline:
             break
-        lacking = _lacking_by_node(needs, _node_resources())
+        lacking = cluster_demand.lacking_by_node(needs, cluster_demand.node_resources_now())
         if not lacking or any(not short for short in lacking.values()):
             break  # no node could ever host it (ending replicas frees nothing), or one has room now
         try:
@@ -334,42 +334,6 @@ def _asked_to_retire(
         with contextlib.suppress(Exception):  # a call left queued would end it once built
             ray.cancel(ref)
     return False
-
-
-def _node_resources() -> dict[str, tuple[dict[str, float], dict[str, float]]]:
-    """Each alive node's resources, node id (hex) -> (total, free), from the GCS's view the autoscaler
-    reads; where Ray cannot say, the cluster's totals as one node (:data:`ANY_NODE`)."""
-    import ray
-
-    nodes: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
-    try:
-        from ray.autoscaler.v2.sdk import get_cluster_status
-
-        status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=2)
-        for node in [*status.active_nodes, *status.idle_nodes]:
-            if node.node_id and node.resource_usage is not None:
-                usage = node.resource_usage.usage
-                total = {use.resource_name: use.total for use in usage}
-                nodes[node.node_id] = (total, {use.resource_name: use.total - use.used for use in usage})
-    except Exception:  # noqa: BLE001 - another Ray layout, or the GCS did not answer
-        nodes = {}
-    return nodes or {ANY_NODE: (ray.cluster_resources(), ray.available_resources())}
-
-
-def _lacking_by_node(
-    needs: dict[str, float], nodes: dict[str, tuple[dict[str, float], dict[str, float]]]
-) -> dict[str, list[str]]:
-    """For each node that could host a replica needing ``needs`` (its totals cover them), the resources
-    it lacks now; a node with an empty list has room. A replica is placed on one node: the cluster's
-    sum says nothing (half a GPU free on each of two nodes is no room for one GPU)."""
-    return {
-        node: _short_of(needs, free) for node, (total, free) in nodes.items() if not _short_of(needs, total)
-    }
-
-
-def _short_of(needs: dict[str, float], available: dict[str, float]) -> list[str]:
-    """The resources of ``needs`` that ``available`` has too little of."""
-    return sorted(name for name, amount in needs.items() if amount and available.get(name, 0.0) < amount)
 
 
 def replica_needs(actor_options: dict[str, Any]) -> dict[str, float]:
@@ -554,7 +518,7 @@ class PoolLease:
             except ValueError:
                 continue  # dead: the stage that calls it next replaces it
             if not _is_up(replica):
-                return _actor_waits_for(replica_needs(self.pool.actor_options))
+                return cluster_demand.actor_waits_for(replica_needs(self.pool.actor_options))
         return False
 
     def _replica_timings(self) -> list[JsonObject]:
@@ -637,7 +601,9 @@ class RoomKeeper:
         Ray cannot say, nothing: this job's replicas may all be placed, and idle pools are not ended for
         nothing (a pool's lease, which knows whether its replicas are up, makes room then)."""
         waited = time.monotonic() - self._started
-        if waited > MAKE_ROOM_AFTER_SECONDS and _actor_waits_for(self.needs, when_unknown=False):
+        if waited > MAKE_ROOM_AFTER_SECONDS and cluster_demand.actor_waits_for(
+            self.needs, when_unknown=False
+        ):
             self.ended += make_room(self.needs, None, LEASE_RENEW_SECONDS)
 
 
@@ -650,28 +616,6 @@ def _is_up(replica: ActorHandle, wait_seconds: float = UP_ANSWER_SECONDS) -> boo
 
     ready, _ = ray.wait([replica.__ray_ready__.remote()], timeout=wait_seconds)
     return bool(ready)
-
-
-def _actor_waits_for(needs: dict[str, float], when_unknown: bool = True) -> bool:
-    """Whether Ray's scheduler has an actor asking for at least ``needs`` that it cannot place now (the
-    resource demands the autoscaler reads from the GCS); ``when_unknown`` if Ray cannot say (True for
-    a lease, so that making room stays its way out of a full cluster)."""
-    import ray
-
-    try:
-        from ray.autoscaler.v2.sdk import get_cluster_status
-
-        status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=2)
-        demands = status.resource_demands.ray_task_actor_demand
-    except Exception:  # noqa: BLE001 - another Ray layout, or the GCS did not answer
-        return when_unknown
-    for demand in demands:
-        for request in demand.bundles_by_count:
-            if request.count and all(
-                request.bundle.get(name, 0.0) >= amount for name, amount in needs.items() if amount
-            ):
-                return True
-    return False
 
 
 #: A replica's state in the lease when the job ended before its engine was built (the job's rows went

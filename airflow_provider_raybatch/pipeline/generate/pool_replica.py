@@ -18,6 +18,9 @@ Its lifetime is the keep-warm window, nothing else (:mod:`.engine_pool` says why
   replica shuts its engine down and exits: the GPUs are free again (scale to zero).
 * ``retire_if_idle`` lets a job that needs the resources end an idle replica of another pool at once
   (a cluster without spare GPUs never waits on an idle pool).
+* Work that knows nothing of pools (another team's job, a Ray Data pipeline) cannot ask: an idle
+  replica looks at what Ray waits to place and gives way to work its end would make room for
+  (:data:`GIVE_WAY_AFTER_IDLE_SECONDS`, :mod:`.cluster_demand`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow_provider_raybatch.pipeline.generate import engine_caches
+from airflow_provider_raybatch.pipeline.generate import cluster_demand, engine_caches
 from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
@@ -69,15 +72,19 @@ LEASE_SECONDS = 30.0
 LEASE_RENEW_SECONDS = 5.0
 #: How often the replica looks at its leases and its keep-warm window.
 _TICK_SECONDS = 1.0
+#: An idle replica gives way to other work that waits for what it holds (:meth:`EngineReplica._give_way`)
+#: once idle this long: a backfill's next date, a few seconds behind the last, still finds it warm.
+GIVE_WAY_AFTER_IDLE_SECONDS = 30.0
+#: How often an idle replica looks at what Ray waits to place, and how many looks in a row must see
+#: such work: a task that Ray places a moment later is not waiting for this replica.
+_GIVE_WAY_LOOK_SECONDS = 5.0
+_GIVE_WAY_LOOKS = 2
 #: One job's rows in a replica's engine at once, at most, in running batches of the engine (vLLM's
 #: ``max_num_seqs``), whatever ``batch_size x max_concurrent_batches`` it asks for. The engine always
 #: has the job's next rows waiting (Ray Data LLM's wrapper lets ~1.1 batches in and queues the rest first
 #: come, first served), and a second job's rows wait behind about one batch of the first's, not behind
 #: its whole backlog; then the two take turns in that queue, about half each.
 JOB_SHARE_IN_RUNNING_BATCHES = 2
-#: The node key of a make-room call's ``lacking`` where Ray gave no per-node figures: the cluster's
-#: totals stand for one node (:func:`.engine_pool.make_room`).
-ANY_NODE = "*"
 #: Chat templates no job renders with that a replica keeps loaded (a tokenizer each) for the next job.
 _SPARE_CHAT_TEMPLATES = 2
 #: vLLM's ``max_num_seqs`` where neither the engine nor its settings say.
@@ -106,6 +113,9 @@ class EngineReplica:
     _loop: asyncio.AbstractEventLoop | None = None
     #: The folders its engine loads compiled code from (:mod:`.engine_caches`), checked again at each attach.
     _cache_folders: tuple[engine_caches.CacheFolder, ...] = ()
+    #: When it last looked for other work waiting for what it holds, and how many looks in a row saw some.
+    _looked_for_waiting_work_at = 0.0
+    _looks_that_saw_waiting_work = 0
 
     def __init__(
         self,
@@ -305,8 +315,9 @@ class EngineReplica:
         is on its way (a make-room call queued while it built may run first).
 
         :param lacking: node id -> the resources the asking job's replica lacks there, for the nodes
-            that could host it (:data:`ANY_NODE`: any). A replica on another node, or holding none of one
-            of them, stays: its end would not let that replica be placed. None: it ends if idle.
+            that could host it (:data:`.cluster_demand.ANY_NODE`: any). A replica on another node, or
+            holding none of one of them, stays: its end would not let that replica be placed. None: it
+            ends if idle.
         """
         return await self._on_rows_loop(self._retire_if_idle(lacking))
 
@@ -316,7 +327,7 @@ class EngineReplica:
         fresh = not self._jobs_served and time.monotonic() - self._last_active < LEASE_SECONDS
         if self._leases or self._in_flight or fresh:
             return False
-        if lacking is not None and not would_make_room(lacking, *self._place()):
+        if lacking is not None and not cluster_demand.would_make_room(lacking, *self._place()):
             return False
         self._retire("another job needs its resources")
         return True
@@ -368,6 +379,36 @@ class EngineReplica:
                     )
             elif idle and now - self._last_active >= self._keep_warm_seconds:
                 self._retire(f"idle for {self._keep_warm_seconds:g} s (keep_warm_seconds)")
+            if idle and now - self._last_active >= GIVE_WAY_AFTER_IDLE_SECONDS:
+                await self._give_way(now)
+            else:
+                self._looks_that_saw_waiting_work = 0
+
+    async def _give_way(self, now: float) -> None:
+        """End the replica if Ray has waited, look after look, to place work that its end would make
+        room for: another team's job, a Ray Data pipeline, anything that knows nothing of pools and
+        would otherwise wait ``keep_warm_seconds`` for this replica's GPUs (a job of ours on other
+        engines asks idle replicas itself, :func:`.engine_pool.make_room`)."""
+        if self._retiring or now - self._looked_for_waiting_work_at < _GIVE_WAY_LOOK_SECONDS:
+            return
+        self._looked_for_waiting_work_at = now
+        waiting = await asyncio.to_thread(self._work_waiting_for_this_replica)
+        self._looks_that_saw_waiting_work = self._looks_that_saw_waiting_work + 1 if waiting else 0
+        if waiting and self._looks_that_saw_waiting_work >= _GIVE_WAY_LOOKS:
+            self._retire(f"idle, and other work waits for what it holds ({waiting})")
+
+    def _work_waiting_for_this_replica(self) -> dict[str, float] | None:
+        """A bundle Ray waits to place that this replica's end would make room for (None: none, or
+        Ray cannot say; a replica outside Ray looks at nothing)."""
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        try:
+            return cluster_demand.work_it_would_place(*self._place())
+        except Exception:  # noqa: BLE001 - a failed look is no reason to end; the next one tries again
+            log.debug("Looking for work waiting for this replica's resources failed.", exc_info=True)
+            return None
 
     def _cancel(self, job_id: str, why: str) -> None:
         tasks = self._in_flight.get(job_id, set())
@@ -419,13 +460,6 @@ def _max_num_seqs(engine: Any, engine_kwargs: dict[str, Any]) -> int:  # Any: Ra
         return int(engine.llm.engine.vllm_config.scheduler_config.max_num_seqs)
     configured = (engine_kwargs.get("engine_kwargs") or {}).get("max_num_seqs")
     return int(configured) if isinstance(configured, int) and configured > 0 else _DEFAULT_MAX_NUM_SEQS
-
-
-def would_make_room(lacking: dict[str, list[str]], node_id: str, held: dict[str, float]) -> bool:
-    """Whether a replica on ``node_id`` holding ``held`` would, once ended, free some of each resource
-    its node lacks for a waiting replica (``lacking``: see :meth:`EngineReplica.retire_if_idle`)."""
-    short = lacking.get(node_id, lacking.get(ANY_NODE))
-    return short is not None and all(held.get(name, 0.0) > 0 for name in short)
 
 
 def chat_template_key(settings: dict[str, Any]) -> str:

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_raybatch.pipeline.generate.cluster_demand import (
+    lacking_by_node,
+    short_of,
+    would_make_room,
+)
 from airflow_provider_raybatch.pipeline.generate.engine_pool import (
     JOB_SIDE_SETTINGS,
     EnginePool,
-    _short_of,
     plan_pool,
     replica_needs,
 )
@@ -154,8 +158,8 @@ def test_what_a_replica_needs_and_whether_it_fits() -> None:
         {"num_gpus": 1, "num_cpus": 2, "resources": {"engine_slot": 1}, "accelerator_type": "H100"}
     )
     assert needs == {"GPU": 1.0, "CPU": 2.0, "engine_slot": 1, "accelerator_type:H100": 0.001}
-    assert _short_of(needs, {"GPU": 1.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0}) == []
-    assert _short_of(needs, {"GPU": 0.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0}) == [
+    assert short_of(needs, {"GPU": 1.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0}) == []
+    assert short_of(needs, {"GPU": 0.0, "CPU": 8.0, "engine_slot": 1.0, "accelerator_type:H100": 1.0}) == [
         "GPU"
     ]
 
@@ -451,7 +455,13 @@ def without_cluster() -> dict:
 def on_cluster() -> dict:
     """The snippets that need a cluster, on one local Ray cluster (a start costs ~5 s of CPU): each finds
     the pool's namespace empty (run_parts_in_ray_env ends what the one before left)."""
-    parts = {"health": _HEALTH, "routing": _ROUTING, "control": _CONTROL_CALLS_BESIDE_ROWS, "lease": _LEASE}
+    parts = {
+        "health": _HEALTH,
+        "routing": _ROUTING,
+        "control": _CONTROL_CALLS_BESIDE_ROWS,
+        "lease": _LEASE,
+        "give_way": _GIVE_WAY,
+    }
     cluster = {
         "address": "local",
         "num_cpus": 2,
@@ -521,6 +531,82 @@ ray.kill(replica)
 part_done(({"in_flight_when_attached": attached["in_flight"], "leases_when_healthy": healthy["leases"],
                   "released": released, "cancelled": cancelled, "seconds": seconds}))
 """
+
+
+_GIVE_WAY = """
+import asyncio, time
+import ray
+from airflow_provider_raybatch.pipeline.generate import pool_replica
+from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+class Engine:  # Ray Data LLM's UDF, never called here
+    pass
+
+class IdleReplica(EngineReplica):  # the replica's own lifetime (its watch, its looks, its end), no engine
+    def __init__(self):
+        pool_replica._TICK_SECONDS = 0.1  # module constants of the actor's own process
+        pool_replica.GIVE_WAY_AFTER_IDLE_SECONDS = 1.0
+        pool_replica._GIVE_WAY_LOOK_SECONDS = 0.5
+        self.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0,
+                             _keep_warm_seconds=600.0, _engine_started_at=0.0, _engine_ready_at=1.0,
+                             _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _rows_by_job={},
+                             _watch=None, _retiring=False, _chat_templates={}, _job_templates={},
+                             _last_active=time.monotonic(), _job_share=4, _shares={})
+        self._loop = asyncio.get_running_loop()
+
+@ray.remote(num_cpus=0)
+class Foreign:  # another team's actor: it knows nothing of pools
+    def ping(self):
+        return "placed"
+
+def alive(actor, seconds):
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=seconds)
+        return True
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+        return False
+
+groups = {pool_replica.CONTROL_GROUP: pool_replica.CONTROL_CALLS}
+replica = ray.remote(concurrency_groups=groups)(IdleReplica).options(
+    num_cpus=1, resources={"slot": 2}, max_concurrency=4).remote()  # 1 of 2 CPUs, 2 of 3 slots
+ray.get(replica.attach.remote("earlier-job", 600.0))
+ray.get(replica.release.remote("earlier-job"))
+# Idle, and what waits could never be placed on this node, ending the replica or not; or waits for
+# CPUs alone (a GPU engine's CPU is no reason for it to end).
+never = Foreign.options(resources={"slot": 4}).remote()
+cpus = Foreign.options(num_cpus=2).remote()
+time.sleep(4.0)
+kept_for_the_impossible_and_cpus = alive(replica, 5)
+ray.kill(cpus)
+# A job holds it: it stays, though a foreign actor waits for its slots.
+ray.get(replica.attach.remote("running-job", 600.0))
+waiting = Foreign.options(resources={"slot": 2}).remote()
+time.sleep(4.0)
+kept_while_leased = alive(replica, 5)
+not_placed_while_leased = not alive(waiting, 0.5)
+ray.get(replica.release.remote("running-job"))
+released = time.monotonic()
+placed = ray.get(waiting.ping.remote(), timeout=60)
+part_done({"kept_for_the_impossible_and_cpus": kept_for_the_impossible_and_cpus, "kept_while_leased": kept_while_leased,
+           "not_placed_while_leased": not_placed_while_leased, "placed": placed,
+           "placed_after_release_s": round(time.monotonic() - released, 1),
+           "replica_ended": not alive(replica, 5)})
+ray.kill(never)
+ray.kill(waiting)
+"""
+
+
+def test_an_idle_replica_gives_way_to_work_that_knows_nothing_of_pools(on_cluster: dict) -> None:
+    """An actor of no pool of ours waits for what an idle replica holds: the replica ends and the actor
+    is placed, within seconds of the replica's last job leaving it, not after ``keep_warm_seconds``
+    (600 s here). A replica a job holds stays; work the node could never host, or that waits for CPUs
+    alone, ends nothing."""
+    report = part_report(on_cluster, "give_way")
+    assert report["kept_for_the_impossible_and_cpus"] is True
+    assert report["kept_while_leased"] is True and report["not_placed_while_leased"] is True
+    assert report["placed"] == "placed" and report["replica_ended"] is True
+    # idle 1 s, two looks 0.5 s apart, the raylet's report of usage a second or so behind
+    assert report["placed_after_release_s"] < 30
 
 
 def test_a_stage_actor_keeps_a_bounded_number_of_rows_waiting_on_the_replicas(stage_report: dict) -> None:
@@ -823,7 +909,7 @@ import json, os, socket, threading, time
 import ray
 from airflow_provider_raybatch.pipeline.generate import engine_pool
 from airflow_provider_raybatch.pipeline.generate.engine_pool import NAMESPACE, EnginePool, PoolLease
-from airflow_provider_raybatch.pipeline.generate.pool_replica import would_make_room
+from airflow_provider_raybatch.pipeline.generate.cluster_demand import would_make_room
 
 engine_pool.MAKE_ROOM_AFTER_SECONDS = 0.5
 
@@ -956,8 +1042,6 @@ def test_the_needs_of_a_jobs_own_replica_come_from_its_engine_stage() -> None:
 def test_room_is_made_on_a_node_that_could_host_the_replica_never_by_the_clusters_sum() -> None:
     """An A100 job waits while idle replicas hold the A100 node's GPU and an H100 node's: ending the
     H100 one would make the cluster's sum fit and free nothing the job can use."""
-    from airflow_provider_raybatch.pipeline.generate.engine_pool import _lacking_by_node
-    from airflow_provider_raybatch.pipeline.generate.pool_replica import would_make_room
 
     needs = {"GPU": 1.0, "accelerator_type:A100": 0.001}
     nodes = {
@@ -971,14 +1055,14 @@ def test_room_is_made_on_a_node_that_could_host_the_replica_never_by_the_cluster
         ),
         "half": ({"GPU": 1.0, "accelerator_type:A100": 1.0}, {"GPU": 0.5, "accelerator_type:A100": 1.0}),
     }
-    lacking = _lacking_by_node(needs, nodes)
+    lacking = lacking_by_node(needs, nodes)
     assert lacking == {"a100": ["GPU"], "half": ["GPU"]}  # the H100 node can never host it
     assert would_make_room(lacking, "a100", {"GPU": 1.0, "CPU": 1.0})
     assert would_make_room(lacking, "half", {"GPU": 0.5})  # half a GPU more there is a whole one
     assert not would_make_room(lacking, "h100", {"GPU": 1.0})
     assert not would_make_room(lacking, "a100", {"CPU": 1.0})
     assert (
-        _lacking_by_node(
+        lacking_by_node(
             needs,
             {
                 **nodes,
