@@ -1,10 +1,11 @@
 """What Ray's scheduler waits to place, and what each node has free: the GCS's view the autoscaler reads.
 
-A warm pool's replica holds its resources between jobs (a GPU, say, and a CPU). Two kinds of work may wait for them: a job of
-ours on other engines (it asks idle replicas to end, :func:`.engine_pool.make_room`) and work that
-knows nothing of pools (another team's Ray job, a Ray Data pipeline, the Batch API's jobs). For the
-second, an idle replica looks itself (:meth:`.pool_replica.EngineReplica._give_way`) with
-:func:`work_it_would_place`: a pool kept warm for a day must not hold a cluster's GPUs against them.
+A warm pool's replica holds its resources between jobs (a GPU, say, and a CPU). Two kinds of work
+may wait for them: a job of ours on other engines (it asks idle replicas to end,
+:func:`.engine_pool.make_room`) and work that knows nothing of pools (another team's Ray job, a Ray
+Data pipeline, the Batch API's jobs). For the second, an idle replica looks itself
+(:meth:`.pool_replica.EngineReplica._give_way`) with :func:`work_it_would_place`: a pool kept warm for
+a day must not hold a cluster's GPUs against them.
 
 The figures come from Ray's autoscaler SDK (``ray.autoscaler.v2.sdk.get_cluster_status``): resource
 demands are the task, actor and placement-group bundles Ray could not place, and each node's usage is

@@ -587,7 +587,8 @@ not_placed_while_leased = not alive(waiting, 0.5)
 ray.get(replica.release.remote("running-job"))
 released = time.monotonic()
 placed = ray.get(waiting.ping.remote(), timeout=60)
-part_done({"kept_for_the_impossible_and_cpus": kept_for_the_impossible_and_cpus, "kept_while_leased": kept_while_leased,
+part_done({"kept_for_the_impossible_and_cpus": kept_for_the_impossible_and_cpus,
+           "kept_while_leased": kept_while_leased,
            "not_placed_while_leased": not_placed_while_leased, "placed": placed,
            "placed_after_release_s": round(time.monotonic() - released, 1),
            "replica_ended": not alive(replica, 5)})
