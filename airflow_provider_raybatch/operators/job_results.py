@@ -81,10 +81,9 @@ def job_result(
         driver_log = hook.get_job_logs(job_id)
     except RayHookError as err:
         driver_log, why_not = "", f"{why_not}; the driver log cannot be read ({err})"
-    manifest = manifest_from_log(driver_log)
-    if manifest is not None and not _is_result(manifest, job_id, spec):
+    manifest = manifest_from_log(driver_log, accept=lambda found: _is_printed_result(found, job_id, spec))
+    if manifest is None and manifest_from_log(driver_log) is not None:
         why_not = f"{why_not}; the driver log's manifest is not this job's result"
-        manifest = None
     if manifest is not None and committed.manifest is not None:
         check_not_superseded(manifest, committed.manifest, job_id, conn_id)
     if manifest is None:
@@ -118,6 +117,16 @@ def _is_result(manifest: JsonObject, job_id: str, spec: BatchInferenceSpec) -> b
     if spec.dry_run:
         return found.status == DRY_RUN_STATUS and found.job_id == job_id
     return is_result_of(found, job_id, spec.run_key, spec.fingerprint())
+
+
+def _is_printed_result(manifest: JsonObject, job_id: str, spec: BatchInferenceSpec) -> bool:
+    """Whether a manifest in ``job_id``'s driver log is its result: as :func:`_is_result`, and naming
+    the job. Every job of this provider prints its id in its manifest; one without (the run key and
+    fingerprint an older committed manifest is matched by are public) is a line another process put
+    in the log."""
+    return (
+        isinstance(manifest, dict) and manifest.get("job_id") == job_id and _is_result(manifest, job_id, spec)
+    )
 
 
 def committed_result_of(job_id: str, spec: BatchInferenceSpec, conn_id: str | None) -> JsonObject | None:

@@ -10,6 +10,7 @@ readable line of the task log. Both sides judge a committed run's failed rows wi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 from airflow_provider_raybatch.shared.run_manifest import HELD_STATUS, ManifestJson, RunManifest
@@ -47,7 +48,9 @@ def progress_log_line(progress: JsonObject) -> str:
     return PROGRESS_LOG_MARKER + json.dumps(progress, sort_keys=True, separators=(",", ":"))
 
 
-def _last_marked(log: str, marker: str) -> JsonObject | None:
+def _last_marked(
+    log: str, marker: str, accept: Callable[[JsonObject], bool] | None = None
+) -> JsonObject | None:
     # Searched from the end, not split into lines: the trigger reads a whole driver log (hundreds of
     # KiB) for each progress line, hundreds of triggers per triggerer (bench/RESULTS.md, section 3).
     end = len(log)
@@ -63,16 +66,23 @@ def _last_marked(log: str, marker: str) -> JsonObject | None:
         # The rest of the marker's line; splitlines() also ends it at "\r" and the like, as before.
         payload = log[start + len(marker) : None if line_end < 0 else line_end].splitlines()
         try:
-            return json.loads(payload[0] if payload else "")
+            found = json.loads(payload[0] if payload else "")
         except json.JSONDecodeError:
-            end = start  # a line cut short in the log; an earlier complete one may follow
+            found = None  # a line cut short in the log; an earlier complete one may follow
+        if found is not None and (accept is None or accept(found)):
+            return found
+        end = start
     return None
 
 
-def manifest_from_log(log: str) -> JsonObject | None:
+def manifest_from_log(log: str, accept: Callable[[JsonObject], bool] | None = None) -> JsonObject | None:
     """The last manifest printed in a driver log (as printed: :meth:`.RunManifest.of` reads it), or None
-    when the job printed none."""
-    return _last_marked(log, MANIFEST_LOG_MARKER)
+    when the job printed none.
+
+    :param accept: where given, the last manifest it accepts: a later line it refuses (another job's,
+        a forgery) does not hide the job's own.
+    """
+    return _last_marked(log, MANIFEST_LOG_MARKER, accept)
 
 
 def progress_from_log(log: str) -> JsonObject | None:
