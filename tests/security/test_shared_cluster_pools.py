@@ -142,3 +142,19 @@ def test_a_job_on_engines_of_its_own_ends_idle_pool_replicas_while_its_replicas_
     waits.append(True)
     keeper.round()  # too soon after the job asked for its engines: Ray may still be placing them
     assert len(room_calls) == 1 and waits == [True]
+
+
+@pytest.mark.parametrize("keep_warm", [float("nan"), float("inf"), 86_400.5, -1.0])
+def test_a_replica_refuses_a_keep_warm_window_that_would_keep_it_for_ever(keep_warm: float) -> None:
+    """Anyone who can submit to the cluster can call a replica by its name (docs/security.md): the
+    replica itself bounds ``keep_warm_seconds`` as the spec does, or NaN would keep it from ever
+    ending (NaN compares false with every idle time)."""
+    import asyncio
+
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+    replica = object.__new__(EngineReplica)
+    replica.__dict__.update(_retiring=False, _leases={}, _keep_warm_seconds=60.0)
+    with pytest.raises(ValueError, match=r"keep_warm_seconds=.* must be from 0 to 86,400"):
+        asyncio.run(replica._attach("tenant", keep_warm, None))
+    assert replica._leases == {} and replica._keep_warm_seconds == 60.0

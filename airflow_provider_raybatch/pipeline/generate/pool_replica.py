@@ -40,6 +40,7 @@ from airflow_provider_raybatch.pipeline.generate import cluster_demand, engine_c
 from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
+from airflow_provider_raybatch.shared.specs import KEEP_WARM_SECONDS_LIMIT
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
@@ -151,7 +152,7 @@ class EngineReplica:
         self._fingerprint = fingerprint
         self._engine_build_seconds = round(time.monotonic() - started, 3)
         self._engine_ready_at = time.time()
-        self._keep_warm_seconds = float(keep_warm_seconds)
+        self._keep_warm_seconds = _bounded_keep_warm(keep_warm_seconds)
         self._leases: dict[str, float] = {}  # job id -> when its lease ends (monotonic)
         self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}  # job id -> its requests in the engine
         self._last_active = time.monotonic()
@@ -192,6 +193,7 @@ class EngineReplica:
     async def _attach(
         self, job_id: str, keep_warm_seconds: float, chat_template: JsonObject | None
     ) -> JsonObject:
+        keep_warm = _bounded_keep_warm(keep_warm_seconds)
         await self._refuse_if_retiring()
         self._check_cache_folders()
         state = self._state()
@@ -200,7 +202,7 @@ class EngineReplica:
         if job_id not in self._jobs_served:
             self._jobs_served.append(job_id)
         self._leases[job_id] = time.monotonic() + LEASE_SECONDS
-        self._keep_warm_seconds = float(keep_warm_seconds)
+        self._keep_warm_seconds = keep_warm
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_leases())
         return state
@@ -460,6 +462,20 @@ def _max_num_seqs(engine: Any, engine_kwargs: dict[str, Any]) -> int:  # Any: Ra
         return int(engine.llm.engine.vllm_config.scheduler_config.max_num_seqs)
     configured = (engine_kwargs.get("engine_kwargs") or {}).get("max_num_seqs")
     return int(configured) if isinstance(configured, int) and configured > 0 else _DEFAULT_MAX_NUM_SEQS
+
+
+def _bounded_keep_warm(keep_warm_seconds: float) -> float:
+    """``keep_warm_seconds`` as a job's spec allows it. The replica checks again: anyone who can
+    submit to the cluster can call it by name, and NaN or a year would keep it from ever ending.
+
+    :raises ValueError: naming the value and the bound.
+    """
+    value = float(keep_warm_seconds)
+    if not 0.0 <= value <= KEEP_WARM_SECONDS_LIMIT:  # NaN fails both comparisons
+        raise ValueError(
+            f"keep_warm_seconds={keep_warm_seconds!r} must be from 0 to {KEEP_WARM_SECONDS_LIMIT:,}"
+        )
+    return value
 
 
 def chat_template_key(settings: dict[str, Any]) -> str:
