@@ -14,7 +14,10 @@ count and common.ai's idempotency key and input fingerprint (for :meth:`find_orp
 common.ai reads the id back from a state file under ``result_path`` named by a hash without a
 secret, which another deployment of the same DAG (or anyone who can write there) may have written:
 every call on a batch id acts only on one this deployment issued (:meth:`_own_job`), and any other
-reads as not found, so common.ai submits its own.
+reads as not found, so common.ai submits its own. For the same reason the job's folder and run key
+are named by an HMAC of common.ai's key under this deployment's key (:func:`.settings.batch_key`):
+another deployment's job of the same task instance never commits into this one's folder nor waits
+on its staging.
 common.ai builds adapters from the connection's host and password only (its dispatch), so the
 trigger's adapter sees no port field and no extras: in the worker, :meth:`RayBatchAdapter.submit`
 checks that the full ``ray`` connection says nothing those two fields do not, and fails naming
@@ -176,16 +179,18 @@ class RayBatchAdapter(OpenAIBatchAdapter):
         **kwargs: ArgValue,  # common.ai's batch-level context (completion_window: no meaning here)
     ) -> SubmitResult:
         """Write the request lines next to ``result_path``, ship the pipeline and submit the Ray job."""
-        context = _context()
+        context, secret = _context(), deployment_key()
         body_params, operator_settings = job.split_request_params(request_params)
         settings = job.job_settings(self._connection_extra(context), operator_settings)
-        folder = job.batch_folder(settings, _operator_field(context, "result_path"), idempotency_key)
+        # The folder and run key carry this deployment's key: common.ai's is the same in every deployment.
+        key = job.batch_key(idempotency_key, secret)
+        folder = job.batch_folder(settings, _operator_field(context, "result_path"), key)
         spec = job.build_spec(
             settings,
             model=model,
             input_uri=job.input_uri(folder, input_fingerprint),
             output_uri=job.output_uri(folder),
-            run_key=f"common-ai-{idempotency_key}",
+            run_key=job.run_key(key),
         )
         lines = self._iter_lines(
             requests,
@@ -206,7 +211,7 @@ class RayBatchAdapter(OpenAIBatchAdapter):
             COUNT_META: str(len(requests)),
             job_shipping.FINGERPRINT_KEY: spec.fingerprint(),
         }
-        job_id = _submit(self._hook, task_try_of(context), deployment_key(), spec, runtime_env, metadata)
+        job_id = _submit(self._hook, task_try_of(context), secret, spec, runtime_env, metadata)
         log.info(
             "Submitted Ray job %s (%d requests, model %s): %s/#/jobs/%s; outputs at %s.",
             job_id,

@@ -8,11 +8,13 @@ and the operator's ``request_params["raybatch"]`` (this batch), the operator's w
 inside ``engine_kwargs`` and ``sampling_params`` key by key too (a batch that adds a structured-outputs
 backend keeps the connection's ``max_model_len``).
 Everything else in ``request_params`` stays in each request's body, as for OpenAI. Pure functions:
-nothing here calls the network or reads a file.
+nothing here calls the network or reads a file (the deployment's key is given, not looked up).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +52,11 @@ _ROW_FIELDS = frozenset(
 _MERGED_FIELDS = frozenset({"engine_kwargs", "sampling_params"})
 #: A dry run commits nothing for common.ai to land: run it with RayLLMBatchOperator instead.
 _UNSUPPORTED_FIELDS = frozenset({"dry_run", "dry_run_rows_per_second"})
+#: What the batch key's HMAC signs besides common.ai's key: it signs nothing else under the deployment's
+#: key (submission ids sign a task try's values, joined with the same separator, shared/job_ids.py).
+_BATCH_KEY_LABEL = "airflow-provider-raybatch common.ai batch key v1"
+#: Hex digits of a batch key: 64 bits, as a submission id's HMAC.
+_BATCH_KEY_DIGITS = 16
 #: Spec defaults that differ for a common.ai batch: row failures are common.ai's to judge
 #: (``fail_on_partial_error``), so the job commits whatever rows failed.
 _DEFAULTS: Kwargs = {"max_failed_fraction": 1.0}
@@ -183,10 +190,34 @@ def cluster_uri(uri: str) -> str:
     )
 
 
-def batch_folder(settings: JobSettings, result_path: str, idempotency_key: str) -> str:
-    """The folder of one task instance's batches: ``<work_uri or result_path>/_raybatch/<key>``."""
+def batch_key(idempotency_key: str, secret: bytes) -> str:
+    """This deployment's name for one task instance's batches: an HMAC of common.ai's key under ``secret``.
+
+    common.ai's key hashes dag, task, run id and map index with no secret, so dev and prod running one
+    DAG against one result store have the same key. Named by it, their jobs would share a folder and a
+    run key: one's commit would replace the other's, and each would wait on the other's staging.
+    Signed as a submission id is (HMAC-SHA256 under the deployment's key, values joined by the unit
+    separator, 16 hex digits), the name differs between deployments and stays the same for one
+    deployment's retries, which resume the staging of the same folder.
+
+    :param secret: the deployment's key (``jobs.deployment_secret.deployment_key()``).
+    """
+    signed = "\x1f".join((_BATCH_KEY_LABEL, idempotency_key)).encode()
+    return hmac.new(secret, signed, hashlib.sha256).hexdigest()[:_BATCH_KEY_DIGITS]
+
+
+def batch_folder(settings: JobSettings, result_path: str, key: str) -> str:
+    """The folder of one task instance's batches: ``<work_uri or result_path>/_raybatch/<batch key>``.
+
+    :param key: the :func:`batch_key`, never common.ai's key itself (the same in every deployment).
+    """
     base = cluster_uri(settings.work_uri or result_path)
-    return f"{base.rstrip('/')}/_raybatch/{idempotency_key}"
+    return f"{base.rstrip('/')}/_raybatch/{key}"
+
+
+def run_key(key: str) -> str:
+    """The job's ``run_key`` (its staging folder under the output) for the :func:`batch_key` ``key``."""
+    return f"common-ai-{key}"
 
 
 def input_uri(folder: str, input_fingerprint: str) -> str:

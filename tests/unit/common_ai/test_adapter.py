@@ -27,6 +27,7 @@ from airflow.sdk import Connection  # noqa: E402
 
 from airflow_provider_raybatch.common_ai import adapter as adapter_module  # noqa: E402
 from airflow_provider_raybatch.common_ai.adapter import RayBatchAdapter, batch_status  # noqa: E402
+from airflow_provider_raybatch.common_ai.settings import batch_key  # noqa: E402
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus  # noqa: E402
 from airflow_provider_raybatch.jobs.deployment_secret import signing_key  # noqa: E402
 from airflow_provider_raybatch.shared.exceptions import BatchSpecError, RayJobAlreadyExistsError  # noqa: E402
@@ -231,7 +232,8 @@ def test_submit_writes_openai_lines_and_submits_our_pipeline(
     (job,) = fake.submitted
     assert result.batch_id == job["submission_id"]
     assert result.batch_id.startswith("raybatch-reviews-classify-manual__1-m-1-t1-")
-    folder = tmp_path / "results" / "_raybatch" / KEY
+    # Named by this deployment's key, not by common.ai's key (the same in every deployment).
+    folder = tmp_path / "results" / "_raybatch" / batch_key(KEY, signing_key(TEST_DEPLOYMENT_SECRET))
     assert result.provider_input_ref == f"{folder}/input-ffffffffffffffff.jsonl"
     lines = [json.loads(line) for line in Path(result.provider_input_ref).read_text().splitlines()]
     # common.ai's OpenAI request lines, our settings stripped from the body.
