@@ -17,7 +17,7 @@ every call on a batch id acts only on one this deployment issued (:meth:`_own_jo
 reads as not found, so common.ai submits its own. For the same reason the job's folder and run key
 are named by an HMAC of common.ai's key under this deployment's key (:func:`.settings.batch_key`):
 another deployment's job of the same task instance never commits into this one's folder nor waits
-on its staging.
+on its staging, and a folder whose result is not the job's fails the landing (:meth:`_committed`).
 common.ai builds adapters from the connection's host and password only (its dispatch), so the
 trigger's adapter sees no port field and no extras: in the worker, :meth:`RayBatchAdapter.submit`
 checks that the full ``ray`` connection says nothing those two fields do not, and fails naming
@@ -47,6 +47,7 @@ from airflow_provider_raybatch.jobs.task_tries import task_try_of
 from airflow_provider_raybatch.shared.exceptions import (
     BatchSpecError,
     RayJobAlreadyExistsError,
+    RayJobFailedError,
     RayJobNotFoundError,
 )
 from airflow_provider_raybatch.shared.job_ids import (
@@ -279,7 +280,11 @@ class RayBatchAdapter(OpenAIBatchAdapter):
     # -- results --------------------------------------------------------------------------------------
 
     def iter_results(self, batch_id: str) -> Iterator[RawResultItem]:
-        """The committed output and error lines of this job; none if it committed nothing (stopped)."""
+        """The committed output and error lines of this job; none if it committed nothing (stopped).
+
+        :raises RayJobFailedError: the job SUCCEEDED and its folder holds no result of it
+            (:meth:`_committed`).
+        """
         manifest = self._committed(self._own_job(batch_id))
         if manifest is None:
             return iter(())
@@ -332,23 +337,37 @@ class RayBatchAdapter(OpenAIBatchAdapter):
                 log.warning("Skipping unparsable result line %s of Ray job %s: %s", where, batch_id, err)
 
     def _committed(self, info: JobInfo) -> RunManifest | None:
-        """The manifest committed at the job's output folder, when this job committed it."""
-        output_uri = info.metadata.get(OUTPUT_META)
-        if not output_uri:
-            raise BatchSpecError(
-                f"Ray job {info.job_id} was not submitted by the raybatch common.ai adapter (no "
-                f"{OUTPUT_META!r} in its metadata); common.ai's recorded batch id points elsewhere."
-            )
-        found = read_committed_manifest(output_uri).manifest
-        manifest = RunManifest.of(found) if found is not None else None
-        if manifest is None or manifest.job_id != info.job_id:
-            # Its own job id, never the run-key fallback of a manifest without one: the folder is under
-            # result_path, which common.ai names with no secret, and anyone who can write there could
-            # plant a manifest naming no job.
+        """The manifest this job committed at its output folder; None when it committed none there.
+
+        A job that stopped or failed may have committed nothing: None, and common.ai counts its
+        requests cancelled or fails the batch. A job that SUCCEEDED committed its result there; when
+        the folder holds no result of it, an empty one would make common.ai count every request
+        ``missing`` and, with its default ``fail_on_partial_error=False``, pass the task with nothing
+        landed. So that fails loudly instead.
+
+        :raises RayJobFailedError: (``status="superseded"``) the job SUCCEEDED and its folder's
+            manifest is another job's, names no job, is not a complete commit, points outside the
+            folder, or cannot be read. The message names the folder, the job and the other job.
+        """
+        output_uri = _output_uri(info)
+        found = read_committed_manifest(output_uri)
+        manifest = RunManifest.of(found.manifest) if found.manifest is not None else None
+        problem = found.why_not if manifest is None else _not_a_result_of(manifest, info.job_id, output_uri)
+        if problem is None:
+            return manifest
+        if info.status != JobStatus.SUCCEEDED:
             return None
-        if not is_result_of(manifest, info.job_id, "", "") or not _results_inside(manifest, output_uri):
-            return None
-        return manifest
+        raise RayJobFailedError(
+            f"Ray job {info.job_id} SUCCEEDED, but its output folder {output_uri} holds no result of it: "
+            f"{problem}. Nothing is landed. Another run wrote to this folder after it (this deployment's "
+            "same task instance, its DAG run re-created or cleared while the job ran), someone who can "
+            "write under result_path changed it, or Airflow cannot read it (then set "
+            "request_params['raybatch']['work_uri'] to a folder both reach). common.ai's state still names "
+            "this job, so a retry lands the same: delete this task instance's state file under "
+            "<result_path>/_airflow_batch_state/ to run the batch again.",
+            job_id=info.job_id,
+            status="superseded",
+        )
 
     def find_orphaned_batch(
         self, idempotency_key: str, input_fingerprint: str, not_before: str
@@ -430,6 +449,34 @@ def _settings(api_key: str | None, base_url: str | None) -> RayConnectionSetting
     return RayConnectionSettings.from_connection(
         Connection(conn_id="raybatch_common_ai", conn_type="ray", host=base_url, password=api_key)
     )
+
+
+def _output_uri(info: JobInfo) -> str:
+    """The output folder the adapter gave the job (its metadata)."""
+    output_uri = info.metadata.get(OUTPUT_META)
+    if not output_uri:
+        raise BatchSpecError(
+            f"Ray job {info.job_id} was not submitted by the raybatch common.ai adapter (no "
+            f"{OUTPUT_META!r} in its metadata); common.ai's recorded batch id points elsewhere."
+        )
+    return output_uri
+
+
+def _not_a_result_of(manifest: RunManifest, job_id: str, output_uri: str) -> str | None:
+    """Why a manifest found at the job's output folder is not the job's committed result; None if it is.
+
+    Only the job's own id counts, never the run-key fallback of a manifest without one: the folder is
+    under result_path, and anyone who can write there could plant a manifest naming no job.
+    """
+    if manifest.job_id is None:
+        return "its manifest.json names no job"
+    if manifest.job_id != job_id:
+        return f"its manifest.json is the commit of another Ray job, {manifest.job_id[:_SHOWN_ID_LENGTH]!r}"
+    if not is_result_of(manifest, job_id, "", ""):
+        return f"its manifest.json is not a complete commit (status {str(manifest.status)[:40]!r})"
+    if not _results_inside(manifest, output_uri):
+        return "its manifest.json points at results outside the folder"
+    return None
 
 
 def _results_inside(manifest: RunManifest, output_uri: str) -> bool:

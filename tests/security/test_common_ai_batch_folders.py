@@ -5,8 +5,9 @@ running one ``@task.llm_batch`` DAG against one result store have the same key. 
 jobs shared ``<result_path>/_raybatch/<key>/output`` and the run key ``common-ai-<key>``: the last
 commit replaced the other deployment's result (whose task then passed with every request
 ``missing``), and a job of one waited on the other's staging for 150 s, then failed, on every try.
-The adapter names both by an HMAC of the key under the deployment's key (settings.batch_key). Batch
-ids: tests/security/test_common_ai_batch_ids.py.
+The adapter names both by an HMAC of the key under the deployment's key (settings.batch_key); and a
+job that SUCCEEDED but whose folder holds no result of it fails its landing, naming the folder and
+the other job, instead of landing nothing. Batch ids: tests/security/test_common_ai_batch_ids.py.
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ import pytest
 pytest.importorskip("airflow.providers.common.ai", reason="needs the common-ai extra")
 
 from airflow.providers.common.ai.batch.output_schema import build_output_spec  # noqa: E402
+from airflow.providers.common.ai.batch.polling import terminal_event  # noqa: E402
 from airflow.providers.common.ai.operators.llm_batch import LLMBatchOperator  # noqa: E402
 from airflow.sdk.exceptions import TaskDeferred  # noqa: E402
 
 from airflow_provider_raybatch.common_ai import settings as job  # noqa: E402
 from airflow_provider_raybatch.common_ai.adapter import KEY_META, OUTPUT_META, RayBatchAdapter  # noqa: E402
-from airflow_provider_raybatch.hooks.ray import JobInfo  # noqa: E402
+from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus  # noqa: E402
 from airflow_provider_raybatch.jobs import job_shipping  # noqa: E402
 from airflow_provider_raybatch.jobs.deployment_secret import signing_key  # noqa: E402
 from airflow_provider_raybatch.pipeline.stage import ownership  # noqa: E402
 from airflow_provider_raybatch.pipeline.storage import OutputLayout  # noqa: E402
+from airflow_provider_raybatch.shared.exceptions import RayJobFailedError  # noqa: E402
 from airflow_provider_raybatch.shared.job_ids import TaskTry  # noqa: E402
 from tests.security.test_common_ai_batch_ids import (  # noqa: E402
     DEV_SECRET,
@@ -40,7 +43,7 @@ from tests.security.test_common_ai_batch_ids import (  # noqa: E402
     WatchedRay,
     _task_context,
 )
-from tests.unit.common_ai.test_adapter import HOST, TOKEN  # noqa: E402
+from tests.unit.common_ai.test_adapter import HOST, TOKEN, _commit, _ok  # noqa: E402
 
 #: common.ai's short key of one task instance: the same in every deployment.
 KEY16 = "4fa874f6554bd2b3"
@@ -184,3 +187,69 @@ def test_the_two_deployments_jobs_never_wait_on_each_others_staging(
     started = clock[0]
     assert claim(devs) is None  # took over nobody's staging
     assert clock[0] - started == ownership.SETTLE_SECONDS  # its own claim's settling: no wait on prod's job
+
+
+# -- a folder whose result is not the job's fails the landing -----------------------------------------
+
+
+def test_a_succeeded_jobs_folder_committed_by_another_job_fails_its_task_loudly(
+    monkeypatch: pytest.MonkeyPatch, fake: WatchedRay, tmp_path: Path
+) -> None:
+    """Another job's commit in prod's folder (a re-created run's job, or one planted by whoever can
+    write the result store): prod's task fails naming the folder and that job, instead of passing
+    with every request "missing" (common.ai's default fail_on_partial_error=False)."""
+    result_path = f"file://{tmp_path}/shared-results"
+    prods = _submitted_by(monkeypatch, fake, result_path, PROD_SECRET, ["PROD prompt: customer 4711"])
+    other = replace(TRY, try_number=3).submission_id(signing_key(DEV_SECRET))
+    output = Path(prods.metadata[OUTPUT_META])
+    fake.jobs[prods.job_id] = replace(prods, status=JobStatus.SUCCEEDED)
+    _commit(output, other, [_ok(0, "someone else's answer")], [])
+
+    operator = _operator(result_path, ["PROD prompt: customer 4711"])
+    context = _task_context(monkeypatch, task=operator)
+    adapter = RayBatchAdapter(api_key=TOKEN, base_url=HOST, client=fake)
+    event = terminal_event(prods.job_id, adapter.get_batch(prods.job_id))
+    with pytest.raises(RayJobFailedError) as err:
+        operator.execute_complete(context, event)
+
+    message = str(err.value)
+    assert str(output) in message and other in message and prods.job_id in message
+    assert err.value.status == "superseded"
+
+
+@pytest.mark.parametrize(
+    ("status", "common_ai_status"),
+    [(JobStatus.STOPPED, "cancelled"), (JobStatus.FAILED, "failed")],
+)
+def test_a_job_that_did_not_succeed_committed_nothing_when_its_folder_holds_anothers(
+    fake: WatchedRay, tmp_path: Path, status: JobStatus, common_ai_status: str
+) -> None:
+    """Stopped or failed before its commit: nothing to land, and common.ai fails the batch itself
+    (a cancelled one also clears its state, so the retry submits a job of its own)."""
+    job_id = TRY.submission_id(signing_key(PROD_SECRET))
+    output = tmp_path / "out"
+    fake.jobs[job_id] = JobInfo(
+        job_id, status, message="m", metadata={**TRY.metadata(), OUTPUT_META: str(output)}
+    )
+    _commit(output, "raybatch-another-job", [_ok(0, "x")], [])
+    adapter = RayBatchAdapter(api_key=TOKEN, base_url=HOST, client=fake)
+
+    assert adapter.get_batch(job_id).status == common_ai_status
+    assert list(adapter.iter_results(job_id)) == []
+
+
+def test_a_succeeded_job_whose_folder_holds_no_manifest_fails_its_landing(
+    fake: WatchedRay, tmp_path: Path
+) -> None:
+    """A job that SUCCEEDED committed one: none there means it was deleted, or Airflow cannot read
+    the folder; either way nothing would land."""
+    job_id = TRY.submission_id(signing_key(PROD_SECRET))
+    output = tmp_path / "out"
+    fake.jobs[job_id] = JobInfo(
+        job_id, JobStatus.SUCCEEDED, message="m", metadata={**TRY.metadata(), OUTPUT_META: str(output)}
+    )
+    adapter = RayBatchAdapter(api_key=TOKEN, base_url=HOST, client=fake)
+
+    with pytest.raises(RayJobFailedError, match="does not exist") as err:
+        list(adapter.iter_results(job_id))
+    assert str(output) in str(err.value)

@@ -30,7 +30,11 @@ from airflow_provider_raybatch.common_ai.adapter import RayBatchAdapter, batch_s
 from airflow_provider_raybatch.common_ai.settings import batch_key  # noqa: E402
 from airflow_provider_raybatch.hooks.ray import JobInfo, JobStatus  # noqa: E402
 from airflow_provider_raybatch.jobs.deployment_secret import signing_key  # noqa: E402
-from airflow_provider_raybatch.shared.exceptions import BatchSpecError, RayJobAlreadyExistsError  # noqa: E402
+from airflow_provider_raybatch.shared.exceptions import (  # noqa: E402
+    BatchSpecError,
+    RayJobAlreadyExistsError,
+    RayJobFailedError,
+)
 from airflow_provider_raybatch.shared.job_ids import TaskTry  # noqa: E402
 from tests.unit.conftest import TEST_DEPLOYMENT_SECRET  # noqa: E402
 
@@ -459,18 +463,24 @@ def test_a_job_the_cluster_forgot_is_a_404_so_common_ai_submits_again(adapter: R
 
 
 @pytest.mark.parametrize(
-    "planted",
+    ("planted", "named"),
     [
-        {"job_id": None},  # no job id: the run-key fallback, with an empty run key and fingerprint
-        {"job_id": JOB, "outputs_uri": "ELSEWHERE/outputs"},  # this job's id, results read elsewhere
-        {"job_id": JOB, "errors_uri": "OUT/versions/../../elsewhere"},
+        # No job id: the run-key fallback, with an empty run key and fingerprint.
+        ({"job_id": None}, "names no job"),
+        # This job's id, its results read elsewhere.
+        ({"job_id": JOB, "outputs_uri": "ELSEWHERE/outputs"}, "points at results outside the folder"),
+        (
+            {"job_id": JOB, "errors_uri": "OUT/versions/../../elsewhere"},
+            "points at results outside the folder",
+        ),
     ],
 )
-def test_a_manifest_planted_in_the_result_folder_lands_nothing(
-    adapter: RayBatchAdapter, fake: FakeRay, tmp_path: Path, planted: dict
+def test_a_manifest_planted_in_the_result_folder_fails_the_landing(
+    adapter: RayBatchAdapter, fake: FakeRay, tmp_path: Path, planted: dict, named: str
 ) -> None:
-    """The job's output folder is under result_path, which common.ai names with no secret: a manifest
-    written there by someone else, naming no job or results outside the folder, is not this job's."""
+    """The job's output folder is under result_path, which anyone who can write there may change: a
+    manifest naming no job or results outside the folder is not this job's, and landing nothing
+    would pass common.ai's task with every request missing, so it fails naming the folder."""
     output, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     _commit(elsewhere, JOB, [_ok(0, "planted answer")], [])
     _commit(output, JOB, [], [])
@@ -485,4 +495,6 @@ def test_a_manifest_planted_in_the_result_folder_lands_nothing(
     (output / "manifest.json").write_text(json.dumps(manifest))
     job_id = _job(fake, JobStatus.SUCCEEDED, output)
 
-    assert list(adapter.iter_results(job_id)) == []
+    with pytest.raises(RayJobFailedError, match=named) as err:
+        list(adapter.iter_results(job_id))
+    assert str(output) in str(err.value) and err.value.status == "superseded"
