@@ -13,13 +13,12 @@ nothing here calls the network or reads a file (the deployment's key is given, n
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from airflow_provider_raybatch.shared.exceptions import BatchSpecError
+from airflow_provider_raybatch.shared.job_ids import signed
 from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue, Kwargs
 from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
@@ -55,8 +54,6 @@ _UNSUPPORTED_FIELDS = frozenset({"dry_run", "dry_run_rows_per_second"})
 #: What the batch key's HMAC signs besides common.ai's key: it signs nothing else under the deployment's
 #: key (submission ids sign a task try's values, joined with the same separator, shared/job_ids.py).
 _BATCH_KEY_LABEL = "airflow-provider-raybatch common.ai batch key v1"
-#: Hex digits of a batch key: 64 bits, as a submission id's HMAC.
-_BATCH_KEY_DIGITS = 16
 #: Spec defaults that differ for a common.ai batch: row failures are common.ai's to judge
 #: (``fail_on_partial_error``), so the job commits whatever rows failed.
 _DEFAULTS: Kwargs = {"max_failed_fraction": 1.0}
@@ -202,8 +199,7 @@ def batch_key(idempotency_key: str, secret: bytes) -> str:
 
     :param secret: the deployment's key (``jobs.deployment_secret.deployment_key()``).
     """
-    signed = "\x1f".join((_BATCH_KEY_LABEL, idempotency_key)).encode()
-    return hmac.new(secret, signed, hashlib.sha256).hexdigest()[:_BATCH_KEY_DIGITS]
+    return signed(secret, (_BATCH_KEY_LABEL, idempotency_key))
 
 
 def batch_folder(settings: JobSettings, result_path: str, key: str) -> str:
