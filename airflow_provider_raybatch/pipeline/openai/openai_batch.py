@@ -69,6 +69,14 @@ MAX_CHOICES = 128
 MAX_EMBEDDING_INPUTS = 2048
 #: vLLM samples greedily below this temperature, and then refuses n > 1 (vllm.sampling_params).
 _GREEDY_TEMPERATURE = 1e-5
+#: A line's stop strings, at most: vLLM checks every one against each new token's text, in the engine's
+#: output processing, which a warm replica shares with other DAGs (400,000 stops cost 45 ms a token).
+#: OpenAI takes 4; vLLM's own server any number.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+#: Alternatives per token (``top_logprobs``, a completion's ``logprobs``), at most: OpenAI's 20, and
+#: vLLM's default ``max_logprobs`` (the engine refuses more).
+MAX_LOGPROBS = 20
 #: Integer fields stop here: a line's 10**30 would overflow the engine row's int64 column and fail the
 #: whole block. seed may use all of int64 (OpenAI's range, and vLLM's).
 _MAX_INT = 2**31 - 1
@@ -292,6 +300,13 @@ def _sampling_params(body: Mapping[str, ArgValue], endpoint: str, defaults: Mapp
         stop = [stop]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise RequestError("invalid request", "body.stop must be a string or a list of strings", "body.stop")
+    if stop is not None and (len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop)):
+        raise RequestError(
+            "invalid request",
+            f"body.stop may hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS:,} "
+            f"characters each (it holds {len(stop):,}, the longest {max(map(len, stop)):,})",
+            "body.stop",
+        )
     params = {
         **defaults,
         "max_tokens": max_tokens
@@ -338,8 +353,8 @@ def _first(*values: CellValue) -> CellValue:
 def _logprobs(body: Mapping[str, JsonValue], endpoint: str) -> int | None:
     """vLLM's ``logprobs`` (alternatives per token, besides the chosen one) from the endpoint's fields."""
     if endpoint == COMPLETIONS:
-        return _integer(body, "logprobs", 0)
-    top = _integer(body, "top_logprobs", 0)
+        return _integer(body, "logprobs", 0, MAX_LOGPROBS)
+    top = _integer(body, "top_logprobs", 0, MAX_LOGPROBS)
     if body.get("logprobs") in (None, False):
         if top:
             raise RequestError(
