@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.read import json_text_cost, rows
+from airflow_provider_raybatch.pipeline.read import column_bound, json_text_cost, rows
 
 _MIB = 1 << 20
 _TOO_LARGE = "row too large: its JSON text would take up to "
@@ -41,7 +41,8 @@ def test_a_jsonl_line_whose_text_is_wide_and_escaped_is_its_error_row() -> None:
     assert records[1]["error"] is None
 
 
-def test_a_long_csv_column_name_counts_at_every_row() -> None:
+def test_a_long_csv_column_name_counts_at_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(column_bound, "MAX_FILE_NAME_BYTES", 1 << 30)  # the bound tested here, not that one
     name = "\x01" * (5 * _MIB)  # 30 MiB of JSON characters in each row, at 4 bytes with the emoji
     data = f'"{name}"\n\U0001f600\n'.encode()
 
@@ -86,6 +87,7 @@ def test_a_long_csv_header_counts_at_every_row_toward_what_a_file_may_carry(
     from airflow_provider_raybatch.pipeline.read import parquet_plan
 
     monkeypatch.setattr(parquet_plan, "MAX_INPUT_DECODED_BYTES", 8 * _MIB)
+    monkeypatch.setattr(column_bound, "MAX_FILE_NAME_BYTES", 1 << 30)  # the bound tested here, not that one
     data = b"h" * _MIB + b"\n" + b"1\n" * 100  # a 1 MiB file of 100 rows of 1 MiB of JSON text each
 
     records = list(rows.parse_file("header.csv", data, "csv"))

@@ -68,9 +68,10 @@ def test_a_long_column_name_counts_at_each_row_toward_what_a_file_may_carry(
 ) -> None:
     import pyarrow as pa
 
-    from airflow_provider_raybatch.pipeline.read import parquet_plan, rows
+    from airflow_provider_raybatch.pipeline.read import column_bound, parquet_plan, rows
 
     monkeypatch.setattr(parquet_plan, "MAX_INPUT_DECODED_BYTES", 64 * _MIB)
+    monkeypatch.setattr(column_bound, "MAX_FILE_NAME_BYTES", 1 << 30)  # the bound tested here, not that one
     data = _parquet({"\x01" * _MIB: pa.array([0] * 200, pa.int8())})  # 6 MiB of JSON text a row
 
     records = list(rows.parse_file("names.parquet", data, "parquet"))

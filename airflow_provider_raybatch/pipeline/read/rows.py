@@ -356,8 +356,8 @@ def _parquet_records(name: str, data: bytes, binary_columns: tuple[str, ...]) ->
     try:
         # Before pyarrow opens the file: a type off the allowlist may run the file's code (arrow_types).
         schema, metadata = arrow_types.checked_parquet_footer(data, parquet_plan.MAX_FOOTER_BYTES)
-        if (columns := column_bound.schema_columns(schema)) > column_bound.MAX_FILE_COLUMNS:
-            yield _unreadable(name, "parquet", column_bound.too_many_columns("its schema has", columns))
+        if shape_refused := column_bound.schema_refusal(schema):
+            yield _unreadable(name, "parquet", shape_refused)
             return
         plan = parquet_plan.plan_reading(data, metadata, schema)
         # ParquetFile, not read_table: the dataset layer refuses a file with a repeated column name. A
@@ -757,6 +757,9 @@ def _csv_records(name: str, data: bytes, id_column: str | None) -> Iterator[Reco
         return
     if len(header) > column_bound.MAX_FILE_COLUMNS:
         yield _unreadable(name, "csv", column_bound.too_many_columns("its header names", len(header)))
+        return
+    if (names := sum(map(column_bound.name_bytes, header))) > column_bound.MAX_FILE_NAME_BYTES:
+        yield _unreadable(name, "csv", column_bound.names_too_long("its header has", names))
         return
     utf8 = _is_utf8(data)
     plan = _csv_plan(data, start, header)

@@ -277,14 +277,19 @@ def test_an_integer_past_pythons_digit_limit_is_an_error_row_not_an_exception() 
 
 
 def test_deeply_nested_values() -> None:
+    """Nested as deep as a value may be (column_bound.MAX_NESTING_DEPTH, 32: the innermost object is at
+    2 + 2 x 15), and one level past it (tests/security/test_input_row_shape.py)."""
     value: dict = {"leaf": [1, {"x": None}]}
-    for depth in range(60):
+    for depth in range(15):
         value = {f"level{depth}": [value]}
 
-    [record] = rows_of(json.dumps(value).encode() + b"\n")
+    [record, deeper] = rows_of(
+        json.dumps(value).encode() + b"\n" + json.dumps([value]).join(['{"d": ', "}\n"]).encode()
+    )
 
     assert record["error"] is None
     assert json.loads(record["row"]) == value
+    assert deeper["error"].startswith("too deeply nested: ")
 
 
 def test_nesting_past_the_recursion_limit_is_an_error_row_not_an_exception() -> None:
