@@ -28,7 +28,7 @@ from airflow_provider_raybatch.pipeline.prompt.prompts import (
     messages_from_column,
     row_id,
 )
-from airflow_provider_raybatch.pipeline.read import images
+from airflow_provider_raybatch.pipeline.read import column_bound, images
 from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file, row_to_json
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 from airflow_provider_raybatch.pipeline.row_types import (
@@ -172,6 +172,10 @@ def _prepare_user_row(prepared: PreparedRow, spec: BatchInferenceSpec) -> Prepar
             row = {**row, **_returned_row(user_function(spec.preprocess)(dict(row)))}
         except Exception as err:  # noqa: BLE001 - the author's code failing on a row fails that row only.
             return {**prepared, "error": f"preprocess failed: {spec.preprocess}: {type(err).__name__}: {err}"}
+        # The returned row is what the output keeps: held to the reader's bounds on a row's shape, as
+        # a preprocess may unpack a cell's JSON text into values nested or sparse enough to fail a part.
+        if shape_refused := column_bound.row_refusal(row):
+            return {**prepared, "error": f"{shape_refused} (the row {spec.preprocess} returned)"}
         prepared["row"] = _shown_row(row, spec)
     try:
         if not id_from_input:

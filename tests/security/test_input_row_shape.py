@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_raybatch.pipeline import row_steps
 from airflow_provider_raybatch.pipeline.read import column_bound, rows
 from airflow_provider_raybatch.pipeline.stage import part_schema
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 DEPTH = column_bound.MAX_NESTING_DEPTH
 
@@ -200,3 +202,32 @@ def test_a_row_just_inside_the_name_bound_goes_through_the_part_writer_and_the_c
     assert record["error"] is None
 
     _through_the_commit(tmp_path, json.loads(str(record["row"])))
+
+
+# -- a preprocess's returned row ----------------------------------------------------------------------
+
+
+def unpack_payload(row: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
+    """A preprocess that turns a cell's JSON text into values, as authors do."""
+    return {"payload": json.loads(row["payload"]), "prompt": "p"}
+
+
+def test_a_preprocess_that_returns_a_row_nested_past_the_bound_fails_that_row(tmp_path: Path) -> None:
+    spec = BatchInferenceSpec.build(
+        model="m",
+        input_uri=str(tmp_path / "in.jsonl"),
+        output_uri=str(tmp_path / "out"),
+        preprocess=f"{__name__}.unpack_payload",
+    )
+    deep = {
+        "source": "in.jsonl:1",
+        "row": json.dumps({"payload": json.dumps(_nested("lists", 40))}),
+        "error": None,
+    }
+    flat = {"source": "in.jsonl:2", "row": json.dumps({"payload": "[1, [2]]"}), "error": None}
+
+    failed, prepared = (row_steps.prepare_row(record, spec) for record in (deep, flat))
+
+    assert str(failed["error"]).startswith("too deeply nested: its values nest more than")
+    assert str(failed["error"]).endswith(f"(the row {__name__}.unpack_payload returned)")
+    assert prepared["error"] is None

@@ -23,7 +23,8 @@ the job there, or grow the replica by gigabytes:
   4,090 objects of one key each of their own (67 KB) made a struct of 4,090 fields for 4,090 items,
   +670 MiB in the writer. So a row's objects may leave :data:`MAX_ROW_EMPTY_CELLS` cells empty.
 
-A JSONL row past a bound is its error row; a CSV header or a Parquet schema past one the file's.
+A JSONL row past a bound is its error row (and the row a preprocess returns, its row's error); a CSV
+header or a Parquet schema past one the file's.
 """
 
 from __future__ import annotations
