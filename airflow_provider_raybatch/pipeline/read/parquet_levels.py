@@ -57,7 +57,7 @@ def rows_started(data: bytes, page: Page, codec: str, max_repetition_level: int)
     body = page_body(data, page, codec)
     if body is None:
         return None
-    view = memoryview(body)
+    view = memoryview(body).cast("B")  # a pyarrow Buffer's view is of signed bytes: levels read as 0-255
     if len(view) < 4:
         return None
     (length,) = _LENGTH.unpack_from(view, 0)

@@ -28,7 +28,13 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, raw_records, staged_parquet
+from airflow_provider_raybatch.pipeline.read import (
+    arrow_types,
+    parquet_plan,
+    raw_records,
+    row_costs,
+    staged_parquet,
+)
 from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
@@ -205,20 +211,71 @@ def conform(table: pa.Table, target: Mapping[str, str], arrow_types: Mapping[str
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+#: What the rows of one page of a part may cost once read (``row_costs``), where a column holds lists:
+#: the commit's reader charges a row the whole of every page it is in (``parquet_plan``), and a row
+#: may take at most ``PARQUET_HELD_BYTES`` (256 MiB) that way.
+PAGE_ROWS_COST = parquet_plan.PARQUET_DECODE_BYTES // 4
+#: pyarrow's own most rows a page (``max_rows_per_page``'s default).
+PAGE_ROWS_MOST = 20_000
+
+
 def encode_parquet(table: pa.Table) -> bytes:
     """A part's table as Parquet whose pages stay within what commit reads back
-    (:mod:`..read.staged_parquet`, :mod:`..read.parquet_plan`: a page at most 64 MiB decompressed).
+    (:mod:`..read.staged_parquet`, :mod:`..read.parquet_plan`: a page at most 64 MiB decompressed, the
+    pages a row is in at most 256 MiB decoded).
 
     pyarrow closes a page (and falls back from a dictionary) once it passes its size, but checks only
     after each ``write_batch_size`` values, 1,024 by default: 1,024 rows of 80 KiB of text made one
     84 MB dictionary page, which commit would refuse. Checked after each value, a page holds at most
     1 MiB and one value (a row's text is at most 64 MiB); it costs 1.2 ms more a 1,024-row part.
+
+    A page's bytes do not bound what a column of lists decodes to: 32 rows of 100,000 zeros were one
+    dictionary page of 211 bytes holding 3.2 million values (486 MB once read), all charged to each of
+    its rows. So where a column holds lists, a page holds only as many rows as cost
+    :data:`PAGE_ROWS_COST` (one row at least: then its pages are its own), and those columns are
+    written without a dictionary, which the reader charges at its longest value for each of them.
     """
     import pyarrow.parquet as pq
 
     buffer = io.BytesIO()
-    pq.write_table(table, buffer, write_batch_size=1)
+    pq.write_table(
+        table,
+        buffer,
+        write_batch_size=1,
+        use_dictionary=_flat_leaves(table.schema),
+        max_rows_per_page=_rows_per_page(table),
+    )
     return buffer.getvalue()
+
+
+def _holds_lists(data_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_struct(data_type):
+        return any(_holds_lists(field.type) for field in data_type)
+    return pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_map(data_type)
+
+
+def _flat_leaves(schema: pa.Schema) -> list[str]:
+    """The Parquet paths of the leaf columns not inside a list or map (``a.b`` for a struct's field)."""
+    import pyarrow as pa
+
+    def leaves(path: str, data_type: pa.DataType) -> list[str]:
+        if pa.types.is_struct(data_type):
+            return [leaf for field in data_type for leaf in leaves(f"{path}.{field.name}", field.type)]
+        return [] if _holds_lists(data_type) else [path]
+
+    return [leaf for field in schema for leaf in leaves(field.name, field.type)]
+
+
+def _rows_per_page(table: pa.Table) -> int | None:
+    """How many rows a page may hold so that a page of each column of lists costs at most
+    :data:`PAGE_ROWS_COST` once read; None (pyarrow's default) where no column holds lists."""
+    nested = [index for index, field in enumerate(table.schema) if _holds_lists(field.type)]
+    if not nested or not table.num_rows:
+        return None
+    costliest = int(row_costs.row_costs(table.select(nested)).held.max())
+    return max(1, min(PAGE_ROWS_MOST, PAGE_ROWS_COST // costliest))
 
 
 def read_parquet_schema(data: bytes, name: str) -> pa.Schema:
