@@ -14,6 +14,7 @@ down here so that a few thousand values show what millions do.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -27,10 +28,11 @@ from airflow_provider_raybatch.pipeline.read import (
     parquet_levels,
     parquet_pages,
     parquet_plan,
+    row_costs,
     staged_parquet,
 )
 from airflow_provider_raybatch.pipeline.row_types import StagedRow
-from airflow_provider_raybatch.pipeline.stage import part_schema
+from airflow_provider_raybatch.pipeline.stage import part_schema, replica_staging
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
@@ -44,6 +46,7 @@ def scaled_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(staged_parquet, "FILE_COST_BYTES", staged_parquet.FILE_COST_BYTES // SCALE)
     # raising=False: run against a writer without these bounds, the tests fail on the commit's read
     monkeypatch.setattr(part_schema, "PAGE_ROWS_COST", (16 << 20) // SCALE, raising=False)
+    monkeypatch.setattr(replica_staging, "PART_COST_BYTES", (512 << 20) // SCALE, raising=False)
 
 
 def _staged(source: str, record: dict[str, Any]) -> StagedRow:  # Any: row values
@@ -71,6 +74,78 @@ def test_a_part_of_list_rows_is_read_back_when_it_is_given_another_parts_schema(
 
     assert [row["l"] for row in read[:8]] == [[0] * 5_000] * 8
     assert read[8] == {"text": "t", "l": None, "z": 1}
+
+
+def test_the_replica_cuts_parts_by_what_their_rows_cost_once_read(
+    tmp_path: Path, scaled_bounds: None
+) -> None:
+    """32 rows (a flush at batch_size 64) of 2,500 zeros each: 240 KB of text, 20 MB once read, more
+    than a part may (16 MiB here; scaled: 32 rows of 160,000, 15 MiB of text). The replica stages them
+    in parts the commit reads back, every row in order. Before: one part, which the commit refused."""
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+
+    def write(rows: list[dict[str, Any]]) -> StagedPart:  # Any: an engine row's values
+        return writer.write_part(
+            [
+                _staged(row["source"], {**json.loads(row["row"]), "generated_text": row["generated_text"]})
+                for row in rows
+            ]
+        )
+
+    stager = replica_staging.RowStager(write, flush_rows=32)
+    line = json.dumps({"text": "t", "l": [0] * 2_500})
+
+    async def stage() -> list[StagedPart]:
+        for n in range(32):
+            stager.finished({"source": f"in.jsonl:{n}", "row": line, "generated_text": "g"})
+        await stager.flush()
+        return stager.take_written()
+
+    parts = asyncio.run(stage())
+    parts.append(writer.write_part([_staged("in.jsonl:99", {"text": "t", "z": 1})]))
+
+    read = _read_back(writer, parts)
+
+    assert len(parts) > 2
+    assert [row["l"] for row in read[:32]] == [[0] * 2_500] * 32
+    assert [source for part in parts for source in part.sidecar["sources"]] == [
+        *(f"in.jsonl:{n}" for n in range(32)),
+        "in.jsonl:99",
+    ]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"l": [0] * 500},
+        {"l": [True] * 500},
+        {"l": [None] * 500},
+        {"l": [[0]] * 500},
+        {"l": [[]] * 500},
+        {"l": [{"a": 0}] * 500},
+        {"l": [0] * 500, "wide": "\U0001f600"},
+        {"l": [[0]] * 500, "wide": "\U0001f600"},
+        {"s": '"\\' * 500},
+        {"s": "\x01" * 500},
+        {"s": "\U0001f600" * 500},
+        {"f": [1.2345678901234567e-300] * 500},
+        {f"k{n}": n for n in range(200)},
+        {"d": [[[[0]]]] * 200},
+    ],
+)
+def test_a_rows_estimate_is_at_least_what_it_costs_once_read(record: dict[str, Any]) -> None:
+    """What the replica charges an engine row (its input row's JSON text, the generated text, its counts)
+    is at least what the staged row costs once the commit reads it (row_costs of its part's table)."""
+    for ascii_only in (False, True):
+        engine_row = {
+            "source": "in.jsonl:1",
+            "row": json.dumps({"text": "t", **record}, ensure_ascii=ascii_only),
+            "generated_text": "g",
+            "num_input_tokens": 3,
+        }
+        staged = {"row_id": "in.jsonl:1", "text": "t", **record, "generated_text": "g", "num_input_tokens": 3}
+        cost = int(row_costs.row_costs(part_schema.table_of([staged])).held.sum())
+        assert cost <= staged_parquet.staged_row_cost(engine_row)
 
 
 def test_the_rows_each_page_of_a_compressed_list_column_starts_are_read() -> None:

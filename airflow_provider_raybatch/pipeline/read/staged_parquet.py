@@ -14,10 +14,10 @@ cost more than :data:`FILE_COST_BYTES` is refused, holding at most a batch or so
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sized
 from typing import TYPE_CHECKING
 
-from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, row_costs
+from airflow_provider_raybatch.pipeline.read import arrow_types, parquet_plan, raw_records, row_costs
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,6 +28,50 @@ if TYPE_CHECKING:
 #: rejected before the engine, and its writer held its rows as JSON text, as Python and as Arrow at
 #: once to write it: ordinary parts cost megabytes.
 FILE_COST_BYTES = 16 * parquet_plan.PARQUET_DECODE_BYTES
+
+
+#: What a staged row's value costs once read back from a part (:func:`.row_costs.row_costs`: in Arrow,
+#: in Python and as JSON text) for each byte the input reader charges its JSON text
+#: (:func:`.raw_records.json_line_cost`: :data:`.raw_records.JSON_VALUE_COST` a value, and its text at
+#: its width), at most: a number in a list, in a row with a character past U+FFFF, is 152 B in Arrow
+#: and Python and 101 JSON characters of 4 bytes (556 B), charged 128 B and a character or two (about
+#: 136 B) by the reader, 4.1x; a string at most 3x.
+READ_BACK_PER_JSON_BYTE = 5
+#: What the reader would charge a value that is not text (a number, or an item of a list): a value and
+#: the longest number's text (25 characters) at 4 bytes each.
+_OTHER_VALUE_JSON_BYTES = 128 + 4 * 25
+
+
+def staged_row_cost(row: Mapping[str, object]) -> int:
+    """At most what a part's row made of ``row``'s values costs once read back (row_costs), before the
+    row is staged: each text value taken as JSON text (the input row's; plain text is charged as JSON
+    would be, more than it costs), charged as the input reader charges it at the row's widest
+    character, times :data:`READ_BACK_PER_JSON_BYTE`; a value that is not text as one value, or one an
+    item where it is a list. Cheap: a count of a few bytes in each text, nothing parsed.
+
+    A part's rows become one table, where a row's missing columns are null cells: the caller leaves
+    room for them under :data:`FILE_COST_BYTES`.
+    """
+    texts = []
+    others = 0
+    for value in row.values():
+        if isinstance(value, str):
+            texts.append(value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, bytes):
+            texts.append(value)
+        elif isinstance(value, Sized):
+            others += max(len(value), 1)
+        else:
+            others += 1
+    width = max((raw_records.char_width(text, json_escapes=True) for text in texts), default=1)
+    charged = sum(width * len(text) + raw_records.JSON_VALUE_COST * _json_values(text) for text in texts)
+    return READ_BACK_PER_JSON_BYTE * (charged + others * _OTHER_VALUE_JSON_BYTES)
+
+
+def _json_values(text: bytes) -> int:
+    """At least the values a JSON text holds, as the input reader counts them: each but the first
+    follows a ``,``, ``:`` or ``[``, and ``{`` counts each object."""
+    return sum(text.count(mark) for mark in (b",", b":", b"[", b"{")) + 1
 
 
 class StagedParquetTooLargeError(ValueError):

@@ -4,12 +4,13 @@ vLLM finishes a batch's rows one by one, and a replica works on several batches 
 (``max_concurrent_batches``). Staged a batch at a time, a killed job lost every finished row of every
 batch still in flight: up to ``max_concurrent_batches x batch_size`` per replica. Staged here, each
 row joins one replica-wide buffer the moment the engine returns it, and the buffer becomes a staged
-part whenever it holds ``flush_rows`` rows (half a batch) or ``PART_TEXT_BYTES`` of text, and whenever
-a batch ends (so that no batch leaves the replica with rows unstaged). A kill then loses only the
+part whenever it holds ``flush_rows`` rows (half a batch) or rows that cost ``PART_COST_BYTES`` once
+the commit reads them back, and whenever a batch ends (so that no batch leaves the replica with rows
+unstaged). A kill then loses only the
 buffer and the part being written: at most one batch per replica while writes keep up with the
 engine. Under a burst (many rows ending at one engine step) the buffer grows while a write is on, and
 the next write takes all of it: fewer, larger writes rather than a queue of small ones, each part
-still at most ``PART_TEXT_BYTES`` of text.
+still at most ``PART_COST_BYTES``.
 
 Writes run one at a time, in a thread, so that the event loop keeps feeding the engine. What each
 write returns (the part it staged) is kept until :meth:`RowStager.take_written`: the replica hands
@@ -40,24 +41,21 @@ TRACE_ROWS_ENV = "RAYBATCH_TRACE_ROWS"
 REPORTED_PARTS = "__raybatch_parts__"
 
 
-#: The most text one staged part is made of. The commit reads a part back within
-#: ``staged_parquet.FILE_COST_BYTES`` (1 GiB in Arrow, Python and JSON text, about three times a row's
-#: text, more where a column's JSON parses into many values): rows of images or long documents, half a
-#: batch of them, or a burst, stay several parts under it. A single row over it is a part of its own.
-PART_TEXT_BYTES = staged_parquet.FILE_COST_BYTES // 8
-
-
-def _text_bytes(row: Row) -> int:
-    """About what a row's values take as text: its strings and bytes, eight bytes for anything else."""
-    return sum(len(value) if isinstance(value, str | bytes) else 8 for value in row.values())
+#: The most one staged part's rows may cost once the commit reads them back, as
+#: ``staged_parquet.staged_row_cost`` charges each row (at most what it costs). The commit reads a part
+#: within ``staged_parquet.FILE_COST_BYTES`` (1 GiB): a part cut by its text alone held 32 rows of
+#: 100,000 small numbers (9 MiB of text, 810 MB read back), and 32 of 400,000 cost 3.2 GB, which the
+#: commit refused every try. Half of it: in a part's table, a column some rows lack is a null cell in
+#: each of them. A single row over it is a part of its own.
+PART_COST_BYTES = staged_parquet.FILE_COST_BYTES // 2
 
 
 def _parts_of(rows: list[Row], sizes: list[int]) -> list[list[Row]]:
-    """``rows`` cut, in order, into runs of at most :data:`PART_TEXT_BYTES` of text each."""
+    """``rows`` cut, in order, into runs that cost at most :data:`PART_COST_BYTES` each (``sizes``)."""
     parts: list[list[Row]] = [[]]
     held = 0
     for row, size in zip(rows, sizes, strict=True):
-        if parts[-1] and held + size > PART_TEXT_BYTES:
+        if parts[-1] and held + size > PART_COST_BYTES:
             parts.append([])
             held = 0
         parts[-1].append(row)
@@ -82,7 +80,7 @@ class RowStager:
         self._write = write
         self._flush_rows = flush_rows
         self._pending: list[Row] = []
-        self._pending_sizes: list[int] = []  # each pending row's text (_text_bytes)
+        self._pending_sizes: list[int] = []  # each pending row's cost read back (staged_row_cost)
         self._pending_bytes = 0
         self._written: list[Any] = []  # Any: what the writes returned (staged parts)
         self._lock: asyncio.Lock | None = None  # made in the replica's event loop, on first use
@@ -93,9 +91,9 @@ class RowStager:
         if self._trace is not None:
             self._trace.write(f"{row['source']}\n")
         self._pending.append(row)
-        self._pending_sizes.append(_text_bytes(row))
+        self._pending_sizes.append(staged_parquet.staged_row_cost(row))
         self._pending_bytes += self._pending_sizes[-1]
-        return len(self._pending) >= self._flush_rows or self._pending_bytes >= PART_TEXT_BYTES
+        return len(self._pending) >= self._flush_rows or self._pending_bytes >= PART_COST_BYTES
 
     async def flush(self) -> None:
         """Stage what the buffer holds; on return, every row given before the call is staged."""

@@ -114,11 +114,12 @@ def test_rows_of_long_text_are_staged_in_parts_the_commit_can_read_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A part is read back within a bound (read/staged_parquet.py): rows of images or long documents,
-    half a batch of them or a burst, are cut into parts of at most PART_TEXT_BYTES of text, in order;
-    a row over it alone is a part of its own."""
+    half a batch of them or a burst, are cut into parts that cost at most PART_COST_BYTES once read
+    back, in order; a row over it alone is a part of its own."""
     from airflow_provider_raybatch.pipeline.stage import replica_staging
 
-    monkeypatch.setattr(replica_staging, "PART_TEXT_BYTES", 1_000)
+    # A row here costs 5 x (its texts' bytes and 128 a value): 2,785 for 300 characters of text.
+    monkeypatch.setattr(replica_staging, "PART_COST_BYTES", 10_000)
     parts: list[list[str]] = []
     stager = RowStager(lambda rows: parts.append([row["source"] for row in rows]), flush_rows=100)
     sizes = [300, 300, 300, 300, 2_500, 100, 100]
