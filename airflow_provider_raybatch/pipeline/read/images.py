@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from airflow_provider_raybatch.pipeline.read.bmp_layout import bmp_layout_problem
 from airflow_provider_raybatch.pipeline.read.gif_layout import gif_layout_problem
 
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
@@ -310,14 +311,16 @@ def _decode(data: bytes, options: ImageOptions, *, resize: bool) -> tuple[Image,
     if not data:
         raise _reason(BAD_IMAGE_KIND, "empty bytes")
     # Before Pillow holds a TIFF's every strip as an object, libjpeg folds in a JPEG's every scan,
-    # Pillow handles a PNG's every chunk or a GIF's every block before its first image, or libwebp
-    # keeps a WebP's every chunk: each walk reads only lengths and markers.
+    # Pillow handles a PNG's every chunk or a GIF's every block before its first image, libwebp
+    # keeps a WebP's every chunk, or Pillow steps through a run-length BMP's every instruction in
+    # Python: each walk reads only lengths, markers and instructions.
     problem = (
         tiff_layout_problem(data)
         or jpeg_layout_problem(data)
         or png_layout_problem(data)
         or gif_layout_problem(data)
         or webp_layout_problem(data)
+        or bmp_layout_problem(data)
     )
     if problem:
         raise _reason(BAD_IMAGE_KIND, problem)
