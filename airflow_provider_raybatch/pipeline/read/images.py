@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.pipeline.read.bmp_layout import bmp_layout_problem
+from airflow_provider_raybatch.pipeline.read.exif_bound import exif_problem
 from airflow_provider_raybatch.pipeline.read.gif_layout import gif_layout_problem
 
 # The kinds of reading a row's image come from image_sources, with ImageError; they are named here
@@ -477,7 +478,8 @@ def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: boo
     Raises ``image too large`` before decoding where no order of the steps fits ``max_decode_bytes``.
     """
     with _pillow_errors():
-        facts = decode_facts(image, pinned)
+        _check_exif(image)
+        facts = decode_facts(image, pinned)  # parses the EXIF for the orientation
         target = _target(image.size, facts.orientation, options, resize)
         shrink_first = _order(facts, target, options)
         if shrink_first is None and _drafted(image, facts, target):
@@ -486,6 +488,7 @@ def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: boo
         if shrink_first is None:
             raise _too_large(facts, target, options)
         image.load()  # decodes the pixels: truncated data fails here
+        _check_exif(image)
         # Decoded, the image tells its mode and orientation for sure (a PNG's eXIf after its pixels).
         facts = replace(decode_facts(image, pinned), decoder_bytes=0)
         target = _target(image.size, facts.orientation, options, resize)
@@ -493,6 +496,12 @@ def _converted(image: Image, options: ImageOptions, *, resize: bool, pinned: boo
         if shrink_first is None:
             raise _too_large(facts, target, options)
         return _steps(image, facts, target, shrink_first)
+
+
+def _check_exif(image: Image) -> None:
+    problem = exif_problem(image.info)
+    if problem:
+        raise _reason(BAD_IMAGE_KIND, problem)
 
 
 def _drafted(image: Image, facts: DecodeFacts, target: tuple[int, int]) -> bool:

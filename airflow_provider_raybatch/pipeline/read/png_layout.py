@@ -8,12 +8,15 @@ itself, reading each chunk's length and type and never its data, and names what 
 than ``MAX_PNG_CHUNKS`` chunks that are not image data, or more than one iCCP profile. IDAT and an
 APNG's fdAT chunks are pixel data, which an encoder may split as it likes (libpng: 8 KiB a chunk), and
 what they inflate to is held by the decode bound; but Pillow checks each one's CRC in Python, so 31 MiB
-of empty IDATs took 7.2 s: they may average no less than ``MIN_DATA_CHUNK_BYTES`` each.
+of empty IDATs took 7.2 s: they may average no less than ``MIN_DATA_CHUNK_BYTES`` each. An eXIf chunk
+over :data:`.exif_bound.MAX_EXIF_BYTES` is refused here, before Pillow copies it (:mod:`.exif_bound`).
 """
 
 from __future__ import annotations
 
 import struct
+
+from airflow_provider_raybatch.pipeline.read.exif_bound import MAX_EXIF_BYTES
 
 #: Chunks other than IDAT and fdAT one PNG may hold. A PNG has a handful (header, palette,
 #: transparency, text, ICC profile, EXIF, end); an APNG adds one fcTL a frame, so this admits
@@ -58,6 +61,8 @@ def png_layout_problem(data: bytes) -> str | None:
             return (
                 f"PNG has {chunks} chunks or more besides its image data, over the bound of {MAX_PNG_CHUNKS}"
             )
+        if kind == b"eXIf" and length > MAX_EXIF_BYTES:
+            return f"PNG's eXIf chunk holds {length} bytes, over the bound of {MAX_EXIF_BYTES} for EXIF"
         if kind == b"iCCP":
             profiles += 1
             if profiles > MAX_PNG_ICCP:

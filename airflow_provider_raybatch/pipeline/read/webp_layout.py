@@ -5,13 +5,16 @@ and keeps an entry for each chunk it does not know and each animation frame (ANM
 empty unknown chunks grew the reading process by 354 MiB in 1.2 s, and 32 MiB of one-pixel frames by
 231 MiB, before any size of ours can be checked. So this module walks the RIFF chunk list itself,
 reading each chunk's fourcc and length and never its data, and names what no image has: more than
-``MAX_WEBP_CHUNKS`` chunks besides the frames, or more than ``MAX_WEBP_FRAMES`` frames. The walk
-stops at the bound, so a hostile file costs a few thousand steps at most.
+``MAX_WEBP_CHUNKS`` chunks besides the frames, more than ``MAX_WEBP_FRAMES`` frames, or an EXIF chunk
+over :data:`.exif_bound.MAX_EXIF_BYTES` (:mod:`.exif_bound`). The walk stops at the bound, so a hostile
+file costs a few thousand steps at most.
 """
 
 from __future__ import annotations
 
 import struct
+
+from airflow_provider_raybatch.pipeline.read.exif_bound import MAX_EXIF_BYTES
 
 #: Chunks other than ANMF frames one WebP may hold: a still image has one to five (VP8X, ICCP, ANIM,
 #: ALPH, VP8 or VP8L, EXIF, XMP); the demuxer keeps one entry for each.
@@ -46,6 +49,8 @@ def webp_layout_problem(data: bytes) -> str | None:
             if frames > MAX_WEBP_FRAMES:
                 return f"WebP has {frames} frames or more, over the bound of {MAX_WEBP_FRAMES}"
             continue
+        if fourcc == b"EXIF" and size > MAX_EXIF_BYTES:
+            return f"WebP's EXIF chunk holds {size} bytes, over the bound of {MAX_EXIF_BYTES}"
         chunks += 1
         if chunks > MAX_WEBP_CHUNKS:
             return f"WebP has {chunks} chunks or more besides its frames, over the bound of {MAX_WEBP_CHUNKS}"
