@@ -86,13 +86,13 @@ def test_no_image_is_read_after_the_row_is_over_the_bound(monkeypatch: pytest.Mo
     data = noise_png(64)
     options = ImageOptions(max_output_bytes=len(data) + 1024, max_row_output_bytes=2 * len(data) + 1024)
     made: list[object] = []
-    real = images.content_part_for
+    real = images.read_image_bytes
 
-    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:  # Any: content_part_for's own arguments.
+    def counted(*args: Any, **kwargs: Any) -> bytes:  # Any: read_image_bytes' own arguments.
         made.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(images, "content_part_for", counted)
+    monkeypatch.setattr(images, "read_image_bytes", counted)
     parts = [{"type": "image", "image": data}] * 6
     with pytest.raises(
         ValueError, match=r"^image too large: message 0 part 3: the row's images encode to \d+ bytes"

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import io
 import math
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from airflow_provider_raybatch.pipeline.read.bmp_layout import bmp_layout_problem
@@ -718,6 +719,8 @@ def normalize_message_images(
     "image_url", "image_url": {"url": ...}}`` (or ``"image_url": "<url>"``). Each is read, checked and
     encoded as :func:`content_part_for` does for ``image_column``, so that the messages are JSON and
     :func:`split_image_parts` decodes them for the engine. Text parts and text contents pass unchanged.
+    An image the row names again (another path to the same file, the same bytes) is decoded once: the
+    per-image bounds then bound the row by its distinct images, not by ``max_images`` times the worst.
 
     :param relative_to: folder that relative paths are resolved against (the input file's).
     :param max_images: image parts allowed in one row's messages; more fail the row before any is read.
@@ -736,10 +739,28 @@ def normalize_message_images(
 
 @dataclass
 class _RowOutput:
-    """What a row's images have encoded to so far, against ``max_row_output_bytes``."""
+    """What a row's images have encoded to so far, against ``max_row_output_bytes``, and the part each
+    distinct image made: an image named again in the row (by another path to the same file, or the same
+    bytes) is decoded once, so a row costs at most what its distinct images cost."""
 
     limit: int
     total: int = 0
+    parts: dict[tuple[str, bytes | int], JsonObject] = field(default_factory=dict)
+
+    def part_for(self, value: CellValue, options: ImageOptions, relative_to: str | None) -> JsonObject:
+        """The content part of the image ``value`` names, made the first time the row names that image."""
+        if _is_pil_image(value):  # a preprocess's image: the same object is the same image
+            key: tuple[str, bytes | int] = ("object", id(value))
+            if key not in self.parts:
+                self.parts[key] = content_part_for(value, options, relative_to)
+        else:
+            data = read_image_bytes(value, options, relative_to)
+            key = ("bytes", hashlib.blake2b(data, digest_size=16).digest())
+            if key not in self.parts:
+                image, source_format = _decode(data, options, resize=True)
+                self.parts[key] = image_content_part(image, options, source_format)
+        made = self.parts[key]
+        return {**made, "image_url": dict(made["image_url"])}  # each part its own, as the messages' are
 
     def add(self, where: str, part: JsonObject) -> None:
         """Count an image part just made; refuse the row before the next image is read."""
@@ -826,7 +847,7 @@ def _normalized_part(
     if value is _TEXT:
         return dict(part)
     try:
-        normalized = content_part_for(value, options, relative_to)
+        normalized = made.part_for(value, options, relative_to)
     except ValueError as err:
         raise _located(err, where) from err
     made.add(where, normalized)
