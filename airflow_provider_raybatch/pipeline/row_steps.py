@@ -469,15 +469,22 @@ def _shortened(text: str, chars: int = 80) -> str:
 def _output_row(source_row: Row, row: EngineOutput, spec: BatchInferenceSpec) -> Row:
     """The id, the kept columns, then the generated ones. An input column named like a column this
     pipeline writes (``generated_text``, ``row_id`` without an id column, ...) is kept as ``input_<name>``
-    rather than replaced or replacing."""
+    rather than replaced or replacing; where the row has an ``input_<name>`` of its own too, as
+    ``input_input_<name>``, and so on: no input value is dropped."""
     id_name = spec.id_column or DERIVED_ID_COLUMN
     ours = {id_name, *GENERATED_COLUMNS}
     columns = spec.keep_columns if spec.keep_columns is not None else list(source_row)
+    kept = [column for column in columns if column not in (spec.id_column, spec.image_column)]
+    taken = ours | set(kept)  # the id is first; never the image
     output: Row = {id_name: row["id"]}
-    for column in columns:
-        if column in (spec.id_column, spec.image_column):  # the id is first; never the image
-            continue
-        output[f"input_{column}" if column in ours else column] = source_row.get(column)
+    for column in kept:
+        name = column
+        if column in ours:
+            name = f"input_{column}"
+            while name in taken:
+                name = f"input_{name}"
+            taken.add(name)
+        output[name] = source_row.get(column)
     generated: Row = dict(row)
     output.update({column: generated[column] for column in GENERATED_COLUMNS})
     return output

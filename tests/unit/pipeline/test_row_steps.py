@@ -352,6 +352,21 @@ def test_input_columns_named_like_ours_are_kept_beside_them(tmp_path: Path) -> N
     assert output["input_num_input_tokens"] == "many" and isinstance(output["num_input_tokens"], int)
 
 
+def test_an_input_column_named_like_a_renamed_one_keeps_both_values(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, "x.jsonl", user_template="{q}")
+    row = {
+        "q": "hi",
+        "generated_text": "old",
+        "input_generated_text": "mine",
+        "input_input_generated_text": 3,
+    }
+    result = run_rows({"x.jsonl": jsonl(row)}, spec, tmp_path)
+
+    (output,) = result.outputs
+    assert output["input_generated_text"] == "mine" and output["input_input_generated_text"] == 3
+    assert output["input_input_input_generated_text"] == "old" and output["generated_text"] != "old"
+
+
 def test_a_template_format_spec_that_does_not_fit_the_value_fails_that_row(tmp_path: Path) -> None:
     spec = spec_of(tmp_path, "x.jsonl", user_template="Score {score:.1f}")
     result = run_rows(
