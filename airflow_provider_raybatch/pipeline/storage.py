@@ -25,11 +25,13 @@ import os
 import posixpath
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 from urllib.parse import urlsplit
 
+from airflow_provider_raybatch.pipeline import local_tree
 from airflow_provider_raybatch.shared.json_types import Kwargs
 from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.shared.specs import InputFormat, OutputFormat
@@ -283,33 +285,78 @@ def exists(uri: str) -> bool:
     return filesystem_.get_file_info(path).type != fs.FileType.NotFound
 
 
-def delete_tree(uri: str) -> None:
-    """Delete a folder and everything under it; a missing folder is fine."""
+def _local_below(uri: str, within: str | None) -> tuple[str, str] | None:
+    """The local paths of ``uri`` and of the output folder ``within`` it lies under; None for an
+    object store (no links there) or when no output folder is given."""
     from pyarrow import fs
 
+    if within is None:
+        return None
+    filesystem_, path = filesystem(uri)
+    if not isinstance(filesystem_, fs.LocalFileSystem):
+        return None
+    return path, filesystem(within)[1]
+
+
+def delete_tree(uri: str, within: str | None = None) -> None:
+    """Delete a folder and everything under it; a missing folder is fine.
+
+    :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
+        (:mod:`.local_tree`: a link on the way refuses, a link at ``uri`` is removed as a link).
+    """
+    from pyarrow import fs
+
+    if local := _local_below(uri, within):
+        local_tree.delete_tree(*local)
+        return
     filesystem_, path = filesystem(uri)
     if filesystem_.get_file_info(path).type == fs.FileType.Directory:
         filesystem_.delete_dir(path)
 
 
-def delete_file(uri: str) -> None:
-    """Delete one file; a missing file is fine (a retried cleanup)."""
+def delete_file(uri: str, within: str | None = None) -> None:
+    """Delete one file; a missing file is fine (a retried cleanup). ``within``: as for :func:`delete_tree`."""
     from pyarrow import fs
 
+    if local := _local_below(uri, within):
+        local_tree.delete_file(*local)
+        return
     filesystem_, path = filesystem(uri)
     if filesystem_.get_file_info(path).type == fs.FileType.File:
         filesystem_.delete_file(path)
 
 
-def list_files(uri: str) -> list[str]:
-    """Paths of the files under a folder (recursively), sorted; empty when the folder is missing."""
+def list_files(uri: str, within: str | None = None) -> list[str]:
+    """Paths of the files under a folder (recursively), sorted; empty when the folder is missing.
+
+    :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
+        or listed (:mod:`.local_tree`). Without it (a model folder, whose files may be links into a
+        cache), links are followed.
+    """
     from pyarrow import fs
 
+    if local := _local_below(uri, within):
+        return local_tree.list_files(*local)
     filesystem_, path = filesystem(uri)
     if filesystem_.get_file_info(path).type != fs.FileType.Directory:
         return []
     infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
     return sorted(info.path for info in infos if info.type == fs.FileType.File)
+
+
+def remove_files(uri: str, within: str, keep: Callable[[str], bool]) -> int:
+    """Remove each file under the folder ``uri`` (of the output folder ``within``) that ``keep``, given
+    its listed path, refuses; return how many went. On local disk no link is followed, and every link
+    under ``uri`` is removed as a link (:mod:`.local_tree`)."""
+    if local := _local_below(uri, within):
+        return local_tree.remove_files(*local, keep)
+    filesystem_, _ = filesystem(uri)
+    removed = 0
+    for path in list_files(uri):
+        if not keep(path):
+            filesystem_.delete_file(path)
+            removed += 1
+    return removed
 
 
 def input_file_sizes(input_uri: str, extensions: list[str] | None) -> list[tuple[str, int]]:

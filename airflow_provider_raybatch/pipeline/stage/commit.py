@@ -149,10 +149,13 @@ def _sidecars(
     """
     known_by_name = {part.name: part for part in known}
     data_uri = data_uri or staged_data_uri(layout)
-    listed = storage.list_files(storage.join(layout.staging_uri, "parts"))
+    listed = storage.list_files(storage.join(layout.staging_uri, "parts"), within=layout.output_uri)
     paths = [path for path in listed if path.endswith(".json")]  # not a temporary file of a write that died
     present = {
-        folder: {posixpath.basename(path) for path in storage.list_files(storage.join(data_uri, folder))}
+        folder: {
+            posixpath.basename(path)
+            for path in storage.list_files(storage.join(data_uri, folder), within=layout.output_uri)
+        }
         for folder in ("outputs", "errors")
     }
 
@@ -179,8 +182,10 @@ def _delete_part(layout: OutputLayout, part: StagedPart, data_uri: str | None = 
     """Delete a part's data files, then its sidecar (so a crash in between leaves an invalid part)."""
     data_uri = data_uri or staged_data_uri(layout)
     for folder, name in part.sidecar["files"].items():
-        storage.delete_file(storage.join(data_uri, folder, name))
-    storage.delete_file(storage.join(layout.staging_uri, "parts", f"{part.name}.json"))
+        storage.delete_file(storage.join(data_uri, folder, name), within=layout.output_uri)
+    storage.delete_file(
+        storage.join(layout.staging_uri, "parts", f"{part.name}.json"), within=layout.output_uri
+    )
 
 
 def _uri_of(layout: OutputLayout, path: str) -> str:
@@ -189,16 +194,17 @@ def _uri_of(layout: OutputLayout, path: str) -> str:
 
 
 def _remove_orphans(layout: OutputLayout, committed: set[str], data_uri: str | None = None) -> int:
-    """Delete data files of parts that never got their sidecar (written while the job died)."""
+    """Delete data files of parts that never got their sidecar (written while the job died), and on
+    local disk any link there, as a link: none is followed (:func:`.storage.remove_files`)."""
     data_uri = data_uri or staged_data_uri(layout)
-    removed = 0
-    for folder in ("outputs", "errors"):
-        filesystem, _ = storage.filesystem(storage.join(data_uri, folder))
-        for path in storage.list_files(storage.join(data_uri, folder)):
-            if posixpath.basename(path).split(".", 1)[0] not in committed:
-                filesystem.delete_file(path)
-                removed += 1
-    return removed
+
+    def keep(path: str) -> bool:
+        return posixpath.basename(path).split(".", 1)[0] in committed
+
+    return sum(
+        storage.remove_files(storage.join(data_uri, folder), layout.output_uri, keep)
+        for folder in ("outputs", "errors")
+    )
 
 
 def _is_committed(layout: OutputLayout, version: str | None) -> bool:
@@ -209,8 +215,9 @@ def _discard(layout: OutputLayout, pointer: JsonObject) -> None:
     """Delete a staging and the data it staged into its version folder (never a committed version's)."""
     version = pointer.get(STAGED_VERSION_KEY)
     if version and not _is_committed(layout, version):
-        storage.delete_tree(layout.version_uri(version))  # first: spec.json, deleted last, still names it
-    storage.delete_tree(layout.staging_uri)
+        # first: spec.json, deleted last, still names it
+        storage.delete_tree(layout.version_uri(version), within=layout.output_uri)
+    storage.delete_tree(layout.staging_uri, within=layout.output_uri)
 
 
 def open_staging(
@@ -253,11 +260,11 @@ def open_staging_parts(
             layout.run_key,
             pointer.get(STAGED_VERSION_KEY),
         )
-        storage.delete_tree(layout.staging_uri)
+        storage.delete_tree(layout.staging_uri, within=layout.output_uri)
         pointer = None
     if pointer is None:
         # No spec.json: nothing staged, or the rest of a staging folder whose deletion died half way.
-        storage.delete_tree(layout.staging_uri)
+        storage.delete_tree(layout.staging_uri, within=layout.output_uri)
         staged = {
             "fingerprint": binding.spec,
             BINDING_KEY: binding.as_dict(),
@@ -266,7 +273,7 @@ def open_staging_parts(
         storage.write_text(layout.staged_spec_uri, json.dumps(staged))
         return []
     if storage.exists(_seal_uri(layout)):  # an earlier try's commit held its rows or died: resumed now
-        storage.delete_file(_seal_uri(layout))
+        storage.delete_file(_seal_uri(layout), within=layout.output_uri)
     data_uri = staged_data_uri(layout)
     parts = _sidecars(layout, data_uri)
     removed = _remove_orphans(layout, {part.name for part in parts}, data_uri)
@@ -695,8 +702,8 @@ def publish(
     if committed_parts is not None:  # a late writer that wrote after the seal's sweep and died since
         _remove_orphans(layout, set(committed_parts), layout.version_uri(version))
     if replaced and keep_versions:
-        storage.delete_file(_published_entry(layout, replaced))
-    storage.delete_tree(layout.staging_uri)
+        storage.delete_file(_published_entry(layout, replaced), within=layout.output_uri)
+    storage.delete_tree(layout.staging_uri, within=layout.output_uri)
     if not keep_versions:
         collect_superseded(layout)
 
@@ -748,7 +755,8 @@ def collect_superseded(layout: OutputLayout) -> None:
     staging and publishes the version again). Each version's entry goes after its folder, so a
     collection that dies half way is finished by the next.
     """
-    listed = [path for path in storage.list_files(layout.published_uri) if path.endswith(".json")]
+    published = storage.list_files(layout.published_uri, within=layout.output_uri)
+    listed = [path for path in published if path.endswith(".json")]
     current = current_version(layout)
     for path in listed:
         version = posixpath.basename(path).removesuffix(".json")
@@ -771,5 +779,5 @@ def collect_superseded(layout: OutputLayout) -> None:
             continue
         if (staged or {}).get(STAGED_VERSION_KEY) == version:
             continue
-        storage.delete_tree(folder)
-        storage.delete_file(uri)
+        storage.delete_tree(folder, within=layout.output_uri)
+        storage.delete_file(uri, within=layout.output_uri)

@@ -1224,10 +1224,10 @@ def test_a_replaced_version_whose_staging_a_retry_resumes_is_kept_for_it(
     first = commit.write_version(died, spec, rows_in=2)
     delete_tree = storage.delete_tree
 
-    def dies_at_the_staging(uri: str) -> None:
+    def dies_at_the_staging(uri: str, within: str | None = None) -> None:
         if uri == died.staging_uri:
             raise OSError("the job's node was lost")
-        delete_tree(uri)
+        delete_tree(uri, within)
 
     monkeypatch.setattr(storage, "delete_tree", dies_at_the_staging)
     with pytest.raises(OSError, match="node was lost"):
