@@ -27,8 +27,23 @@ from typing import NamedTuple
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class LinkInOutputError(OSError):
+class LinkBelowError(OSError):
+    """A name on the way from a folder to a path under it is a link (:attr:`link`: its path)."""
+
+    def __init__(self, link: str) -> None:
+        super().__init__(errno.ELOOP, f"{link!r} is a link")
+        self.link = link
+
+
+class LinkInOutputError(LinkBelowError):
     """A folder on the way from the output folder to one the job cleans up is a link."""
+
+    def __init__(self, link: str, within: str) -> None:
+        super().__init__(link)
+        self.strerror = (
+            f"{link!r} is a link: a folder under the output folder {within!r} may not be a link, and the "
+            "job follows none there. Remove the link (the folder it names is left as it is)."
+        )
 
 
 class Entry(NamedTuple):
@@ -45,42 +60,66 @@ def _names_below(path: str, within: str) -> list[str]:
     if relative == ".":
         return []
     if relative == ".." or relative.startswith("../"):
-        raise ValueError(f"{path!r} is not under the output folder {within!r}.")
+        raise ValueError(f"{path!r} is not under the folder {within!r}.")
     return relative.split("/")
+
+
+def _step(folder_fd: int, name: str, flags: int, walked: str) -> int:
+    """Open ``name`` in an open folder without following a link; LinkBelowError when it is one."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(folder_fd, name):
+            raise LinkBelowError(walked) from err
+        raise
+
+
+def _open_folder(path: str, within: str) -> int:
+    """A descriptor of the folder ``path``, opened from ``within`` (as named) one name at a time."""
+    fd = os.open(posixpath.abspath(within), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    walked = posixpath.abspath(within)
+    try:
+        for name in _names_below(path, within):
+            walked = posixpath.join(walked, name)
+            next_fd = _step(fd, name, os.O_RDONLY | os.O_DIRECTORY, walked)
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_file(path: str, within: str) -> int:
+    """A descriptor of the regular file ``path`` opened for reading from the folder ``within`` (as
+    named) one name at a time, following no link below ``within``.
+
+    :raises LinkBelowError: the file or a folder on the way is a link.
+    :raises OSError: it is missing, or no regular file (a FIFO, a device: ``EINVAL``).
+    """
+    folder_fd = _open_folder(posixpath.dirname(posixpath.abspath(path)), within)
+    try:
+        fd = _step(folder_fd, posixpath.basename(path), os.O_RDONLY | os.O_NONBLOCK, posixpath.abspath(path))
+    finally:
+        os.close(folder_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path!r} is not a regular file")
+    return fd
 
 
 @contextmanager
 def _folder(path: str, within: str) -> Iterator[int | None]:
-    """A descriptor of the folder ``path`` opened from ``within`` one name at a time without following a
-    link; None when a folder on the way is missing (nothing to list or delete)."""
+    """A descriptor of the folder ``path`` under the output folder ``within`` (:func:`_open_folder`);
+    None when it or a folder on the way is missing (nothing to list or delete)."""
     try:
-        fd = os.open(posixpath.abspath(within), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:  # no output yet
+        fd = _open_folder(path, within)
+    except LinkBelowError as err:
+        raise LinkInOutputError(err.link, within) from err
+    except (FileNotFoundError, NotADirectoryError):
         yield None
         return
     try:
-        walked = posixpath.abspath(within)
-        for name in _names_below(path, within):
-            walked = posixpath.join(walked, name)
-            try:
-                next_fd = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                yield None
-                return
-            except OSError as err:
-                if err.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(fd, name):
-                    raise LinkInOutputError(
-                        errno.ELOOP,
-                        f"{walked!r} is a link: a folder under the output folder {within!r} may not be a "
-                        "link, and the job follows none there. Remove the link (the folder it names is "
-                        "left as it is).",
-                    ) from err
-                if err.errno == errno.ENOTDIR:  # a file where a folder is expected: nothing under it
-                    yield None
-                    return
-                raise
-            os.close(fd)
-            fd = next_fd
         yield fd
     finally:
         os.close(fd)

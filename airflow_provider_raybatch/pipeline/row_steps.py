@@ -28,7 +28,7 @@ from airflow_provider_raybatch.pipeline.prompt.prompts import (
     messages_from_column,
     row_id,
 )
-from airflow_provider_raybatch.pipeline.read import column_bound, images
+from airflow_provider_raybatch.pipeline.read import column_bound, images, input_links
 from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file, row_to_json
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 from airflow_provider_raybatch.pipeline.row_types import (
@@ -83,10 +83,14 @@ def parse_file_row(
 
     A generator: Ray Data's ``flat_map`` cuts what it yields into blocks as they fill, so a large
     file's records are never all in memory at once. A file over ``MAX_INPUT_FILE_BYTES`` fails the
-    job with its name (:func:`.rows.check_input_file_size`).
+    job with its name (:func:`.rows.check_input_file_size`). A local file read through a link is
+    that file's error record, unparsed (:func:`.input_links.refusal`).
     """
     name = storage.relative_name(file_row["path"], input_uri)
     data = file_row["bytes"]
+    if refused := input_links.refusal(file_row["path"], input_uri, data):
+        yield {"source": f"{name}:0", "row": None, "error": refused}
+        return
     check_input_file_size(name, len(data))
     yield from parse_file(name, data, input_format, binary_columns, id_column=id_column)
 

@@ -354,12 +354,20 @@ def test_fetch_model_still_fetches_a_plain_model(s3_model: Any, tmp_path: Path) 
 # -- one huge input file ------------------------------------------------------------------------------
 
 
-def test_an_input_file_over_the_cap_fails_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_input_file_over_the_cap_fails_with_its_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(rows, "MAX_INPUT_FILE_BYTES", 1024)
     data = b'{"a": 1}\n' * 200  # 1,800 bytes
+    (tmp_path / "uploads").mkdir()
+    for name in ("uploads/big.jsonl", "big.jsonl"):  # a local file is checked on disk
+        (tmp_path / name).write_bytes(data)
+    folder = str(tmp_path)
 
     with pytest.raises(InputFileTooLargeError) as caught:
-        list(row_steps.parse_file_row({"path": "/in/uploads/big.jsonl", "bytes": data}, "/in", "jsonl"))
+        list(
+            row_steps.parse_file_row({"path": f"{folder}/uploads/big.jsonl", "bytes": data}, folder, "jsonl")
+        )
 
     message = str(caught.value)
     assert "'uploads/big.jsonl'" in message and "1800 bytes" in message and "1024 bytes" in message
@@ -367,11 +375,12 @@ def test_an_input_file_over_the_cap_fails_with_its_name(monkeypatch: pytest.Monk
     # At the cap exactly, the file is read.
     monkeypatch.setattr(rows, "MAX_INPUT_FILE_BYTES", len(data))
     assert (
-        len(list(row_steps.parse_file_row({"path": "/in/big.jsonl", "bytes": data}, "/in", "jsonl"))) == 200
+        len(list(row_steps.parse_file_row({"path": f"{folder}/big.jsonl", "bytes": data}, folder, "jsonl")))
+        == 200
     )
 
 
-def test_a_large_jsonl_file_is_parsed_one_record_at_a_time() -> None:
+def test_a_large_jsonl_file_is_parsed_one_record_at_a_time(tmp_path: Path) -> None:
     """parse_file_row yields records as Ray's flat_map takes them: no list of lines or records.
 
     The old path held ``splitlines()`` of the whole file and every record at once, several times the
@@ -381,11 +390,12 @@ def test_a_large_jsonl_file_is_parsed_one_record_at_a_time() -> None:
     data = b"".join(
         b'{"id": %d, "text": "%s"}\n' % (i, b"lorem ipsum " * 8) for i in range(40_000)
     )  # ~4.5 MiB
-    file_row = {"path": "/in/big.jsonl", "bytes": data}
+    (tmp_path / "big.jsonl").write_bytes(data)  # a local file is checked on disk
+    file_row = {"path": str(tmp_path / "big.jsonl"), "bytes": data}
 
     tracemalloc.start()
     try:
-        count = sum(1 for _ in row_steps.parse_file_row(file_row, "/in", "jsonl"))
+        count = sum(1 for _ in row_steps.parse_file_row(file_row, str(tmp_path), "jsonl"))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

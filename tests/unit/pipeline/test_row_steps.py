@@ -227,17 +227,18 @@ def test_per_row_sampling_numbers_past_int64_or_not_finite_fail_the_row(tmp_path
 
 
 def test_parse_file_row_yields_records_and_refuses_a_file_over_the_cap(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    file_row = {"path": "/in/a.jsonl", "bytes": b'{"a": 1}\n{"a": 2}\n'}
+    (tmp_path / "a.jsonl").write_bytes(b'{"a": 1}\n{"a": 2}\n')  # a local file is checked on disk
+    file_row = {"path": str(tmp_path / "a.jsonl"), "bytes": b'{"a": 1}\n{"a": 2}\n'}
 
-    records = row_steps.parse_file_row(file_row, "/in", "jsonl")
+    records = row_steps.parse_file_row(file_row, str(tmp_path), "jsonl")
 
     assert not isinstance(records, list)  # a generator: Ray's flat_map blocks it as it goes
     assert [r["source"] for r in records] == ["a.jsonl:1", "a.jsonl:2"]
     monkeypatch.setattr(rows_module, "MAX_INPUT_FILE_BYTES", 17)
     with pytest.raises(rows_module.InputFileTooLargeError, match="'a.jsonl' is 18 bytes, over the 17 bytes"):
-        next(row_steps.parse_file_row(file_row, "/in", "jsonl"))
+        next(row_steps.parse_file_row(file_row, str(tmp_path), "jsonl"))
 
 
 # -- drift and ids ---------------------------------------------------------------------------------
