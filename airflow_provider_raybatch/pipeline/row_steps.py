@@ -29,7 +29,8 @@ from airflow_provider_raybatch.pipeline.prompt.prompts import (
     row_id,
 )
 from airflow_provider_raybatch.pipeline.read import column_bound, images, input_links
-from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file, row_to_json
+from airflow_provider_raybatch.pipeline.read.records import row_to_json
+from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 from airflow_provider_raybatch.pipeline.row_types import (
     EngineOutput,

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.read import rows
+from airflow_provider_raybatch.pipeline.read import arrow_rows, records
 from airflow_provider_raybatch.pipeline.read.rows import parse_file
 from tests.unit.pipeline.ray_env import run_in_ray_env
 
@@ -339,10 +339,13 @@ def allowed_tables(draw: st.DrawFn) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=[f"c{index}" for index in range(len(arrays))])
 
 
-def _records_read_unchecked(name: str, data: bytes) -> list[rows.Record]:
+def _records_read_unchecked(name: str, data: bytes) -> list[records.Record]:
     """The records the reader gave before any type was checked: every value converted."""
     table = pq.ParquetFile(io.BytesIO(data)).read()
-    return [rows._ok(f"{name}:{number}", row) for number, row in enumerate(rows._table_rows(table), start=1)]
+    return [
+        records.ok(f"{name}:{number}", row)
+        for number, row in enumerate(arrow_rows.table_rows(table), start=1)
+    ]
 
 
 @given(allowed_tables())

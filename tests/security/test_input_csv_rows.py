@@ -59,16 +59,16 @@ def test_a_csv_file_of_a_million_tiny_rows_is_read_a_chunk_at_a_time(tmp_path: P
 
 # A record is sized from its bytes before ``csv`` reads it (pipeline/read/raw_records.py): ``csv``
 # built a 200 MB quoted field (1,717 MiB of growth) or a line of 50M empty fields (620 MiB) whole
-# before the reader could refuse it. The bound (``rows.RECORD_BYTES``) is lowered so that a small file
+# before the reader could refuse it. The bound (``records.RECORD_BYTES``) is lowered so that a small file
 # shows each case; the records are counted, so ``csv.reader`` reading one unbounded fails the test.
 
 
 @pytest.fixture
 def small_bound(monkeypatch: pytest.MonkeyPatch) -> int:
     pytest.importorskip("pyarrow")
-    from airflow_provider_raybatch.pipeline.read import rows
+    from airflow_provider_raybatch.pipeline.read import records
 
-    monkeypatch.setattr(rows, "RECORD_BYTES", 64 << 10, raising=False)  # as on code before it
+    monkeypatch.setattr(records, "RECORD_BYTES", 64 << 10, raising=False)  # as on code before it
     return 64 << 10
 
 
@@ -80,17 +80,17 @@ def _records(data: bytes) -> list[dict[str, str | None]]:
 
 def _widest_record_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The cells and characters of each record Python's ``csv`` hands the reader, as a list."""
-    from airflow_provider_raybatch.pipeline.read import rows
+    from airflow_provider_raybatch.pipeline.read import csv_rows
 
     seen: list[int] = []
-    real = rows._csv_reader
+    real = csv_rows._csv_reader
 
     def counting(data: bytes):  # type: ignore[no-untyped-def]
         for cells in real(data):
             seen.append(len(cells) + sum(map(len, cells)))
             yield cells
 
-    monkeypatch.setattr(rows, "_csv_reader", counting)
+    monkeypatch.setattr(csv_rows, "_csv_reader", counting)
     return seen
 
 

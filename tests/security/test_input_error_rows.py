@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.read import parquet_plan, rows
+from airflow_provider_raybatch.pipeline.read import parquet_plan, records, rows
 
 _BOUND = 64 * 1024
 
 
-def _text(records: list[rows.Record]) -> int:
+def _text(records: list[records.Record]) -> int:
     return sum(len(text) for record in records for text in record.values() if text is not None)
 
 

@@ -4,7 +4,7 @@ Row data is untrusted (docs/security.md). ``json.loads`` built a line's whole va
 looked at it: a 60 MiB line of ``{},`` grew a reader by 1,666 MiB (21M dicts) and was read as a good
 row, and a 500 MB line of one string by 1,907 MiB. Now a line's bytes, and a count of the values it
 can hold (each charged as a Parquet value is), are checked first (pipeline/read/raw_records.py), so
-such a line is its error row, unparsed. The bound (``rows.RECORD_BYTES``) is lowered here so that a
+such a line is its error row, unparsed. The bound (``records.RECORD_BYTES``) is lowered here so that a
 small file shows each case.
 """
 
@@ -16,16 +16,16 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from airflow_provider_raybatch.pipeline.read import rows  # noqa: E402
+from airflow_provider_raybatch.pipeline.read import records, rows  # noqa: E402
 
 
 @pytest.fixture
 def small_bound(monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(rows, "RECORD_BYTES", 64 << 10, raising=False)  # as on code before it
+    monkeypatch.setattr(records, "RECORD_BYTES", 64 << 10, raising=False)  # as on code before it
     return 64 << 10
 
 
-def _records(data: bytes) -> list[rows.Record]:
+def _records(data: bytes) -> list[records.Record]:
     return list(rows.parse_file("f.jsonl", data, "jsonl"))
 
 
@@ -52,7 +52,7 @@ def test_a_line_longer_than_the_bound_is_its_error_row(small_bound: int) -> None
     (record,) = _records(data)
 
     assert str(record["error"]).startswith(f"row too large: line 1 (over {small_bound:,} bytes)")
-    assert len(str(record["row"])) < rows.RAW_LINE_KEPT_CHARS + 16  # the line's start, not all of it
+    assert len(str(record["row"])) < records.RAW_LINE_KEPT_CHARS + 16  # the line's start, not all of it
 
 
 def test_commas_inside_strings_are_not_values(small_bound: int) -> None:

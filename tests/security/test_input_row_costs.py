@@ -87,7 +87,7 @@ def test_ordinary_rows_are_charged_at_least_what_they_become() -> None:
 
     import pyarrow as pa
 
-    from airflow_provider_raybatch.pipeline.read import row_costs, rows
+    from airflow_provider_raybatch.pipeline.read import arrow_rows, records, row_costs
 
     table = pa.table(
         {
@@ -98,7 +98,7 @@ def test_ordinary_rows_are_charged_at_least_what_they_become() -> None:
         }
     )
     costs = row_costs.row_costs(table)
-    texts = [rows.row_to_json(row) for row in rows._table_rows(table)]
+    texts = [records.row_to_json(row) for row in arrow_rows.table_rows(table)]
 
     for text, length, held in zip(texts, costs.text.tolist(), costs.held.tolist(), strict=True):
         width = max(1, *(1 if ord(char) < 0x100 else 2 if ord(char) < 0x10000 else 4 for char in text))

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_raybatch.pipeline import row_steps
-from airflow_provider_raybatch.pipeline.read import column_bound, rows
+from airflow_provider_raybatch.pipeline.read import column_bound, records, rows
 from airflow_provider_raybatch.pipeline.stage import part_schema
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
@@ -44,7 +44,7 @@ def _nested(shape: str, depth: int) -> Any:  # Any: a JSON value
     return value
 
 
-def _records(name: str, *lines: dict[str, Any]) -> list[rows.Record]:  # Any: JSON values
+def _records(name: str, *lines: dict[str, Any]) -> list[records.Record]:  # Any: JSON values
     data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     return list(rows.parse_file(name, data, "jsonl"))
 

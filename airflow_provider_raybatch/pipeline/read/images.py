@@ -571,7 +571,7 @@ def _described_data_url(url: str) -> str:
     header = url.partition(",")[0]
     size = _data_url_bytes(url)
     mime = _short(header.removeprefix(_DATA_URL_PREFIX).split(";", 1)[0], 60)
-    # application/octet-stream: bytes the pipeline itself carried as a data URL (pipeline/read/rows.py)
+    # application/octet-stream: bytes the pipeline itself carried as a data URL (pipeline/read/records.py)
     if mime in ("", "application/octet-stream"):
         return f"<{size} bytes>"
     return f"<{mime} data URL, {size} bytes>"

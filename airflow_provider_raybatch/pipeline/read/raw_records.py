@@ -4,9 +4,10 @@ from its bytes before anything of it is decoded or parsed.
 Why: Python's ``csv`` and ``json`` build the whole record first and let us look after. A few bytes
 can make far more objects (``[{},{},...]`` is about 80 B of Python a 3-byte ``{},``; a line of 50M
 commas is a list of 50M cells), and one long field grows ``csv``'s buffer at 4 bytes a character.
-So the reader (``rows.py``) asks here first and makes a record that would cost more than a row may
-its error row, unread. Every count is an upper bound, so a record read is within the bound, and each
-takes a few passes of C over the bytes (``bytes.count``, a regular expression that skips runs).
+So the readers (``jsonl_rows.py``, ``csv_rows.py``) ask here first and make a record that would cost
+more than a row may its error row, unread. Every count is an upper bound, so a record read is within
+the bound, and each takes a few passes of C over the bytes (``bytes.count``, a regular expression that
+skips runs).
 
 A text is charged its UTF-8 bytes times the width Python will hold its characters at (1, 2 or 4
 bytes: a ``str`` takes its widest character's width for all of them, so one emoji makes a long

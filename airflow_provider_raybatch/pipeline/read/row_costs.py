@@ -1,6 +1,6 @@
 """What each row of an Arrow table costs once the reader has made it a record, before it does.
 
-A row becomes Python values (``to_pylist``) and then one JSON text (``rows.row_to_json``), and both
+A row becomes Python values (``to_pylist``) and then one JSON text (``records.row_to_json``), and both
 can be far larger than the row's bytes in Arrow: JSON writes a control character as six characters,
 Python holds a whole string at four bytes a character once one character is outside the Basic
 Multilingual Plane (and the row's JSON text too, which holds that string), a struct's field names

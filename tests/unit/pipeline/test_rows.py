@@ -19,15 +19,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.read.rows import (
+from airflow_provider_raybatch.pipeline.read.csv_rows import _csv_line
+from airflow_provider_raybatch.pipeline.read.records import (
     BYTES_DATA_URL_PREFIX,
-    MAX_INPUT_FILE_BYTES,
     RAW_LINE_KEPT_CHARS,
+    row_to_json,
+)
+from airflow_provider_raybatch.pipeline.read.rows import (
+    MAX_INPUT_FILE_BYTES,
     InputFileTooLargeError,
-    _csv_line,
     check_input_file_size,
     parse_file,
-    row_to_json,
 )
 
 
@@ -207,7 +209,7 @@ def test_binary_columns_keep_their_bytes_exactly() -> None:
     import base64
 
     pa = pytest.importorskip("pyarrow")
-    from airflow_provider_raybatch.pipeline.read.rows import BYTES_DATA_URL_PREFIX
+    from airflow_provider_raybatch.pipeline.read.records import BYTES_DATA_URL_PREFIX
 
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     table = pa.table(
@@ -407,7 +409,7 @@ def test_numpy_scalars_and_arrays() -> None:
 
 
 def test_a_row_json_cannot_write_becomes_an_error_record_not_an_exception() -> None:
-    from airflow_provider_raybatch.pipeline.read.rows import _ok
+    from airflow_provider_raybatch.pipeline.read.records import ok as _ok
 
     looped: dict = {}
     looped["self"] = looped
@@ -733,7 +735,7 @@ def test_parquet_repeated_column_names_keep_every_column() -> None:
 
 def test_a_table_with_rows_and_no_columns_keeps_its_rows() -> None:
     pa = pytest.importorskip("pyarrow")
-    from airflow_provider_raybatch.pipeline.read.rows import _table_rows
+    from airflow_provider_raybatch.pipeline.read.arrow_rows import table_rows as _table_rows
 
     assert _table_rows(pa.table({"a": [1, 2, 3]}).drop_columns(["a"])) == [{}, {}, {}]
 
@@ -846,9 +848,9 @@ def test_csv_read_in_chunks_types_each_column_over_the_whole_file(monkeypatch: p
     """A file is read a chunk at a time (a few records here), and each column keeps one type over
     all of them, as pyarrow's reader widens it over the whole file."""
     pytest.importorskip("pyarrow")
-    from airflow_provider_raybatch.pipeline.read import rows
+    from airflow_provider_raybatch.pipeline.read import csv_rows
 
-    monkeypatch.setattr(rows, "CSV_CHUNK_BYTES", 2_000)
+    monkeypatch.setattr(csv_rows, "CSV_CHUNK_BYTES", 2_000)
     lines = [f"{index},{index},{index},0{index}" for index in range(20)]
     lines[15] = "15,1.5,word,015"
     data = ("n,num,text,zip\n" + "\n".join(lines) + "\n").encode()
@@ -863,10 +865,10 @@ def test_csv_read_in_chunks_types_each_column_over_the_whole_file(monkeypatch: p
 
 def test_a_csv_record_over_the_row_bound_is_its_error_row(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("pyarrow")
-    from airflow_provider_raybatch.pipeline.read import rows
+    from airflow_provider_raybatch.pipeline.read import csv_rows, records
 
-    monkeypatch.setattr(rows, "CSV_CHUNK_BYTES", 2_000)
-    monkeypatch.setattr(rows, "RECORD_BYTES", 5_000)
+    monkeypatch.setattr(csv_rows, "CSV_CHUNK_BYTES", 2_000)
+    monkeypatch.setattr(records, "RECORD_BYTES", 5_000)
     data = b"a,b\n1,x\n2," + b"y" * 5_000 + b"\n3,z\n"
 
     records = list(parse_file("f.csv", data, "csv"))
@@ -892,7 +894,7 @@ _NUMBERISH = st.text(alphabet=st.sampled_from(list("0123456789+-. eE\t\u3000\u06
 def test_property_a_column_searched_at_once_finds_a_lossy_number_where_a_cell_by_cell_look_does(
     cells: list[str],
 ) -> None:
-    from airflow_provider_raybatch.pipeline.read.rows import _has_lossy_number_text
+    from airflow_provider_raybatch.pipeline.read.csv_rows import _has_lossy_number_text
 
     assert _has_lossy_number_text(cells) == any(_lossy_cell(cell) for cell in cells)
 
