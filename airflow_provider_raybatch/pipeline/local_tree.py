@@ -184,32 +184,39 @@ def remove_files(path: str, within: str, keep: Callable[[str], bool]) -> int:
     return removed
 
 
+class _Named(NamedTuple):
+    """A name under the output folder, as :func:`_named` found it."""
+
+    folder_fd: int  # its folder's descriptor
+    name: str  # its name in that folder
+    mode: int  # its lstat mode: a link is a link
+
+
+@contextmanager
+def _named(path: str, within: str) -> Iterator[_Named | None]:
+    """``path`` under the output folder ``within``, its folder opened without following a link on the
+    way; None when it or a folder on the way is missing."""
+    name = posixpath.basename(posixpath.abspath(path))
+    with _folder(posixpath.dirname(posixpath.abspath(path)), within) as fd:
+        try:
+            mode = None if fd is None else os.lstat(name, dir_fd=fd).st_mode
+        except FileNotFoundError:
+            mode = None
+        yield None if fd is None or mode is None else _Named(fd, name, mode)
+
+
 def delete_tree(path: str, within: str) -> None:
     """Delete the folder ``path`` and everything under it (a link there: the link alone); a missing
     one is fine. ``shutil.rmtree`` walks by descriptors and follows no link inside."""
-    with _folder(posixpath.dirname(posixpath.abspath(path)), within) as fd:
-        if fd is None:
-            return
-        name = posixpath.basename(posixpath.abspath(path))
-        try:
-            mode = os.lstat(name, dir_fd=fd).st_mode
-        except FileNotFoundError:
-            return
-        if stat.S_ISLNK(mode):
-            os.unlink(name, dir_fd=fd)
-        elif stat.S_ISDIR(mode):
-            shutil.rmtree(name, dir_fd=fd)
+    with _named(path, within) as found:
+        if found is not None and stat.S_ISLNK(found.mode):
+            os.unlink(found.name, dir_fd=found.folder_fd)
+        elif found is not None and stat.S_ISDIR(found.mode):
+            shutil.rmtree(found.name, dir_fd=found.folder_fd)
 
 
 def delete_file(path: str, within: str) -> None:
     """Delete the file (or link) ``path``; a missing one is fine."""
-    with _folder(posixpath.dirname(posixpath.abspath(path)), within) as fd:
-        if fd is None:
-            return
-        name = posixpath.basename(posixpath.abspath(path))
-        try:
-            mode = os.lstat(name, dir_fd=fd).st_mode
-        except FileNotFoundError:
-            return
-        if not stat.S_ISDIR(mode):
-            os.unlink(name, dir_fd=fd)
+    with _named(path, within) as found:
+        if found is not None and not stat.S_ISDIR(found.mode):
+            os.unlink(found.name, dir_fd=found.folder_fd)
