@@ -419,13 +419,20 @@ def _read_local(path: str, max_bytes: int, shown: str) -> bytes:
     """
     shown = shorten(shown)
     try:
-        mode = os.stat(path).st_mode
-        if stat.S_ISDIR(mode):
-            raise reason(BAD_VALUE_KIND, f"{shown} is a folder, not an image file")
-        if not stat.S_ISREG(mode):
-            raise reason(BAD_VALUE_KIND, f"{shown} is not a regular file")
-        with open(path, "rb") as stream:
-            return _read_capped(stream.read, shown, max_bytes)
+        # Opened first, then asked what it is: a name checked and then opened could be a FIFO by the
+        # time it opens, and a FIFO's open blocks until a writer comes (never, for the row). O_NONBLOCK
+        # makes that open return at once; fstat then sees the FIFO, and a regular file reads as ever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise reason(BAD_VALUE_KIND, f"{shown} is a folder, not an image file")
+            if not stat.S_ISREG(mode):
+                raise reason(BAD_VALUE_KIND, f"{shown} is not a regular file")
+            with open(fd, "rb", closefd=False) as stream:
+                return _read_capped(stream.read, shown, max_bytes)
+        finally:
+            os.close(fd)
     except FileNotFoundError as err:
         raise reason(MISSING_KIND, f"no such file: {shown}") from err
     except OSError as err:  # permission, a name too long, I/O

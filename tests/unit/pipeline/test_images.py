@@ -509,6 +509,23 @@ def test_reading_a_local_path_that_cannot_be_opened_fails_the_row(tmp_path: Path
     assert kind_of("/dev/zero") == BAD_VALUE_KIND  # endless: not a regular file
 
 
+def test_a_file_swapped_for_a_fifo_after_its_check_fails_the_row_not_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer of the input folder renames a FIFO over an image between the reader's look and its
+    open (a race a trial won in under a second): the look here says a regular file, the name is a FIFO
+    by the open. The row fails at once; an open that waited for the FIFO's writer hung the job."""
+    fifo = tmp_path / "a.png"
+    os.mkfifo(fifo)
+    regular = os.stat(__file__)
+    real_stat = os.stat
+    monkeypatch.setattr(
+        os, "stat", lambda path, *a, **k: regular if str(path) == str(fifo) else real_stat(path, *a, **k)
+    )
+
+    assert within(5, lambda: kind_of(str(fifo))) == BAD_VALUE_KIND
+
+
 # -- the corrupt corpus --------------------------------------------------------------------------
 
 
