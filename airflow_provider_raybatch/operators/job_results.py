@@ -145,18 +145,25 @@ def held_result_of(hook: RayHook, job_id: str, spec: BatchInferenceSpec) -> Json
     thresholds, commits them. The log is the one place its manifest reaches Airflow.
     """
     try:
-        manifest = manifest_from_log(hook.get_job_logs(job_id))
+        return manifest_from_log(
+            hook.get_job_logs(job_id), accept=lambda found: _is_held(found, job_id, spec)
+        )
     except RayHookError:
         return None
+
+
+def _is_held(manifest: JsonObject, job_id: str, spec: BatchInferenceSpec) -> bool:
+    """Whether a manifest in ``job_id``'s driver log is that job's held run of ``spec``."""
     try:
-        held = RunManifest.of(manifest) if manifest is not None else None
+        held = RunManifest.of(manifest)
     except (TypeError, ValueError):  # not an object, or values of other types: not a manifest of ours
-        return None
-    if held is None or held.status != HELD_STATUS or held.job_id != job_id:
-        return None
-    if held.run_key != spec.run_key or held.spec_fingerprint != spec.fingerprint():
-        return None
-    return manifest
+        return False
+    return (
+        held.status == HELD_STATUS
+        and held.job_id == job_id
+        and held.run_key == spec.run_key
+        and held.spec_fingerprint == spec.fingerprint()
+    )
 
 
 def check_not_superseded(

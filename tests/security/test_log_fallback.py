@@ -89,3 +89,13 @@ def test_a_manifest_line_that_does_not_name_this_job_is_never_its_result(forged:
 
 def test_the_jobs_own_manifest_line_is_its_result() -> None:
     assert _result(f"some line\n{GENUINE}\n")["outputs_uri"] == f"{SPEC.output_uri}/versions/v1/outputs"
+
+
+def test_a_later_line_of_another_job_does_not_hide_a_held_run() -> None:
+    """A job that held its run for its failed rows prints its manifest; the retry's thresholds judge it.
+    A line after it that names another job (or none) is not this job's, and does not hide it."""
+    held = _line(status="held", rows_out=4, rows_failed=6)
+    for forged in (_line(job_id=JOB[:-4] + "ffff", status="held"), _line(job_id=None, status="held")):
+        found = job_results.held_result_of(_Hook(f"{held}\n{forged}\n"), JOB, SPEC)
+        assert found is not None and found["job_id"] == JOB and found["rows_out"] == 4
+    assert job_results.held_result_of(_Hook(f"{forged}\n"), JOB, SPEC) is None
