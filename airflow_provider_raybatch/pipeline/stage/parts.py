@@ -56,6 +56,21 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
+def _check_width(target: dict[str, str], folder: str) -> None:
+    """Refuse, before any part is rewritten, an output whose one schema no part's footer could hold.
+
+    :raises OutputTooWideError: naming the columns, their size and the way out (``keep_columns``).
+    """
+    size = sum(len(name.encode()) + len(kind.encode()) for name, kind in target.items())
+    if size > MAX_OUTPUT_SCHEMA_BYTES:
+        raise OutputTooWideError(
+            f"the run's {folder} have {len(target):,} columns whose names and types take {size:,} bytes "
+            f"together, more than one output file can describe ({MAX_OUTPUT_SCHEMA_BYTES:,}): the input "
+            "files' rows bring different columns (each file is within its own bounds). Keep the columns "
+            "the output needs with keep_columns, or give the files one set of columns."
+        )
+
+
 class StagingTakenError(RuntimeError):
     """A writer's staging was started afresh or committed by a newer try: it writes nothing more."""
 
@@ -68,6 +83,16 @@ LABELS_KEY = "labels"
 TOKENS_KEY = "tokens"
 #: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`).
 COLUMNS_KEY = "columns"
+#: The most bytes of column names and types an output's parts may have together once given one schema:
+#: every part's footer holds them about four times over, and a footer is read at most 8 MiB. Each
+#: input file's rows are bounded alike (``read.column_bound``), but several files' rows meet in one
+#: output: four files of 4,000 distinct 127-character keys made every part's footer 9.5 MB.
+MAX_OUTPUT_SCHEMA_BYTES = 1 << 20
+
+
+class OutputTooWideError(RuntimeError):
+    """The run's rows together have more columns (names and types) than one output file's footer can
+    describe; the message names the count, the size and what to do."""
 
 
 def _encode(
@@ -295,6 +320,7 @@ class PartWriter:
         for folder in ("outputs", "errors"):
             typed = [part for part in parts if folder in part.sidecar.get(COLUMNS_KEY, {})]
             target = part_schema.unify(part.sidecar[COLUMNS_KEY][folder] for part in typed)
+            _check_width(target, folder)
             arrow_types = self._arrow_types(folder, typed, target)
             for part in typed:
                 if part.sidecar[COLUMNS_KEY][folder] == target:  # also its column order
