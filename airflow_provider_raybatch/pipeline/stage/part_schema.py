@@ -12,7 +12,9 @@ the others, and failed the whole job on the first value of another type. Here:
   several types, objects with different keys (Arrow's struct inference would add the missing keys as
   nulls), integers past int64 and uint64 — the column is written as **JSON text**: each cell is the
   value's JSON (``"Acme"`` with its quotes, ``{"nested": 1}``), null stays null. Such a field carries
-  the metadata ``raybatch.encoding = json``, and the manifest lists it under ``json_columns``.
+  the metadata ``raybatch.encoding = json``, and the manifest lists it under ``json_columns``. A
+  nested column whose struct, counted over the part's rows, would pass a row's shape bounds
+  (:func:`union_too_large`) is JSON text without Arrow building the struct first.
 * At commit the parts of one output are made to agree (:func:`unify`, :func:`conform`): a column
   missing from a part is added as nulls, a null-typed column takes the output's type, int64 beside
   double becomes double, and a column whose types disagree across parts becomes JSON text in every
@@ -26,10 +28,11 @@ import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from airflow_provider_raybatch.pipeline.read import (
     arrow_types,
+    column_bound,
     parquet_plan,
     raw_records,
     row_costs,
@@ -139,14 +142,30 @@ def _json_field(name: str) -> pa.Field:
     return pa.field(name, pa.string(), metadata={ENCODING_KEY: JSON_ENCODING})
 
 
+def union_too_large(values: list[JsonValue]) -> bool:
+    """Whether Arrow's inference of the column from ``values`` would build a struct past the bounds a
+    row's shape has (:mod:`..read.column_bound`: its empty cells, columns and names), counted over the
+    part's rows together.
+
+    Each row is within them, but a part holds rows of several files: rows of 8 files, each a list of
+    1,000 objects of one key of their own (17 KB), made Arrow build a struct of 8,000 fields for 8,000
+    items (over 1.9 GiB) before the column fell back to JSON text anyway. ``row_shape`` walks a list at
+    its root as a row's list: its items are at the depth, and in the places, a column's values are.
+    """
+    if not any(isinstance(value, dict | list) for value in values):
+        return False
+    return column_bound.row_shape(cast("JsonObject", values)).refusal is not None
+
+
 def table_of(records: list[JsonObject]) -> pa.Table:
-    """A part's rows as one table whose schema comes from all of them (see the module docstring)."""
+    """A part's rows as one table whose schema comes from all of them (see the module docstring); a
+    column whose inferred struct would be too large (:func:`union_too_large`) is JSON text, unbuilt."""
     import pyarrow as pa
 
     fields, arrays = [], []
     for name in column_names(records):
         values = [record.get(name) for record in records]
-        array = typed_array(values)
+        array = None if union_too_large(values) else typed_array(values)
         if array is None:
             fields.append(_json_field(name))
             arrays.append(pa.array([json_text(value) for value in values], type=pa.string()))
