@@ -1,4 +1,4 @@
-"""Listing and deleting under a local output folder without ever following a link below it.
+"""Listing, deleting and writing under a local output folder without ever following a link below it.
 
 Whoever may write a shared output folder can swap one of its folders for a link to a folder elsewhere
 (``versions/<v>/outputs -> /home/ray``): a cleanup that lists through the link deletes the files it
@@ -7,7 +7,10 @@ descriptor with ``O_NOFOLLOW``, and a link is seen as a link whatever is swapped
 
 - a link on the way to the folder asked for refuses the call (:class:`LinkInOutputError` names it);
 - a link inside it is never walked: it is removed as a link (``unlink`` of the link, never of what it
-  names) where a cleanup removes files, and left out of a listing.
+  names) where a cleanup removes files, and left out of a listing;
+- a file written there is made under a new name in its folder's descriptor and renamed over its name
+  in that folder (a link at the name is replaced, never written through); missing folders on the way
+  are made in their parent's descriptor.
 
 The output folder itself is opened as named: a link above or at it is the operator's choice. Object
 stores have no links; :mod:`.storage` uses this module for local paths only.
@@ -15,11 +18,13 @@ stores have no links; :mod:`.storage` uses this module for local paths only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
 import shutil
 import stat
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -74,13 +79,19 @@ def _step(folder_fd: int, name: str, flags: int, walked: str) -> int:
         raise
 
 
-def _open_folder(path: str, within: str) -> int:
-    """A descriptor of the folder ``path``, opened from ``within`` (as named) one name at a time."""
+def _open_folder(path: str, within: str, make: bool = False) -> int:
+    """A descriptor of the folder ``path``, opened from ``within`` (as named) one name at a time;
+    ``make``: each missing folder (``within`` too) is made first, in its parent's descriptor."""
+    if make:
+        os.makedirs(posixpath.abspath(within), exist_ok=True)
     fd = os.open(posixpath.abspath(within), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     walked = posixpath.abspath(within)
     try:
         for name in _names_below(path, within):
             walked = posixpath.join(walked, name)
+            if make:
+                with contextlib.suppress(FileExistsError):  # a link there too: _step refuses it
+                    os.mkdir(name, dir_fd=fd)
             next_fd = _step(fd, name, os.O_RDONLY | os.O_DIRECTORY, walked)
             os.close(fd)
             fd = next_fd
@@ -220,3 +231,46 @@ def delete_file(path: str, within: str) -> None:
     with _named(path, within) as found:
         if found is not None and not stat.S_ISDIR(found.mode):
             os.unlink(found.name, dir_fd=found.folder_fd)
+
+
+def _output_folder(path: str, within: str) -> int:
+    """:func:`_open_folder` with ``make``, a link on the way refused as :class:`LinkInOutputError`."""
+    try:
+        return _open_folder(path, within, make=True)
+    except LinkBelowError as err:
+        raise LinkInOutputError(err.link, within) from err
+
+
+def make_folders(path: str, within: str) -> None:
+    """Make the folder ``path`` under the output folder ``within`` and those on the way, following no
+    link below ``within``.
+
+    :raises LinkInOutputError: a folder on the way (or ``path``) is a link.
+    """
+    os.close(_output_folder(path, within))
+
+
+def write_file(path: str, within: str, data: bytes) -> None:
+    """Write the file ``path`` under the output folder ``within`` so that readers see the old or the
+    new content, never a torn one, following no link below ``within``: its folders are opened (made
+    where missing) one name at a time, and the file is made under a new name with ``O_EXCL`` in its
+    folder's descriptor and renamed over ``path`` there (a link at ``path`` is replaced as a link).
+
+    :raises LinkInOutputError: a folder on the way is a link.
+    """
+    name = posixpath.basename(posixpath.abspath(path))
+    folder_fd = _output_folder(posixpath.dirname(posixpath.abspath(path)), within)
+    try:
+        temporary = f"{name}.tmp-{uuid.uuid4().hex[:8]}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temporary, flags, 0o666, dir_fd=folder_fd)  # less the umask, as before
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+            os.rename(temporary, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=folder_fd)
+            raise
+    finally:
+        os.close(folder_fd)

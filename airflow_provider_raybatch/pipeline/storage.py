@@ -491,10 +491,27 @@ def write_dataset(dataset: ray.data.Dataset, uri: str, output_format: OutputForm
         dataset.write_json(uri)  # one JSON object per line
 
 
-def write_bytes(uri: str, data: bytes) -> None:
-    """Write a file so that readers see the old or the new content, never a torn one."""
+def make_folders(uri: str, within: str | None = None) -> None:
+    """Make a folder and those on the way (present ones are fine). ``within``: as for :func:`write_bytes`."""
+    if local := _local_below(uri, within):
+        local_tree.make_folders(*local)
+        return
+    filesystem_, path = filesystem(uri)
+    filesystem_.create_dir(path, recursive=True)
+
+
+def write_bytes(uri: str, data: bytes, within: str | None = None) -> None:
+    """Write a file so that readers see the old or the new content, never a torn one.
+
+    :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
+        (:func:`.local_tree.write_file`: a link on the way refuses, naming it; a link at ``uri`` is
+        replaced as a link).
+    """
     from pyarrow import fs
 
+    if local := _local_below(uri, within):
+        local_tree.write_file(*local, data)
+        return
     filesystem_, path = filesystem(uri)
     filesystem_.create_dir(posixpath.dirname(path), recursive=True)
     if not isinstance(filesystem_, fs.LocalFileSystem):  # an object store replaces an object in one PUT
@@ -511,9 +528,9 @@ def write_bytes(uri: str, data: bytes) -> None:
             filesystem_.delete_file(temporary)
 
 
-def write_text(uri: str, text: str) -> None:
+def write_text(uri: str, text: str, within: str | None = None) -> None:
     """:func:`write_bytes` for text."""
-    write_bytes(uri, text.encode())
+    write_bytes(uri, text.encode(), within)
 
 
 def read_bytes(uri: str) -> bytes:
