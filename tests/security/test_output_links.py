@@ -1,23 +1,27 @@
-"""No cleanup of a local output folder follows a link below it.
+"""No cleanup of, and no write into, a local output folder follows a link below it.
 
 Whoever may write a shared output folder could swap one of its folders for a link to a folder
 elsewhere that the Ray user may write (its home, a model cache, another deployment's output). Each
 try's sweep of the current version listed the linked folder through the link and deleted every file
 there that is not a committed part; the staging's cleanups deleted through a linked ``_staging``. Now
 a link on the way to a folder the job cleans refuses the cleanup, naming it, and a link inside one is
-removed as a link: the folder it names keeps its files.
+removed as a link: the folder it names keeps its files. Writes went by path as well: a replica's part
+and its sidecar landed in the folder a linked ``versions/<v>/outputs`` or ``_staging/<run_key>``
+named. Now a write refuses a link on the way, naming it, and replaces a link at its own name.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.local_tree import LinkInOutputError
 from airflow_provider_raybatch.pipeline.stage import commit
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
@@ -121,3 +125,51 @@ def test_an_output_listing_neither_follows_nor_lists_links(tmp_path: Path, victi
     listed = storage.list_files(str(folder), within=str(tmp_path / "out"))
 
     assert listed == [str(folder / "part-a.json")]
+
+
+def _row() -> Any:
+    record = {"row_id": "in.jsonl:1", "text": "a row", "generated_text": "g"}
+    return {"source": "in.jsonl:1", "ok": True, "record": json.dumps(record), "tokens": [1, 1]}
+
+
+def test_a_part_is_not_written_through_a_linked_version_folder(committed: OutputLayout, victim: Path) -> None:
+    version = "20261207T000000-abc-654321"
+    (Path(committed.version_uri(version))).mkdir(parents=True)
+    Path(committed.version_uri(version), "outputs").symlink_to(victim)  # swapped in after the checks
+    Path(committed.staging_uri).mkdir(parents=True)
+    Path(committed.staged_spec_uri).write_text(json.dumps({commit.STAGED_VERSION_KEY: version}))
+    writer = PartWriter(
+        committed.staging_uri, "parquet", count_labels=False, data_uri=committed.version_uri(version)
+    )
+
+    with pytest.raises(LinkInOutputError, match=r"outputs' is a link"):
+        writer.write_part([_row()])
+
+    assert _victim_files(victim) == ["precious.txt", "sub/precious2.txt"]
+
+
+def test_a_part_is_not_written_through_a_linked_staging_folder(committed: OutputLayout, victim: Path) -> None:
+    Path(committed.staging_uri).parent.mkdir(parents=True)
+    Path(committed.staging_uri).symlink_to(victim)
+    writer = PartWriter(committed.staging_uri, "jsonl", count_labels=False)
+
+    with pytest.raises(LinkInOutputError, match=r"is a link"):
+        writer.create_folders()
+    with pytest.raises(LinkInOutputError, match=r"is a link"):
+        writer.write_part([_row()])
+
+    assert _victim_files(victim) == ["precious.txt", "sub/precious2.txt"]
+
+
+def test_a_write_replaces_a_link_at_its_name_and_never_writes_through_it(
+    committed: OutputLayout, victim: Path
+) -> None:
+    target = Path(committed.output_uri) / "_staging" / "x" / "spec.json"
+    target.parent.mkdir(parents=True)
+    target.symlink_to(victim / "precious.txt")
+
+    storage.write_text(str(target), "{}", within=committed.output_uri)
+
+    assert not target.is_symlink() and target.read_text() == "{}"
+    assert (victim / "precious.txt").read_text() == "keep me"
+    assert sorted(path.name for path in target.parent.iterdir()) == ["spec.json"]  # no temporary left

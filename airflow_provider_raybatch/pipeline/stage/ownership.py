@@ -95,7 +95,7 @@ def read_owner(layout: OutputLayout) -> Owner | None:
 
 
 def _write(layout: OutputLayout, owner: Owner) -> None:
-    storage.write_text(owner_uri(layout), json.dumps(asdict(owner), sort_keys=True))
+    storage.write_text(owner_uri(layout), json.dumps(asdict(owner), sort_keys=True), within=layout.output_uri)
 
 
 def claim(

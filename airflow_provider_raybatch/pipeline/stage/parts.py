@@ -71,6 +71,13 @@ def _check_width(target: dict[str, str], folder: str) -> None:
         )
 
 
+def _output_of(staging_uri: str) -> str | None:
+    """The output folder of a run's staging folder (``OutputLayout.staging_uri``:
+    ``<output>/_staging/<run_key>``); None when the staging is not laid out so."""
+    parent = posixpath.dirname(staging_uri.rstrip("/"))
+    return posixpath.dirname(parent) if posixpath.basename(parent) == "_staging" else None
+
+
 class StagingTakenError(RuntimeError):
     """A writer's staging was started afresh or committed by a newer try: it writes nothing more."""
 
@@ -151,6 +158,9 @@ class PartWriter:
         :param data_uri: where the data files go (the version folder); unset: ``staging_uri``."""
         self.staging_uri = staging_uri
         self.data_uri = data_uri or staging_uri
+        #: The output folder the staging is in (``<output>/_staging/<run_key>``): on local disk nothing
+        #: is written through a link below it. None for a staging outside an output's layout.
+        self.output_uri = _output_of(staging_uri)
         self.output_format = output_format
         self.count_labels = count_labels
         self.openai_lines = openai_lines
@@ -176,8 +186,7 @@ class PartWriter:
     def create_folders(self) -> None:
         for folder in PART_FOLDERS:
             root = self.staging_uri if folder == "parts" else self.data_uri
-            filesystem, path = storage.filesystem(storage.join(root, folder))
-            filesystem.create_dir(path, recursive=True)
+            storage.make_folders(storage.join(root, folder), within=self.output_uri)
 
     def write_part(self, rows: list[StagedRow]) -> StagedPart:
         """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last.
@@ -218,7 +227,7 @@ class PartWriter:
             if records:
                 name = f"{part}.{self.extension}"
                 data, types = _encode(records, self.output_format, self.ascii_only)
-                storage.write_bytes(storage.join(self.data_uri, folder, name), data)
+                storage.write_bytes(storage.join(self.data_uri, folder, name), data, within=self.output_uri)
                 sidecar["files"][folder] = name
                 if types:
                     sidecar.setdefault(COLUMNS_KEY, {})[folder] = types
@@ -230,13 +239,13 @@ class PartWriter:
         sidecar.update(part_report_fields(outputs, tokens_of=self.tokens_of, token_counts=tokens))
         # The sidecar last: until it exists the part's files do not count.
         sidecar_uri = storage.join(self.staging_uri, "parts", f"{part}.json")
-        storage.write_bytes(sidecar_uri, json.dumps(sidecar).encode())
+        storage.write_bytes(sidecar_uri, json.dumps(sidecar).encode(), within=self.output_uri)
         try:  # a commit that listed the parts meanwhile must not find this one's files in its version
             self.check_still_staging()
         except BaseException:  # refused, or the check itself failed (a store error): the part is not staged
             for folder, name in sidecar["files"].items():
-                storage.delete_file(storage.join(self.data_uri, folder, name))
-            storage.delete_file(sidecar_uri)
+                storage.delete_file(storage.join(self.data_uri, folder, name), within=self.output_uri)
+            storage.delete_file(sidecar_uri, within=self.output_uri)
             raise
         return StagedPart(part, sidecar)
 
@@ -329,7 +338,9 @@ class PartWriter:
                 uri = storage.join(self.data_uri, part_file)
                 table = part_schema.read_parquet(self._read_file(part_file), part_file)
                 storage.write_bytes(
-                    uri, part_schema.encode_parquet(part_schema.conform(table, target, arrow_types))
+                    uri,
+                    part_schema.encode_parquet(part_schema.conform(table, target, arrow_types)),
+                    within=self.output_uri,
                 )
             json_columns[folder] = [name for name, kind in target.items() if kind == part_schema.JSON_TYPE]
         return json_columns

@@ -583,7 +583,7 @@ class CommitProtocol(RuleBasedStateMachine):
 
         delete_file = storage.delete_file
 
-        def dead_process_deletes_nothing(uri: str) -> None:
+        def dead_process_deletes_nothing(uri: str, within: str | None = None) -> None:
             raise Crash  # the writer's clean-up after its second check never runs: it is dead
 
         def stalled_check() -> None:
