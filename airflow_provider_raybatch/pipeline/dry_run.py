@@ -219,9 +219,9 @@ def _measured_rate(output_uri: str) -> MeasuredRate | None:
     """
     uri = storage.join(output_uri, MANIFEST_FILE_NAME)
     try:
-        if not storage.exists(uri):
+        if not storage.exists(uri, within=output_uri):
             return None
-        manifest = RunManifest.model_validate_json(storage.read_text(uri))
+        manifest = RunManifest.model_validate_json(storage.read_text(uri, within=output_uri))
         timings = manifest.timings or {}
         resumed = manifest.rows_resumed or 0
         held = manifest.held_try
@@ -350,8 +350,7 @@ def run_dry(
         job_id=job_id,
         versions=dict(versions or {}),
     ).to_json()
-    storage.write_text(storage.join(folder, REPORT_FILE_NAME), render_report(manifest))
-    storage.write_text(storage.join(folder, MANIFEST_FILE_NAME), json.dumps(manifest, indent=2))
+    write_dry_run(spec.output_uri, folder, manifest, render_report(manifest))
     log.info(
         "Dry run: %d rows in, %d would reach the engine (%d prompt tokens), %d would fail.",
         rows_in,
@@ -360,6 +359,16 @@ def run_dry(
         rows_failed,
     )
     return manifest
+
+
+def write_dry_run(output_uri: str, folder: str, manifest: JsonObject, page: str) -> None:
+    """Write a dry run's report ``page`` and manifest into ``folder`` of the output, never through a
+    link below the output folder: a link at the dry run's folder (or on the way) refuses, naming it
+    (:class:`.local_tree.LinkInOutputError`)."""
+    storage.write_text(storage.join(folder, REPORT_FILE_NAME), page, within=output_uri)
+    storage.write_text(
+        storage.join(folder, MANIFEST_FILE_NAME), json.dumps(manifest, indent=2), within=output_uri
+    )
 
 
 def _histogram(counts: list[int]) -> list[JsonObject]:

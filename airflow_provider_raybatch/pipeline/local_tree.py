@@ -250,6 +250,34 @@ def make_folders(path: str, within: str) -> None:
     os.close(_output_folder(path, within))
 
 
+def exists(path: str, within: str) -> bool:
+    """Whether ``path`` under the output folder ``within`` is there (a link at it counts: reading it
+    refuses), its folders opened without following a link.
+
+    :raises LinkInOutputError: a folder on the way is a link.
+    """
+    with _named(path, within) as found:
+        return found is not None
+
+
+def read_file(path: str, within: str, check_size: Callable[[int], None] | None = None) -> bytes:
+    """The bytes of the regular file ``path`` under the output folder ``within``, following no link
+    below ``within`` (:func:`open_file`); ``check_size`` is given its size first, and may refuse it
+    (raise) before a byte is read.
+
+    :raises LinkInOutputError: the file or a folder on the way is a link.
+    :raises FileNotFoundError: it or a folder on the way is missing.
+    """
+    try:
+        fd = open_file(path, within)
+    except LinkBelowError as err:
+        raise LinkInOutputError(err.link, within) from err
+    with os.fdopen(fd, "rb") as file:
+        if check_size is not None:
+            check_size(os.fstat(fd).st_size)
+        return file.read()
+
+
 def write_file(path: str, within: str, data: bytes) -> None:
     """Write the file ``path`` under the output folder ``within`` so that readers see the old or the
     new content, never a torn one, following no link below ``within``: its folders are opened (made

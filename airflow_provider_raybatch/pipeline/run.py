@@ -150,7 +150,7 @@ def _prepared_rows_kept_for_retries(
     the same input, code and model (``digest``: the run's :class:`.binding.RunBinding` digest); else
     every input row prepared now, and kept there for a later try (:mod:`.prepared_cache`)."""
     clock = time.perf_counter()
-    kept = prepared_cache.read(layout.staging_uri, digest)
+    kept = prepared_cache.read(layout.staging_uri, digest, layout.output_uri)
     if kept is not None:
         log.info(
             "Took the %d rows an earlier try read and prepared from its staging (%.1f s).",
@@ -161,7 +161,7 @@ def _prepared_rows_kept_for_retries(
     prepared = _prepared_rows(spec)
     clock = time.perf_counter()
     if prepared_cache.worth_keeping(prepared.rows_in) and prepared_cache.write(
-        layout.staging_uri, prepared, digest
+        layout.staging_uri, prepared, digest, layout.output_uri
     ):
         log.info(
             "Kept the %d prepared rows in the staging for a retry (%.1f s).",
@@ -661,7 +661,9 @@ def _generate(
     (no engine when none is left to do); the engines' place is given back whatever happens."""
     spec, parts = run.spec, staging.parts
     reporting = storage.join(run.layout.staging_uri, "parts")
-    progress = ProgressReporter(reporting, rows.kept.rows_in, len(staging.done_sources)).start()
+    progress = ProgressReporter(
+        reporting, run.layout.output_uri, rows.kept.rows_in, len(staging.done_sources)
+    ).start()
     lease: PoolLease | None = None  # the job's hold on a warm pool, if it runs on one
     room: RoomKeeper | None = None  # else, what makes room for its own engines
     staged_now: list[commit.StagedPart] = []  # this try's parts, as the sink and the replicas report them

@@ -26,18 +26,20 @@ class ForeignSidecarError(RuntimeError):
     """A sidecar in a run's staging that no writer of this provider made; the message names it."""
 
 
-def read_sidecar(uri: str, name: str) -> JsonObject:
+def read_sidecar(uri: str, name: str, within: str) -> JsonObject:
     """The sidecar at ``uri`` (part ``name``'s), once it is within :data:`MAX_SIDECAR_BYTES` and of the
     shape our writer makes (:func:`sidecar_problem`).
 
+    :param within: the output folder: on local disk no link below it is followed.
     :raises ForeignSidecarError: it is not; the message names the part and what to do.
     """
-    filesystem, path = storage.filesystem(uri)
-    size = filesystem.get_file_info(path).size or 0
-    if size > MAX_SIDECAR_BYTES:
-        raise _foreign(name, f"it is {size:,} bytes, over the {MAX_SIDECAR_BYTES:,} a sidecar may be")
+
+    def check_size(size: int) -> None:
+        if size > MAX_SIDECAR_BYTES:
+            raise _foreign(name, f"it is {size:,} bytes, over the {MAX_SIDECAR_BYTES:,} a sidecar may be")
+
     try:
-        sidecar = json.loads(storage.read_text(uri))
+        sidecar = json.loads(storage.read_bytes(uri, within, check_size))
     except ValueError as err:
         raise _foreign(name, f"it is not JSON: {err}") from err
     if problem := sidecar_problem(sidecar):

@@ -34,11 +34,10 @@ from urllib.parse import urlsplit
 from airflow_provider_raybatch.pipeline import local_tree
 from airflow_provider_raybatch.shared.json_types import Kwargs
 from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
-from airflow_provider_raybatch.shared.specs import InputFormat, OutputFormat
+from airflow_provider_raybatch.shared.specs import InputFormat
 
 if TYPE_CHECKING:
     import pyarrow.fs
-    import ray.data
     from botocore.client import BaseClient
 
 _FORMAT_EXTENSIONS: dict[str, list[str]] = {
@@ -278,9 +277,13 @@ def check_model_source(model: str) -> None:
         raise FileNotFoundError(f"model={model!r}: folder has no config.json, so it is not a model folder.")
 
 
-def exists(uri: str) -> bool:
+def exists(uri: str, within: str | None = None) -> bool:
+    """Whether a file or folder is at ``uri``. ``within``: the output folder it lies under: on local disk
+    no link below it is followed (:func:`.local_tree.exists`: a link on the way refuses)."""
     from pyarrow import fs
 
+    if local := _local_below(uri, within):
+        return local_tree.exists(*local)
     filesystem_, path = filesystem(uri)
     return filesystem_.get_file_info(path).type != fs.FileType.NotFound
 
@@ -342,6 +345,13 @@ def list_files(uri: str, within: str | None = None) -> list[str]:
         return []
     infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
     return sorted(info.path for info in infos if info.type == fs.FileType.File)
+
+
+def listed_uri(folder_uri: str, path: str) -> str:
+    """The URI of a path :func:`list_files` gave for ``folder_uri`` (an object store lists
+    ``bucket/key``; a local path is its own URI)."""
+    scheme, found, _ = folder_uri.partition("://")
+    return f"{scheme}://{path}" if found else path
 
 
 def remove_files(uri: str, within: str, keep: Callable[[str], bool]) -> int:
@@ -479,18 +489,6 @@ def _s3_etags(path: str, infos: list[pyarrow.fs.FileInfo]) -> dict[str, str]:
     return {item.path: f"etag:{item.etag}" for item in list_s3_objects(bucket, prefix, s3_options())}
 
 
-def write_dataset(dataset: ray.data.Dataset, uri: str, output_format: OutputFormat) -> None:
-    """Write a dataset as files under ``uri``; the folder exists afterwards even when it is empty."""
-    filesystem_, path = filesystem(uri)
-    filesystem_.create_dir(path, recursive=True)
-    if dataset.count() == 0:
-        return
-    if output_format == "parquet":
-        dataset.write_parquet(uri)
-    else:
-        dataset.write_json(uri)  # one JSON object per line
-
-
 def make_folders(uri: str, within: str | None = None) -> None:
     """Make a folder and those on the way (present ones are fine). ``within``: as for :func:`write_bytes`."""
     if local := _local_below(uri, within):
@@ -533,11 +531,22 @@ def write_text(uri: str, text: str, within: str | None = None) -> None:
     write_bytes(uri, text.encode(), within)
 
 
-def read_bytes(uri: str) -> bytes:
+def read_bytes(uri: str, within: str | None = None, check_size: Callable[[int], None] | None = None) -> bytes:
+    """A file's bytes.
+
+    :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
+        (:func:`.local_tree.read_file`: a link on the way or at ``uri`` refuses, naming it).
+    :param check_size: given the file's size before a byte is read; it refuses a file by raising.
+    """
+    if local := _local_below(uri, within):
+        return local_tree.read_file(*local, check_size)
     filesystem_, path = filesystem(uri)
-    with filesystem_.open_input_stream(path) as stream:
-        return stream.read()
+    with filesystem_.open_input_file(path) as file:
+        if check_size is not None:
+            check_size(file.size())
+        return file.read()
 
 
-def read_text(uri: str) -> str:
-    return read_bytes(uri).decode()
+def read_text(uri: str, within: str | None = None) -> str:
+    """:func:`read_bytes` as UTF-8 text."""
+    return read_bytes(uri, within).decode()

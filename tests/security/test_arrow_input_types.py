@@ -166,7 +166,7 @@ with open(f"{staging}/prepared/part-0.parquet", "wb") as file:
 record = {"format": 1, "input_digest": "d1", "rows_in": 1, "errors": 0, "repeated_ids": 0, "rows_repeated": 0}
 with open(f"{staging}/prepared.json", "w") as file:
     json.dump(record, file)
-kept = prepared_cache.read(staging, "d1")
+kept = prepared_cache.read(staging, "d1", staging)
 if kept is not None:
     kept.rows.take_all()  # the job goes on to read the rows
 print(json.dumps({"kept": kept is not None, "ran": ran(), "warnings": warnings}))

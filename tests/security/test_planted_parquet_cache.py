@@ -64,7 +64,7 @@ record = {"format": 1, "input_digest": "d1", **counts}
 with open(f"{staging}/prepared.json", "w") as file:
     json.dump(record, file)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-kept = prepared_cache.read(staging, "d1")
+kept = prepared_cache.read(staging, "d1", staging)
 grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
 print(json.dumps({"kept": kept is not None, "given": given, "warnings": warnings, "grown_mib": grown}))
 """
@@ -182,10 +182,10 @@ def test_a_cache_of_long_rows_the_job_writes_is_within_the_bounds_it_is_read_bac
     rows = _prepared_rows(1024, pa.array([text[n:] + text[:n] for n in range(1024)]))
     staging = str(tmp_path / "_staging" / "run-1")
 
-    kept = prepared_cache.write(staging, prepared_cache.PreparedRows(_Rows(rows), 1024, 0, 0, 0), "d1")
+    kept = prepared_cache.write(staging, prepared_cache.PreparedRows(_Rows(rows), 1024, 0, 0, 0), "d1", staging)
 
     assert kept
-    assert prepared_cache.read(staging, "d1") is not None
+    assert prepared_cache.read(staging, "d1", staging) is not None
     assert len(given) == 1
 
 

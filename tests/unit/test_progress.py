@@ -75,7 +75,7 @@ def test_the_eta_is_at_the_engines_rate_and_waits_for_their_first_row() -> None:
 def test_the_reporter_times_the_engines_from_their_first_row(tmp_path: Path) -> None:
     parts = tmp_path / "parts"
     _sidecar(parts, "part-resumed", rows=8, tokens_out=10, first_row_in_engine_at=1.0)  # an earlier try's
-    reporter = ProgressReporter(str(parts), rows_total=40, rows_resumed=8, interval=3600).start()
+    reporter = ProgressReporter(str(parts), str(parts), rows_total=40, rows_resumed=8, interval=3600).start()
     _sidecar(parts, "part-rejected", rows=4, tokens_out=0)  # bad rows, staged by the sink: no engine
     assert (reporter.snapshot()["rows_generated"], reporter.snapshot()["generating_seconds"]) == (0, None)
 
@@ -189,7 +189,7 @@ def test_a_sidecar_no_writer_of_ours_makes_is_not_counted(tmp_path: Path) -> Non
     (parts / "part-b.json").write_text(json.dumps({"sources": ["x"] * 1000, "tokens_out": 10**9}))
     (parts / "part-c.json").write_text("not JSON")
 
-    snapshot = ProgressReporter(str(parts), rows_total=2000, rows_resumed=0).snapshot()
+    snapshot = ProgressReporter(str(parts), str(parts), rows_total=2000, rows_resumed=0).snapshot()
 
     assert (snapshot["rows_done"], snapshot["tokens_out"]) == (3, 5)
 
@@ -199,7 +199,7 @@ def test_reporter_counts_staged_parts_and_only_this_runs_tokens(
 ) -> None:
     parts = tmp_path / "parts"
     _sidecar(parts, "part-resumed", rows=8, tokens_out=80)  # staged by an earlier try
-    reporter = ProgressReporter(str(parts), rows_total=40, rows_resumed=8, interval=3600).start()
+    reporter = ProgressReporter(str(parts), str(parts), rows_total=40, rows_resumed=8, interval=3600).start()
     _sidecar(parts, "part-a", rows=16, tokens_out=100)
     (parts / "part-b.json.tmp-1").write_text("{")  # a sidecar being written: not a part yet
 
@@ -213,7 +213,7 @@ def test_reporter_counts_staged_parts_and_only_this_runs_tokens(
 
 def test_rows_staged_again_never_show_more_done_than_total(tmp_path: Path) -> None:
     parts = tmp_path / "parts"
-    reporter = ProgressReporter(str(parts), rows_total=4, rows_resumed=0, interval=3600).start()
+    reporter = ProgressReporter(str(parts), str(parts), rows_total=4, rows_resumed=0, interval=3600).start()
     _sidecar(parts, "part-a", rows=4, tokens_out=4)
     _sidecar(parts, "part-b", rows=2, tokens_out=2)  # a retried batch's rows, staged again
 

@@ -30,6 +30,7 @@ optimisation only: failing to write or read it is logged and the job goes on fro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -44,7 +45,6 @@ from airflow_provider_raybatch.shared import job_settings
 from airflow_provider_raybatch.shared.json_types import JsonValue
 
 if TYPE_CHECKING:
-    import pyarrow.fs
     from ray.data import Dataset
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
@@ -90,15 +90,19 @@ def input_digest(input_uri: str, extensions: list[str] | None) -> str:
     return hashlib.sha256(json.dumps([input_uri, stamps]).encode()).hexdigest()
 
 
-def read(staging_uri: str, digest: str) -> PreparedRows | None:
-    """The prepared rows an earlier try of this staging kept for this input, or None."""
+def read(staging_uri: str, digest: str, within: str) -> PreparedRows | None:
+    """The prepared rows an earlier try of this staging kept for this input, or None.
+
+    :param within: the output folder of the staging: on local disk no link below it is followed
+        (:mod:`..local_tree`), and a link on the way makes the cache unused.
+    """
     import ray.data
 
     record_uri = storage.join(staging_uri, CACHE_RECORD)
-    if not storage.exists(record_uri):
-        return None
     try:
-        record = json.loads(storage.read_text(record_uri))
+        if not storage.exists(record_uri, within=within):
+            return None
+        record = json.loads(storage.read_text(record_uri, within=within))
     except (OSError, ValueError) as err:
         log.warning("Ignoring the prepared rows an earlier try kept: %s: %s", CACHE_RECORD, err)
         return None
@@ -110,9 +114,9 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
         )
         return None
     folder = storage.join(staging_uri, CACHE_FOLDER)
-    filesystem, path = storage.filesystem(folder)
+    filesystem, _ = storage.filesystem(folder)
     try:
-        files = _checked_files(filesystem, path)
+        files = _checked_files(folder, within)
         # Read here, whole: a file that cannot be read falls back to the input now, not later in the
         # engine's dataset, where it would fail every retry the same way.
         rows = ray.data.read_parquet(files, filesystem=filesystem, file_extensions=None).materialize()
@@ -139,34 +143,35 @@ def read(staging_uri: str, digest: str) -> PreparedRows | None:
     )
 
 
-def _checked_files(filesystem: pyarrow.fs.FileSystem, path: str) -> list[str]:
+def _checked_files(folder: str, within: str) -> list[str]:
     """Every file of the cache folder, once each one is known to be read within bounds
     (:mod:`.staged_parquet`: its Arrow types allowed, its pages and what its rows cost once read).
 
     The folder is in the output's staging, which whoever can write the output can write too: a planted
     file could hold a type whose values run code when read, or a few KiB that decode to gigabytes in
     the workers that read it. Ray reads exactly the files checked. Each is read here a batch at a time,
-    keeping none; one whose bytes alone pass the bound is not read at all.
+    keeping none; one whose bytes alone pass the bound is not read at all. On local disk no link
+    below the output folder ``within`` is followed or listed (:func:`..storage.list_files`).
 
     :raises ValueError: a file passes a bound; the message names it and the bound.
+    :raises OSError: a folder on the way is a link (:class:`..local_tree.LinkInOutputError`).
     """
-    from pyarrow import fs
+    paths = storage.list_files(folder, within=within)
+    for path in paths:
 
-    infos = filesystem.get_file_info(fs.FileSelector(path, recursive=True))
-    files = sorted((info for info in infos if info.type == fs.FileType.File), key=lambda info: info.path)
-    for info in files:
-        if info.size is not None and info.size > staged_parquet.FILE_COST_BYTES:
-            raise staged_parquet.StagedParquetTooLargeError(
-                f"{info.path}: {info.size:,} bytes, more than a file read back from the staging may take "
-                f"once read ({staged_parquet.FILE_COST_BYTES:,})"
-            )
-        with filesystem.open_input_file(info.path) as stream:
-            data = stream.read()
+        def check_size(size: int, path: str = path) -> None:
+            if size > staged_parquet.FILE_COST_BYTES:
+                raise staged_parquet.StagedParquetTooLargeError(
+                    f"{path}: {size:,} bytes, more than a file read back from the staging may take "
+                    f"once read ({staged_parquet.FILE_COST_BYTES:,})"
+                )
+
+        data = storage.read_bytes(storage.listed_uri(folder, path), within, check_size)
         try:
             staged_parquet.check_cost(data)
         except ValueError as err:
-            raise ValueError(f"{info.path}: {err}") from err
-    return [info.path for info in files]
+            raise ValueError(f"{path}: {err}") from err
+    return paths
 
 
 def _counts(record: JsonValue, digest: str) -> dict[str, int] | None:
@@ -191,18 +196,23 @@ def keep_min_rows() -> int:
     return job_settings.whole_number(KEEP_MIN_ROWS_ENV, KEEP_MIN_ROWS, maximum=10**12)
 
 
-def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:
+def write(staging_uri: str, prepared: PreparedRows, digest: str, within: str) -> bool:
     """Keep ``prepared`` in the staging for a retry: the Parquet files first, then the record. An
-    empty input keeps nothing (a retry reads it again at no cost). Returns whether they were kept."""
+    empty input keeps nothing (a retry reads it again at no cost). Returns whether they were kept.
+
+    :param within: the output folder of the staging: on local disk no link below it is followed
+        (:mod:`..local_tree`): a link on the way (the staging swapped for a link while the input was
+        read) keeps nothing, deleting and writing nothing through it.
+    """
     record_uri = storage.join(staging_uri, CACHE_RECORD)
     folder = storage.join(staging_uri, CACHE_FOLDER)
     try:
-        storage.delete_file(record_uri)  # first: no record ever names a folder being rewritten
-        storage.delete_tree(folder)  # what a try that died while writing left
+        storage.delete_file(record_uri, within=within)  # first: no record ever names a folder being rewritten
+        storage.delete_tree(folder, within=within)  # what a try that died while writing left
         if not prepared.rows_in:
             return False
+        storage.make_folders(folder, within=within)  # a link on the way refuses before Ray writes
         filesystem, path = storage.filesystem(folder)
-        filesystem.create_dir(path, recursive=True)
         text_columns = prepared.rows.map_batches(_nulls_as_text, batch_format="pyarrow")
         # A page closed after each value, not each 1,024 (pyarrow's default): long rows would make pages
         # past what a retry reads back (staged_parquet), and the cache would never be used.
@@ -214,7 +224,7 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:
             "repeated_ids": prepared.repeated_ids,
             "rows_repeated": prepared.rows_repeated,
         }
-        storage.write_text(record_uri, json.dumps(record))
+        storage.write_text(record_uri, json.dumps(record), within=within)
     except Exception as err:  # noqa: BLE001 - only a retry's speed depends on it
         log.warning(
             "Could not keep the prepared rows for a retry at %s (a retry reads the input again): %s: %s",
@@ -222,7 +232,8 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str) -> bool:
             type(err).__name__,
             err,
         )
-        storage.delete_file(record_uri)
+        with contextlib.suppress(OSError):  # a link on the way: nothing was written through it
+            storage.delete_file(record_uri, within=within)
         return False
     return True
 

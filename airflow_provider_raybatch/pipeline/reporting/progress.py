@@ -21,12 +21,19 @@ DEFAULT_INTERVAL_SECONDS = 30.0
 
 
 class ProgressReporter:
-    """Print progress of the rows staged under ``parts_uri`` until stopped."""
+    """Print progress of the rows staged under ``parts_uri`` (in the output folder ``within``: on local
+    disk no link below it is followed) until stopped."""
 
     def __init__(
-        self, parts_uri: str, rows_total: int, rows_resumed: int, interval: float = DEFAULT_INTERVAL_SECONDS
+        self,
+        parts_uri: str,
+        within: str,
+        rows_total: int,
+        rows_resumed: int,
+        interval: float = DEFAULT_INTERVAL_SECONDS,
     ) -> None:
         self.parts_uri = parts_uri
+        self.within = within
         self.rows_total = rows_total
         self.rows_resumed = rows_resumed
         self.interval = interval
@@ -83,18 +90,18 @@ class ProgressReporter:
             self.report()
 
     def _read_new_parts(self) -> None:
-        filesystem, _ = storage.filesystem(self.parts_uri)
-        for path in storage.list_files(self.parts_uri):
+        for path in storage.list_files(self.parts_uri, within=self.within):
             if path in self._seen or not path.endswith(".json"):
                 continue
             self._seen.add(path)
-            with filesystem.open_input_stream(path) as stream:
-                text = stream.read(sidecars.MAX_SIDECAR_BYTES + 1)
             try:
+                text = storage.read_bytes(
+                    storage.listed_uri(self.parts_uri, path), self.within, _small_sidecar
+                )
                 sidecar = json.loads(text)
-            except ValueError:
+            except (OSError, ValueError):  # gone meanwhile, a link, too large or not JSON
                 continue
-            if len(text) > sidecars.MAX_SIDECAR_BYTES or sidecars.sidecar_problem(sidecar):
+            if sidecars.sidecar_problem(sidecar):
                 continue  # none of ours: the commit refuses it, naming it
             self._rows_done += len(sidecar.get("sources", []))
             first_row_in_engine_at = sidecar.get(FIRST_ROW_IN_ENGINE_KEY)
@@ -107,3 +114,9 @@ class ProgressReporter:
                     min(since, first_row_in_engine_at) if since else first_row_in_engine_at
                 )
             self._tokens_out += int(sidecar.get("tokens_out", 0))
+
+
+def _small_sidecar(size: int) -> None:
+    """Refuse a file too large to be a sidecar of ours, unread (the commit refuses it, naming it)."""
+    if size > sidecars.MAX_SIDECAR_BYTES:
+        raise ValueError(f"{size:,} bytes: no sidecar of ours")

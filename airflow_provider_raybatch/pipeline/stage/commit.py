@@ -90,9 +90,9 @@ def _pointer(layout: OutputLayout) -> JsonObject | None:
     :raises InvariantError: it names no version this provider writes (``..``: the output itself, which
         a discarded staging's version folder would delete).
     """
-    if not storage.exists(layout.staged_spec_uri):
+    if not storage.exists(layout.staged_spec_uri, within=layout.output_uri):
         return None
-    pointer: JsonObject = json.loads(storage.read_text(layout.staged_spec_uri))
+    pointer: JsonObject = json.loads(storage.read_text(layout.staged_spec_uri, within=layout.output_uri))
     version = pointer.get(STAGED_VERSION_KEY)
     if version is not None and not storage.is_folder_name(version):
         raise InvariantError(
@@ -129,9 +129,9 @@ def _checked_version(version: str | None) -> str | None:
 
 
 def current_manifest(layout: OutputLayout) -> JsonObject | None:
-    if not storage.exists(layout.manifest_uri):
+    if not storage.exists(layout.manifest_uri, within=layout.output_uri):
         return None
-    manifest: JsonObject = json.loads(storage.read_text(layout.manifest_uri))
+    manifest: JsonObject = json.loads(storage.read_text(layout.manifest_uri, within=layout.output_uri))
     return manifest
 
 
@@ -163,8 +163,10 @@ def _sidecars(
         name = posixpath.basename(path).removesuffix(".json")
         if name in known_by_name:
             return known_by_name[name]
-        uri = path if "://" not in layout.staging_uri else _uri_of(layout, path)
-        return StagedPart(name, sidecars.read_sidecar(uri, name))  # believed: checked first
+        uri = storage.listed_uri(layout.staging_uri, path)
+        return StagedPart(
+            name, sidecars.read_sidecar(uri, name, layout.output_uri)
+        )  # believed: checked first
 
     with ThreadPoolExecutor(max_workers=SIDECAR_READERS, thread_name_prefix="raybatch-sidecars") as pool:
         staged = list(pool.map(read, paths))
@@ -186,11 +188,6 @@ def _delete_part(layout: OutputLayout, part: StagedPart, data_uri: str | None = 
     storage.delete_file(
         storage.join(layout.staging_uri, "parts", f"{part.name}.json"), within=layout.output_uri
     )
-
-
-def _uri_of(layout: OutputLayout, path: str) -> str:
-    """The URI of a path that pyarrow listed on the staging folder's filesystem (s3: 'bucket/key')."""
-    return f"{layout.staging_uri.split('://', 1)[0]}://{path}"
 
 
 def _remove_orphans(layout: OutputLayout, committed: set[str], data_uri: str | None = None) -> int:
@@ -270,9 +267,11 @@ def open_staging_parts(
             BINDING_KEY: binding.as_dict(),
             STAGED_VERSION_KEY: layout.new_version(),
         }
-        storage.write_text(layout.staged_spec_uri, json.dumps(staged))
+        storage.write_text(layout.staged_spec_uri, json.dumps(staged), within=layout.output_uri)
         return []
-    if storage.exists(_seal_uri(layout)):  # an earlier try's commit held its rows or died: resumed now
+    if storage.exists(
+        _seal_uri(layout), within=layout.output_uri
+    ):  # an earlier try's commit held its rows or died: resumed now
         storage.delete_file(_seal_uri(layout), within=layout.output_uri)
     data_uri = staged_data_uri(layout)
     parts = _sidecars(layout, data_uri)
@@ -431,13 +430,10 @@ def write_version(
         run, spec, parts, rows_in, rows_resumed, started_at, versions, timings, engine_pool, held_try
     )
     for folder in ("outputs", "errors"):  # an empty run's folders too: readers list them
-        target = storage.join(layout.version_uri(version), folder)
-        if not storage.exists(target):
-            filesystem, path = storage.filesystem(target)
-            filesystem.create_dir(path, recursive=True)
+        storage.make_folders(storage.join(layout.version_uri(version), folder), within=layout.output_uri)
     if page is not None:
         run.report_uri = storage.join(layout.version_uri(version), report.REPORT_FILE_NAME)
-        storage.write_text(run.report_uri, page)
+        storage.write_text(run.report_uri, page, within=layout.output_uri)
     elif run.held:  # the message named the report it would have
         counts.report_uri = None
         run.failed_rows_message = failed_rows_verdict(counts, spec.max_failed_fraction, spec.max_failed_rows)
@@ -553,7 +549,9 @@ def hold(layout: OutputLayout, manifest: JsonObject) -> None:
     stay as they are, with the manifest it would have committed (status ``held``) beside the
     sidecars, for a retry to take (:func:`take_held`).
     """
-    storage.write_text(held_manifest_uri(layout), json.dumps(manifest, indent=2, sort_keys=True))
+    storage.write_text(
+        held_manifest_uri(layout), json.dumps(manifest, indent=2, sort_keys=True), within=layout.output_uri
+    )
 
 
 def held_manifest_uri(layout: OutputLayout) -> str:
@@ -581,9 +579,9 @@ def take_held(layout: OutputLayout, spec: BatchInferenceSpec, binding: RunBindin
     A try made from anything else (the input fixed in place, a fixed preprocess behind the same name)
     discards them with their version folder and starts afresh. Call before :func:`open_staging_parts`.
     """
-    if not storage.exists(held_manifest_uri(layout)):
+    if not storage.exists(held_manifest_uri(layout), within=layout.output_uri):
         return None
-    held: JsonObject = json.loads(storage.read_text(held_manifest_uri(layout)))
+    held: JsonObject = json.loads(storage.read_text(held_manifest_uri(layout), within=layout.output_uri))
     changes = binding.changes_from(RunBinding.from_dict(RunManifest.of(held).binding))
     if changes:
         log.warning(
@@ -642,7 +640,7 @@ def seal(layout: OutputLayout, run: CommittedRun) -> None:
     since its last check; what it wrote before the seal is removed here. A retry reopening the staging
     lifts the seal (:func:`open_staging_parts`).
     """
-    storage.write_text(_seal_uri(layout), json.dumps({"version": run.version}))
+    storage.write_text(_seal_uri(layout), json.dumps({"version": run.version}), within=layout.output_uri)
     removed = _remove_orphans(layout, set(run.part_names), staged_data_uri(layout))
     if removed:
         log.warning(
@@ -693,11 +691,19 @@ def publish(
     # The version replaced is listed before the manifest that replaces it: a publish that dies between
     # its manifest and its own listing leaves its version for the next publish to list here, and the
     # one it replaced listed already (a manifest named it: current until then, so never collected early).
-    if replaced and not keep_versions and not storage.exists(_published_entry(layout, replaced)):
+    if (
+        replaced
+        and not keep_versions
+        and not storage.exists(_published_entry(layout, replaced), within=layout.output_uri)
+    ):
         _list_published(layout, replaced, previous.run_key)
     if committed_parts is not None:
-        storage.write_text(parts_uri(layout, version), json.dumps(sorted(committed_parts)))
-    storage.write_text(layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True))
+        storage.write_text(
+            parts_uri(layout, version), json.dumps(sorted(committed_parts)), within=layout.output_uri
+        )
+    storage.write_text(
+        layout.manifest_uri, json.dumps(manifest, indent=2, sort_keys=True), within=layout.output_uri
+    )
     _list_published(layout, version, layout.run_key)  # after the manifest: see collect_superseded
     if committed_parts is not None:  # a late writer that wrote after the seal's sweep and died since
         _remove_orphans(layout, set(committed_parts), layout.version_uri(version))
@@ -722,9 +728,9 @@ def sweep_current_version(layout: OutputLayout) -> int:
     committed before the list existed is left as it is.
     """
     version = current_version(layout)
-    if version is None or not storage.exists(parts_uri(layout, version)):
+    if version is None or not storage.exists(parts_uri(layout, version), within=layout.output_uri):
         return 0
-    listed = set(json.loads(storage.read_text(parts_uri(layout, version))))
+    listed = set(json.loads(storage.read_text(parts_uri(layout, version), within=layout.output_uri)))
     removed = _remove_orphans(layout, listed, layout.version_uri(version))
     if removed:
         log.warning(
@@ -742,7 +748,9 @@ def _published_entry(layout: OutputLayout, version: str) -> str:
 
 def _list_published(layout: OutputLayout, version: str, run_key: str | None) -> None:
     entry = {"version": version, "run_key": run_key}
-    storage.write_text(_published_entry(layout, version), json.dumps(entry, sort_keys=True))
+    storage.write_text(
+        _published_entry(layout, version), json.dumps(entry, sort_keys=True), within=layout.output_uri
+    )
 
 
 def collect_superseded(layout: OutputLayout) -> None:
@@ -766,9 +774,9 @@ def collect_superseded(layout: OutputLayout) -> None:
         if folder is None:  # planted (``...json`` names ``..``: the output itself): never ours to delete
             log.warning("Left %s alone: it lists %r, no version this provider writes.", path, version[:200])
             continue
-        uri = path if "://" not in layout.output_uri else _uri_of(layout, path)
+        uri = storage.listed_uri(layout.output_uri, path)
         try:
-            entry = json.loads(storage.read_text(uri))
+            entry = json.loads(storage.read_text(uri, within=layout.output_uri))
             run_key = entry.get("run_key") if isinstance(entry, dict) else None
             staging = OutputLayout(layout.output_uri, run_key) if storage.is_folder_name(run_key) else None
             staged = _pointer(staging) if staging else None

@@ -83,10 +83,10 @@ def read_owner(layout: OutputLayout) -> Owner | None:
     :raises OSError: the store did not answer: whether a job owns the staging is not known.
     """
     uri = owner_uri(layout)
-    if not storage.exists(uri):
+    if not storage.exists(uri, within=layout.output_uri):
         return None
     try:
-        data = json.loads(storage.read_text(uri))  # not UTF-8 or not JSON: ValueError
+        data = json.loads(storage.read_text(uri, within=layout.output_uri))  # not UTF-8 or JSON: ValueError
         owner = Owner(str(data["job_id"]), dict(data.get("run") or {}), float(data["heartbeat_at"]))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -185,7 +185,7 @@ def release(layout: OutputLayout, me: Owner) -> None:
     try:
         current = read_owner(layout)
         if current is not None and current.job_id == me.job_id:
-            storage.delete_file(owner_uri(layout))
+            storage.delete_file(owner_uri(layout), within=layout.output_uri)
     except OSError:
         log.warning(
             "Could not remove the staging's owner record %s; a next try takes it over.",

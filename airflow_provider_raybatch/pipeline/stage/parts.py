@@ -268,15 +268,22 @@ class PartWriter:
         version = posixpath.basename(version_uri)
         pointer_uri = storage.join(self.staging_uri, "spec.json")
         try:  # one read: a publish may delete the staging between an exists and a read
-            staged = json.loads(storage.read_text(pointer_uri)).get(STAGED_VERSION_KEY)
+            staged = json.loads(storage.read_text(pointer_uri, within=self.output_uri)).get(
+                STAGED_VERSION_KEY
+            )
         except FileNotFoundError:
             staged = None
         manifest_uri = storage.join(posixpath.dirname(posixpath.dirname(version_uri)), MANIFEST_FILE_NAME)
-        sealed = staged == version and storage.exists(storage.join(self.staging_uri, SEAL_FILE_NAME))
+        sealed = staged == version and storage.exists(
+            storage.join(self.staging_uri, SEAL_FILE_NAME), within=self.output_uri
+        )
         committed = False
         if staged == version and not sealed:
             with contextlib.suppress(FileNotFoundError):
-                committed = json.loads(storage.read_text(manifest_uri)).get("version") == version
+                committed = (
+                    json.loads(storage.read_text(manifest_uri, within=self.output_uri)).get("version")
+                    == version
+                )
         if staged != version or sealed or committed:
             why = (
                 "sealed for its commit"
@@ -349,10 +356,11 @@ class PartWriter:
         """A part's data file (``outputs/<part>.<ext>``), refused unread where it is larger than a part
         may be (:func:`.part_schema.check_file_size`): the staging is writable by whoever can write
         the output, and the committing process reads its parts."""
-        filesystem, path = storage.filesystem(storage.join(self.data_uri, part_file))
-        with filesystem.open_input_file(path) as file:  # its size first: nothing read yet
-            part_schema.check_file_size(file.size(), part_file)
-            return file.read()
+        return storage.read_bytes(  # its size first: nothing read yet
+            storage.join(self.data_uri, part_file),
+            self.output_uri,
+            lambda size: part_schema.check_file_size(size, part_file),
+        )
 
     def _arrow_types(self, folder: str, parts: list[StagedPart], target: dict[str, str]) -> dict[str, Any]:
         """The Arrow type of each concrete target column, read from the footer of a part that has it."""

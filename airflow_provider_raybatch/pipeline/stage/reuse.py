@@ -75,8 +75,8 @@ def committed_result(
     if current.spec_fingerprint != spec.fingerprint():
         return None  # another spec's: the operator stops at other parameters, and says so
     version = current.version
-    if storage.exists(commit.held_manifest_uri(layout)) or (
-        storage.exists(layout.staged_spec_uri)
+    if storage.exists(commit.held_manifest_uri(layout), within=layout.output_uri) or (
+        storage.exists(layout.staged_spec_uri, within=layout.output_uri)
         and isinstance(version, str)
         and commit.staged_data_uri(layout) != layout.version_uri(version)
     ):

@@ -827,15 +827,15 @@ def test_commit_reads_sidecars_in_parallel_and_lists_instead_of_probing(
     for i in range(200):
         stage_part(layout, f"part-{i:03d}", [str(i)])
     threads: set[str] = set()
-    read_text = storage.read_text
+    read_bytes = storage.read_bytes
 
-    def reading(uri: str) -> str:
+    def reading(uri: str, *args: Any) -> bytes:
         import threading
 
         threads.add(threading.current_thread().name)
-        return read_text(uri)
+        return read_bytes(uri, *args)
 
-    monkeypatch.setattr(storage, "read_text", reading)
+    monkeypatch.setattr(storage, "read_bytes", reading)
     monkeypatch.setattr(storage, "exists", _counting(storage.exists, calls := []))
 
     run = commit.write_version(layout, spec, rows_in=200)
@@ -846,9 +846,9 @@ def test_commit_reads_sidecars_in_parallel_and_lists_instead_of_probing(
 
 
 def _counting(function: Any, calls: list[Any]) -> Any:  # Any: a function and its arguments
-    def counted(*args: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(args)
-        return function(*args)
+        return function(*args, **kwargs)
 
     return counted
 
@@ -1109,14 +1109,14 @@ def test_a_writer_whose_second_check_fails_takes_its_part_back(
     before = sorted(str(path) for path in Path(layout.output_uri).rglob("*") if path.is_file())
     read_text, reads = storage.read_text, []
 
-    def read_then_fail(uri: str) -> str:
+    def read_then_fail(uri: str, within: str | None = None) -> str:
         reads.append(uri)
         if len(reads) == 1:  # the first check passes
-            return read_text(uri)
+            return read_text(uri, within)
         if second_check == "store error":
             raise OSError("503 Slow Down")
         storage.delete_tree(layout.staging_uri)  # the live try's publish, just before the read
-        return read_text(uri)
+        return read_text(uri, within)
 
     monkeypatch.setattr(storage, "read_text", read_then_fail)
     expected = OSError if second_check == "store error" else StagingTakenError
@@ -1290,9 +1290,9 @@ def test_commit_reads_back_only_the_sidecars_nobody_reported(
         stage_part(layout, f"part-{i}", [str(i)], tokens=(i, 1))
     everything = commit._sidecars(layout)
     reported = [part for part in everything if part.name not in ("part-3", "part-7")]
-    read_text = storage.read_text
+    read_bytes = storage.read_bytes
     reads: list[str] = []
-    monkeypatch.setattr(storage, "read_text", lambda uri: reads.append(uri) or read_text(uri))
+    monkeypatch.setattr(storage, "read_bytes", lambda uri, *args: reads.append(uri) or read_bytes(uri, *args))
 
     run = commit.write_version(layout, spec, rows_in=10, known_parts=reported)
 

@@ -156,7 +156,7 @@ def test_a_store_that_does_not_answer_is_not_taken_for_no_owner(
 ) -> None:
     _claim(layout, _owner("job-1"), {}, Clock())
 
-    def unavailable(uri: str) -> str:
+    def unavailable(uri: str, within: str | None = None) -> str:
         raise OSError("503 Slow Down")
 
     monkeypatch.setattr(ownership.storage, "read_text", unavailable)
@@ -256,7 +256,7 @@ def test_a_release_after_a_failure_leaves_no_owner_and_a_store_error_there_is_on
 
     _claim(layout, me, {}, Clock())
 
-    def store_down(uri: str) -> bool:
+    def store_down(uri: str, within: str | None = None) -> bool:
         raise OSError("the store did not answer")
 
     monkeypatch.setattr(ownership.storage, "exists", store_down)

@@ -223,7 +223,7 @@ written = [r for block in blocks for r in block]
 dataset = ray.data.from_arrow([pa.Table.from_pylist(block) for block in blocks]).materialize()
 out = {}
 def read(digest):
-    kept = prepared_cache.read(staging, digest)
+    kept = prepared_cache.read(staging, digest, staging)
     if kept is None:
         return None
     return {"rows": sorted(kept.rows.take_all(), key=lambda r: r["source"]), "rows_in": kept.rows_in,
@@ -234,7 +234,7 @@ out["before_any_write"] = read("d1")
 os.makedirs(f"{staging}/prepared")
 pq.write_table(pa.Table.from_pylist([row(999)]), f"{staging}/prepared/stale.parquet")
 out["torn"] = read("d1")
-prepared_cache.write(staging, PreparedRows(dataset, len(written), 20, 3, 5), "d1")
+prepared_cache.write(staging, PreparedRows(dataset, len(written), 20, 3, 5), "d1", staging)
 out["kept"] = read("d1")
 out["other_input"] = read("d2")
 record = json.load(open(f"{staging}/prepared.json"))
@@ -242,7 +242,7 @@ json.dump({**record, "rows_in": 71}, open(f"{staging}/prepared.json", "w"))
 out["count_mismatch"] = read("d1")
 open(f"{staging}/prepared.json", "w").write("{not json")
 out["unreadable"] = read("d1")
-prepared_cache.write(staging, PreparedRows(dataset.limit(0).materialize(), 0, 0, 0, 0), "d3")
+prepared_cache.write(staging, PreparedRows(dataset.limit(0).materialize(), 0, 0, 0, 0), "d3", staging)
 out["empty"] = read("d3")
 out["written"] = sorted(written, key=lambda r: r["source"])
 print(json.dumps(out))
