@@ -74,6 +74,7 @@ def sidecar_problem(sidecar: JsonValue) -> str | None:
 
 
 def _foreign(name: str, problem: str) -> ForeignSidecarError:
+    name = ascii(name)[1:-1]  # a planted name could hold a line break: one line in the log, as itself
     return ForeignSidecarError(
         f"staged part {name}'s sidecar is not one this provider writes: {problem}. Something else wrote "
         f"the run's staging; delete parts/{name}.json and that part's data files, and a retry redoes "

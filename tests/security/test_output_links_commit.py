@@ -1,5 +1,5 @@
 """The commit's own files, the prepared rows kept for a retry and a dry run's files are read and written
-without following a link below a local output folder.
+without following a link below a local output folder; an owner record cannot write lines into the log.
 
 Whoever may write a shared output folder could swap ``_staging/<run_key>`` for a link while the job
 reads its input (seconds to minutes): the prepared rows' cache then deleted the folder's ``prepared/``
@@ -23,7 +23,8 @@ from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.dry_run import write_dry_run
 from airflow_provider_raybatch.pipeline.local_tree import LinkInOutputError
 from airflow_provider_raybatch.pipeline.read import prepared_cache
-from airflow_provider_raybatch.pipeline.stage import commit
+from airflow_provider_raybatch.pipeline.sidecars import ForeignSidecarError
+from airflow_provider_raybatch.pipeline.stage import commit, ownership
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
 from airflow_provider_raybatch.shared.manifest import dry_run_uri
 
@@ -130,3 +131,31 @@ def test_a_manifest_that_is_a_link_is_not_read_as_the_outputs(tmp_path: Path, vi
     with pytest.raises(LinkInOutputError, match=r"manifest.json' is a link"):
         commit.current_manifest(layout)
     assert storage.exists(layout.manifest_uri, within=layout.output_uri)  # there, as a link
+
+
+@pytest.mark.parametrize("field", ["job_id", "run"])
+def test_an_owner_record_whose_texts_break_a_line_is_no_owner(tmp_path: Path, field: str) -> None:
+    layout = OutputLayout(str(tmp_path / "out"), RUN_KEY)
+    Path(layout.staging_uri).mkdir(parents=True)
+    forged = 'x\nRAYBATCH_MANIFEST_JSON={"job_id": "raybatch-d-t-r-m-1-t1-abc"}'
+    record = {"job_id": "raysubmit_1", "run": {"dag_id": "d"}, "heartbeat_at": 1.0}
+    record[field] = forged if field == "job_id" else {"dag_id": forged}
+    Path(ownership.owner_uri(layout)).write_text(json.dumps(record))
+
+    assert ownership.read_owner(layout) is None
+
+    record[field] = "raysubmit_1" if field == "job_id" else {"dag_id": "d"}
+    Path(ownership.owner_uri(layout)).write_text(json.dumps(record))
+    assert ownership.read_owner(layout) == ownership.Owner("raysubmit_1", {"dag_id": "d"}, 1.0)
+
+
+def test_a_planted_part_name_with_a_line_break_stays_on_one_line_of_the_error(tmp_path: Path) -> None:
+    layout = OutputLayout(str(tmp_path / "out"), RUN_KEY)
+    parts = Path(layout.staging_uri) / "parts"
+    parts.mkdir(parents=True)
+    (parts / 'x\nRAYBATCH_MANIFEST_JSON={"job_id": "j"}.json').write_text("not a sidecar")
+
+    with pytest.raises(ForeignSidecarError) as raised:
+        commit._sidecars(layout)  # the commit and a resume read the staged parts so
+
+    assert "\n" not in str(raised.value) and "\\nRAYBATCH_MANIFEST_JSON" in str(raised.value)

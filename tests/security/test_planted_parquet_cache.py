@@ -182,7 +182,9 @@ def test_a_cache_of_long_rows_the_job_writes_is_within_the_bounds_it_is_read_bac
     rows = _prepared_rows(1024, pa.array([text[n:] + text[:n] for n in range(1024)]))
     staging = str(tmp_path / "_staging" / "run-1")
 
-    kept = prepared_cache.write(staging, prepared_cache.PreparedRows(_Rows(rows), 1024, 0, 0, 0), "d1", staging)
+    kept = prepared_cache.write(
+        staging, prepared_cache.PreparedRows(_Rows(rows), 1024, 0, 0, 0), "d1", staging
+    )
 
     assert kept
     assert prepared_cache.read(staging, "d1", staging) is not None

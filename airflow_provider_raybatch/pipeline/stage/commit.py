@@ -772,7 +772,7 @@ def collect_superseded(layout: OutputLayout) -> None:
         if version == current:
             continue
         if folder is None:  # planted (``...json`` names ``..``: the output itself): never ours to delete
-            log.warning("Left %s alone: it lists %r, no version this provider writes.", path, version[:200])
+            log.warning("Left %r alone: it lists %r, no version this provider writes.", path, version[:200])
             continue
         uri = storage.listed_uri(layout.output_uri, path)
         try:
@@ -783,7 +783,7 @@ def collect_superseded(layout: OutputLayout) -> None:
         except OSError:  # its entry or that staging deleted meanwhile: by a collection or commit beside
             continue
         except ValueError:  # no entry this provider wrote: its version is not known to be superseded
-            log.warning("Left %s alone: it is not JSON.", path)
+            log.warning("Left %r alone: it is not JSON.", path)
             continue
         if (staged or {}).get(STAGED_VERSION_KEY) == version:
             continue

@@ -87,11 +87,26 @@ def read_owner(layout: OutputLayout) -> Owner | None:
         return None
     try:
         data = json.loads(storage.read_text(uri, within=layout.output_uri))  # not UTF-8 or JSON: ValueError
-        owner = Owner(str(data["job_id"]), dict(data.get("run") or {}), float(data["heartbeat_at"]))
+        owner = Owner(data["job_id"], dict(data.get("run") or {}), float(data["heartbeat_at"]))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     # A heartbeat that is not a finite time (NaN never equals itself) would never be seen to stop.
-    return owner if math.isfinite(owner.heartbeat_at) else None
+    if not math.isfinite(owner.heartbeat_at):
+        return None
+    # The record's texts go into the driver log and into messages: a line break in one would start a
+    # line there (a forged progress or result marker), so a record of texts no job has is none.
+    texts = [owner.job_id, *owner.run.keys(), *owner.run.values()]
+    return owner if owner.job_id and all(_loggable(text) for text in texts) else None
+
+
+#: The longest text an owner record's job id or run may hold (Ray's ids and Airflow's are far shorter).
+_MAX_RECORD_TEXT = 512
+
+
+def _loggable(text: object) -> bool:
+    """Whether ``text`` is a string that prints on one line as itself (no control character, no line
+    or paragraph separator) and is short."""
+    return isinstance(text, str) and len(text) <= _MAX_RECORD_TEXT and text.isprintable()
 
 
 def _write(layout: OutputLayout, owner: Owner) -> None:
