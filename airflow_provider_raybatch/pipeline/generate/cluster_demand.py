@@ -69,17 +69,13 @@ def node_resources_now() -> NodeResources:
     }
 
 
-def waiting_bundles(status: ClusterStatus) -> list[Resources]:
-    """The bundles Ray waits to place: each waiting task's or actor's, and each bundle of a waiting
-    placement group (a bundle is placed on one node; a group packed on one node is not summed, so its
-    bundles are a lower bound of what it needs there)."""
+def waiting_bundles(status: ClusterStatus, placement_groups: bool = True) -> list[Resources]:
+    """The bundles Ray waits to place: each waiting task's or actor's, and (``placement_groups``) each
+    bundle of a waiting placement group (a bundle is placed on one node; a group packed on one node is
+    not summed, so its bundles are a lower bound of what it needs there)."""
     demands = status.resource_demands
-    return [
-        dict(request.bundle)
-        for demand in [*demands.ray_task_actor_demand, *demands.placement_group_demand]
-        for request in demand.bundles_by_count
-        if request.count
-    ]
+    groups = [*demands.ray_task_actor_demand, *(demands.placement_group_demand if placement_groups else [])]
+    return [dict(request.bundle) for demand in groups for request in demand.bundles_by_count if request.count]
 
 
 def actor_waits_for(needs: Resources, when_unknown: bool = True) -> bool:
@@ -89,12 +85,9 @@ def actor_waits_for(needs: Resources, when_unknown: bool = True) -> bool:
     status = cluster_status()
     if status is None:
         return when_unknown
-    demands = status.resource_demands.ray_task_actor_demand
     return any(
-        request.count
-        and all(request.bundle.get(name, 0.0) >= amount for name, amount in needs.items() if amount)
-        for demand in demands
-        for request in demand.bundles_by_count
+        all(bundle.get(name, 0.0) >= amount for name, amount in needs.items() if amount)
+        for bundle in waiting_bundles(status, placement_groups=False)
     )
 
 
