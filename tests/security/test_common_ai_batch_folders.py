@@ -24,7 +24,6 @@ pytest.importorskip("airflow.providers.common.ai", reason="needs the common-ai e
 
 from airflow.providers.common.ai.batch.output_schema import build_output_spec  # noqa: E402
 from airflow.providers.common.ai.batch.polling import terminal_event  # noqa: E402
-from airflow.providers.common.ai.operators.llm_batch import LLMBatchOperator  # noqa: E402
 from airflow.sdk.exceptions import TaskDeferred  # noqa: E402
 
 from airflow_provider_raybatch.common_ai import settings as job  # noqa: E402
@@ -39,15 +38,16 @@ from airflow_provider_raybatch.shared.job_ids import TaskTry  # noqa: E402
 from tests.security.test_common_ai_batch_ids import (  # noqa: E402
     DEV_SECRET,
     PROD_SECRET,
+    SETTINGS,
     TRY,
     WatchedRay,
     _task_context,
+    common_ai_operator,
 )
 from tests.unit.common_ai.test_adapter import HOST, TOKEN, _commit, _ok  # noqa: E402
 
 #: common.ai's short key of one task instance: the same in every deployment.
 KEY16 = "4fa874f6554bd2b3"
-SETTINGS = {"raybatch": {"check_layout": False, "engine_kwargs": {"max_model_len": 512}}}
 
 
 @pytest.fixture(autouse=True)
@@ -78,26 +78,13 @@ def specs(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return shipped
 
 
-def _operator(result_path: str, prompts: list[str]) -> LLMBatchOperator:
-    return LLMBatchOperator(
-        task_id=TRY.task_id,
-        requests=prompts,
-        result_path=result_path,
-        llm_conn_id="ray_llm",
-        model_id="raybatch:tiny",
-        deferrable=True,
-        do_xcom_push=False,
-        request_params=SETTINGS,
-    )
-
-
 def _submitted_by(
     monkeypatch: pytest.MonkeyPatch, fake: WatchedRay, result_path: str, secret: str, prompts: list[str]
 ) -> JobInfo:
     """One try of common.ai's operator in the deployment signing with ``secret``: the job it submitted."""
     monkeypatch.setenv("AIRFLOW__RAYBATCH__JOB_IDENTITY_SECRET", secret)
     monkeypatch.setattr("airflow_provider_raybatch.common_ai.adapter._FixedRayHook", lambda settings: fake)
-    operator = _operator(result_path, prompts)
+    operator = common_ai_operator(result_path, prompts)
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute(_task_context(monkeypatch, task=operator))
     return fake.jobs[deferred.value.trigger.batch_id]
@@ -205,7 +192,7 @@ def test_a_succeeded_jobs_folder_committed_by_another_job_fails_its_task_loudly(
     fake.jobs[prods.job_id] = replace(prods, status=JobStatus.SUCCEEDED)
     _commit(output, other, [_ok(0, "someone else's answer")], [])
 
-    operator = _operator(result_path, ["PROD prompt: customer 4711"])
+    operator = common_ai_operator(result_path, ["PROD prompt: customer 4711"])
     context = _task_context(monkeypatch, task=operator)
     adapter = RayBatchAdapter(api_key=TOKEN, base_url=HOST, client=fake)
     event = terminal_event(prods.job_id, adapter.get_batch(prods.job_id))

@@ -46,6 +46,24 @@ DEV_SECRET = "dev-deployment-secret"
 RUN_AFTER = datetime(2026, 12, 1, tzinfo=UTC)
 #: The task instance both deployments run: the same DAG, task, run id and map index.
 TRY = TaskTry("reviews", "manual__1", "classify", -1, 1, RUN_AFTER.isoformat())
+#: The raybatch settings of the tests' common.ai tasks: the tiny model, no layout check.
+SETTINGS = {"raybatch": {"check_layout": False, "engine_kwargs": {"max_model_len": 512}}}
+
+
+def common_ai_operator(result_path: str, prompts: list[str]) -> LLMBatchOperator:
+    """common.ai's deferrable ``LLMBatchOperator`` of :data:`TRY`'s task on the ``raybatch:tiny`` model."""
+    return LLMBatchOperator(
+        task_id=TRY.task_id,
+        requests=prompts,
+        result_path=result_path,
+        llm_conn_id="ray_llm",
+        model_id="raybatch:tiny",
+        deferrable=True,
+        do_xcom_push=False,
+        request_params=SETTINGS,
+    )
+
+
 OURS = TRY.submission_id(signing_key(PROD_SECRET))
 #: Ids of jobs on the cluster that are not this deployment's, each carrying a copy of our metadata.
 FOREIGN = {
@@ -299,16 +317,7 @@ def _run_task(
         "AIRFLOW_CONN_RAY_LLM", json.dumps({"conn_type": "ray", "host": HOST, "password": TOKEN})
     )
     monkeypatch.setattr(adapter_module, "_FixedRayHook", lambda settings: fake)
-    operator = LLMBatchOperator(
-        task_id=TRY.task_id,
-        requests=prompts,
-        result_path=result_path,
-        llm_conn_id="ray_llm",
-        model_id="raybatch:tiny",
-        deferrable=True,
-        do_xcom_push=False,
-        request_params={"raybatch": {"check_layout": False, "engine_kwargs": {"max_model_len": 512}}},
-    )
+    operator = common_ai_operator(result_path, prompts)
     context = _task_context(monkeypatch, task=operator)
     try:
         return operator.execute(context)
