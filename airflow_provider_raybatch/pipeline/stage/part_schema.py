@@ -14,7 +14,9 @@ the others, and failed the whole job on the first value of another type. Here:
   value's JSON (``"Acme"`` with its quotes, ``{"nested": 1}``), null stays null. Such a field carries
   the metadata ``raybatch.encoding = json``, and the manifest lists it under ``json_columns``. A
   nested column whose struct, counted over the part's rows, would pass a row's shape bounds
-  (:func:`union_too_large`) is JSON text without Arrow building the struct first.
+  (:func:`union_too_large`) is JSON text without Arrow building the struct first. A part whose
+  columns together cost its Parquet footer more than :mod:`.footer_width` allows is refused
+  (``OutputTooWideError``), counted from its top-level names before any column is built.
 * At commit the parts of one output are made to agree (:func:`unify`, :func:`conform`): a column
   missing from a part is added as nulls, a null-typed column takes the output's type, int64 beside
   double becomes double, and a column whose types disagree across parts becomes JSON text in every
@@ -38,6 +40,7 @@ from airflow_provider_raybatch.pipeline.read import (
     row_costs,
     staged_parquet,
 )
+from airflow_provider_raybatch.pipeline.stage import footer_width
 from airflow_provider_raybatch.shared.json_types import JsonObject, JsonValue
 
 if TYPE_CHECKING:
@@ -159,11 +162,22 @@ def union_too_large(values: list[JsonValue]) -> bool:
 
 def table_of(records: list[JsonObject]) -> pa.Table:
     """A part's rows as one table whose schema comes from all of them (see the module docstring); a
-    column whose inferred struct would be too large (:func:`union_too_large`) is JSON text, unbuilt."""
+    column whose inferred struct would be too large (:func:`union_too_large`) is JSON text, unbuilt.
+
+    :raises footer_width.OutputTooWideError: the part's columns together cost its footer more than
+        :data:`.footer_width.MAX_FOOTER_SCHEMA_BYTES`; counted from the top-level names before any
+        array is built, then as each column's type is known. Each row is within its own bounds, but a
+        part holds rows of several files (or a preprocess's rows): 32 rows of 4,000 distinct
+        127-character keys each took the writer 1.4 GiB for a part no commit could take.
+    """
     import pyarrow as pa
 
+    names = column_names(records)
+    least = [footer_width.name_bytes(name) for name in names]
+    size = footer_width.schema_bytes(()) + sum(least)
+    _check_part_width(len(names), size)
     fields, arrays = [], []
-    for name in column_names(records):
+    for name, name_size in zip(names, least, strict=True):
         values = [record.get(name) for record in records]
         array = None if union_too_large(values) else typed_array(values)
         if array is None:
@@ -172,7 +186,15 @@ def table_of(records: list[JsonObject]) -> pa.Table:
         else:
             fields.append(pa.field(name, array.type))
             arrays.append(array)
+        size += footer_width.field_bytes(fields[-1]) - name_size
+        _check_part_width(len(names), size)
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _check_part_width(columns: int, size: int) -> None:
+    too_wide = footer_width.refusal(columns, size, "a part's rows")
+    if too_wide is not None:
+        raise too_wide
 
 
 def is_json_field(field: pa.Field) -> bool:
@@ -211,23 +233,35 @@ def conform(table: pa.Table, target: Mapping[str, str], arrow_types: Mapping[str
     """
     import pyarrow as pa
 
-    fields, arrays = [], []
-    for name, type_text in target.items():
-        present = name in table.column_names
-        column = table.column(name) if present else None
-        field = table.schema.field(name) if present else None
-        if type_text == JSON_TYPE:
-            if field is not None and is_json_field(field):
+    fields = target_fields(target, arrow_types)
+    arrays = []
+    for field in fields:
+        present = field.name in table.column_names
+        column = table.column(field.name) if present else None
+        if is_json_field(field):
+            if present and is_json_field(table.schema.field(field.name)):
                 arrays.append(column)
             else:
                 values = column.to_pylist() if column is not None else [None] * table.num_rows
                 arrays.append(pa.array([json_text(value) for value in values], type=pa.string()))
-            fields.append(_json_field(name))
             continue
-        data_type = pa.null() if type_text == _NULL_TYPE else arrow_types[name]
-        arrays.append(column.cast(data_type) if column is not None else pa.nulls(table.num_rows, data_type))
-        fields.append(pa.field(name, data_type))
+        arrays.append(column.cast(field.type) if column is not None else pa.nulls(table.num_rows, field.type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def target_fields(target: Mapping[str, str], arrow_types: Mapping[str, pa.DataType]) -> list[pa.Field]:
+    """The fields every part of an output has once conformed (:func:`conform`), in the target's order.
+
+    :param arrow_types: as :func:`conform` takes them.
+    """
+    import pyarrow as pa
+
+    return [
+        _json_field(name)
+        if type_text == JSON_TYPE
+        else pa.field(name, pa.null() if type_text == _NULL_TYPE else arrow_types[name])
+        for name, type_text in target.items()
+    ]
 
 
 #: What the rows of one page of a part may cost once read (``row_costs``), where a column holds lists:

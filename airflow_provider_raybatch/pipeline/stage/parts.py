@@ -38,7 +38,7 @@ from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY, REPLICA_KEY
 from airflow_provider_raybatch.pipeline.row_types import StagedRow
-from airflow_provider_raybatch.pipeline.stage import part_schema
+from airflow_provider_raybatch.pipeline.stage import footer_width, part_schema
 from airflow_provider_raybatch.pipeline.stage.commit import (
     PART_FOLDERS,
     SEAL_FILE_NAME,
@@ -47,6 +47,7 @@ from airflow_provider_raybatch.pipeline.stage.commit import (
     StagedPart,
     reason_kind,
 )
+from airflow_provider_raybatch.pipeline.stage.footer_width import OutputTooWideError
 from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
 from airflow_provider_raybatch.shared.jsonl import split_lines
 from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
@@ -56,11 +57,20 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def _check_width(target: dict[str, str], folder: str) -> None:
+def _check_width(target: dict[str, str], folder: str, fields: list[pa.Field] | None = None) -> None:
     """Refuse, before any part is rewritten, an output whose one schema no part's footer could hold.
 
+    :param fields: the target's Arrow fields (:func:`.part_schema.target_fields`), once its concrete
+        types are read from the parts' footers: what a footer of them takes is measured
+        (:func:`.footer_width.schema_bytes`). Unset: only the names and type texts are counted, which
+        needs no footer read.
     :raises OutputTooWideError: naming the columns, their size and the way out (``keep_columns``).
     """
+    if fields is not None:
+        too_wide = footer_width.refusal(len(fields), footer_width.schema_bytes(fields), f"the run's {folder}")
+        if too_wide is not None:
+            raise too_wide
+        return
     size = sum(len(name.encode()) + len(kind.encode()) for name, kind in target.items())
     if size > MAX_OUTPUT_SCHEMA_BYTES:
         raise OutputTooWideError(
@@ -90,16 +100,13 @@ LABELS_KEY = "labels"
 TOKENS_KEY = "tokens"
 #: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`).
 COLUMNS_KEY = "columns"
-#: The most bytes of column names and types an output's parts may have together once given one schema:
-#: every part's footer holds them about four times over, and a footer is read at most 8 MiB. Each
-#: input file's rows are bounded alike (``read.column_bound``), but several files' rows meet in one
-#: output: four files of 4,000 distinct 127-character keys made every part's footer 9.5 MB.
+#: The most bytes of column names and types an output's parts may have together once given one schema,
+#: checked from the sidecars before any footer is read: every part's footer holds them about four
+#: times over, and a footer is read at most 8 MiB. Each input file's rows are bounded alike
+#: (``read.column_bound``), but several files' rows meet in one output: four files of 4,000 distinct
+#: 127-character keys made every part's footer 9.5 MB. Names and types are not all a footer takes (a
+#: struct's leaves repeat its name): the output's schema is then measured (:mod:`.footer_width`).
 MAX_OUTPUT_SCHEMA_BYTES = 1 << 20
-
-
-class OutputTooWideError(RuntimeError):
-    """The run's rows together have more columns (names and types) than one output file's footer can
-    describe; the message names the count, the size and what to do."""
 
 
 def _encode(
@@ -338,6 +345,7 @@ class PartWriter:
             target = part_schema.unify(part.sidecar[COLUMNS_KEY][folder] for part in typed)
             _check_width(target, folder)
             arrow_types = self._arrow_types(folder, typed, target)
+            _check_width(target, folder, part_schema.target_fields(target, arrow_types))
             for part in typed:
                 if part.sidecar[COLUMNS_KEY][folder] == target:  # also its column order
                     continue

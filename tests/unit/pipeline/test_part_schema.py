@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_raybatch.pipeline.stage import part_schema
+from airflow_provider_raybatch.pipeline.stage import footer_width, part_schema
 from airflow_provider_raybatch.shared.json_numbers import unsafe_number
 
 
@@ -180,3 +180,68 @@ def test_a_part_of_long_texts_is_written_in_pages_commit_reads_back() -> None:
     rows = part_schema.decode_parquet(part_schema.encode_parquet(part_schema.table_of(records)), "p")
 
     assert rows == records
+
+
+def _footer_length(table: pa.Table) -> int:
+    data = part_schema.encode_parquet(table)
+    return int.from_bytes(data[-8:-4], "little")
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [{f"{key:x}": 1 for key in range(500)}],  # short names
+        [{f"{key:05d}".ljust(100, "k"): 1 for key in range(500)}],  # long names
+        [{f"{key:05d}".ljust(30, "k"): value for key in range(300)} for value in ("abcde", 1.5, True, None)],
+        [{"s" * 115: {f"k{key:05d}": 1 for key in range(500)}}],  # a struct's name in each leaf's path
+        [{"a": {"b" * 50: {"c" * 50: {f"k{key}": 1 for key in range(300)}}}}],
+        [{f"l{key:04d}": [1, 2] for key in range(300)}],
+        [{f"l{key:04d}": [{"x": 1, "y": "s"}] for key in range(200)}],
+        [{f"j{key:04d}": value for key in range(300)} for value in (1, "s")],  # JSON text columns
+        [{f"{key:05d}".ljust(30, "k"): row for key in range(300)} for row in range(100)],
+    ],
+    ids=["short", "long", "scalars", "struct", "deep", "lists", "list-of-structs", "json", "rows"],
+)
+def test_footer_width_is_at_least_the_footer_pyarrow_writes(records: list[dict]) -> None:
+    table = part_schema.table_of(records)
+
+    real = _footer_length(table)
+    assert real <= footer_width.schema_bytes(table.schema) <= 2 * real
+
+
+def test_ten_thousand_columns_of_ordinary_names_fit_a_footer() -> None:
+    fields = [pa.field(f"c{key:05d}".ljust(30, "k"), pa.string()) for key in range(10_000)]
+
+    assert footer_width.schema_bytes(fields) < footer_width.MAX_FOOTER_SCHEMA_BYTES
+
+
+def test_a_struct_counts_its_name_once_for_each_leaf() -> None:
+    leaves = pa.struct([pa.field(f"k{key}", pa.int64()) for key in range(100)])
+
+    longer = footer_width.field_bytes(pa.field("s" * 1_000, leaves)) - footer_width.field_bytes(
+        pa.field("s", leaves)
+    )
+    assert longer > 100 * 999
+
+
+def test_a_table_of_columns_past_the_footer_bound_is_refused_before_any_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(footer_width, "MAX_FOOTER_SCHEMA_BYTES", 10_000)
+    monkeypatch.setattr(part_schema, "typed_array", lambda values: pytest.fail("built"))
+
+    with pytest.raises(
+        footer_width.OutputTooWideError, match=r"a part's rows have 40 columns .* keep_columns"
+    ):
+        part_schema.table_of([{f"c{key:02d}".ljust(100, "k"): key for key in range(40)}])
+
+
+def test_a_table_whose_columns_pass_the_footer_bound_once_built_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(footer_width, "MAX_FOOTER_SCHEMA_BYTES", 10_000)
+    nested = {"s" * 100: {f"k{key}": 1 for key in range(15)}}  # 15 leaves: a name is cheap, its paths are not
+
+    assert part_schema.table_of([nested]).num_columns == 1
+    with pytest.raises(footer_width.OutputTooWideError, match=r"a part's rows have 2 columns"):
+        part_schema.table_of([nested, {"t" * 100: nested["s" * 100]}])
