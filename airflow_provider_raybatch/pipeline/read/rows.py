@@ -19,9 +19,10 @@ from airflow_provider_raybatch.pipeline.read.records import Record, unreadable
 from airflow_provider_raybatch.shared.specs import InputFormat
 
 #: The largest input file a job reads, in bytes. Ray Data reads each input file whole into one worker
-#: (``read_binary_files``) and the parse needs more on top (measured on 200 MiB: a Ray worker peaked
-#: at about 5x the file for JSONL; the CSV parse alone took 12x), so one huge upload could exhaust a
-#: worker's memory. Split larger inputs into several files, which are also read in parallel.
+#: (:mod:`.bounded_files`: never past this bound + 1 byte) and the parse needs more on top (measured
+#: on 200 MiB: a Ray worker peaked at about 5x the file for JSONL; the CSV parse alone took 12x), so
+#: one huge upload could exhaust a worker's memory. Split larger inputs into several files, which are
+#: also read in parallel.
 MAX_INPUT_FILE_BYTES = 1 << 30
 
 
@@ -34,11 +35,23 @@ def check_input_file_size(name: str, size: int, limit: int | None = None) -> Non
     (default: ``MAX_INPUT_FILE_BYTES``, read at each call)."""
     limit = MAX_INPUT_FILE_BYTES if limit is None else limit
     if size > limit:
-        raise InputFileTooLargeError(
-            f"input file {name!r} is {_size_text(size)}, over the {_size_text(limit)} one input file may "
-            "have: each file is read whole into one Ray worker's memory. Split it into smaller files "
-            "(JSONL and CSV by lines, Parquet by row groups)."
-        )
+        raise InputFileTooLargeError(f"input file {name!r} is {_size_text(size)}, {_over_bound(limit)}")
+
+
+def input_file_over_bound(name: str, limit: int) -> InputFileTooLargeError:
+    """The error for a file found past ``limit`` as it is read (:mod:`.bounded_files`): the read
+    stops one byte past the bound, so the file's whole size is not known, and it was within the
+    bound on the job's start-up listing, so it grew since."""
+    return InputFileTooLargeError(
+        f"input file {name!r} grew after the job's start-up check: it is now {_over_bound(limit)}"
+    )
+
+
+def _over_bound(limit: int) -> str:
+    return (
+        f"over the {_size_text(limit)} one input file may have: each file is read whole into one Ray "
+        "worker's memory. Split it into smaller files (JSONL and CSV by lines, Parquet by row groups)."
+    )
 
 
 def _size_text(size: int) -> str:

@@ -29,6 +29,7 @@ from airflow_provider_raybatch.pipeline.read.rows import (
     MAX_INPUT_FILE_BYTES,
     InputFileTooLargeError,
     check_input_file_size,
+    input_file_over_bound,
     parse_file,
 )
 
@@ -842,6 +843,16 @@ def test_check_input_file_size_names_the_file_and_the_cap() -> None:
     check_input_file_size("a/b.csv", 10, limit=10)
     with pytest.raises(InputFileTooLargeError, match="over the 10 bytes"):
         check_input_file_size("a/b.csv", 11, limit=10)
+
+
+def test_a_file_found_past_the_cap_as_it_is_read_is_named_without_a_size_it_never_read() -> None:
+    error = input_file_over_bound("a/b.jsonl", 1 << 30)
+    assert isinstance(error, InputFileTooLargeError)
+    assert str(error).startswith(
+        "input file 'a/b.jsonl' grew after the job's start-up check: it is now over the 1073741824 bytes "
+        "(1024 MiB) one input file may have"
+    )
+    assert "Split it into smaller files" in str(error)
 
 
 def test_csv_read_in_chunks_types_each_column_over_the_whole_file(monkeypatch: pytest.MonkeyPatch) -> None:
