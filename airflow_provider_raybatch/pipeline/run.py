@@ -83,15 +83,15 @@ log = logging.getLogger("airflow_provider_raybatch.pipeline")
 
 
 def _read_records(spec: BatchInferenceSpec) -> Dataset:
-    import ray.data
+    from airflow_provider_raybatch.pipeline.read import bounded_files
 
     filesystem, _ = storage.filesystem(spec.input_uri)
     extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
-    files = ray.data.read_binary_files(
+    # Ray's read_binary_files, but no file read past the bound, however it grew since the start-up check.
+    files = bounded_files.read_input_files(
         spec.input_uri,
-        filesystem=filesystem,  # S3 through the job's own settings (pipeline/credentials.py)
-        include_paths=True,
-        file_extensions=extensions,
+        filesystem,  # S3 through the job's own settings (pipeline/credentials.py)
+        extensions,
     )
     binary_columns = (spec.image_column,) if spec.image_column else ()
     return files.flat_map(
