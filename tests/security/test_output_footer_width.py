@@ -96,3 +96,15 @@ def test_many_sparse_columns_of_ordinary_names_still_commit(tmp_path: Path) -> N
 
     writer.conform_parts(staged)
     assert sum(len(writer.read_part(part)) for part in staged) == 2
+
+
+def test_one_row_of_long_texts_in_many_columns_commits(tmp_path: Path) -> None:
+    # A text leaf's min and max statistics are its values (up to 4 KiB each): 1,500 columns of 4 KB
+    # made a 12 MB footer, past what the commit reads back, on every try.
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+    texts = {f"c{column:04d}": "x" * 4_000 + str(column) for column in range(1_500)}
+    staged = [writer.write_part([_staged(0, {**texts, "n": 7})])]  # type: ignore[list-item]
+
+    writer.conform_parts(staged)
+    (row,) = writer.read_part(staged[0])
+    assert json.loads(row["record"])["c1499"] == "x" * 4_000 + "1499"

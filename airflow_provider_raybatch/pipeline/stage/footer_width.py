@@ -11,8 +11,8 @@ short leaves each were 0.96 MB of names and types, and 10 MB of footer.
 :func:`field_bytes` measures a column the way pyarrow writes it (one row group, as a part is),
 calibrated against pyarrow 26's real footers (``tests/unit/pipeline/test_part_schema.py`` holds it
 at or above them): for 1,000 leaves, 207 B a leaf of 10-character names and 510 B of 100-character
-ones (estimated 261 and 576); a string leaf's min/max statistics add up to twice its longest value
-(the values are data, not schema: the margin under the bound takes ordinary ones).
+ones (estimated 261 and 576). Statistics of text leaves would be data, not schema (their min and max
+values, up to 4 KiB each): parts are written without them (:func:`.part_schema.encode_parquet`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 #: The most a part's columns may cost its footer (:func:`schema_bytes`): three quarters of what a
-#: reader parses, the rest for what the estimate leaves out (statistics of long values). 10,000 columns
+#: reader parses, the rest a margin for the estimate. 10,000 columns
 #: of 30-character names cost about 3.3 MB (2.7 MB written).
 MAX_FOOTER_SCHEMA_BYTES = parquet_plan.MAX_FOOTER_BYTES * 3 // 4
 #: A node's name in the Parquet schema (once) and in the Arrow schema (base64: 4/3), as halves.
