@@ -253,6 +253,15 @@ def relative_name(path: str, input_uri: str) -> str:
     return path[len(base) + 1 :]
 
 
+def resolves_elsewhere(name: str) -> bool:
+    """Whether an object key below a folder (``name``: relative to it) has an empty, ``.`` or ``..``
+    step: an object store lists and keeps such a key as written, but pyarrow's S3 client (as most
+    clients) resolves the steps when it asks for the object, so reading or deleting it by that name
+    reaches another object, outside the folder or in another bucket. It is the object store's form of
+    a link below a folder; local listings never name such a step."""
+    return any(step in ("", ".", "..") for step in name.split("/"))
+
+
 def input_folder(input_uri: str, name: str) -> str:
     """The folder holding input file ``name`` (as :func:`relative_name` gives it) of ``input_uri``."""
     base = input_uri.rstrip("/")
@@ -334,7 +343,8 @@ def list_files(uri: str, within: str | None = None) -> list[str]:
 
     :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
         or listed (:mod:`.local_tree`). Without it (a model folder, whose files may be links into a
-        cache), links are followed.
+        cache), links are followed. An object store's key below ``uri`` with an empty, ``.`` or ``..``
+        step is never listed (:func:`resolves_elsewhere`).
     """
     from pyarrow import fs
 
@@ -344,7 +354,13 @@ def list_files(uri: str, within: str | None = None) -> list[str]:
     if filesystem_.get_file_info(path).type != fs.FileType.Directory:
         return []
     infos = filesystem_.get_file_info(fs.FileSelector(path, recursive=True))
-    return sorted(info.path for info in infos if info.type == fs.FileType.File)
+    base = path.rstrip("/") + "/"
+    # A key with a `..` step is listed as written, but read or deleted as another object: never named.
+    return sorted(
+        info.path
+        for info in infos
+        if info.type == fs.FileType.File and not resolves_elsewhere(info.path.removeprefix(base))
+    )
 
 
 def listed_uri(folder_uri: str, path: str) -> str:

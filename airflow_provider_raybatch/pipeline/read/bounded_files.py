@@ -8,9 +8,10 @@ checked. Here each read asks for at most :data:`.rows.MAX_INPUT_FILE_BYTES` + 1 
 local and S3 streams read what is asked: a ranged GET on S3), and one byte past the bound fails the
 job naming the file, as a file over the bound at the start does.
 
-Only ``_read_stream`` differs from Ray's ``BinaryDatasource``: Ray Data still lists the paths (with
-the extensions filter and the job's S3 filesystem), adds the ``path`` column and reads files in
-parallel read tasks.
+Only ``_read_stream`` differs from Ray's ``BinaryDatasource``, and ``_open_input_source`` for an
+object key with an empty, ``.`` or ``..`` step (:func:`..storage.resolves_elsewhere`), which is read
+as no bytes (its file's error record says why): Ray Data still lists the paths (with the extensions
+filter and the job's S3 filesystem), adds the ``path`` column and reads files in parallel read tasks.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ class BoundedBinaryDatasource(FileBasedDatasource):
         super().__init__(input_uri, open_stream_args={"buffer_size": 0}, **kwargs)
         self._input_uri = input_uri
         self._limit = limit
+
+    def _open_input_source(
+        self, filesystem: pyarrow.fs.FileSystem, path: str, **open_args: object
+    ) -> pa.NativeFile:
+        # An object key with a `..` step names another object once the client resolves it: nothing of
+        # it is read (not even a HEAD), and the file's row refuses it (:func:`.input_links.refusal`).
+        if storage.resolves_elsewhere(storage.relative_name(path, self._input_uri)):
+            return pa.BufferReader(b"")
+        return super()._open_input_source(filesystem, path, **open_args)
 
     def _read_stream(self, f: pa.NativeFile, path: str) -> Iterator[pa.Table]:
         data = read_within(f, self._limit)

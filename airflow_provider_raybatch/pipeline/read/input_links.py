@@ -11,7 +11,9 @@ time without following a link (:func:`..local_tree.open_file`), and the bytes Ra
 file's content now. A link swapped for a plain file between Ray's read and this check cannot pass the
 target's bytes off as the file's, and a file rewritten meanwhile is refused as changed. The input
 folder itself (or the one file ``input_uri`` names) is taken as named: a link at or above it is the
-DAG's choice. Object stores have no links: S3 inputs are not checked.
+DAG's choice. Object stores have no links, but a key with an empty, ``.`` or ``..`` step below the
+input folder is their form of one (:func:`..storage.resolves_elsewhere`): its bytes are never read
+(:mod:`.bounded_files`), and it is refused the same way.
 """
 
 from __future__ import annotations
@@ -28,15 +30,21 @@ _CHUNK_BYTES = 1 << 16
 
 
 def refusal(path: str, input_uri: str, data: bytes) -> str | None:
-    """Why the local input file ``path`` (as Ray listed it) may not be parsed from ``data``, the bytes
-    Ray read for it; None when they are the content of a file inside the input folder, or the input is
-    not on local disk."""
+    """Why the input file ``path`` (as Ray listed it) may not be parsed from ``data``, the bytes Ray read
+    for it; None when they are the content of a file inside the input folder (on local disk), or of an
+    object whose key is inside it."""
     from pyarrow import fs
 
     filesystem_, base = storage.filesystem(input_uri)
-    if not isinstance(filesystem_, fs.LocalFileSystem):
-        return None
     name = storage.relative_name(path, input_uri)
+    if not isinstance(filesystem_, fs.LocalFileSystem):
+        if storage.resolves_elsewhere(name):
+            return (
+                f"{INPUT_FILE_REFUSED}: {name!r} has an empty, '.' or '..' step, which an object store's "
+                "client resolves to another object's key; the job reads only objects inside the input "
+                "folder, and none of this one. Rename it."
+            )
+        return None
     path = posixpath.abspath(path.split("://", 1)[-1])
     folder = base if path.startswith(base.rstrip("/") + "/") else posixpath.dirname(base)
     try:
