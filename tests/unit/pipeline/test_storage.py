@@ -410,3 +410,19 @@ def test_a_folder_lists_exactly_the_files_ray_data_reads(tmp_path: Path) -> None
     expected = ["B.JSONL", "a.jsonl", "c.NdJson", "sub/.w.jsonl", "sub/_z.jsonl", "sub/deep/v.json"]
     assert listed["rays"] == [str(tmp_path / name) for name in expected]
     assert listed["ours"] == listed["rays"]
+
+
+@pytest.mark.parametrize(
+    ("name", "elsewhere"),
+    [
+        ("a.jsonl", False),
+        ("sub/b.jsonl", False),
+        ("..a/b...jsonl", False),  # dots inside a name are a name
+        ("sub/../../x.jsonl", True),
+        ("./a.jsonl", True),
+        ("sub//a.jsonl", True),
+        ("sub/.", True),
+    ],
+)
+def test_resolves_elsewhere_names_keys_a_client_resolves(name: str, elsewhere: bool) -> None:
+    assert storage.resolves_elsewhere(name) is elsewhere
