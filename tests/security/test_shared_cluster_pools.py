@@ -9,6 +9,10 @@ cannot set its own scope (tests/unit/operators/test_llm_batch.py).
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
 import pytest
 
 from airflow_provider_raybatch.jobs.deployment_secret import engine_pool_scope
@@ -110,6 +114,155 @@ def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> No
     assert _max_num_seqs(Built(), {}) == 3
     assert _max_num_seqs(object(), {"engine_kwargs": {"max_num_seqs": 32}}) == 32
     assert _max_num_seqs(object(), {"engine_kwargs": {"max_num_seqs": "lots"}}) == 256
+
+
+def _sequence_counting_replica(max_num_seqs: int) -> tuple[Any, dict[str, int], list[list[int]]]:
+    """A replica over a stub engine that counts each job's sequences inside it at most (a row's ``n``
+    choices, one per input of an embeddings line), and, as each row goes in, its job's rows inside (their
+    sequences)."""
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+    inside: dict[str, int] = {}
+    most: dict[str, int] = {}
+    rows_inside: dict[str, list[int]] = {}
+    crowds: list[list[int]] = []
+
+    class Engine:  # the engine's work grows with its sequences
+        async def _generate_with_error_handling(self, row, batch_uuid):
+            job, n = row["job"], json.loads(row["sampling_params"]).get("n", 1)
+            sequences = n * (1 + len(json.loads(row["extra_inputs"] or "[]")))
+            inside[job] = inside.get(job, 0) + sequences
+            most[job] = max(most.get(job, 0), inside[job])
+            rows_inside.setdefault(job, []).append(sequences)
+            crowds.append(sorted(rows_inside[job]))
+            await asyncio.sleep(0.002 * sequences)
+            inside[job] -= sequences
+            rows_inside[job].remove(sequences)
+            return {"generated_text": row["source"], "embeddings": None}
+
+    replica = object.__new__(EngineReplica)
+    replica.__dict__.update(
+        _engine=Engine(),
+        _in_flight={},
+        _rows_done=0,
+        _rows_by_job={},
+        _retiring=False,
+        _chat_templates={},
+        _job_templates={},
+        _last_active=0.0,
+        _shares={},
+        _job_share=2 * max_num_seqs,
+    )
+    return replica, most, crowds
+
+
+def _engine_row(job: str, index: int, n: int = 1, inputs: int = 1) -> dict[str, Any]:
+    """A row as it reaches the replica: sampling parameters and extra inputs as JSON text."""
+    extra = json.dumps([f"text {i}" for i in range(inputs - 1)]) if inputs > 1 else None
+    return {
+        "source": f"{job}:{index}",
+        "job": job,
+        "sampling_params": json.dumps({"n": n}),
+        "extra_inputs": extra,
+    }
+
+
+def test_a_jobs_share_of_a_replica_counts_the_sequences_its_rows_ask_for() -> None:
+    """Rows asking for many choices (an OpenAI line's ``n``, up to 128) or embeddings of many inputs
+    hold the job's share in sequences, not rows: the job keeps at most two running batches of the
+    engine, whatever each row asks for, and the other job's rows go in beside them."""
+    replica, most, _ = _sequence_counting_replica(max_num_seqs=8)  # a share of 16 sequences a job
+
+    async def main() -> None:
+        wide = [_engine_row("wide", i, n=8) for i in range(12)] + [
+            _engine_row("wide", 12 + i, inputs=8) for i in range(4)
+        ]
+        narrow = [_engine_row("narrow", i) for i in range(16)]
+        await asyncio.gather(
+            *(replica.generate(row, row["job"]) for pair in zip(wide, narrow, strict=True) for row in pair)
+        )
+
+    asyncio.run(main())
+    assert most == {"wide": 16, "narrow": 16}  # rows counted: wide had 16 rows of 8 sequences, 128
+    assert replica._rows_by_job == {"wide": 16, "narrow": 16} and replica._shares == {}
+
+
+def test_a_row_larger_than_a_jobs_share_runs_alone_within_it() -> None:
+    """A row asking for more sequences than the share still runs (it takes the whole share), with
+    none of its job's other rows beside it, and the job's rows behind it wait their turn."""
+    replica, most, crowds = _sequence_counting_replica(max_num_seqs=4)  # a share of 8 sequences
+
+    async def main() -> None:
+        rows = [_engine_row("job", i, n=2) for i in range(3)]
+        rows += [_engine_row("job", 3, n=128), *(_engine_row("job", 4 + i) for i in range(6))]
+        await asyncio.gather(*(replica.generate(row, "job") for row in rows))
+
+    asyncio.run(main())
+    assert [crowd for crowd in crowds if 128 in crowd] == [[128]]  # nothing of its job beside it
+    assert most == {"job": 128} and crowds.index([128]) == 3  # after the rows before it, not those after
+    assert replica._rows_by_job == {"job": 10} and replica._shares == {}
+
+
+def test_rows_cancelled_while_waiting_for_their_jobs_share_hold_no_places() -> None:
+    """A job whose lease ends has its rows cancelled, those still waiting for a place too: the places
+    they never got, or got just as they were cancelled, go to the rows behind them."""
+    replica, most, _ = _sequence_counting_replica(max_num_seqs=2)  # a share of 4 sequences
+
+    async def main() -> list[bool]:
+        first = [asyncio.ensure_future(replica.generate(_engine_row("job", i, n=4), "job")) for i in range(3)]
+        await asyncio.sleep(0.001)  # the first row is in the engine, the others wait for the share
+        first[1].cancel()
+        first[2].cancel()
+        await asyncio.gather(*first, return_exceptions=True)
+        later = [replica.generate(_engine_row("job", 3 + i, n=2), "job") for i in range(4)]
+        await asyncio.wait_for(asyncio.gather(*later), 1.0)
+        return [task.cancelled() for task in first]
+
+    assert asyncio.run(main()) == [False, True, True]
+    assert most == {"job": 4} and replica._rows_by_job == {"job": 5} and replica._shares == {}
+
+
+def test_a_row_cancelled_just_as_its_places_come_gives_them_back() -> None:
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import _JobShare
+
+    share = _JobShare(4)
+
+    async def waiting_row() -> None:
+        async with share.held(4):
+            await asyncio.sleep(1.0)
+
+    async def main() -> bool:
+        first = share.held(4)
+        await first.__aenter__()
+        second = asyncio.ensure_future(waiting_row())
+        await asyncio.sleep(0)  # the second row waits for the share
+        await first.__aexit__(None, None, None)  # its places go to the second row ...
+        second.cancel()  # ... as its job's lease ends, before it runs
+        await asyncio.gather(second, return_exceptions=True)
+        async with share.held(4):  # the whole share is free again, at once
+            return second.cancelled()
+
+    assert asyncio.run(asyncio.wait_for(main(), 0.5))
+
+
+@pytest.mark.parametrize(
+    ("row", "sequences"),
+    [
+        ({"sampling_params": '{"n": 128, "temperature": 1.0}'}, 128),
+        ({"sampling_params": {"n": 2, "best_of": 5}}, 5),
+        ({"sampling_params": '{"n": 3}', "extra_inputs": '["a", "b"]'}, 9),
+        ({"sampling_params": None, "extra_inputs": json.dumps(["x"] * 2047)}, 2048),
+        ({"sampling_params": '{"n": "many"}'}, 1),
+        ({"sampling_params": '{"n": true}'}, 1),
+        ({"sampling_params": '{"n": 64.0}'}, 1),
+        ({"sampling_params": "not json"}, 1),
+        ({"prompt": "no sampling parameters"}, 1),
+    ],
+)
+def test_a_rows_sequences_in_the_engine(row: dict[str, Any], sequences: int) -> None:
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import _sequences
+
+    assert _sequences(row) == sequences
 
 
 def test_a_job_on_engines_of_its_own_ends_idle_pool_replicas_while_its_replicas_wait(

@@ -33,10 +33,12 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_raybatch.pipeline.generate import cluster_demand, engine_caches
+from airflow_provider_raybatch.pipeline.openai.openai_batch import EXTRA_INPUTS
 from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
 from airflow_provider_raybatch.shared.json_types import JsonObject, Kwargs, Row
@@ -80,11 +82,13 @@ GIVE_WAY_AFTER_IDLE_SECONDS = 30.0
 #: such work: a task that Ray places a moment later is not waiting for this replica.
 _GIVE_WAY_LOOK_SECONDS = 5.0
 _GIVE_WAY_LOOKS = 2
-#: One job's rows in a replica's engine at once, at most, in running batches of the engine (vLLM's
-#: ``max_num_seqs``), whatever ``batch_size x max_concurrent_batches`` it asks for. The engine always
-#: has the job's next rows waiting (Ray Data LLM's wrapper lets ~1.1 batches in and queues the rest first
-#: come, first served), and a second job's rows wait behind about one batch of the first's, not behind
-#: its whole backlog; then the two take turns in that queue, about half each.
+#: One job's sequences in a replica's engine at once, at most, in running batches of the engine (vLLM's
+#: ``max_num_seqs``), whatever ``batch_size x max_concurrent_batches`` it asks for. Counted in sequences,
+#: not rows: a row asking for ``n`` choices is ``n`` sequences in vLLM's batch, an embeddings line one per
+#: input (:func:`_sequences`). The engine always has the job's next rows waiting (Ray Data LLM's wrapper
+#: lets ~1.1 batches in and queues the rest first come, first served), and a second job's rows wait
+#: behind about one batch of the first's, not behind its whole backlog; then the two take turns in that
+#: queue, about half each.
 JOB_SHARE_IN_RUNNING_BATCHES = 2
 #: Chat templates no job renders with that a replica keeps loaded (a tokenizer each) for the next job.
 _SPARE_CHAT_TEMPLATES = 2
@@ -160,7 +164,7 @@ class EngineReplica:
         self._rows_done = 0
         self._rows_by_job: dict[str, int] = {}  # job id -> rows answered for it, until it releases
         self._job_share = JOB_SHARE_IN_RUNNING_BATCHES * _max_num_seqs(self._engine, engine_kwargs)
-        self._shares: dict[str, asyncio.Semaphore] = {}  # job id -> its rows' places in the engine
+        self._shares: dict[str, _JobShare] = {}  # job id -> its rows' places in the engine
         self._watch: asyncio.Task[None] | None = None
         self._retiring = False
         # The loop the rows and the engine run on. Ray runs an async actor's __init__ on it: the watch
@@ -255,7 +259,7 @@ class EngineReplica:
             failed = self._render(row, job_id) if render else None
             if failed is not None:
                 return failed
-            async with self._shares.setdefault(job_id, asyncio.Semaphore(self._job_share)):
+            async with self._shares.setdefault(job_id, _JobShare(self._job_share)).held(_sequences(row)):
                 output = await self._engine._generate_with_error_handling(row, _BATCH)
         finally:
             self._in_flight[job_id].discard(task)
@@ -441,6 +445,80 @@ class EngineReplica:
         me = ray.get_runtime_context().current_actor
         # A moment later: a retire_if_idle call still gets its answer.
         threading.Timer(0.2, lambda: ray.kill(me, no_restart=True)).start()
+
+
+class _JobShare:
+    """One job's places in the replica's engine (:data:`JOB_SHARE_IN_RUNNING_BATCHES`), in sequences.
+
+    A row takes as many places as the sequences it puts into the engine, at most the whole share: a row
+    larger than the share still runs, alone within it. Places go first come, first served, so a large
+    row is not held back for ever by the job's smaller rows behind it.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._free = size
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    @contextlib.asynccontextmanager
+    async def held(self, sequences: int) -> AsyncIterator[None]:
+        """Hold places for ``sequences`` (capped at the share) while the block runs."""
+        places = min(sequences, self._size)
+        if self._waiting or places > self._free:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append((places, waiter))
+            try:
+                await waiter
+            except asyncio.CancelledError:  # the job's lease ended, or its caller went away
+                if not waiter.cancelled():  # its places came just as it was cancelled
+                    self._give_back(places)
+                self._wake()  # it may have been first in line, holding back rows behind it
+                raise
+        else:
+            self._free -= places
+        try:
+            yield
+        finally:
+            self._give_back(places)
+
+    def _give_back(self, places: int) -> None:
+        self._free += places
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting:
+            places, waiter = self._waiting[0]
+            if not waiter.cancelled() and places > self._free:
+                return
+            self._waiting.popleft()
+            if not waiter.cancelled():
+                self._free -= places
+                waiter.set_result(None)
+
+
+def _sequences(row: Row) -> int:
+    """The sequences ``row`` puts into the engine: its sampling ``n`` (``best_of`` where larger) for
+    each of its inputs (an embeddings line's inputs after the first are requests of their own,
+    :mod:`.engine_actor`). A value the engine would refuse counts as 1: the row fails there."""
+    params = _decoded(row.get("sampling_params"))
+    per_input = 1
+    if isinstance(params, dict):
+        per_input = max(_count(params.get("n")), _count(params.get("best_of")))
+    extra_inputs = _decoded(row.get(EXTRA_INPUTS))
+    return per_input * (1 + (len(extra_inputs) if isinstance(extra_inputs, list) else 0))
+
+
+def _decoded(value: Any) -> Any:  # Any: a row's column, JSON text on the way here (row_steps.engine_request)
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
+def _count(value: Any) -> int:  # Any: a row's sampling parameter (vLLM takes an int only)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
 
 
 #: One id for every row this replica answers (Ray Data LLM logs it per batch; a pool has no batches).
