@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, cast
 
@@ -321,17 +322,32 @@ def _flat_leaves(schema: pa.Schema, fixed_width_only: bool = False) -> list[str]
     Why the second: a leaf's min and max statistics are in the footer, and a text leaf's are its values
     (up to 4 KiB each): one row of 1,500 text columns of 4 KB made a 12 MB footer, past what the commit
     reads back, so its job failed on every try. Text leaves are written without statistics.
+
+    pyarrow takes these options by dotted path, which two leaves can share (a text column named
+    ``a.b0`` beside a struct ``a`` of an int field ``b0``; one named ``x.list.element`` beside a list
+    column ``x``): a path another leaf also has, or one under a list's or map's own path, is left out,
+    so that an option never reaches a leaf it was not meant for.
     """
     import pyarrow as pa
 
-    def leaves(path: str, data_type: pa.DataType) -> list[str]:
+    lists: set[str] = set()  # the paths of list and map columns (and fields): their leaves lie below
+
+    def leaves(path: str, data_type: pa.DataType) -> list[tuple[str, bool]]:
+        """The leaves under ``path`` outside lists and maps: dotted path, and whether it takes the option."""
         if pa.types.is_struct(data_type):
             return [leaf for field in data_type for leaf in leaves(f"{path}.{field.name}", field.type)]
-        if _holds_lists(data_type) or (fixed_width_only and not _fixed_width(data_type)):
+        if _holds_lists(data_type):
+            lists.add(path)
             return []
-        return [path]
+        return [(path, not fixed_width_only or _fixed_width(data_type))]
 
-    return [leaf for field in schema for leaf in leaves(field.name, field.type)]
+    def under_a_list(path: str) -> bool:
+        steps = path.split(".")
+        return any(".".join(steps[:end]) in lists for end in range(1, len(steps)))
+
+    every = [leaf for field in schema for leaf in leaves(field.name, field.type)]
+    shared = {path for path, count in Counter(path for path, _ in every).items() if count > 1}
+    return [path for path, takes in every if takes and path not in shared and not under_a_list(path)]
 
 
 def _fixed_width(data_type: pa.DataType) -> bool:
