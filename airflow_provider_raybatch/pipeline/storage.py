@@ -563,6 +563,30 @@ def read_bytes(uri: str, within: str | None = None, check_size: Callable[[int], 
         return file.read()
 
 
+#: The most a JSON file the job reads back from its output may be (the manifest, the staging's
+#: pointer, seal and owner record, a parts list, a ``_published`` entry, the prepared rows' record):
+#: a parts list of 20 million rows is about 10 MB. Whoever can write the output could plant a larger
+#: one (sparse: no disk), which the driver would hold whole, on every try.
+MAX_CONTROL_FILE_BYTES = 64 << 20
+
+
+class ControlFileTooLargeError(ValueError):
+    """A file of the job's own in its output is larger than :data:`MAX_CONTROL_FILE_BYTES`."""
+
+
 def read_text(uri: str, within: str | None = None) -> str:
-    """:func:`read_bytes` as UTF-8 text."""
-    return read_bytes(uri, within).decode()
+    """One of the job's own small files in its output as UTF-8 text, refused unread past
+    :data:`MAX_CONTROL_FILE_BYTES` (:func:`read_bytes`; ``within`` as there).
+
+    :raises ControlFileTooLargeError: it is larger; the message names it.
+    """
+
+    def check_size(size: int) -> None:
+        if size > MAX_CONTROL_FILE_BYTES:
+            raise ControlFileTooLargeError(
+                f"{uri} is {size:,} bytes, more than a file this provider writes there may be "
+                f"({MAX_CONTROL_FILE_BYTES:,}): something else wrote it. Remove it, or write the run to "
+                "another output_uri."
+            )
+
+    return read_bytes(uri, within, check_size).decode()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import sys
 import types
 from pathlib import Path
@@ -159,3 +160,18 @@ def test_a_planted_part_name_with_a_line_break_stays_on_one_line_of_the_error(tm
         commit._sidecars(layout)  # the commit and a resume read the staged parts so
 
     assert "\n" not in str(raised.value) and "\\nRAYBATCH_MANIFEST_JSON" in str(raised.value)
+
+
+def test_the_jobs_own_files_in_an_output_are_refused_unread_past_their_bound(tmp_path: Path) -> None:
+    # Sparse files (no disk) planted where the job reads its own small files: each was held whole.
+    layout = OutputLayout(str(tmp_path / "out"), RUN_KEY)
+    Path(layout.staging_uri).mkdir(parents=True)
+    for uri in (ownership.owner_uri(layout), layout.manifest_uri):
+        with open(uri, "wb") as file:
+            file.truncate(storage.MAX_CONTROL_FILE_BYTES + 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    assert ownership.read_owner(layout) is None  # no owner: a next try takes the staging over
+    with pytest.raises(storage.ControlFileTooLargeError, match=r"manifest.json is 67,108,865 bytes"):
+        commit.current_manifest(layout)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 16 << 10  # KiB: nothing held
