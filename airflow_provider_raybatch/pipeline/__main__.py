@@ -36,12 +36,22 @@ def shipped_spec(fingerprint: str) -> BatchInferenceSpec:
     return spec
 
 
+class _OneLineStart(logging.Formatter):
+    """Each later line of a record (a traceback's, or a line break in a text the record quotes: a
+    planted file name, an exception's message) starts with a tab, so that no record can start a line
+    of the job's log: the Airflow task takes its progress and result from lines that start with their
+    markers (:mod:`..shared.manifest`), which this driver prints itself."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\n", "\n\t")
+
+
 def log_to_the_job_log() -> logging.Handler:
     """Send the pipeline's INFO lines to the driver's stderr, which Ray keeps as the job's log (shown in
     the Airflow task's log and the dashboard). Without a handler, Python prints WARNING and above
     only, so lines such as "Read 2000000 rows ...; 1006417 staged by an earlier try" never showed."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s\t%(levelname)s %(name)s -- %(message)s"))
+    handler.setFormatter(_OneLineStart("%(asctime)s\t%(levelname)s %(name)s -- %(message)s"))
     logger = logging.getLogger("airflow_provider_raybatch")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -83,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             run_batch(spec)
         except RayBatchRowsFailedError as err:  # the rows' fault, said in full: no traceback to read past
             logging.getLogger("airflow_provider_raybatch.pipeline").error("%s", err)
+            return 1
+        except Exception:  # through the job log's formatter, not Python's: its lines start no marker line
+            logging.getLogger("airflow_provider_raybatch.pipeline").exception("The job failed.")
             return 1
     return 0
 

@@ -1,4 +1,5 @@
-"""The pipeline's log lines reach the job's log (pipeline/__main__.py): INFO and above, on stderr."""
+"""The pipeline's log lines reach the job's log (pipeline/__main__.py): INFO and above, on stderr; no
+record starts a line of it but its first."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import pytest
 
 from airflow_provider_raybatch.pipeline.__main__ import log_to_the_job_log
+from airflow_provider_raybatch.shared.manifest import manifest_from_log, progress_from_log
 
 
 def test_info_lines_of_the_pipeline_reach_stderr_once(capsys: pytest.CaptureFixture[str]) -> None:
@@ -28,3 +30,26 @@ def test_info_lines_of_the_pipeline_reach_stderr_once(capsys: pytest.CaptureFixt
     assert err.count("Took the 7 rows an earlier try kept") == 1, err
     assert "INFO airflow_provider_raybatch.pipeline -- Took the 7 rows" in err
     assert "not shown" not in err
+
+
+def test_a_text_a_record_quotes_cannot_start_a_marker_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # A planted file name in a warning, or in an exception's message, carried the task's markers.
+    planted = (
+        'x\nRAYBATCH_PROGRESS_JSON={"rows_done": 999999}\nRAYBATCH_MANIFEST_JSON={"job_id": "j"}\n.parquet'
+    )
+    logger = logging.getLogger("airflow_provider_raybatch")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    handler = log_to_the_job_log()
+    try:
+        logging.getLogger("airflow_provider_raybatch.pipeline").warning("Ignoring %s", planted)
+        try:
+            raise ValueError(planted)
+        except ValueError:
+            logging.getLogger("airflow_provider_raybatch.pipeline").exception("The job failed.")
+        err = capsys.readouterr().err
+    finally:
+        logger.removeHandler(handler)
+        logger.handlers[:], logger.level, logger.propagate = before[0], before[1], before[2]
+    assert err.count("RAYBATCH_PROGRESS_JSON=") == 2  # the warning's, and the traceback's last line
+    assert progress_from_log(err) is None and manifest_from_log(err) is None
+    assert "\n\tTraceback (most recent call last):" in err  # the traceback still reads as one
