@@ -34,7 +34,8 @@ LLM's ``ServeDeploymentProcessorConfig``, and named detached actors):
   idle pool never holds a cluster's GPUs against a waiting job; one that holds a live lease is never
   touched.
 * **Fair sharing.** A replica lets each job have at most two of its engine's running batches in the
-  engine at once (:data:`.pool_replica.JOB_SHARE_IN_RUNNING_BATCHES`), whatever the job's
+  engine at once (:data:`.pool_replica.JOB_SHARE_IN_RUNNING_BATCHES`, counted in sequences: a row
+  of ``n`` choices counts ``n``), whatever the job's
   ``batch_size x max_concurrent_batches``, and vLLM schedules first come first served: two jobs on
   one pool each get about half of it. Each job rotates its batches over the replicas.
 * **Scoped by deployment.** Every job's runtime env carries its Airflow deployment's pool scope
