@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ray.autoscaler.v2.schema import ClusterStatus
+    from ray.autoscaler.v2.schema import ClusterStatus, PlacementGroupResourceDemand
 
 #: Resources by Ray's names (``CPU``, ``GPU``, ``accelerator_type:H100``, custom ones) -> amount.
 Resources = dict[str, float]
@@ -70,12 +70,41 @@ def node_resources_now() -> NodeResources:
 
 
 def waiting_bundles(status: ClusterStatus, placement_groups: bool = True) -> list[Resources]:
-    """The bundles Ray waits to place: each waiting task's or actor's, and (``placement_groups``) each
-    bundle of a waiting placement group (a bundle is placed on one node; a group packed on one node is
-    not summed, so its bundles are a lower bound of what it needs there)."""
+    """The bundles Ray waits to place: each waiting task's or actor's, and (``placement_groups``) those
+    of each waiting placement group that its nodes could ever place (:func:`_group_bundles`)."""
     demands = status.resource_demands
-    groups = [*demands.ray_task_actor_demand, *(demands.placement_group_demand if placement_groups else [])]
-    return [dict(request.bundle) for demand in groups for request in demand.bundles_by_count if request.count]
+    bundles = [
+        dict(request.bundle)
+        for demand in demands.ray_task_actor_demand
+        for request in demand.bundles_by_count
+        if request.count
+    ]
+    if placement_groups:
+        nodes = [total for total, _ in node_resources(status).values()]
+        bundles += [
+            bundle for group in demands.placement_group_demand for bundle in _group_bundles(group, nodes)
+        ]
+    return bundles
+
+
+def _group_bundles(group: PlacementGroupResourceDemand, nodes: list[Resources]) -> list[Resources]:
+    """What a waiting placement group needs of one node, by its strategy: a STRICT_PACK group its
+    bundles summed (all on one node), a STRICT_SPREAD group each bundle (one a node); none where no set
+    of ``nodes`` (their totals) could ever place it, so that work Ray will never place ends nothing.
+    Other strategies: each bundle (a lower bound of what a packed group needs of a node)."""
+    bundles = [dict(request.bundle) for request in group.bundles_by_count for _ in range(request.count)]
+    if not bundles:
+        return []
+    if group.strategy == "STRICT_PACK":
+        summed: Resources = {}
+        for bundle in bundles:
+            for name, amount in bundle.items():
+                summed[name] = summed.get(name, 0.0) + amount
+        return [summed] if not nodes or any(not short_of(summed, total) for total in nodes) else []
+    if group.strategy == "STRICT_SPREAD" and nodes:
+        hosts = sum(1 for total in nodes if any(not short_of(bundle, total) for bundle in bundles))
+        return bundles if hosts >= len(bundles) else []
+    return bundles
 
 
 def actor_waits_for(needs: Resources, when_unknown: bool = True) -> bool:
