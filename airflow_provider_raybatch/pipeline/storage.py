@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 from urllib.parse import urlsplit
 
-from airflow_provider_raybatch.pipeline import local_tree
+from airflow_provider_raybatch.shared import local_tree
 from airflow_provider_raybatch.shared.json_types import Kwargs
 from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.shared.specs import InputFormat

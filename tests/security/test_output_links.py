@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_raybatch.pipeline import storage
-from airflow_provider_raybatch.pipeline.local_tree import LinkInOutputError
 from airflow_provider_raybatch.pipeline.stage import commit
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.shared.local_tree import LinkInOutputError
 from airflow_provider_raybatch.shared.specs import BatchInferenceSpec
 
 VERSION = "20261206T000000-abc-123456"

@@ -22,11 +22,11 @@ import pytest
 
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.dry_run import write_dry_run
-from airflow_provider_raybatch.pipeline.local_tree import LinkInOutputError
 from airflow_provider_raybatch.pipeline.read import prepared_cache
 from airflow_provider_raybatch.pipeline.sidecars import ForeignSidecarError
 from airflow_provider_raybatch.pipeline.stage import commit, ownership
 from airflow_provider_raybatch.pipeline.storage import OutputLayout
+from airflow_provider_raybatch.shared.local_tree import LinkInOutputError
 from airflow_provider_raybatch.shared.manifest import dry_run_uri
 
 RUN_KEY = "daily-m-1-0123456789abcdef"

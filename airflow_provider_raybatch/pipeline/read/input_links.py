@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import posixpath
 
-from airflow_provider_raybatch.pipeline import local_tree, storage
+from airflow_provider_raybatch.pipeline import storage
+from airflow_provider_raybatch.shared import local_tree
 
 #: The kind of an input file's reason when it is refused (the file's error record).
 INPUT_FILE_REFUSED = "input file refused"
