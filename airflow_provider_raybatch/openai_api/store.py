@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 import uuid
@@ -38,8 +39,13 @@ from contextlib import contextmanager
 
 from airflow.sdk import ObjectStoragePath
 
+from airflow_provider_raybatch.jobs.committed_manifest import MAX_MANIFEST_BYTES
+from airflow_provider_raybatch.openai_api import run_output
 from airflow_provider_raybatch.openai_api.quota import Reservation, Usage
 from airflow_provider_raybatch.shared.json_types import JsonObject
+from airflow_provider_raybatch.shared.local_tree import LinkInOutputError
+
+log = logging.getLogger(__name__)
 
 #: The shapes of the ids this store issues; anything else is no file or batch of ours.
 FILE_ID = re.compile(r"file-[0-9a-f]{32}")
@@ -48,6 +54,9 @@ BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
 #: Record fields that are ours, not OpenAI's: kept in the record, never returned.
 _PRIVATE_FIELDS = ("uri", "owner", "owner_name", "deleted_files")
 _OUTPUT_KINDS = {"output": ("outputs_uri", "completed"), "errors": ("errors_uri", "failed")}
+#: The largest staged part's sidecar read: the pipeline's own bound (pipeline/sidecars.py's
+#: MAX_SIDECAR_BYTES; the Airflow side may not import the pipeline). Ours are kilobytes.
+MAX_SIDECAR_BYTES = 16 << 20
 
 
 class NotFoundError(LookupError):
@@ -276,7 +285,13 @@ class OpenAIStore:
         if manifest is None or not int((manifest.get("request_counts") or {}).get(count_key) or 0):
             raise NotFoundError(file_id)
         folder = self._inside(str(manifest.get(uri_key)), output)
-        size = sum(path.stat().st_size for path in folder.iterdir() if path.name.endswith(".jsonl"))
+        try:
+            size = sum(
+                run_output.size(path, output) for path in run_output.files_in(folder, output, ".jsonl")
+            )
+        except LinkInOutputError as err:
+            log.warning("The %s file of %s is not served: %s", kind, batch_id, err)
+            raise NotFoundError(file_id) from err
         record = _file_record(
             file_id,
             size,
@@ -314,15 +329,16 @@ class OpenAIStore:
     def file_content(self, file_id: str) -> Iterator[bytes]:
         """An upload's bytes, or an output file's part files one after the other (by name)."""
         match = OUTPUT_FILE_ID.fullmatch(file_id) if isinstance(file_id, str) else None
-        if match is not None:
-            folder = self._output_file(file_id, f"batch_{match['batch']}", match["kind"])[1]
-            sources = sorted(p for p in folder.iterdir() if p.name.endswith(".jsonl"))
-        else:
-            sources = [self.upload_path(file_id)]
-        for path in sources:
-            with path.open("rb") as data:
+        if match is None:
+            with self.upload_path(file_id).open("rb") as data:
                 while chunk := data.read(1 << 20):
                     yield chunk
+            return
+        batch_id = f"batch_{match['batch']}"
+        folder = self._output_file(file_id, batch_id, match["kind"])[1]
+        output = self.output_path(batch_id)
+        for path in run_output.files_in(folder, output, ".jsonl"):
+            yield from run_output.chunks(path, output)
 
     def delete_file(self, file_id: str) -> None:
         """An upload goes with its bytes; an output file is only hidden (its lines stay with the
@@ -381,20 +397,38 @@ class OpenAIStore:
                     continue  # a foreign, half-written or just deleted file is no batch of ours
         return sorted(records, key=lambda record: (record["created_at"], record["id"]), reverse=True)
 
-    def read_json(self, uri: str) -> JsonObject | None:
-        """A JSON file the run wrote (its manifest, a staged part's sidecar), or None if absent."""
-        path = ObjectStoragePath(uri if "://" in uri else f"file://{uri}", conn_id=self.root.conn_id)
+    def _run_output_of(self, uri: str) -> ObjectStoragePath | None:
+        """The output folder of the batch whose run output ``uri`` lies in, if it does."""
+        batches = self.uri(self.root / "batches").rstrip("/") + "/"
+        batch_id = uri.removeprefix(batches).split("/", 1)[0] if uri.startswith(batches) else ""
+        return self.output_path(batch_id) if BATCH_ID.fullmatch(batch_id) else None
+
+    def read_json(
+        self, uri: str, max_bytes: int = MAX_MANIFEST_BYTES, what: str = "manifest"
+    ) -> JsonObject | None:
+        """A JSON file a batch's run wrote in its output folder (its manifest, a staged part's sidecar),
+        or None if absent, not ours, outside a batch's output folder, or over ``max_bytes`` (logged).
+        On local disk no link below the output folder is followed (:mod:`.run_output`)."""
+        output = self._run_output_of(uri)
         try:
-            value = json.loads(path.read_text()) if path.exists() else None
+            path = None if output is None else self._inside(uri, output)
+        except NotFoundError:
+            path = None
+        data = (
+            None if output is None or path is None else run_output.read_bounded(path, output, max_bytes, what)
+        )
+        try:
+            value = None if data is None else json.loads(data)
         except ValueError:
             return None  # half written, or not ours
         return value if isinstance(value, dict) else None
 
     def staged_sidecars(self, batch_id: str) -> list[JsonObject]:
-        """The sidecars of the parts a running batch has staged (pipeline/stage/parts.py)."""
-        staging = self.output_path(batch_id) / "_staging"
-        if not staging.exists():
-            return []
+        """The sidecars of the parts a running batch has staged (pipeline/stage/parts.py), each read
+        up to :data:`MAX_SIDECAR_BYTES` (one over it is left out, and logged)."""
+        output = self.output_path(batch_id)
         return [
-            record for path in staging.glob("*/parts/*.json") if (record := self.read_json(self.uri(path)))
+            record
+            for path in run_output.sidecar_files(output / "_staging", output)
+            if (record := self.read_json(self.uri(path), MAX_SIDECAR_BYTES, "sidecar"))
         ]

@@ -13,7 +13,8 @@ descriptor with ``O_NOFOLLOW``, and a link is seen as a link whatever is swapped
   are made in their parent's descriptor.
 
 The output folder itself is opened as named: a link above or at it is the operator's choice. Object
-stores have no links; :mod:`.storage` uses this module for local paths only.
+stores have no links: the cluster side's storage (``pipeline/storage.py``) and the Batch API store's
+reads of a run's output (``openai_api/run_output.py``) use this module for local paths only.
 """
 
 from __future__ import annotations
