@@ -364,7 +364,7 @@ def run_dry(
 def write_dry_run(output_uri: str, folder: str, manifest: JsonObject, page: str) -> None:
     """Write a dry run's report ``page`` and manifest into ``folder`` of the output, never through a
     link below the output folder: a link at the dry run's folder (or on the way) refuses, naming it
-    (:class:`.local_tree.LinkInOutputError`)."""
+    (:class:`..shared.local_tree.LinkInOutputError`)."""
     storage.write_text(storage.join(folder, REPORT_FILE_NAME), page, within=output_uri)
     storage.write_text(
         storage.join(folder, MANIFEST_FILE_NAME), json.dumps(manifest, indent=2), within=output_uri

@@ -288,7 +288,7 @@ def check_model_source(model: str) -> None:
 
 def exists(uri: str, within: str | None = None) -> bool:
     """Whether a file or folder is at ``uri``. ``within``: the output folder it lies under: on local disk
-    no link below it is followed (:func:`.local_tree.exists`: a link on the way refuses)."""
+    no link below it is followed (:func:`..shared.local_tree.exists`: a link on the way refuses)."""
     from pyarrow import fs
 
     if local := _local_below(uri, within):
@@ -314,7 +314,7 @@ def delete_tree(uri: str, within: str | None = None) -> None:
     """Delete a folder and everything under it; a missing folder is fine.
 
     :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
-        (:mod:`.local_tree`: a link on the way refuses, a link at ``uri`` is removed as a link).
+        (:mod:`..shared.local_tree`: a link on the way refuses, a link at ``uri`` is removed as a link).
     """
     from pyarrow import fs
 
@@ -342,7 +342,7 @@ def list_files(uri: str, within: str | None = None) -> list[str]:
     """Paths of the files under a folder (recursively), sorted; empty when the folder is missing.
 
     :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
-        or listed (:mod:`.local_tree`). Without it (a model folder, whose files may be links into a
+        or listed (:mod:`..shared.local_tree`). Without it (a model folder, whose files may be links into a
         cache), links are followed. An object store's key below ``uri`` with an empty, ``.`` or ``..``
         step is never listed (:func:`resolves_elsewhere`).
     """
@@ -373,7 +373,7 @@ def listed_uri(folder_uri: str, path: str) -> str:
 def remove_files(uri: str, within: str, keep: Callable[[str], bool]) -> int:
     """Remove each file under the folder ``uri`` (of the output folder ``within``) that ``keep``, given
     its listed path, refuses; return how many went. On local disk no link is followed, and every link
-    under ``uri`` is removed as a link (:mod:`.local_tree`)."""
+    under ``uri`` is removed as a link (:mod:`..shared.local_tree`)."""
     if local := _local_below(uri, within):
         return local_tree.remove_files(*local, keep)
     filesystem_, _ = filesystem(uri)
@@ -518,7 +518,7 @@ def write_bytes(uri: str, data: bytes, within: str | None = None) -> None:
     """Write a file so that readers see the old or the new content, never a torn one.
 
     :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
-        (:func:`.local_tree.write_file`: a link on the way refuses, naming it; a link at ``uri`` is
+        (:func:`..shared.local_tree.write_file`: a link on the way refuses, naming it; a link at ``uri`` is
         replaced as a link).
     """
     from pyarrow import fs
@@ -551,7 +551,7 @@ def read_bytes(uri: str, within: str | None = None, check_size: Callable[[int], 
     """A file's bytes.
 
     :param within: the output folder ``uri`` lies under: on local disk no link below it is followed
-        (:func:`.local_tree.read_file`: a link on the way or at ``uri`` refuses, naming it).
+        (:func:`..shared.local_tree.read_file`: a link on the way or at ``uri`` refuses, naming it).
     :param check_size: given the file's size before a byte is read; it refuses a file by raising.
     """
     if local := _local_below(uri, within):

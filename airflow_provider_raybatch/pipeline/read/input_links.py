@@ -7,7 +7,7 @@ As for a row's image path (:mod:`.image_sources`: only under the input folder, l
 reached through a link is refused, here as that file's error record, and none of its bytes is parsed.
 
 The check is on the bytes, not on a listing: the file is opened from the input folder one name at a
-time without following a link (:func:`..local_tree.open_file`), and the bytes Ray read must be that
+time without following a link (:func:`...shared.local_tree.open_file`), and the bytes Ray read must be that
 file's content now. A link swapped for a plain file between Ray's read and this check cannot pass the
 target's bytes off as the file's, and a file rewritten meanwhile is refused as changed. The input
 folder itself (or the one file ``input_uri`` names) is taken as named: a link at or above it is the

@@ -94,7 +94,7 @@ def read(staging_uri: str, digest: str, within: str) -> PreparedRows | None:
     """The prepared rows an earlier try of this staging kept for this input, or None.
 
     :param within: the output folder of the staging: on local disk no link below it is followed
-        (:mod:`..local_tree`), and a link on the way makes the cache unused.
+        (:mod:`...shared.local_tree`), and a link on the way makes the cache unused.
     """
     import ray.data
 
@@ -154,7 +154,7 @@ def _checked_files(folder: str, within: str) -> list[str]:
     below the output folder ``within`` is followed or listed (:func:`..storage.list_files`).
 
     :raises ValueError: a file passes a bound; the message names it and the bound.
-    :raises OSError: a folder on the way is a link (:class:`..local_tree.LinkInOutputError`).
+    :raises OSError: a folder on the way is a link (:class:`...shared.local_tree.LinkInOutputError`).
     """
     paths = storage.list_files(folder, within=within)
     for path in paths:
@@ -201,7 +201,7 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str, within: str) ->
     empty input keeps nothing (a retry reads it again at no cost). Returns whether they were kept.
 
     :param within: the output folder of the staging: on local disk no link below it is followed
-        (:mod:`..local_tree`): a link on the way (the staging swapped for a link while the input was
+        (:mod:`...shared.local_tree`): a link on the way (the staging swapped for a link while the input was
         read) keeps nothing, deleting and writing nothing through it.
     """
     record_uri = storage.join(staging_uri, CACHE_RECORD)
