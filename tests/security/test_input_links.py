@@ -98,3 +98,17 @@ def test_plain_files_inside_the_folder_are_read_as_before(folder: Path) -> None:
     assert [record["error"] for record in _records(folder / "reviews.jsonl", folder / "reviews.jsonl")] == [
         None
     ]
+
+
+def test_a_file_whose_name_breaks_a_line_is_its_error_row_with_the_name_escaped(folder: Path) -> None:
+    # Ray's own messages (a file it cannot open) quote a path as it is: a line break in a name started
+    # a RAYBATCH_PROGRESS_JSON= line of the job's log.
+    name = 'x\nRAYBATCH_PROGRESS_JSON={"rows_done": 777777}\n.jsonl'
+    (folder / name).write_text('{"text": "hi"}\n')
+
+    records = _records(folder / name, folder)
+
+    assert [record["source"] for record in records] == [f"{name}:0"]
+    assert records[0]["row"] is None
+    assert "has a control character or line break in its name" in (records[0]["error"] or "")
+    assert "\n" not in (records[0]["error"] or "")

@@ -23,7 +23,7 @@ import pyarrow as pa
 from ray.data.datasource import FileBasedDatasource
 
 from airflow_provider_raybatch.pipeline import storage
-from airflow_provider_raybatch.pipeline.read import rows
+from airflow_provider_raybatch.pipeline.read import input_links, rows
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -48,9 +48,10 @@ class BoundedBinaryDatasource(FileBasedDatasource):
     def _open_input_source(
         self, filesystem: pyarrow.fs.FileSystem, path: str, **open_args: object
     ) -> pa.NativeFile:
-        # An object key with a `..` step names another object once the client resolves it: nothing of
-        # it is read (not even a HEAD), and the file's row refuses it (:func:`.input_links.refusal`).
-        if storage.resolves_elsewhere(storage.relative_name(path, self._input_uri)):
+        # A name refused as it is (an object key with a `..` step names another object once the client
+        # resolves it; a line break in a name would start a line in Ray's own error messages): nothing
+        # of it is read, not even a HEAD, and the file's row refuses it (:func:`.input_links.refusal`).
+        if input_links.refused_by_name(storage.relative_name(path, self._input_uri)):
             return pa.BufferReader(b"")
         return super()._open_input_source(filesystem, path, **open_args)
 

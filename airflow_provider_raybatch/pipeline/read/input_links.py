@@ -38,13 +38,9 @@ def refusal(path: str, input_uri: str, data: bytes) -> str | None:
 
     filesystem_, base = storage.filesystem(input_uri)
     name = storage.relative_name(path, input_uri)
+    if why := refused_by_name(name):
+        return f"{INPUT_FILE_REFUSED}: {name!r} {why}; none of it is read. Rename it."
     if not isinstance(filesystem_, fs.LocalFileSystem):
-        if storage.resolves_elsewhere(name):
-            return (
-                f"{INPUT_FILE_REFUSED}: {name!r} has an empty, '.' or '..' step, which an object store's "
-                "client resolves to another object's key; the job reads only objects inside the input "
-                "folder, and none of this one. Rename it."
-            )
         return None
     path = posixpath.abspath(path.split("://", 1)[-1])
     folder = base if path.startswith(base.rstrip("/") + "/") else posixpath.dirname(base)
@@ -66,6 +62,22 @@ def refusal(path: str, input_uri: str, data: bytes) -> str | None:
             )
     finally:
         os.close(fd)
+    return None
+
+
+def refused_by_name(name: str) -> str | None:
+    """Why an input file may not be read by its name alone (``name``: relative to the input folder),
+    or None: a control character or line separator in it (Ray's own messages quote a path as it is,
+    and a line break there would start a line of the job's log, where the task finds its progress and
+    result), or an empty, ``.`` or ``..`` step (an object store's client resolves those to another
+    object's key: :func:`..storage.resolves_elsewhere`; a local listing names none)."""
+    if not name.isprintable():
+        return "has a control character or line break in its name"
+    if storage.resolves_elsewhere(name):
+        return (
+            "has an empty, '.' or '..' step, which an object store's client resolves to another "
+            "object's key; the job reads only objects inside the input folder"
+        )
     return None
 
 
