@@ -121,3 +121,16 @@ def test_a_text_column_named_like_a_struct_leaf_takes_none_of_its_statistics(tmp
     writer.conform_parts(staged)
     (read,) = writer.read_part(staged[0])
     assert json.loads(read["record"])["a"]["b7"] == 7
+
+
+def test_a_long_value_after_a_shorter_one_gets_a_page_the_commit_reads_back(tmp_path: Path) -> None:
+    # pyarrow checks a page's size only after a value went in: 1 MB then 64 MB made a 68 MB page,
+    # past the 64 MiB a page may decode to, and the commit refused the part on every try.
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+    rows = [_staged(0, {"text": "a" * 1_040_000}), _staged(1, {"text": "b" * ((64 << 20) - 4_096)})]
+    staged = [writer.write_part(rows)]  # type: ignore[arg-type]
+
+    assert [len(json.loads(row["record"])["text"]) for row in writer.read_part(staged[0])] == [
+        1_040_000,
+        (64 << 20) - 4_096,
+    ]

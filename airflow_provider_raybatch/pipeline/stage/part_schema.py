@@ -285,7 +285,9 @@ def encode_parquet(table: pa.Table) -> bytes:
     pyarrow closes a page (and falls back from a dictionary) once it passes its size, but checks only
     after each ``write_batch_size`` values, 1,024 by default: 1,024 rows of 80 KiB of text made one
     84 MB dictionary page, which commit would refuse. Checked after each value, a page holds at most
-    1 MiB and one value (a row's text is at most 64 MiB); it costs 1.2 ms more a 1,024-row part.
+    1 MiB and one value; it costs 1.2 ms more a 1,024-row part. A part holding a value over
+    :data:`SHARED_PAGE_VALUE_MOST` has one row a page, since 1 MiB and one value of up to 64 MiB (a
+    row's text) is more than the commit reads back in a page.
 
     A page's bytes do not bound what a column of lists decodes to: 32 rows of 100,000 zeros were one
     dictionary page of 211 bytes holding 3.2 million values (486 MB once read), all charged to each of
@@ -296,12 +298,13 @@ def encode_parquet(table: pa.Table) -> bytes:
     import pyarrow.parquet as pq
 
     buffer = io.BytesIO()
+    long_valued = _long_valued_leaves(table)
     pq.write_table(
         table,
         buffer,
         write_batch_size=1,
-        use_dictionary=_flat_leaves(table.schema),
-        max_rows_per_page=_rows_per_page(table),
+        use_dictionary=[leaf for leaf in _flat_leaves(table.schema) if leaf not in long_valued],
+        max_rows_per_page=1 if long_valued else _rows_per_page(table),
         write_statistics=_flat_leaves(table.schema, fixed_width_only=True),
     )
     return buffer.getvalue()
@@ -348,6 +351,35 @@ def _flat_leaves(schema: pa.Schema, fixed_width_only: bool = False) -> list[str]
     every = [leaf for field in schema for leaf in leaves(field.name, field.type)]
     shared = {path for path, count in Counter(path for path, _ in every).items() if count > 1}
     return [path for path, takes in every if takes and path not in shared and not under_a_list(path)]
+
+
+#: The longest text or bytes value a part's pages may share: pyarrow checks a page's size (1 MiB)
+#: only after a value went in, so a 1 MB value and then a 64 MB one made a 68 MB page (a dictionary
+#: page, or a plain one), past what the commit reads back. A part holding a longer value is written
+#: without a dictionary for its column and one row a page: each page holds at most one such value.
+SHARED_PAGE_VALUE_MOST = 1 << 20
+
+
+def _long_valued_leaves(table: pa.Table) -> set[str]:
+    """The dotted paths of the text and bytes leaves (outside lists) holding a value longer than
+    :data:`SHARED_PAGE_VALUE_MOST`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    while any(pa.types.is_struct(field.type) for field in table.schema):
+        table = table.flatten()  # a struct's fields as columns named by their dotted paths
+    return {
+        name
+        for name, column in zip(table.column_names, table.columns, strict=True)
+        if (
+            pa.types.is_string(column.type)
+            or pa.types.is_large_string(column.type)
+            or pa.types.is_binary(column.type)
+            or pa.types.is_large_binary(column.type)
+        )
+        and column.null_count < len(column)
+        and pc.max(pc.binary_length(column)).as_py() > SHARED_PAGE_VALUE_MOST
+    }
 
 
 def _fixed_width(data_type: pa.DataType) -> bool:
