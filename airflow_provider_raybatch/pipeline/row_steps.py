@@ -28,7 +28,13 @@ from airflow_provider_raybatch.pipeline.prompt.prompts import (
     messages_from_column,
     row_id,
 )
-from airflow_provider_raybatch.pipeline.read import column_bound, images, input_links
+from airflow_provider_raybatch.pipeline.read import (
+    column_bound,
+    images,
+    input_links,
+    raw_records,
+    staged_parquet,
+)
 from airflow_provider_raybatch.pipeline.read.records import row_to_json
 from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
@@ -496,13 +502,38 @@ def _output_row(source_row: Row, row: EngineOutput, spec: BatchInferenceSpec) ->
 
 
 def _staged_safely(row: EngineRow, spec: BatchInferenceSpec) -> StagedRow:
-    """:func:`_staged_result`, with the row firewall: whatever one row raises fails that row only."""
+    """:func:`_staged_result`, with the row firewall: whatever one row raises fails that row only, and
+    an output too large to read back is its row's error (:func:`_output_too_large`)."""
     try:
         if row.get(INFERENCE_ERROR):
             return _staged_failed(row, spec)
-        return _staged_result(_engine_output(row), spec)
+        staged = _staged_result(_engine_output(row), spec)
     except Exception as err:  # noqa: BLE001 - a row's fault fails the row, never the job
         return _staged_error(row, f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}", spec)
+    if staged["ok"] and (why := _output_too_large(staged["record"])):
+        return _staged_error(row, why, spec)
+    return staged
+
+
+#: The most one row's output may cost once the commit reads it back (as a JSONL line is charged:
+#: :func:`.read.raw_records.json_line_cost`), half of what a part may (a part of such a row alone).
+#: An OpenAI line of n=128 choices of 400 tokens with 20 logprobs each was 84 MB of JSON and over
+#: 1 GiB read back: the commit refused its part, and the job failed, on every try.
+OUTPUT_ROW_COST_MOST = staged_parquet.FILE_COST_BYTES // 2
+
+
+def _output_too_large(record: str) -> str | None:
+    """Why a row's output (its JSON text) cannot be staged, or None: what it costs read back."""
+    line = record.encode("utf-8", "surrogatepass")
+    if len(line) * (4 + raw_records.JSON_VALUE_COST) <= OUTPUT_ROW_COST_MOST:  # cannot cost more: not counted
+        return None
+    cost = raw_records.json_line_cost(line, OUTPUT_ROW_COST_MOST)
+    if cost <= OUTPUT_ROW_COST_MOST:
+        return None
+    return (
+        f"output too large: {len(line):,} bytes of JSON, more than {OUTPUT_ROW_COST_MOST:,} bytes once read "
+        "back (a value costs more than its text); ask for fewer tokens, choices (n) or logprobs"
+    )
 
 
 def _staged_error(

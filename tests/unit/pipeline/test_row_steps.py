@@ -600,3 +600,29 @@ def test_output_constrained_to_json_and_cut_short_is_an_error_row(
     else:
         reason = json.loads(staged["record"])["error"]
         assert not staged["ok"] and reason.startswith(error) and "after 6 tokens" in reason, reason
+
+
+def test_an_output_too_large_to_read_back_is_its_rows_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An OpenAI line of n=128 choices of 400 tokens with 20 logprobs each was 84 MB of JSON, over 1 GiB
+    # read back: the commit refused its part on every try. The bound is made small here.
+    monkeypatch.setattr(row_steps, "OUTPUT_ROW_COST_MOST", 20_000)
+    spec = spec_of(tmp_path, "in.jsonl", user_template="Summarise ticket {id}")
+    engine_row = {
+        "id": "T-1",
+        "source": "in.jsonl:1",
+        "row": json.dumps({"id": "T-1"}),
+        "request": None,
+        "sampling": None,
+        "num_input_tokens": 9,
+        "num_generated_tokens": 6,
+    }
+
+    small = row_steps._staged_safely({**engine_row, "generated_text": "x" * 100}, spec)  # type: ignore[arg-type]
+    large = row_steps._staged_safely({**engine_row, "generated_text": "x" * 30_000}, spec)  # type: ignore[arg-type]
+
+    assert small["ok"] is True
+    assert large["ok"] is False
+    reason = json.loads(large["record"])["error"]
+    assert reason.startswith("output too large: 30,") and "fewer tokens, choices (n) or logprobs" in reason
