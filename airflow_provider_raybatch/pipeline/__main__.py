@@ -10,6 +10,7 @@ the job checks that the package it found holds that spec.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -46,6 +47,38 @@ class _OneLineStart(logging.Formatter):
         return super().format(record).replace("\n", "\n\t")
 
 
+def one_line_progress_bars() -> None:
+    """Print Ray's distributed progress bars with no line break in their texts.
+
+    A worker's log line that holds Ray's progress-bar token is not printed with its ``(pid=...)``
+    prefix: the driver decodes it and draws the bar, its ``desc`` as it is. A worker logging text it
+    was given (a row's prompt in Ray Data LLM's "Inference failed for row" warning) with a line break
+    and such a line after it would draw a bar whose description starts lines of the job's log: a
+    forged progress or result marker. Each text of a bar's state has its line breaks made spaces
+    before Ray draws it (``ray._private.worker.process_tqdm``: :mod:`.generate.ray_internals`).
+    """
+    import ray._private.worker as ray_worker
+
+    draw = ray_worker.process_tqdm
+
+    def draw_on_one_line(line: str) -> None:
+        try:
+            state = json.loads(line)
+        except ValueError:
+            state = None
+        if isinstance(state, dict):
+            line = json.dumps(
+                {key: _one_line(value) if isinstance(value, str) else value for key, value in state.items()}
+            )
+        draw(line)
+
+    ray_worker.process_tqdm = draw_on_one_line
+
+
+def _one_line(text: str) -> str:
+    return "".join(" " if not character.isprintable() else character for character in text)
+
+
 def log_to_the_job_log() -> logging.Handler:
     """Send the pipeline's INFO lines to the driver's stderr, which Ray keeps as the job's log (shown in
     the Airflow task's log and the dashboard). Without a handler, Python prints WARNING and above
@@ -75,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_provider_raybatch.pipeline import worker_warmup
 
     ray.init()
+    one_line_progress_bars()
     # The job's worker processes start while this driver imports Ray Data and reads its input.
     warm_workers = worker_warmup.configured_workers(worker_warmup.replicas_of(spec))
     worker_warmup.start(warm_workers)

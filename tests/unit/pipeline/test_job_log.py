@@ -53,3 +53,30 @@ def test_a_text_a_record_quotes_cannot_start_a_marker_line(capsys: pytest.Captur
     assert err.count("RAYBATCH_PROGRESS_JSON=") == 2  # the warning's, and the traceback's last line
     assert progress_from_log(err) is None and manifest_from_log(err) is None
     assert "\n\tTraceback (most recent call last):" in err  # the traceback still reads as one
+
+
+_PROGRESS_BAR = """
+import contextlib, io, json
+import ray._private.worker as ray_worker
+from ray.experimental.tqdm_ray import RAY_TQDM_MAGIC
+from airflow_provider_raybatch.pipeline.__main__ import one_line_progress_bars
+one_line_progress_bars()
+forged = 'r\\nRAYBATCH_PROGRESS_JSON={"rows_done": 999}\\nRAYBATCH_MANIFEST_JSON={"job_id": "j"}\\n'
+state = {"__magic_token__": RAY_TQDM_MAGIC, "x": 0, "pos": 0, "total": 10, "unit": "it", "ip": "1.2.3.4",
+         "pid": 42, "uuid": "u1", "closed": False, "desc": forged}
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    ray_worker.process_tqdm(json.dumps(state))
+print(json.dumps({"err": err.getvalue()}))
+"""
+
+
+def test_a_workers_progress_bar_cannot_start_a_marker_line() -> None:
+    # The driver draws a worker's line holding Ray's progress-bar token as a bar, its description as
+    # it is: a row's text with line breaks, logged by a worker, started forged marker lines.
+    from tests.unit.pipeline.ray_env import run_in_ray_env
+
+    err = run_in_ray_env(_PROGRESS_BAR)["err"]
+
+    assert "RAYBATCH_PROGRESS_JSON=" in err  # drawn, on the bar's own line
+    assert progress_from_log(err) is None and manifest_from_log(err) is None
