@@ -90,21 +90,29 @@ def waiting_bundles(status: ClusterStatus, placement_groups: bool = True) -> lis
 def _group_bundles(group: PlacementGroupResourceDemand, nodes: list[Resources]) -> list[Resources]:
     """What a waiting placement group needs of one node, by its strategy: a STRICT_PACK group its
     bundles summed (all on one node), a STRICT_SPREAD group each bundle (one a node); none where no set
-    of ``nodes`` (their totals) could ever place it, so that work Ray will never place ends nothing.
-    Other strategies: each bundle (a lower bound of what a packed group needs of a node)."""
+    of ``nodes`` (their totals) could ever place it (more than the cluster has in all, too), so that
+    work Ray will never place ends nothing. Other strategies: each bundle (a lower bound of what a
+    packed group needs of a node)."""
     bundles = [dict(request.bundle) for request in group.bundles_by_count for _ in range(request.count)]
     if not bundles:
         return []
+    summed = _summed(bundles)
+    if nodes and short_of(summed, _summed(nodes)):
+        return []  # more than the whole cluster has, whatever the strategy
     if group.strategy == "STRICT_PACK":
-        summed: Resources = {}
-        for bundle in bundles:
-            for name, amount in bundle.items():
-                summed[name] = summed.get(name, 0.0) + amount
         return [summed] if not nodes or any(not short_of(summed, total) for total in nodes) else []
     if group.strategy == "STRICT_SPREAD" and nodes:
         hosts = sum(1 for total in nodes if any(not short_of(bundle, total) for bundle in bundles))
         return bundles if hosts >= len(bundles) else []
     return bundles
+
+
+def _summed(resources: list[Resources]) -> Resources:
+    summed: Resources = {}
+    for one in resources:
+        for name, amount in one.items():
+            summed[name] = summed.get(name, 0.0) + amount
+    return summed
 
 
 def actor_waits_for(needs: Resources, when_unknown: bool = True) -> bool:

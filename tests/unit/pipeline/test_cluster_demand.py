@@ -73,7 +73,10 @@ def test_when_ray_cannot_say_the_caller_chooses(monkeypatch: pytest.MonkeyPatch)
         # STRICT_SPREAD: one bundle a node, so two bundles never fit one node.
         (_group("STRICT_SPREAD", _request({"GPU": 1}, 2)), 2, []),
         (_group("STRICT_SPREAD", _request({"GPU": 1})), 2, [{"GPU": 1}]),
-        (_group("PACK", _request({"GPU": 1}, 2)), 1, [{"GPU": 1}, {"GPU": 1}]),
+        (_group("PACK", _request({"GPU": 1}, 2)), 2, [{"GPU": 1}, {"GPU": 1}]),
+        # Any strategy: more than the whole cluster has is never placed.
+        (_group("PACK", _request({"GPU": 1}, 100)), 8, []),
+        (_group("SPREAD", _request({"GPU": 1}, 2)), 1, []),
     ],
 )
 def test_a_placement_group_is_judged_by_its_strategy(
