@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from airflow_provider_raybatch.shared import local_tree
 from airflow_provider_raybatch.shared.json_types import JsonObject
 from airflow_provider_raybatch.shared.manifest import MANIFEST_FILE_NAME
 from airflow_provider_raybatch.shared.run_manifest import COMPLETE_STATUS, ManifestJson, RunManifest
@@ -67,8 +69,18 @@ def _path(uri: str, conn_id: str | None) -> Path | Any:  # Any: Airflow's Object
 
 
 def _read_bytes(uri: str, conn_id: str | None) -> bytes | None:
-    """The file's first bytes (at most one past the limit), or None when it does not exist."""
+    """The file's first bytes (at most one past the limit), or None when it does not exist. On local
+    disk the manifest itself is never read through a link (whoever can write the output could point
+    one at a file only Airflow may read): the output folder is taken as named, the file below it
+    opened without following one (:func:`..shared.local_tree.open_file`)."""
     path = _path(uri, conn_id)
+    if isinstance(path, Path):
+        try:
+            fd = local_tree.open_file(str(path), str(path.parent))
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as file:
+            return file.read(MAX_MANIFEST_BYTES + 1)
     if not path.is_file():
         return None
     with path.open("rb") as file:

@@ -56,6 +56,18 @@ def test_a_folder_named_manifest_json_is_no_manifest(tmp_path: Path) -> None:
     assert read_committed_manifest(str(tmp_path)).manifest is None
 
 
+def test_a_manifest_that_is_a_link_is_not_read_through(tmp_path: Path) -> None:
+    # Whoever can write the output could point manifest.json at a JSON file only Airflow may read.
+    secret = tmp_path / "airflow-secret.json"
+    secret.write_text(json.dumps(GOOD))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").symlink_to(secret)
+
+    found = read_committed_manifest(str(tmp_path / "out"))
+
+    assert found.manifest is None and "is a link" in found.why_not
+
+
 def test_a_scheme_airflow_cannot_read_is_a_reason(tmp_path: Path) -> None:
     found = read_committed_manifest("nosuchscheme://bucket/out")
 
