@@ -565,13 +565,38 @@ def rejected_result(row: PreparedRow, spec: BatchInferenceSpec) -> StagedRow:
     return _staged_error(row, row["error"] or "", spec)
 
 
-def stage_engine_rows(rows: list[EngineRow], spec: BatchInferenceSpec, parts: PartWriter) -> StagedPart:
-    """In an engine replica: finished rows (as they leave the stage, all columns) -> one staged part.
+def stage_engine_rows(rows: list[EngineRow], spec: BatchInferenceSpec, parts: PartWriter) -> list[StagedPart]:
+    """In an engine replica: finished rows (as they leave the stage, all columns) -> staged parts, as
+    many as keep each within what the commit reads back (:func:`_runs_by_cost`), one mostly.
 
     Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the
     errors, as they would downstream of the stage.
     """
-    return parts.write_part([_staged_safely(row, spec) for row in rows])
+    staged = [_staged_safely(row, spec) for row in rows]
+    return [parts.write_part(run) for run in _runs_by_cost(staged)]
+
+
+def _runs_by_cost(staged: list[StagedRow]) -> list[list[StagedRow]]:
+    """``staged`` cut, in order, into runs whose rows cost at most :data:`OUTPUT_ROW_COST_MOST` together
+    once read back, each row charged as the commit charges its line.
+
+    The replica cuts its rows by what the engine's rows cost (:mod:`.stage.replica_staging`), but a
+    row's staged form can cost far more: an OpenAI line's logprobs spell out each token's bytes and
+    alternatives. 32 lines of 2,000 tokens with 20 logprobs were charged 4.4 MiB each and cost 62 MiB
+    each read back: 1.95 GiB in one part, which the commit refused on every try.
+    """
+    runs: list[list[StagedRow]] = [[]]
+    held = 0
+    for row in staged:
+        cost = raw_records.json_line_cost(
+            row["record"].encode("utf-8", "surrogatepass"), OUTPUT_ROW_COST_MOST
+        )
+        if runs[-1] and held + cost > OUTPUT_ROW_COST_MOST:
+            runs.append([])
+            held = 0
+        runs[-1].append(row)
+        held += cost
+    return runs
 
 
 def reported_parts(row: Row) -> list[Row]:

@@ -105,7 +105,9 @@ class RowStager:
             sizes, self._pending_sizes, self._pending_bytes = self._pending_sizes, [], 0
             for part in _parts_of(rows, sizes) if rows else []:
                 written = await asyncio.to_thread(self._write, part)
-                if written is not None:
+                if isinstance(written, list):  # a write may stage its rows as several parts
+                    self._written.extend(written)
+                elif written is not None:
                     self._written.append(written)
 
     def take_written(self) -> list[Any]:  # Any: what the writes returned

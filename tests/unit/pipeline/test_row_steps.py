@@ -626,3 +626,34 @@ def test_an_output_too_large_to_read_back_is_its_rows_error(
     assert large["ok"] is False
     reason = json.loads(large["record"])["error"]
     assert reason.startswith("output too large: 30,") and "fewer tokens, choices (n) or logprobs" in reason
+
+
+def test_rows_whose_outputs_cost_more_together_than_a_part_may_are_staged_as_several(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The replica cuts its rows by what the engine's rows cost; a staged OpenAI line with logprobs
+    # costs far more (32 of 2,000 tokens x 20 logprobs: 1.95 GiB read back in one part, refused on
+    # every try). The bound is made small here.
+    from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+
+    monkeypatch.setattr(row_steps, "OUTPUT_ROW_COST_MOST", 25_000)
+    spec = spec_of(tmp_path, "in.jsonl", user_template="Summarise ticket {id}")
+    rows = [
+        {
+            "id": f"T-{n}",
+            "source": f"in.jsonl:{n}",
+            "row": json.dumps({"id": f"T-{n}"}),
+            "request": None,
+            "sampling": None,
+            "generated_text": "x" * 10_000,
+            "num_input_tokens": 9,
+            "num_generated_tokens": 6,
+        }
+        for n in range(1, 4)
+    ]
+    writer = PartWriter(str(tmp_path / "staging"), "jsonl", count_labels=False)
+
+    staged = row_steps.stage_engine_rows(rows, spec, writer)  # type: ignore[arg-type]
+
+    assert [part.sidecar["sources"] for part in staged] == [["in.jsonl:1", "in.jsonl:2"], ["in.jsonl:3"]]
+    assert all(row["ok"] for part in staged for row in writer.read_part(part))
