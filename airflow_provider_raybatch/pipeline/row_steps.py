@@ -33,7 +33,6 @@ from airflow_provider_raybatch.pipeline.read import (
     images,
     input_links,
     raw_records,
-    staged_parquet,
 )
 from airflow_provider_raybatch.pipeline.read.records import row_to_json
 from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file
@@ -47,7 +46,7 @@ from airflow_provider_raybatch.pipeline.row_types import (
 )
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
-from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+from airflow_provider_raybatch.pipeline.stage.parts import PART_LINES_COST_MOST, PartWriter
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.specs import (
@@ -516,10 +515,10 @@ def _staged_safely(row: EngineRow, spec: BatchInferenceSpec) -> StagedRow:
 
 
 #: The most one row's output may cost once the commit reads it back (as a JSONL line is charged:
-#: :func:`.read.raw_records.json_line_cost`), half of what a part may (a part of such a row alone).
+#: :func:`.read.raw_records.json_line_cost`): what a part's lines may (a part of such a row alone).
 #: An OpenAI line of n=128 choices of 400 tokens with 20 logprobs each was 84 MB of JSON and over
 #: 1 GiB read back: the commit refused its part, and the job failed, on every try.
-OUTPUT_ROW_COST_MOST = staged_parquet.FILE_COST_BYTES // 2
+OUTPUT_ROW_COST_MOST = PART_LINES_COST_MOST
 
 
 def _output_too_large(record: str) -> str | None:
@@ -567,36 +566,12 @@ def rejected_result(row: PreparedRow, spec: BatchInferenceSpec) -> StagedRow:
 
 def stage_engine_rows(rows: list[EngineRow], spec: BatchInferenceSpec, parts: PartWriter) -> list[StagedPart]:
     """In an engine replica: finished rows (as they leave the stage, all columns) -> staged parts, as
-    many as keep each within what the commit reads back (:func:`_runs_by_cost`), one mostly.
+    many as keep each within what the commit reads back (:meth:`.PartWriter.write_parts`), one mostly.
 
     Rows that failed in the engine (or before it) carry ray.data.llm's error column and go to the
     errors, as they would downstream of the stage.
     """
-    staged = [_staged_safely(row, spec) for row in rows]
-    return [parts.write_part(run) for run in _runs_by_cost(staged)]
-
-
-def _runs_by_cost(staged: list[StagedRow]) -> list[list[StagedRow]]:
-    """``staged`` cut, in order, into runs whose rows cost at most :data:`OUTPUT_ROW_COST_MOST` together
-    once read back, each row charged as the commit charges its line.
-
-    The replica cuts its rows by what the engine's rows cost (:mod:`.stage.replica_staging`), but a
-    row's staged form can cost far more: an OpenAI line's logprobs spell out each token's bytes and
-    alternatives. 32 lines of 2,000 tokens with 20 logprobs were charged 4.4 MiB each and cost 62 MiB
-    each read back: 1.95 GiB in one part, which the commit refused on every try.
-    """
-    runs: list[list[StagedRow]] = [[]]
-    held = 0
-    for row in staged:
-        cost = raw_records.json_line_cost(
-            row["record"].encode("utf-8", "surrogatepass"), OUTPUT_ROW_COST_MOST
-        )
-        if runs[-1] and held + cost > OUTPUT_ROW_COST_MOST:
-            runs.append([])
-            held = 0
-        runs[-1].append(row)
-        held += cost
-    return runs
+    return parts.write_parts([_staged_safely(row, spec) for row in rows])
 
 
 def reported_parts(row: Row) -> list[Row]:

@@ -41,9 +41,10 @@ class StagedPartsSink(Datasink[list[dict[str, Any]]]):
         written = []
         for block in blocks:
             rows = BlockAccessor.for_block(block).to_arrow().to_pylist()
-            if rows:
-                part = self.parts.write_part(rows)
-                written.append({"name": part.name, "sidecar": part.sidecar})
+            if rows:  # cut by what their lines cost read back (rejected rows quote their input)
+                written += [
+                    {"name": part.name, "sidecar": part.sidecar} for part in self.parts.write_parts(rows)
+                ]
         return written
 
     def on_write_complete(self, write_result: WriteResult) -> None:

@@ -634,9 +634,10 @@ def test_rows_whose_outputs_cost_more_together_than_a_part_may_are_staged_as_sev
     # The replica cuts its rows by what the engine's rows cost; a staged OpenAI line with logprobs
     # costs far more (32 of 2,000 tokens x 20 logprobs: 1.95 GiB read back in one part, refused on
     # every try). The bound is made small here.
+    from airflow_provider_raybatch.pipeline.stage import parts
     from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
-    monkeypatch.setattr(row_steps, "OUTPUT_ROW_COST_MOST", 25_000)
+    monkeypatch.setattr(parts, "PART_LINES_COST_MOST", 25_000)
     spec = spec_of(tmp_path, "in.jsonl", user_template="Summarise ticket {id}")
     rows = [
         {
