@@ -68,7 +68,7 @@ def _path(uri: str, conn_id: str | None) -> Path | Any:  # Any: Airflow's Object
     return ObjectStoragePath(uri, conn_id=conn_id)
 
 
-def _read_bytes(uri: str, conn_id: str | None) -> bytes | None:
+def _read_bytes(uri: str, conn_id: str | None, within: str | None = None) -> bytes | None:
     """The file's first bytes (at most one past the limit), or None when it does not exist. On local
     disk the manifest itself is never read through a link (whoever can write the output could point
     one at a file only Airflow may read): the output folder is taken as named, the file below it
@@ -76,7 +76,7 @@ def _read_bytes(uri: str, conn_id: str | None) -> bytes | None:
     path = _path(uri, conn_id)
     if isinstance(path, Path):
         try:
-            fd = local_tree.open_file(str(path), str(path.parent))
+            fd = local_tree.open_file(str(path), str(_path(within, None) if within else path.parent))
         except FileNotFoundError:
             return None
         with os.fdopen(fd, "rb") as file:
@@ -101,15 +101,20 @@ def _bounded(call: Callable[[], T]) -> T:
         executor.shutdown(wait=False)
 
 
-def read_committed_manifest(output_uri: str, conn_id: str | None = None) -> CommittedManifest:
+def read_committed_manifest(
+    output_uri: str, conn_id: str | None = None, within: str | None = None
+) -> CommittedManifest:
     """The manifest committed at ``output_uri``, or the reason it cannot be had from here.
 
     Never raises: any failure (no such file, no filesystem for the scheme here, no credentials,
     not JSON, too big, no answer in time) is a reason, and the caller falls back to the driver log.
+
+    :param within: the output folder ``output_uri`` lies under (a dry run's folder is in it): on local
+        disk no link below it is followed; unset, ``output_uri`` itself.
     """
     uri = manifest_uri(output_uri)
     try:
-        data = _bounded(lambda: _read_bytes(uri, conn_id))
+        data = _bounded(lambda: _read_bytes(uri, conn_id, within))
     except TimeoutError:
         return CommittedManifest(None, f"{uri} did not answer within {READ_TIMEOUT_SECONDS:.0f} s")
     except Exception as err:  # noqa: BLE001 - a reason to fall back, whatever the filesystem raised.

@@ -72,7 +72,7 @@ def job_result(
     :param conn_id: the connection to read ``output_uri`` with (:func:`storage_conn_id`).
     """
     folder = dry_run_uri(spec.output_uri, spec.run_key) if spec.dry_run else spec.output_uri
-    committed = read_committed_manifest(folder, conn_id)
+    committed = read_committed_manifest(folder, conn_id, within=spec.output_uri)
     if committed.manifest is not None and _is_result(committed.manifest, job_id, spec):
         log.info("Result of Ray job %s read from its manifest at %s.", job_id, folder)
         return committed.manifest

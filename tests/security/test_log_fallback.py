@@ -64,7 +64,7 @@ def _output_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         job_results,
         "read_committed_manifest",
-        lambda uri, conn_id=None: CommittedManifest(None, f"{uri} is not reachable"),
+        lambda uri, conn_id=None, within=None: CommittedManifest(None, f"{uri} is not reachable"),
     )
 
 

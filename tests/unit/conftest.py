@@ -49,10 +49,10 @@ def no_object_storage_here(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_provider_raybatch.jobs.committed_manifest import CommittedManifest, read_committed_manifest
     from airflow_provider_raybatch.operators import job_results
 
-    def read(output_uri: str, conn_id: str | None = None) -> CommittedManifest:
+    def read(output_uri: str, conn_id: str | None = None, within: str | None = None) -> CommittedManifest:
         if "://" in output_uri and not output_uri.startswith("file://"):
             return CommittedManifest(None, f"{output_uri} is not reachable from the unit tests")
-        return read_committed_manifest(output_uri, conn_id)
+        return read_committed_manifest(output_uri, conn_id, within)
 
     monkeypatch.setattr(job_results, "read_committed_manifest", read)
 

@@ -68,6 +68,18 @@ def test_a_manifest_that_is_a_link_is_not_read_through(tmp_path: Path) -> None:
     assert found.manifest is None and "is a link" in found.why_not
 
 
+def test_a_dry_runs_manifest_is_not_read_through_a_link_below_the_output(tmp_path: Path) -> None:
+    secret = tmp_path / "private"
+    (secret / "rk").mkdir(parents=True)
+    (secret / "rk" / "manifest.json").write_text(json.dumps(GOOD))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "_dry_runs").symlink_to(secret)
+
+    found = read_committed_manifest(str(tmp_path / "out" / "_dry_runs" / "rk"), within=str(tmp_path / "out"))
+
+    assert found.manifest is None and "is a link" in found.why_not
+
+
 def test_a_scheme_airflow_cannot_read_is_a_reason(tmp_path: Path) -> None:
     found = read_committed_manifest("nosuchscheme://bucket/out")
 
@@ -95,7 +107,7 @@ def test_a_read_that_hangs_is_given_up(tmp_path: Path, monkeypatch: pytest.Monke
 
     release = threading.Event()
     monkeypatch.setattr(committed_manifest, "READ_TIMEOUT_SECONDS", 0.2)
-    monkeypatch.setattr(committed_manifest, "_read_bytes", lambda uri, conn_id: release.wait(30))
+    monkeypatch.setattr(committed_manifest, "_read_bytes", lambda uri, conn_id, within=None: release.wait(30))
 
     found = read_committed_manifest(str(tmp_path))
     release.set()
