@@ -102,9 +102,26 @@ def _group_bundles(group: PlacementGroupResourceDemand, nodes: list[Resources]) 
     if group.strategy == "STRICT_PACK":
         return [summed] if not nodes or any(not short_of(summed, total) for total in nodes) else []
     if group.strategy == "STRICT_SPREAD" and nodes:
-        hosts = sum(1 for total in nodes if any(not short_of(bundle, total) for bundle in bundles))
-        return bundles if hosts >= len(bundles) else []
+        return bundles if _one_node_each(bundles, nodes) else []
     return bundles
+
+
+def _one_node_each(bundles: list[Resources], nodes: list[Resources]) -> bool:
+    """Whether each bundle can have a node of its own whose totals cover it (a matching of bundles to
+    nodes, by augmenting paths: a group's bundles and a cluster's nodes are few)."""
+    hosts = [[node for node, total in enumerate(nodes) if not short_of(bundle, total)] for bundle in bundles]
+    holder: dict[int, int] = {}  # node -> the bundle it hosts
+
+    def place(bundle: int, tried: set[int]) -> bool:
+        for node in hosts[bundle]:
+            if node not in tried:
+                tried.add(node)
+                if node not in holder or place(holder[node], tried):
+                    holder[node] = bundle
+                    return True
+        return False
+
+    return len(bundles) <= len(nodes) and all(place(bundle, set()) for bundle in range(len(bundles)))
 
 
 def _summed(resources: list[Resources]) -> Resources:

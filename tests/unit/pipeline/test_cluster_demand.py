@@ -85,6 +85,17 @@ def test_a_placement_group_is_judged_by_its_strategy(
     assert cluster_demand.waiting_bundles(_status(group, gpus=gpus))[1:] == judged
 
 
+def test_a_strict_spread_group_needs_a_node_of_its_own_for_each_bundle() -> None:
+    # Two GPU bundles and a CPU one over one GPU node and two CPU nodes: three nodes for three bundles,
+    # but only one of them can host a GPU bundle. Ray never places it.
+    status = _status(_group("STRICT_SPREAD", _request({"GPU": 1}, 2), _request({"CPU": 1})), gpus=8)
+    status.idle_nodes = [_node("c1", {"CPU": 8}), _node("c2", {"CPU": 8})]
+    assert cluster_demand.waiting_bundles(status)[1:] == []
+
+    status.idle_nodes.append(_node("g2", {"CPU": 8, "GPU": 8}))
+    assert cluster_demand.waiting_bundles(status)[1:] == [{"GPU": 1}, {"GPU": 1}, {"CPU": 1}]
+
+
 def test_a_placement_group_ray_will_never_place_ends_no_idle_replica(monkeypatch: pytest.MonkeyPatch) -> None:
     status = _status(_group("STRICT_SPREAD", _request({"GPU": 1}, 2)))
     status.resource_demands.ray_task_actor_demand = []
