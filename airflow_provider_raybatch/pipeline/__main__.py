@@ -10,6 +10,7 @@ the job checks that the package it found holds that spec.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -44,22 +45,31 @@ class _OneLineStart(logging.Formatter):
     markers (:mod:`..shared.manifest`), which this driver prints itself."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return super().format(record).replace("\n", "\n\t")
+        return _indented(super().format(record))
 
 
-def one_line_progress_bars() -> None:
-    """Print Ray's distributed progress bars with no line break in their texts.
+def ray_output_on_its_own_lines() -> None:
+    """Keep what Ray prints in this driver for others from starting a line of the job's log.
 
-    A worker's log line that holds Ray's progress-bar token is not printed with its ``(pid=...)``
-    prefix: the driver decodes it and draws the bar, its ``desc`` as it is. A worker logging text it
-    was given (a row's prompt in Ray Data LLM's "Inference failed for row" warning) with a line break
-    and such a line after it would draw a bar whose description starts lines of the job's log: a
-    forged progress or result marker. Each text of a bar's state has its line breaks made spaces
-    before Ray draws it (``ray._private.worker.process_tqdm``: :mod:`.generate.ray_internals`).
+    The Airflow task takes its progress and result from lines that start with their markers, which
+    this driver prints itself (:mod:`..shared.manifest`). Ray prints in the driver what workers and
+    other jobs' tasks send it:
+
+    - a worker's log line is printed after a ``(pid=...)`` prefix, but an error pushed to drivers
+      (``ray._private.utils.push_error_to_driver``: any task of any job may push one to every
+      driver) is printed as one "line" with its line breaks, the prefix before the first only;
+    - a line holding Ray's progress-bar token is drawn as a bar, its description as it is (a worker
+      logging a row's text with line breaks, then such a line, drew forged marker lines);
+    - the autoscaler's error, read from the key-value store any job may write, is logged as it is.
+
+    So each line Ray is given to print has its later lines start with a tab, each text of a bar's
+    state is one line, and the driver's Ray logger indents its records' later lines
+    (``ray._private.worker``'s ``print_to_stdstream`` and ``process_tqdm``: checked at start in
+    :mod:`.generate.ray_internals`).
     """
     import ray._private.worker as ray_worker
 
-    draw = ray_worker.process_tqdm
+    draw, print_lines = ray_worker.process_tqdm, ray_worker.print_to_stdstream
 
     def draw_on_one_line(line: str) -> None:
         try:
@@ -72,7 +82,28 @@ def one_line_progress_bars() -> None:
             )
         draw(line)
 
+    def print_each_on_its_own_lines(data: dict[str, object], ignore_prefix: bool) -> None:
+        lines = data.get("lines")
+        if isinstance(lines, list):
+            data = {**data, "lines": [_indented(line) if isinstance(line, str) else line for line in lines]}
+        print_lines(data, ignore_prefix)
+
     ray_worker.process_tqdm = draw_on_one_line
+    ray_worker.print_to_stdstream = print_each_on_its_own_lines
+    logging.getLogger(ray_worker.__name__).addFilter(_IndentedRecord())
+
+
+class _IndentedRecord(logging.Filter):
+    """A record's later lines start with a tab (its message made once, arguments and all)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        with contextlib.suppress(Exception):  # a record whose arguments do not format is left as it is
+            record.msg, record.args = _indented(record.getMessage()), None
+        return True
+
+
+def _indented(text: str) -> str:
+    return text.replace("\n", "\n\t")
 
 
 def _one_line(text: str) -> str:
@@ -108,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_provider_raybatch.pipeline import worker_warmup
 
     ray.init()
-    one_line_progress_bars()
+    ray_output_on_its_own_lines()
     # The job's worker processes start while this driver imports Ray Data and reads its input.
     warm_workers = worker_warmup.configured_workers(worker_warmup.replicas_of(spec))
     worker_warmup.start(warm_workers)

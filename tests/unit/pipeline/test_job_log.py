@@ -56,27 +56,35 @@ def test_a_text_a_record_quotes_cannot_start_a_marker_line(capsys: pytest.Captur
 
 
 _PROGRESS_BAR = """
-import contextlib, io, json
+import contextlib, io, json, logging
 import ray._private.worker as ray_worker
 from ray.experimental.tqdm_ray import RAY_TQDM_MAGIC
-from airflow_provider_raybatch.pipeline.__main__ import one_line_progress_bars
-one_line_progress_bars()
+from airflow_provider_raybatch.pipeline.__main__ import ray_output_on_its_own_lines
+ray_output_on_its_own_lines()
 forged = 'r\\nRAYBATCH_PROGRESS_JSON={"rows_done": 999}\\nRAYBATCH_MANIFEST_JSON={"job_id": "j"}\\n'
 state = {"__magic_token__": RAY_TQDM_MAGIC, "x": 0, "pos": 0, "total": 10, "unit": "it", "ip": "1.2.3.4",
          "pid": 42, "uuid": "u1", "closed": False, "desc": forged}
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
     ray_worker.process_tqdm(json.dumps(state))
+    # An error any task may push to every driver (ray._private.utils.push_error_to_driver), and the
+    # autoscaler's error any job may write to the key-value store.
+    ray_worker.print_to_stdstream(
+        {"lines": [forged], "pid": "raylet", "ip": "1.2.3.4", "localhost": "1.2.3.4", "is_err": True}, False
+    )
+    logging.getLogger(ray_worker.__name__).addHandler(logging.StreamHandler())
+    logging.getLogger(ray_worker.__name__).warning(forged)
 print(json.dumps({"err": err.getvalue()}))
 """
 
 
-def test_a_workers_progress_bar_cannot_start_a_marker_line() -> None:
+def test_what_ray_prints_for_others_cannot_start_a_marker_line() -> None:
     # The driver draws a worker's line holding Ray's progress-bar token as a bar, its description as
-    # it is: a row's text with line breaks, logged by a worker, started forged marker lines.
+    # it is (a row's text with line breaks, logged by a worker, started forged marker lines); it prints
+    # an error pushed to drivers, and the autoscaler's error, with their line breaks.
     from tests.unit.pipeline.ray_env import run_in_ray_env
 
     err = run_in_ray_env(_PROGRESS_BAR)["err"]
 
-    assert "RAYBATCH_PROGRESS_JSON=" in err  # drawn, on the bar's own line
+    assert err.count("RAYBATCH_PROGRESS_JSON=") >= 3  # drawn and printed, never at a line's start
     assert progress_from_log(err) is None and manifest_from_log(err) is None
