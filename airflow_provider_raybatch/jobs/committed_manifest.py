@@ -59,8 +59,8 @@ def manifest_uri(output_uri: str) -> str:
 
 def _path(uri: str, conn_id: str | None) -> Path | Any:  # Any: Airflow's ObjectStoragePath.
     """A local path, or Airflow's own object storage path (fsspec, with the task's connection)."""
-    if uri.startswith("file://"):
-        uri = uri.removeprefix("file://")
+    if uri[:7].lower() == "file://":  # any case: "FILE://" is a local path too, read without links
+        uri = uri[7:]
     if "://" not in uri:
         return Path(uri)
     from airflow.sdk import ObjectStoragePath

@@ -425,12 +425,15 @@ class BatchInferenceSpec(BaseModel):
     @field_validator("input_uri", "output_uri")
     @classmethod
     def _check_uri(cls, value: str, info: ValidationInfo) -> str:
-        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        scheme, found, rest = value.partition("://")
+        scheme = scheme.lower() if found else ""
         if scheme not in _SUPPORTED_SCHEMES:
             raise ValueError(
                 f"{info.field_name}={value!r} uses scheme {scheme!r}; use a local path or s3://bucket/key."
             )
-        return value
+        # As every reader compares it: "FILE://" went to readers that follow links, and "S3://" to
+        # pyarrow's own S3 settings rather than the job's.
+        return f"{scheme}://{rest}" if found else value
 
     @field_validator("preprocess", "postprocess")
     @classmethod

@@ -66,6 +66,9 @@ def test_a_manifest_that_is_a_link_is_not_read_through(tmp_path: Path) -> None:
     found = read_committed_manifest(str(tmp_path / "out"))
 
     assert found.manifest is None and "is a link" in found.why_not
+    for scheme in ("file://", "FILE://", "File://"):  # any case of the scheme reads local disk so
+        found = read_committed_manifest(f"{scheme}{tmp_path}/out")
+        assert found.manifest is None and "is a link" in found.why_not, (scheme, found)
 
 
 def test_a_dry_runs_manifest_is_not_read_through_a_link_below_the_output(tmp_path: Path) -> None:

@@ -274,10 +274,24 @@ def test_uninferrable_format_is_fine_with_explicit_input_format() -> None:
 
 
 @pytest.mark.parametrize(
-    "uri", ["/abs/in.csv", "rel/in.csv", "file:///abs/in.csv", "s3://b/in.csv", "S3://b/in.csv"]
+    ("uri", "kept"),
+    [
+        ("/abs/in.csv", "/abs/in.csv"),
+        ("rel/in.csv", "rel/in.csv"),
+        ("file:///abs/in.csv", "file:///abs/in.csv"),
+        ("s3://b/in.csv", "s3://b/in.csv"),
+        # The scheme as every reader compares it: "FILE://" went to readers that follow links, and
+        # "S3://" to pyarrow's own S3 settings rather than the job's.
+        ("S3://b/in.csv", "s3://b/in.csv"),
+        ("FILE:///abs/in.csv", "file:///abs/in.csv"),
+    ],
 )
-def test_supported_uri_schemes(uri: str) -> None:
-    assert build(input_uri=uri).input_uri == uri
+def test_supported_uri_schemes(uri: str, kept: str) -> None:
+    assert build(input_uri=uri).input_uri == kept
+    assert (
+        build(output_uri=uri.removesuffix("/in.csv") + "/out").output_uri
+        == kept.removesuffix("/in.csv") + "/out"
+    )
 
 
 # -- input format -------------------------------------------------------------------------------
