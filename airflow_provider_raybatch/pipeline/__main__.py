@@ -60,12 +60,15 @@ def ray_output_on_its_own_lines() -> None:
       driver) is printed as one "line" with its line breaks, the prefix before the first only;
     - a line holding Ray's progress-bar token is drawn as a bar, its description as it is (a worker
       logging a row's text with line breaks, then such a line, drew forged marker lines);
-    - the autoscaler's error, read from the key-value store any job may write, is logged as it is.
+    - the autoscaler's error, read from the key-value store any job may write, is logged as it is;
+    - a worker's line is printed without its prefix where the job's environment asks Ray so
+      (``RAY_DISABLE_WORKER_LOG_PREFIX``, a logging config): any worker line could then be a marker.
 
     So each line Ray is given to print has its later lines start with a tab, each text of a bar's
-    state is one line, and the driver's Ray logger indents its records' later lines
-    (``ray._private.worker``'s ``print_to_stdstream`` and ``process_tqdm``: checked at start in
-    :mod:`.generate.ray_internals`).
+    state is one line, the driver's Ray logger indents its records' later lines, and workers' lines
+    keep their prefix (``ray._private.worker``'s ``print_to_stdstream``, ``process_tqdm`` and
+    ``_should_ignore_worker_log_prefix``: checked at start in :mod:`.generate.ray_internals`). Called
+    before ``ray.init``, which starts the listeners.
     """
     import ray._private.worker as ray_worker
 
@@ -90,6 +93,7 @@ def ray_output_on_its_own_lines() -> None:
 
     ray_worker.process_tqdm = draw_on_one_line
     ray_worker.print_to_stdstream = print_each_on_its_own_lines
+    ray_worker._should_ignore_worker_log_prefix = lambda worker: False
     logging.getLogger(ray_worker.__name__).addFilter(_IndentedRecord())
 
 
@@ -138,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from airflow_provider_raybatch.pipeline import worker_warmup
 
+    ray_output_on_its_own_lines()  # before ray.init: its log and error listeners start there
     ray.init()
-    ray_output_on_its_own_lines()
     # The job's worker processes start while this driver imports Ray Data and reads its input.
     warm_workers = worker_warmup.configured_workers(worker_warmup.replicas_of(spec))
     worker_warmup.start(warm_workers)

@@ -39,7 +39,11 @@ REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
     "ray._private.ray_constants": {"KV_NAMESPACE_JOB": ()},
     "ray.experimental.internal_kv": {"_internal_kv_get": ()},
     # What Ray prints in the driver for others starts no line of the job's log (pipeline/__main__.py).
-    "ray._private.worker": {"process_tqdm": (), "print_to_stdstream": ()},
+    "ray._private.worker": {
+        "process_tqdm": (),
+        "print_to_stdstream": (),
+        "_should_ignore_worker_log_prefix": (),
+    },
 }
 
 

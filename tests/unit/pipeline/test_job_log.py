@@ -74,7 +74,11 @@ with contextlib.redirect_stderr(err):
     )
     logging.getLogger(ray_worker.__name__).addHandler(logging.StreamHandler())
     logging.getLogger(ray_worker.__name__).warning(forged)
-print(json.dumps({"err": err.getvalue()}))
+# RAY_DISABLE_WORKER_LOG_PREFIX (set below, as a job's environment may) no longer drops workers' prefix.
+import ray._private.ray_constants as ray_constants
+ray_constants.RAY_DISABLE_WORKER_LOG_PREFIX = True
+dropped = ray_worker._should_ignore_worker_log_prefix(None)
+print(json.dumps({"err": err.getvalue(), "prefix_dropped": dropped}))
 """
 
 
@@ -84,7 +88,9 @@ def test_what_ray_prints_for_others_cannot_start_a_marker_line() -> None:
     # an error pushed to drivers, and the autoscaler's error, with their line breaks.
     from tests.unit.pipeline.ray_env import run_in_ray_env
 
-    err = run_in_ray_env(_PROGRESS_BAR)["err"]
+    out = run_in_ray_env(_PROGRESS_BAR)
+    err = out["err"]
 
     assert err.count("RAYBATCH_PROGRESS_JSON=") >= 3  # drawn and printed, never at a line's start
     assert progress_from_log(err) is None and manifest_from_log(err) is None
+    assert out["prefix_dropped"] is False  # a worker's line keeps its "(pid=...)" prefix
