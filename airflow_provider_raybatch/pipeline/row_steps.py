@@ -32,6 +32,7 @@ from airflow_provider_raybatch.pipeline.read import (
     column_bound,
     images,
     input_links,
+    parquet_plan,
     raw_records,
 )
 from airflow_provider_raybatch.pipeline.read.records import row_to_json
@@ -55,6 +56,7 @@ from airflow_provider_raybatch.shared.specs import (
     GENERATED_COLUMNS,
     BatchInferenceSpec,
     InputFormat,
+    OutputFormat,
     check_sampling_params,
 )
 
@@ -509,7 +511,7 @@ def _staged_safely(row: EngineRow, spec: BatchInferenceSpec) -> StagedRow:
         staged = _staged_result(_engine_output(row), spec)
     except Exception as err:  # noqa: BLE001 - a row's fault fails the row, never the job
         return _staged_error(row, f"{UNEXPECTED_ROW_ERROR}: {type(err).__name__}: {err}", spec)
-    if staged["ok"] and (why := _output_too_large(staged["record"])):
+    if staged["ok"] and (why := _output_too_large(staged["record"], spec.output_format)):
         return _staged_error(row, why, spec)
     return staged
 
@@ -521,9 +523,20 @@ def _staged_safely(row: EngineRow, spec: BatchInferenceSpec) -> StagedRow:
 OUTPUT_ROW_COST_MOST = PART_LINES_COST_MOST
 
 
-def _output_too_large(record: str) -> str | None:
-    """Why a row's output (its JSON text) cannot be staged, or None: what it costs read back."""
+def _output_too_large(record: str, output_format: OutputFormat) -> str | None:
+    """Why a row's output (its JSON text) cannot be staged, or None: what it costs read back, and in a
+    Parquet part, each value a page of its own (:data:`.read.parquet_plan.PARQUET_PAGE_BYTES`)."""
     line = record.encode("utf-8", "surrogatepass")
+    if output_format == "parquet" and len(line) > parquet_plan.PARQUET_PAGE_BYTES:
+        for column, value in json.loads(record).items():
+            size = len(
+                value.encode("utf-8", "surrogatepass") if isinstance(value, str) else _JSON_TEXT.encode(value)
+            )
+            if size > parquet_plan.PARQUET_PAGE_BYTES:
+                return (
+                    f"output too large: column {column!r} holds {size:,} bytes, more than one Parquet "
+                    f"page may ({parquet_plan.PARQUET_PAGE_BYTES:,}); write jsonl, or keep smaller columns"
+                )
     if len(line) * (4 + raw_records.JSON_VALUE_COST) <= OUTPUT_ROW_COST_MOST:  # cannot cost more: not counted
         return None
     cost = raw_records.json_line_cost(line, OUTPUT_ROW_COST_MOST)
@@ -544,13 +557,21 @@ def _staged_error(
         custom_id = line.get("custom_id") if isinstance(line.get("custom_id"), str) else None
         record = openai_batch.error_line(custom_id, row["source"], reason, spec.run_key)
     else:
-        record = {
-            "id": row["id"],
-            "source": row["source"],
-            ERROR_COLUMN: reason,
-            "input": _strict_json(row["row"]),
-        }
+        quoted = _strict_json(row["row"])
+        if quoted is not None and len(quoted) > ERROR_INPUT_QUOTE_MOST:
+            reason += (
+                f" (its input, {len(quoted):,} characters of JSON, is not quoted here: "
+                f"over {ERROR_INPUT_QUOTE_MOST:,})"
+            )
+            quoted = None
+        record = {"id": row["id"], "source": row["source"], ERROR_COLUMN: reason, "input": quoted}
     return StagedRow(source=row["source"], ok=False, record=_JSON_TEXT.encode(record))
+
+
+#: The longest input an error row quotes (its JSON text). Escaping can make a row's JSON several times
+#: its text (a control character is six): a CSV cell of 12 MiB of \x01 made a 75 MB ``input`` cell, past
+#: the one Parquet page a value may have, and the commit refused its part on every try.
+ERROR_INPUT_QUOTE_MOST = 16 << 20
 
 
 def _strict_json(text: str | None) -> str | None:

@@ -658,3 +658,43 @@ def test_rows_whose_outputs_cost_more_together_than_a_part_may_are_staged_as_sev
 
     assert [part.sidecar["sources"] for part in staged] == [["in.jsonl:1", "in.jsonl:2"], ["in.jsonl:3"]]
     assert all(row["ok"] for part in staged for row in writer.read_part(part))
+
+
+def test_an_error_row_does_not_quote_an_input_whose_json_is_too_long(tmp_path: Path) -> None:
+    # JSON escapes a control character as six characters: a CSV cell of 12 MiB of \x01 made a 75 MB
+    # input cell, past the one Parquet page a value may have; the commit refused it on every try.
+    spec = spec_of(tmp_path, "in.csv", user_template="{prompt}", output_format="parquet")
+    quoted = json.dumps({"prompt": "", "junk": "\x01" * 3_000_000})  # 18 MB of JSON
+    row = {"id": "in.csv:1", "source": "in.csv:1", "row": quoted, "error": "empty prompt: no text"}
+
+    record = json.loads(row_steps.rejected_result(row, spec)["record"])  # type: ignore[arg-type]
+    small = json.loads(row_steps.rejected_result({**row, "row": '{"prompt": ""}'}, spec)["record"])  # type: ignore[arg-type]
+
+    assert record["input"] is None
+    assert record["error"].startswith("empty prompt: no text (its input, 18,000,")
+    assert small["input"] == '{"prompt": ""}' and small["error"] == "empty prompt: no text"
+
+
+def test_a_parquet_output_value_longer_than_a_page_is_its_rows_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_raybatch.pipeline.read import parquet_plan
+
+    monkeypatch.setattr(parquet_plan, "PARQUET_PAGE_BYTES", 10_000)  # 64 MiB, made small here
+    engine_row = {
+        "id": "T-1",
+        "source": "in.jsonl:1",
+        "row": json.dumps({"id": "T-1"}),
+        "request": None,
+        "sampling": None,
+        "generated_text": "x" * 20_000,
+        "num_input_tokens": 9,
+        "num_generated_tokens": 6,
+    }
+    for output_format, ok in (("parquet", False), ("jsonl", True)):
+        spec = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format=output_format)
+        staged = row_steps._staged_safely(engine_row, spec)  # type: ignore[arg-type]
+        assert staged["ok"] is ok, output_format
+    parquet = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format="parquet")
+    reason = json.loads(row_steps._staged_safely(engine_row, parquet)["record"])["error"]  # type: ignore[arg-type]
+    assert reason.startswith("output too large: column 'generated_text' holds 20,000 bytes"), reason
