@@ -435,6 +435,14 @@ class BatchInferenceSpec(BaseModel):
         # pyarrow's own S3 settings rather than the job's.
         return f"{scheme}://{rest}" if found else value
 
+    @field_validator("model")
+    @classmethod
+    def _lower_case_model_scheme(cls, value: str) -> str:
+        # "S3://bucket/model" passed every "s3://" check (the job's S3 settings, its private, checked
+        # model cache) while vLLM, which ignores the case, fetched it with the node's own settings.
+        scheme, found, rest = value.partition("://")
+        return f"{scheme.lower()}://{rest}" if found else value
+
     @field_validator("preprocess", "postprocess")
     @classmethod
     def _check_dotted_path(cls, value: str | None, info: ValidationInfo) -> str | None:

@@ -739,3 +739,17 @@ def test_an_empty_column_name_is_refused_naming_the_field(field: str, overrides:
     it, so every row would have failed at run time instead of the task at once."""
     with pytest.raises(BatchSpecError, match=rf"{field}='' must be a non-empty string"):
         build(**overrides, **{field: ""})
+
+
+@pytest.mark.parametrize(
+    ("model", "kept"),
+    [
+        ("S3://bucket/model", "s3://bucket/model"),
+        ("s3://bucket/model", "s3://bucket/model"),
+        ("Org/Model-7B", "Org/Model-7B"),
+    ],
+)
+def test_a_model_uris_scheme_is_kept_lower_case(model: str, kept: str) -> None:
+    # "S3://" passed every "s3://" check (the job's S3 settings, its checked model cache) while vLLM,
+    # which ignores the case, fetched the model with the node's own settings.
+    assert build(model=model).model == kept
