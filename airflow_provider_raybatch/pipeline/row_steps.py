@@ -47,7 +47,7 @@ from airflow_provider_raybatch.pipeline.row_types import (
 )
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
 from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
-from airflow_provider_raybatch.pipeline.stage.parts import PART_LINES_COST_MOST, PartWriter
+from airflow_provider_raybatch.pipeline.stage.parts import PART_LINES_COST_MOST, PartWriter, line_cost_at_most
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.specs import (
@@ -537,9 +537,9 @@ def _output_too_large(record: str, output_format: OutputFormat) -> str | None:
                     f"output too large: column {column!r} holds {size:,} bytes, more than one Parquet "
                     f"page may ({parquet_plan.PARQUET_PAGE_BYTES:,}); write jsonl, or keep smaller columns"
                 )
-    if len(line) * (4 + raw_records.JSON_VALUE_COST) <= OUTPUT_ROW_COST_MOST:  # cannot cost more: not counted
+    if len(line) * 4 * (4 + raw_records.JSON_VALUE_COST) <= OUTPUT_ROW_COST_MOST:  # cannot cost more
         return None
-    cost = raw_records.json_line_cost(line, OUTPUT_ROW_COST_MOST)
+    cost = line_cost_at_most(record, OUTPUT_ROW_COST_MOST)
     if cost <= OUTPUT_ROW_COST_MOST:
         return None
     return (

@@ -58,6 +58,20 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
+def line_cost_at_most(record: str, budget: int) -> int:
+    """At most what a staged row's line (``record``, its JSON text) costs the commit read back, charged
+    as the commit charges a line (:func:`..read.raw_records.json_line_cost`; past ``budget`` counted
+    again outside its strings), four times over where it is not ASCII.
+
+    Why four: the line is written with its lone surrogates escaped (six bytes each), and with every
+    non-ASCII character escaped in an ASCII-only part (an OpenAI output), and the commit charges an
+    escape as the character it stands for, at up to 4 bytes wide: a surrogate charged 2 x 3 bytes here
+    was 4 x 6 read back (a row of 2,500,000 of them: 15 MB charged, 60 MB read back).
+    """
+    line = record.encode("utf-8", "surrogatepass")
+    return raw_records.json_line_cost(line, budget) * (1 if line.isascii() else 4)
+
+
 def _check_width(target: dict[str, str], folder: str, fields: list[pa.Field] | None = None) -> None:
     """Refuse, before any part is rewritten, an output whose one schema no part's footer could hold.
 
@@ -213,9 +227,7 @@ class PartWriter:
         runs: list[list[StagedRow]] = [[]]
         held = 0
         for row in rows:
-            cost = raw_records.json_line_cost(
-                row["record"].encode("utf-8", "surrogatepass"), PART_LINES_COST_MOST
-            )
+            cost = line_cost_at_most(row["record"], PART_LINES_COST_MOST)
             if runs[-1] and held + cost > PART_LINES_COST_MOST:
                 runs.append([])
                 held = 0

@@ -698,3 +698,27 @@ def test_a_parquet_output_value_longer_than_a_page_is_its_rows_error(
     parquet = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format="parquet")
     reason = json.loads(row_steps._staged_safely(engine_row, parquet)["record"])["error"]  # type: ignore[arg-type]
     assert reason.startswith("output too large: column 'generated_text' holds 20,000 bytes"), reason
+
+
+def test_a_line_that_is_not_ascii_is_charged_as_its_escapes_are_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lone surrogate is written as a six-byte escape, which the commit charges 4 bytes wide: rows
+    # charged as their text made a part the commit refused (2,500,000 of them: 15 MB -> 60 MB read back).
+    from airflow_provider_raybatch.pipeline.stage import parts
+    from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
+
+    monkeypatch.setattr(parts, "PART_LINES_COST_MOST", 1_000_000)
+    text = "\ud800" * 30_000
+    staged = [
+        {"source": f"in.jsonl:{n}", "ok": True, "record": json.dumps({"note": text}, ensure_ascii=False)}
+        for n in (1, 2)
+    ]
+    writer = PartWriter(str(tmp_path / "staging"), "jsonl", count_labels=False)
+
+    written = writer.write_parts(staged)  # type: ignore[arg-type]
+
+    assert [part.sidecar["sources"] for part in written] == [["in.jsonl:1"], ["in.jsonl:2"]]
+    assert all(
+        json.loads(row["record"])["note"] == text for part in written for row in writer.read_part(part)
+    )
