@@ -66,9 +66,10 @@ def ray_output_on_its_own_lines() -> None:
 
     So each line Ray is given to print has its later lines start with a tab, each text of a bar's
     state is one line, the driver's Ray logger indents its records' later lines, and workers' lines
-    keep their prefix (``ray._private.worker``'s ``print_to_stdstream``, ``process_tqdm`` and
-    ``_should_ignore_worker_log_prefix``: checked at start in :mod:`.generate.ray_internals`). Called
-    before ``ray.init``, which starts the listeners.
+    keep their prefix (``ray._private.worker``'s ``print_to_stdstream`` and ``process_tqdm``, checked
+    at start in :mod:`.generate.ray_internals`; ``_should_ignore_worker_log_prefix`` where Ray has it:
+    Ray 2.57 drops the prefix only for a logging config, which this driver never sets). Called before
+    ``ray.init``, which starts the listeners.
     """
     import ray._private.worker as ray_worker
 
@@ -93,7 +94,8 @@ def ray_output_on_its_own_lines() -> None:
 
     ray_worker.process_tqdm = draw_on_one_line
     ray_worker.print_to_stdstream = print_each_on_its_own_lines
-    ray_worker._should_ignore_worker_log_prefix = lambda worker: False
+    if hasattr(ray_worker, "_should_ignore_worker_log_prefix"):  # Ray 2.58 on: the variable may drop it
+        ray_worker._should_ignore_worker_log_prefix = lambda worker: False
     logging.getLogger(ray_worker.__name__).addFilter(_IndentedRecord())
 
 

@@ -42,7 +42,6 @@ REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
     "ray._private.worker": {
         "process_tqdm": (),
         "print_to_stdstream": (),
-        "_should_ignore_worker_log_prefix": (),
     },
 }
 

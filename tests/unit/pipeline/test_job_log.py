@@ -77,7 +77,7 @@ with contextlib.redirect_stderr(err):
 # RAY_DISABLE_WORKER_LOG_PREFIX (set below, as a job's environment may) no longer drops workers' prefix.
 import ray._private.ray_constants as ray_constants
 ray_constants.RAY_DISABLE_WORKER_LOG_PREFIX = True
-dropped = ray_worker._should_ignore_worker_log_prefix(None)
+dropped = getattr(ray_worker, "_should_ignore_worker_log_prefix", lambda worker: False)(None)  # Ray 2.58 on
 print(json.dumps({"err": err.getvalue(), "prefix_dropped": dropped}))
 """
 
