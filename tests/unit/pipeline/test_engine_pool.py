@@ -763,7 +763,7 @@ _ROUTING = """
 import asyncio, json, socket, time
 import ray
 from airflow_provider_raybatch.pipeline.generate import pooled_stage
-from airflow_provider_raybatch.pipeline.generate.engine_pool import NAMESPACE, EnginePool
+from airflow_provider_raybatch.pipeline.generate.engine_pool import NAMESPACE, UP_ANSWER_SECONDS, EnginePool
 
 @ray.remote(num_cpus=0)
 class BuildingReplica:  # EngineReplica's protocol; its engine takes build_seconds to build
@@ -814,7 +814,11 @@ cold = Pool("cold", 2, {"build": [600, 1]}, {}, None, 0.0)
 cold_first = asyncio.run(served(cold, 0, 2))
 # A fresh stage actor's batches, all at once (a small warm job's every batch once went to
 # one replica). Both built: they share them. Both building, ready 0.3 s apart: they share them too.
+# Both built answer at once, however long a loaded machine takes to pass their answers on: the wait for
+# every answer is lengthened so that what is tested is the sharing, not the machine's load.
+pooled_stage.UP_ANSWER_SECONDS = 60.0
 warm_together = asyncio.run(served(both, 0, 4, together=True))
+pooled_stage.UP_ANSWER_SECONDS = UP_ANSWER_SECONDS
 close = Pool("close", 2, {"build": [4, 4.3]}, {}, None, 0.0)
 cold_together = asyncio.run(served(close, 0, 4, together=True))
 part_done(({"half_warm": half_warm, "still_building": building, "both_built": both_built,
