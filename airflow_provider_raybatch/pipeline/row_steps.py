@@ -34,6 +34,7 @@ from airflow_provider_raybatch.pipeline.read import (
     input_links,
     parquet_plan,
     raw_records,
+    staged_parquet,
 )
 from airflow_provider_raybatch.pipeline.read.records import row_to_json
 from airflow_provider_raybatch.pipeline.read.rows import check_input_file_size, parse_file
@@ -46,8 +47,9 @@ from airflow_provider_raybatch.pipeline.row_types import (
     StagedRow,
 )
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
+from airflow_provider_raybatch.pipeline.stage.part_runs import PART_LINES_COST_MOST, row_cost_at_most
 from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
-from airflow_provider_raybatch.pipeline.stage.parts import PART_LINES_COST_MOST, PartWriter, line_cost_at_most
+from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS
 from airflow_provider_raybatch.shared.json_types import CellValue, JsonObject, Row
 from airflow_provider_raybatch.shared.specs import (
@@ -516,16 +518,14 @@ def _staged_safely(row: EngineRow, spec: BatchInferenceSpec) -> StagedRow:
     return staged
 
 
-#: The most one row's output may cost once the commit reads it back (as a JSONL line is charged:
-#: :func:`.read.raw_records.json_line_cost`): what a part's lines may (a part of such a row alone).
-#: An OpenAI line of n=128 choices of 400 tokens with 20 logprobs each was 84 MB of JSON and over
-#: 1 GiB read back: the commit refused its part, and the job failed, on every try.
-OUTPUT_ROW_COST_MOST = PART_LINES_COST_MOST
-
-
 def _output_too_large(record: str, output_format: OutputFormat) -> str | None:
-    """Why a row's output (its JSON text) cannot be staged, or None: what it costs read back, and in a
-    Parquet part, each value a page of its own (:data:`.read.parquet_plan.PARQUET_PAGE_BYTES`)."""
+    """Why a row's output (its JSON text) cannot be staged, or None: what it costs read back (at most
+    what a part's lines may, :data:`.stage.part_runs.PART_LINES_COST_MOST`: a part of such a row
+    alone), and in a Parquet part, each value a page of its own
+    (:data:`.read.parquet_plan.PARQUET_PAGE_BYTES`).
+
+    An OpenAI line of n=128 choices of 400 tokens with 20 logprobs each was 84 MB of JSON and over
+    1 GiB read back: the commit refused its part, and the job failed, on every try."""
     line = record.encode("utf-8", "surrogatepass")
     if output_format == "parquet" and len(line) > parquet_plan.PARQUET_PAGE_BYTES:
         for column, value in json.loads(record).items():
@@ -537,13 +537,16 @@ def _output_too_large(record: str, output_format: OutputFormat) -> str | None:
                     f"output too large: column {column!r} holds {size:,} bytes, more than one Parquet "
                     f"page may ({parquet_plan.PARQUET_PAGE_BYTES:,}); write jsonl, or keep smaller columns"
                 )
-    if len(line) * 4 * (4 + raw_records.JSON_VALUE_COST) <= OUTPUT_ROW_COST_MOST:  # cannot cost more
+    per_byte = staged_parquet.READ_BACK_PER_JSON_BYTE if output_format == "parquet" else 1
+    if (
+        len(line) * 4 * (4 + raw_records.JSON_VALUE_COST) * per_byte <= PART_LINES_COST_MOST
+    ):  # cannot cost more
         return None
-    cost = line_cost_at_most(record, OUTPUT_ROW_COST_MOST)
-    if cost <= OUTPUT_ROW_COST_MOST:
+    cost = row_cost_at_most(record, output_format, PART_LINES_COST_MOST)
+    if cost <= PART_LINES_COST_MOST:
         return None
     return (
-        f"output too large: {len(line):,} bytes of JSON, more than {OUTPUT_ROW_COST_MOST:,} bytes once read "
+        f"output too large: {len(line):,} bytes of JSON, more than {PART_LINES_COST_MOST:,} bytes once read "
         "back (a value costs more than its text); ask for fewer tokens, choices (n) or logprobs"
     )
 

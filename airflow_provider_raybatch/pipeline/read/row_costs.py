@@ -84,6 +84,23 @@ def row_costs(table: pa.Table) -> RowCosts:
     return RowCosts(held=held + text * width, text=text * width)
 
 
+#: What a null value costs a row at most at width 1, names aside: a number's (its Python value, 16 B
+#: of Arrow and its JSON text) or a struct's own (its dict and braces), whichever is more.
+_NULL_VALUE_COST = max(_PY_VALUE + 16 + _SCALAR_JSON, _PY_DICT + 2)
+
+
+def null_cost(values: int, names_text: int) -> int:
+    """At most what a row's null cell costs read back at width 1, before the row is built: ``values``
+    null values (a struct's null is a null in each field) whose names take ``names_text`` JSON
+    characters (:func:`name_json_length`); each name is charged twice held and once as text."""
+    return values * _NULL_VALUE_COST + 3 * names_text
+
+
+def name_json_length(name: str) -> int:
+    """A column's or field's name as a row is charged it: its JSON characters with colon and comma."""
+    return _name_json(name)[0]
+
+
 def _name_json(name: str) -> tuple[int, int]:
     """A key's JSON characters (quoted, escaped, with its colon and comma) and its width."""
     quoted = json.dumps(name, ensure_ascii=False)

@@ -35,11 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
-from airflow_provider_raybatch.pipeline.read import raw_records, staged_parquet
 from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY, REPLICA_KEY
 from airflow_provider_raybatch.pipeline.row_types import StagedRow
-from airflow_provider_raybatch.pipeline.stage import footer_width, part_schema
+from airflow_provider_raybatch.pipeline.stage import footer_width, part_runs, part_schema
 from airflow_provider_raybatch.pipeline.stage.commit import (
     PART_FOLDERS,
     SEAL_FILE_NAME,
@@ -56,20 +55,6 @@ from airflow_provider_raybatch.shared.specs import ERROR_COLUMN, OutputFormat
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-
-def line_cost_at_most(record: str, budget: int) -> int:
-    """At most what a staged row's line (``record``, its JSON text) costs the commit read back, charged
-    as the commit charges a line (:func:`..read.raw_records.json_line_cost`; past ``budget`` counted
-    again outside its strings), four times over where it is not ASCII.
-
-    Why four: the line is written with its lone surrogates escaped (six bytes each), and with every
-    non-ASCII character escaped in an ASCII-only part (an OpenAI output), and the commit charges an
-    escape as the character it stands for, at up to 4 bytes wide: a surrogate charged 2 x 3 bytes here
-    was 4 x 6 read back (a row of 2,500,000 of them: 15 MB charged, 60 MB read back).
-    """
-    line = record.encode("utf-8", "surrogatepass")
-    return raw_records.json_line_cost(line, budget) * (1 if line.isascii() else 4)
 
 
 def _check_width(target: dict[str, str], folder: str, fields: list[pa.Field] | None = None) -> None:
@@ -122,10 +107,6 @@ COLUMNS_KEY = "columns"
 #: 127-character keys made every part's footer 9.5 MB. Names and types are not all a footer takes (a
 #: struct's leaves repeat its name): the output's schema is then measured (:mod:`.footer_width`).
 MAX_OUTPUT_SCHEMA_BYTES = 1 << 20
-#: The most a part's lines may cost together once the commit reads them back (as
-#: :func:`..read.raw_records.json_line_cost` charges a line): half of what a part may
-#: (:data:`..read.staged_parquet.FILE_COST_BYTES`), the rest for a Parquet part's null cells.
-PART_LINES_COST_MOST = staged_parquet.FILE_COST_BYTES // 2
 
 
 def _encode(
@@ -215,25 +196,9 @@ class PartWriter:
             storage.make_folders(storage.join(root, folder), within=self.output_uri)
 
     def write_parts(self, rows: list[StagedRow]) -> list[StagedPart]:
-        """Stage ``rows`` as parts (:meth:`write_part`), in order, as many as keep each part's lines
-        within :data:`PART_LINES_COST_MOST` once read back, each charged as the commit charges a line.
-
-        A caller cuts its rows by what it can see before they are staged (a replica, by the engine's
-        rows), but a row's staged form can cost far more: an OpenAI line's logprobs spell out each
-        token's bytes and alternatives. 32 lines of 2,000 tokens with 20 logprobs were charged 4.4 MiB
-        each as engine rows and cost 62 MiB each read back: 1.95 GiB in one part, which the commit
-        refused on every try.
-        """
-        runs: list[list[StagedRow]] = [[]]
-        held = 0
-        for row in rows:
-            cost = line_cost_at_most(row["record"], PART_LINES_COST_MOST)
-            if runs[-1] and held + cost > PART_LINES_COST_MOST:
-                runs.append([])
-                held = 0
-            runs[-1].append(row)
-            held += cost
-        return [self.write_part(run) for run in runs if run]
+        """Stage ``rows`` as parts (:meth:`write_part`), in order, as many as keep each within what the
+        commit reads back (:func:`.part_runs.cut_into_parts`: its lines, and a Parquet part's null cells)."""
+        return [self.write_part(run) for run in part_runs.cut_into_parts(rows, self.output_format)]
 
     def write_part(self, rows: list[StagedRow]) -> StagedPart:
         """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last.

@@ -42,6 +42,21 @@ def jsonl(*rows: Any) -> bytes:  # Any: JSON values.
     return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
+def engine_row(number: int = 1, **fields: Any) -> dict[str, Any]:  # Any: a row's values.
+    """An engine's answer to ticket ``T-<number>`` of in.jsonl, with ``fields`` set."""
+    return {
+        "id": f"T-{number}",
+        "source": f"in.jsonl:{number}",
+        "row": json.dumps({"id": f"T-{number}"}),
+        "request": None,
+        "sampling": None,
+        "generated_text": "",
+        "num_input_tokens": 9,
+        "num_generated_tokens": 6,
+        **fields,
+    }
+
+
 def assert_invariants(result, ids: list[str] | None = None) -> None:
     manifest = result.manifest
     assert manifest["rows_in"] == manifest["rows_out"] + manifest["rows_failed"]
@@ -582,18 +597,7 @@ def test_output_constrained_to_json_and_cut_short_is_an_error_row(
         user_template="Summarise ticket {id}",
         sampling_params={"max_tokens": 6, "structured_outputs": {"json": schema}},
     )
-    engine_row = {
-        "id": "T-1",
-        "source": "in.jsonl:1",
-        "row": json.dumps({"id": "T-1"}),
-        "request": None,
-        "sampling": sampling,
-        "generated_text": text,
-        "num_input_tokens": 9,
-        "num_generated_tokens": 6,
-    }
-
-    staged = row_steps._staged_result(engine_row, spec)
+    staged = row_steps._staged_result(engine_row(sampling=sampling, generated_text=text), spec)  # type: ignore[arg-type]
 
     if error is None:
         assert staged["ok"] is True, staged
@@ -607,20 +611,10 @@ def test_an_output_too_large_to_read_back_is_its_rows_error(
 ) -> None:
     # An OpenAI line of n=128 choices of 400 tokens with 20 logprobs each was 84 MB of JSON, over 1 GiB
     # read back: the commit refused its part on every try. The bound is made small here.
-    monkeypatch.setattr(row_steps, "OUTPUT_ROW_COST_MOST", 20_000)
+    monkeypatch.setattr(row_steps, "PART_LINES_COST_MOST", 20_000)
     spec = spec_of(tmp_path, "in.jsonl", user_template="Summarise ticket {id}")
-    engine_row = {
-        "id": "T-1",
-        "source": "in.jsonl:1",
-        "row": json.dumps({"id": "T-1"}),
-        "request": None,
-        "sampling": None,
-        "num_input_tokens": 9,
-        "num_generated_tokens": 6,
-    }
-
-    small = row_steps._staged_safely({**engine_row, "generated_text": "x" * 100}, spec)  # type: ignore[arg-type]
-    large = row_steps._staged_safely({**engine_row, "generated_text": "x" * 30_000}, spec)  # type: ignore[arg-type]
+    small = row_steps._staged_safely(engine_row(generated_text="x" * 100), spec)  # type: ignore[arg-type]
+    large = row_steps._staged_safely(engine_row(generated_text="x" * 30_000), spec)  # type: ignore[arg-type]
 
     assert small["ok"] is True
     assert large["ok"] is False
@@ -634,24 +628,12 @@ def test_rows_whose_outputs_cost_more_together_than_a_part_may_are_staged_as_sev
     # The replica cuts its rows by what the engine's rows cost; a staged OpenAI line with logprobs
     # costs far more (32 of 2,000 tokens x 20 logprobs: 1.95 GiB read back in one part, refused on
     # every try). The bound is made small here.
-    from airflow_provider_raybatch.pipeline.stage import parts
+    from airflow_provider_raybatch.pipeline.stage import part_runs
     from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
-    monkeypatch.setattr(parts, "PART_LINES_COST_MOST", 25_000)
+    monkeypatch.setattr(part_runs, "PART_LINES_COST_MOST", 25_000)
     spec = spec_of(tmp_path, "in.jsonl", user_template="Summarise ticket {id}")
-    rows = [
-        {
-            "id": f"T-{n}",
-            "source": f"in.jsonl:{n}",
-            "row": json.dumps({"id": f"T-{n}"}),
-            "request": None,
-            "sampling": None,
-            "generated_text": "x" * 10_000,
-            "num_input_tokens": 9,
-            "num_generated_tokens": 6,
-        }
-        for n in range(1, 4)
-    ]
+    rows = [engine_row(n, generated_text="x" * 10_000) for n in range(1, 4)]
     writer = PartWriter(str(tmp_path / "staging"), "jsonl", count_labels=False)
 
     staged = row_steps.stage_engine_rows(rows, spec, writer)  # type: ignore[arg-type]
@@ -681,22 +663,13 @@ def test_a_parquet_output_value_longer_than_a_page_is_its_rows_error(
     from airflow_provider_raybatch.pipeline.read import parquet_plan
 
     monkeypatch.setattr(parquet_plan, "PARQUET_PAGE_BYTES", 10_000)  # 64 MiB, made small here
-    engine_row = {
-        "id": "T-1",
-        "source": "in.jsonl:1",
-        "row": json.dumps({"id": "T-1"}),
-        "request": None,
-        "sampling": None,
-        "generated_text": "x" * 20_000,
-        "num_input_tokens": 9,
-        "num_generated_tokens": 6,
-    }
+    long_row = engine_row(generated_text="x" * 20_000)
     for output_format, ok in (("parquet", False), ("jsonl", True)):
         spec = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format=output_format)
-        staged = row_steps._staged_safely(engine_row, spec)  # type: ignore[arg-type]
+        staged = row_steps._staged_safely(long_row, spec)  # type: ignore[arg-type]
         assert staged["ok"] is ok, output_format
     parquet = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format="parquet")
-    reason = json.loads(row_steps._staged_safely(engine_row, parquet)["record"])["error"]  # type: ignore[arg-type]
+    reason = json.loads(row_steps._staged_safely(long_row, parquet)["record"])["error"]  # type: ignore[arg-type]
     assert reason.startswith("output too large: column 'generated_text' holds 20,000 bytes"), reason
 
 
@@ -705,10 +678,10 @@ def test_a_line_that_is_not_ascii_is_charged_as_its_escapes_are_read_back(
 ) -> None:
     # A lone surrogate is written as a six-byte escape, which the commit charges 4 bytes wide: rows
     # charged as their text made a part the commit refused (2,500,000 of them: 15 MB -> 60 MB read back).
-    from airflow_provider_raybatch.pipeline.stage import parts
+    from airflow_provider_raybatch.pipeline.stage import part_runs
     from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 
-    monkeypatch.setattr(parts, "PART_LINES_COST_MOST", 1_000_000)
+    monkeypatch.setattr(part_runs, "PART_LINES_COST_MOST", 1_000_000)
     text = "\ud800" * 30_000
     staged = [
         {"source": f"in.jsonl:{n}", "ok": True, "record": json.dumps({"note": text}, ensure_ascii=False)}
