@@ -437,11 +437,19 @@ class BatchInferenceSpec(BaseModel):
 
     @field_validator("model")
     @classmethod
-    def _lower_case_model_scheme(cls, value: str) -> str:
+    def _check_model_scheme(cls, value: str, info: ValidationInfo) -> str:
         # "S3://bucket/model" passed every "s3://" check (the job's S3 settings, its private, checked
-        # model cache) while vLLM, which ignores the case, fetched it with the node's own settings.
+        # model cache) while vLLM, which ignores the case, fetched it with the node's own settings;
+        # and vLLM fetches gs:// and az:// itself, with the node's settings, into no cache of ours.
         scheme, found, rest = value.partition("://")
-        return f"{scheme.lower()}://{rest}" if found else value
+        if not found:
+            return value
+        if scheme.lower() != "s3":
+            raise ValueError(
+                f"{info.field_name}={value!r} uses scheme {scheme.lower()!r}; use a Hugging Face id, "
+                "a local folder or s3://bucket/prefix."
+            )
+        return f"s3://{rest}"
 
     @field_validator("preprocess", "postprocess")
     @classmethod

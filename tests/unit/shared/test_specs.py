@@ -753,3 +753,14 @@ def test_a_model_uris_scheme_is_kept_lower_case(model: str, kept: str) -> None:
     # "S3://" passed every "s3://" check (the job's S3 settings, its checked model cache) while vLLM,
     # which ignores the case, fetched the model with the node's own settings.
     assert build(model=model).model == kept
+
+
+@pytest.mark.parametrize(
+    "model", ["gs://bucket/model", "AZ://container/model", "http://host/model", "file:///models/m"]
+)
+def test_a_model_fetched_by_any_scheme_but_s3_is_refused_naming_the_field(model: str) -> None:
+    # vLLM fetches gs:// and az:// itself, with the node's own settings and into no checked cache.
+    with pytest.raises(
+        BatchSpecError, match=r"model=.* uses scheme '(gs|az|http|file)'; use a Hugging Face id"
+    ):
+        build(model=model)
