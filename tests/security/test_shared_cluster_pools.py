@@ -58,7 +58,7 @@ def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> No
     its share in the engine: a second job's rows go in beside them, not behind all of them."""
     import asyncio
 
-    from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica, _max_num_seqs
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import _max_num_seqs
 
     inside: dict[str, int] = {"big": 0, "small": 0}
     most: dict[str, int] = {"big": 0, "small": 0}
@@ -77,19 +77,7 @@ def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> No
     class Settings:  # the built engine's scheduler config, as vLLM keeps it
         max_num_seqs = 3
 
-    replica = object.__new__(EngineReplica)
-    replica.__dict__.update(
-        _engine=Engine(),
-        _in_flight={},
-        _rows_done=0,
-        _rows_by_job={},
-        _retiring=False,
-        _chat_templates={},
-        _job_templates={},
-        _last_active=0.0,
-        _shares={},
-        _job_share=2 * Settings.max_num_seqs,
-    )
+    replica = _stub_replica(Engine(), 2 * Settings.max_num_seqs)
 
     async def main() -> None:
         big = [replica.generate({"source": f"b:{i}", "job": "big"}, "big") for i in range(60)]
@@ -116,11 +104,30 @@ def test_each_job_gets_a_share_of_a_replicas_engine_whatever_its_batches() -> No
     assert _max_num_seqs(object(), {"engine_kwargs": {"max_num_seqs": "lots"}}) == 256
 
 
+def _stub_replica(engine: object, job_share: int) -> Any:  # Any: an EngineReplica, its actor unbuilt
+    """An engine replica's state over a stub engine (Ray Data LLM's UDF), built without Ray or vLLM."""
+    from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
+
+    replica = object.__new__(EngineReplica)
+    replica.__dict__.update(
+        _engine=engine,
+        _in_flight={},
+        _rows_done=0,
+        _rows_by_job={},
+        _retiring=False,
+        _chat_templates={},
+        _job_templates={},
+        _last_active=0.0,
+        _shares={},
+        _job_share=job_share,
+    )
+    return replica
+
+
 def _sequence_counting_replica(max_num_seqs: int) -> tuple[Any, dict[str, int], list[list[int]]]:
     """A replica over a stub engine that counts each job's sequences inside it at most (a row's ``n``
     choices, one per input of an embeddings line), and, as each row goes in, its job's rows inside (their
     sequences)."""
-    from airflow_provider_raybatch.pipeline.generate.pool_replica import EngineReplica
 
     inside: dict[str, int] = {}
     most: dict[str, int] = {}
@@ -140,19 +147,7 @@ def _sequence_counting_replica(max_num_seqs: int) -> tuple[Any, dict[str, int], 
             rows_inside[job].remove(sequences)
             return {"generated_text": row["source"], "embeddings": None}
 
-    replica = object.__new__(EngineReplica)
-    replica.__dict__.update(
-        _engine=Engine(),
-        _in_flight={},
-        _rows_done=0,
-        _rows_by_job={},
-        _retiring=False,
-        _chat_templates={},
-        _job_templates={},
-        _last_active=0.0,
-        _shares={},
-        _job_share=2 * max_num_seqs,
-    )
+    replica = _stub_replica(Engine(), 2 * max_num_seqs)
     return replica, most, crowds
 
 
