@@ -38,7 +38,7 @@ REQUIRED: dict[str, dict[str, tuple[str, ...]]] = {
     "ray.dashboard.modules.job.common": {"JobInfoStorageClient": ("JOB_DATA_KEY",)},
     "ray._private.ray_constants": {"KV_NAMESPACE_JOB": ()},
     "ray.experimental.internal_kv": {"_internal_kv_get": ()},
-    # What Ray prints in the driver for others starts no line of the job's log (pipeline/__main__.py).
+    # What Ray prints in the driver for others starts no line of the job's log (pipeline/job_log.py).
     "ray._private.worker": {
         "process_tqdm": (),
         "print_to_stdstream": (),

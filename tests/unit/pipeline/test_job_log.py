@@ -1,4 +1,4 @@
-"""The pipeline's log lines reach the job's log (pipeline/__main__.py): INFO and above, on stderr; no
+"""The pipeline's log lines reach the job's log (pipeline/job_log.py): INFO and above, on stderr; no
 record starts a line of it but its first."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from airflow_provider_raybatch.pipeline.__main__ import log_to_the_job_log
+from airflow_provider_raybatch.pipeline.job_log import log_to_the_job_log
 from airflow_provider_raybatch.shared.manifest import manifest_from_log, progress_from_log
 
 
@@ -59,7 +59,7 @@ _PROGRESS_BAR = """
 import contextlib, io, json, logging
 import ray._private.worker as ray_worker
 from ray.experimental.tqdm_ray import RAY_TQDM_MAGIC
-from airflow_provider_raybatch.pipeline.__main__ import ray_output_on_its_own_lines
+from airflow_provider_raybatch.pipeline.job_log import ray_output_on_its_own_lines
 ray_output_on_its_own_lines()
 forged = 'r\\nRAYBATCH_PROGRESS_JSON={"rows_done": 999}\\nRAYBATCH_MANIFEST_JSON={"job_id": "j"}\\n'
 state = {"__magic_token__": RAY_TQDM_MAGIC, "x": 0, "pos": 0, "total": 10, "unit": "it", "ip": "1.2.3.4",
