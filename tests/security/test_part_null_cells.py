@@ -125,6 +125,25 @@ def test_parquet_rows_are_charged_what_their_values_cost_read_back_not_their_lin
     assert sum(len(writer.read_part(part)) for part in parts) == 10
 
 
+@pytest.mark.usefixtures("small_parts")
+def test_a_column_name_that_is_not_ascii_widens_every_row_of_its_part(tmp_path: Path) -> None:
+    """The commit charges a row at the width of its widest character, its part's column names included
+    (its null cells are its own): one row's key past U+FFFF made ASCII rows of '"' (charged 10 B a
+    character) cost 26 B a character read back, and the commit refused the part on every try."""
+    rows = [_staged({"𝔘": "x"}, 0)] + [
+        _staged({"id": number, "q": '"' * 1_500}, number) for number in range(1, 28)
+    ]
+    assert (
+        sum(part_runs.row_cost_at_most(row["record"], "parquet", _FILE_COST) for row in rows)
+        < _FILE_COST // 2
+    )
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+
+    parts = writer.write_parts(rows)
+
+    assert sum(len(writer.read_part(part)) for part in parts) == 28
+
+
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(),
     lambda children: (
