@@ -506,6 +506,7 @@ class BatchInferenceSpec(BaseModel):
                 "to be a folder of the Ray user's alone. Set compile_cache_dir instead."
             )
         _check_json_serializable("engine_kwargs", value)
+        _check_no_remote_sources("engine_kwargs", value)
         return value
 
     @field_validator("concurrency")
@@ -928,6 +929,31 @@ def _is_inside(uri: str, folder: str) -> bool:
         return f"{scheme}{sep}{posixpath.normpath('/' + path.removeprefix('file://'))}"
 
     return normal(uri).startswith(normal(folder).rstrip("/") + "/")
+
+
+#: A text that names a remote source: a scheme, then ``://`` (vLLM trims spaces from paths it takes).
+_REMOTE_SOURCE = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.-]*://")
+#: engine_kwargs that take a URL and fetch nothing from it: where vLLM sends its traces.
+_URL_ENGINE_KWARGS = frozenset({"otlp_traces_endpoint"})
+
+
+def _check_no_remote_sources(name: str, value: ArgValue, path: str = "") -> None:
+    """Refuse a remote source (``gs://``, ``s3://``, ``http://`` ...) anywhere in ``value``: vLLM fetches
+    a tokenizer, a draft model or a config from one itself (``engine_kwargs['tokenizer']='gs://...'``
+    pulled the folder, its code included, with the node's own credentials), outside the model cache
+    that is checked; ``model=`` is the one remote source a job takes."""
+    if isinstance(value, str) and _REMOTE_SOURCE.match(value) and path.strip("[]'") not in _URL_ENGINE_KWARGS:
+        raise ValueError(
+            f"{name}{path}={value!r} names a remote source, which vLLM would fetch itself with the node's "
+            "own settings, outside the checked model cache: use a local folder (or the model's own, "
+            "leaving it unset)."
+        )
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_no_remote_sources(name, item, f"{path}[{key!r}]")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_no_remote_sources(name, item, f"{path}[{index}]")
 
 
 def _check_json_serializable(name: str, value: ArgValue) -> None:

@@ -764,3 +764,31 @@ def test_a_model_fetched_by_any_scheme_but_s3_is_refused_naming_the_field(model:
         BatchSpecError, match=r"model=.* uses scheme '(gs|az|http|file)'; use a Hugging Face id"
     ):
         build(model=model)
+
+
+@pytest.mark.parametrize(
+    ("engine_kwargs", "named"),
+    [
+        ({"tokenizer": "gs://attacker/tok"}, r"engine_kwargs\['tokenizer'\]='gs://attacker/tok'"),
+        ({"tokenizer": " az://c/tok"}, r"engine_kwargs\['tokenizer'\]=' az://c/tok'"),
+        ({"tokenizer": "S3://bucket/tok"}, r"engine_kwargs\['tokenizer'\]='S3://bucket/tok'"),
+        (
+            {"speculative_config": {"model": "gs://b/draft"}},
+            r"engine_kwargs\['speculative_config'\]\['model'\]",
+        ),
+        ({"hf_config_path": "https://host/config"}, r"engine_kwargs\['hf_config_path'\]"),
+        ({"lora_modules": [{"path": "gs://b/lora"}]}, r"engine_kwargs\['lora_modules'\]\[0\]\['path'\]"),
+    ],
+)
+def test_engine_kwargs_naming_a_remote_source_are_refused_naming_the_key(
+    engine_kwargs: dict[str, Any], named: str
+) -> None:
+    # vLLM pulled engine_kwargs['tokenizer']='gs://...' itself (its code too, for trust_remote_code), with
+    # the node's own credentials, outside the checked model cache.
+    with pytest.raises(BatchSpecError, match=named + r".* names a remote source"):
+        build(engine_kwargs=engine_kwargs)
+
+
+def test_engine_kwargs_that_send_to_a_url_and_local_folders_are_kept() -> None:
+    kwargs = {"otlp_traces_endpoint": "http://collector:4317", "tokenizer": "/models/tok", "max_num_seqs": 8}
+    assert build(engine_kwargs=kwargs).engine_kwargs == kwargs
