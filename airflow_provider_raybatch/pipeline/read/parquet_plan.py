@@ -241,16 +241,19 @@ def plan_reading(data: bytes, metadata: pq.FileMetaData, schema: pa.Schema) -> P
     return ParquetPlan(dictionary_columns=sorted(dictionary_columns), batches=batches)
 
 
-def planned_batches(parquet: pq.ParquetFile, plan: ParquetPlan) -> Iterator[pa.RecordBatch]:
+def planned_batches(
+    parquet: pq.ParquetFile, plan: ParquetPlan, columns: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
     """The file's batches, each of the rows its plan says: pyarrow's reader takes a new batch size
     before each batch. A batch of other rows than planned fails the file rather than be used.
 
     :param parquet: the file opened with the plan's ``dictionary_columns`` as ``read_dictionary``.
+    :param columns: the top-level columns to read (None: all); the plan's batches count them all.
     :raises ValueError: the reader read a batch of other rows than planned.
     """
     if not plan.batches:
         return
-    batches = parquet.iter_batches(batch_size=plan.batches[0])
+    batches = parquet.iter_batches(batch_size=plan.batches[0], columns=columns)
     for rows in plan.batches:
         parquet.reader.set_batch_size(rows)
         batch = next(batches, None)

@@ -78,9 +78,11 @@ class StagedParquetTooLargeError(ValueError):
     """A staged Parquet file whose rows cost more than a reader may hold; the message says how much."""
 
 
-def read_table(data: bytes, most_cost: int | None = None) -> pa.Table:
+def read_table(data: bytes, most_cost: int | None = None, columns: list[str] | None = None) -> pa.Table:
     """The whole file, of the column types it declares (as ``pq.read_table`` gives it), once its rows
     are known to cost at most ``most_cost`` (default :data:`FILE_COST_BYTES`).
+
+    :param columns: the top-level columns to read and charge, those the file has of them (None: all).
 
     :raises arrow_types.RefusedArrowTypeError: a column is, or holds, a type off the allowlist.
     :raises arrow_types.FooterTooLongError: its footer is longer than a reader parses.
@@ -92,17 +94,22 @@ def read_table(data: bytes, most_cost: int | None = None) -> pa.Table:
 
     schema, metadata, plan = _planned(data)
     most_cost = FILE_COST_BYTES if most_cost is None else most_cost
+    if columns is not None:
+        columns = [name for name in schema.names if name in set(columns)]
+        schema = pa.schema([schema.field(name) for name in columns], metadata=schema.metadata)
     # Charged a batch at a time first, keeping none: a file refused has held one batch, not every
     # batch read before it passed the bound. Reading twice costs little: commit reads a part only to
     # give it the output's schema or to stage its rows again without repeats.
-    _charge(_batches(data, metadata, plan), metadata.num_rows, most_cost)
-    batches = list(_batches(data, metadata, plan))
+    _charge(_batches(data, metadata, plan, columns), metadata.num_rows, most_cost)
+    batches = list(_batches(data, metadata, plan, columns))
     if not batches:
         return schema.empty_table()
     table = pa.Table.from_batches(batches)
     # Dictionary columns back to the types the file declares: their values at each row now, which
     # the cost counted already. Those alone: a cast of the whole table breaks a list of nulls.
     for name in plan.dictionary_columns:
+        if name not in schema.names:
+            continue
         index = table.schema.get_field_index(name)
         declared = schema.field(name)
         table = table.set_column(index, declared, table.column(index).cast(declared.type))
@@ -123,7 +130,7 @@ def _planned(data: bytes) -> tuple[pa.Schema, pq.FileMetaData, parquet_plan.Parq
 
 
 def _batches(
-    data: bytes, metadata: pq.FileMetaData, plan: parquet_plan.ParquetPlan
+    data: bytes, metadata: pq.FileMetaData, plan: parquet_plan.ParquetPlan, columns: list[str] | None = None
 ) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
 
@@ -131,7 +138,7 @@ def _batches(
     parquet = arrow_types.open_parquet(
         pa.BufferReader(data), read_dictionary=plan.dictionary_columns, metadata=metadata
     )
-    return parquet_plan.planned_batches(parquet, plan)
+    return parquet_plan.planned_batches(parquet, plan, columns)
 
 
 def _charge(batches: Iterator[pa.RecordBatch], file_rows: int, most_cost: int) -> None:

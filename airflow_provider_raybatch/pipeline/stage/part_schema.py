@@ -424,7 +424,7 @@ def read_parquet_schema(data: bytes, name: str) -> pa.Schema:
     return schema
 
 
-def read_parquet(data: bytes, name: str) -> pa.Table:
+def read_parquet(data: bytes, name: str, columns: list[str] | None = None) -> pa.Table:
     """A staged part's table, read within the bounds of :mod:`..read.staged_parquet` (its types
     checked first, then its pages, then what its rows cost once read, before any value is Python).
 
@@ -435,10 +435,11 @@ def read_parquet(data: bytes, name: str) -> pa.Table:
     it is, for whoever can write the output to look at; no row is at fault.
 
     :param name: the part's file, as the error names it.
+    :param columns: the columns to read, those the part has of them (None: all).
     :raises ValueError: the part cannot be read within the bounds; the message names it and the bound.
     """
     try:
-        return staged_parquet.read_table(data)
+        return staged_parquet.read_table(data, columns=columns)
     except ValueError as err:
         raise _refused(err, name) from err
 
@@ -506,12 +507,13 @@ def _refused(err: ValueError, name: str) -> ValueError:
     return refusal(f"staged part {name}: {err}")
 
 
-def decode_parquet(data: bytes, name: str = "part") -> list[JsonObject]:
+def decode_parquet(data: bytes, name: str = "part", columns: list[str] | None = None) -> list[JsonObject]:
     """A part's rows as they were staged: JSON text columns read back as the values they hold.
 
     :param name: the part's file, as an error names it.
+    :param columns: the columns to read (None: all).
     """
-    table = read_parquet(data, name)
+    table = read_parquet(data, name, columns)
     json_columns = [field.name for field in table.schema if is_json_field(field)]
     check_json_cost(_json_cells(table, json_columns), name)
     rows = table.to_pylist()

@@ -140,13 +140,26 @@ def _escape_line_breaks(line: str) -> str:
     return line
 
 
-def _decode(data: bytes, output_format: OutputFormat, part_file: str) -> list[Row]:
+def _decode(
+    data: bytes, output_format: OutputFormat, part_file: str, columns: list[str] | None = None
+) -> list[Row]:
     if output_format == "jsonl":
         part_schema.check_json_cost(
             (line for _, line in split_lines(data)), part_file
         )  # before any is parsed
         return [json.loads(line) for line in data.decode().split("\n") if line]
-    return part_schema.decode_parquet(data, part_file)
+    return part_schema.decode_parquet(data, part_file, columns)
+
+
+def _staged_columns(part: StagedPart, folder: str) -> list[str] | None:
+    """The columns a part's file had when it was staged (its sidecar's), or None where it names none.
+
+    A commit gives each part the output's columns (:meth:`PartWriter.conform_parts`), adding each
+    column the part lacks as null cells, and leaves the sidecar as it was: a later commit of the same
+    staging (a held run taken, a commit resumed) reads only these, or the part's rows would be charged
+    the cells the first one added (300 rows given 4,481 columns: refused on every later try)."""
+    columns = part.sidecar.get(COLUMNS_KEY, {}).get(folder)
+    return list(columns) if isinstance(columns, dict) else None
 
 
 class PartWriter:
@@ -317,7 +330,9 @@ class PartWriter:
         records: dict[str, list[Row]] = {"outputs": [], "errors": []}
         for folder, name in part.sidecar["files"].items():
             part_file = f"{folder}/{name}"
-            records[folder] = _decode(self._read_file(part_file), self.output_format, part_file)
+            records[folder] = _decode(
+                self._read_file(part_file), self.output_format, part_file, _staged_columns(part, folder)
+            )
         ok = [True] * len(records["outputs"]) + [False] * len(records["errors"])
         if len(ok) != len(part.sidecar["sources"]):
             raise ValueError(
@@ -356,7 +371,9 @@ class PartWriter:
                     continue
                 part_file = f"{folder}/{part.sidecar['files'][folder]}"
                 uri = storage.join(self.data_uri, part_file)
-                table = part_schema.read_parquet(self._read_file(part_file), part_file)
+                table = part_schema.read_parquet(
+                    self._read_file(part_file), part_file, _staged_columns(part, folder)
+                )
                 storage.write_bytes(
                     uri,
                     part_schema.encode_parquet(part_schema.conform(table, target, arrow_types)),
