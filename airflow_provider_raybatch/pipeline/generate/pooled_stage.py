@@ -35,6 +35,7 @@ from ray.llm._internal.batch.stages.base import StatefulStageUDF
 
 from airflow_provider_raybatch.pipeline.generate import engine
 from airflow_provider_raybatch.pipeline.generate.engine_pool import UP_ANSWER_SECONDS, EnginePool
+from airflow_provider_raybatch.pipeline.generate.rows_in_flight import RowsInFlight, row_bytes
 from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishedRows
 from airflow_provider_raybatch.shared.json_types import ArgValue, JsonObject, Kwargs, Row
 
@@ -51,11 +52,6 @@ BUILD_SKEW_GRACE_SECONDS = 5.0
 #: How often one row may find its job's lease lapsed on a replica and be sent again before the stage
 #: fails: a driver whose renewals keep missing is not a passing stall.
 MAX_LEASE_LAPSES_PER_ROW = 3
-#: One stage actor's rows waiting on the pool's replicas at once, at most. A replica runs up to 10,000
-#: calls at once for every job together (``engine_pool``'s ``max_concurrency``): a job whose batches
-#: put more rows in flight (256-row batches x 8 per actor x several actors) would hold the other jobs'
-#: rows in Ray's queue. Twice vLLM's largest ``max_num_seqs`` default keeps a replica's engine fed.
-ROWS_IN_FLIGHT_PER_STAGE_ACTOR = 2048
 
 
 class PoolReplicaLost(RuntimeError):
@@ -88,9 +84,9 @@ def _sentence(text: str) -> str:
 class _PoolClient(StatefulStageUDF):
     """Ray Data LLM's stage UDF protocol, answered by the pool's replicas row by row."""
 
-    #: Places for this actor's rows waiting on the replicas (:data:`ROWS_IN_FLIGHT_PER_STAGE_ACTOR`),
-    #: made at the first row, on the actor's loop.
-    _rows_in_flight: asyncio.Semaphore | None = None
+    #: Places for this actor's rows waiting on the replicas (:mod:`.rows_in_flight`), made at the
+    #: first row, on the actor's loop.
+    _rows_in_flight: RowsInFlight | None = None
 
     def __init__(
         self,
@@ -172,8 +168,8 @@ class _PoolClient(StatefulStageUDF):
             try:
                 await self._attach(index, handle)
                 if self._rows_in_flight is None:
-                    self._rows_in_flight = asyncio.Semaphore(ROWS_IN_FLIGHT_PER_STAGE_ACTOR)
-                async with self._rows_in_flight:
+                    self._rows_in_flight = RowsInFlight()
+                async with self._rows_in_flight.admitted(row_bytes(row)):
                     return await handle.generate.remote(row, self._job_id, self._render_in_pool)
             except ray.exceptions.TaskCancelledError as err:
                 # The replica cancelled this job's requests: the job's lease lapsed there (its driver's

@@ -302,7 +302,7 @@ def test_a_replica_cancels_a_lapsed_jobs_rows_keeps_a_leased_one_and_retires_aft
 _STAGE = """
 import asyncio, json
 import ray
-from airflow_provider_raybatch.pipeline.generate import pooled_stage
+from airflow_provider_raybatch.pipeline.generate import pooled_stage, rows_in_flight
 
 class Call:
     def __init__(self, fn): self.fn = fn
@@ -400,7 +400,7 @@ async def unreachable_for(seconds, rows=1):  # every call fails as unavailable f
     return {"rows": texts, "made": len(made), "replaced": client._replaced}
 
 async def most_in_flight(rows, cap):  # the most rows one stage actor has waiting on the replicas at once
-    pooled_stage.ROWS_IN_FLIGHT_PER_STAGE_ACTOR = cap
+    rows_in_flight.ROWS_IN_FLIGHT_PER_STAGE_ACTOR = cap
     inside, most = [0], [0]
     answer = Replica._generate
     async def slow(self, row, job_id, render):
@@ -416,6 +416,24 @@ async def most_in_flight(rows, cap):  # the most rows one stage actor has waitin
     finally:
         Replica._generate = answer
     return {"rows": len(out), "most": most[0]}
+
+async def most_bytes_in_flight(rows, size, most):  # the most prompt bytes one stage actor has in a replica
+    rows_in_flight.BYTES_IN_FLIGHT_PER_STAGE_ACTOR = most
+    inside, top = [0], [0]
+    answer = Replica._generate
+    async def slow(self, row, job_id, render):
+        inside[0] += len(row["prompt"])
+        top[0] = max(top[0], inside[0])
+        await asyncio.sleep(0.01)
+        inside[0] -= len(row["prompt"])
+        return await answer(self, row, job_id, render)
+    Replica._generate = slow
+    try:
+        batch = [{"source": f"a:{i}", "__idx_in_batch": i, "prompt": "x" * size} for i in range(rows)]
+        out = [row async for row in client_of([]).udf(batch)]
+    finally:
+        Replica._generate = answer
+    return {"rows": len(out), "most": top[0]}
 
 def stage_failed(error, name="pooled_stage.PoolReplicaLost"):  # run_batch's error for the engine dataset
     from airflow_provider_raybatch.pipeline import run as run_module
@@ -440,7 +458,8 @@ part_done(({"one_death": asyncio.run(run([1])), "too_many": too_many_report,
                   "three_rows_past_grace": asyncio.run(unreachable_for(0.8, rows=3)),
                   "lease_lapsed": asyncio.run(run(["lease lapsed"] * 2)),
                   "lease_keeps_lapsing": asyncio.run(run(["lease lapsed"] * 20)),
-                  "capped": asyncio.run(most_in_flight(rows=9, cap=2))}))
+                  "capped": asyncio.run(most_in_flight(rows=9, cap=2)),
+                  "bytes_capped": asyncio.run(most_bytes_in_flight(rows=8, size=10_000, most=25_000))}))
 """
 
 
@@ -614,6 +633,15 @@ def test_a_stage_actor_keeps_a_bounded_number_of_rows_waiting_on_the_replicas(st
     """A replica's row calls are shared by every job: one stage actor's batches never hold more than
     ROWS_IN_FLIGHT_PER_STAGE_ACTOR of them (2 here), and every row still comes back."""
     assert stage_report["capped"] == {"rows": 9, "most": 2}
+
+
+def test_a_stage_actor_keeps_a_bounded_number_of_bytes_waiting_on_a_shared_replica(
+    stage_report: dict,
+) -> None:
+    """A shared replica holds each row sent to it until the engine answers: a count alone let 2,048
+    rows near the input bound (32 MiB each) put 64 GiB in a replica other DAGs' rows share. Rows of
+    10 KB under a 25 KB bound: two at a time, and every row still comes back."""
+    assert stage_report["bytes_capped"] == {"rows": 8, "most": 20_000}
 
 
 def test_a_job_with_every_row_slot_taken_leaves_the_control_calls_free(on_cluster: dict) -> None:
