@@ -86,3 +86,10 @@ def test_a_row_cancelled_while_it_waits_leaves_the_line() -> None:
 )
 def test_a_rows_bytes_count_its_texts_at_any_depth(row: dict[str, object], at_least: int) -> None:
     assert at_least <= row_bytes(row) <= at_least + 2_000
+
+
+def test_a_decoded_image_counts_its_pixels() -> None:
+    from PIL import Image
+
+    row = {"multi_modal_data": {"image": [Image.new("RGB", (1_000, 500))]}}
+    assert 1_500_000 <= row_bytes(row) <= 1_502_000

@@ -38,7 +38,14 @@ def row_bytes(value: object) -> int:
     if isinstance(value, list | tuple):
         return _VALUE_BYTES + sum(row_bytes(item) for item in value)
     nbytes = getattr(value, "nbytes", None)  # a numpy array (an image Ray Data decoded)
-    return _VALUE_BYTES + (nbytes if isinstance(nbytes, int) else 0)
+    if isinstance(nbytes, int):
+        return _VALUE_BYTES + nbytes
+    size, bands = getattr(value, "size", None), getattr(value, "getbands", None)
+    if callable(bands) and isinstance(size, tuple) and len(size) == 2:
+        # a decoded PIL image (an image row's engine input): its pixels, a byte a band
+        width, height = size
+        return _VALUE_BYTES + int(width) * int(height) * len(bands())
+    return _VALUE_BYTES
 
 
 class RowsInFlight:
