@@ -93,3 +93,17 @@ def test_a_decoded_image_counts_its_pixels() -> None:
 
     row = {"multi_modal_data": {"image": [Image.new("RGB", (1_000, 500))]}}
     assert 1_500_000 <= row_bytes(row) <= 1_502_000
+
+
+def test_a_rows_texts_count_as_python_holds_them_in_ray_datas_shapes() -> None:
+    """Ray Data hands a row's messages to the stage as a numpy object array, whose ``nbytes`` is 8 bytes
+    a pointer (a 4 MiB message was charged 208 B); a text with a character past U+FFFF is held at
+    4 bytes a character (4 Mi characters: 16 MiB)."""
+    import pyarrow as pa
+
+    as_ray_gives = pa.array([{"messages": [{"role": "user", "content": "a" * 4_000_000}]}])
+    row = as_ray_gives.to_numpy(zero_copy_only=False).tolist()[0]
+    assert type(row["messages"]).__name__ == "ndarray"
+
+    assert row_bytes(row) >= 4_000_000
+    assert row_bytes({"prompt": "a" * 4_000_000 + "\U0001f600"}) >= 16_000_000

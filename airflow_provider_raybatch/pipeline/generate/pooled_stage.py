@@ -40,6 +40,7 @@ from airflow_provider_raybatch.pipeline.generate.staged_udf import StagesFinishe
 from airflow_provider_raybatch.shared.json_types import ArgValue, JsonObject, Kwargs, Row
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
     from ray.actor import ActorHandle
 
 #: How long a row keeps trying a replica Ray calls unavailable (not dead) before it is replaced, and how
@@ -79,6 +80,14 @@ def death_cause(err: BaseException) -> tuple[str, bool]:
 
 def _sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _cancel_in_replica(call: ObjectRef[Row]) -> None:
+    """Cancel a row's call in the replica once its batch gave up on it (another row of the batch
+    failed): else the replica kept generating, and holding, a row its place in flight no longer
+    counted, and a retried batch put its rows in flight twice."""
+    with contextlib.suppress(Exception):  # it may have finished meanwhile
+        ray.cancel(call)
 
 
 class _PoolClient(StatefulStageUDF):
@@ -170,7 +179,12 @@ class _PoolClient(StatefulStageUDF):
                 if self._rows_in_flight is None:
                     self._rows_in_flight = RowsInFlight()
                 async with self._rows_in_flight.admitted(row_bytes(row)):
-                    return await handle.generate.remote(row, self._job_id, self._render_in_pool)
+                    call = handle.generate.remote(row, self._job_id, self._render_in_pool)
+                    try:
+                        return await call
+                    except asyncio.CancelledError:
+                        _cancel_in_replica(call)
+                        raise
             except ray.exceptions.TaskCancelledError as err:
                 # The replica cancelled this job's requests: the job's lease lapsed there (its driver's
                 # renewals did not arrive within LEASE_SECONDS, as under a stalled driver). The job is

@@ -435,6 +435,24 @@ async def most_bytes_in_flight(rows, size, most):  # the most prompt bytes one s
         Replica._generate = answer
     return {"rows": len(out), "most": top[0]}
 
+async def cancelled_in_replica():  # a batch one row of which fails: the others' calls in the replica
+    cancelled, cancel, answer = [], pooled_stage._cancel_in_replica, Replica._generate
+    async def first_fails(self, row, job_id, render):
+        if row["__idx_in_batch"] == 0:
+            raise ValueError("the replica refused the row")
+        await asyncio.sleep(30)
+    pooled_stage._cancel_in_replica, Replica._generate = cancelled.append, first_fails
+    try:
+        batch = [{"source": f"a:{i}", "__idx_in_batch": i} for i in range(3)]
+        try:
+            [row async for row in client_of([]).udf(batch)]
+        except ValueError as err:
+            failed = str(err)
+        await asyncio.sleep(0.05)  # the batch's other rows' tasks take their cancellation
+    finally:
+        pooled_stage._cancel_in_replica, Replica._generate = cancel, answer
+    return {"failed": failed, "cancelled": len(cancelled)}
+
 def stage_failed(error, name="pooled_stage.PoolReplicaLost"):  # run_batch's error for the engine dataset
     from airflow_provider_raybatch.pipeline import run as run_module
     wrapped = Exception("ray::MapWorker(MapBatches(RaybatchPooledEngineStageUDF)).submit() (pid=1)\\n"
@@ -459,7 +477,8 @@ part_done(({"one_death": asyncio.run(run([1])), "too_many": too_many_report,
                   "lease_lapsed": asyncio.run(run(["lease lapsed"] * 2)),
                   "lease_keeps_lapsing": asyncio.run(run(["lease lapsed"] * 20)),
                   "capped": asyncio.run(most_in_flight(rows=9, cap=2)),
-                  "bytes_capped": asyncio.run(most_bytes_in_flight(rows=8, size=10_000, most=25_000))}))
+                  "bytes_capped": asyncio.run(most_bytes_in_flight(rows=8, size=10_000, most=25_000)),
+                  "given_up": asyncio.run(cancelled_in_replica())}))
 """
 
 
@@ -642,6 +661,12 @@ def test_a_stage_actor_keeps_a_bounded_number_of_bytes_waiting_on_a_shared_repli
     rows near the input bound (32 MiB each) put 64 GiB in a replica other DAGs' rows share. Rows of
     10 KB under a 25 KB bound: two at a time, and every row still comes back."""
     assert stage_report["bytes_capped"] == {"rows": 8, "most": 20_000}
+
+
+def test_rows_of_a_batch_that_failed_are_cancelled_in_the_replica(stage_report: dict) -> None:
+    """A batch gives up its other rows when one fails: their calls are cancelled in the replica too,
+    which else kept generating (and holding) rows their places in flight no longer counted."""
+    assert stage_report["given_up"] == {"failed": "the replica refused the row", "cancelled": 2}
 
 
 def test_a_job_with_every_row_slot_taken_leaves_the_control_calls_free(on_cluster: dict) -> None:
