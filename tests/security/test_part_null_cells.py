@@ -126,17 +126,13 @@ def test_parquet_rows_are_charged_what_their_values_cost_read_back_not_their_lin
 
 
 @pytest.mark.usefixtures("small_parts")
-def test_a_column_name_that_is_not_ascii_widens_every_row_of_its_part(tmp_path: Path) -> None:
-    """The commit charges a row at the width of its widest character, its part's column names included
-    (its null cells are its own): one row's key past U+FFFF made ASCII rows of '"' (charged 10 B a
-    character) cost 26 B a character read back, and the commit refused the part on every try."""
-    rows = [_staged({"𝔘": "x"}, 0)] + [
-        _staged({"id": number, "q": '"' * 1_500}, number) for number in range(1, 28)
-    ]
-    assert (
-        sum(part_runs.row_cost_at_most(row["record"], "parquet", _FILE_COST) for row in rows)
-        < _FILE_COST // 2
-    )
+@pytest.mark.parametrize("wide", [{"𝔘": "x"}, {"s": {"t": {"𝔘": 1}}}], ids=["column", "field"])
+def test_a_name_that_is_not_ascii_at_any_depth_widens_every_row_of_its_part(tmp_path: Path, wide) -> None:
+    """The commit charges a row at the width of its widest character, its part's column and field
+    names included (its null cells are its own): one row's key past U+FFFF made ASCII rows of '"'
+    (charged 10 B a character) cost 26 B a character read back, and the commit refused the part on
+    every try; a struct field's name, at any depth, the same."""
+    rows = [_staged(wide, 0)] + [_staged({"id": number, "q": '"' * 1_500}, number) for number in range(1, 28)]
     writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
 
     parts = writer.write_parts(rows)
@@ -210,3 +206,17 @@ def test_a_part_given_the_outputs_columns_is_read_back_as_staged_by_a_later_comm
     back = writer.read_part(parts[0])
 
     assert [json.loads(row["record"]) for row in back] == [json.loads(row["record"]) for row in shared]
+
+
+def test_a_later_commit_reads_a_dotted_column_name_as_that_column_only(tmp_path: Path) -> None:
+    """pyarrow takes a column name as a dotted path: a later commit that read a part's ``a.b`` by name
+    read the struct ``a``'s field ``b`` too, with every null field the first commit gave it (3,000 of
+    them: refused on every try), and staged its rows again with a key ``a`` they never had."""
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+    parts = writer.write_parts([_staged({"a": {"b": 1, "c": "x"}}, 0)])
+    parts += writer.write_parts([_staged({"a.b": 7, "id": 1}, 1)])
+
+    writer.conform_parts(parts)  # the first commit: the second part gets a struct column "a" of nulls
+    writer.conform_parts(parts)  # a later one
+
+    assert [json.loads(row["record"]) for row in writer.read_part(parts[1])] == [{"a.b": 7, "id": 1}]

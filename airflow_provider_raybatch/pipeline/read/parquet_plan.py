@@ -242,18 +242,23 @@ def plan_reading(data: bytes, metadata: pq.FileMetaData, schema: pa.Schema) -> P
 
 
 def planned_batches(
-    parquet: pq.ParquetFile, plan: ParquetPlan, columns: list[str] | None = None
+    parquet: pq.ParquetFile, plan: ParquetPlan, fields: list[int] | None = None
 ) -> Iterator[pa.RecordBatch]:
     """The file's batches, each of the rows its plan says: pyarrow's reader takes a new batch size
     before each batch. A batch of other rows than planned fails the file rather than be used.
 
     :param parquet: the file opened with the plan's ``dictionary_columns`` as ``read_dictionary``.
-    :param columns: the top-level columns to read (None: all); the plan's batches count them all.
+    :param fields: the top-level fields to read, by position (None: all); the plan's batches count them
+        all. By position, not name: pyarrow takes a name as a dotted path, so a column ``a.b`` read
+        by name also read struct ``a``'s field ``b``.
     :raises ValueError: the reader read a batch of other rows than planned.
     """
     if not plan.batches:
         return
-    batches = parquet.iter_batches(batch_size=plan.batches[0], columns=columns)
+    leaves = None if fields is None else _leaf_indices(parquet.schema_arrow, fields)
+    batches = parquet.reader.iter_batches(
+        plan.batches[0], row_groups=range(parquet.metadata.num_row_groups), column_indices=leaves
+    )
     for rows in plan.batches:
         parquet.reader.set_batch_size(rows)
         batch = next(batches, None)
@@ -261,6 +266,30 @@ def planned_batches(
             got = 0 if batch is None else batch.num_rows
             raise ValueError(f"its reader read a batch of {got:,} rows where {rows:,} were planned")
         yield batch
+
+
+def _leaf_indices(schema: pa.Schema, fields: list[int]) -> list[int]:
+    """The Parquet leaf columns of the top-level ``fields`` (positions in ``schema``), in the file's order:
+    each field's leaves follow the fields before it's."""
+    counts = [_leaf_count(field.type) for field in schema]
+    starts = [sum(counts[:position]) for position in range(len(counts))]
+    return [starts[position] + leaf for position in sorted(fields) for leaf in range(counts[position])]
+
+
+def _leaf_count(data_type: pa.DataType) -> int:
+    import pyarrow as pa
+
+    if pa.types.is_struct(data_type):
+        return sum(_leaf_count(field.type) for field in data_type)
+    if pa.types.is_map(data_type):
+        return _leaf_count(data_type.key_type) + _leaf_count(data_type.item_type)
+    if (
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+    ):
+        return _leaf_count(data_type.value_type)
+    return 1
 
 
 def _leaf(column: pq.ColumnSchema, python: int) -> _Leaf:

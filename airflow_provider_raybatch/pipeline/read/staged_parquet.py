@@ -94,14 +94,15 @@ def read_table(data: bytes, most_cost: int | None = None, columns: list[str] | N
 
     schema, metadata, plan = _planned(data)
     most_cost = FILE_COST_BYTES if most_cost is None else most_cost
+    fields = None
     if columns is not None:
-        columns = [name for name in schema.names if name in set(columns)]
-        schema = pa.schema([schema.field(name) for name in columns], metadata=schema.metadata)
+        fields = [position for position, name in enumerate(schema.names) if name in set(columns)]
+        schema = pa.schema([schema.field(position) for position in fields], metadata=schema.metadata)
     # Charged a batch at a time first, keeping none: a file refused has held one batch, not every
     # batch read before it passed the bound. Reading twice costs little: commit reads a part only to
     # give it the output's schema or to stage its rows again without repeats.
-    _charge(_batches(data, metadata, plan, columns), metadata.num_rows, most_cost)
-    batches = list(_batches(data, metadata, plan, columns))
+    _charge(_batches(data, metadata, plan, fields), metadata.num_rows, most_cost)
+    batches = list(_batches(data, metadata, plan, fields))
     if not batches:
         return schema.empty_table()
     table = pa.Table.from_batches(batches)
@@ -130,7 +131,7 @@ def _planned(data: bytes) -> tuple[pa.Schema, pq.FileMetaData, parquet_plan.Parq
 
 
 def _batches(
-    data: bytes, metadata: pq.FileMetaData, plan: parquet_plan.ParquetPlan, columns: list[str] | None = None
+    data: bytes, metadata: pq.FileMetaData, plan: parquet_plan.ParquetPlan, fields: list[int] | None = None
 ) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
 
@@ -138,7 +139,7 @@ def _batches(
     parquet = arrow_types.open_parquet(
         pa.BufferReader(data), read_dictionary=plan.dictionary_columns, metadata=metadata
     )
-    return parquet_plan.planned_batches(parquet, plan, columns)
+    return parquet_plan.planned_batches(parquet, plan, fields)
 
 
 def _charge(batches: Iterator[pa.RecordBatch], file_rows: int, most_cost: int) -> None:

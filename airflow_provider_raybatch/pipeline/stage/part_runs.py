@@ -58,6 +58,15 @@ def row_cost_at_most(record: str, output_format: OutputFormat, budget: int) -> i
     return per_byte * raw_records.json_line_cost(line, budget // per_byte)
 
 
+def _names_are_ascii(value: object) -> bool:
+    """Whether every object key in ``value``, at any depth, is ASCII."""
+    if isinstance(value, dict):
+        return all(str(key).isascii() and _names_are_ascii(item) for key, item in value.items())
+    if isinstance(value, list):
+        return all(_names_are_ascii(item) for item in value)
+    return True
+
+
 def _null_shape(value: object) -> tuple[int, int]:
     """What a null cell of a column holding ``value`` is charged read back: its values (a struct's
     null is a null in each of its fields, and a dict) and its names' JSON text. A struct column's
@@ -85,7 +94,6 @@ class _NullCells:
         self.columns: dict[str, tuple[int, int]] = {}  # name -> (rows holding it, a null's cost)
         self.null_row = 0  # what a row holding none of the columns costs: the sum of their nulls
         self.ascii = True
-        self.names_ascii = True
 
     def cost_with(self, row: dict[str, object], ascii_row: bool) -> int:
         """What the part's null cells would cost with ``row`` added."""
@@ -97,8 +105,7 @@ class _NullCells:
         self.cost, self.null_row, changed = self._added(row)
         self.columns.update(changed)
         self.rows += 1
-        self.names_ascii = self.names_ascii and all(name.isascii() for name in row)
-        self.ascii = self.ascii and ascii_row and self.names_ascii
+        self.ascii = self.ascii and ascii_row and all(name.isascii() for name in row)
 
     def _added(self, row: dict[str, object]) -> tuple[int, int, dict[str, tuple[int, int]]]:
         """The cost and a null row's cost with ``row`` added, and the columns it changes."""
@@ -119,20 +126,22 @@ class _NullCells:
 def cut_into_parts(rows: list[StagedRow], output_format: OutputFormat) -> list[list[StagedRow]]:
     """``rows`` in order, cut into as many parts as keep each within what the commit reads back: its
     rows alone within :data:`PART_LINES_COST_MOST` (:func:`row_cost_at_most`) and, in Parquet, its
-    null cells within :data:`PART_NULL_CELLS_COST_MOST`, each row four times over once a column name of
-    the part is not ASCII. A row is never cut: one over a bound is a part
+    null cells within :data:`PART_NULL_CELLS_COST_MOST`, each row four times over once a column or field
+    name of the part, at any depth, is not ASCII. A row is never cut: one over a bound is a part
     of its own (it is bounded where it is staged, ``row_steps``; a row has no null cells of its own)."""
     runs: list[list[StagedRow]] = [[]]
     rows_cost = 0
     nulls = _NullCells()
+    names_ascii = True  # every column and field name of the part so far
     for row in rows:
         cost = row_cost_at_most(row["record"], output_format, PART_LINES_COST_MOST)
         record: dict[str, object] = json.loads(row["record"]) if output_format == "parquet" else {}
         ascii_row = row["record"].isascii()
-        # The commit reads each row at the width of its part's widest column name too: ASCII text
-        # of '"' charged 10 B a character was 26 B read back beside another row's key past U+FFFF.
-        names_ascii = nulls.names_ascii and all(name.isascii() for name in record)
-        over = (rows_cost + cost) * (1 if names_ascii else 4) > PART_LINES_COST_MOST
+        # The commit reads each row at the width of its part's widest column or field name too: ASCII
+        # text of '"' charged 10 B a character was 26 B read back beside another row's key (or a
+        # struct's field, at any depth) past U+FFFF.
+        row_names_ascii = _names_are_ascii(record)
+        over = (rows_cost + cost) * (1 if names_ascii and row_names_ascii else 4) > PART_LINES_COST_MOST
         over = over or (
             output_format == "parquet" and nulls.cost_with(record, ascii_row) > PART_NULL_CELLS_COST_MOST
         )
@@ -140,8 +149,10 @@ def cut_into_parts(rows: list[StagedRow], output_format: OutputFormat) -> list[l
             runs.append([])
             rows_cost = 0
             nulls = _NullCells()
+            names_ascii = True
         runs[-1].append(row)
         rows_cost += cost
+        names_ascii = names_ascii and row_names_ascii
         if output_format == "parquet":
             nulls.add(record, ascii_row)
     return [run for run in runs if run]
