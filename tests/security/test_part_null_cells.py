@@ -220,3 +220,21 @@ def test_a_later_commit_reads_a_dotted_column_name_as_that_column_only(tmp_path:
     writer.conform_parts(parts)  # a later one
 
     assert [json.loads(row["record"]) for row in writer.read_part(parts[1])] == [{"a.b": 7, "id": 1}]
+
+
+def test_a_later_commit_of_other_parts_keeps_a_column_the_first_made_json_text(tmp_path: Path) -> None:
+    """The first commit wrote a column as JSON text in every part (its types disagreed); a later one
+    saw other parts (a retry staged rows again and the first copy went), whose types agreed, and took
+    the first commit's JSON text file as matching a text column: its values were committed with
+    their JSON quotes. The sidecar now says what each file holds."""
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+    text, number, other = (
+        writer.write_parts([_staged({"x": value}, n)])[0] for n, value in enumerate(["Acme", 5, "Beta"])
+    )
+    writer.conform_parts([text, number])  # the first commit: x is JSON text in both
+
+    later = writer.conform_parts([text, other])
+
+    assert later["outputs"] == ["x"]  # JSON text in every part, and the manifest says so
+    assert [json.loads(row["record"]) for row in writer.read_part(text)] == [{"x": "Acme"}]
+    assert [json.loads(row["record"]) for row in writer.read_part(other)] == [{"x": "Beta"}]

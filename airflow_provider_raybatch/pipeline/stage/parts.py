@@ -98,8 +98,12 @@ LABELS_KEY = "labels"
 #: Sidecar key: each output row's engine token counts ``[in, out]``, in file order, where the engine
 #: gave them: a postprocess may drop the token columns, so a row commit stages again keeps its counts.
 TOKENS_KEY = "tokens"
-#: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`).
+#: Sidecar key: each data file's columns and their types (Parquet; see :mod:`.part_schema`), as the
+#: file has them now: a commit that gives a part the output's columns records them here.
 COLUMNS_KEY = "columns"
+#: Sidecar key: each data file's columns as it was staged, kept where a commit gave it others: what a
+#: later commit reads of it (:func:`_staged_columns`).
+STAGED_COLUMNS_KEY = "staged_columns"
 #: The most bytes of column names and types an output's parts may have together once given one schema,
 #: checked from the sidecars before any footer is read: every part's footer holds them about four
 #: times over, and a footer is read at most 8 MiB. Each input file's rows are bounded alike
@@ -155,9 +159,12 @@ def _staged_columns(part: StagedPart, folder: str) -> list[str] | None:
     """The columns a part's file had when it was staged (its sidecar's), or None where it names none.
 
     A commit gives each part the output's columns (:meth:`PartWriter.conform_parts`), adding each
-    column the part lacks as null cells, and leaves the sidecar as it was: a later commit of the same
-    staging (a held run taken, a commit resumed) reads only these, or the part's rows would be charged
-    the cells the first one added (300 rows given 4,481 columns: refused on every later try)."""
+    column the part lacks as null cells: a later commit of the same staging (a held run taken, a
+    commit resumed) reads only these, or the part's rows would be charged the cells the first one
+    added (300 rows given 4,481 columns: refused on every later try)."""
+    staged = part.sidecar.get(STAGED_COLUMNS_KEY, {}).get(folder)
+    if isinstance(staged, list) and all(isinstance(name, str) for name in staged):
+        return staged
     columns = part.sidecar.get(COLUMNS_KEY, {}).get(folder)
     return list(columns) if isinstance(columns, dict) else None
 
@@ -371,16 +378,30 @@ class PartWriter:
                     continue
                 part_file = f"{folder}/{part.sidecar['files'][folder]}"
                 uri = storage.join(self.data_uri, part_file)
-                table = part_schema.read_parquet(
-                    self._read_file(part_file), part_file, _staged_columns(part, folder)
-                )
+                staged = _staged_columns(part, folder)
+                table = part_schema.read_parquet(self._read_file(part_file), part_file, staged)
                 storage.write_bytes(
                     uri,
                     part_schema.encode_parquet(part_schema.conform(table, target, arrow_types)),
                     within=self.output_uri,
                 )
+                self._record_columns(part, folder, target, staged)
             json_columns[folder] = [name for name, kind in target.items() if kind == part_schema.JSON_TYPE]
         return json_columns
+
+    def _record_columns(
+        self, part: StagedPart, folder: str, columns: dict[str, str], staged: list[str] | None
+    ) -> None:
+        """Record in a part's sidecar the columns a commit gave its file, keeping those it was staged
+        with: a later commit that sees other parts (a retry staged rows again, and the first copy
+        went) takes the output's types from what each file holds now. A file given a column as JSON
+        text whose sidecar still said text was taken as matching the output's text column, its values
+        committed with their JSON quotes."""
+        if staged is not None:
+            part.sidecar.setdefault(STAGED_COLUMNS_KEY, {}).setdefault(folder, staged)
+        part.sidecar[COLUMNS_KEY][folder] = dict(columns)
+        sidecar_uri = storage.join(self.staging_uri, "parts", f"{part.name}.json")
+        storage.write_bytes(sidecar_uri, json.dumps(part.sidecar).encode(), within=self.output_uri)
 
     def _read_file(self, part_file: str) -> bytes:
         """A part's data file (``outputs/<part>.<ext>``), refused unread where it is larger than a part
