@@ -941,7 +941,7 @@ def _check_no_remote_sources(name: str, value: ArgValue, path: str = "") -> None
     """Refuse a remote source (``gs://``, ``s3://``, ``http://`` ...) anywhere in ``value``: vLLM fetches
     a tokenizer, a draft model or a config from one itself (``engine_kwargs['tokenizer']='gs://...'``
     pulled the folder, its code included, with the node's own credentials), outside the model cache
-    that is checked; ``model=`` is the one remote source a job takes."""
+    that is checked. A hub id or a local folder there is taken as ``model=`` takes one."""
     if isinstance(value, str) and _REMOTE_SOURCE.match(value) and path.strip("[]'") not in _URL_ENGINE_KWARGS:
         raise ValueError(
             f"{name}{path}={value!r} names a remote source, which vLLM would fetch itself with the node's "
