@@ -306,3 +306,34 @@ def test_a_replica_refuses_a_keep_warm_window_that_would_keep_it_for_ever(keep_w
     with pytest.raises(ValueError, match=r"keep_warm_seconds=.* must be from 0 to 86,400"):
         asyncio.run(replica._attach("tenant", keep_warm, None))
     assert replica._leases == {} and replica._keep_warm_seconds == 60.0
+
+
+@pytest.mark.parametrize(
+    ("settings", "refused"),
+    [
+        ({"model": "/their/folder", "trust_remote_code": True}, r"a chat template of model '/their/folder'"),
+        ({"model": "/models/m", "trust_remote_code": True}, r"trust_remote_code on a replica whose engine"),
+        ({"model": "/models/m", "raybatch_model_copy_root": "/elsewhere"}, r"skips the check of the replica"),
+    ],
+)
+def test_an_attach_may_render_only_with_the_replicas_own_model(
+    settings: dict[str, Any], refused: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone who can submit to the cluster can call a replica by its name (docs/security.md): an
+    attach naming another model folder with trust_remote_code ran that folder's tokenizer code in the
+    process holding every sharing job's rows. The replica loads only its own model's chat template."""
+    import asyncio
+
+    from airflow_provider_raybatch.pipeline.generate import pool_replica
+
+    loaded: list[dict[str, Any]] = []
+    monkeypatch.setattr(pool_replica, "_chat_template_udf", lambda kwargs: loaded.append(kwargs) or object())
+    replica = _stub_replica(object(), 6)
+    replica.__dict__["_own_model"] = pool_replica._ModelOfEngine("/models/m", False, None)
+
+    with pytest.raises(ValueError, match=refused):
+        asyncio.run(replica._hold_chat_template("tenant", settings))
+    asyncio.run(replica._hold_chat_template("job", {"model": "/models/m", "chat_template": "{{ x }}"}))
+
+    assert loaded == [{"model": "/models/m", "chat_template": "{{ x }}"}]
+    assert replica._job_templates.keys() == {"job"}

@@ -16,8 +16,7 @@ from airflow_provider_raybatch.pipeline.generate import models
 from airflow_provider_raybatch.pipeline.prompt.chat_template import RaybatchChatTemplateUDF
 from airflow_provider_raybatch.shared.json_types import ArgValue
 
-#: The stages' constructor keyword: the ``model_cache_dir`` of the copy (unset: no copy to check).
-MODEL_COPY_KWARG = "raybatch_model_copy_root"
+MODEL_COPY_KWARG = models.MODEL_COPY_KWARG
 
 
 class _ChecksModelCopy:

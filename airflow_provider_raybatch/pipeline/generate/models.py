@@ -27,12 +27,16 @@ from airflow_provider_raybatch.pipeline.generate.model_cache import ModelCacheEr
 from airflow_provider_raybatch.shared.json_types import JsonValue
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
+#: The constructor keyword of each stage that loads the model (and of a pool replica's chat template):
+#: the ``model_cache_dir`` of the copy the driver fetched, checked before loading (unset: no copy).
+MODEL_COPY_KWARG = "raybatch_model_copy_root"
 #: A copy's folder name in a source's folder (model_cache.objects_digest).
 _COPY_NAME = re.compile(r"[0-9a-f]{16}")
 #: How often a fetch tries to put its copy in place of a stale one that concurrent fetches keep replacing.
 _PLACE_ATTEMPTS = 3
 
 __all__ = [
+    "MODEL_COPY_KWARG",
     "ModelCacheError",
     "check_copy_in_replica",
     "fetch_model",

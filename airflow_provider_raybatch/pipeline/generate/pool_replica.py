@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_raybatch.pipeline.generate import cluster_demand, engine_caches
+from airflow_provider_raybatch.pipeline.generate.models import MODEL_COPY_KWARG
 from airflow_provider_raybatch.pipeline.openai.openai_batch import EXTRA_INPUTS
 from airflow_provider_raybatch.pipeline.private_folders import PrivateFolderError
 from airflow_provider_raybatch.pipeline.row_marks import INFERENCE_ERROR, ROW_REASON_MARK
@@ -151,6 +153,13 @@ class EngineReplica:
         # with its own. The creating job's is loaded with the engine; another job's at its first attach.
         self._chat_templates: dict[str, RaybatchChatTemplateUDF] = {}  # by chat_template_key
         self._job_templates: dict[str, str] = {}  # job id -> the chat_template_key its rows render with
+        self._own_model = _ModelOfEngine(
+            source=engine_kwargs.get("model"),
+            trust_remote_code=bool(
+                (engine_kwargs.get("engine_kwargs") or {}).get("trust_remote_code", False)
+            ),
+            copy_root=model_copy_root,
+        )
         if chat_template is not None:
             self._chat_templates[chat_template_key(chat_template)] = _chat_template_udf(chat_template)
         self._fingerprint = fingerprint
@@ -276,6 +285,7 @@ class EngineReplica:
         settings (its tokenizer loads in a thread: the other jobs' rows go on meanwhile)."""
         key = chat_template_key(settings)
         if key not in self._chat_templates:
+            self._own_model.check_chat_template(settings)
             udf = await asyncio.to_thread(_chat_template_udf, settings)
             self._chat_templates.setdefault(key, udf)
         self._job_templates[job_id] = key
@@ -554,6 +564,33 @@ def _bounded_keep_warm(keep_warm_seconds: float) -> float:
             f"keep_warm_seconds={keep_warm_seconds!r} must be from 0 to {KEEP_WARM_SECONDS_LIMIT:,}"
         )
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelOfEngine:
+    """The model a replica's engine was built on, which a job's chat template must load: a replica's
+    name is no secret (docs/security.md), and an attach that named another folder, with
+    ``trust_remote_code``, ran that folder's tokenizer code in the process holding every sharing job's
+    rows."""
+
+    source: object
+    trust_remote_code: bool
+    copy_root: str | None
+
+    def check_chat_template(self, settings: dict[str, Any]) -> None:
+        """:raises ValueError: ``settings`` load another model, or its code where the engine runs none,
+        or skip the model copy's check the engine made."""
+        if settings.get("model") != self.source:
+            raise ValueError(
+                f"a chat template of model {settings.get('model')!r} on a replica of {self.source!r}: "
+                "a job renders with its engine's own model"
+            )
+        if settings.get("trust_remote_code") and not self.trust_remote_code:
+            raise ValueError(
+                "a chat template with trust_remote_code on a replica whose engine runs no model code"
+            )
+        if settings.get(MODEL_COPY_KWARG) != self.copy_root:
+            raise ValueError("a chat template that skips the check of the replica's model copy")
 
 
 def chat_template_key(settings: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ from airflow_provider_raybatch.pipeline.generate.engine_pool import (
     ray_is_up,
     replica_needs,
 )
+from airflow_provider_raybatch.pipeline.generate.models import MODEL_COPY_KWARG
 from airflow_provider_raybatch.shared.json_types import Kwargs, RuntimeEnv
 
 if TYPE_CHECKING:
@@ -55,9 +56,6 @@ TOKENIZE_STAGE = "TokenizeStage"
 STAGING_KWARG = "raybatch_staging"
 #: Our UDF's constructor keyword: the spec's ``compile_cache_dir``.
 COMPILE_CACHE_KWARG = "raybatch_compile_cache_dir"
-#: Our UDF's constructor keyword: the ``model_cache_dir`` of a model copy the driver fetched (the
-#: stages that load the tokenizer take it too: :mod:`.checked_stages`).
-MODEL_COPY_KWARG = "raybatch_model_copy_root"
 #: The pooled stage's constructor keyword: the job's :class:`.engine_pool.EnginePool`.
 POOL_KWARG = "raybatch_pool"
 #: The pooled stage's constructor keyword: whether the pool's replicas render this job's prompts.
@@ -236,7 +234,7 @@ def _use_our_chat_template_udf(stage: StatefulStage) -> None:
 def _check_model_copy_in_stages(stages: Iterable[StatefulStage], model_copy_root: str) -> None:
     """Swap the UDF of each stage that loads from the model's path (chat template, tokenize,
     detokenize) for one that checks the fetched copy first (:mod:`.checked_stages`)."""
-    from airflow_provider_raybatch.pipeline.generate.checked_stages import CHECKED, MODEL_COPY_KWARG
+    from airflow_provider_raybatch.pipeline.generate.checked_stages import CHECKED
 
     for stage in stages:
         checked = CHECKED.get(stage.fn)

@@ -909,11 +909,12 @@ class Engine:
     async def _generate_with_error_handling(self, row, batch_uuid):
         return {"generated_text": "from " + row["prompt"], "messages_left": row.get("messages") is not None}
 
+from airflow_provider_raybatch.pipeline.generate import pool_replica
 replica = object.__new__(EngineReplica)
 replica.__dict__.update(_engine=Engine(), _chat_templates={}, _job_templates={}, _retiring=False,
-                        _in_flight={}, _shares={}, _job_share=4, _rows_done=0, _rows_by_job={})
+                        _in_flight={}, _shares={}, _job_share=4, _rows_done=0, _rows_by_job={},
+                        _own_model=pool_replica._ModelOfEngine("m", False, None))
 import asyncio
-from airflow_provider_raybatch.pipeline.generate import pool_replica
 loaded = []
 pool_replica._chat_template_udf = lambda settings: loaded.append(settings) or Template(settings["joiner"])
 for job, joiner in (("job", "|"), ("other job", " / "), ("job again", "|")):
