@@ -238,3 +238,53 @@ def test_a_later_commit_of_other_parts_keeps_a_column_the_first_made_json_text(t
     assert later["outputs"] == ["x"]  # JSON text in every part, and the manifest says so
     assert [json.loads(row["record"]) for row in writer.read_part(text)] == [{"x": "Acme"}]
     assert [json.loads(row["record"]) for row in writer.read_part(other)] == [{"x": "Beta"}]
+
+
+class _Killed(BaseException):
+    """The committing driver killed."""
+
+
+def _killed(*args: object, **kwargs: object) -> None:
+    raise _Killed
+
+
+@pytest.mark.parametrize("killed", ["before the file", "after the file"])
+def test_a_commit_killed_while_it_rewrites_a_part_leaves_the_next_one_right(
+    tmp_path: Path, killed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit that gave a part's column as JSON text and died before its sidecar said so left a later
+    commit (of other parts, whose types agreed) taking the file as plain text: its values committed with
+    their JSON quotes. Now the sidecar says the rewrite first, and the next commit rewrites the file."""
+    from airflow_provider_raybatch.pipeline import storage
+    from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
+
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+    text, number, other = (
+        writer.write_parts([_staged({"x": value}, n)])[0] for n, value in enumerate(["Acme", 5, "Beta"])
+    )
+    write_bytes, record = storage.write_bytes, PartWriter._record_columns
+
+    def dies(self: PartWriter, part: StagedPart, folder: str, *args: object, rewriting: bool) -> None:
+        if not rewriting:  # the file is rewritten: its sidecar is not updated
+            raise _Killed
+        record(self, part, folder, *args, rewriting=rewriting)  # type: ignore[arg-type]
+        if killed == "before the file":
+            monkeypatch.setattr(storage, "write_bytes", _killed)  # the part's file is not rewritten
+
+    monkeypatch.setattr(PartWriter, "_record_columns", dies)
+    with pytest.raises(_Killed):
+        writer.conform_parts([text, number])
+    monkeypatch.setattr(PartWriter, "_record_columns", record)
+    monkeypatch.setattr(storage, "write_bytes", write_bytes)
+    on_disk = [
+        StagedPart(part.name, json.loads((tmp_path / "staging" / "parts" / f"{part.name}.json").read_text()))
+        for part in (text, other)
+    ]
+
+    later = writer.conform_parts(on_disk)
+
+    assert later["outputs"] == ["x"]
+    assert [json.loads(row["record"]) for part in on_disk for row in writer.read_part(part)] == [
+        {"x": "Acme"},
+        {"x": "Beta"},
+    ]

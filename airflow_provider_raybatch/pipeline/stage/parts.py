@@ -104,6 +104,9 @@ COLUMNS_KEY = "columns"
 #: Sidecar key: each data file's columns as it was staged, kept where a commit gave it others: what a
 #: later commit reads of it (:func:`_staged_columns`).
 STAGED_COLUMNS_KEY = "staged_columns"
+#: Sidecar key: the folders whose file a commit was rewriting for the output's columns (its sidecar
+#: says the new ones): the next commit rewrites them again, whatever the sidecar says.
+REWRITING_KEY = "rewriting"
 #: The most bytes of column names and types an output's parts may have together once given one schema,
 #: checked from the sidecars before any footer is read: every part's footer holds them about four
 #: times over, and a footer is read at most 8 MiB. Each input file's rows are bounded alike
@@ -374,32 +377,46 @@ class PartWriter:
             arrow_types = self._arrow_types(folder, typed, target)
             _check_width(target, folder, part_schema.target_fields(target, arrow_types))
             for part in typed:
-                if part.sidecar[COLUMNS_KEY][folder] == target:  # also its column order
+                rewriting = folder in part.sidecar.get(REWRITING_KEY, [])
+                if part.sidecar[COLUMNS_KEY][folder] == target and not rewriting:  # also its column order
                     continue
                 part_file = f"{folder}/{part.sidecar['files'][folder]}"
                 uri = storage.join(self.data_uri, part_file)
                 staged = _staged_columns(part, folder)
                 table = part_schema.read_parquet(self._read_file(part_file), part_file, staged)
+                self._record_columns(part, folder, target, staged, rewriting=True)
                 storage.write_bytes(
                     uri,
                     part_schema.encode_parquet(part_schema.conform(table, target, arrow_types)),
                     within=self.output_uri,
                 )
-                self._record_columns(part, folder, target, staged)
+                self._record_columns(part, folder, target, staged, rewriting=False)
             json_columns[folder] = [name for name, kind in target.items() if kind == part_schema.JSON_TYPE]
         return json_columns
 
     def _record_columns(
-        self, part: StagedPart, folder: str, columns: dict[str, str], staged: list[str] | None
+        self,
+        part: StagedPart,
+        folder: str,
+        columns: dict[str, str],
+        staged: list[str] | None,
+        rewriting: bool,
     ) -> None:
-        """Record in a part's sidecar the columns a commit gave its file, keeping those it was staged
+        """Record in a part's sidecar the columns a commit gives its file, keeping those it was staged
         with: a later commit that sees other parts (a retry staged rows again, and the first copy
         went) takes the output's types from what each file holds now. A file given a column as JSON
         text whose sidecar still said text was taken as matching the output's text column, its values
-        committed with their JSON quotes."""
+        committed with their JSON quotes.
+
+        Before the file is rewritten (``rewriting``), then after: a commit that died in between leaves
+        the sidecar saying so, and the next rewrites that file whatever its sidecar says."""
         if staged is not None:
             part.sidecar.setdefault(STAGED_COLUMNS_KEY, {}).setdefault(folder, staged)
         part.sidecar[COLUMNS_KEY][folder] = dict(columns)
+        marked = [name for name in part.sidecar.get(REWRITING_KEY, []) if name != folder]
+        part.sidecar[REWRITING_KEY] = [*marked, folder] if rewriting else marked
+        if not part.sidecar[REWRITING_KEY]:
+            del part.sidecar[REWRITING_KEY]
         sidecar_uri = storage.join(self.staging_uri, "parts", f"{part.name}.json")
         storage.write_bytes(sidecar_uri, json.dumps(part.sidecar).encode(), within=self.output_uri)
 
