@@ -50,9 +50,10 @@ def row_bytes(value: object) -> int:
         return _VALUE_BYTES + nbytes
     size, bands = getattr(value, "size", None), getattr(value, "getbands", None)
     if callable(bands) and isinstance(size, tuple) and len(size) == 2:
-        # a decoded PIL image (an image row's engine input): its pixels, a byte a band
+        # a decoded PIL image (an image row's engine input): its pixels, as PIL keeps them: 4 bytes
+        # each for every mode of more than one band (RGB too), a byte for one band at most 4
         width, height = size
-        return _VALUE_BYTES + int(width) * int(height) * len(bands())
+        return _VALUE_BYTES + int(width) * int(height) * 4
     return _VALUE_BYTES
 
 

@@ -453,6 +453,15 @@ async def cancelled_in_replica():  # a batch one row of which fails: the others'
         pooled_stage._cancel_in_replica, Replica._generate = cancel, answer
     return {"failed": failed, "cancelled": len(cancelled)}
 
+async def cancelled_before_sent_again():  # a replica unreachable for a moment: each call sent again
+    cancelled, cancel = [], pooled_stage._cancel_in_replica
+    pooled_stage._cancel_in_replica = cancelled.append
+    try:
+        report = await run(["unreachable"] * 2)
+    finally:
+        pooled_stage._cancel_in_replica = cancel
+    return {"rows": len(report["rows"]), "cancelled": len(cancelled)}
+
 def stage_failed(error, name="pooled_stage.PoolReplicaLost"):  # run_batch's error for the engine dataset
     from airflow_provider_raybatch.pipeline import run as run_module
     wrapped = Exception("ray::MapWorker(MapBatches(RaybatchPooledEngineStageUDF)).submit() (pid=1)\\n"
@@ -478,7 +487,8 @@ part_done(({"one_death": asyncio.run(run([1])), "too_many": too_many_report,
                   "lease_keeps_lapsing": asyncio.run(run(["lease lapsed"] * 20)),
                   "capped": asyncio.run(most_in_flight(rows=9, cap=2)),
                   "bytes_capped": asyncio.run(most_bytes_in_flight(rows=8, size=10_000, most=25_000)),
-                  "given_up": asyncio.run(cancelled_in_replica())}))
+                  "given_up": asyncio.run(cancelled_in_replica()),
+                  "sent_again": asyncio.run(cancelled_before_sent_again())}))
 """
 
 
@@ -667,6 +677,12 @@ def test_rows_of_a_batch_that_failed_are_cancelled_in_the_replica(stage_report: 
     """A batch gives up its other rows when one fails: their calls are cancelled in the replica too,
     which else kept generating (and holding) rows their places in flight no longer counted."""
     assert stage_report["given_up"] == {"failed": "the replica refused the row", "cancelled": 2}
+
+
+def test_a_row_sent_again_to_an_unreachable_replica_is_cancelled_there_first(stage_report: dict) -> None:
+    """A replica unreachable for a moment may still run the call: each one is cancelled before the
+    row is sent again, or the replica held a copy its place in flight no longer counted."""
+    assert stage_report["sent_again"] == {"rows": 3, "cancelled": 2}
 
 
 def test_a_job_with_every_row_slot_taken_leaves_the_control_calls_free(on_cluster: dict) -> None:
