@@ -112,6 +112,7 @@ def _stub_replica(engine: object, job_share: int) -> Any:  # Any: an EngineRepli
     replica.__dict__.update(
         _engine=engine,
         _in_flight={},
+        _rows_by_source={},
         _rows_done=0,
         _rows_by_job={},
         _retiring=False,
@@ -337,3 +338,36 @@ def test_an_attach_may_render_only_with_the_replicas_own_model(
 
     assert loaded == [{"model": "/models/m", "chat_template": "{{ x }}"}]
     assert replica._job_templates.keys() == {"job"}
+
+
+def test_a_row_sent_again_while_its_first_call_runs_takes_that_calls_answer() -> None:
+    """A row whose call's answer was lost on the way (its replica unreachable for a moment) is sent
+    again; its first call may still run there, and a cancel from the job's side cannot reach it (to
+    its caller it had ended). The replica gives the second call the first one's answer: the row is
+    generated, and held, once."""
+    import asyncio
+
+    calls: list[str] = []
+
+    class Engine:
+        async def _generate_with_error_handling(self, row, batch_uuid):
+            calls.append(row["source"])
+            await asyncio.sleep(0.05)
+            return {"generated_text": f"answer {len(calls)}", "embeddings": None}
+
+    replica = _stub_replica(Engine(), 6)
+
+    async def main() -> list[Any]:
+        row = {"source": "in.jsonl:7", "sampling_params": "{}", "extra_inputs": None}
+        first = asyncio.ensure_future(replica.generate(dict(row), "job"))
+        await asyncio.sleep(0.01)
+        again = await replica.generate(dict(row), "job")
+        other_job = await replica.generate(dict(row), "other job")
+        return [await first, again, other_job]
+
+    first, again, other_job = asyncio.run(main())
+
+    assert calls == ["in.jsonl:7", "in.jsonl:7"]  # once for each job
+    assert first == again and first["generated_text"] == "answer 1"
+    assert other_job["generated_text"] == "answer 2"
+    assert replica._rows_by_source == {} and replica._in_flight == {}

@@ -168,6 +168,9 @@ class EngineReplica:
         self._keep_warm_seconds = _bounded_keep_warm(keep_warm_seconds)
         self._leases: dict[str, float] = {}  # job id -> when its lease ends (monotonic)
         self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}  # job id -> its requests in the engine
+        self._rows_by_source: dict[
+            tuple[str, str], asyncio.Task[Any]
+        ] = {}  # (job id, row source) -> its call
         self._last_active = time.monotonic()
         self._jobs_served: list[str] = []
         self._rows_done = 0
@@ -261,9 +264,20 @@ class EngineReplica:
             rendered them (a batch with images), which then still carries its messages.
         """
         await self._refuse_if_retiring()
+        source = row.get("source")
+        key = (job_id, source) if isinstance(source, str) else None
+        if key is not None and (first := self._rows_by_source.get(key)) is not None:
+            # The row sent again while its first call runs here (that call's answer was lost on the
+            # way: the replica was unreachable for a moment): it takes that call's answer, rather than
+            # run, and be held, twice. A cancel from the job's side cannot reach the first call: to
+            # its caller it had ended.
+            answer: Row = await asyncio.shield(first)
+            return answer
         task = asyncio.current_task()
         assert task is not None  # an async actor method runs in a task
         self._in_flight.setdefault(job_id, set()).add(task)
+        if key is not None:
+            self._rows_by_source[key] = task
         try:
             failed = self._render(row, job_id) if render else None
             if failed is not None:
@@ -272,6 +286,8 @@ class EngineReplica:
                 output = await self._engine._generate_with_error_handling(row, _BATCH)
         finally:
             self._in_flight[job_id].discard(task)
+            if key is not None:
+                self._rows_by_source.pop(key, None)
             if not self._in_flight[job_id]:  # none of its rows waits for a place either
                 del self._in_flight[job_id]
                 self._shares.pop(job_id, None)

@@ -84,9 +84,9 @@ def _sentence(text: str) -> str:
 
 def _cancel_in_replica(call: ObjectRef[Row]) -> None:
     """Cancel a row's call in the replica once its batch gave up on it (another row of the batch
-    failed), or before it is sent again (the replica was unreachable for a moment, and may still run
-    it): else the replica kept generating, and holding, a row its place in flight no longer counted,
-    and a retried batch put its rows in flight twice."""
+    failed): else the replica kept generating, and holding, a row its place in flight no longer
+    counted, and a retried batch put its rows in flight twice. (A row sent again after its replica
+    was unreachable joins its first call there: :meth:`.pool_replica.EngineReplica.generate`.)"""
     with contextlib.suppress(Exception):  # it may have finished meanwhile
         ray.cancel(call)
 
@@ -183,8 +183,7 @@ class _PoolClient(StatefulStageUDF):
                     call = handle.generate.remote(row, self._job_id, self._render_in_pool)
                     try:
                         return await call
-                    except (asyncio.CancelledError, ray.exceptions.ActorUnavailableError):
-                        # Given up, or sent again below: an unreachable replica may still run it.
+                    except asyncio.CancelledError:
                         _cancel_in_replica(call)
                         raise
             except ray.exceptions.TaskCancelledError as err:

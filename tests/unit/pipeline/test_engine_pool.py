@@ -181,7 +181,8 @@ class Engine:  # Ray Data LLM's UDF: rows of job "stuck" never finish; the other
 replica = object.__new__(EngineReplica)
 replica.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0, _keep_warm_seconds=0.0,
                         _engine_started_at=0.0, _engine_ready_at=1.0,
-                        _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _rows_by_job={},
+                        _leases={}, _in_flight={}, _rows_by_source={},
+                        _jobs_served=[], _rows_done=0, _rows_by_job={},
                         _watch=None, _retiring=False, _chat_templates={}, _job_templates={},
                         _last_active=0.0, _job_share=4, _shares={})
 retired = []
@@ -232,7 +233,7 @@ async def orphaned():
     orphan = object.__new__(EngineReplica)
     orphan.__dict__.update(_engine=Engine(), _fingerprint="f", _keep_warm_seconds=0.2, _watch=None,
                            _retiring=False, _last_active=time.monotonic(), _leases={}, _in_flight={},
-                           _jobs_served=[])
+                           _rows_by_source={}, _jobs_served=[])
     orphan._retire = lambda why: (retired.append(why), setattr(orphan, "_retiring", True))
     fresh_refused = await orphan.retire_if_idle()
     started = time.monotonic()
@@ -246,7 +247,7 @@ report.update(asyncio.run(orphaned()))
 async def asked_for(lacking):
     spare = object.__new__(EngineReplica)
     spare.__dict__.update(_retiring=False, _jobs_served=["earlier"], _last_active=0.0, _leases={},
-                          _in_flight={})
+                          _in_flight={}, _rows_by_source={})
     spare._place = lambda: ("node-a", {"CPU": 1.0})
     spare._retire = lambda why: setattr(spare, "_retiring", True)
     return await spare.retire_if_idle(lacking)
@@ -453,15 +454,6 @@ async def cancelled_in_replica():  # a batch one row of which fails: the others'
         pooled_stage._cancel_in_replica, Replica._generate = cancel, answer
     return {"failed": failed, "cancelled": len(cancelled)}
 
-async def cancelled_before_sent_again():  # a replica unreachable for a moment: each call sent again
-    cancelled, cancel = [], pooled_stage._cancel_in_replica
-    pooled_stage._cancel_in_replica = cancelled.append
-    try:
-        report = await run(["unreachable"] * 2)
-    finally:
-        pooled_stage._cancel_in_replica = cancel
-    return {"rows": len(report["rows"]), "cancelled": len(cancelled)}
-
 def stage_failed(error, name="pooled_stage.PoolReplicaLost"):  # run_batch's error for the engine dataset
     from airflow_provider_raybatch.pipeline import run as run_module
     wrapped = Exception("ray::MapWorker(MapBatches(RaybatchPooledEngineStageUDF)).submit() (pid=1)\\n"
@@ -487,8 +479,7 @@ part_done(({"one_death": asyncio.run(run([1])), "too_many": too_many_report,
                   "lease_keeps_lapsing": asyncio.run(run(["lease lapsed"] * 20)),
                   "capped": asyncio.run(most_in_flight(rows=9, cap=2)),
                   "bytes_capped": asyncio.run(most_bytes_in_flight(rows=8, size=10_000, most=25_000)),
-                  "given_up": asyncio.run(cancelled_in_replica()),
-                  "sent_again": asyncio.run(cancelled_before_sent_again())}))
+                  "given_up": asyncio.run(cancelled_in_replica())}))
 """
 
 
@@ -545,7 +536,8 @@ class HeldReplica(EngineReplica):  # the replica's own methods, its engine a sta
     def __init__(self):
         self.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0,
                              _keep_warm_seconds=60.0, _engine_started_at=0.0, _engine_ready_at=1.0,
-                             _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _rows_by_job={},
+                             _leases={}, _in_flight={}, _rows_by_source={},
+                             _jobs_served=[], _rows_done=0, _rows_by_job={},
                              _watch=None, _retiring=False, _chat_templates={}, _job_templates={},
                              _last_active=0.0, _job_share=100, _shares={})
         self._loop = asyncio.get_running_loop()
@@ -597,7 +589,8 @@ class IdleReplica(EngineReplica):  # the replica's own lifetime (its watch, its 
         pool_replica._GIVE_WAY_LOOK_SECONDS = 0.5
         self.__dict__.update(_engine=Engine(), _fingerprint="f", _engine_build_seconds=1.0,
                              _keep_warm_seconds=600.0, _engine_started_at=0.0, _engine_ready_at=1.0,
-                             _leases={}, _in_flight={}, _jobs_served=[], _rows_done=0, _rows_by_job={},
+                             _leases={}, _in_flight={}, _rows_by_source={},
+                             _jobs_served=[], _rows_done=0, _rows_by_job={},
                              _watch=None, _retiring=False, _chat_templates={}, _job_templates={},
                              _last_active=time.monotonic(), _job_share=4, _shares={})
         self._loop = asyncio.get_running_loop()
@@ -677,12 +670,6 @@ def test_rows_of_a_batch_that_failed_are_cancelled_in_the_replica(stage_report: 
     """A batch gives up its other rows when one fails: their calls are cancelled in the replica too,
     which else kept generating (and holding) rows their places in flight no longer counted."""
     assert stage_report["given_up"] == {"failed": "the replica refused the row", "cancelled": 2}
-
-
-def test_a_row_sent_again_to_an_unreachable_replica_is_cancelled_there_first(stage_report: dict) -> None:
-    """A replica unreachable for a moment may still run the call: each one is cancelled before the
-    row is sent again, or the replica held a copy its place in flight no longer counted."""
-    assert stage_report["sent_again"] == {"rows": 3, "cancelled": 2}
 
 
 def test_a_job_with_every_row_slot_taken_leaves_the_control_calls_free(on_cluster: dict) -> None:
@@ -928,7 +915,8 @@ class Engine:
 from airflow_provider_raybatch.pipeline.generate import pool_replica
 replica = object.__new__(EngineReplica)
 replica.__dict__.update(_engine=Engine(), _chat_templates={}, _job_templates={}, _retiring=False,
-                        _in_flight={}, _shares={}, _job_share=4, _rows_done=0, _rows_by_job={},
+                        _in_flight={}, _rows_by_source={},
+                        _shares={}, _job_share=4, _rows_done=0, _rows_by_job={},
                         _own_model=pool_replica._ModelOfEngine("m", False, None))
 import asyncio
 loaded = []
