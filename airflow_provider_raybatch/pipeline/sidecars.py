@@ -70,6 +70,33 @@ def sidecar_problem(sidecar: JsonValue) -> str | None:
         return "its errors_by_reason is not a map of reasons to counts"
     if sum(reasons.values()) != rows_failed:
         return f"its errors_by_reason counts {sum(reasons.values())} rows, not its {rows_failed} failed"
+    return _columns_problem(sidecar)
+
+
+def _columns_problem(sidecar: dict[str, JsonValue]) -> str | None:
+    """What in a Parquet part's record of its columns no writer of ours makes (``parts``' ``columns``,
+    ``staged_columns`` and ``rewriting`` keys), or None."""
+    columns, staged, rewriting = (sidecar.get(key) for key in ("columns", "staged_columns", "rewriting"))
+    if columns is not None and not (
+        isinstance(columns, dict)
+        and set(columns) <= _FOLDERS
+        and all(
+            isinstance(types, dict) and all(isinstance(kind, str) for kind in types.values())
+            for types in columns.values()
+        )
+    ):
+        return "its columns are not a map of its folders to column types"
+    if staged is not None and not (
+        isinstance(staged, dict)
+        and set(staged) <= _FOLDERS
+        and all(
+            isinstance(names, list) and all(isinstance(name, str) for name in names)
+            for names in staged.values()
+        )
+    ):
+        return "its staged_columns are not a map of its folders to column names"
+    if rewriting is not None and not (isinstance(rewriting, list) and set(rewriting) <= _FOLDERS):
+        return "its rewriting is not a list of its folders"
     return None
 
 

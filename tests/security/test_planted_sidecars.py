@@ -53,6 +53,12 @@ _GOOD = {
         ({**_GOOD, "rows_out": 5, "rows_failed": -4}, "its counts"),
         ({**_GOOD, "rows_out": 0, "rows_failed": 0}, "it counts 0 rows out and 0 failed for 1 sources"),
         ({**_GOOD, "rows_out": 0, "rows_failed": 1}, "its errors_by_reason counts 0 rows, not its 1 failed"),
+        ({**_GOOD, "rewriting": 5}, "its rewriting is not a list of its folders"),
+        (
+            {**_GOOD, "columns": {"outputs": ["x"]}},
+            "its columns are not a map of its folders to column types",
+        ),
+        ({**_GOOD, "staged_columns": {"outputs": "x"}}, "its staged_columns are not a map of its folders"),
         ("not JSON", "it is not JSON"),
         ([1, 2], "it is a JSON list, not an object"),
     ],
