@@ -30,6 +30,10 @@ def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(part_runs, "PART_NULL_CELLS_COST_MOST", _FILE_COST // 2)
 
 
+def _present(record: JsonObject) -> JsonObject:
+    return {key: value for key, value in record.items() if value is not None}
+
+
 def _staged(record: JsonObject, number: int) -> StagedRow:
     return StagedRow(source=f"in.jsonl:{number}", ok=True, record=json.dumps(record, ensure_ascii=False))
 
@@ -39,13 +43,21 @@ def _own_keys(number: int) -> JsonObject:
     return {**{f"k{number}_{key}": key for key in range(5)}, "generated_text": "ok"}
 
 
+def _null_struct(number: int) -> JsonObject:
+    """The first row holds a wide object column, every other row null in it."""
+    wide = {f"field_{key}": key for key in range(100)} if number == 0 else None
+    return {"s": wide, "generated_text": "ok"}
+
+
 def _own_struct(number: int) -> JsonObject:
     """A row of one object column of its own: its null in every other row is a null in each field."""
     return {f"s{number}": {f"field_{key}": key for key in range(5)}, "generated_text": "ok"}
 
 
 @pytest.mark.usefixtures("small_parts")
-@pytest.mark.parametrize("row_of", [_own_keys, _own_struct], ids=["own keys", "own object column"])
+@pytest.mark.parametrize(
+    "row_of", [_own_keys, _own_struct, _null_struct], ids=["own keys", "own object column", "null object"]
+)
 def test_rows_whose_keys_differ_are_cut_into_parts_the_commit_reads_back(tmp_path: Path, row_of) -> None:
     rows = [_staged(row_of(number), number) for number in range(40)]
     writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
@@ -57,9 +69,7 @@ def test_rows_whose_keys_differ_are_cut_into_parts_the_commit_reads_back(tmp_pat
     assert len(parts) > 1
     back = [json.loads(row["record"]) for part in parts for row in writer.read_part(part)]  # bounded read
     # A row's missing columns are read back as nulls.
-    assert [{key: value for key, value in row.items() if value is not None} for row in back] == [
-        json.loads(row["record"]) for row in rows
-    ]
+    assert [_present(row) for row in back] == [_present(json.loads(row["record"])) for row in rows]
 
 
 @pytest.mark.usefixtures("small_parts")
