@@ -310,6 +310,13 @@ def encode_parquet(table: pa.Table) -> bytes:
     return buffer.getvalue()
 
 
+def has_nested_columns(schema: pa.Schema) -> bool:
+    """Whether a column is a struct, a list or a map (whose nulls may cost what its widest value does)."""
+    import pyarrow as pa
+
+    return any(pa.types.is_nested(field.type) for field in schema)
+
+
 def _holds_lists(data_type: pa.DataType) -> bool:
     import pyarrow as pa
 

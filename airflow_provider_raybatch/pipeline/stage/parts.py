@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.pipeline import storage
 from airflow_provider_raybatch.pipeline.openai import openai_batch
+from airflow_provider_raybatch.pipeline.read import staged_parquet
 from airflow_provider_raybatch.pipeline.reporting.report import part_report_fields, row_tokens
 from airflow_provider_raybatch.pipeline.reporting.timings import FIRST_ROW_IN_ENGINE_KEY, REPLICA_KEY
 from airflow_provider_raybatch.pipeline.row_types import StagedRow
@@ -116,8 +117,12 @@ REWRITING_KEY = "rewriting"
 MAX_OUTPUT_SCHEMA_BYTES = 1 << 20
 
 
+class PartTooCostlyError(ValueError):
+    """A part's file, as encoded, is past what the commit reads back: its rows go in smaller parts."""
+
+
 def _encode(
-    records: list[Row], output_format: OutputFormat, ascii_only: bool = False
+    records: list[Row], output_format: OutputFormat, ascii_only: bool = False, many_rows: bool = False
 ) -> tuple[bytes, dict[str, str]]:
     """A part's file and its columns' types (``part_schema.column_types``; empty for JSONL).
 
@@ -125,7 +130,11 @@ def _encode(
     the part (:mod:`.part_schema`), never from the first.
 
     :param ascii_only: escape every non-ASCII character, so that no reader splitting lines on
-        Unicode separators (str.splitlines splits on U+2028 and U+0085) cuts a line in two."""
+        Unicode separators (str.splitlines splits on U+2028 and U+0085) cuts a line in two.
+    :param many_rows: the part has more than one row: a Parquet file of nested columns is read as the
+        commit reads it first (:func:`..read.staged_parquet.check_cost`), as its rows' nulls at any
+        depth cost there what its widest rows' values do, which no charge before the table counts.
+    :raises PartTooCostlyError: the file is past what the commit reads back."""
     if output_format == "jsonl":
         lines = (
             json.dumps(part_schema.strict_json_value(record), ensure_ascii=ascii_only) for record in records
@@ -133,7 +142,13 @@ def _encode(
         text = "".join(_escape_line_breaks(line) + "\n" for line in lines)
         return text.encode("utf-8", "backslashreplace"), {}  # a lone surrogate as its JSON escape
     table = part_schema.table_of(records)
-    return part_schema.encode_parquet(table), part_schema.column_types(table)
+    data = part_schema.encode_parquet(table)
+    if many_rows and part_schema.has_nested_columns(table.schema):
+        try:
+            staged_parquet.check_cost(data)
+        except ValueError as err:  # its rows' cost or a page's, row's or the file's decode bound
+            raise PartTooCostlyError(str(err)) from err
+    return data, part_schema.column_types(table)
 
 
 #: Characters that some readers take as line breaks (str.splitlines: U+0085, U+2028, U+2029); inside a
@@ -220,8 +235,20 @@ class PartWriter:
 
     def write_parts(self, rows: list[StagedRow]) -> list[StagedPart]:
         """Stage ``rows`` as parts (:meth:`write_part`), in order, as many as keep each within what the
-        commit reads back (:func:`.part_runs.cut_into_parts`: its lines, and a Parquet part's null cells)."""
-        return [self.write_part(run) for run in part_runs.cut_into_parts(rows, self.output_format)]
+        commit reads back (:func:`.part_runs.cut_into_parts`: its lines, and a Parquet part's null cells;
+        a part its file shows is past the commit's read, :class:`PartTooCostlyError`, in halves)."""
+        return [
+            part for run in part_runs.cut_into_parts(rows, self.output_format) for part in self._halved(run)
+        ]
+
+    def _halved(self, rows: list[StagedRow]) -> list[StagedPart]:
+        try:
+            return [self.write_part(rows)]
+        except PartTooCostlyError:
+            if len(rows) == 1:
+                raise
+            half = len(rows) // 2
+            return self._halved(rows[:half]) + self._halved(rows[half:])
 
     def write_part(self, rows: list[StagedRow]) -> StagedPart:
         """Stage result rows (``source``, ``ok``, ``record``) as one part, its sidecar last.
@@ -258,14 +285,19 @@ class PartWriter:
             sidecar["generated_text_counts"] = dict(Counter(label for label in labels if label is not None))
             if any(label is not None for label in labels):  # else all free text: nothing to keep
                 sidecar[LABELS_KEY] = labels
-        for folder, records in (("outputs", outputs), ("errors", errors)):
-            if records:
-                name = f"{part}.{self.extension}"
-                data, types = _encode(records, self.output_format, self.ascii_only)
-                storage.write_bytes(storage.join(self.data_uri, folder, name), data, within=self.output_uri)
-                sidecar["files"][folder] = name
-                if types:
-                    sidecar.setdefault(COLUMNS_KEY, {})[folder] = types
+        # Both files encoded (and checked) before either is written: a part found past the commit's
+        # read is written as two, leaving nothing behind.
+        encoded = {
+            folder: _encode(records, self.output_format, self.ascii_only, many_rows=len(rows) > 1)
+            for folder, records in (("outputs", outputs), ("errors", errors))
+            if records
+        }
+        for folder, (data, types) in encoded.items():
+            name = f"{part}.{self.extension}"
+            storage.write_bytes(storage.join(self.data_uri, folder, name), data, within=self.output_uri)
+            sidecar["files"][folder] = name
+            if types:
+                sidecar.setdefault(COLUMNS_KEY, {})[folder] = types
         if self.replica is not None:
             sidecar[REPLICA_KEY] = self.replica
         if self.first_row_in_engine_at is not None:
