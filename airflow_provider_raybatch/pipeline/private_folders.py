@@ -7,7 +7,8 @@ share, a folder one of them made first (or a link, or a folder they can write) w
 run their code, or hand them ours. So:
 
 * Every folder from the root down is the Ray user's and nobody else can write it: a link, another
-  owner, or group or other write permission is refused, naming the path. Missing ones are made 0700.
+  owner, or group or other write permission is refused, naming the path. Missing ones are made 0700,
+  and one others may read (0755) is made 0700.
 * The folders above the root are the Ray user's or root's, and others may write one only where the
   sticky bit keeps them from renaming what is not theirs (``/tmp``); they are checked as named and as
   their links resolve.
@@ -51,6 +52,11 @@ def make_private_folders(root: str, folder: str, setting: str) -> None:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
         check_private(path, setting)
+        if stat.S_IMODE(os.lstat(path).st_mode) & 0o077:
+            # Ours (checked), made readable by an older provider or by vLLM or Triton themselves
+            # (0755): what they write in it is as readable as their umask leaves it, compiled code and
+            # fetched weights to every local user.
+            os.chmod(path, 0o700)
 
 
 def check_private(path: str, setting: str) -> None:

@@ -35,15 +35,20 @@ def test_missing_folders_are_made_private(tmp_path: Path) -> None:
     assert [oct(path.stat().st_mode & 0o777) for path in made] == [oct(0o700)] * 4
 
 
-def test_an_existing_root_readable_by_others_is_fine(tmp_path: Path) -> None:
-    """A cache made by an older provider (0755): the folders made below it are private."""
+def test_an_existing_folder_readable_by_others_is_made_private(tmp_path: Path) -> None:
+    """A cache made by an older provider, or by vLLM or Triton themselves (0755): it and the folders
+    made below it are private, or every local user read the compiled code and weights in it."""
     root = tmp_path / "root"
     root.mkdir(mode=0o755)
     root.chmod(0o755)
+    (root / "a").mkdir(mode=0o755)
+    (root / "a").chmod(0o755)
 
-    make_private_folders(str(root), str(root / "m"), SETTING)
+    make_private_folders(str(root), str(root / "a" / "m"), SETTING)
 
-    assert oct((root / "m").stat().st_mode & 0o777) == oct(0o700)
+    assert [oct(path.stat().st_mode & 0o777) for path in (root, root / "a", root / "a" / "m")] == [
+        oct(0o700)
+    ] * 3
 
 
 def test_a_folder_only_under_the_root() -> None:
