@@ -47,7 +47,11 @@ from airflow_provider_raybatch.pipeline.row_types import (
     StagedRow,
 )
 from airflow_provider_raybatch.pipeline.stage.commit import StagedPart
-from airflow_provider_raybatch.pipeline.stage.part_runs import PART_LINES_COST_MOST, row_cost_at_most
+from airflow_provider_raybatch.pipeline.stage.part_runs import (
+    PART_LINES_COST_MOST,
+    lone_row_refusal,
+    row_cost_at_most,
+)
 from airflow_provider_raybatch.pipeline.stage.part_schema import strict_json_value
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 from airflow_provider_raybatch.pipeline.stage.replica_staging import REPORTED_PARTS
@@ -527,6 +531,12 @@ def _output_too_large(record: str, output_format: OutputFormat) -> str | None:
     An OpenAI line of n=128 choices of 400 tokens with 20 logprobs each was 84 MB of JSON and over
     1 GiB read back: the commit refused its part, and the job failed, on every try."""
     line = record.encode("utf-8", "surrogatepass")
+    if output_format == "parquet" and (why := lone_row_refusal(record)):
+        return (
+            f"output too large: as a Parquet row it is past what the commit reads back ({why}); each null "
+            "inside a list is read back as a null in every field of the list's widest item: write jsonl, "
+            "or leave such nulls out"
+        )
     if output_format == "parquet" and len(line) > parquet_plan.PARQUET_PAGE_BYTES:
         for column, value in json.loads(record).items():
             size = len(

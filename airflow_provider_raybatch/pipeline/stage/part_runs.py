@@ -20,6 +20,7 @@ import json
 
 from airflow_provider_raybatch.pipeline.read import raw_records, row_costs, staged_parquet
 from airflow_provider_raybatch.pipeline.row_types import StagedRow
+from airflow_provider_raybatch.pipeline.stage import part_schema
 from airflow_provider_raybatch.shared.specs import OutputFormat
 
 #: The most a part's lines may cost together once the commit reads them back (as
@@ -56,6 +57,39 @@ def row_cost_at_most(record: str, output_format: OutputFormat, budget: int) -> i
     per_byte = staged_parquet.READ_BACK_PER_JSON_BYTE
     line = record.encode("utf-8", "surrogatepass")
     return per_byte * raw_records.json_line_cost(line, budget // per_byte)
+
+
+#: A row's JSON up to this long cannot cost the commit too much through its nulls inside lists and
+#: objects: k nulls beside an item of F fields cost about k x F x 247 B read back (x4 for names past
+#: ASCII), at most about 8 L^2 for L bytes of JSON: 128 MiB at 4 KiB, under a row's decode bound.
+_NESTED_NULLS_CHECKED_FROM = 4 << 10
+
+
+def lone_row_refusal(record: str) -> str | None:
+    """Why a row (its JSON text) alone, as a Parquet part, is past what the commit reads back, or None:
+    read as the commit reads it where its nulls inside lists or objects could make it so. One row of
+    513 KB, a list of 1,000 nulls beside an object of 1,000 500-character keys, was a part the commit
+    refused on every try: each null read back as a null in each of the widest item's fields."""
+    if len(record) <= _NESTED_NULLS_CHECKED_FROM or "null" not in record:
+        return None
+    row = json.loads(record)
+    if not any(_holds_null(value) for value in row.values() if isinstance(value, dict | list)):
+        return None
+    try:
+        staged_parquet.check_cost(part_schema.encode_parquet(part_schema.table_of([row])))
+    except ValueError as err:  # its cost, a page's, the row's or the file's decode bound, its width
+        return str(err)
+    return None
+
+
+def _holds_null(value: object) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, dict):
+        return any(_holds_null(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_holds_null(item) for item in value)
+    return False
 
 
 def _names_are_ascii(value: object) -> bool:

@@ -695,3 +695,23 @@ def test_a_line_that_is_not_ascii_is_charged_as_its_escapes_are_read_back(
     assert all(
         json.loads(row["record"])["note"] == text for part in written for row in writer.read_part(part)
     )
+
+
+def test_a_parquet_row_whose_nulls_in_a_list_cost_too_much_read_back_is_its_rows_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each null in a list is read back as a null in every field of the list's widest item: one row of
+    # 513 KB (1,000 nulls beside an object of 1,000 500-character keys) was a part the commit refused
+    # on every try. The bound is made small here (1 GiB in the product).
+    from airflow_provider_raybatch.pipeline.read import staged_parquet
+
+    monkeypatch.setattr(staged_parquet, "FILE_COST_BYTES", 1_000_000)
+    wide = {f"field_{key:03d}_".ljust(50, "k"): key for key in range(100)}
+    row = engine_row(generated_text="yes", row=json.dumps({"id": "T-1", "items": [None] * 100 + [wide]}))
+    for output_format, ok in (("parquet", False), ("jsonl", True)):
+        spec = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format=output_format)
+        staged = row_steps._staged_safely(row, spec)  # type: ignore[arg-type]
+        assert staged["ok"] is ok, output_format
+    parquet = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format="parquet")
+    reason = json.loads(row_steps._staged_safely(row, parquet)["record"])["error"]  # type: ignore[arg-type]
+    assert reason.startswith("output too large: as a Parquet row it is past what the commit reads back")
