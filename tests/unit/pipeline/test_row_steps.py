@@ -657,19 +657,27 @@ def test_an_error_row_does_not_quote_an_input_whose_json_is_too_long(tmp_path: P
     assert small["input"] == '{"prompt": ""}' and small["error"] == "empty prompt: no text"
 
 
+def _staged_in_each_format(tmp_path: Path, row: dict[str, Any]) -> tuple[bool, str]:
+    """Whether ``row`` is staged ok in a JSONL output, and its error's reason in a Parquet one."""
+    specs = {
+        output_format: spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format=output_format)
+        for output_format in ("jsonl", "parquet")
+    }
+    jsonl = row_steps._staged_safely(row, specs["jsonl"])  # type: ignore[arg-type]
+    parquet = row_steps._staged_safely(row, specs["parquet"])  # type: ignore[arg-type]
+    assert parquet["ok"] is False, parquet
+    return jsonl["ok"], json.loads(parquet["record"])["error"]
+
+
 def test_a_parquet_output_value_longer_than_a_page_is_its_rows_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_provider_raybatch.pipeline.read import parquet_plan
 
     monkeypatch.setattr(parquet_plan, "PARQUET_PAGE_BYTES", 10_000)  # 64 MiB, made small here
-    long_row = engine_row(generated_text="x" * 20_000)
-    for output_format, ok in (("parquet", False), ("jsonl", True)):
-        spec = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format=output_format)
-        staged = row_steps._staged_safely(long_row, spec)  # type: ignore[arg-type]
-        assert staged["ok"] is ok, output_format
-    parquet = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format="parquet")
-    reason = json.loads(row_steps._staged_safely(long_row, parquet)["record"])["error"]  # type: ignore[arg-type]
+    jsonl_ok, reason = _staged_in_each_format(tmp_path, engine_row(generated_text="x" * 20_000))
+
+    assert jsonl_ok
     assert reason.startswith("output too large: column 'generated_text' holds 20,000 bytes"), reason
 
 
@@ -708,10 +716,10 @@ def test_a_parquet_row_whose_nulls_in_a_list_cost_too_much_read_back_is_its_rows
     monkeypatch.setattr(staged_parquet, "FILE_COST_BYTES", 1_000_000)
     wide = {f"field_{key:03d}_".ljust(50, "k"): key for key in range(100)}
     row = engine_row(generated_text="yes", row=json.dumps({"id": "T-1", "items": [None] * 100 + [wide]}))
-    for output_format, ok in (("parquet", False), ("jsonl", True)):
-        spec = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format=output_format)
-        staged = row_steps._staged_safely(row, spec)  # type: ignore[arg-type]
-        assert staged["ok"] is ok, output_format
-    parquet = spec_of(tmp_path, "in.jsonl", user_template="{id}", output_format="parquet")
-    reason = json.loads(row_steps._staged_safely(row, parquet)["record"])["error"]  # type: ignore[arg-type]
-    assert reason.startswith("output too large: as a Parquet row it is past what the commit reads back")
+
+    jsonl_ok, reason = _staged_in_each_format(tmp_path, row)
+
+    assert jsonl_ok
+    assert reason.startswith("output too large: as a Parquet row it is past what the commit reads back"), (
+        reason
+    )
