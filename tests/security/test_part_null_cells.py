@@ -321,3 +321,25 @@ def test_nulls_inside_a_held_column_are_read_back(tmp_path: Path, rows: list[Jso
 
     back = [json.loads(row["record"]) for part in parts for row in writer.read_part(part)]
     assert len(parts) > 1 and len(back) == len(rows)
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_column_staged_all_null_is_not_read_again_at_the_type_the_first_commit_gave_it(
+    tmp_path: Path,
+) -> None:
+    """A part whose column was all null was given the output's wide object type by the first commit,
+    and a later one read its nulls at that type, each a null in every field: 2,000 nulls of an object
+    of 1,500 fields were refused on every later try. A column staged all null is not read again."""
+    writer = PartWriter(str(tmp_path / "staging"), "parquet", count_labels=False)
+    wide = writer.write_parts(
+        [_staged({"id": 0, "c": {f"field_{key:03d}_".ljust(50, "k"): key for key in range(100)}}, 0)]
+    )
+    nulls = writer.write_parts([_staged({"id": number, "c": None}, number) for number in range(1, 61)])
+    assert len(nulls) == 1
+
+    writer.conform_parts(wide + nulls)  # the first commit: c is an object of 100 fields in both parts
+    writer.conform_parts(wide + nulls)  # a later one
+
+    assert [_present(json.loads(row["record"])) for row in writer.read_part(nulls[0])] == [
+        {"id": number} for number in range(1, 61)
+    ]

@@ -52,7 +52,7 @@ ENCODING_KEY = b"raybatch.encoding"
 JSON_ENCODING = b"json"
 #: How a part's sidecar names a JSON text column's type.
 JSON_TYPE = "json"
-_NULL_TYPE = "null"
+NULL_TYPE = "null"
 _WIDENING = {frozenset({"int64", "double"}): "double"}
 
 
@@ -216,9 +216,9 @@ def unify(part_types: Iterable[Mapping[str, str]]) -> dict[str, str]:
             seen.setdefault(name, set()).add(type_text)
     unified = {}
     for name, type_texts in seen.items():
-        concrete = frozenset(type_texts - {_NULL_TYPE})
+        concrete = frozenset(type_texts - {NULL_TYPE})
         if not concrete:
-            unified[name] = _NULL_TYPE
+            unified[name] = NULL_TYPE
         elif len(concrete) == 1:
             (unified[name],) = concrete
         else:
@@ -264,7 +264,7 @@ def target_fields(target: Mapping[str, str], arrow_types: Mapping[str, pa.DataTy
     return [
         _json_field(name)
         if type_text == JSON_TYPE
-        else pa.field(name, pa.null() if type_text == _NULL_TYPE else arrow_types[name])
+        else pa.field(name, pa.null() if type_text == NULL_TYPE else arrow_types[name])
         for name, type_text in target.items()
     ]
 

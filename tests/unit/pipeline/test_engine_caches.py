@@ -79,9 +79,12 @@ def test_the_cache_folders_are_made_private_before_the_engine_starts(tmp_path: P
 
 
 @pytest.mark.parametrize("mode", [0o700, 0o755], ids=oct)
-def test_an_existing_compile_cache_of_the_ray_user_is_used_as_it_is(tmp_path: Path, mode: int) -> None:
+def test_an_existing_compile_cache_of_the_ray_user_is_used_and_kept_private(
+    tmp_path: Path, mode: int
+) -> None:
     """A folder made by hand or by an earlier run (vLLM and Triton make theirs 0755 under a 022 umask),
-    such as a persistent volume's folder chowned to the Ray user: what it holds is the earlier runs'."""
+    such as a persistent volume's folder chowned to the Ray user: what it holds is the earlier runs',
+    and only the Ray user reads it (0755 let every local user read the compiled code)."""
     cache = tmp_path / "vllm-cache"
     (cache / "triton" / "k").mkdir(parents=True)
     (cache / "triton" / "k" / "kernel.so").write_bytes(b"an earlier run's kernel")
@@ -91,7 +94,7 @@ def test_an_existing_compile_cache_of_the_ray_user_is_used_as_it_is(tmp_path: Pa
     engine_caches.checked_cache_folders(str(cache), {})
 
     assert (cache / "triton" / "k" / "kernel.so").read_bytes() == b"an earlier run's kernel"
-    assert oct(cache.stat().st_mode & 0o777) == oct(mode)
+    assert [oct(folder.stat().st_mode & 0o777) for folder in (cache, cache / "triton")] == [oct(0o700)] * 2
 
 
 def test_without_one_the_default_folders_are_made_private_too(
