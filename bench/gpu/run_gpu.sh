@@ -31,6 +31,8 @@
 #   af:N        issue 20's 7-date backfill through Airflow (airflow standalone, `airflow backfill create
 #               --max-active-runs N`; bench/gpu/airflow_backfill.py; needs pack_airflow.sh's Airflow side)
 #   pool2x      issue 23's table (bench/gpu/pool_scale_summary.py): b:pool1-cold, pool1-warm vs pool2-*
+#   floor:NAME  what a Ray job per task pays before its driver works: probe jobs with NAME's runtime env
+#               (bench/gpu/job_floor.py; issue 48's warm start)
 #   check:NAME  every input row exactly once in NAME's committed outputs + errors (bench/gpu/scale_check.py)
 #   bg          the stages after it run in a detached runner (setsid; it outlives this call while the
 #               machine stays warm), and this call waits for it like "wait"
@@ -268,6 +270,9 @@ PY
     touch $since; ls -la $o;;
   pool2x)  # issue 23's table from the b:pool1-* and b:pool2-* results
     python3 "$HERE/pool_scale_summary.py" "$K" "$K/pool2x.json";;
+  floor:*)
+    name=${s#floor:}; startray
+    timeout $(stagelimit) python3 "$HERE/job_floor.py" "$HERE/jobs/$name.json" "$K/floor-$name.json" 2>&1 | tail -8;;
   check:*)
     name=${s#check:}
     timeout $(stagelimit) python3 "$HERE/scale_check.py" "$HERE/jobs/$name.json" "$K/check-$name.json" 2>&1 | tail -3;;
