@@ -32,6 +32,7 @@ Jobs:
   rpg-100k-default, rpg-200k-default
                          the same with the operator's default layout (no concurrency, replica_resources
                          or GPU memory settings: pipeline/generate/default_layout.py chooses; RESULTS 18c)
+  rpg-200k-default-pool0 the same on a warm pool of keep_warm_seconds=0 (engines asked for first)
   rt-2000-x1, rt-2000-x2 issue 48: the random-words workload, 2,000 requests, 1 and 2 replicas on one GPU,
                          stats lines on
   images-100k            issue 19 item 6: 100,000 generated images (bench/gpu/make_images.py, run_gpu.sh's
@@ -189,6 +190,8 @@ def submission(
     kwargs["concurrency"] = concurrency  # an int: the operator's default pool (a fixed pool of n replicas)
     if log_stats:
         kwargs["engine_kwargs"]["disable_log_stats"] = False
+    if keep_warm_seconds is not None:
+        kwargs["keep_warm_seconds"] = keep_warm_seconds
     if replicas_per_gpu > 1:
         kwargs["concurrency"] = replicas_per_gpu
         kwargs["replica_resources"] = {"GPU": 1 / replicas_per_gpu, "CPU": 1}
@@ -219,6 +222,7 @@ def scale_submission(
     dry_run: bool = False,
     log_stats: bool = False,
     default_layout: bool = False,
+    keep_warm_seconds: float | None = None,
 ) -> dict[str, Any]:  # Any: JSON values.
     """A job of the issue-19 scale workload: the example DAG's operator on the customers CSV.
 
@@ -232,6 +236,8 @@ def scale_submission(
     :param replicas_per_gpu: engine replicas sharing the one GPU (a fraction of it each, a KV cache of
         a fixed size each so that their start-ups do not size it from each other's memory): for a small
         model, one replica's process, not the GPU, sets the pace (bench/engine_feed.sh).
+
+    :param keep_warm_seconds: run on a warm engine pool that keeps its replicas this long after the job.
     """
     kwargs = {
         "model": model,
@@ -252,6 +258,8 @@ def scale_submission(
     }
     if log_stats:
         kwargs["engine_kwargs"]["disable_log_stats"] = False
+    if keep_warm_seconds is not None:
+        kwargs["keep_warm_seconds"] = keep_warm_seconds
     if dry_run:  # issue 19 item 2: the pre-engine path on 20M rows, on the device machine's CPUs
         kwargs.update(dry_run=True, dry_run_rows_per_second=1000.0, max_failed_fraction=1.0)
     if default_layout:
@@ -398,6 +406,18 @@ JOBS = {
         )
         for rows in (100_000, 200_000)
     },
+    # rpg-200k-default on a warm pool that keeps nothing warm (keep_warm_seconds=0): its replicas are
+    # asked for at the driver's start and built beside the read, as a pool's are, where a job's own
+    # engines start only with the engine dataset (issue 48: RESULTS 19, lever b).
+    "rpg-200k-default-pool0": functools.partial(
+        scale_submission,
+        "rpg-200k-default-pool0",
+        200_000,
+        BIG_MODEL,
+        log_stats=True,
+        default_layout=True,
+        keep_warm_seconds=0.0,
+    ),
     # The same on the random-token bench (2,000 x 128 in / 128 out), 1 and 2 replicas on the one GPU.
     **{
         f"rt-2000-x{replicas}": functools.partial(
