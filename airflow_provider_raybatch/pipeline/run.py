@@ -39,7 +39,7 @@ from airflow_provider_raybatch.pipeline.generate.processor import (
     engine_libraries_held_back,
 )
 from airflow_provider_raybatch.pipeline.openai import openai_batch
-from airflow_provider_raybatch.pipeline.read import dedupe, prepare_spread, prepared_cache, rows
+from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache, rows
 from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
 from airflow_provider_raybatch.pipeline.reporting.progress import ProgressReporter
 from airflow_provider_raybatch.pipeline.reporting.timings import (
@@ -105,16 +105,12 @@ def _read_records(spec: BatchInferenceSpec) -> Dataset:
     )
 
 
-def _input_file_sizes(spec: BatchInferenceSpec) -> list[tuple[str, int]]:
-    extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
-    return storage.input_file_sizes(spec.input_uri, extensions)
-
-
 def _check_input_files(spec: BatchInferenceSpec) -> None:
     """Fail the job at its start, before any engine is built or leased, when ``input_uri`` names no
     file to read (storage.InputNotFoundError) or a file too large: each file is read whole into one
     worker, so one too large would fail as an out-of-memory worker later. Both messages name it."""
-    for path, size in _input_file_sizes(spec):
+    extensions = storage.extensions_for(spec.input_uri, spec.resolved_input_format)
+    for path, size in storage.input_file_sizes(spec.input_uri, extensions):
         rows.check_input_file_size(path, size)
 
 
@@ -128,8 +124,7 @@ def _check_job_settings() -> None:
 
 def _prepared_rows(spec: BatchInferenceSpec) -> PreparedRows:
     """Every input row read and prepared (materialized) and, where its id repeats, marked a duplicate."""
-    records = prepare_spread.spread(_read_records(spec), [size for _, size in _input_file_sizes(spec)])
-    prepared = records.map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
+    prepared = _read_records(spec).map(row_steps.prepare_row, fn_kwargs={"spec": spec}).materialize()
     rows_in = prepared.count()
     first_sources, errors, rows_repeated = dedupe.find_first_sources(prepared, rows_in)
     repeated_ids = first_sources.num_rows
