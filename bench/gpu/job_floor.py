@@ -27,11 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from ours_job import client_for, job_body, upload_packages  # noqa: E402
+from ours_job import TERMINAL, client_for, job_body, job_logs, submit, upload_packages  # noqa: E402
 
 STAMP = "FLOOR_STAMP"
 _PRINT = f"import time; print('{STAMP}', time.time(), flush=True)"
@@ -48,7 +47,6 @@ PROBES: dict[str, tuple[str, bool]] = {  # name: (python code, with the job's ru
     "ray_init": ("import ray; ray.init(); " + _PRINT, True),
     "our_driver": (_OUR_DRIVER, True),
 }
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
 def _fingerprint(entrypoint: str) -> str:
@@ -62,12 +60,10 @@ def run_probe(
     if runtime_env is not None:
         body["runtime_env"] = runtime_env
     t_post = time.time()
-    response = client.post("/api/jobs/", json=body)
-    response.raise_for_status()
-    job_id = response.json()["submission_id"]
+    job_id = submit(client, body)
     while (details := client.get(f"/api/jobs/{job_id}").json())["status"] not in TERMINAL:
         time.sleep(0.1)
-    logs = client.get(f"/api/jobs/{job_id}/logs").json().get("logs", "")
+    logs = job_logs(client, job_id)
     stamps = [float(line.split()[1]) for line in logs.splitlines() if line.startswith(STAMP)]
     if details["status"] != "SUCCEEDED" or not stamps:
         sys.exit(f"probe {job_id} {details['status']}: {logs[-3000:]}")

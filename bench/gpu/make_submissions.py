@@ -190,8 +190,6 @@ def submission(
     kwargs["concurrency"] = concurrency  # an int: the operator's default pool (a fixed pool of n replicas)
     if log_stats:
         kwargs["engine_kwargs"]["disable_log_stats"] = False
-    if keep_warm_seconds is not None:
-        kwargs["keep_warm_seconds"] = keep_warm_seconds
     if replicas_per_gpu > 1:
         kwargs["concurrency"] = replicas_per_gpu
         kwargs["replica_resources"] = {"GPU": 1 / replicas_per_gpu, "CPU": 1}
