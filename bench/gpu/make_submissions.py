@@ -13,6 +13,7 @@ hook uses.
 Jobs:
   ours-2000, ours-2000-warm, ours-20000, scale-2   the random-words workload (bench/workload.py) on the
                                                    8B-shaped model with the word tokenizer (sections 5, 6)
+  ours-2000-pool0        ours-2000 on a warm pool of keep_warm_seconds=0 (engines asked for first)
   backfill-d1..d7        issue 20: 2,000 of those requests a date on a warm pool (section 9)
   backfill-d2-nowarm..d7-nowarm
                          the same dates with RAYBATCH_WARM_WORKERS=0 (section 13)
@@ -332,6 +333,9 @@ JOBS = {
     "ours-2000": lambda: submission("ours-2000", 2000, 1),
     "ours-2000-warm": lambda: submission("ours-2000-warm", 2000, 1),
     "ours-20000": lambda: submission("ours-20000", 20000, 1),
+    # ours-2000 on a warm pool that keeps nothing warm: its replica asked for at the driver's start
+    # (issue 48's single cold job, lever b of RESULTS 19).
+    "ours-2000-pool0": lambda: submission("ours-2000-pool0", 2000, 1, 0.0),
     "scale-2": lambda: submission("scale-2", 20000, 2),
     # A 7-date backfill of 2,000 rows a date on one warm engine pool (issue 20; RESULTS section 9).
     **{
