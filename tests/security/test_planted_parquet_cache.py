@@ -141,22 +141,18 @@ def test_an_ordinary_cache_file_is_still_read_by_ray(tmp_path: Path) -> None:
 
 
 class _Rows:
-    """A dataset of one table that writes Parquet as Ray Data's ``write_parquet`` does
-    (``pyarrow.dataset.write_dataset`` with its keywords as Parquet write options)."""
+    """A dataset of one table, one block: its ``map_batches`` gives the function the whole table, as
+    Ray Data does with ``batch_size=None``."""
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
 
-    def map_batches(self, fn: Any, batch_format: str) -> _Rows:  # Any: the cache's batch function
-        return _Rows(fn(self.table))
+    # Any: the cache's batch function and its keywords
+    def map_batches(self, fn: Any, batch_size: None, batch_format: str, fn_kwargs: dict[str, Any]) -> _Rows:
+        return _Rows(fn(self.table, **fn_kwargs))
 
-    def write_parquet(self, path: str, filesystem: Any, **options: Any) -> None:  # Any: as Ray's
-        import pyarrow.dataset as ds
-
-        write_options = ds.ParquetFileFormat().make_write_options(**options)
-        ds.write_dataset(
-            self.table, path, filesystem=filesystem, format="parquet", file_options=write_options
-        )
+    def sum(self, column: str) -> int:
+        return sum(self.table[column].to_pylist())
 
 
 def test_a_cache_of_long_rows_the_job_writes_is_within_the_bounds_it_is_read_back_with(

@@ -4,8 +4,9 @@ Before its engine is fed, a job reads, parses and prepares every input row and m
 At 2,000,000 rows in one CSV that took 217.6 s on the H100 host (bench/RESULTS.md 7e): one task
 parses and prepares a file, and the duplicate scan is a shuffle. A retry after a crash paid all of it
 again, though its rows are the same. So the first try writes its prepared rows, duplicates already
-marked, as Parquet under ``_staging/<run_key>/prepared/`` (Ray Data's writers, one file per block, in
-parallel), then ``prepared.json`` last; a retry that finds both reads the Parquet back in parallel.
+marked, as Parquet under ``_staging/<run_key>/prepared/`` (each block in parallel, cut into files that
+each cost at most half of what a file read back may: :func:`write`), then ``prepared.json`` last; a
+retry that finds both reads the Parquet back in parallel.
 
 A cache is used only when it is certainly this input's:
 
@@ -34,17 +35,20 @@ import contextlib
 import hashlib
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from airflow_provider_raybatch.pipeline import storage
-from airflow_provider_raybatch.pipeline.read import staged_parquet
+from airflow_provider_raybatch.pipeline.read import row_costs, staged_parquet
 from airflow_provider_raybatch.shared import job_settings
 from airflow_provider_raybatch.shared.json_types import JsonValue
 
 if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow.fs
     from ray.data import Dataset
 
 log = logging.getLogger("airflow_provider_raybatch.pipeline")
@@ -213,10 +217,17 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str, within: str) ->
             return False
         storage.make_folders(folder, within=within)  # a link on the way refuses before Ray writes
         filesystem, path = storage.filesystem(folder)
-        text_columns = prepared.rows.map_batches(_nulls_as_text, batch_format="pyarrow")
-        # A page closed after each value, not each 1,024 (pyarrow's default): long rows would make pages
-        # past what a retry reads back (staged_parquet), and the cache would never be used.
-        text_columns.write_parquet(path, filesystem=filesystem, write_batch_size=1)
+        # Taken here, in the driver, and shipped: the bound the read charges with is the driver's too.
+        most_cost = staged_parquet.FILE_COST_BYTES // 2
+        files = prepared.rows.map_batches(
+            _write_block,
+            batch_size=None,  # a whole block at a time: a file per block where its rows cost little
+            batch_format="pyarrow",
+            fn_kwargs={"folder": path, "filesystem": filesystem, "most_cost": most_cost},
+        )
+        rows_written = files.sum("rows")
+        if rows_written != prepared.rows_in:
+            raise ValueError(f"{rows_written} rows were written of {prepared.rows_in}")
         record = {"format": _RECORD_FORMAT, "input_digest": digest}
         record |= {
             "rows_in": prepared.rows_in,
@@ -236,6 +247,48 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str, within: str) ->
             storage.delete_file(record_uri, within=within)
         return False
     return True
+
+
+def _write_block(block: pa.Table, folder: str, filesystem: pyarrow.fs.FileSystem, most_cost: int) -> pa.Table:
+    """Write one block's rows as Parquet files in ``folder``, cut where their rows would cost more than
+    ``most_cost`` once read back (charged as :func:`.staged_parquet.check_cost` charges them:
+    :func:`.row_costs.row_costs`), and give the rows written (a one-row table).
+
+    Ray Data's writers write a file per block, and one input file is one block: at 832,470 rows such a
+    file cost more than the 1 GiB a file read back may, and no retry ever used the cache. ``most_cost``
+    is half that bound: the reader charges a text column it reads as a dictionary 8 B a row more (its
+    index), less than any value costs here.
+    """
+    import pyarrow.parquet as pq
+
+    block = _nulls_as_text(block)
+    name = uuid.uuid4().hex  # a task retried writes other files: the read then finds too many rows
+    for index, (start, stop) in enumerate(_file_runs(row_costs.row_costs(block).held, most_cost)):
+        # A page closed after each value, not each 1,024 (pyarrow's default): long rows would make pages
+        # past what a retry reads back (staged_parquet), and the cache would never be used.
+        pq.write_table(
+            block.slice(start, stop - start),
+            f"{folder}/{name}-{index:06d}.parquet",
+            filesystem=filesystem,
+            write_batch_size=1,
+        )
+    return pa.table({"rows": [block.num_rows]})
+
+
+def _file_runs(costs: np.ndarray, most_cost: int) -> list[tuple[int, int]]:
+    """Consecutive rows, as ``(start, stop)``, each run costing at most ``most_cost`` (``costs`` a row);
+    a row that costs more alone is a run of its own."""
+    import numpy as np
+
+    ends = np.cumsum(costs)
+    runs = []
+    start = 0
+    while start < len(costs):
+        before = int(ends[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(ends, before + most_cost, side="right")), start + 1)
+        runs.append((start, stop))
+        start = stop
+    return runs
 
 
 def _nulls_as_text(batch: pa.Table) -> pa.Table:

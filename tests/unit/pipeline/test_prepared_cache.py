@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -199,8 +200,23 @@ def test_an_all_null_column_is_written_as_text() -> None:
     assert out.to_pylist() == batch.to_pylist()
 
 
+@pytest.mark.parametrize(
+    ("costs", "runs"),
+    [
+        ([3, 3, 3, 10, 1, 1], [(0, 2), (2, 3), (3, 4), (4, 6)]),  # 10 alone: a row is never cut
+        ([6, 6], [(0, 1), (1, 2)]),  # exactly the bound
+        ([1] * 5, [(0, 5)]),
+        ([], []),
+    ],
+)
+def test_a_block_is_cut_into_runs_of_rows_within_a_file_cost(
+    costs: list[int], runs: list[tuple[int, int]]
+) -> None:
+    assert prepared_cache._file_runs(np.array(costs, np.int64), 6) == runs
+
+
 # address="local": a cluster of its own, never one already running on the machine.
-_ON_RAY = """
+_RAY_AND_ROWS = """
 import json, os
 import pyarrow as pa, pyarrow.parquet as pq
 import ray, ray.data
@@ -217,6 +233,10 @@ def row(n, error=None):
             "messages": json.dumps([{"role": "user", "content": f"row {n}"}]) if good else None,
             "prompt": None, "sampling": json.dumps({"max_tokens": 4}) if good else None,
             "request": None, "error": error}
+"""
+_ON_RAY = (
+    _RAY_AND_ROWS
+    + """
 # Block 1: every row good (its error column is Arrow's null type); block 2: some errors.
 blocks = [[row(n) for n in range(0, 40)], [row(n, "missing id" if n % 3 else None) for n in range(40, 70)]]
 written = [r for block in blocks for r in block]
@@ -247,6 +267,7 @@ out["empty"] = read("d3")
 out["written"] = sorted(written, key=lambda r: r["source"])
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.timeout(300)
@@ -264,3 +285,57 @@ def test_kept_rows_are_read_back_as_written_and_never_from_a_torn_or_stale_cache
     assert out["count_mismatch"] is None
     assert out["unreadable"] is None
     assert out["empty"] is None  # an empty input is read again: nothing to keep
+
+
+# One block, as one input file is read, whose rows cost three times what a file read back may: the bound
+# lowered (the write takes it from the driver) instead of a million rows.
+_ONE_BLOCK_PAST_A_FILE = (
+    _RAY_AND_ROWS
+    + """
+import logging
+from airflow_provider_raybatch.pipeline.read import row_costs, staged_parquet
+warnings = []
+class Warnings(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.getLogger("airflow_provider_raybatch.pipeline").addHandler(Warnings())
+written = [row(n, "missing id" if n % 7 == 0 else None) for n in range(400)]
+block = pa.Table.from_pylist(written)
+dataset = ray.data.from_arrow(block).materialize()
+staged_parquet.FILE_COST_BYTES = int(row_costs.row_costs(block).held.sum()) // 3
+kept_it = prepared_cache.write(staging, PreparedRows(dataset, 400, 58, 0, 0), "d1", staging)
+folder = f"{staging}/prepared"
+files = sorted(os.listdir(folder))
+def read_cost(name):
+    table = pq.read_table(f"{folder}/{name}")
+    return int(row_costs.row_costs(table).held.sum())
+kept = prepared_cache.read(staging, "d1", staging)
+out = {"kept_it": kept_it, "bound": staged_parquet.FILE_COST_BYTES, "files": len(files),
+       "costs": [read_cost(name) for name in files], "warnings": warnings[:]}
+out["kept"] = None if kept is None else sorted(kept.rows.take_all(), key=lambda r: int(r["id"]))
+# The read side still refuses a file past the bound, planted among the ones the write cut.
+pq.write_table(block, f"{folder}/planted.parquet")
+out["planted_taken"] = prepared_cache.read(staging, "d1", staging) is not None
+out["planted_warning"] = warnings[-1]
+out["written"] = written
+print(json.dumps(out))
+"""
+)
+
+
+@pytest.mark.timeout(300)
+def test_one_block_past_what_a_file_may_cost_is_kept_in_files_a_retry_reads_back(tmp_path: Path) -> None:
+    """One input file is one Ray Data block, and Ray Data writes a file per block: at a million rows
+    that file cost more than a file read back from the staging may (``FILE_COST_BYTES``), so no retry
+    ever used the cache. The write cuts each block into files within what the read allows."""
+    staging = tmp_path / "_staging" / "run-1"
+    staging.mkdir(parents=True)
+    out = run_in_ray_env(f"import os; os.environ['STAGING'] = {str(staging)!r}\n" + _ONE_BLOCK_PAST_A_FILE)
+    assert out["kept_it"] is True
+    assert out["kept"] is not None, f"the kept rows were not read back: {out['warnings']}"
+    assert out["kept"] == out["written"]
+    assert out["files"] >= 3
+    assert all(cost <= out["bound"] for cost in out["costs"]), (out["costs"], out["bound"])
+    assert out["planted_taken"] is False, "a file past the bound was read back"
+    assert "planted.parquet: its first " in out["planted_warning"]
+    assert f"more than {out['bound']:,} bytes once read" in out["planted_warning"]
