@@ -151,8 +151,8 @@ class _Rows:
     def map_batches(self, fn: Any, batch_size: None, batch_format: str, fn_kwargs: dict[str, Any]) -> _Rows:
         return _Rows(fn(self.table, **fn_kwargs))
 
-    def sum(self, column: str) -> int:
-        return sum(self.table[column].to_pylist())
+    def take_all(self) -> list[dict[str, Any]]:  # Any: the table's values
+        return self.table.to_pylist()
 
 
 def test_a_cache_of_long_rows_the_job_writes_is_within_the_bounds_it_is_read_back_with(

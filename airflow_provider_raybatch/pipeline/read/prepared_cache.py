@@ -225,7 +225,8 @@ def write(staging_uri: str, prepared: PreparedRows, digest: str, within: str) ->
             batch_format="pyarrow",
             fn_kwargs={"folder": path, "filesystem": filesystem, "most_cost": most_cost},
         )
-        rows_written = files.sum("rows")
+        # One row a block: summed here, not with Dataset.sum (an aggregation: a shuffle's tasks and actors).
+        rows_written = sum(int(row["rows"]) for row in files.take_all())
         if rows_written != prepared.rows_in:
             raise ValueError(f"{rows_written} rows were written of {prepared.rows_in}")
         record = {"format": _RECORD_FORMAT, "input_digest": digest}
