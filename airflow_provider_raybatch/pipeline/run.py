@@ -337,20 +337,11 @@ class _EngineStage:
         return not self.reports.done()
 
     def close(self) -> None:
-        """Feed nothing more, let the engine dataset end and end the gate. Idempotent. Fed nothing (no
-        row left to generate, or the prepare failed), the gate ends first: its tasks fail and the
-        dataset with them, at once, where an engine dataset ending with no rows waits for its engines
-        to be built (a minute on a GPU) only to end them."""
-        if not self.gate.fed:
-            self.gate.shut()
-        self.gate.close(self.running)
+        """Feed nothing more, let the engine dataset end (at once when it took no rows) and end the
+        gate. Idempotent."""
+        self.gate.close()
         wait([self.reports], timeout=ENGINE_STAGE_END_SECONDS)
         self.gate.shut()
-
-    def stop_place(self) -> None:
-        """Give back what holds the engines' place (a warm pool's lease, a room keeper), if built."""
-        if _built_unused(self.placed):
-            self.placed.result()[1].stop()
 
 
 #: How long a job's end waits for its engine dataset to end once fed nothing more (it took no rows, or
@@ -621,7 +612,6 @@ def _run_owned(run: _OwnedRun) -> JsonObject:
     except BaseException:
         if engines is not None:
             engines.close()
-            engines.stop_place()
         raise
     generated = _generate(run, bound.engine_spec, staging, rows, engines)
     committed, manifest = _commit(run, bound, staging, rows, generated)
@@ -742,7 +732,7 @@ def _generate(
                 fill = _fields_to_fill(rows.accepted, spec)
                 engines = _start_engine_stage(run, engine_spec, parts, fill)
             engines.gate.feed(rows.accepted, engines.running)
-            engines.gate.close(engines.running)
+            engines.gate.close()
             lease, room = _lease_or_room(engines.placed.result()[1])
             try:
                 reports = engines.reports.result()
