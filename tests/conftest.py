@@ -615,18 +615,14 @@ def replica_slots_held(hook) -> Iterator[None]:
         hook.stop_job(holder)
 
 
-def execution_plans(driver_log: str) -> list[str]:
-    """The operators of each dataset the job executed, from Ray Data's "Execution plan" lines in its log."""
-    return [
-        line.split("Execution plan of Dataset ", 1)[1].split(": ", 1)[1]
+def engine_plan(driver_log: str) -> str:
+    """The operators of the job's engine dataset, from Ray Data's "Execution plan" line in its log."""
+    plans = [
+        line.split("Execution plan of Dataset ", 1)[1]
         for line in driver_log.splitlines()
         if "Execution plan of Dataset " in line
     ]
-
-
-def engine_plan(driver_log: str) -> str:
-    """The operators of the job's engine dataset, from Ray Data's "Execution plan" line in its log."""
-    [plan] = [plan for plan in execution_plans(driver_log) if "EngineStage" in plan]
+    [plan] = [plan.split(": ", 1)[1] for plan in plans if "EngineStage" in plan]
     return plan
 
 

@@ -19,7 +19,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -38,7 +38,6 @@ from airflow_provider_raybatch.pipeline.generate.processor import (
     build_llm_processor,
     engine_libraries_held_back,
 )
-from airflow_provider_raybatch.pipeline.generate.rows_gate import RowsGate
 from airflow_provider_raybatch.pipeline.openai import openai_batch
 from airflow_provider_raybatch.pipeline.read import dedupe, prepared_cache, rows
 from airflow_provider_raybatch.pipeline.read.prepared_cache import PreparedRows
@@ -322,63 +321,21 @@ def _our_engine_error(text: str) -> str | None:
     return found[-1][:3000] if found else None  # whole: its advice comes last
 
 
-@dataclass(frozen=True)
-class _EngineStage:
-    """The engine dataset, started on a gate beside the reads (:mod:`.generate.rows_gate`): its
-    engines are asked for while the job still reads, and it takes the rows once they are ready."""
+def _build_while_reading(
+    spec: BatchInferenceSpec, model_source: str, parts: PartWriter
+) -> Future[tuple[Processor, PoolLease | RoomKeeper]] | None:
+    """Start building the processor in a thread, beside the reads; None for an OpenAI batch.
 
-    gate: RowsGate
-    #: The processor built and what holds its engines' place (:func:`_engine_ready`).
-    placed: Future[tuple[Processor, PoolLease | RoomKeeper]]
-    #: The replicas' reports of the parts they staged, once every row fed went through the engines.
-    reports: Future[Dataset]
-
-    def running(self) -> bool:
-        return not self.reports.done()
-
-    def close(self) -> None:
-        """Feed nothing more, let the engine dataset end (at once when it took no rows) and end the
-        gate. Idempotent."""
-        self.gate.close()
-        wait([self.reports], timeout=ENGINE_STAGE_END_SECONDS)
-        self.gate.shut()
-
-
-#: How long a job's end waits for its engine dataset to end once fed nothing more (it took no rows, or
-#: every row it took is through): the processor's build it may still be in, and the stages' stop.
-ENGINE_STAGE_END_SECONDS = 60.0
-
-
-def _start_engine_stage(
-    run: _OwnedRun, engine_spec: BatchInferenceSpec, parts: PartWriter, fill: frozenset[str] = frozenset()
-) -> _EngineStage:
-    """Build the processor and start its dataset on a gate, in a thread: at its start Ray Data asks for
-    the engine replicas, which build while the job reads (neither needs a row; the build, Ray Data
-    LLM's stages and its telemetry actor, takes ~5 s on a fresh cluster).
-
-    :param fill: see :func:`_processor`.
+    The build needs no rows (Ray Data LLM's stages, its telemetry actor: ~5 s on a fresh cluster), so
+    the engine replicas can be asked for as soon as the rows are ready. An OpenAI batch's sampling
+    fields come from its lines (:func:`_fields_to_fill`): its processor is built after the reads.
     """
-    parts.create_folders()  # the replicas write into them
-    gate = RowsGate()
-    runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-engines")
-    placed = runner.submit(_engine_ready, engine_spec, run.model_source, parts, fill)
-    reports = runner.submit(_run_engine_stage, placed, gate, engine_spec.batch_size, run.marks)
-    runner.shutdown(wait=False)  # both still run, one after the other; nothing else comes
-    return _EngineStage(gate, placed, reports)
-
-
-def _run_engine_stage(
-    placed: Future[tuple[Processor, PoolLease | RoomKeeper]], gate: RowsGate, batch_size: int, marks: RunClock
-) -> Dataset:
-    """The engine dataset on ``gate``'s rows, run to its end: the replicas' reports."""
-    processor, _ = placed.result()
-    marks.mark("engine_started")
-    # The engine replicas stage the rows they finish, which is what a retry resumes from (see
-    # engine_actor); nothing is left to flow out of the stage. One block per engine batch: a file's rows
-    # arrive as one block, and Ray Data hands the stage a block at a time, so the batches of one file
-    # would otherwise queue behind each other.
-    rows = gate.dataset().repartition(target_num_rows_per_block=batch_size)
-    return processor(rows).flat_map(row_steps.reported_parts).materialize()
+    if spec.openai_endpoint is not None:
+        return None
+    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raybatch-build")
+    building = builder.submit(_engine_ready, spec, model_source, parts)
+    builder.shutdown(wait=False)  # the build still runs; nothing else comes
+    return building
 
 
 def _fields_to_fill(accepted: Dataset, spec: BatchInferenceSpec) -> frozenset[str]:
@@ -600,20 +557,13 @@ def _run_owned(run: _OwnedRun) -> JsonObject:
     if earlier is not None:
         return earlier
     staging = _open_staging(run, bound.binding)
-    # The engines need no rows: they start now, beside the reads. Taking the rows a try held, every
-    # row is staged, and no engine is to start.
-    # An OpenAI batch's sampling fields come from its lines (:func:`_fields_to_fill`): its engines
-    # start after the reads.
-    engines = None
-    if not staging.takes_held and bound.engine_spec.openai_endpoint is None:
-        engines = _start_engine_stage(run, bound.engine_spec, staging.parts)
-    try:
-        rows = _prepare(run, bound.binding, staging.done_sources)
-    except BaseException:
-        if engines is not None:
-            engines.close()
-        raise
-    generated = _generate(run, bound.engine_spec, staging, rows, engines)
+    # The engine's build needs no rows: it starts now, beside the reads. Taking the rows a try held,
+    # every row is staged, and no engine is to start.
+    building = None
+    if not staging.takes_held:
+        building = _build_while_reading(bound.engine_spec, run.model_source, staging.parts)
+    rows = _prepare(run, bound.binding, staging.done_sources)
+    generated = _generate(run, bound.engine_spec, staging, rows, building)
     committed, manifest = _commit(run, bound, staging, rows, generated)
     return _publish_or_hold(run, bound.digest, committed, manifest)
 
@@ -705,13 +655,10 @@ def _generate(
     engine_spec: BatchInferenceSpec,
     staging: _Staging,
     rows: _Rows,
-    engines: _EngineStage | None,
+    building: Future[tuple[Processor, PoolLease | RoomKeeper]] | None,
 ) -> _Generated:
     """Stage the rejected rows as error rows and have the engine generate and stage the accepted ones
-    (none fed when none is left to do); the engines' place is given back whatever happens.
-
-    :param engines: the engine dataset started beside the reads; None: it starts now (an OpenAI batch).
-    """
+    (no engine when none is left to do); the engines' place is given back whatever happens."""
     spec, parts = run.spec, staging.parts
     reporting = storage.join(run.layout.staging_uri, "parts")
     progress = ProgressReporter(
@@ -726,16 +673,23 @@ def _generate(
             sink = StagedPartsSink(parts)
             rows.rejected.map(row_steps.rejected_result, fn_kwargs={"spec": spec}).write_datasink(sink)
             staged_now += sink.written
-        # Nothing left for the engine (all resumed, or all bad): none is fed, and a started one ends.
+        # Nothing left for the engine (all resumed, or all bad): none starts.
         if rows.todo - rows.rejected_rows:
-            if engines is None:  # an OpenAI batch: its processor is built now, from its rows
-                fill = _fields_to_fill(rows.accepted, spec)
-                engines = _start_engine_stage(run, engine_spec, parts, fill)
-            engines.gate.feed(rows.accepted, engines.running)
-            engines.gate.close()
-            lease, room = _lease_or_room(engines.placed.result()[1])
+            # The engine replicas stage the rows they finish, which is what a retry resumes from (see
+            # engine_actor); nothing is left to flow out of the stage.
+            # One block per engine batch: a file's rows arrive as one block, and Ray Data hands the
+            # stage a block at a time, so the batches of one file would otherwise queue behind each other.
+            accepted = rows.accepted.repartition(target_num_rows_per_block=spec.batch_size)
+            parts.create_folders()  # the replicas write into them
+            if building is not None:
+                processor, place = building.result()
+            else:
+                fill = _fields_to_fill(accepted, spec)
+                processor, place = _engine_ready(engine_spec, run.model_source, parts, fill)
+            lease, room = _lease_or_room(place)
+            run.marks.mark("engine_started")
             try:
-                reports = engines.reports.result()
+                reports = processor(accepted).flat_map(row_steps.reported_parts).materialize()
             except Exception as err:  # not a row's fault: the job fails, saying where to look
                 raise EngineStageFailed(err) from err
             run.marks.mark("engine_done")
@@ -743,10 +697,8 @@ def _generate(
             staged_now += engine_parts
     finally:
         progress.stop()
-        if engines is not None:
-            engines.close()
-            if lease is None and room is None and _built_unused(engines.placed):
-                lease, room = _lease_or_room(engines.placed.result()[1])
+        if lease is None and room is None and building is not None and _built_unused(building):
+            lease, room = _lease_or_room(building.result()[1])
         if lease is not None:
             lease.stop()  # the pool's keep-warm window starts once no job holds it
         if room is not None:

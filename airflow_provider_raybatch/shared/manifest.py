@@ -180,7 +180,6 @@ _TIMING_LABELS = (  # the phases of reporting/timings.py, short, for one log lin
     ("runtime_env_s", "runtime env"),
     ("driver_start_s", "driver start"),
     ("read_and_prepare_s", "read and prepare"),
-    ("engines_asked_for_s", "engines asked for after"),
     ("before_engine_stage_s", "to engine stage start"),
     ("engine_start_to_first_row_s", "engine start to first row"),
     ("engine_build_s", "of which engine build"),

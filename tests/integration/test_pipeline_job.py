@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -24,11 +23,9 @@ from airflow_provider_raybatch.shared.manifest import manifest_from_log
 from tests.conftest import (
     CPU_ENGINE_KWARGS,
     CPU_REPLICA,
-    ROOT,
     S3Server,
     cluster_ray_version,
     engine_plan,
-    execution_plans,
     submit_pipeline,
     wait_for_job,
 )
@@ -39,7 +36,6 @@ from tests.security.test_job_credentials import DiskWatch, cluster_store, files_
 pytestmark = [pytest.mark.integration, pytest.mark.cold_engine, pytest.mark.timeout(900)]
 
 LABELS = ["positive", "negative", "neutral"]
-DAGS = ROOT / "tests" / "integration" / "dags"
 GOOD_ROWS = 40
 
 
@@ -144,12 +140,9 @@ def test_dirty_input_lands_in_errors_with_exact_counts(
     store = cluster_store(ray_connection)
     assert (store["copies"], store["uploads"]) == ([], []), store
     assert s3_server.secret_key not in log
-    # The engine dataset starts on the gate (generate/rows_gate.py) and cuts its batches from the blocks
-    # fed; its bad rows are filtered out before they are fed (Ray Data may fuse the filter into the
-    # operator before it), so the engine's plan holds no filter.
-    plan = engine_plan(log)
-    assert "_blocks_from_queue" in plan.split("StreamingRepartition")[0] and "Filter(" not in plan, plan
-    assert any("Filter(" in other for other in execution_plans(log) if other != plan), execution_plans(log)
+    # its bad rows are filtered out before the engine's batches are cut (Ray Data may fuse the filter
+    # into the operator before it)
+    assert "Filter(" in engine_plan(log).split("StreamingRepartition")[0], engine_plan(log)
     outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
     errors = pq.read_table(manifest["errors_uri"]).to_pylist()
     # docs/downstream-contract.md's sample manifest has the keys a committed one of a choice has (its
@@ -237,11 +230,9 @@ def test_dirty_input_lands_in_errors_with_exact_counts(
     # The one CPU replica's start-up, from the clock it stamped on its parts; engine build the slowest.
     [replica] = timings["engine_replicas"]
     assert replica["engine_build_s"] == timings["engine_build_s"] > 0, timings
-    # ...counted from the engines' request, which may come before the rows are ready (rows_gate.py).
-    asked_before_ready = max(0.0, timings["read_and_prepare_s"] - timings["engines_asked_for_s"])
     assert replica["actor_start_s"] + replica["import_s"] + replica["engine_build_s"] + replica[
         "first_row_s"
-    ] == pytest.approx(timings["engine_start_to_first_row_s"] + asked_before_ready, abs=0.01)
+    ] == pytest.approx(timings["engine_start_to_first_row_s"], abs=0.01)
     report_page = Path(manifest["report_uri"]).read_text()
     assert "Where the time went" in report_page and replica["replica"] in report_page
     # A CPU engine holds no GPU: replicas x 0 GPUs.
@@ -345,32 +336,3 @@ def test_dirty_input_lands_in_errors_with_exact_counts(
     assert held_again["timings"] is None and held_again["held_try"]["job_id"] == held["job_id"]
     assert len(pq.read_table(held["errors_uri"])) == rows_in  # still kept
     assert Path(output_uri, "manifest.json").read_bytes() == committed
-
-
-def test_a_job_asks_for_its_engine_while_it_still_reads(ray_connection, tiny_model, tmp_path) -> None:
-    """Its engine dataset starts on a gate beside the reads (generate/rows_gate.py), so its engine is
-    asked for and builds while the rows are read and prepared, not after: here a preprocess that takes
-    ~10 s over 20 rows, and an engine asked for within the first seconds. Every row still comes out once."""
-    sys.path.insert(0, str(DAGS))
-    import slow_rows
-
-    rows = 20
-    input_path = tmp_path / "in" / "tickets.jsonl"
-    input_path.parent.mkdir()
-    input_path.write_text(
-        "".join(json.dumps(_ticket(i, f"Ticket {i}: all good.")) + "\n" for i in range(rows))
-    )
-    output_uri = str(tmp_path / "out")
-    operator = make_operator(tiny_model, str(input_path), output_uri, preprocess="slow_rows.prepare_slowly")
-    job_id = submit_pipeline(operator, "asks-first", f"pipeline-first-{uuid.uuid4().hex[:8]}")
-    assert wait_for_job(job_id) == JobStatus.SUCCEEDED, RayHook().get_job_log_tail(job_id, 80)
-
-    manifest = json.loads(Path(output_uri, "manifest.json").read_text())
-    outputs = pq.read_table(manifest["outputs_uri"]).to_pylist()
-    assert sorted(row["ticket_id"] for row in outputs) == [f"T{i:03d}" for i in range(rows)]
-    timings = manifest["timings"]
-    read = rows * slow_rows.SECONDS_PER_ROW
-    assert timings["read_and_prepare_s"] >= read, timings
-    # Asked for while the rows were still being read (the processor's build: a few seconds at most).
-    assert timings["engines_asked_for_s"] < timings["read_and_prepare_s"] - read / 2, timings
-    assert timings["before_engine_stage_s"] == 0.0, timings

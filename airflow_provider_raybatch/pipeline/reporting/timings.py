@@ -199,19 +199,16 @@ def run_timings(
     only) leaves out. ``runtime_env_s``: submitted to the driver's process started (the job's runtime
     env: packages uploaded by the operator are unpacked, a ``pip`` list installed). ``driver_start_s``:
     to the run's start (Python, our imports, ``ray.init``). ``read_and_prepare_s``: start to rows ready.
-    ``engines_asked_for_s``: start to the engine stage's start, when Ray Data asks for the engine
-    replicas: the stage starts beside the reads (:mod:`..generate.rows_gate`), so this is shorter than
-    ``read_and_prepare_s`` unless the processor's build took longer than the reads.
-    ``engine_start_to_first_row_s``: the rows ready and the engine stage started, whichever came last,
-    to an engine taking its first row (:func:`generating_from`): what the rows waited for the engines
-    (the rest of their build, compile; a warm pool's answer). An engine built beside the reads started
-    before this phase: its own ``engine_build_s`` (and a warm pool's ``engine_ready_s``, counted from
-    the job's lease) can be longer than it. ``generating_s``: from there to the engines'
+    ``engine_start_to_first_row_s``: the engine stage's start (after the reads) to an engine taking its
+    first row (:func:`generating_from`): what the rows waited for the engines (the build, compile; a
+    warm pool's answer). A replica built beside the reads (a warm pool's cold replica) started before
+    this phase: its own ``engine_build_s`` and the pool's ``engine_ready_s`` (counted from the job's
+    lease, taken while it reads) can be longer than it. ``generating_s``: from there to the engines'
     last staged row, in which they staged ``rows_generated`` rows (this try's engine parts: none an
     earlier try staged; a batch retried whole counts each time it went through an engine).
     ``commit_s``: engines done to the version written. Between them, so that one after
     the other they account for ``job_wall_s`` (else 10.6 s of a 46.2 s job were in none):
-    ``before_engine_stage_s``, rows ready to the engine stage's start (0 where it started first: the
+    ``before_engine_stage_s``, rows ready to the engine stage's start (the bad rows staged, the
     processor's build awaited), and ``engine_stage_end_s``, the last row staged to the stage's end. The
     engines' own start-up (``engine_build_s``, ``engine_replicas``) overlaps the phases before it.
 
@@ -231,9 +228,6 @@ def run_timings(
     """
     engine_parts = list(engine_parts)
     first, last = generating_from(engine_parts), first_and_last_written(engine_parts)[1]
-    # The rows go to the engine stage once both are there: the engines are asked for before the rows
-    # are ready (the stage starts on a gate beside the reads), unless its build took longer.
-    fed = max(clock.rows_ready, clock.engine_started) if clock.rows_ready and clock.engine_started else None
     engine_s = _seconds(clock.engine_started, clock.engine_done)
     phases = replica_phases(engine_parts, clock.engine_started)
     held_from = min(clock.engine_started, lease_started) if clock.engine_started and lease_started else None
@@ -248,9 +242,8 @@ def run_timings(
         "runtime_env_s": _seconds(clock.submitted, clock.driver_started),
         "driver_start_s": _seconds(clock.driver_started, clock.started),
         "read_and_prepare_s": _seconds(clock.started, clock.rows_ready),
-        "engines_asked_for_s": _seconds(clock.started, clock.engine_started),
         "before_engine_stage_s": _seconds(clock.rows_ready, clock.engine_started),
-        "engine_start_to_first_row_s": _seconds(fed or clock.engine_started, first),
+        "engine_start_to_first_row_s": _seconds(clock.engine_started, first),
         "engine_import_s": _slowest(phases, "import_s"),
         "engine_build_s": _slowest(phases, "engine_build_s") or _built_for_this_job(pool),
         "generating_s": _seconds(first, last),

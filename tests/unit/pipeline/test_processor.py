@@ -31,9 +31,8 @@ spec = BatchInferenceSpec(model=MODEL, input_uri="/in/rows.jsonl", output_uri="/
                           replica_resources={"CPU": 1})
 from airflow_provider_raybatch.pipeline.stage.parts import PartWriter
 parts = PartWriter("/out/_staging/k", "parquet", count_labels=False)
-# In its own thread, as run_batch builds it (run._start_engine_stage, beside the reads).
-from concurrent.futures import ThreadPoolExecutor
-built, lease = ThreadPoolExecutor(1).submit(run._engine_ready, spec, MODEL, parts).result()
+# In its own thread, as run_batch builds it.
+built, lease = run._build_while_reading(spec, MODEL, parts).result()
 architectures = [report["model_architecture"] for report in reports]
 # On a warm pool (keep_warm_seconds): the engine stage sends rows to the pool, and its engine settings
 # and resources go to the pool's replicas (built the same way, without the engine libraries).
@@ -48,6 +47,8 @@ messages_stage = messages.stages["vLLMEngineStage"]
 # A completions job of the same model has no chat template: the same pool still (one engine per model).
 completions = run._processor(spec.model_copy(update={"keep_warm_seconds": 60.0, "user_template": None,
                                                      "openai_endpoint": "/v1/completions"}), MODEL, parts)
+# An OpenAI batch's sampling fields come from its lines (run._fields_to_fill): built after the reads.
+openai_spec = spec.model_copy(update={"openai_endpoint": "/v1/chat/completions", "user_template": None})
 print(json.dumps({
     "loaded": sorted(m for m, mod in sys.modules.items() if mod and m.split(".")[0] in ENGINE_LIBRARIES),
     "left_in_sys_modules": sorted(m for m in ENGINE_LIBRARIES if m in sys.modules),
@@ -70,6 +71,7 @@ print(json.dumps({
                     "chat_template": stage_swap.pool_of(completions).chat_template,
                     "same_pool": stage_swap.pool_of(completions).fingerprint == pool.fingerprint},
     "architectures": architectures,
+    "openai_built_while_reading": run._build_while_reading(openai_spec, MODEL, parts) is not None,
 }))
 """
 
@@ -128,6 +130,7 @@ def test_the_driver_builds_the_processor_without_the_engine_libraries(model_fold
     # the chat jobs' engine too.
     assert "raybatch_chat_template" not in report["engine_kwargs"]
     assert report["completions"] == {"stages": ["vLLMEngineStage"], "chat_template": None, "same_pool": True}
+    assert report["openai_built_while_reading"] is False
 
 
 def test_a_deferred_module_imports_the_real_one_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,7 +62,6 @@ def test_a_run_with_an_engine() -> None:
         "runtime_env_s": 5.0,
         "driver_start_s": 4.0,
         "read_and_prepare_s": 12.0,
-        "engines_asked_for_s": 13.0,  # the processor's build took longer than the reads
         "before_engine_stage_s": 1.0,
         "engine_start_to_first_row_s": 32.0,
         "engine_import_s": None,  # no replica stamped its clock (a warm pool's, an older job's)
@@ -86,38 +85,6 @@ def test_a_run_with_an_engine() -> None:
     pooled = run_timings(clock, parts, replicas=4, gpus_per_replica=0.25, keep_warm_seconds=600)
     assert pooled["keep_warm_gpu_seconds_max"] == 600.0 and pooled["gpu_seconds_held"] == 87.0
     assert pooled["keep_warm_replica_seconds_max"] == 2400.0  # 4 replicas x 600 s, whatever they hold
-
-
-def test_engines_asked_for_before_the_rows_were_ready_hold_from_their_request() -> None:
-    """The engine stage starts on a gate beside the reads (generate/rows_gate.py): its engines build while
-    the job reads. The rows wait for them only from when they are ready; the engines are held from the
-    stage's start; and one after the other the phases still make up the job."""
-    clock = RunClock(
-        started=T0,
-        rows_ready=T0 + 20,
-        engine_started=T0 + 3,
-        engine_done=T0 + 100,
-        committed=T0 + 101,
-        submitted=T0 - 9,
-        driver_started=T0 - 4,
-    )
-    replica = replica_clock(loaded_at=T0 + 5, init_started_at=T0 + 8, engine_ready_at=T0 + 50)
-    parts = [{**sidecar(T0 + 60, replica), FIRST_ROW_IN_ENGINE_KEY: T0 + 51}, sidecar(T0 + 99, replica)]
-
-    timings = run_timings(clock, parts, replicas=1, gpus_per_replica=1.0)
-
-    assert (timings["engines_asked_for_s"], timings["read_and_prepare_s"]) == (3.0, 20.0)
-    assert timings["before_engine_stage_s"] == 0.0
-    assert timings["engine_start_to_first_row_s"] == 31.0  # rows ready (T0+20) to the first row (T0+51)
-    assert timings["gpu_seconds_held"] == 97.0  # from the engines' request (T0+3) to the stage's end
-    [phases] = timings["engine_replicas"]
-    assert (phases["actor_start_s"], phases["import_s"], phases["engine_build_s"], phases["first_row_s"]) == (
-        2.0,
-        3.0,
-        42.0,
-        1.0,
-    )
-    assert sum(timings[phase] for phase in SEQUENTIAL_PHASES) == pytest.approx(timings["job_wall_s"])
 
 
 def test_a_cold_pool_job_counts_its_replicas_build_and_holds_them_from_its_lease() -> None:
